@@ -1,0 +1,42 @@
+"""Shared fixtures: tiny SD1 / SD2 / SDXL models built once per test session (no downloads)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    """Folder with tiny diffusers models: <dir>/sd1, <dir>/sd2, <dir>/sdxl."""
+    from library.families.tiny import FAMILIES, build_tiny, save_diffusers
+
+    root = tmp_path_factory.mktemp("tiny_models")
+    for name in FAMILIES:
+        save_diffusers(build_tiny(name), root / name)
+    return root
+
+
+@pytest.fixture(scope="session")
+def tiny_parts():
+    """In-memory tiny models keyed by family name. Do not modify them in a test: deep-copy first."""
+    from library.families.tiny import FAMILIES, build_tiny
+
+    return {name: build_tiny(name) for name in FAMILIES}
