@@ -1,0 +1,130 @@
+"""Reading and writing weight files: safetensors and pickle checkpoints, always safely and atomically.
+
+* Reads: ``.safetensors`` (with its ``__metadata__``), ``.ckpt`` / ``.pt`` / ``.pth`` / ``.bin`` pickles loaded with
+  ``torch.load(weights_only=True)`` so a malicious pickle cannot run code.
+* Writes: to a temporary file in the target folder, then ``os.replace`` — a crash never leaves a half-written file
+  under the final name, and the previous file stays intact until the new one is complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+SAFETENSORS_SUFFIXES = (".safetensors",)
+PICKLE_SUFFIXES = (".ckpt", ".pt", ".pth", ".bin")
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path next to ``path``; on success it is renamed onto ``path``, on error it is removed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        os.replace(tmp_path, path)
+    finally:
+        if tmp_path.exists():
+            tmp_path.unlink()
+
+
+def load_state_dict(path: str | os.PathLike, device: str = "cpu") -> tuple[dict[str, Tensor], dict[str, str]]:
+    """Load a weight file. Returns ``(state_dict, metadata)``; metadata is ``{}`` for pickle files.
+
+    A pickle checkpoint whose top level is ``{"state_dict": {...}}`` (the usual ``.ckpt`` layout) is unwrapped.
+    Raises ``FileNotFoundError`` / ``ValueError`` naming the file and what to do.
+    """
+    path = Path(path)
+    if not path.is_file():
+        hint = " (it is a folder; pass a weight file)" if path.is_dir() else ""
+        raise FileNotFoundError(f"{path}: no such file{hint}")
+    suffix = path.suffix.lower()
+    if suffix in SAFETENSORS_SUFFIXES:
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(path), framework="pt", device=device) as f:
+                metadata = dict(f.metadata() or {})
+                return {k: f.get_tensor(k) for k in f.keys()}, metadata
+        except Exception as e:  # safetensors raises its own error types for corrupt headers
+            raise ValueError(f"{path}: not a valid safetensors file ({e})") from e
+    if suffix in PICKLE_SUFFIXES:
+        return _load_pickle(path, device), {}
+    raise ValueError(
+        f"{path}: unsupported weight file type {suffix!r}; expected .safetensors or a pickle checkpoint "
+        f"({', '.join(PICKLE_SUFFIXES)})"
+    )
+
+
+def _load_pickle(path: Path, device: str) -> dict[str, Tensor]:
+    try:
+        obj = torch.load(str(path), map_location=device, weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise ValueError(
+            f"{path}: this pickle checkpoint contains objects other than tensors and plain data, and loading it "
+            "could run arbitrary code, so it was refused (torch.load weights_only=True). If you trust the file, "
+            "convert it once to safetensors in a separate, isolated environment, e.g. "
+            '`python -c "import torch, safetensors.torch as st; sd = torch.load(\'in.ckpt\', weights_only=False); '
+            "sd = sd.get('state_dict', sd); st.save_file({k: v.contiguous() for k, v in sd.items() "
+            "if isinstance(v, torch.Tensor)}, 'out.safetensors')\"`, then use the .safetensors file."
+        ) from e
+    except Exception as e:
+        raise ValueError(f"{path}: could not read the checkpoint ({type(e).__name__}: {e})") from e
+    if isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict):
+        obj = obj["state_dict"]
+    if not isinstance(obj, dict):
+        raise ValueError(f"{path}: expected a dict of tensors, found {type(obj).__name__}")
+    return {k: v for k, v in obj.items() if isinstance(v, Tensor)}
+
+
+def save_state_dict(
+    state_dict: dict[str, Tensor],
+    path: str | os.PathLike,
+    metadata: dict[str, str] | None = None,
+    dtype: torch.dtype | None = None,
+) -> Path:
+    """Write ``state_dict`` atomically as safetensors (with ``metadata``) or as a pickle (``.ckpt``/``.pt``).
+
+    ``dtype`` converts floating-point tensors (e.g. ``torch.float16`` for ``--save_precision fp16``). Pickle files
+    hold ``{"state_dict": ...}`` for ``.ckpt`` (the layout every SD tool reads) and the plain dict for ``.pt``.
+    """
+    path = Path(path)
+    tensors = {}
+    for k, v in state_dict.items():
+        v = v.detach()
+        if dtype is not None and v.is_floating_point():
+            v = v.to(dtype)
+        tensors[k] = v.to("cpu").contiguous()
+    suffix = path.suffix.lower()
+    with atomic_path(path) as tmp:
+        if suffix in SAFETENSORS_SUFFIXES:
+            from safetensors.torch import save_file
+
+            meta = {str(k): str(v) for k, v in (metadata or {}).items()}
+            save_file(tensors, str(tmp), metadata=meta or None)
+        elif suffix in PICKLE_SUFFIXES:
+            torch.save({"state_dict": tensors} if suffix == ".ckpt" else tensors, str(tmp))
+        else:
+            raise ValueError(f"{path}: cannot save as {suffix!r}; use .safetensors, .ckpt or .pt")
+    return path
+
+
+def read_metadata(path: str | os.PathLike) -> dict[str, str]:
+    """The ``__metadata__`` of a safetensors file without reading its tensors (``{}`` for other files)."""
+    path = Path(path)
+    if path.suffix.lower() not in SAFETENSORS_SUFFIXES:
+        return {}
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        return dict(f.metadata() or {})
