@@ -74,7 +74,7 @@ def _load_pickle(path: Path, device: str) -> dict[str, Tensor]:
             f"{path}: this pickle checkpoint contains objects other than tensors and plain data, and loading it "
             "could run arbitrary code, so it was refused (torch.load weights_only=True). If you trust the file, "
             "convert it once to safetensors in a separate, isolated environment, e.g. "
-            '`python -c "import torch, safetensors.torch as st; sd = torch.load(\'in.ckpt\', weights_only=False); '
+            "`python -c \"import torch, safetensors.torch as st; sd = torch.load('in.ckpt', weights_only=False); "
             "sd = sd.get('state_dict', sd); st.save_file({k: v.contiguous() for k, v in sd.items() "
             "if isinstance(v, torch.Tensor)}, 'out.safetensors')\"`, then use the .safetensors file."
         ) from e
