@@ -1,0 +1,160 @@
+"""Command line + ``--config_file`` TOML -> one validated Namespace; problems reported all at once.
+
+sd-scripts semantics: the TOML holds flag names (without ``--``) as keys, optionally inside sections (sections are
+flattened); values on the command line win over the file. ``--output_config`` writes the effective arguments to the
+``--config_file`` path and exits, and reading that file back gives the same arguments.
+
+This module also keeps the list of sd-scripts flags that are accepted for compatibility but not supported yet:
+using one is an error that says so, never a silent no-op.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import toml
+
+_CONFIG_DESTS = ("config_file", "output_config")
+
+
+class ConfigError(ValueError):
+    """Several configuration problems at once; ``str()`` lists each on its own line."""
+
+    def __init__(self, problems: Sequence[str]):
+        self.problems = list(problems)
+        n = len(self.problems)
+        super().__init__(f"{n} problem{'s' if n > 1 else ''} in the configuration:\n  " + "\n  ".join(self.problems))
+
+
+def add_config_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("config file")
+    group.add_argument("--config_file", type=str, default=None, help="TOML file of arguments (flag names as keys)")
+    group.add_argument(
+        "--output_config", action="store_true", help="write the effective arguments to --config_file and exit"
+    )
+
+
+def add_unsupported(group: Any, flag: str, reason: str = "", **kwargs: Any) -> None:
+    """Add an sd-scripts flag that we accept for compatibility but refuse when it is actually used."""
+    action = group.add_argument(flag, help=f"not supported yet{': ' + reason if reason else ''}", **kwargs)
+    action.unsupported_reason = reason  # read by unsupported_problems
+
+
+def unsupported_problems(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
+    problems = []
+    for action in parser._actions:
+        reason = getattr(action, "unsupported_reason", None)
+        if reason is not None and getattr(args, action.dest, None) not in (None, False, action.default):
+            problems.append(
+                f"{action.option_strings[0]} is not supported yet{' (' + reason + ')' if reason else ''}; "
+                "remove it from the command line / config file"
+            )
+    return problems
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace | None:
+    """Parse ``argv`` with ``--config_file`` support. Returns None after ``--output_config`` wrote the file."""
+    argv = list(argv) if argv is not None else None
+    first = parser.parse_args(argv)
+    path = getattr(first, "config_file", None)
+    if path and not first.output_config:
+        parser.set_defaults(**read_config_file(parser, path))
+        args = parser.parse_args(argv)
+        parser.set_defaults(**{a.dest: a.default for a in parser._actions})  # leave the parser as it was
+    else:
+        args = first
+    if getattr(args, "output_config", False):
+        if not path:
+            raise ConfigError(["--output_config needs --config_file (the path to write)"])
+        write_config_file(parser, args, path)
+        print(f"wrote the arguments to {path}")
+        return None
+    problems = unsupported_problems(parser, args)
+    if problems:
+        raise ConfigError(problems)
+    return args
+
+
+def _flatten(table: dict, where: str, out: dict, problems: list[str]) -> None:
+    for key, value in table.items():
+        if isinstance(value, dict):
+            _flatten(value, f"{where}[{key}]", out, problems)
+        elif key in out:
+            problems.append(f"{where}: {key} is set twice (sections are flattened); keep one")
+        else:
+            out[key] = value
+
+
+def read_config_file(parser: argparse.ArgumentParser, path: str | os.PathLike) -> dict[str, Any]:
+    """Load a ``--config_file`` TOML into ``{dest: value}``, checking names and types against ``parser``."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError([f"--config_file {path}: no such file"])
+    try:
+        table = toml.loads(path.read_text(encoding="utf-8"))
+    except toml.TomlDecodeError as e:
+        raise ConfigError([f"{path}: not valid TOML: {e}"]) from e
+    flat: dict[str, Any] = {}
+    problems: list[str] = []
+    _flatten(table, path.name, flat, problems)
+    actions = {a.dest: a for a in parser._actions if a.dest != "help"}
+    values = {}
+    for key, value in flat.items():
+        if key in _CONFIG_DESTS:
+            continue
+        if key not in actions:
+            close = difflib.get_close_matches(key, actions, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            problems.append(f"{path.name}: unknown argument {key!r}{hint}")
+            continue
+        try:
+            values[key] = _convert(actions[key], value)
+        except (TypeError, ValueError) as e:
+            problems.append(f"{path.name}: {key}: {e}")
+    if problems:
+        raise ConfigError(problems)
+    return values
+
+
+def _convert(action: argparse.Action, value: Any) -> Any:
+    if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+        if not isinstance(value, bool):
+            raise ValueError(f"expected true or false, got {value!r}")
+        return value
+    convert = action.type or (lambda v: v)
+    if action.nargs in ("*", "+") or isinstance(action.nargs, int):
+        items = value if isinstance(value, list) else [value]
+        return [_one(convert, v, action) for v in items]
+    if isinstance(value, list):
+        raise ValueError(f"expected one value, got a list {value!r}")
+    return _one(convert, value, action)
+
+
+def _one(convert: Any, value: Any, action: argparse.Action) -> Any:
+    out = convert(value if isinstance(value, str) or convert is str else str(value))
+    if action.choices is not None and out not in action.choices:
+        raise ValueError(f"{out!r} is not one of {', '.join(map(str, action.choices))}")
+    return out
+
+
+def write_config_file(parser: argparse.ArgumentParser, args: argparse.Namespace, path: str | os.PathLike) -> None:
+    """Write every argument that differs from its default, grouped by argparse group, as TOML (atomic)."""
+    from library.checkpoints import atomic_path
+
+    sections: dict[str, dict[str, Any]] = {}
+    for group in parser._action_groups:
+        for action in group._group_actions:
+            if action.dest in (*_CONFIG_DESTS, "help"):
+                continue
+            value = getattr(args, action.dest, None)
+            if value is None or value == action.default:
+                continue
+            name = group.title.replace(" ", "_").replace("-", "_")
+            sections.setdefault(name, {})[action.dest] = value
+    with atomic_path(path) as tmp:
+        tmp.write_text(toml.dumps(sections), encoding="utf-8")
