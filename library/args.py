@@ -1,0 +1,178 @@
+"""Argparse groups with sd-scripts' flag names, types and defaults, defined once.
+
+Each ``add_*_args(parser)`` adds one group; each group has one reader that builds a frozen dataclass (in the module
+that owns the concept), so nothing past parsing takes an ``argparse.Namespace``. Flags that sd-scripts has but we do
+not support yet are added with :func:`library.config.add_unsupported`: using them is an error, never a no-op.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from library.config import add_unsupported
+
+
+def add_logging_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("console logging")
+    g.add_argument(
+        "--console_log_level",
+        type=str,
+        default=None,
+        choices=["CRITICAL", "DEBUG", "ERROR", "INFO", "WARNING"],
+        help="logging level (default INFO)",
+    )
+    g.add_argument("--console_log_file", type=str, default=None, help="log to this file instead of stderr")
+    g.add_argument("--console_log_simple", action="store_true", help="plain log lines")
+
+
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("model")
+    g.add_argument(
+        "--pretrained_model_name_or_path",
+        type=str,
+        default=None,
+        help="base model: a diffusers folder or a single-file checkpoint (.safetensors / .ckpt)",
+    )
+    g.add_argument("--v2", action="store_true", help="the base model is Stable Diffusion 2.x")
+    g.add_argument("--v_parameterization", action="store_true", help="train with v-prediction (SD2 768-v, v-pred SDXL)")
+    g.add_argument("--vae", type=str, default=None, help="replace the model's VAE (diffusers folder or VAE file)")
+    g.add_argument("--tokenizer_cache_dir", type=str, default=None, help="folder with tokenizers (offline use)")
+    g.add_argument(
+        "--disable_mmap_load_safetensors", action="store_true", help="read safetensors fully instead of mmap"
+    )
+    g.add_argument("--clip_skip", type=int, default=None, help="use the n-th last text-encoder layer (n >= 1)")
+    g.add_argument(
+        "--max_token_length", type=int, default=None, choices=[None, 150, 225], help="75 (default), 150 or 225 tokens"
+    )
+    g.add_argument("--no_half_vae", action="store_true", help="keep the VAE in fp32 under mixed precision")
+    g.add_argument("--lowram", action="store_true", help="load models straight to the GPU")
+    g.add_argument("--highvram", action="store_true", help="do not free GPU cache between latent-caching batches")
+
+
+def add_run_args(parser: argparse.ArgumentParser) -> None:
+    """Run length, batching, data loading, seed, precision, attention and distributed settings."""
+    g = parser.add_argument_group("run")
+    g.add_argument("--max_train_steps", type=int, default=1600, help="training steps")
+    g.add_argument("--max_train_epochs", type=int, default=None, help="training epochs (overrides --max_train_steps)")
+    g.add_argument("--gradient_accumulation_steps", type=int, default=1, help="micro-batches per optimizer step")
+    g.add_argument("--max_data_loader_n_workers", type=int, default=8, help="DataLoader workers (capped at CPUs)")
+    g.add_argument("--persistent_data_loader_workers", action="store_true", help="keep workers between epochs")
+    g.add_argument("--seed", type=int, default=None, help="random seed (random if omitted; stored as ss_seed)")
+    g.add_argument("--mixed_precision", type=str, default="no", choices=["no", "fp16", "bf16"])
+    g.add_argument("--full_fp16", action="store_true", help="fp16 trained weights and gradients")
+    g.add_argument("--full_bf16", action="store_true", help="bf16 trained weights and gradients")
+    g.add_argument("--fp8_base", action="store_true", help="store the frozen base model in float8 (e4m3fn)")
+    g.add_argument("--fp8_base_unet", action="store_true", help="store only the frozen UNet in float8")
+    g.add_argument("--gradient_checkpointing", action="store_true")
+    add_unsupported(
+        g,
+        "--cpu_offload_checkpointing",
+        "diffusers' SD/SDXL UNets cannot offload checkpointed activations; use --gradient_checkpointing",
+        action="store_true",
+    )
+    g.add_argument("--mem_eff_attn", action="store_true", help="memory-efficient attention (torch SDPA kernel)")
+    g.add_argument("--xformers", action="store_true", help="xformers attention (needs the xformers package + CUDA)")
+    g.add_argument("--sdpa", action="store_true", help="torch scaled_dot_product_attention (the default)")
+    g.add_argument("--torch_compile", action="store_true", help="torch.compile the UNet")
+    g.add_argument("--dynamo_backend", type=str, default="inductor", help="torch.compile backend")
+    g.add_argument("--ddp_timeout", type=int, default=None, help="DDP timeout in minutes")
+    g.add_argument("--ddp_gradient_as_bucket_view", action="store_true")
+    g.add_argument("--ddp_static_graph", action="store_true")
+    reason = "multi-GPU runs use accelerate's DDP (accelerate config / --multi_gpu)"
+    add_unsupported(g, "--deepspeed", reason, action="store_true")
+    add_unsupported(g, "--zero_stage", reason, type=int, default=2, choices=[0, 1, 2, 3])
+    for flag in ("--offload_optimizer_device", "--offload_param_device"):
+        add_unsupported(g, flag, reason, type=str, default=None, choices=[None, "cpu", "nvme"])
+    for flag in ("--offload_optimizer_nvme_path", "--offload_param_nvme_path"):
+        add_unsupported(g, flag, reason, type=str, default=None)
+    for flag in ("--zero3_init_flag", "--zero3_save_16bit_model", "--fp16_master_weights_and_gradients"):
+        add_unsupported(g, flag, reason, action="store_true")
+
+
+def add_save_args(parser: argparse.ArgumentParser, default_format: str | None = "safetensors") -> None:
+    g = parser.add_argument_group("saving")
+    g.add_argument("--output_dir", type=str, default=None, help="folder for the trained files")
+    g.add_argument("--output_name", type=str, default=None, help="file stem of the trained files")
+    g.add_argument(
+        "--save_model_as",
+        type=str,
+        default=default_format,
+        choices=[None, "ckpt", "pt", "safetensors", "diffusers", "diffusers_safetensors"],
+    )
+    g.add_argument("--save_precision", type=str, default=None, choices=[None, "float", "fp16", "bf16"])
+    g.add_argument("--save_every_n_epochs", type=int, default=None)
+    g.add_argument("--save_every_n_steps", type=int, default=None)
+    g.add_argument("--save_n_epoch_ratio", type=int, default=None, help="save at least N files over the run")
+    g.add_argument("--save_last_n_epochs", type=int, default=None, help="keep only the last N epoch files")
+    g.add_argument("--save_last_n_steps", type=int, default=None, help="keep only files of the last N steps")
+    g.add_argument("--no_metadata", action="store_true", help="write only the minimal metadata")
+    g.add_argument("--training_comment", type=str, default=None, help="stored as ss_training_comment")
+    reason = "upload the files yourself, e.g. with `huggingface-cli upload`"
+    for flag in (
+        "--huggingface_repo_id",
+        "--huggingface_repo_type",
+        "--huggingface_path_in_repo",
+        "--huggingface_token",
+        "--huggingface_repo_visibility",
+    ):
+        add_unsupported(g, flag, reason, type=str, default=None)
+    add_unsupported(g, "--async_upload", reason, action="store_true")
+    m = parser.add_argument_group("metadata")
+    for name in (
+        "title",
+        "author",
+        "description",
+        "license",
+        "tags",
+        "usage_hint",
+        "thumbnail",
+        "merged_from",
+        "trigger_phrase",
+        "preprocessor",
+        "is_negative_embedding",
+    ):
+        m.add_argument(f"--metadata_{name}", type=str, default=None, help=f"modelspec.{name}")
+
+
+def add_state_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("state")
+    g.add_argument("--save_state", action="store_true", help="also save a resumable state with every model file")
+    g.add_argument("--save_state_on_train_end", action="store_true", help="save a resumable state at the end")
+    g.add_argument("--save_last_n_epochs_state", type=int, default=None)
+    g.add_argument("--save_last_n_steps_state", type=int, default=None)
+    g.add_argument("--resume", type=str, default=None, help="state folder to resume from")
+    reason = "download the state folder and pass it to --resume"
+    add_unsupported(g, "--save_state_to_huggingface", reason, action="store_true")
+    add_unsupported(g, "--resume_from_huggingface", reason, action="store_true")
+    g.add_argument("--initial_epoch", type=int, default=None, help="start counting epochs here (1 = first)")
+    g.add_argument("--initial_step", type=int, default=None, help="start counting steps here")
+    g.add_argument("--skip_until_initial_step", action="store_true", help="skip batches until --initial_step")
+
+
+def add_tracker_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("trackers")
+    g.add_argument("--logging_dir", type=str, default=None, help="TensorBoard log folder")
+    g.add_argument("--log_with", type=str, default=None, choices=["tensorboard", "wandb", "all"])
+    g.add_argument("--log_prefix", type=str, default=None, help="prefix of the run's log folder")
+    g.add_argument("--log_tracker_name", type=str, default=None)
+    g.add_argument("--log_tracker_config", type=str, default=None, help="TOML of per-tracker init kwargs")
+    g.add_argument("--wandb_run_name", type=str, default=None)
+    g.add_argument("--wandb_api_key", type=str, default=None)
+    g.add_argument("--log_config", action="store_true", help="log the (sanitised) arguments to the trackers")
+
+
+def add_validation_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("validation")
+    g.add_argument("--validation_split", type=float, default=0.0, help="fraction of training images held out")
+    g.add_argument("--validation_seed", type=int, default=None, help="seed of the split and of the fixed noise")
+    g.add_argument("--validate_every_n_steps", type=int, default=None)
+    g.add_argument("--validate_every_n_epochs", type=int, default=None)
+    g.add_argument("--max_validation_steps", type=int, default=None)
+
+
+def add_ema_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("ema")
+    g.add_argument("--ema", action="store_true", help="keep an EMA of the trained weights (samples + saved file)")
+    g.add_argument("--ema_decay", type=float, default=0.999)
+    g.add_argument("--ema_update_every", type=int, default=1, help="update the EMA every N optimizer steps")
+    g.add_argument("--ema_device", type=str, default="same", choices=["same", "cpu"], help="where the EMA lives")

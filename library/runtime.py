@@ -1,0 +1,195 @@
+"""The run: accelerate set-up, precision, attention backend, seeding, step accounting."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import os
+import random
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+DTYPES = {"no": torch.float32, "float": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    max_train_steps: int = 1600
+    max_train_epochs: int | None = None
+    gradient_accumulation_steps: int = 1
+    max_data_loader_n_workers: int = 8
+    persistent_data_loader_workers: bool = False
+    seed: int | None = None
+    mixed_precision: str = "no"
+    full_fp16: bool = False
+    full_bf16: bool = False
+    fp8_base: bool = False
+    fp8_base_unet: bool = False
+    gradient_checkpointing: bool = False
+    attention: str = "sdpa"  # sdpa | xformers
+    torch_compile: bool = False
+    dynamo_backend: str = "inductor"
+    ddp_timeout: int | None = None
+    ddp_gradient_as_bucket_view: bool = False
+    ddp_static_graph: bool = False
+    no_half_vae: bool = False
+    lowram: bool = False
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> RunConfig:
+        problems = []
+        if args.max_train_steps is not None and args.max_train_steps < 1 and not args.max_train_epochs:
+            problems.append(f"--max_train_steps must be >= 1, got {args.max_train_steps}")
+        if args.max_train_epochs is not None and args.max_train_epochs < 1:
+            problems.append(f"--max_train_epochs must be >= 1, got {args.max_train_epochs}")
+        if args.gradient_accumulation_steps < 1:
+            problems.append(f"--gradient_accumulation_steps must be >= 1, got {args.gradient_accumulation_steps}")
+        if args.full_fp16 and args.mixed_precision != "fp16":
+            problems.append("--full_fp16 needs --mixed_precision fp16")
+        if args.full_bf16 and args.mixed_precision != "bf16":
+            problems.append("--full_bf16 needs --mixed_precision bf16")
+        if (args.fp8_base or args.fp8_base_unet) and args.mixed_precision == "no":
+            problems.append("--fp8_base / --fp8_base_unet compute in fp16/bf16: add --mixed_precision bf16 (or fp16)")
+        if args.xformers and (args.sdpa or args.mem_eff_attn):
+            problems.append("choose one attention backend: --xformers or --sdpa / --mem_eff_attn")
+        if args.xformers:
+            problems.extend(_xformers_problems())
+        if problems:
+            from library.config import ConfigError
+
+            raise ConfigError(problems)
+        return cls(
+            max_train_steps=args.max_train_steps,
+            max_train_epochs=args.max_train_epochs,
+            gradient_accumulation_steps=args.gradient_accumulation_steps,
+            max_data_loader_n_workers=args.max_data_loader_n_workers,
+            persistent_data_loader_workers=args.persistent_data_loader_workers,
+            seed=args.seed if args.seed is not None else random.randint(0, 2**31 - 1),
+            mixed_precision=args.mixed_precision,
+            full_fp16=args.full_fp16,
+            full_bf16=args.full_bf16,
+            fp8_base=args.fp8_base,
+            fp8_base_unet=args.fp8_base_unet,
+            gradient_checkpointing=args.gradient_checkpointing,
+            attention="xformers" if args.xformers else "sdpa",
+            torch_compile=args.torch_compile,
+            dynamo_backend=args.dynamo_backend,
+            ddp_timeout=args.ddp_timeout,
+            ddp_gradient_as_bucket_view=args.ddp_gradient_as_bucket_view,
+            ddp_static_graph=args.ddp_static_graph,
+            no_half_vae=args.no_half_vae,
+            lowram=args.lowram,
+        )
+
+    @property
+    def weight_dtype(self) -> torch.dtype:
+        """dtype of the frozen base weights (fp16/bf16 under mixed precision, else fp32)."""
+        return DTYPES[self.mixed_precision]
+
+    @property
+    def train_dtype(self) -> torch.dtype:
+        """dtype of the trained weights: fp32, unless --full_fp16 / --full_bf16."""
+        if self.full_fp16:
+            return torch.float16
+        if self.full_bf16:
+            return torch.bfloat16
+        return torch.float32
+
+
+def _xformers_problems() -> list[str]:
+    try:
+        import xformers.ops  # noqa: F401
+    except ImportError:
+        return ["--xformers: the xformers package is not installed; `pip install sdtrain[xformers]` or use --sdpa"]
+    if not torch.cuda.is_available():
+        return ["--xformers needs a CUDA GPU; use --sdpa (the default) on this machine"]
+    return []
+
+
+def make_accelerator(cfg: RunConfig, *, log_with: list[str] | None = None, logging_dir: str | None = None):
+    """An ``accelerate.Accelerator`` for the run (DDP kwargs, mixed precision, gradient accumulation, trackers)."""
+    from accelerate import Accelerator, DistributedDataParallelKwargs, InitProcessGroupKwargs
+    from accelerate.utils import ProjectConfiguration
+
+    handlers = []
+    if cfg.ddp_gradient_as_bucket_view or cfg.ddp_static_graph:
+        handlers.append(
+            DistributedDataParallelKwargs(
+                gradient_as_bucket_view=cfg.ddp_gradient_as_bucket_view, static_graph=cfg.ddp_static_graph
+            )
+        )
+    if cfg.ddp_timeout:
+        handlers.append(InitProcessGroupKwargs(timeout=datetime.timedelta(minutes=cfg.ddp_timeout)))
+    return Accelerator(
+        gradient_accumulation_steps=cfg.gradient_accumulation_steps,
+        mixed_precision=cfg.mixed_precision,
+        log_with=log_with or None,
+        project_config=ProjectConfiguration(project_dir=logging_dir or ".", logging_dir=logging_dir),
+        kwargs_handlers=handlers,
+        dynamo_backend=cfg.dynamo_backend.upper() if cfg.torch_compile else None,
+    )
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy as np
+
+        np.random.seed(seed % 2**32)
+    except ImportError:
+        pass
+
+
+def set_attention(modules: list[nn.Module], backend: str) -> None:
+    """Select the attention implementation of diffusers modules: "sdpa" (torch SDPA) or "xformers"."""
+    from diffusers.models.attention_processor import AttnProcessor2_0
+
+    for module in modules:
+        if backend == "xformers":
+            module.enable_xformers_memory_efficient_attention()
+        elif hasattr(module, "set_attn_processor"):
+            module.set_attn_processor(AttnProcessor2_0())
+
+
+def steps_per_epoch(batches_per_epoch: int, num_processes: int, grad_accum: int) -> int:
+    """Optimizer steps per epoch, as sd-scripts counts them: ceil(batches / processes / accumulation)."""
+    return math.ceil(batches_per_epoch / num_processes / grad_accum)
+
+
+def total_steps(cfg: RunConfig, batches_per_epoch: int, num_processes: int) -> tuple[int, int]:
+    """``(max_train_steps, num_epochs)``: --max_train_epochs wins over --max_train_steps, as in sd-scripts."""
+    per_epoch = steps_per_epoch(batches_per_epoch, num_processes, cfg.gradient_accumulation_steps)
+    if per_epoch < 1:
+        raise ValueError("the dataset yields no batch at this batch size; see the bucket report above")
+    steps = cfg.max_train_epochs * per_epoch if cfg.max_train_epochs else cfg.max_train_steps
+    return steps, math.ceil(steps / per_epoch)
+
+
+def num_workers(cfg: RunConfig) -> int:
+    return max(0, min(cfg.max_data_loader_n_workers, (os.cpu_count() or 1) - 1))
+
+
+def capture_rng(generators: dict[str, torch.Generator] | None = None) -> dict:
+    """Every random state a training step reads: torch CPU/CUDA, Python's ``random`` and our named generators."""
+    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    state["generators"] = {name: g.get_state() for name, g in (generators or {}).items()}
+    return state
+
+
+def restore_rng(state: dict, generators: dict[str, torch.Generator] | None = None) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(_as_tuple(state["python"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    for name, g in (generators or {}).items():
+        g.set_state(state["generators"][name])
+
+
+def _as_tuple(x):
+    return tuple(_as_tuple(v) for v in x) if isinstance(x, (list, tuple)) else x
