@@ -1,0 +1,307 @@
+"""Diffusion training losses: per-element loss, masks, prior weights and SNR weightings (pure torch).
+
+Order, as sd-scripts' ``train_network.py process_batch / post_process_loss`` (shared/reference/SD_SCRIPTS.md
+section 7), in :func:`diffusion_loss_per_sample`:
+
+1. per-element loss in float32 (``--loss_type`` l2 / l1 / huber / smooth_l1 with ``--huber_schedule``);
+2. mask (``--masked_loss`` / alpha masks), area-resized to the latent size, with OneTrainer's options;
+3. mean over C, H, W -> one value per sample;
+4. per-sample weights (``--prior_loss_weight`` for regularisation images);
+5. ``--min_snr_gamma``; 6. ``--scale_v_pred_loss_like_noise_pred``; 7. ``--v_pred_like_loss``;
+8. ``--debiased_estimation_loss``; then :func:`diffusion_loss` takes the batch mean.
+
+Where this differs from sd-scripts (on purpose): sd-scripts computes its SNR table *before* the
+``--zero_terminal_snr`` rescale, so every SNR weighting uses the original schedule while the model trains on the
+rescaled one. Here the SNR always comes from the schedule actually used (``schedule.snr``), and the clamped
+``SNR' = clamp(SNR, 1e-3, 1e3)`` (sd-scripts clamps only above, at 1000) keeps every weight finite where the
+rescaled schedule reaches SNR = 0. The released SD schedules never go below SNR 0.0047, so without zero-terminal
+SNR the weights equal sd-scripts' exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+if TYPE_CHECKING:  # type hints only: losses.py needs any object with ``alphas_cumprod`` and ``snr(t)``
+    from library.noising import NoiseSchedule
+
+LOSS_TYPES = ("l2", "l1", "huber", "smooth_l1")
+HUBER_SCHEDULES = ("constant", "exponential", "snr")
+SNR_MIN, SNR_MAX = 1e-3, 1e3  # clamp of SNR' (sd-scripts: upper bound 1000 only)
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """Loss settings; field names and defaults are sd-scripts' flags (without ``--``).
+
+    ``v_parameterization`` is the same flag as ``NoiseConfig.v_parameterization`` (the config reader fills both from
+    one flag): it picks the v variants of the SNR weightings. The masked-loss options are OneTrainer's
+    (``unmasked_probability``, ``unmasked_weight``, ``normalize_masked_area_loss``); their defaults (0, 0, False)
+    give sd-scripts' masked loss (``loss * mask``, no re-normalisation).
+
+    Raises:
+        ValueError: listing every bad field at once, each naming its flag.
+    """
+
+    loss_type: str = "l2"
+    huber_schedule: str = "snr"
+    huber_c: float = 0.1
+    huber_scale: float = 1.0
+    min_snr_gamma: float | None = None
+    debiased_estimation_loss: bool = False
+    scale_v_pred_loss_like_noise_pred: bool = False
+    v_pred_like_loss: float | None = None
+    v_parameterization: bool = False
+    masked_loss: bool = False
+    unmasked_probability: float = 0.0
+    unmasked_weight: float = 0.0
+    normalize_masked_area_loss: bool = False
+    prior_loss_weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        errors = _loss_config_errors(self)
+        if errors:
+            raise ValueError("invalid loss settings:\n  " + "\n  ".join(errors))
+
+
+def _loss_config_errors(cfg: LossConfig) -> list[str]:
+    errors = []
+    if cfg.loss_type not in LOSS_TYPES:
+        errors.append(f"--loss_type must be one of {', '.join(LOSS_TYPES)}, got {cfg.loss_type!r}")
+    if cfg.huber_schedule not in HUBER_SCHEDULES:
+        errors.append(f"--huber_schedule must be one of {', '.join(HUBER_SCHEDULES)}, got {cfg.huber_schedule!r}")
+    if not (cfg.huber_c > 0 and math.isfinite(cfg.huber_c)):
+        errors.append(f"--huber_c must be a finite number > 0 (default 0.1), got {cfg.huber_c}")
+    if not (cfg.huber_scale > 0 and math.isfinite(cfg.huber_scale)):
+        errors.append(f"--huber_scale must be a finite number > 0 (default 1.0), got {cfg.huber_scale}")
+    if cfg.min_snr_gamma is not None and not (cfg.min_snr_gamma > 0 and math.isfinite(cfg.min_snr_gamma)):
+        errors.append(f"--min_snr_gamma must be a finite number > 0 (5 is the paper's value), got {cfg.min_snr_gamma}")
+    if cfg.v_pred_like_loss is not None and not cfg.v_pred_like_loss >= 0:
+        errors.append(f"--v_pred_like_loss must be >= 0, got {cfg.v_pred_like_loss}")
+    if cfg.scale_v_pred_loss_like_noise_pred and not cfg.v_parameterization:
+        errors.append(
+            "--scale_v_pred_loss_like_noise_pred needs --v_parameterization (it rescales a v-prediction loss)"
+        )
+    if cfg.v_pred_like_loss and cfg.v_parameterization:
+        errors.append("--v_pred_like_loss cannot be used with --v_parameterization (the loss already is v-prediction)")
+    for flag in ("unmasked_probability", "unmasked_weight"):
+        if not 0 <= getattr(cfg, flag) <= 1:
+            errors.append(f"--{flag} must be in [0, 1], got {getattr(cfg, flag)}")
+    if not (cfg.prior_loss_weight >= 0 and math.isfinite(cfg.prior_loss_weight)):
+        errors.append(f"--prior_loss_weight must be a finite number >= 0, got {cfg.prior_loss_weight}")
+    return errors
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Per-element loss
+
+
+def huber_c_for(timesteps: Tensor, cfg: LossConfig, schedule: NoiseSchedule) -> Tensor:
+    """Per-sample pseudo-Huber ``c`` (B,) float32 on the timesteps' device (sd-scripts ``get_huber_threshold_if_needed``;
+    Khrapov et al. 2024, "Improving Diffusion Models's Data-Corruption Resistance using Scheduled Pseudo-Huber Loss",
+    arXiv:2403.16728).
+
+    constant: ``huber_c * huber_scale``; exponential: ``exp(-k t) * huber_scale`` with ``k = -ln(huber_c) / T``;
+    snr: ``(1 - huber_c) / (1 + sigma_t)^2 + huber_c`` with ``sigma_t = sqrt((1 - a_t) / a_t)`` (huber_scale not
+    applied, as sd-scripts), computed as ``(1 - huber_c) a_t / (sqrt(a_t) + sqrt(1 - a_t))^2 + huber_c`` so it stays
+    finite (= huber_c) at a_t = 0.
+    """
+    if cfg.huber_schedule == "constant":
+        c = torch.full(timesteps.shape, cfg.huber_c * cfg.huber_scale, dtype=torch.float64)
+    elif cfg.huber_schedule == "exponential":
+        k = -math.log(cfg.huber_c) / schedule.num_train_timesteps
+        c = torch.exp(-k * timesteps.detach().to("cpu", torch.float64)) * cfg.huber_scale
+    else:
+        a = schedule.gather(timesteps)
+        c = (1.0 - cfg.huber_c) * a / (a.sqrt() + (1.0 - a).sqrt()) ** 2 + cfg.huber_c
+    return c.to(device=timesteps.device, dtype=torch.float32)
+
+
+def elementwise_loss(pred: Tensor, target: Tensor, loss_type: str, huber_c: Tensor | None = None) -> Tensor:
+    """Per-element loss, float32, same shape as ``pred`` (B, ...) (sd-scripts ``conditional_loss``, reduction none).
+
+    l2: ``(p - y)^2``; l1: ``|p - y|``; huber: ``2 c (sqrt((p - y)^2 + c^2) - c)``; smooth_l1:
+    ``2 (sqrt((p - y)^2 + c^2) - c)`` (both pseudo-Huber, Charbonnier 1994; ``huber_c`` (B,) per sample).
+    """
+    diff = pred.float() - target.float()
+    if loss_type == "l2":
+        return diff**2
+    if loss_type == "l1":
+        return diff.abs()
+    if loss_type not in ("huber", "smooth_l1"):
+        raise ValueError(f"--loss_type must be one of {', '.join(LOSS_TYPES)}, got {loss_type!r}")
+    if huber_c is None:
+        raise ValueError(f"--loss_type {loss_type} needs a per-sample huber_c (see huber_c_for)")
+    c = huber_c.to(diff.device, torch.float32).view((-1,) + (1,) * (diff.ndim - 1))
+    squared = diff**2
+    pseudo = squared / (torch.sqrt(squared + c**2) + c)  # = sqrt(d^2 + c^2) - c without cancellation at small d
+    return 2.0 * c * pseudo if loss_type == "huber" else 2.0 * pseudo
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Masks
+
+
+def mask_from_conditioning_image(images: Tensor) -> Tensor:
+    """Mask (B, 1, H, W) in [0, 1] from mask images (B, 3, H, W) normalised to [-1, 1]: the red channel mapped
+    back to [0, 1] (sd-scripts ``--masked_loss`` with a subset's ``conditioning_data_dir``)."""
+    return images[:, :1].float() / 2.0 + 0.5
+
+
+def resize_mask(mask: Tensor, size: tuple[int, int]) -> Tensor:
+    """Per-pixel weights (B, 1, H, W) or (B, H, W) in [0, 1] -> (B, 1, h, w) float32 at the latent size, by area
+    interpolation (the mean of the pixels each latent cell covers; identity when already at that size)."""
+    if mask.ndim == 3:
+        mask = mask.unsqueeze(1)
+    if mask.ndim != 4 or mask.shape[1] != 1:
+        raise ValueError(f"mask must be (B, 1, H, W) or (B, H, W), got shape {tuple(mask.shape)}")
+    return F.interpolate(mask.float(), size=tuple(size), mode="area")
+
+
+def apply_mask(loss: Tensor, mask: Tensor, cfg: LossConfig, generator: torch.Generator | None = None) -> Tensor:
+    """Weight a per-element loss (B, C, h, w) by a mask (B, 1, H, W) / (B, H, W) resized to (h, w).
+
+    sd-scripts: ``loss * mask``. OneTrainer's options (seed doc 002, OneTrainer ``masked_losses`` and mgds
+    ``RandomLatentMaskRemove``): with probability ``unmasked_probability`` a sample trains without its mask (mask
+    -> 1; one uniform draw per sample from ``generator``, made only when the probability is > 0); the weight outside
+    the mask is raised to ``unmasked_weight`` (``clamp(mask, unmasked_weight, 1)``); ``normalize_masked_area_loss``
+    divides each sample by the mean of its weights so small masks are not under-weighted.
+    """
+    weights = resize_mask(mask, loss.shape[-2:]).to(loss.device)
+    if weights.shape[0] != loss.shape[0]:
+        raise ValueError(f"mask batch size {weights.shape[0]} does not match the loss batch size {loss.shape[0]}")
+    if cfg.unmasked_probability > 0:
+        device = generator.device if generator is not None else loss.device
+        draws = torch.rand((loss.shape[0],), generator=generator, device=device).to(loss.device)
+        drop = (draws < cfg.unmasked_probability).view(-1, 1, 1, 1)
+        weights = torch.where(drop, torch.ones_like(weights), weights)
+    weights = weights.clamp(cfg.unmasked_weight, 1.0)
+    loss = loss * weights
+    if cfg.normalize_masked_area_loss:
+        loss = loss / weights.mean(dim=(1, 2, 3), keepdim=True).clamp(min=1e-8)
+    return loss
+
+
+def sample_weights(is_regularization: Tensor, cfg: LossConfig) -> Tensor:
+    """Per-sample loss weights (B,) float32: ``prior_loss_weight`` for regularisation images, 1 otherwise
+    (DreamBooth prior preservation, Ruiz et al. 2023, arXiv:2208.12242, eq. 2)."""
+    weight = torch.tensor(cfg.prior_loss_weight, dtype=torch.float32, device=is_regularization.device)
+    return torch.where(is_regularization.bool(), weight, torch.ones_like(weight))
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# SNR weightings (all take the SNR (B,) of the schedule actually used)
+
+
+def clamp_snr(snr: Tensor) -> Tensor:
+    """``SNR' = clamp(SNR, 1e-3, 1e3)`` (sd-scripts: ``min(SNR, 1000)``; the lower bound keeps weights finite at
+    SNR = 0 and only acts on zero-terminal-SNR schedules)."""
+    return snr.clamp(SNR_MIN, SNR_MAX)
+
+
+def min_snr_weight(snr: Tensor, gamma: float, v_prediction: bool) -> Tensor:
+    """Min-SNR-gamma weight (Hang et al. 2023, "Efficient Diffusion Training via Min-SNR Weighting Strategy",
+    arXiv:2303.09556, eq. 8-9 in epsilon / v form): eps ``min(SNR, g) / SNR``, v ``min(SNR, g) / (SNR + 1)``.
+
+    The epsilon form is evaluated as ``min(1, g / SNR)``: its limit 1 at SNR = 0. (B,) -> (B,).
+    """
+    if v_prediction:
+        return torch.minimum(snr, torch.full_like(snr, gamma)) / (snr + 1.0)
+    return torch.clamp(gamma / snr, max=1.0)
+
+
+def v_pred_scale(snr: Tensor) -> Tensor:
+    """``SNR' / (SNR' + 1)``: converts a v-prediction loss to the scale of an epsilon loss, since
+    ``|v - v^|^2 = (SNR + 1)/SNR |eps - eps^|^2`` (Salimans & Ho 2022, sec. 4). (B,) -> (B,)."""
+    s = clamp_snr(snr)
+    return s / (s + 1.0)
+
+
+def debiased_weight(snr: Tensor, v_prediction: bool) -> Tensor:
+    """Debiased estimation weight (Yu et al. 2024, "Debias the Training of Diffusion Models", arXiv:2310.08442):
+    eps ``1 / sqrt(SNR')``, v ``1 / (SNR' + 1)`` (sd-scripts ``apply_debiased_estimation``). (B,) -> (B,)."""
+    s = clamp_snr(snr)
+    return 1.0 / (s + 1.0) if v_prediction else 1.0 / s.sqrt()
+
+
+def apply_snr_weightings(loss: Tensor, snr: Tensor, cfg: LossConfig) -> Tensor:
+    """Steps 5-8 on per-sample losses (B,) in sd-scripts' order; weights computed in float64, loss stays float32."""
+    weight = torch.ones_like(snr)
+    if cfg.min_snr_gamma is not None:
+        weight = weight * min_snr_weight(snr, cfg.min_snr_gamma, cfg.v_parameterization)
+    if cfg.scale_v_pred_loss_like_noise_pred:
+        weight = weight * v_pred_scale(snr)
+    if cfg.v_pred_like_loss:
+        weight = weight * (1.0 + cfg.v_pred_like_loss / v_pred_scale(snr))
+    if cfg.debiased_estimation_loss:
+        weight = weight * debiased_weight(snr, cfg.v_parameterization)
+    return loss * weight.to(device=loss.device, dtype=loss.dtype)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The composite
+
+
+def diffusion_loss_per_sample(
+    pred: Tensor,
+    target: Tensor,
+    timesteps: Tensor,
+    cfg: LossConfig,
+    schedule: NoiseSchedule,
+    *,
+    loss_weights: Tensor | None = None,
+    mask: Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """Per-sample diffusion loss (B,) float32, steps 1-8 of the module docstring (for logging and validation).
+
+    Args:
+        pred, target: (B, C, h, w) model output and target (any float dtype; the loss is computed in float32).
+        timesteps: (B,) integer timesteps the example was noised at.
+        schedule: the training schedule (provides ``snr`` and ``gather``).
+        loss_weights: (B,) per-sample weights (see :func:`sample_weights`), or None for 1.
+        mask: (B, 1, H, W) or (B, H, W) per-pixel weights in [0, 1] at image or latent resolution, or None.
+        generator: draws for ``unmasked_probability``.
+    """
+    if pred.shape != target.shape or pred.ndim != 4:
+        raise ValueError(
+            f"pred and target must both be (B, C, h, w), got {tuple(pred.shape)} and {tuple(target.shape)}"
+        )
+    if timesteps.shape != pred.shape[:1]:
+        raise ValueError(f"timesteps must have shape ({pred.shape[0]},), got {tuple(timesteps.shape)}")
+    huber_c = huber_c_for(timesteps, cfg, schedule) if cfg.loss_type in ("huber", "smooth_l1") else None
+    loss = elementwise_loss(pred, target, cfg.loss_type, huber_c)
+    if mask is not None:
+        loss = apply_mask(loss, mask, cfg, generator)
+    elif cfg.masked_loss:
+        raise ValueError(
+            "--masked_loss is set but the batch has no mask (mask images or alpha masks); check the dataset"
+        )
+    loss = loss.mean(dim=(1, 2, 3))
+    if loss_weights is not None:
+        loss = loss * loss_weights.to(device=loss.device, dtype=loss.dtype)
+    return apply_snr_weightings(loss, schedule.snr(timesteps), cfg)
+
+
+def diffusion_loss(
+    pred: Tensor,
+    target: Tensor,
+    timesteps: Tensor,
+    cfg: LossConfig,
+    schedule: NoiseSchedule,
+    *,
+    loss_weights: Tensor | None = None,
+    mask: Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """The training loss: scalar float32, the batch mean of :func:`diffusion_loss_per_sample` (same arguments)."""
+    per_sample = diffusion_loss_per_sample(
+        pred, target, timesteps, cfg, schedule, loss_weights=loss_weights, mask=mask, generator=generator
+    )
+    return per_sample.mean()
