@@ -176,3 +176,47 @@ def add_ema_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--ema_decay", type=float, default=0.999)
     g.add_argument("--ema_update_every", type=int, default=1, help="update the EMA every N optimizer steps")
     g.add_argument("--ema_device", type=str, default="same", choices=["same", "cpu"], help="where the EMA lives")
+
+
+def add_noise_args(parser: argparse.ArgumentParser) -> None:
+    """Noise and timestep flags; read into ``library.noising.NoiseConfig`` (same field names)."""
+    g = parser.add_argument_group("noise")
+    g.add_argument("--noise_offset", type=float, default=None, help="offset noise strength (around 0.1 is usual)")
+    g.add_argument("--noise_offset_random_strength", action="store_true", help="offset strength ~ U(0, offset)")
+    g.add_argument("--adaptive_noise_scale", type=float, default=None, help="add |latent mean| x this to the offset")
+    g.add_argument("--multires_noise_iterations", type=int, default=None, help="pyramid noise levels (6-10 usual)")
+    g.add_argument("--multires_noise_discount", type=float, default=0.3, help="pyramid noise discount per level")
+    g.add_argument("--ip_noise_gamma", type=float, default=None, help="input perturbation noise (around 0.1)")
+    g.add_argument("--ip_noise_gamma_random_strength", action="store_true", help="gamma ~ U(0, ip_noise_gamma)")
+    g.add_argument("--zero_terminal_snr", action="store_true", help="rescale betas to zero terminal SNR")
+    g.add_argument("--min_timestep", type=int, default=None, help="lowest training timestep (0-999)")
+    g.add_argument("--max_timestep", type=int, default=None, help="highest training timestep, exclusive (1-1000)")
+    g.add_argument(
+        "--timestep_sampling",
+        type=str,
+        default="uniform",
+        choices=["uniform", "logit_normal", "sigmoid"],
+        help="timestep distribution (uniform = sd-scripts)",
+    )
+    g.add_argument("--logit_mean", type=float, default=0.0, help="logit_normal: mean")
+    g.add_argument("--logit_std", type=float, default=1.0, help="logit_normal: standard deviation")
+    g.add_argument("--sigmoid_scale", type=float, default=1.0, help="sigmoid: scale")
+    g.add_argument("--timestep_shift", type=float, default=1.0, help="SD3-style shift; > 1 trains more at high noise")
+
+
+def add_loss_args(parser: argparse.ArgumentParser) -> None:
+    """Loss flags; read into ``library.losses.LossConfig`` (same field names)."""
+    g = parser.add_argument_group("loss")
+    g.add_argument("--loss_type", type=str, default="l2", choices=["l1", "l2", "huber", "smooth_l1"])
+    g.add_argument("--huber_schedule", type=str, default="snr", choices=["constant", "exponential", "snr"])
+    g.add_argument("--huber_c", type=float, default=0.1)
+    g.add_argument("--huber_scale", type=float, default=1.0)
+    g.add_argument("--min_snr_gamma", type=float, default=None, help="Min-SNR weighting gamma (5 is usual)")
+    g.add_argument("--scale_v_pred_loss_like_noise_pred", action="store_true")
+    g.add_argument("--v_pred_like_loss", type=float, default=None)
+    g.add_argument("--debiased_estimation_loss", action="store_true")
+    g.add_argument("--unmasked_probability", type=float, default=0.0, help="masked loss: chance to ignore the mask")
+    g.add_argument("--unmasked_weight", type=float, default=0.0, help="masked loss: weight outside the mask")
+    g.add_argument(
+        "--normalize_masked_area_loss", action="store_true", help="masked loss: divide by the mask's mean area"
+    )

@@ -158,3 +158,12 @@ def write_config_file(parser: argparse.ArgumentParser, args: argparse.Namespace,
             sections.setdefault(name, {})[action.dest] = value
     with atomic_path(path) as tmp:
         tmp.write_text(toml.dumps(sections), encoding="utf-8")
+
+
+def from_namespace(cls: type, args: argparse.Namespace, **overrides: Any) -> Any:
+    """Build the dataclass ``cls`` from the same-named attributes of ``args`` (missing ones keep their default)."""
+    import dataclasses
+
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
+    values.update(overrides)
+    return cls(**values)
