@@ -14,6 +14,7 @@ import json
 import os
 from dataclasses import dataclass, field
 
+from .buckets import BucketSpec
 from .captions import CaptionConfig
 from .data_args import DataArgs
 from .resolution import Size, format_size, parse_resolutions
@@ -76,6 +77,17 @@ class DatasetConfig:
     bucket_reso_steps: int
     bucket_no_upscale: bool
     skip_image_resolution: Size | None = None
+
+    def bucket_spec(self, resolution: int = 0) -> BucketSpec:
+        """The bucket settings at training resolution number ``resolution``."""
+        return BucketSpec(
+            self.resolutions[resolution],
+            self.enable_bucket,
+            self.min_bucket_reso,
+            self.max_bucket_reso,
+            self.bucket_reso_steps,
+            self.bucket_no_upscale,
+        )
 
 
 def read_dataset_file(path: str) -> dict:

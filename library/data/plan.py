@@ -10,7 +10,7 @@ import logging
 import os
 from dataclasses import dataclass, replace
 
-from .buckets import Assignment, BucketSpec, predefined_buckets, select_bucket
+from .buckets import Assignment, predefined_buckets, select_bucket
 from .data_args import DataArgs
 from .dataset_config import DatasetConfig, SubsetConfig, load_dataset_configs
 from .report import BucketReport, build_report
@@ -104,15 +104,8 @@ def balance_regularisation(records: list[ImageRecord]) -> tuple[list[ImageRecord
 
 def _assign(config: DatasetConfig, records: list[ImageRecord], problems: Problems):
     per_res, upscaled = [], []
-    for res in config.resolutions:
-        spec = BucketSpec(
-            res,
-            config.enable_bucket,
-            config.min_bucket_reso,
-            config.max_bucket_reso,
-            config.bucket_reso_steps,
-            config.bucket_no_upscale,
-        )
+    for k in range(len(config.resolutions)):
+        spec = config.bucket_spec(k)
         buckets = predefined_buckets(spec)
         row = []
         for r in records:
