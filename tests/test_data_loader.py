@@ -78,9 +78,7 @@ def test_batch_contract_and_order_of_size_fields(dataset):
         assert batch.pixels.shape == (b, 3, h, w) and batch.latents is None and batch.masks is None
         assert -1.0 <= batch.pixels.min() and batch.pixels.max() <= 1.0
         assert batch.target_sizes.tolist() == [[h, w]] * b  # (h, w)
-        for path, orig, crop, flipped in zip(
-            batch.image_paths, batch.original_sizes, batch.crop_top_lefts, batch.flipped
-        ):
+        for path, orig, crop in zip(batch.image_paths, batch.original_sizes, batch.crop_top_lefts):
             width, height = SIZES[int(path.rsplit("img", 1)[1][0])]
             assert orig.tolist() == [height, width]
             assert crop[0] >= 0 and crop[1] >= 0
