@@ -241,3 +241,44 @@ def test_users_dataset_folder_is_never_modified(dataset, tmp_path):
     for batch in make_loader(plan, num_workers=1).epoch(0):
         assert len(batch)
     assert tree_digest(dataset) == before
+
+
+def test_alpha_mask_is_the_cropped_alpha_channel(tmp_path):
+    path = make_png(tmp_path / "t" / "2_x" / "a.png", 96, 64, alpha=True)
+    alpha = torch.from_numpy(np.array(Image.open(path))[..., 3].astype(np.float32) / 255.0)
+    plan = build_datasets(
+        parse(["--train_data_dir", str(tmp_path / "t"), "--resolution", "64", "--alpha_mask"]), size_multiple=32
+    )
+    for batch in make_loader(plan).epoch(0):
+        left = batch.crop_top_lefts[0, 1].item()
+        assert left == 16
+        assert torch.allclose(batch.masks[0, 0], alpha[:, left : left + 64], atol=1e-6)
+
+
+def test_face_crop_keeps_the_face_in_view(tmp_path):
+    # 256x128 image with a 32-px face centred at (200, 64): face_crop_aug_range 2..2 scales the face to 1/2 of 64
+    make_png(tmp_path / "t" / "3_x" / "p_200_64_32_32.png", 256, 128)
+    args = parse(["--train_data_dir", str(tmp_path / "t"), "--resolution", "64", "--face_crop_aug_range", "2.0,2.0"])
+    plan = build_datasets(args, size_multiple=32)
+    assert plan.datasets[0].records[0].face == (200, 64, 32, 32)
+    for batch in make_loader(plan).epoch(0):
+        assert batch.pixels.shape == (1, 3, 64, 64)
+        top, left = batch.crop_top_lefts[0].tolist()
+        # scale = 64 / (32 * 2) = 1 -> face centre stays at (200, 64); the 64-px crop is centred on it
+        assert (left, top) == (200 - 32, 64 - 32)
+
+
+def test_fine_tune_jsonl_captions_and_color_aug(tmp_path):
+    make_png(tmp_path / "img" / "a.png", 64, 64)
+    meta = tmp_path / "meta.jsonl"
+    meta.write_text(json.dumps({"image_path": "a.png", "caption": "a frog", "tags": "green, cute"}) + "\n")
+    (tmp_path / "d.toml").write_text(
+        f"[general]\nresolution = 64\ncolor_aug = true\n[[datasets]]\n[[datasets.subsets]]\n"
+        f"image_dir = '{tmp_path / 'img'}'\nmetadata_file = '{meta}'\nnum_repeats = 40\n"
+    )
+    plan = build_datasets(parse(["--dataset_config", str(tmp_path / "d.toml")]), size_multiple=32)
+    batches = list(make_loader(plan).epoch(0))
+    assert {b.captions[0] for b in batches} == {"a frog, green, cute"}
+    plain = torch.from_numpy(np.array(Image.open(tmp_path / "img" / "a.png"))).permute(2, 0, 1).float() / 127.5 - 1
+    changed = sum(not torch.allclose(b.pixels[0], plain, atol=1e-6) for b in batches)
+    assert 0 < changed < 40  # colour augmentation hits about a third of the samples
