@@ -175,7 +175,7 @@ def _caching(parser: argparse._ArgumentGroup) -> None:
         "--cache_dir",
         type=str,
         default=None,
-        help="folder for disk caches (default with *_to_disk: next to each image)",
+        help="folder for latent / text-encoder caches, reused across runs (giving it keeps caches on disk there; without it, *_to_disk flags write next to each image)",
     )
 
 

@@ -282,3 +282,17 @@ def test_fine_tune_jsonl_captions_and_color_aug(tmp_path):
     plain = torch.from_numpy(np.array(Image.open(tmp_path / "img" / "a.png"))).permute(2, 0, 1).float() / 127.5 - 1
     changed = sum(not torch.allclose(b.pixels[0], plain, atol=1e-6) for b in batches)
     assert 0 < changed < 40  # colour augmentation hits about a third of the samples
+
+
+def test_regularisation_images_get_prior_loss_weight(tmp_path):
+    make_png(tmp_path / "t" / "2_dog" / "a.png", 64, 64)
+    for i in range(3):
+        make_png(tmp_path / "r" / "1_dog" / f"r{i}.png", 64, 64, seed=i + 1)
+    argv = small_args(tmp_path / "t", "--reg_data_dir", str(tmp_path / "r"), "--prior_loss_weight", "0.25")
+    plan = build_datasets(parse(argv), size_multiple=32)
+    assert len(plan.report.unused) == 1  # 2 training samples -> 2 regularisation images used, 1 never
+    weights = {}
+    for batch in make_loader(plan).epoch(0):
+        for path, w, reg in zip(batch.image_paths, batch.loss_weights.tolist(), batch.is_reg.tolist()):
+            weights[path.rsplit("/", 1)[1]] = (w, reg)
+    assert weights == {"a.png": (1.0, False), "r0.png": (0.25, True), "r1.png": (0.25, True)}

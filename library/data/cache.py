@@ -24,17 +24,20 @@ Tensors = dict[str, torch.Tensor]
 _FORMAT = 1  # bump when the meaning of an entry changes
 
 
-def file_digest(path: str, _memo: dict[str, tuple[float, int, str]] = {}) -> str:  # noqa: B006
-    """SHA-256 of a file's bytes (memoised per process on (mtime, size))."""
+_DIGESTS: dict[str, tuple[float, int, str]] = {}  # path -> (mtime, size, sha256): each file is hashed once
+
+
+def file_digest(path: str) -> str:
+    """SHA-256 of a file's bytes (memoised per process; recomputed when the file's mtime or size changes)."""
     st = os.stat(path)
-    hit = _memo.get(path)
+    hit = _DIGESTS.get(path)
     if hit and hit[:2] == (st.st_mtime, st.st_size):
         return hit[2]
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
-    _memo[path] = (st.st_mtime, st.st_size, h.hexdigest())
+    _DIGESTS[path] = (st.st_mtime, st.st_size, h.hexdigest())
     return h.hexdigest()
 
 

@@ -185,6 +185,8 @@ def _resolve_subset(sub: dict, where: str, kind: str, tables: list[dict], cli: d
         problems.error(f"{where}.metadata_file", f"file {show(meta)} not found")
     if sub.get("conditioning_data_dir") and not cli.get("masked_loss"):
         problems.error(f"{where}.conditioning_data_dir", "masks need --masked_loss; add the flag or remove the key")
+    if _pick("cache_info", tables, {}):
+        problems.warn(f"{where}.cache_info", "has no effect: sdtrain reads image headers directly; ignored")
     face = _pick("face_crop_aug_range", tables, cli)
     return SubsetConfig(
         where=where,

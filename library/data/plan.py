@@ -190,11 +190,13 @@ def build_datasets(
     num_processes: int = 1,
     seed: int = 0,
     size_multiple: int = 64,
+    is_main_process: bool = True,
 ) -> Plan:
     """Validate and read the datasets; print (and save, with ``--bucket_report``) the bucket report.
 
     ``size_multiple``: image sides must be multiples of it (SD1/SD2 64, SDXL 32; from the model family).
-    Batch size comes from ``--train_batch_size`` or the dataset file. Raises one ValueError listing every problem:
+    Batch size comes from ``--train_batch_size`` or the dataset file. The main process prints the report to stdout
+    and saves it; warnings are logged on every process. Raises one ValueError listing every problem:
     configuration errors first, then unreadable images (unless ``--skip_corrupt_images``), bad captions, images too
     small, an empty dataset.
     """
@@ -220,9 +222,10 @@ def build_datasets(
     plan = Plan(datasets, args, seed, grad_accum, num_processes, report, tuple(problems.warnings))
     for w in plan.warnings:
         logger.warning(w)
-    logger.info("\n%s", report.to_text())
     for w in report.warnings:
         logger.warning("!!! %s", w)
-    if args.bucket_report:
-        report.save(args.bucket_report)
+    if is_main_process:
+        print(report.to_text(), flush=True)
+        if args.bucket_report:
+            report.save(args.bucket_report)
     return plan

@@ -13,6 +13,8 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .resolution import parse_resolutions
+
 G, D, S = "general", "dataset", "subset"
 _ALL = frozenset({G, D, S})
 _GD = frozenset({G, D})
@@ -97,8 +99,6 @@ def float_pair_check(v: object) -> str | None:
 
 
 def resolution_check(v: object) -> str | None:
-    from .resolution import parse_resolutions  # local: resolution imports nothing from here
-
     try:
         parse_resolutions(v)
     except ValueError as e:
