@@ -14,7 +14,7 @@ from library.data.captions import CaptionConfig, compose_caption, possible_capti
 tag = st.text(alphabet="abcdefghij ", min_size=1, max_size=6).map(str.strip).filter(bool)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, deadline=None, derandomize=True)
 @given(tags=st.lists(tag, min_size=1, max_size=12, unique=True), keep=st.integers(0, 12), seed=st.integers(0, 10**6))
 def test_shuffle_keeps_first_keep_tokens_in_place(tags, keep, seed):
     cfg = CaptionConfig(shuffle_caption=True, keep_tokens=keep)
