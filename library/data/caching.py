@@ -1,0 +1,193 @@
+"""The caching step: encode every (image, bucket, flip) once with the caller's VAE, and every possible caption once
+with the caller's text encoders, before training.
+
+The encoders are plain callables, so this module does not depend on the model-family code:
+
+* ``encode_fn(pixels)``: (B, 3, H, W) float in [-1, 1] -> (B, C, H/8, W/8) latents, already scaled by the VAE's
+  scaling factor (e.g. ``vae.encode(x).latent_dist.sample() * vae.config.scaling_factor``);
+* ``encode_text_fn(captions)``: list of B strings -> dict of tensors with a leading batch dimension B.
+
+Each comes with an identity string (e.g. a hash of the encoder weights and dtype) that is part of every cache key.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from tqdm.auto import tqdm
+
+from .cache import CacheStore, Tensors, file_digest, latent_key, text_key
+from .captions import possible_captions
+from .images import render_sample
+from .plan import Plan
+
+logger = logging.getLogger(__name__)
+
+EncodeFn = Callable[[torch.Tensor], torch.Tensor]
+EncodeTextFn = Callable[[list[str]], Tensors]
+LatentSlot = tuple[int, int, int, bool]  # (dataset, record, resolution index, flipped)
+
+
+@dataclass
+class LatentCache:
+    """Cached latents (and masks) of a plan; ``get`` returns ``{"latents": (C, h, w), "mask"?: (1, H, W)}``."""
+
+    store: CacheStore
+    keys: dict[LatentSlot, str] = field(default_factory=dict)
+    anchors: dict[LatentSlot, str] = field(default_factory=dict)
+
+    def get(self, dataset: int, record: int, resolution: int, flip: bool) -> Tensors:
+        slot = (dataset, record, resolution, flip)
+        return self.store.load(self.keys[slot], self.anchors[slot])
+
+
+@dataclass
+class TextCache:
+    """Cached text-encoder outputs; ``get(caption)`` returns the encoder's dict without the batch dimension."""
+
+    store: CacheStore
+    keys: dict[str, str] = field(default_factory=dict)
+    anchors: dict[str, str] = field(default_factory=dict)
+
+    def get(self, caption: str) -> Tensors:
+        if caption not in self.keys:
+            raise KeyError(f"caption not cached: {caption!r}")
+        return self.store.load(self.keys[caption], self.anchors[caption])
+
+
+def _store(plan: Plan, kind: str, to_disk: bool) -> CacheStore:
+    folder = plan.args.cache_dir if to_disk or plan.args.cache_dir else None
+    return CacheStore(kind, folder=folder, next_to_images=to_disk and folder is None)
+
+
+def _slots(plan: Plan, encoder_id: str) -> list[tuple[LatentSlot, str, object]]:
+    """(slot, key, assignment) for every latent the plan can ask for."""
+    out = []
+    for d, ds in enumerate(plan.datasets):
+        for i, rec in enumerate(ds.records):
+            sub = ds.subset(rec)
+            digest = file_digest(rec.path)
+            mask_digest = file_digest(rec.mask_path) if rec.mask_path else None
+            for k in range(len(ds.config.resolutions)):
+                a = ds.assignments[k][i]
+                crop = ((a.resized[0] - a.bucket[0]) // 2, (a.resized[1] - a.bucket[1]) // 2)
+                for flip in (False, True) if sub.flip_aug else (False,):
+                    key = latent_key(
+                        image_digest=digest,
+                        encoder_id=encoder_id,
+                        bucket=a.bucket,
+                        resized=a.resized,
+                        crop=crop,
+                        flip=flip,
+                        interpolation=sub.resize_interpolation,
+                        mask_digest=mask_digest,
+                        alpha_mask=sub.alpha_mask and rec.mask_path is None,
+                    )
+                    out.append(((d, i, k, flip), key, a))
+    return out
+
+
+def _shape_ok(bucket: tuple[int, int]) -> Callable[[dict], bool]:
+    return lambda shapes: "latents" in shapes and tuple(shapes["latents"][-2:]) == (bucket[1] // 8, bucket[0] // 8)
+
+
+def _encode_latents(plan: Plan, todo: list, store: CacheStore, encode_fn: EncodeFn, show_progress: bool) -> None:
+    todo = sorted(todo, key=lambda t: t[2].bucket)
+    bs = plan.args.vae_batch_size
+    bar = tqdm(total=len(todo), desc="caching latents", unit="img", disable=not show_progress)
+    start = 0
+    while start < len(todo):
+        bucket = todo[start][2].bucket
+        chunk = [t for t in todo[start : start + bs] if t[2].bucket == bucket]
+        rendered = []
+        for (d, i, _k, flip), _key, a in chunk:
+            ds = plan.datasets[d]
+            rec, sub = ds.records[i], ds.subset(ds.records[i])
+            rendered.append(
+                render_sample(
+                    rec.path,
+                    a,
+                    flip=flip,
+                    mask_path=rec.mask_path,
+                    alpha_mask=sub.alpha_mask,
+                    interpolation=sub.resize_interpolation,
+                )
+            )
+        with torch.no_grad():
+            latents = encode_fn(torch.stack([r[0] for r in rendered]))
+        expected = (bucket[1] // 8, bucket[0] // 8)
+        if tuple(latents.shape[-2:]) != expected or latents.shape[0] != len(chunk):
+            raise ValueError(f"encode_fn returned {tuple(latents.shape)} for {len(chunk)} images at {bucket}")
+        for (slot, key, _a), lat, (_px, mask, _off, _rs) in zip(chunk, latents, rendered):
+            entry = {"latents": lat} | ({"mask": mask} if mask is not None else {})
+            store.save(key, plan.datasets[slot[0]].records[slot[1]].path, entry)
+        bar.update(len(chunk))
+        start += len(chunk)
+    bar.close()
+
+
+def cache_latents(
+    plan: Plan,
+    encode_fn: EncodeFn,
+    encoder_id: str,
+    *,
+    rank: int = 0,
+    world_size: int = 1,
+    show_progress: bool = True,
+) -> LatentCache:
+    """Encode every latent the plan can use that is not cached yet, ``--vae_batch_size`` images at a time.
+
+    With ``world_size > 1`` and a disk cache, each process encodes its share; call a barrier afterwards (e.g.
+    ``accelerator.wait_for_everyone()``) before training. In-memory caches are filled completely on each process.
+    """
+    store = _store(plan, "latent", plan.args.cache_latents_to_disk)
+    slots = _slots(plan, encoder_id)
+    cache = LatentCache(store)
+    todo, seen = [], set()
+    for slot, key, a in slots:
+        anchor = plan.datasets[slot[0]].records[slot[1]].path
+        cache.keys[slot], cache.anchors[slot] = key, anchor
+        if key in seen:
+            continue
+        seen.add(key)
+        check = None if plan.args.skip_cache_check else _shape_ok(a.bucket)
+        if not store.has(key, anchor, check):
+            todo.append((slot, key, a))
+    if store.on_disk and world_size > 1:
+        todo = todo[rank::world_size]
+    logger.info("latent cache: %d of %d entries to encode", len(todo), len(seen))
+    _encode_latents(plan, todo, store, encode_fn, show_progress)
+    return cache
+
+
+def cache_text_encoder_outputs(
+    plan: Plan,
+    encode_text_fn: EncodeTextFn,
+    encoder_id: str,
+    *,
+    batch_size: int | None = None,
+    show_progress: bool = True,
+) -> TextCache:
+    """Encode every caption a sample can take (each line of a multi-line caption; "" when captions can be
+    dropped) that is not cached yet. ``batch_size`` defaults to the first dataset's batch size."""
+    store = _store(plan, "text", plan.args.cache_text_encoder_outputs_to_disk)
+    cache = TextCache(store)
+    for ds in plan.datasets:
+        for rec in ds.records:
+            for caption in possible_captions(rec.caption, ds.subset(rec).captions):
+                if caption not in cache.keys:
+                    cache.keys[caption] = text_key(caption=caption, encoder_id=encoder_id)
+                    cache.anchors[caption] = rec.path
+    todo = [c for c in cache.keys if not store.has(cache.keys[c], cache.anchors[c])]
+    bs = batch_size or plan.datasets[0].config.batch_size
+    logger.info("text-encoder cache: %d of %d captions to encode", len(todo), len(cache.keys))
+    for start in tqdm(range(0, len(todo), bs), desc="caching text", unit="batch", disable=not show_progress):
+        chunk = todo[start : start + bs]
+        with torch.no_grad():
+            out = encode_text_fn(chunk)
+        for j, caption in enumerate(chunk):
+            store.save(cache.keys[caption], cache.anchors[caption], {k: v[j] for k, v in out.items()})
+    return cache
