@@ -1,0 +1,143 @@
+"""The diffusion training step shared by every trainer, plus validation and the NaN guard.
+
+One function computes the loss of a batch (:func:`batch_loss`); training, validation and the loss-falls tests all
+call it, so they cannot drift apart. Every random draw of a step (VAE latent sample, noise, timesteps, masked-loss
+draws) comes from one ``torch.Generator`` that the trainer keeps in its resumable state.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from library.families.base import Cond, Parts
+from library.losses import LossConfig, diffusion_loss_per_sample
+from library.noising import NoiseConfig, NoiseSchedule, make_example
+
+
+class NonFiniteLoss(RuntimeError):
+    """The loss became NaN or infinite; the run stops and the files saved so far stay as they are."""
+
+
+@dataclass
+class StepModels:
+    """What one training step needs. ``unet`` / ``text_encoders`` may be the accelerate-wrapped modules."""
+
+    family: Any
+    parts: Parts
+    schedule: NoiseSchedule
+    noise: NoiseConfig
+    loss: LossConfig
+    unet: nn.Module
+    text_encoders: list[nn.Module] = field(default_factory=list)
+    clip_skip: int | None = None
+    max_token_length: int | None = None
+    train_text_encoder: bool = False
+    device: torch.device = torch.device("cpu")
+    weight_dtype: torch.dtype = torch.float32
+
+
+def batch_latents(m: StepModels, batch: Any, generator: torch.Generator | None) -> Tensor:
+    """Cached latents, or the VAE encoding of the batch's pixels (B, 4, H/8, W/8), on the training device."""
+    if batch.latents is not None:
+        return batch.latents.to(m.device)
+    vae = m.parts.vae
+    with torch.no_grad():
+        pixels = batch.pixels.to(m.device, next(vae.parameters()).dtype)
+        return m.family.encode_latents(m.parts, pixels, generator).to(torch.float32)
+
+
+def batch_cond(m: StepModels, batch: Any) -> Cond:
+    """Text conditioning: cached encoder outputs, or the text encoders run on the batch's captions."""
+    if batch.text_encoder_outputs is not None:
+        out = batch.text_encoder_outputs
+        return Cond(out["hidden_states"], out.get("pooled")).to(m.device)
+    parts = m.parts
+    if m.text_encoders:
+        parts = Parts(**{**parts.__dict__, "text_encoders": m.text_encoders})
+    with torch.set_grad_enabled(m.train_text_encoder and torch.is_grad_enabled()):
+        return m.family.encode_prompt(
+            parts, list(batch.captions), clip_skip=m.clip_skip, max_token_length=m.max_token_length
+        )
+
+
+def text_cache_entry(cond: Cond) -> dict[str, Tensor]:
+    """What the text-encoder-output cache stores for one encoding (see :func:`batch_cond`)."""
+    out = {"hidden_states": cond.hidden_states}
+    if cond.pooled is not None:
+        out["pooled"] = cond.pooled
+    return out
+
+
+def batch_loss(
+    m: StepModels,
+    batch: Any,
+    generator: torch.Generator | None,
+    *,
+    timesteps: Tensor | None = None,
+) -> Tensor:
+    """Per-sample loss (B,) float32 of one batch: encode, noise, predict, loss (sd-scripts' order, section 7)."""
+    latents = batch_latents(m, batch, generator)
+    cond = batch_cond(m, batch).to(m.device, m.weight_dtype)
+    if timesteps is not None:
+        timesteps = timesteps.to(latents.device)
+    noisy, target, t, _ = make_example(m.noise, latents, m.schedule, generator, timesteps=timesteps)
+    time_ids = m.family.size_conditioning(batch.original_sizes, batch.crop_top_lefts, batch.target_sizes)
+    pred = m.family.predict(m.unet, noisy.to(m.weight_dtype), t, cond, time_ids=time_ids)
+    masks = batch.masks.to(m.device) if batch.masks is not None else None
+    return diffusion_loss_per_sample(
+        pred.float(),
+        target.to(pred.device),
+        t,
+        m.loss,
+        m.schedule,
+        loss_weights=batch.loss_weights.to(pred.device),
+        mask=masks,
+        generator=generator,
+    )
+
+
+def check_finite(loss: Tensor, step: int, epoch: int) -> None:
+    """Raise :class:`NonFiniteLoss` with a message that says what to try when ``loss`` is NaN / inf."""
+    value = float(loss.detach())
+    if not math.isfinite(value):
+        raise NonFiniteLoss(
+            f"the loss became {value} at step {step} (epoch {epoch}); training stopped and the files saved so far "
+            "were left as they are. Usual causes: a learning rate that is too high, fp16 overflow (try "
+            "--mixed_precision bf16, or --no_half_vae for SDXL's VAE), or a corrupt image."
+        )
+
+
+def validation_timesteps(noise: NoiseConfig, schedule: NoiseSchedule) -> list[int]:
+    """sd-scripts' fixed validation timesteps: ``linspace(min_t, max_t, 6)[1:-1]`` (200/400/600/800 by default)."""
+    lo = noise.min_timestep or 0
+    hi = noise.max_timestep or schedule.num_train_timesteps
+    return [int(v) for v in torch.linspace(lo, hi, 6)[1:-1].round().tolist()]
+
+
+@torch.no_grad()
+def validation_loss(
+    m: StepModels, batches: Iterable[Any], seed: int, timesteps: list[int], max_batches: int | None = None
+) -> float:
+    """Mean loss over ``batches`` at each of ``timesteps``, with noise drawn from generators seeded by ``seed``.
+
+    Deterministic: the same weights give the same value, whatever the training RNG did before; the global RNG is
+    not touched, so training continues exactly as it would have without validation.
+    """
+    total, count = 0.0, 0
+    for i, batch in enumerate(batches):
+        if max_batches is not None and i >= max_batches:
+            break
+        for t in timesteps:
+            gen = torch.Generator().manual_seed(seed * 1_000_003 + i * 1009 + t)
+            tt = torch.full((len(batch),), t, dtype=torch.long)
+            total += float(batch_loss(m, batch, gen, timesteps=tt).sum())
+            count += len(batch)
+    if count == 0:
+        raise ValueError("the validation set yields no batch; lower --validation_split's batch size or add images")
+    return total / count
