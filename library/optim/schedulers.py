@@ -23,14 +23,25 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
-from diffusers import optimization as diffusers_optim
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler
-from transformers import optimization as hf_optim
 
 from library.optim.optimizers import did_you_mean, value_type_problem
 
 if TYPE_CHECKING:
     from library.optim.config import OptimConfig
+
+
+class _LazyModule:
+    """A module imported on first attribute access (transformers.optimization pulls in much of transformers)."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(importlib.import_module(self._name), attr)
+
+
+hf_optim = _LazyModule("transformers.optimization")
 
 
 @dataclass(frozen=True)
@@ -91,6 +102,15 @@ def parse_step_rules(rules: str) -> tuple[list[tuple[float, int]], float]:
             raise ValueError(f"'{pair}' is not 'multiplier:step'")
         parsed.append((float(multiplier), int(step)))
     return parsed, float(last)
+
+
+def get_piecewise_constant_schedule(
+    optimizer: torch.optim.Optimizer, step_rules: str, last_epoch: int = -1
+) -> LambdaLR:
+    """diffusers' piecewise-constant schedule (diffusers is imported only when this schedule is used)."""
+    from diffusers.optimization import get_piecewise_constant_schedule as build
+
+    return build(optimizer, step_rules, last_epoch)
 
 
 def _scaled_step_rules(rules: str, factor: int) -> str:
@@ -163,7 +183,7 @@ def _warmup_stable_decay(opt, cfg, s, kw):
 
 def _piecewise_constant(opt, cfg, s, kw):
     rules = _scaled_step_rules(kw.pop("step_rules"), s.num_processes)
-    return diffusers_optim.get_piecewise_constant_schedule(opt, rules, **kw)
+    return get_piecewise_constant_schedule(opt, rules, **kw)
 
 
 def _adafactor(opt, cfg, s, kw):
@@ -179,7 +199,8 @@ class SchedulerSpec:
     """One ``--lr_scheduler`` name: its builder and the library function that bounds ``--lr_scheduler_args``."""
 
     build: Builder
-    fn: Callable[..., Any]  # its keyword arguments not in `managed` may come from --lr_scheduler_args
+    fn: str | Callable[..., Any]  # the function (a name: in transformers.optimization) whose keyword arguments
+    # not in `managed` may come from --lr_scheduler_args
     managed: Mapping[str, str]  # argument -> the flag that sets it
     warmup: bool = True  # False: a non-zero --lr_warmup_steps is an error
 
@@ -190,36 +211,32 @@ _MIN = {**_WT, "num_cycles": "--lr_scheduler_num_cycles", "min_lr_rate": "--lr_s
 _WSD = {"num_decay_steps": "--lr_decay_steps", "num_stable_steps": "--max_train_steps and the warmup/decay steps"}
 
 SCHEDULERS: dict[str, SchedulerSpec] = {
-    "constant": SchedulerSpec(_constant, hf_optim.get_constant_schedule, {}, warmup=False),
-    "constant_with_warmup": SchedulerSpec(_constant_with_warmup, hf_optim.get_constant_schedule_with_warmup, _W),
-    "linear": SchedulerSpec(_linear, hf_optim.get_linear_schedule_with_warmup, _WT),
-    "cosine": SchedulerSpec(_cosine, hf_optim.get_cosine_schedule_with_warmup, _WT),
+    "constant": SchedulerSpec(_constant, "get_constant_schedule", {}, warmup=False),
+    "constant_with_warmup": SchedulerSpec(_constant_with_warmup, "get_constant_schedule_with_warmup", _W),
+    "linear": SchedulerSpec(_linear, "get_linear_schedule_with_warmup", _WT),
+    "cosine": SchedulerSpec(_cosine, "get_cosine_schedule_with_warmup", _WT),
     "cosine_with_restarts": SchedulerSpec(
         _cosine_with_restarts,
-        hf_optim.get_cosine_with_hard_restarts_schedule_with_warmup,
+        "get_cosine_with_hard_restarts_schedule_with_warmup",
         {**_WT, "num_cycles": "--lr_scheduler_num_cycles"},
     ),
     "polynomial": SchedulerSpec(
-        _polynomial, hf_optim.get_polynomial_decay_schedule_with_warmup, {**_WT, "power": "--lr_scheduler_power"}
+        _polynomial, "get_polynomial_decay_schedule_with_warmup", {**_WT, "power": "--lr_scheduler_power"}
     ),
     "inverse_sqrt": SchedulerSpec(
-        _inverse_sqrt, hf_optim.get_inverse_sqrt_schedule, {**_W, "timescale": "--lr_scheduler_timescale"}
+        _inverse_sqrt, "get_inverse_sqrt_schedule", {**_W, "timescale": "--lr_scheduler_timescale"}
     ),
-    "cosine_with_min_lr": SchedulerSpec(
-        _cosine_with_min_lr, hf_optim.get_cosine_with_min_lr_schedule_with_warmup, _MIN
-    ),
+    "cosine_with_min_lr": SchedulerSpec(_cosine_with_min_lr, "get_cosine_with_min_lr_schedule_with_warmup", _MIN),
     "cosine_warmup_with_min_lr": SchedulerSpec(
-        _cosine_warmup_with_min_lr, hf_optim.get_cosine_with_min_lr_schedule_with_warmup_lr_rate, _MIN
+        _cosine_warmup_with_min_lr, "get_cosine_with_min_lr_schedule_with_warmup_lr_rate", _MIN
     ),
     "warmup_stable_decay": SchedulerSpec(
         _warmup_stable_decay,
-        hf_optim.get_wsd_schedule,
+        "get_wsd_schedule",
         {**_WT, **_WSD, "num_cycles": "--lr_scheduler_num_cycles", "min_lr_ratio": "--lr_scheduler_min_lr_ratio"},
     ),
-    "piecewise_constant": SchedulerSpec(
-        _piecewise_constant, diffusers_optim.get_piecewise_constant_schedule, {}, warmup=False
-    ),
-    "adafactor": SchedulerSpec(_adafactor, hf_optim.AdafactorSchedule, {"initial_lr": "--learning_rate"}, False),
+    "piecewise_constant": SchedulerSpec(_piecewise_constant, get_piecewise_constant_schedule, {}, warmup=False),
+    "adafactor": SchedulerSpec(_adafactor, "AdafactorSchedule", {"initial_lr": "--learning_rate"}, False),
     "rex": SchedulerSpec(_rex, get_rex_schedule, {**_WT, "min_lr_ratio": "--lr_scheduler_min_lr_ratio"}),
 }
 
@@ -366,7 +383,8 @@ def scheduler_problems(cfg: OptimConfig) -> list[str]:
     if not spec.warmup and cfg.has_warmup:
         fix = "use constant_with_warmup" if name == "constant" else "set --lr_warmup_steps 0"
         problems.append(f"--lr_scheduler {name} does not use --lr_warmup_steps (as in sd-scripts); {fix}")
-    problems += _kwarg_problems(f"--lr_scheduler {name}", spec.fn, spec.managed, cfg.lr_scheduler_kwargs)
+    fn = getattr(hf_optim, spec.fn) if isinstance(spec.fn, str) else spec.fn
+    problems += _kwarg_problems(f"--lr_scheduler {name}", fn, spec.managed, cfg.lr_scheduler_kwargs)
     return problems + _CHECKS.get(name, lambda _: [])(cfg)
 
 
