@@ -296,7 +296,8 @@ def test_each_optimizer_lowers_a_regression_loss(name):
     assert all(math.isfinite(v) for v in effective_lrs(optimizer).values())
 
 
-def _trajectory(name: str, shape: tuple[int, ...], steps: int = 10, lr: float = 1e-2, **kwargs) -> torch.Tensor:
+def _trajectory(name: str, shape: tuple[int, ...], steps: int = 10, lr: float = 1e-2, **kwargs):
+    """(parameter after `steps` steps on sum((p - t)^2), the optimizer)."""
     torch.manual_seed(0)
     param, target = torch.nn.Parameter(torch.randn(*shape)), torch.randn(*shape)
     optimizer = make_optimizer(OptimConfig(name, kwargs, learning_rate=lr), [param])
@@ -420,6 +421,29 @@ def test_schedule_free_train_eval_switches_between_y_and_x():
     set_train_mode(plain, True)
 
 
+def test_train_eval_and_logging_work_through_accelerate():
+    from accelerate import Accelerator
+
+    cfg = config("--optimizer_type", "AdamWScheduleFree", "--learning_rate", "1e-2")
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 4)
+    optimizer = make_optimizer(cfg, [{"params": list(model.parameters()), "name": "unet"}])
+    scheduler = make_scheduler(cfg, optimizer, num_training_steps=10)
+    accelerator = Accelerator(cpu=True)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    for _ in range(3):
+        optimizer.zero_grad()
+        accelerator.backward(model(torch.ones(2, 4)).pow(2).sum())
+        optimizer.step()
+        scheduler.step()
+    trained = model.weight.detach().clone()
+    set_train_mode(optimizer, False)  # reaches the schedule-free optimizer inside AcceleratedOptimizer
+    assert not torch.equal(model.weight, trained)
+    set_train_mode(optimizer, True)
+    torch.testing.assert_close(model.weight.detach(), trained)
+    assert effective_lrs(optimizer) == {"lr/unet": 1e-2}
+
+
 def test_metadata_string_matches_sd_scripts():
     assert optimizer_metadata(config("--optimizer_type", "SGDNesterov")) == "torch.optim.sgd.SGD(momentum=0.9)"
     cfg = config("--optimizer_args", "weight_decay=0.1", "betas=0.9,0.99")
@@ -518,6 +542,7 @@ def _two_groups(cfg: OptimConfig) -> torch.optim.Optimizer:
 
 
 def _lrs(cfg: OptimConfig, steps: int, optimizer=None, scheduler=None, num_processes: int = 1) -> list[list[float]]:
+    """Each group's lr before each of `steps` optimizer + scheduler steps."""
     optimizer = optimizer or _two_groups(cfg)
     scheduler = scheduler or make_scheduler(cfg, optimizer, T // num_processes, num_processes)
     seen = []
@@ -546,9 +571,8 @@ def test_multi_process_runs_scale_the_schedule_to_scheduler_steps():
     # steps; a 5-step (or 10%) warmup covers 10 scheduler steps: the single-process curve above.
     cosine = CURVES["cosine"][1]
     for warmup in ("5", "0.1"):
-        seen = _lrs(
-            config("--lr_scheduler", "cosine", "--lr_warmup_steps", warmup, "--learning_rate", "1e-3"), T, None, None, 2
-        )
+        cfg = config("--lr_scheduler", "cosine", "--lr_warmup_steps", warmup, "--learning_rate", "1e-3")
+        seen = _lrs(cfg, T, num_processes=2)
         assert [s[0] for s in seen] == pytest.approx([1e-3 * cosine(t) for t in range(T)], rel=1e-9, abs=1e-15)
 
 

@@ -381,7 +381,11 @@ def scheduler_problems(cfg: OptimConfig) -> list[str]:
         ]
     problems = []
     if not spec.warmup and cfg.has_warmup:
-        fix = "use constant_with_warmup" if name == "constant" else "set --lr_warmup_steps 0"
+        fix = {
+            "constant": "use constant_with_warmup",
+            "adafactor": "Adafactor's relative step warms up with --optimizer_args warmup_init=True; or add "
+            "relative_step=False and use constant_with_warmup",
+        }.get(name, "set --lr_warmup_steps 0")
         problems.append(f"--lr_scheduler {name} does not use --lr_warmup_steps (as in sd-scripts); {fix}")
     fn = getattr(hf_optim, spec.fn) if isinstance(spec.fn, str) else spec.fn
     problems += _kwarg_problems(f"--lr_scheduler {name}", fn, spec.managed, cfg.lr_scheduler_kwargs)
