@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import os
+import shlex
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -128,7 +129,8 @@ def _convert(action: argparse.Action, value: Any) -> Any:
         return value
     convert = action.type or (lambda v: v)
     if action.nargs in ("*", "+") or isinstance(action.nargs, int):
-        items = value if isinstance(value, list) else [value]
+        # a TOML string for a list flag holds several items, as on a command line: "a=1 b=2"
+        items = value if isinstance(value, list) else shlex.split(value) if isinstance(value, str) else [value]
         return [_one(convert, v, action) for v in items]
     if isinstance(value, list):
         raise ValueError(f"expected one value, got a list {value!r}")
