@@ -42,13 +42,20 @@ def _vocab_and_merges() -> tuple[dict[str, int], list[str]]:
     return {tok: i for i, tok in enumerate(vocab)}, merges
 
 
-def write_clip_tokenizer(dest: str | os.PathLike, pad_token: str = PAD_CLIP_L) -> Path:
-    """Write a CLIP tokenizer folder (vocab.json, merges.txt, configs) loadable by ``CLIPTokenizer.from_pretrained``."""
+def write_vocab_files(dest: str | os.PathLike) -> Path:
+    """Write CLIP's ``vocab.json`` and ``merges.txt`` into ``dest`` (what the slow ``CLIPTokenizer`` of
+    transformers 4 needs; transformers 5 saves only ``tokenizer.json``)."""
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     vocab, merges = _vocab_and_merges()
     (dest / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
     (dest / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n", encoding="utf-8")
+    return dest
+
+
+def write_clip_tokenizer(dest: str | os.PathLike, pad_token: str = PAD_CLIP_L) -> Path:
+    """Write a CLIP tokenizer folder (vocab.json, merges.txt, configs) loadable by ``CLIPTokenizer.from_pretrained``."""
+    dest = write_vocab_files(dest)
     special = {"bos_token": BOS, "eos_token": EOS, "unk_token": EOS, "pad_token": pad_token}
     (dest / "special_tokens_map.json").write_text(json.dumps(special, indent=2))
     config = {
