@@ -44,19 +44,15 @@ def detect_family(source: str | os.PathLike | Mapping[str, Any]) -> Any:
     from .loading import check_model_path, family_of_folder, family_of_state_dict
 
     if isinstance(source, Mapping):
-        name = family_of_state_dict(source)
-        if name is None:
-            raise ValueError("no Stable Diffusion model in this state dict (no model.diffusion_model.* keys)")
-        return FAMILIES[name]
-    path = check_model_path(source)
-    if path.is_dir():
-        return FAMILIES[family_of_folder(path)]
-    keys, metadata = _peek(path)
-    name = family_of_state_dict(keys, metadata)
-    if name is None:
-        raise ValueError(
-            f"{path}: no Stable Diffusion model found (no model.diffusion_model.* / cond_stage_model.* keys)"
-        )
+        name, where = family_of_state_dict(source), "this state dict"
+    else:
+        path = check_model_path(source)
+        if path.is_dir():
+            return FAMILIES[family_of_folder(path)]
+        name, where = family_of_state_dict(*_peek(path)), str(path)
+    if name not in FAMILIES:
+        what = "an SDXL refiner, which is not supported" if name else "no Stable Diffusion model (no UNet keys)"
+        raise ValueError(f"{where}: {what}; expected an SD1.x, SD2.x or SDXL model")
     return FAMILIES[name]
 
 
@@ -67,5 +63,8 @@ def _peek(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
         return load_state_dict(path)
     from safetensors import safe_open
 
-    with safe_open(str(path), framework="pt") as f:
-        return {k: _Shape(f.get_slice(k).get_shape()) for k in f.keys()}, dict(f.metadata() or {})
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return {k: _Shape(f.get_slice(k).get_shape()) for k in f.keys()}, dict(f.metadata() or {})
+    except Exception as e:  # safetensors raises its own error types for corrupt headers
+        raise ValueError(f"{path}: not a valid safetensors file ({e})") from e

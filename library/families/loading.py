@@ -67,6 +67,8 @@ def family_of_state_dict(sd: Mapping[str, Any], metadata: Mapping[str, str] | No
     if metadata and metadata.get(META_FAMILY) in TITLES:
         return metadata[META_FAMILY]
     keys = sd.keys()
+    if any(k.startswith("conditioner.embedders.0.model.") for k in keys):
+        return "sdxl-refiner"  # OpenCLIP-bigG alone: not supported, but named in the error
     if any(k.startswith("conditioner.embedders.1.") for k in keys) or UNET_PREFIX + "label_emb.0.0.weight" in keys:
         return "sdxl"
     if any(k.startswith("cond_stage_model.model.") for k in keys):
@@ -216,7 +218,21 @@ def text_encoder_factory(config: Mapping, with_projection: bool) -> Callable[[],
 def load_single_file(spec: FamilySpec, path: Path, dtype: Any, v_parameterization: bool | None) -> Parts:
     """Read ``path`` and build the family's modules from it (tokenizers are added by the caller)."""
     sd, metadata = load_state_dict(path)
+    return parts_from_single_file(spec, sd, metadata, path, dtype, v_parameterization)
+
+
+def parts_from_single_file(
+    spec: FamilySpec,
+    sd: Mapping[str, Tensor],
+    metadata: Mapping[str, str],
+    path: Path,
+    dtype: Any,
+    v_parameterization: bool | None,
+) -> Parts:
+    """Build the modules from a single-file state dict (``path`` only names it in messages)."""
     found = family_of_state_dict(sd, metadata)
+    if found == "sdxl-refiner":
+        raise ValueError(f"{path}: SDXL refiner checkpoints are not supported (only SDXL base and its fine-tunes)")
     if found != spec.name:
         raise wrong_family(spec, path, found)
     stored = json.loads(metadata[META_CONFIGS]) if META_CONFIGS in metadata else None
