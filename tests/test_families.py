@@ -313,6 +313,14 @@ def test_vae_override(kind, tiny_parts, single_files, tmp_path):
     ours, theirs = loaded.vae.state_dict(), other.state_dict()
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
     assert torch.equal(loaded.unet.conv_in.weight, tiny_parts["sd1"].unet.conv_in.weight)  # the rest is the model's
+    if kind == "ldm_vae_file":  # a checkpoint without a VAE needs --vae, and says so
+        sd, meta = load_state_dict(single_files["sd1", ".safetensors"])
+        no_vae = save_state_dict(
+            {k: v for k, v in sd.items() if "first_stage_model" not in k}, tmp_path / "nv.ckpt", meta
+        )
+        assert torch.equal(SD1.load(no_vae, vae=source).vae.encoder.conv_in.weight, other.encoder.conv_in.weight)
+        with pytest.raises(ValueError, match=r"nv\.ckpt: the checkpoint has no VAE.*--vae"):
+            SD1.load(no_vae)
 
 
 def test_tokenizer_cache_dir_in_sd_scripts_layout(single_files, tmp_path):

@@ -246,13 +246,13 @@ def text_encoder_to_ldm(model: nn.Module, layout: str, extras: Mapping[str, Tens
     return open_clip_to_ldm(canonical, extras, add_final_block=add_final_block)
 
 
-def text_encoder_from_ldm(sd: Mapping[str, Tensor], layout: str, model: nn.Module) -> tuple[dict, dict]:
-    """Single-file keys (prefix removed) of one text encoder -> ``(state dict for model, extras)``."""
+def text_encoder_from_ldm(
+    sd: Mapping[str, Tensor], layout: str, num_layers: int, with_projection: bool
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """Single-file keys (prefix removed) of one text encoder -> ``(canonical HF state dict, extras)``."""
     if layout == "clip":
-        return hf_for_model(clip_from_ldm(sd), model), {}
-    config = model.config
-    canonical, extras = open_clip_from_ldm(sd, config.num_hidden_layers, hasattr(model, "text_projection"))
-    return hf_for_model(canonical, model), extras
+        return clip_from_ldm(sd), {}
+    return open_clip_from_ldm(sd, num_layers, with_projection)
 
 
 def unet_to_ldm(unet: nn.Module) -> dict[str, Tensor]:

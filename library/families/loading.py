@@ -12,7 +12,6 @@ Prediction type, in order: the ``v_parameterization`` argument (``--v_parameteri
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 from collections.abc import Callable, Mapping
@@ -27,6 +26,7 @@ from ..checkpoints import PICKLE_SUFFIXES, SAFETENSORS_SUFFIXES, load_state_dict
 from .base import FamilySpec, Parts
 from .convert import (
     UNET_PREFIX,
+    hf_for_model,
     strip_prefix,
     text_encoder_from_ldm,
     unet_from_ldm,
@@ -34,7 +34,7 @@ from .convert import (
     vae_from_ldm,
     vae_ldm_keys,
 )
-from .tokenizers import load_clip_tokenizer
+from .tokenizers import load_tokenizers
 
 log = logging.getLogger(__name__)
 
@@ -158,16 +158,25 @@ def resolve_prediction(
 
 # ------------------------------------------------------------------------------------------------ building modules
 def instantiate(
-    factory: Callable[[], nn.Module], state: Mapping[str, Tensor], what: str, path: Path, source: str, dtype: Any
+    factory: Callable[[], nn.Module],
+    state: Mapping[str, Tensor],
+    what: str,
+    path: Path,
+    source: str,
+    dtype: Any,
+    adapt: Callable[[Mapping[str, Tensor], nn.Module], Mapping[str, Tensor]] | None = None,
 ) -> nn.Module:
     """Build ``factory()`` without allocating weights, check ``state`` fits it, then load ``state`` into it.
 
+    ``adapt(state, model)`` renames ``state`` for the built model first (HF text encoders: see ``hf_for_model``).
     Raises ``ValueError`` naming ``path``, the component and the config ``source`` when keys or shapes differ.
     """
     from accelerate import init_empty_weights
 
     with init_empty_weights():
         model = factory()
+    if adapt is not None:
+        state = adapt(state, model)
     expected = model.state_dict()
     missing = [k for k in expected if k not in state]
     unexpected = [k for k in state if k not in expected]
@@ -215,10 +224,12 @@ def text_encoder_factory(config: Mapping, with_projection: bool) -> Callable[[],
 
 
 # ------------------------------------------------------------------------------------------------ single files
-def load_single_file(spec: FamilySpec, path: Path, dtype: Any, v_parameterization: bool | None) -> Parts:
+def load_single_file(
+    spec: FamilySpec, path: Path, dtype: Any, v_parameterization: bool | None, vae: str | Path | None = None
+) -> Parts:
     """Read ``path`` and build the family's modules from it (tokenizers are added by the caller)."""
     sd, metadata = load_state_dict(path)
-    return parts_from_single_file(spec, sd, metadata, path, dtype, v_parameterization)
+    return parts_from_single_file(spec, sd, metadata, path, dtype, v_parameterization, vae)
 
 
 def parts_from_single_file(
@@ -228,6 +239,7 @@ def parts_from_single_file(
     path: Path,
     dtype: Any,
     v_parameterization: bool | None,
+    vae_override: str | Path | None = None,
 ) -> Parts:
     """Build the modules from a single-file state dict (``path`` only names it in messages)."""
     found = family_of_state_dict(sd, metadata)
@@ -248,23 +260,31 @@ def parts_from_single_file(
     except KeyError as e:
         raise ValueError(f"{path}: UNet key {UNET_PREFIX}{e.args[0]} does not exist in {source}") from e
     unet = build_unet(configs["unet"], unet_state, path, source, dtype)
-    vae_config = configs["vae"]
-    vae = _vae_from_ldm_file(vae_ldm_keys(sd), vae_config, path, source, dtype)
+    vae = _vae(sd, configs["vae"], path, source, dtype, vae_override)
     text_encoders, extras = [], []
     for te_spec, te_config in zip(spec.text_encoders, configs["text_encoders"]):
+        state, extra = text_encoder_from_ldm(
+            strip_prefix(sd, te_spec.prefix), te_spec.layout, te_config["num_hidden_layers"], te_spec.with_projection
+        )
         factory = text_encoder_factory(te_config, te_spec.with_projection)
-        shell_state = strip_prefix(sd, te_spec.prefix)
-        from accelerate import init_empty_weights
-
-        with init_empty_weights():
-            shell = factory()
-        state, extra = text_encoder_from_ldm(shell_state, te_spec.layout, shell)
-        text_encoders.append(instantiate(factory, state, f"text encoder ({te_spec.prefix}*)", path, source, dtype))
+        what = f"text encoder ({te_spec.prefix}*)"
+        text_encoders.append(instantiate(factory, state, what, path, source, dtype, adapt=hf_for_model))
         extras.append({k: v.to(dtype) if v.is_floating_point() else v for k, v in extra.items()})
     scheduler = dict(configs["scheduler"], prediction_type=pred)
     if ztsnr:
         scheduler["rescale_betas_zero_snr"] = True
     return Parts(unet, vae, text_encoders, [], scheduler, spec.name, str(path), {"text_encoder_extras": extras})
+
+
+def _vae(
+    sd: Mapping[str, Tensor], config: Mapping, path: Path, source: str, dtype: Any, override: str | Path | None
+) -> nn.Module:
+    if override is not None:  # the file's own VAE is not even converted
+        return load_vae(override, config, dtype)
+    ldm = vae_ldm_keys(sd)
+    if not ldm:
+        raise ValueError(f"{path}: the checkpoint has no VAE (no first_stage_model.* keys); pass one with --vae")
+    return _vae_from_ldm_file(ldm, config, path, source, dtype)
 
 
 def _vae_from_ldm_file(ldm: Mapping[str, Tensor], config: Mapping, path: Path, source: str, dtype: Any) -> nn.Module:
@@ -326,31 +346,11 @@ def _variant(folder: Path) -> str | None:
     return "fp16" if not plain and any(".fp16." in n for n in names) else None
 
 
-# ------------------------------------------------------------------------------------------------ tokenizers
-def load_tokenizers(spec: FamilySpec, folder: Path | None, cache_dir: str | None) -> list:
-    """One CLIP tokenizer per text encoder: the diffusers folder's own, else one in ``cache_dir`` in sd-scripts'
-    layout (``<dir>/<hub id with / -> _>``), else the bundled offline tokenizer (real CLIP vocabulary)."""
-    from transformers import CLIPTokenizer
-
-    tokenizers = []
-    for i, te_spec in enumerate(spec.text_encoders):
-        candidates = [folder / subfolder(i, "tokenizer")] if folder is not None else []
-        if cache_dir:
-            candidates.append(Path(cache_dir) / te_spec.tokenizer_id.replace("/", "_"))
-        found = next((c for c in candidates if (c / "tokenizer_config.json").is_file()), None)
-        tokenizer = CLIPTokenizer.from_pretrained(str(found)) if found else load_clip_tokenizer(te_spec.pad_token)
-        if tokenizer.pad_token != te_spec.pad_token:  # sd-scripts forces "!" (id 0) for OpenCLIP tokenizers
-            tokenizer.pad_token = te_spec.pad_token
-        log.debug("tokenizer %d: %s", i, found or "bundled CLIP vocabulary")
-        tokenizers.append(tokenizer)
-    return tokenizers
-
-
 # ------------------------------------------------------------------------------------------------ --vae
-def load_vae(path: str | Path, base: nn.Module, dtype: Any) -> nn.Module:
+def load_vae(path: str | Path, config: Mapping, dtype: Any) -> nn.Module:
     """A replacement VAE (``--vae``): a diffusers VAE folder (or a model folder with ``vae/``), a single file with
     ldm keys (``first_stage_model.*`` or bare ``encoder.down.*``), or a diffusers-format VAE weight file. Files are
-    built with ``base``'s config, i.e. the architecture of the model being loaded."""
+    built with ``config``, the VAE architecture of the model being loaded."""
     from diffusers import AutoencoderKL
 
     path = Path(path)
@@ -362,8 +362,8 @@ def load_vae(path: str | Path, base: nn.Module, dtype: Any) -> nn.Module:
             raise ValueError(f"--vae {path}: not a diffusers VAE folder (no config.json or vae/config.json)")
         return AutoencoderKL.from_pretrained(sub, torch_dtype=dtype, variant=_variant(sub))
     sd, _ = load_state_dict(path)
-    config = dict(base.config)
-    source = "the loaded model's VAE config"
+    config = dict(config)
+    source = "the model's VAE config"
     ldm = vae_ldm_keys(sd)
     if ldm:
         return _vae_from_ldm_file(ldm, config, path, source, dtype)
@@ -386,12 +386,6 @@ def finish(parts: Parts, device: Any) -> Parts:
     return parts
 
 
-def clean_config(config: Mapping) -> dict:
-    """A module config as plain JSON-able data (diffusers' private ``_*`` keys and volatile fields dropped)."""
-    drop = {"transformers_version", "dtype", "torch_dtype", "architectures", "_name_or_path", "output_hidden_states"}
-    return {k: copy.deepcopy(v) for k, v in dict(config).items() if not k.startswith("_") and k not in drop}
-
-
 def load_model(
     spec: FamilySpec,
     path: str | Path,
@@ -406,9 +400,9 @@ def load_model(
     path = check_model_path(path)
     if path.is_dir():
         parts = load_diffusers(spec, path, dtype, v_parameterization)
+        if vae is not None:
+            parts.vae = load_vae(vae, parts.vae.config, dtype)
     else:
-        parts = load_single_file(spec, path, dtype, v_parameterization)
-    parts.tokenizers = load_tokenizers(spec, path if path.is_dir() else None, tokenizer_cache_dir)
-    if vae is not None:
-        parts.vae = load_vae(vae, parts.vae, dtype)
+        parts = load_single_file(spec, path, dtype, v_parameterization, vae)
+    parts.tokenizers = load_tokenizers(spec.text_encoders, path if path.is_dir() else None, tokenizer_cache_dir)
     return finish(parts, device)

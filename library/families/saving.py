@@ -14,6 +14,7 @@ the ``text_model.`` level and tokenizers with ``vocab.json`` / ``merges.txt`` so
 from __future__ import annotations
 
 import contextlib
+import copy
 import datetime
 import json
 import os
@@ -29,10 +30,16 @@ from torch import Tensor
 from ..checkpoints import save_state_dict
 from .base import FamilySpec, Parts
 from .convert import VAE_PREFIX, hf_state_dict, text_encoder_to_ldm, unet_to_ldm, vae_to_ldm
-from .loading import META_CONFIGS, META_FAMILY, clean_config, shipped_configs, subfolder
+from .loading import META_CONFIGS, META_FAMILY, shipped_configs, subfolder
 from .tokenizers import write_vocab_files
 
 IMPL_SGM = "https://github.com/Stability-AI/generative-models"
+
+
+def clean_config(config: Mapping) -> dict:
+    """A module config as plain JSON-able data (diffusers' private ``_*`` keys and volatile fields dropped)."""
+    drop = {"transformers_version", "dtype", "torch_dtype", "architectures", "_name_or_path", "output_hidden_states"}
+    return {k: copy.deepcopy(v) for k, v in dict(config).items() if not k.startswith("_") and k not in drop}
 
 
 def model_configs(parts: Parts) -> dict:
