@@ -126,3 +126,7 @@ class ModelFamily(Protocol):
 
 def module_dtype(module: nn.Module) -> torch.dtype:
     return next(module.parameters()).dtype
+
+
+def module_device(module: nn.Module) -> torch.device:
+    return next(module.parameters()).device

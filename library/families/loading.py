@@ -62,8 +62,9 @@ def shipped_configs(stem: str) -> dict:
 
 # ------------------------------------------------------------------------------------------------ detection
 def family_of_state_dict(sd: Mapping[str, Any], metadata: Mapping[str, str] | None = None) -> str | None:
-    """ "sd1" | "sd2" | "sdxl" from a single-file state dict (our metadata first, then the text encoder keys, then
-    the UNet's context width as diffusers' ``infer_diffusers_model_type`` does), or None if it is no SD model."""
+    """The family name "sd1" | "sd2" | "sdxl" of a single-file state dict, "sdxl-refiner", or None if it is no SD
+    model. Our metadata decides first, then the text encoder keys, then the UNet (SDXL's ``label_emb``, else the
+    context width 1024 of SD2, as diffusers' ``infer_diffusers_model_type``)."""
     if metadata and metadata.get(META_FAMILY) in TITLES:
         return metadata[META_FAMILY]
     keys = sd.keys()
@@ -82,7 +83,7 @@ def family_of_state_dict(sd: Mapping[str, Any], metadata: Mapping[str, str] | No
 
 
 def family_of_folder(folder: Path) -> str | None:
-    """ "sd1" | "sd2" | "sdxl" for a diffusers folder, or None if ``folder`` is not one."""
+    """The family name "sd1" | "sd2" | "sdxl" of a diffusers folder, or None if ``folder`` is not one."""
     if not (folder / "unet" / "config.json").is_file():
         return None
     index = _read_json(folder / "model_index.json") or {}
@@ -340,7 +341,7 @@ def subfolder(index: int, kind: str = "text_encoder") -> str:
 
 
 def _variant(folder: Path) -> str | None:
-    """ "fp16" when a component folder only has ``*.fp16.*`` weight files (diffusers' variant naming)."""
+    """The variant "fp16" when a component folder only has ``*.fp16.*`` weight files (diffusers' variant naming)."""
     names = [p.name for p in folder.iterdir()] if folder.is_dir() else []
     plain = any(n.endswith((".safetensors", ".bin")) and ".fp16." not in n for n in names)
     return "fp16" if not plain and any(".fp16." in n for n in names) else None

@@ -171,3 +171,22 @@ def save_model(
     if suffix in (".pt", ".pth", ".bin"):
         raise ValueError(f"{path}: save a full model as .safetensors or .ckpt (or a folder name for diffusers)")
     return save_diffusers(spec, parts, path, dtype)
+
+
+def with_kind(architecture: str, kind: str) -> str:
+    """``modelspec.architecture`` for a checkpoint (``kind`` "") or an adapter ("lora", "textual-inversion")."""
+    if kind not in ("", "lora", "textual-inversion"):
+        raise ValueError(f"modelspec kind {kind!r}: expected '', 'lora' or 'textual-inversion'")
+    return f"{architecture}/{kind}" if kind else architecture
+
+
+def save_family_model(
+    family: Any, parts: Parts, path: str | os.PathLike, dtype: torch.dtype | None, metadata: Mapping[str, str] | None
+) -> Path:
+    """``family.save``: modelspec for the family and prediction type, then :func:`save_model`."""
+    if parts.family != family.name:
+        raise ValueError(f"cannot save a {parts.family} model with the {family.name} family")
+    pred = parts.prediction_type
+    arch = family.modelspec_architecture("", pred)
+    meta = modelspec(arch, family.default_resolution(pred), pred, Path(path).stem)
+    return save_model(family.spec, parts, path, dtype=dtype, metadata={**meta, **(metadata or {})})

@@ -22,18 +22,18 @@ import torch
 from torch import Tensor, nn
 
 from . import text
-from .base import Cond, FamilySpec, Parts, TextEncoderSpec
+from .base import Cond, FamilySpec, Parts, TextEncoderSpec, module_device
 from .convert import UNET_PREFIX, hf_module_path
 from .latents import decode_latents, encode_latents
 from .loading import load_model
-from .saving import modelspec, save_model
+from .saving import save_family_model, with_kind
 from .tokenizers import PAD_CLIP_L, PAD_OPEN_CLIP
 
 log = logging.getLogger(__name__)
 
 
 def guess_sd2_prediction(sd: Mapping[str, Tensor]) -> str | None:
-    """ "v_prediction" / "epsilon" for a 4-channel SD2 UNet from one weight's spread (ComfyUI's test), else None."""
+    """Guess "v_prediction" / "epsilon" for a 4-channel SD2 UNet from one weight's spread (ComfyUI's test), else None."""
     bias = sd.get(UNET_PREFIX + "output_blocks.11.1.transformer_blocks.0.norm1.bias")
     conv_in = sd.get(UNET_PREFIX + "input_blocks.0.0.weight")
     if bias is None or conv_in is None or conv_in.shape[1] != 4:
@@ -130,7 +130,7 @@ class SDFamily:
         metadata: Mapping[str, str] | None = None,
     ) -> Path:
         """Save the full model: ``*.safetensors`` / ``*.ckpt`` single file, else a diffusers folder (atomic)."""
-        return _save(self, parts, path, dtype, metadata)
+        return save_family_model(self, parts, path, dtype, metadata)
 
     # ------------------------------------------------------------------------------------------- prompts
     def tokenize(self, parts: Parts, captions: list[str], max_token_length: int | None = None) -> list[Tensor]:
@@ -147,7 +147,7 @@ class SDFamily:
             log.warning("--clip_skip %d with SD2: SD2 already uses OpenCLIP's penultimate layer", clip_skip)
             self._warn_clip_skip = False
         ids, batch, n = text.split_chunks(tokens[0])
-        hidden = text.clip_skip_states(te, ids.to(_device(te)), clip_skip)
+        hidden = text.clip_skip_states(te, ids.to(module_device(te)), clip_skip)
         return Cond(text.merge_chunks(hidden, batch, n))
 
     def encode_prompt(
@@ -186,7 +186,7 @@ class SDFamily:
 
     def modelspec_architecture(self, kind: str = "", prediction_type: str = "epsilon") -> str:
         """``modelspec.architecture``; ``kind`` "" (checkpoint), "lora" or "textual-inversion"."""
-        return _with_kind(self._architectures[prediction_type], kind)
+        return with_kind(self._architectures[prediction_type], kind)
 
     def default_resolution(self, prediction_type: str = "epsilon") -> int:
         """Native resolution: 768 for SD2 v-prediction (768-v), else 512."""
@@ -195,24 +195,6 @@ class SDFamily:
 
 def _identity(path: str) -> str:
     return path
-
-
-def _device(module: nn.Module) -> torch.device:
-    return next(module.parameters()).device
-
-
-def _with_kind(architecture: str, kind: str) -> str:
-    if kind not in ("", "lora", "textual-inversion"):
-        raise ValueError(f"modelspec kind {kind!r}: expected '', 'lora' or 'textual-inversion'")
-    return f"{architecture}/{kind}" if kind else architecture
-
-
-def _save(family: Any, parts: Parts, path: str | Path, dtype: torch.dtype | None, metadata: Mapping | None) -> Path:
-    if parts.family != family.name:
-        raise ValueError(f"cannot save a {parts.family} model with the {family.name} family")
-    pred = parts.prediction_type
-    meta = modelspec(family.modelspec_architecture("", pred), family.default_resolution(pred), pred, Path(path).stem)
-    return save_model(family.spec, parts, path, dtype=dtype, metadata={**meta, **(metadata or {})})
 
 
 SD1 = SDFamily(

@@ -22,11 +22,11 @@ import torch
 from torch import Tensor, nn
 
 from . import text
-from .base import Cond, FamilySpec, Parts, TextEncoderSpec
+from .base import Cond, FamilySpec, Parts, TextEncoderSpec, module_device
 from .convert import hf_module_path
 from .latents import decode_latents, encode_latents
 from .loading import load_model
-from .sd import _device, _save, _with_kind
+from .saving import save_family_model, with_kind
 from .tokenizers import PAD_CLIP_L, PAD_OPEN_CLIP
 from .unet_keys import block_map, diffusers_to_ldm
 
@@ -95,7 +95,7 @@ class SDXLFamily:
         metadata: Mapping[str, str] | None = None,
     ) -> Path:
         """Save the full model: ``*.safetensors`` / ``*.ckpt`` single file (sgm keys), else a diffusers folder."""
-        return _save(self, parts, path, dtype, metadata)
+        return save_family_model(self, parts, path, dtype, metadata)
 
     # ------------------------------------------------------------------------------------------- prompts
     def tokenize(self, parts: Parts, captions: list[str], max_token_length: int | None = None) -> list[Tensor]:
@@ -110,8 +110,8 @@ class SDXLFamily:
         te1, te2 = parts.text_encoders
         ids1, batch, n = text.split_chunks(tokens[0])
         ids2, _, _ = text.split_chunks(tokens[1])
-        out1 = te1(ids1.to(_device(te1)), output_hidden_states=True, return_dict=True)
-        out2 = te2(ids2.to(_device(te2)), output_hidden_states=True, return_dict=True)
+        out1 = te1(ids1.to(module_device(te1)), output_hidden_states=True, return_dict=True)
+        out2 = te2(ids2.to(module_device(te2)), output_hidden_states=True, return_dict=True)
         hidden1 = text.merge_chunks(out1.hidden_states[-2], batch, n)
         hidden2 = text.merge_chunks(out2.hidden_states[-2], batch, n)
         pooled = text.eos_pooled(te2, out2.last_hidden_state, ids2, parts.tokenizers[1].eos_token_id)[::n]
@@ -174,7 +174,7 @@ class SDXLFamily:
 
     def modelspec_architecture(self, kind: str = "", prediction_type: str = "epsilon") -> str:
         """``stable-diffusion-xl-v1-base`` (+ "/lora" or "/textual-inversion")."""
-        return _with_kind("stable-diffusion-xl-v1-base", kind)
+        return with_kind("stable-diffusion-xl-v1-base", kind)
 
     def default_resolution(self, prediction_type: str = "epsilon") -> int:
         return 1024
