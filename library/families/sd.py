@@ -26,7 +26,7 @@ from .base import Cond, FamilySpec, Parts, TextEncoderSpec, module_device
 from .convert import UNET_PREFIX, hf_module_path
 from .latents import decode_latents, encode_latents
 from .loading import load_model
-from .saving import save_family_model, with_kind
+from .saving import IMPL_SGM, save_family_model, with_kind
 from .tokenizers import PAD_CLIP_L, PAD_OPEN_CLIP
 
 log = logging.getLogger(__name__)
@@ -76,6 +76,7 @@ class SDFamily:
     """SD 1.x / 2.x: a UNet conditioned on one text encoder's (B, 77·k, D) hidden states. See ``ModelFamily``."""
 
     vae_scale = 0.18215
+    size_multiple = 64  # image sides are multiples of this (sd-scripts' bucket_reso_steps rule for SD1/2)
     num_text_encoders = 1
     ti_embedding_keys = ("emb_params",)
 
@@ -165,6 +166,10 @@ class SDFamily:
             raise ValueError(f"{self.name} takes no size/crop time_ids (only SDXL does)")
         return unet(noisy, t, encoder_hidden_states=cond.hidden_states).sample
 
+    def size_conditioning(self, original_sizes: Any, crop_top_lefts: Any, target_sizes: Any) -> None:
+        """SD 1.x / 2.x take no size/crop conditioning (see SDXL.size_conditioning)."""
+        return None
+
     def encode_latents(self, parts: Parts, pixels: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """(B, 3, H, W) in [-1, 1] -> (B, 4, H/8, W/8) sampled latents times 0.18215."""
         return encode_latents(parts.vae, pixels, self.vae_scale, generator)
@@ -187,6 +192,10 @@ class SDFamily:
     def modelspec_architecture(self, kind: str = "", prediction_type: str = "epsilon") -> str:
         """``modelspec.architecture``; ``kind`` "" (checkpoint), "lora" or "textual-inversion"."""
         return with_kind(self._architectures[prediction_type], kind)
+
+    def modelspec_implementation(self, kind: str = "") -> str:
+        """``modelspec.implementation``: "diffusers" for SD1/2 LoRA, the sgm URL for TI and checkpoints (sd-scripts)."""
+        return "diffusers" if kind == "lora" else IMPL_SGM
 
     def default_resolution(self, prediction_type: str = "epsilon") -> int:
         """Native resolution: 768 for SD2 v-prediction (768-v), else 512."""

@@ -26,7 +26,7 @@ from .base import Cond, FamilySpec, Parts, TextEncoderSpec, module_device
 from .convert import hf_module_path
 from .latents import decode_latents, encode_latents
 from .loading import load_model
-from .saving import save_family_model, with_kind
+from .saving import IMPL_SGM, save_family_model, with_kind
 from .tokenizers import PAD_CLIP_L, PAD_OPEN_CLIP
 from .unet_keys import block_map, diffusers_to_ldm
 
@@ -59,6 +59,7 @@ class SDXLFamily:
     name = "sdxl"
     spec = SDXL_SPEC
     vae_scale = 0.13025
+    size_multiple = 32  # sd-scripts allows bucket steps of 32 for SDXL
     resolution = 1024
     num_text_encoders = 2
     ti_embedding_keys = ("clip_l", "clip_g")
@@ -147,6 +148,11 @@ class SDXLFamily:
         added = {"text_embeds": cond.pooled, "time_ids": time_ids.to(noisy.device)}
         return unet(noisy, t, encoder_hidden_states=cond.hidden_states, added_cond_kwargs=added).sample
 
+    def size_conditioning(self, original_sizes: Any, crop_top_lefts: Any, target_sizes: Any) -> Tensor:
+        """(B, 6) ``time_ids`` from per-sample (h, w) sizes / (top, left) crops (tensors (B, 2) or lists)."""
+        rows = [[int(v) for v in x] for x in (original_sizes, crop_top_lefts, target_sizes)]
+        return self.time_ids(*rows)
+
     def encode_latents(self, parts: Parts, pixels: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """(B, 3, H, W) in [-1, 1] -> (B, 4, H/8, W/8) sampled latents times 0.13025 (fp16 VAE upcast to fp32)."""
         return encode_latents(parts.vae, pixels, self.vae_scale, generator)
@@ -175,6 +181,10 @@ class SDXLFamily:
     def modelspec_architecture(self, kind: str = "", prediction_type: str = "epsilon") -> str:
         """``stable-diffusion-xl-v1-base`` (+ "/lora" or "/textual-inversion")."""
         return with_kind("stable-diffusion-xl-v1-base", kind)
+
+    def modelspec_implementation(self, kind: str = "") -> str:
+        """``modelspec.implementation``: the sgm URL for every SDXL file (sd-scripts)."""
+        return IMPL_SGM
 
     def default_resolution(self, prediction_type: str = "epsilon") -> int:
         return 1024
