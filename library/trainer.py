@@ -211,15 +211,14 @@ class Trainer:
         return stack
 
     def sample(self, *, step: int | None = None, epoch: int | None = None, at_first: bool = False) -> None:
+        """Sample if --sample_* asks for it now (``at_first``: before training, step 0)."""
         from library import sampling
 
-        cfg = self.cfg.sample
         if at_first:
-            if not cfg.sample_at_first:
-                return
             step = 0
-        elif not sampling.should_sample(cfg, step=step, epoch=epoch):
+        if not sampling.should_sample(self.cfg.sample, step=step, epoch=epoch):
             return
+        cfg = self.cfg.sample
         with self._eval_context():
             sampling.sample_during_training(
                 cfg,
