@@ -216,6 +216,7 @@ class Run:
     step_models: StepModels
     latent_cache: Any = None
     text_cache: Any = None
+    validation_loader: Any = None  # batches of the held-out images (--validation_split), or None
 
     def make_loader(self) -> data.Loader:
         acc = self.accelerator
