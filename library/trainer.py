@@ -62,7 +62,9 @@ class Trainer:
         self.started_at = time.time()
         ema_cfg = self.cfg.ema
         self.ema = (
-            EMA(self.params, ema_cfg.ema_decay, ema_cfg.ema_update_every, "cpu" if ema_cfg.ema_device == "cpu" else None)
+            EMA(
+                self.params, ema_cfg.ema_decay, ema_cfg.ema_update_every, "cpu" if ema_cfg.ema_device == "cpu" else None
+            )
             if ema_cfg.ema
             else None
         )
@@ -267,7 +269,9 @@ class Trainer:
                 with self.ema.applied():
                     ema_path = path.with_name(path.stem + "-ema" + path.suffix)
                     tensors = network.state_dict_for_file(dtype)
-                    network.save(ema_path, metadata=md.with_hashes(tensors, {**network.metadata(), **meta}), dtype=dtype)
+                    network.save(
+                        ema_path, metadata=md.with_hashes(tensors, {**network.metadata(), **meta}), dtype=dtype
+                    )
         finally:
             set_train_mode(self.optimizer, True)
         return path
@@ -306,7 +310,9 @@ class Trainer:
             )
             if save.save_last_n_steps_state and not interrupted:
                 saving.rotate(save, step=self.step)
-            logger.info("saved state %s%s", folder, " (resume with --resume " + str(folder) + ")" if interrupted else "")
+            logger.info(
+                "saved state %s%s", folder, " (resume with --resume " + str(folder) + ")" if interrupted else ""
+            )
         self.acc.wait_for_everyone()
         return folder
 
