@@ -191,9 +191,8 @@ def test_validation_and_ema(tiny_dir, dataset, tmp_path):
     argv = args_for(tiny_dir / "sd1", dataset, tmp_path, "--validation_split", "0.25", "--validate_every_n_steps",
                     "2", "--ema", "--ema_decay", "0.5", "--learning_rate", "1e-2", steps=4)  # fmt: skip
     result = train("sd1", *argv)
-    assert [s for s, _ in result.validation] == [2, 4, 4]  # every 2 steps, and at the end of the epoch
+    assert [s for s, _ in result.validation] == [2, 4]  # every 2 steps
     assert all(v == v and v > 0 for _, v in result.validation)
-    assert result.validation[1][1] == result.validation[2][1]  # same weights, same fixed noise: same value
     ema, live = load_state_dict(result.ema_output)[0], load_state_dict(result.output)[0]
     assert ema.keys() == live.keys() and any(not torch.equal(ema[k], live[k]) for k in ema)
 
