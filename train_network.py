@@ -98,7 +98,10 @@ def main(argv: Sequence[str] | None = None, family_names: Sequence[str] = ("sd1"
         except NonFiniteLoss as e:
             print(f"error: {e}", file=sys.stderr)
             return trainer.result(failed=str(e))
-    return trainer.finish()  # final file (+ EMA file), final state, summary line
+    result = trainer.finish()  # final file (+ EMA file), final state, summary line
+    if args.demo and run.accelerator.is_main_process:
+        demo.show_it_loads(result.output, cfg.model.path)
+    return result
 
 
 if __name__ == "__main__":

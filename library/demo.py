@@ -94,3 +94,34 @@ def expand(argv: Sequence[str] | None, family_names: Sequence[str]) -> list[str]
         "--seed", "0",
     ]  # fmt: skip
     return defaults + argv
+
+
+def show_it_loads(lora: Path, model: str) -> None:
+    """Load the demo LoRA with diffusers (the file format other tools read) and say where it is."""
+    import torch
+    from diffusers import DiffusionPipeline
+
+    pipe = DiffusionPipeline.from_pretrained(model, local_files_only=True)
+    unet = pipe.unet
+    sample = torch.randn(1, 4, 8, 8, generator=torch.Generator().manual_seed(0))
+    text = pipe.encode_prompt("sks shape", "cpu", 1, False)[0]
+    kwargs = {}
+    if unet.config.addition_embed_type == "text_time":  # SDXL: pooled text + size conditioning
+        out = pipe.encode_prompt("sks shape", device="cpu", do_classifier_free_guidance=False)
+        text, kwargs = (
+            out[0],
+            {
+                "added_cond_kwargs": {
+                    "text_embeds": out[2],
+                    "time_ids": torch.tensor([[64.0] * 2 + [0.0] * 2 + [64.0] * 2]),
+                }
+            },
+        )
+    with torch.no_grad():
+        before = unet(sample, 500, text, **kwargs).sample
+        pipe.load_lora_weights(str(lora), adapter_name="demo")
+        after = unet(sample, 500, text, **kwargs).sample
+    print(
+        f"demo: the LoRA is at {lora}; diffusers loads it (load_lora_weights) and it changes the UNet output by "
+        f"{(after - before).abs().mean():.4f} on average"
+    )
