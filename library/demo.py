@@ -104,19 +104,13 @@ def show_it_loads(lora: Path, model: str) -> None:
     pipe = DiffusionPipeline.from_pretrained(model, local_files_only=True)
     unet = pipe.unet
     sample = torch.randn(1, 4, 8, 8, generator=torch.Generator().manual_seed(0))
-    text = pipe.encode_prompt("sks shape", "cpu", 1, False)[0]
-    kwargs = {}
+    out = pipe.encode_prompt(
+        prompt="sks shape", device="cpu", num_images_per_prompt=1, do_classifier_free_guidance=False
+    )
+    text, kwargs = out[0], {}
     if unet.config.addition_embed_type == "text_time":  # SDXL: pooled text + size conditioning
-        out = pipe.encode_prompt("sks shape", device="cpu", do_classifier_free_guidance=False)
-        text, kwargs = (
-            out[0],
-            {
-                "added_cond_kwargs": {
-                    "text_embeds": out[2],
-                    "time_ids": torch.tensor([[64.0] * 2 + [0.0] * 2 + [64.0] * 2]),
-                }
-            },
-        )
+        time_ids = torch.tensor([[64.0, 64.0, 0.0, 0.0, 64.0, 64.0]])
+        kwargs = {"added_cond_kwargs": {"text_embeds": out[2], "time_ids": time_ids}}
     with torch.no_grad():
         before = unet(sample, 500, text, **kwargs).sample
         pipe.load_lora_weights(str(lora), adapter_name="demo")
