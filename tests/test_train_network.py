@@ -208,3 +208,28 @@ def test_bad_flags_are_reported_together(tiny_dir, dataset, tmp_path):
         train("sd1", *args_for(tiny_dir / "sdxl", dataset, tmp_path))
     with pytest.raises(ConfigError, match="not supported yet"):
         train("sd1", *args_for(tiny_dir / "sd1", dataset, tmp_path, "--deepspeed"))
+
+
+def test_loss_on_the_training_images_falls(tiny_dir, dataset, tmp_path, monkeypatch):
+    """200 steps on the 4 example images at 64 px: the fixed-noise denoising loss on those images (5 fixed timesteps,
+    fixed seed) falls by far more than noise could explain (measured: 1.13 -> 0.45 with these settings)."""
+    from library.training import validation_loss
+
+    measured = {}
+    original = train_network.Trainer.__init__
+
+    def fixed_noise_loss(run):
+        return validation_loss(run.step_models, run.make_loader().epoch(0), 123, [100, 300, 500, 700, 900])
+
+    def init_and_measure(self, *a, **kw):
+        original(self, *a, **kw)
+        measured["run"] = self.run
+        measured["before"] = fixed_noise_loss(self.run)
+
+    monkeypatch.setattr(train_network.Trainer, "__init__", init_and_measure)
+    argv = args_for(tiny_dir / "sd1", dataset, tmp_path, "--network_dim", "8", "--network_alpha", "8",
+                    "--network_args", "conv_dim=8", "conv_alpha=8", "--learning_rate", "3e-3", steps=200)  # fmt: skip
+    result = train("sd1", *argv)
+    after = fixed_noise_loss(measured["run"])
+    assert result.steps == 200
+    assert after < 0.6 * measured["before"], (measured["before"], after)
