@@ -17,7 +17,7 @@ Encoding (sd-scripts ``lpw_stable_diffusion.get_weighted_text_embeddings``):
 3. ``family.encode_tokens`` encodes them (clip_skip, SDXL's two encoders and pooled output: the family's rules) into
    hidden states H (B, 75k + 2, D) with weights w (B, 75k + 2) (1.0 for BOS, the end token and padding).
 4. ``normalize="original"``: ``H' = H * w * mean(H) / mean(H * w)``, the means over tokens and features of each
-   prompt (computed in float32). ``"abs"`` uses mean(|.|), ``"none"`` only multiplies. The SDXL pooled embedding is
+   prompt (computed in float32; skipped when mean(H * w) is 0). ``"abs"`` uses mean(|.|), ``"none"`` only multiplies. The SDXL pooled embedding is
    not weighted. A prompt whose weights are all 1 is left untouched. A1111 restores the mean per 77-token chunk
    instead of over the whole prompt; for prompts of up to 75 tokens both rules are the same.
 
@@ -205,7 +205,8 @@ def apply_weights(hidden: Tensor, weights: Tensor, normalize: str = "original") 
         measure = (lambda x: x.abs()) if normalize == "abs" else (lambda x: x)
         before = measure(h).mean(dim=(-2, -1))
         after = measure(out).mean(dim=(-2, -1))
-        out = out * (before / after)[:, None, None]
+        ratio = torch.where(after.abs() > 1e-12, before / after, torch.ones_like(after))  # a zero mean: no rescale
+        out = out * ratio[:, None, None]
     untouched = (w == 1.0).all(dim=1)
     out = torch.where(untouched[:, None, None], h, out)
     return out.to(hidden.dtype)

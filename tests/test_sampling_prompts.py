@@ -8,8 +8,14 @@ import json
 import pytest
 
 from library.config import ConfigError
-from library.sampling import PromptSpec, SampleConfig, add_sample_args, parse_prompt_line, read_prompt_file
-from library.sampling import should_sample
+from library.sampling import (
+    PromptSpec,
+    SampleConfig,
+    add_sample_args,
+    parse_prompt_line,
+    read_prompt_file,
+    should_sample,
+)
 
 # (line, expected fields): every option of the syntax, alone and combined.
 LINES = [

@@ -98,7 +98,10 @@ def test_unweighted_prompt_gives_family_ids_and_conditioning(tiny_parts, family_
 def test_weighted_prompt_against_hand_computation(tiny_parts, family_name):
     from library.families import get_family
 
-    family, parts = get_family(family_name), tiny_parts[family_name]
+    family, parts = get_family(family_name), copy.deepcopy(tiny_parts[family_name])
+    # a freshly initialised final LayerNorm makes every token's mean 0; give it a bias as trained models have
+    for te in parts.text_encoders:
+        getattr(te, "text_model", te).final_layer_norm.bias.data.uniform_(-0.5, 1.0)
     tok = parts.tokenizers[0]
     n_cat = len(tok("red cat").input_ids) - 2
     with torch.no_grad():

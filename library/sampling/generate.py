@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
+import logging
 import random
 from collections.abc import Sequence
 from typing import Any
@@ -31,6 +32,7 @@ from .config import DEFAULT_MAX_EMBEDDINGS_MULTIPLES, DEFAULT_SAMPLE_STEPS, DEFA
 from .prompts import PromptSpec
 from .schedulers import make_scheduler
 
+log = logging.getLogger(__name__)
 _SEED_RANGE = 2**31
 _PER_IMAGE = ("prompt", "negative_prompt", "seeds", "file_name", "index")
 
@@ -93,6 +95,9 @@ def generate_batch(
             output_type="latent",
             **kwargs,
         ).images
+        if not torch.isfinite(latents).all():
+            log.warning("the denoised latents contain NaN/inf (fp16 overflow? try --no_half_vae or bf16); the image "
+                        "will be black")  # fmt: skip
         pixels = family.decode_latents(parts, latents)
     return to_pil(pixels)
 
