@@ -39,9 +39,11 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
 
 
 def load_state_dict(path: str | os.PathLike, device: str = "cpu") -> tuple[dict[str, Tensor], dict[str, str]]:
-    """Load a weight file. Returns ``(state_dict, metadata)``; metadata is ``{}`` for pickle files.
+    """Load a weight file. Returns ``(state_dict, metadata)``.
 
-    A pickle checkpoint whose top level is ``{"state_dict": {...}}`` (the usual ``.ckpt`` layout) is unwrapped.
+    A pickle checkpoint whose top level is ``{"state_dict": {...}}`` (the usual ``.ckpt`` layout) is unwrapped; its
+    other top-level entries that are strings or numbers (``epoch``, ``global_step``, metadata written by
+    :func:`save_state_dict`) become the metadata, as strings. Plain pickled dicts have no metadata.
     Raises ``FileNotFoundError`` / ``ValueError`` naming the file and what to do.
     """
     path = Path(path)
@@ -59,14 +61,14 @@ def load_state_dict(path: str | os.PathLike, device: str = "cpu") -> tuple[dict[
         except Exception as e:  # safetensors raises its own error types for corrupt headers
             raise ValueError(f"{path}: not a valid safetensors file ({e})") from e
     if suffix in PICKLE_SUFFIXES:
-        return _load_pickle(path, device), {}
+        return _load_pickle(path, device)
     raise ValueError(
         f"{path}: unsupported weight file type {suffix!r}; expected .safetensors or a pickle checkpoint "
         f"({', '.join(PICKLE_SUFFIXES)})"
     )
 
 
-def _load_pickle(path: Path, device: str) -> dict[str, Tensor]:
+def _load_pickle(path: Path, device: str) -> tuple[dict[str, Tensor], dict[str, str]]:
     try:
         obj = torch.load(str(path), map_location=device, weights_only=True)
     except pickle.UnpicklingError as e:
@@ -80,11 +82,13 @@ def _load_pickle(path: Path, device: str) -> dict[str, Tensor]:
         ) from e
     except Exception as e:
         raise ValueError(f"{path}: could not read the checkpoint ({type(e).__name__}: {e})") from e
+    metadata: dict[str, str] = {}
     if isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict):
+        metadata = {str(k): str(v) for k, v in obj.items() if isinstance(v, str | int | float) and k != "state_dict"}
         obj = obj["state_dict"]
     if not isinstance(obj, dict):
         raise ValueError(f"{path}: expected a dict of tensors, found {type(obj).__name__}")
-    return {k: v for k, v in obj.items() if isinstance(v, Tensor)}
+    return {k: v for k, v in obj.items() if isinstance(v, Tensor)}, metadata
 
 
 def save_state_dict(
@@ -96,7 +100,8 @@ def save_state_dict(
     """Write ``state_dict`` atomically as safetensors (with ``metadata``) or as a pickle (``.ckpt``/``.pt``).
 
     ``dtype`` converts floating-point tensors (e.g. ``torch.float16`` for ``--save_precision fp16``). Pickle files
-    hold ``{"state_dict": ...}`` for ``.ckpt`` (the layout every SD tool reads) and the plain dict for ``.pt``.
+    hold ``{"state_dict": ..., **metadata}`` for ``.ckpt`` (the layout every SD tool reads; metadata values are plain
+    strings next to the state dict) and the plain dict of tensors for ``.pt`` (metadata is dropped there).
     """
     path = Path(path)
     tensors = {}
@@ -113,7 +118,8 @@ def save_state_dict(
             meta = {str(k): str(v) for k, v in (metadata or {}).items()}
             save_file(tensors, str(tmp), metadata=meta or None)
         elif suffix in PICKLE_SUFFIXES:
-            torch.save({"state_dict": tensors} if suffix == ".ckpt" else tensors, str(tmp))
+            meta = {str(k): str(v) for k, v in (metadata or {}).items() if k != "state_dict"}
+            torch.save({"state_dict": tensors, **meta} if suffix == ".ckpt" else tensors, str(tmp))
         else:
             raise ValueError(f"{path}: cannot save as {suffix!r}; use .safetensors, .ckpt or .pt")
     return path

@@ -20,7 +20,6 @@ from typing import Any
 from torch import Tensor
 
 MODELSPEC_VERSION = "1.0.1"
-SGM_IMPLEMENTATION = "https://github.com/Stability-AI/generative-models"
 # Kept even with --no_metadata (sd-scripts' minimum set).
 MINIMAL_SS_KEYS = (
     "ss_v2",

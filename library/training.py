@@ -141,3 +141,57 @@ def validation_loss(
     if count == 0:
         raise ValueError("the validation set yields no batch; lower --validation_split's batch size or add images")
     return total / count
+
+
+class Interrupt:
+    """Ctrl-C / SIGTERM during training: the first one asks the loop to save a resumable state and stop after the
+    current step; a second one stops at once (KeyboardInterrupt)."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: dict = {}
+
+    def __enter__(self) -> Interrupt:
+        import signal
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread (e.g. under some launchers): keep the default behaviour
+                pass
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print("\ninterrupt received: saving a resumable state after this step (press Ctrl-C again to quit now)")
+
+    def __exit__(self, *exc) -> None:
+        import signal
+
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+class LossTracker:
+    """Running averages of the training loss: the last ``window`` steps (``loss/average``) and the epoch."""
+
+    def __init__(self, window: int) -> None:
+        self.window = max(1, window)
+        self.recent: list[float] = []
+        self.epoch_total, self.epoch_count = 0.0, 0
+
+    def add(self, value: float) -> None:
+        self.recent = (self.recent + [value])[-self.window :]
+        self.epoch_total += value
+        self.epoch_count += 1
+
+    @property
+    def average(self) -> float:
+        return sum(self.recent) / len(self.recent) if self.recent else float("nan")
+
+    def end_epoch(self) -> float:
+        mean = self.epoch_total / max(1, self.epoch_count)
+        self.epoch_total, self.epoch_count = 0.0, 0
+        return mean

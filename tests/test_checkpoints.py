@@ -16,9 +16,10 @@ def test_round_trip_each_format(tmp_path):
         back, meta = load_state_dict(tmp_path / name)
         assert back["a.weight"].dtype == torch.float16 and back["b"].dtype == torch.int64
         torch.testing.assert_close(back["a.weight"], sd["a.weight"].half())
-        assert meta == ({"k": "v"} if name.endswith(".safetensors") else {})
+        assert meta == ({} if name.endswith(".pt") else {"k": "v"})
     assert read_metadata(tmp_path / "m.safetensors") == {"k": "v"}
-    assert set(torch.load(tmp_path / "m.ckpt", weights_only=True)) == {"state_dict"}
+    assert torch.load(tmp_path / "m.ckpt", weights_only=True).keys() == {"state_dict", "k"}
+    assert set(torch.load(tmp_path / "m.pt", weights_only=True)) == {"a.weight", "b"}
 
 
 class _Evil:

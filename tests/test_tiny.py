@@ -27,7 +27,7 @@ def test_module_names_match_real_layout(tiny_parts):
 def test_tiny_unet_runs(tiny_parts):
     parts = tiny_parts["sdxl"]
     x = torch.randn(1, 4, 8, 8)
-    ctx = torch.randn(1, 77, 64)
-    added = {"text_embeds": torch.randn(1, 32), "time_ids": torch.tensor([[64.0, 64, 0, 0, 64, 64]])}
+    ctx = torch.randn(1, 77, 80)
+    added = {"text_embeds": torch.randn(1, 48), "time_ids": torch.tensor([[64.0, 64, 0, 0, 64, 64]])}
     out = parts.unet(x, torch.tensor([10]), ctx, added_cond_kwargs=added).sample
     assert out.shape == x.shape and torch.isfinite(out).all()

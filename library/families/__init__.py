@@ -1,1 +1,70 @@
-"""Model families: everything that differs between SD1, SD2 and SDXL lives here."""
+"""Model families: everything that differs between SD1, SD2 and SDXL lives here.
+
+from library.families import SD1, SD2, SDXL, get_family, detect_family
+family = detect_family("model.safetensors")          # or get_family("sdxl")
+parts = family.load("model.safetensors", dtype=torch.bfloat16)
+cond = family.encode_prompt(parts, ["a photo of a cat"], max_token_length=225)
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .base import Cond, ModelFamily, Parts
+from .sd import SD1, SD2, SDFamily
+from .sdxl import SDXL, SDXLFamily
+
+FAMILIES: dict[str, Any] = {"sd1": SD1, "sd2": SD2, "sdxl": SDXL}
+
+__all__ = ["SD1", "SD2", "SDXL", "FAMILIES", "Cond", "ModelFamily", "Parts", "SDFamily", "SDXLFamily"]
+__all__ += ["get_family", "detect_family"]
+
+
+def get_family(name: str) -> Any:
+    """The family object for "sd1" | "sd2" | "sdxl" (case-insensitive)."""
+    family = FAMILIES.get(str(name).lower())
+    if family is None:
+        raise ValueError(f"unknown model family {name!r}; expected one of {', '.join(FAMILIES)}")
+    return family
+
+
+class _Shape:
+    """A stand-in tensor that only knows its shape (for detection without reading weights)."""
+
+    def __init__(self, shape: Any) -> None:
+        self.shape = tuple(shape)
+
+
+def detect_family(source: str | os.PathLike | Mapping[str, Any]) -> Any:
+    """The family of a single-file state dict, a weight file or a diffusers folder (reads only keys and shapes
+    of .safetensors files). Raises ``ValueError`` when it is no Stable Diffusion model."""
+    from .loading import check_model_path, family_of_folder, family_of_state_dict
+
+    if isinstance(source, Mapping):
+        name, where = family_of_state_dict(source), "this state dict"
+    else:
+        path = check_model_path(source)
+        if path.is_dir():
+            return FAMILIES[family_of_folder(path)]
+        name, where = family_of_state_dict(*_peek(path)), str(path)
+    if name not in FAMILIES:
+        what = "an SDXL refiner, which is not supported" if name else "no Stable Diffusion model (no UNet keys)"
+        raise ValueError(f"{where}: {what}; expected an SD1.x, SD2.x or SDXL model")
+    return FAMILIES[name]
+
+
+def _peek(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    from ..checkpoints import load_state_dict
+
+    if path.suffix.lower() != ".safetensors":
+        return load_state_dict(path)
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return {k: _Shape(f.get_slice(k).get_shape()) for k in f.keys()}, dict(f.metadata() or {})
+    except Exception as e:  # safetensors raises its own error types for corrupt headers
+        raise ValueError(f"{path}: not a valid safetensors file ({e})") from e

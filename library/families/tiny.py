@@ -101,16 +101,18 @@ TINY = {
             layers_per_block=2,
             transformer_layers_per_block=[1, 2, 2],
             attention_head_dim=[2, 4, 4],
-            cross_attention_dim=64,  # TE1 hidden + TE2 hidden, as 768 + 1280 = 2048 in the real model
+            cross_attention_dim=80,  # TE1 hidden + TE2 hidden, as 768 + 1280 = 2048 in the real model
             use_linear_projection=True,
             addition_embed_type="text_time",
             addition_time_embed_dim=8,
-            projection_class_embeddings_input_dim=6 * 8 + 32,  # 6 size/crop ids * time dim + pooled TE2 width
+            projection_class_embeddings_input_dim=6 * 8 + 48,  # 6 size/crop ids * time dim + pooled TE2 width
             norm_num_groups=8,
         ),
         text_encoders=[
             dict(hidden_size=32, intermediate_size=64, projection_dim=32, hidden_act="quick_gelu"),
-            dict(hidden_size=32, intermediate_size=64, projection_dim=32, hidden_act="gelu"),
+            # wider than TE1, as bigG (1280) is wider than CLIP-L (768): diffusers' single-file loader tells the two
+            # encoders apart by width
+            dict(hidden_size=48, intermediate_size=96, projection_dim=48, hidden_act="gelu"),
         ],
         pads=[PAD_CLIP_L, PAD_OPEN_CLIP],
         vae=dict(_VAE, scaling_factor=0.13025, force_upcast=True),
@@ -164,7 +166,7 @@ def save_diffusers(parts: Parts, folder: str | Path) -> Path:
             tokenizer=parts.tokenizers[0],
             tokenizer_2=parts.tokenizers[1],
             unet=parts.unet,
-            scheduler=EulerDiscreteScheduler(**_scheduler_kwargs(parts.scheduler_config)),
+            scheduler=EulerDiscreteScheduler.from_config(_scheduler_kwargs(parts.scheduler_config)),
         )
     else:
         pipe = StableDiffusionPipeline(
@@ -172,7 +174,7 @@ def save_diffusers(parts: Parts, folder: str | Path) -> Path:
             text_encoder=parts.text_encoders[0],
             tokenizer=parts.tokenizers[0],
             unet=parts.unet,
-            scheduler=DDIMScheduler(**_scheduler_kwargs(parts.scheduler_config)),
+            scheduler=DDIMScheduler.from_config(_scheduler_kwargs(parts.scheduler_config)),
             safety_checker=None,
             feature_extractor=None,
             requires_safety_checker=False,

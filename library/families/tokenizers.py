@@ -10,14 +10,19 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import os
+from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 BPE_FILE = Path(__file__).parent / "data" / "bpe_simple_vocab_16e6.txt.gz"
 NUM_MERGES = 49152 - 256 - 2
 BOS, EOS = "<|startoftext|>", "<|endoftext|>"
 PAD_CLIP_L, PAD_OPEN_CLIP = EOS, "!"
+
+log = logging.getLogger(__name__)
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -42,13 +47,20 @@ def _vocab_and_merges() -> tuple[dict[str, int], list[str]]:
     return {tok: i for i, tok in enumerate(vocab)}, merges
 
 
-def write_clip_tokenizer(dest: str | os.PathLike, pad_token: str = PAD_CLIP_L) -> Path:
-    """Write a CLIP tokenizer folder (vocab.json, merges.txt, configs) loadable by ``CLIPTokenizer.from_pretrained``."""
+def write_vocab_files(dest: str | os.PathLike) -> Path:
+    """Write CLIP's ``vocab.json`` and ``merges.txt`` into ``dest`` (what the slow ``CLIPTokenizer`` of
+    transformers 4 needs; transformers 5 saves only ``tokenizer.json``)."""
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     vocab, merges = _vocab_and_merges()
     (dest / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
     (dest / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n", encoding="utf-8")
+    return dest
+
+
+def write_clip_tokenizer(dest: str | os.PathLike, pad_token: str = PAD_CLIP_L) -> Path:
+    """Write a CLIP tokenizer folder (vocab.json, merges.txt, configs) loadable by ``CLIPTokenizer.from_pretrained``."""
+    dest = write_vocab_files(dest)
     special = {"bos_token": BOS, "eos_token": EOS, "unk_token": EOS, "pad_token": pad_token}
     (dest / "special_tokens_map.json").write_text(json.dumps(special, indent=2))
     config = {
@@ -84,3 +96,24 @@ def load_clip_tokenizer(pad_token: str = PAD_CLIP_L):
 
             shutil.rmtree(tmp, ignore_errors=True)
     return CLIPTokenizer.from_pretrained(str(folder))
+
+
+def load_tokenizers(specs: Sequence[Any], folder: Path | None = None, cache_dir: str | None = None) -> list:
+    """One CLIP tokenizer per text encoder spec (``base.TextEncoderSpec``): the diffusers folder's own
+    (``tokenizer/``, ``tokenizer_2/``), else one in ``cache_dir`` in sd-scripts' ``--tokenizer_cache_dir`` layout
+    (``<dir>/<hub id with / replaced by _>``), else the bundled offline tokenizer. The pad token is set to the
+    spec's, as sd-scripts forces "!" (id 0) for SDXL's second tokenizer."""
+    from transformers import CLIPTokenizer
+
+    tokenizers = []
+    for i, spec in enumerate(specs):
+        candidates = [folder / ("tokenizer" if i == 0 else f"tokenizer_{i + 1}")] if folder is not None else []
+        if cache_dir:
+            candidates.append(Path(cache_dir) / spec.tokenizer_id.replace("/", "_"))
+        found = next((c for c in candidates if (c / "tokenizer_config.json").is_file()), None)
+        tokenizer = CLIPTokenizer.from_pretrained(str(found)) if found else load_clip_tokenizer(spec.pad_token)
+        if tokenizer.pad_token != spec.pad_token:
+            tokenizer.pad_token = spec.pad_token
+        log.debug("tokenizer %d: %s", i, found or "bundled CLIP vocabulary")
+        tokenizers.append(tokenizer)
+    return tokenizers

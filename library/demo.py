@@ -1,0 +1,96 @@
+"""The embedded default: ``--demo`` trains on a tiny model and example images that are made on the spot.
+
+``python train_network.py --demo`` writes ``demo/models/<family>`` (a tiny model with the real module layout and
+the real CLIP tokenizer, random weights), ``demo/dataset/10_sks shape/`` (four 64 px images with captions) and
+trains a LoRA into ``demo/output``. Any other flag given with ``--demo`` overrides the demo's choice.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+
+DEMO_DIR = Path("demo")
+SHAPES = (
+    ("a red circle on a blue background", (200, 40, 40), (30, 60, 170), "circle"),
+    ("a yellow square on a green background", (230, 210, 40), (40, 140, 60), "square"),
+    ("a white triangle on a black background", (240, 240, 240), (15, 15, 15), "triangle"),
+    ("a purple cross on an orange background", (140, 50, 160), (240, 140, 40), "cross"),
+)
+
+
+def add_demo_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--demo",
+        action="store_true",
+        help="train on a tiny model and example images made on the spot (no download); other flags override",
+    )
+    parser.add_argument("--demo_dir", type=str, default=str(DEMO_DIR), help="where --demo writes its files")
+
+
+def make_example_dataset(folder: str | Path, size: int = 64) -> Path:
+    """Four images of simple coloured shapes with captions, in sd-scripts' ``<repeats>_<class>`` folder layout."""
+    from PIL import Image, ImageDraw
+
+    sub = Path(folder) / "10_sks shape"
+    sub.mkdir(parents=True, exist_ok=True)
+    for i, (caption, fg, bg, kind) in enumerate(SHAPES):
+        img = Image.new("RGB", (size, size), bg)
+        d = ImageDraw.Draw(img)
+        a, b = size // 5, size - size // 5
+        if kind == "circle":
+            d.ellipse([a, a, b, b], fill=fg)
+        elif kind == "square":
+            d.rectangle([a, a, b, b], fill=fg)
+        elif kind == "triangle":
+            d.polygon([(size // 2, a), (a, b), (b, b)], fill=fg)
+        else:
+            w = size // 8
+            d.rectangle([size // 2 - w, a, size // 2 + w, b], fill=fg)
+            d.rectangle([a, size // 2 - w, b, size // 2 + w], fill=fg)
+        img.save(sub / f"{i:02d}_{kind}.png")
+        (sub / f"{i:02d}_{kind}.txt").write_text(f"sks shape, {caption}\n", encoding="utf-8")
+    return Path(folder)
+
+
+def make_tiny_model(folder: str | Path, family: str) -> Path:
+    from library.families.tiny import build_tiny, save_diffusers
+
+    path = Path(folder) / family
+    if not (path / "model_index.json").exists():
+        save_diffusers(build_tiny(family), path)
+    return path
+
+
+def expand(argv: Sequence[str] | None, family_names: Sequence[str]) -> list[str] | None:
+    """With ``--demo`` in ``argv``: build the demo files and put the demo's flags in front of the user's."""
+    import sys
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--demo" not in argv:
+        return argv
+    root = Path(argv[argv.index("--demo_dir") + 1]) if "--demo_dir" in argv else DEMO_DIR
+    family = "sdxl" if "sdxl" in family_names else "sd1"
+    model = make_tiny_model(root / "models", family)
+    dataset = make_example_dataset(root / "dataset")
+    print(f"demo: tiny {family} model in {model}, example images in {dataset}")
+    defaults = [
+        "--pretrained_model_name_or_path", str(model),
+        "--train_data_dir", str(dataset),
+        "--caption_extension", ".txt",
+        "--resolution", "64",
+        "--output_dir", str(root / "output"),
+        "--output_name", "demo_lora",
+        "--network_module", "networks.lora",
+        "--network_dim", "8",
+        "--network_alpha", "8",
+        "--network_args", "conv_dim=8", "conv_alpha=8",
+        "--optimizer_type", "AdamW",
+        "--learning_rate", "3e-3",
+        "--train_batch_size", "2",
+        "--max_train_steps", "100",
+        "--max_data_loader_n_workers", "0",
+        "--seed", "0",
+    ]  # fmt: skip
+    return defaults + argv

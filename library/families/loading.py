@@ -1,0 +1,409 @@
+"""Loading a Stable Diffusion model: a diffusers folder or a single-file checkpoint, without the hub.
+
+Single files are built from component configs: those stored in the file by our writer (``sdtrain.configs``
+metadata, so tiny and non-standard models reload exactly), else the configs of the released model shipped in
+``configs/``. Every weight is checked against the architecture before loading; a mismatch is a ``ValueError``
+naming the file, the component, the config used and the first differing keys.
+
+Prediction type, in order: the ``v_parameterization`` argument (``--v_parameterization``) > a ``v_pred`` marker key
+(ComfyUI / Forge convention) > configs stored by us > ``modelspec.prediction_type`` metadata > a family heuristic
+(SD2: see ``sd.py``) > epsilon. A ``ztsnr`` key (or stored ``rescale_betas_zero_snr``) marks zero-terminal-SNR.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Mapping
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..checkpoints import PICKLE_SUFFIXES, SAFETENSORS_SUFFIXES, load_state_dict
+from .base import FamilySpec, Parts
+from .convert import (
+    UNET_PREFIX,
+    hf_for_model,
+    strip_prefix,
+    text_encoder_from_ldm,
+    unet_from_ldm,
+    vae_diffusers_rename_old,
+    vae_from_ldm,
+    vae_ldm_keys,
+)
+from .tokenizers import load_tokenizers
+
+log = logging.getLogger(__name__)
+
+CONFIG_DIR = Path(__file__).parent / "configs"
+META_CONFIGS = "sdtrain.configs"
+META_FAMILY = "sdtrain.family"
+WEIGHT_SUFFIXES = SAFETENSORS_SUFFIXES + PICKLE_SUFFIXES
+TITLES = {"sd1": "SD1.x", "sd2": "SD2.x", "sdxl": "SDXL"}
+HINTS = {
+    "sd1": "the SD 1.x scripts without --v2",
+    "sd2": "--v2",
+    "sdxl": "the sdxl_* scripts, e.g. sdxl_train_network.py",
+}
+
+
+@cache
+def _config_text(stem: str) -> str:
+    return (CONFIG_DIR / f"{stem}.json").read_text()
+
+
+def shipped_configs(stem: str) -> dict:
+    """The component configs of a released model (``sd15``, ``sd2-512``, ``sd2-768-v``, ``sdxl-base``), a fresh copy."""
+    return json.loads(_config_text(stem))
+
+
+# ------------------------------------------------------------------------------------------------ detection
+def family_of_state_dict(sd: Mapping[str, Any], metadata: Mapping[str, str] | None = None) -> str | None:
+    """The family name "sd1" | "sd2" | "sdxl" of a single-file state dict, "sdxl-refiner", or None if it is no SD
+    model. Our metadata decides first, then the text encoder keys, then the UNet (SDXL's ``label_emb``, else the
+    context width 1024 of SD2, as diffusers' ``infer_diffusers_model_type``)."""
+    if metadata and metadata.get(META_FAMILY) in TITLES:
+        return metadata[META_FAMILY]
+    keys = sd.keys()
+    if any(k.startswith("conditioner.embedders.0.model.") for k in keys):
+        return "sdxl-refiner"  # OpenCLIP-bigG alone: not supported, but named in the error
+    if any(k.startswith("conditioner.embedders.1.") for k in keys) or UNET_PREFIX + "label_emb.0.0.weight" in keys:
+        return "sdxl"
+    if any(k.startswith("cond_stage_model.model.") for k in keys):
+        return "sd2"
+    if any(k.startswith("cond_stage_model.transformer.") for k in keys):
+        return "sd1"
+    to_k = sd.get(UNET_PREFIX + "input_blocks.1.1.transformer_blocks.0.attn2.to_k.weight")
+    if to_k is not None:
+        return "sd2" if to_k.shape[-1] == 1024 else "sd1"
+    return None
+
+
+def family_of_folder(folder: Path) -> str | None:
+    """The family name "sd1" | "sd2" | "sdxl" of a diffusers folder, or None if ``folder`` is not one."""
+    if not (folder / "unet" / "config.json").is_file():
+        return None
+    index = _read_json(folder / "model_index.json") or {}
+    if (folder / "text_encoder_2").is_dir() or "XL" in str(index.get("_class_name", "")):
+        return "sdxl"
+    te = _read_json(folder / "text_encoder" / "config.json")
+    if te is not None:
+        return "sd2" if te.get("hidden_act") == "gelu" else "sd1"
+    return "sd2" if _read_json(folder / "unet" / "config.json").get("cross_attention_dim") == 1024 else "sd1"
+
+
+def _read_json(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def check_model_path(path: str | Path) -> Path:
+    """The path as a ``Path`` if it is a weight file or a diffusers folder; else a clear error."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(
+            f"{path}: no such file or folder (expected a diffusers model folder or a .safetensors / .ckpt checkpoint)"
+        )
+    if path.is_dir():
+        if family_of_folder(path) is None:
+            raise ValueError(
+                f"{path}: this folder is not a diffusers Stable Diffusion model (no unet/config.json); pass a folder "
+                "with model_index.json, unet/, vae/ and text_encoder/ subfolders, or a .safetensors / .ckpt file"
+            )
+    elif path.suffix.lower() not in WEIGHT_SUFFIXES:
+        raise ValueError(f"{path}: unsupported model file type {path.suffix!r}; expected {', '.join(WEIGHT_SUFFIXES)}")
+    return path
+
+
+def wrong_family(spec: FamilySpec, path: Path, found: str | None) -> ValueError:
+    """The error for a model of another family (or none)."""
+    if found is None:
+        return ValueError(
+            f"{path}: no Stable Diffusion model found in this file (no model.diffusion_model.* / cond_stage_model.* "
+            f"/ conditioner.* keys); expected a {spec.title} checkpoint"
+        )
+    return ValueError(
+        f"{path}: this is an {TITLES[found]} model, but an {spec.title} model was expected; load it as "
+        f"{TITLES[found]} ({HINTS[found]})"
+    )
+
+
+# ------------------------------------------------------------------------------------------------ prediction type
+def resolve_prediction(
+    spec: FamilySpec,
+    flag: bool | None,
+    sd: Mapping[str, Tensor],
+    metadata: Mapping[str, str],
+    stored: Mapping | None,
+) -> tuple[str, bool, str]:
+    """``(prediction_type, zero_terminal_snr, where it came from)`` for a single file (see the module docstring)."""
+    stored_sched = (stored or {}).get("scheduler", {})
+    ztsnr = "ztsnr" in sd or bool(stored_sched.get("rescale_betas_zero_snr"))
+    if flag is not None:
+        return ("v_prediction" if flag else "epsilon"), ztsnr, "--v_parameterization"
+    if "v_pred" in sd:
+        return "v_prediction", ztsnr, "the v_pred key in the file"
+    if stored_sched.get("prediction_type"):
+        return stored_sched["prediction_type"], ztsnr, "the configs stored in the file"
+    spec_value = metadata.get("modelspec.prediction_type", "").lower()
+    if spec_value in ("v", "v_prediction", "epsilon", "eps"):
+        pred = "v_prediction" if spec_value.startswith("v") else "epsilon"
+        return pred, ztsnr, "modelspec.prediction_type metadata"
+    guess = spec.guess_prediction(sd) if spec.guess_prediction else None
+    if guess:
+        return guess, ztsnr, f"the {spec.title} weight statistics (pass --v_parameterization to be explicit)"
+    return "epsilon", ztsnr, "default: the file does not say"
+
+
+# ------------------------------------------------------------------------------------------------ building modules
+def instantiate(
+    factory: Callable[[], nn.Module],
+    state: Mapping[str, Tensor],
+    what: str,
+    path: Path,
+    source: str,
+    dtype: Any,
+    adapt: Callable[[Mapping[str, Tensor], nn.Module], Mapping[str, Tensor]] | None = None,
+) -> nn.Module:
+    """Build ``factory()`` without allocating weights, check ``state`` fits it, then load ``state`` into it.
+
+    ``adapt(state, model)`` renames ``state`` for the built model first (HF text encoders: see ``hf_for_model``).
+    Raises ``ValueError`` naming ``path``, the component and the config ``source`` when keys or shapes differ.
+    """
+    from accelerate import init_empty_weights
+
+    with init_empty_weights():
+        model = factory()
+    if adapt is not None:
+        state = adapt(state, model)
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    wrong = [f"{k}: file {tuple(state[k].shape)} vs model {tuple(v.shape)}" for k, v in expected.items()
+             if k in state and state[k].shape != v.shape]  # fmt: skip
+    if missing or unexpected or wrong:
+        details = "; ".join(
+            f"{label} {len(items)} (e.g. {', '.join(items[:3])})"
+            for label, items in (("missing", missing), ("unexpected", unexpected), ("shape mismatches", wrong))
+            if items
+        )
+        raise ValueError(
+            f"{path}: the {what} weights do not fit the architecture of {source}: {details}. Is this the right "
+            "model family and a complete checkpoint?"
+        )
+    # cast before assigning: no second copy of the model, and no diffusers ``ModelMixin.to`` warnings
+    state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+    model.load_state_dict(state, strict=True, assign=True)
+    return model
+
+
+def build_unet(config: Mapping, state: Mapping[str, Tensor], path: Path, source: str, dtype: Any) -> nn.Module:
+    from diffusers import UNet2DConditionModel
+
+    return instantiate(lambda: UNet2DConditionModel.from_config(dict(config)), state, "UNet", path, source, dtype)
+
+
+def build_vae(config: Mapping, state: Mapping[str, Tensor], path: Path, source: str, dtype: Any) -> nn.Module:
+    from diffusers import AutoencoderKL
+
+    return instantiate(lambda: AutoencoderKL.from_config(dict(config)), state, "VAE", path, source, dtype)
+
+
+def text_encoder_class(with_projection: bool) -> type:
+    from transformers import CLIPTextModel, CLIPTextModelWithProjection
+
+    return CLIPTextModelWithProjection if with_projection else CLIPTextModel
+
+
+def text_encoder_factory(config: Mapping, with_projection: bool) -> Callable[[], nn.Module]:
+    from transformers import CLIPTextConfig
+
+    cls = text_encoder_class(with_projection)
+    return lambda: cls(CLIPTextConfig.from_dict(dict(config)))
+
+
+# ------------------------------------------------------------------------------------------------ single files
+def load_single_file(
+    spec: FamilySpec, path: Path, dtype: Any, v_parameterization: bool | None, vae: str | Path | None = None
+) -> Parts:
+    """Read ``path`` and build the family's modules from it (tokenizers are added by the caller)."""
+    sd, metadata = load_state_dict(path)
+    return parts_from_single_file(spec, sd, metadata, path, dtype, v_parameterization, vae)
+
+
+def parts_from_single_file(
+    spec: FamilySpec,
+    sd: Mapping[str, Tensor],
+    metadata: Mapping[str, str],
+    path: Path,
+    dtype: Any,
+    v_parameterization: bool | None,
+    vae_override: str | Path | None = None,
+) -> Parts:
+    """Build the modules from a single-file state dict (``path`` only names it in messages)."""
+    found = family_of_state_dict(sd, metadata)
+    if found == "sdxl-refiner":
+        raise ValueError(f"{path}: SDXL refiner checkpoints are not supported (only SDXL base and its fine-tunes)")
+    if found != spec.name:
+        raise wrong_family(spec, path, found)
+    stored = json.loads(metadata[META_CONFIGS]) if META_CONFIGS in metadata else None
+    pred, ztsnr, why = resolve_prediction(spec, v_parameterization, sd, metadata, stored)
+    log.info("%s: prediction type %s (from %s)", path, pred, why)
+    if stored is not None:
+        configs, source = stored, f"the configs stored in {path.name}"
+    else:
+        stem = spec.configs[pred]
+        configs, source = shipped_configs(stem), f"the released {spec.title} model (shipped config {stem}.json)"
+    try:
+        unet_state = unet_from_ldm(sd, configs["unet"])
+    except KeyError as e:
+        raise ValueError(f"{path}: UNet key {UNET_PREFIX}{e.args[0]} does not exist in {source}") from e
+    unet = build_unet(configs["unet"], unet_state, path, source, dtype)
+    vae = _vae(sd, configs["vae"], path, source, dtype, vae_override)
+    text_encoders, extras = [], []
+    for te_spec, te_config in zip(spec.text_encoders, configs["text_encoders"]):
+        state, extra = text_encoder_from_ldm(
+            strip_prefix(sd, te_spec.prefix), te_spec.layout, te_config["num_hidden_layers"], te_spec.with_projection
+        )
+        factory = text_encoder_factory(te_config, te_spec.with_projection)
+        what = f"text encoder ({te_spec.prefix}*)"
+        text_encoders.append(instantiate(factory, state, what, path, source, dtype, adapt=hf_for_model))
+        extras.append({k: v.to(dtype) if v.is_floating_point() else v for k, v in extra.items()})
+    scheduler = dict(configs["scheduler"], prediction_type=pred)
+    if ztsnr:
+        scheduler["rescale_betas_zero_snr"] = True
+    return Parts(unet, vae, text_encoders, [], scheduler, spec.name, str(path), {"text_encoder_extras": extras})
+
+
+def _vae(
+    sd: Mapping[str, Tensor], config: Mapping, path: Path, source: str, dtype: Any, override: str | Path | None
+) -> nn.Module:
+    if override is not None:  # the file's own VAE is not even converted
+        return load_vae(override, config, dtype)
+    ldm = vae_ldm_keys(sd)
+    if not ldm:
+        raise ValueError(f"{path}: the checkpoint has no VAE (no first_stage_model.* keys); pass one with --vae")
+    return _vae_from_ldm_file(ldm, config, path, source, dtype)
+
+
+def _vae_from_ldm_file(ldm: Mapping[str, Tensor], config: Mapping, path: Path, source: str, dtype: Any) -> nn.Module:
+    from accelerate import init_empty_weights
+    from diffusers import AutoencoderKL
+
+    with init_empty_weights():
+        keys = list(AutoencoderKL.from_config(dict(config)).state_dict())
+    return build_vae(config, vae_from_ldm(ldm, config, keys), path, source, dtype)
+
+
+# ------------------------------------------------------------------------------------------------ diffusers folders
+def load_diffusers(spec: FamilySpec, folder: Path, dtype: Any, v_parameterization: bool | None) -> Parts:
+    """Load a diffusers folder with diffusers / transformers (tokenizers are added by the caller)."""
+    from diffusers import AutoencoderKL, UNet2DConditionModel
+
+    found = family_of_folder(folder)
+    if found != spec.name:
+        raise wrong_family(spec, folder, found)
+    subfolders = ["unet", "vae"] + [subfolder(i) for i in range(len(spec.text_encoders))]
+    missing = [s for s in subfolders if not (folder / s / "config.json").is_file()]
+    if missing:
+        raise ValueError(f"{folder}: the diffusers model lacks {', '.join(f'{m}/config.json' for m in missing)}")
+    unet = UNet2DConditionModel.from_pretrained(
+        folder, subfolder="unet", torch_dtype=dtype, variant=_variant(folder / "unet")
+    )
+    vae = AutoencoderKL.from_pretrained(folder, subfolder="vae", torch_dtype=dtype, variant=_variant(folder / "vae"))
+    text_encoders = []
+    for i, te_spec in enumerate(spec.text_encoders):
+        cls = text_encoder_class(te_spec.with_projection)
+        sub = subfolder(i)
+        text_encoders.append(cls.from_pretrained(folder / sub, variant=_variant(folder / sub), **_tf_dtype(dtype)))
+    scheduler = _read_json(folder / "scheduler" / "scheduler_config.json")
+    if scheduler is None:
+        scheduler = shipped_configs(next(iter(spec.configs.values())))["scheduler"]
+    if v_parameterization is not None:
+        scheduler["prediction_type"] = "v_prediction" if v_parameterization else "epsilon"
+    scheduler.setdefault("prediction_type", "epsilon")
+    log.info("%s: prediction type %s", folder, scheduler["prediction_type"])
+    return Parts(unet, vae, text_encoders, [], scheduler, spec.name, str(folder), {})
+
+
+def _tf_dtype(dtype: Any) -> dict:
+    """transformers >= 4.56 names the load dtype ``dtype`` (``torch_dtype`` is deprecated in 5)."""
+    import transformers
+
+    major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
+    return {"dtype": dtype} if (major, minor) >= (4, 56) else {"torch_dtype": dtype}
+
+
+def subfolder(index: int, kind: str = "text_encoder") -> str:
+    return kind if index == 0 else f"{kind}_{index + 1}"
+
+
+def _variant(folder: Path) -> str | None:
+    """The variant "fp16" when a component folder only has ``*.fp16.*`` weight files (diffusers' variant naming)."""
+    names = [p.name for p in folder.iterdir()] if folder.is_dir() else []
+    plain = any(n.endswith((".safetensors", ".bin")) and ".fp16." not in n for n in names)
+    return "fp16" if not plain and any(".fp16." in n for n in names) else None
+
+
+# ------------------------------------------------------------------------------------------------ --vae
+def load_vae(path: str | Path, config: Mapping, dtype: Any) -> nn.Module:
+    """A replacement VAE (``--vae``): a diffusers VAE folder (or a model folder with ``vae/``), a single file with
+    ldm keys (``first_stage_model.*`` or bare ``encoder.down.*``), or a diffusers-format VAE weight file. Files are
+    built with ``config``, the VAE architecture of the model being loaded."""
+    from diffusers import AutoencoderKL
+
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"--vae {path}: no such file or folder")
+    if path.is_dir():
+        sub = path / "vae" if (path / "vae" / "config.json").is_file() else path
+        if not (sub / "config.json").is_file():
+            raise ValueError(f"--vae {path}: not a diffusers VAE folder (no config.json or vae/config.json)")
+        return AutoencoderKL.from_pretrained(sub, torch_dtype=dtype, variant=_variant(sub))
+    sd, _ = load_state_dict(path)
+    config = dict(config)
+    source = "the model's VAE config"
+    ldm = vae_ldm_keys(sd)
+    if ldm:
+        return _vae_from_ldm_file(ldm, config, path, source, dtype)
+    state = vae_diffusers_rename_old(strip_prefix(sd, "vae.") or sd)
+    if not any(k.startswith("encoder.down_blocks.") for k in state):
+        raise ValueError(
+            f"--vae {path}: no VAE weights found; expected ldm keys (first_stage_model.encoder.down.*, or "
+            "encoder.down.* in a VAE-only file) or diffusers keys (encoder.down_blocks.*)"
+        )
+    return build_vae(config, state, path, source, dtype)
+
+
+def finish(parts: Parts, device: Any) -> Parts:
+    """Move to ``device``, set eval mode and freeze every module (trainers unfreeze what they train)."""
+    for module in (parts.unet, parts.vae, *parts.text_encoders):
+        module.to(device).eval().requires_grad_(False)
+    parts.extra["text_encoder_extras"] = [
+        {k: v.to(device) for k, v in extra.items()} for extra in parts.extra.get("text_encoder_extras", [])
+    ] or [{} for _ in parts.text_encoders]
+    return parts
+
+
+def load_model(
+    spec: FamilySpec,
+    path: str | Path,
+    *,
+    dtype: Any = torch.float32,
+    vae: str | Path | None = None,
+    v_parameterization: bool | None = None,
+    tokenizer_cache_dir: str | None = None,
+    device: Any = "cpu",
+) -> Parts:
+    """Load a model of family ``spec`` from a diffusers folder or a single file (see ``ModelFamily.load``)."""
+    path = check_model_path(path)
+    if path.is_dir():
+        parts = load_diffusers(spec, path, dtype, v_parameterization)
+        if vae is not None:
+            parts.vae = load_vae(vae, parts.vae.config, dtype)
+    else:
+        parts = load_single_file(spec, path, dtype, v_parameterization, vae)
+    parts.tokenizers = load_tokenizers(spec.text_encoders, path if path.is_dir() else None, tokenizer_cache_dir)
+    return finish(parts, device)

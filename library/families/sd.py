@@ -1,0 +1,222 @@
+"""Stable Diffusion 1.x and 2.x (512 epsilon and 768-v): one class, two objects, ``SD1`` and ``SD2``.
+
+What differs between them is data: the text encoder (CLIP-L in HF layout vs OpenCLIP-H stored with stacked
+in_proj), the pad token, the shipped configs and the names used in metadata. SD2's text encoder is the diffusers one:
+OpenCLIP-H without its last block (23 layers), so its last hidden state *is* SD2's penultimate-layer conditioning and
+``clip_skip`` counts back from there, exactly as in sd-scripts (which warns that clip_skip with --v2 is unusual).
+
+v-prediction of an SD2 single file without a marker or metadata is guessed as ComfyUI does
+(``supported_models.SD20.model_type``): the released 768-v model's ``output_blocks.11.1.transformer_blocks.0.norm1
+.bias`` has a standard deviation above 0.09, the 512 base model's is below. sd-scripts never detects it (the user
+passes --v_parameterization); the flag always wins here too.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from . import text
+from .base import Cond, FamilySpec, Parts, TextEncoderSpec, module_device
+from .convert import UNET_PREFIX, hf_module_path
+from .latents import decode_latents, encode_latents
+from .loading import load_model
+from .saving import IMPL_SGM, save_family_model, with_kind
+from .tokenizers import PAD_CLIP_L, PAD_OPEN_CLIP
+
+log = logging.getLogger(__name__)
+
+
+def guess_sd2_prediction(sd: Mapping[str, Tensor]) -> str | None:
+    """Guess "v_prediction" / "epsilon" for a 4-channel SD2 UNet from one weight's spread (ComfyUI's test), else None."""
+    bias = sd.get(UNET_PREFIX + "output_blocks.11.1.transformer_blocks.0.norm1.bias")
+    conv_in = sd.get(UNET_PREFIX + "input_blocks.0.0.weight")
+    if bias is None or conv_in is None or conv_in.shape[1] != 4:
+        return None
+    return "v_prediction" if torch.std(bias.float(), correction=0) > 0.09 else "epsilon"
+
+
+SD1_SPEC = FamilySpec(
+    name="sd1",
+    title="SD1.x",
+    text_encoders=(
+        TextEncoderSpec(
+            "cond_stage_model.transformer.", "clip", False, PAD_CLIP_L, "openai/clip-vit-large-patch14", "emb_params"
+        ),
+    ),
+    configs={"epsilon": "sd15", "v_prediction": "sd15"},
+    pipeline_class="StableDiffusionPipeline",
+)
+SD2_SPEC = FamilySpec(
+    name="sd2",
+    title="SD2.x",
+    text_encoders=(
+        TextEncoderSpec(
+            "cond_stage_model.model.",
+            "open_clip",
+            False,
+            PAD_OPEN_CLIP,
+            "stabilityai/stable-diffusion-2",
+            "emb_params",
+            final_block_after=23,
+        ),
+    ),  # fmt: skip
+    configs={"epsilon": "sd2-512", "v_prediction": "sd2-768-v"},
+    pipeline_class="StableDiffusionPipeline",
+    guess_prediction=guess_sd2_prediction,
+)
+
+
+class SDFamily:
+    """SD 1.x / 2.x: a UNet conditioned on one text encoder's (B, 77·k, D) hidden states. See ``ModelFamily``."""
+
+    vae_scale = 0.18215
+    size_multiple = 64  # image sides are multiples of this (sd-scripts' bucket_reso_steps rule for SD1/2)
+    num_text_encoders = 1
+    ti_embedding_keys = ("emb_params",)
+
+    def __init__(
+        self,
+        spec: FamilySpec,
+        *,
+        version: str,
+        architectures: Mapping[str, str],
+        resolutions: Mapping[str, int],
+        warn_clip_skip: bool,
+    ) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self._version = version  # ss_base_model_version without the "_v" suffix
+        self._architectures = architectures  # prediction type -> modelspec architecture
+        self._resolutions = resolutions  # prediction type -> native resolution
+        self.resolution = max(resolutions.values())
+        self._warn_clip_skip = warn_clip_skip
+
+    def __repr__(self) -> str:
+        return f"<model family {self.name}>"
+
+    # ------------------------------------------------------------------------------------------- files
+    def load(
+        self,
+        path: str | Path,
+        *,
+        dtype: torch.dtype = torch.float32,
+        vae: str | Path | None = None,
+        v_parameterization: bool | None = None,
+        tokenizer_cache_dir: str | None = None,
+        device: Any = "cpu",
+    ) -> Parts:
+        """Load a diffusers folder or a single file (.safetensors / .ckpt). Modules come back frozen, in eval mode.
+
+        ``vae``: replacement VAE (``--vae``). ``v_parameterization``: None detects from the file, True/False forces.
+        ``tokenizer_cache_dir``: sd-scripts' ``--tokenizer_cache_dir`` (else the bundled offline tokenizer).
+        Raises ``FileNotFoundError`` / ``ValueError`` naming the path and what was expected.
+        """
+        return load_model(
+            self.spec, path, dtype=dtype, vae=vae, v_parameterization=v_parameterization,
+            tokenizer_cache_dir=tokenizer_cache_dir, device=device,
+        )  # fmt: skip
+
+    def save(
+        self,
+        parts: Parts,
+        path: str | Path,
+        *,
+        dtype: torch.dtype | None = None,
+        metadata: Mapping[str, str] | None = None,
+    ) -> Path:
+        """Save the full model: ``*.safetensors`` / ``*.ckpt`` single file, else a diffusers folder (atomic)."""
+        return save_family_model(self, parts, path, dtype, metadata)
+
+    # ------------------------------------------------------------------------------------------- prompts
+    def tokenize(self, parts: Parts, captions: list[str], max_token_length: int | None = None) -> list[Tensor]:
+        """``[ids (B, 77·k)]`` for ``--max_token_length`` None/75 (k=1), 150 (k=2), 225 (k=3), as sd-scripts."""
+        return [text.tokenize(parts.tokenizers[0], captions, max_token_length)]
+
+    def encode_tokens(self, parts: Parts, tokens: list[Tensor], clip_skip: int | None = None) -> Cond:
+        """Cond with hidden states (B, 77, D) or (B, 75·k+2, D); ``clip_skip`` n>=2: hidden_states[-n] + final norm.
+
+        Runs with autograd as the caller has it (wrap in ``torch.no_grad()`` unless the text encoder is trained).
+        """
+        te = parts.text_encoders[0]
+        if clip_skip is not None and clip_skip > 1 and self._warn_clip_skip:
+            log.warning("--clip_skip %d with SD2: SD2 already uses OpenCLIP's penultimate layer", clip_skip)
+            self._warn_clip_skip = False
+        ids, batch, n = text.split_chunks(tokens[0])
+        hidden = text.clip_skip_states(te, ids.to(module_device(te)), clip_skip)
+        return Cond(text.merge_chunks(hidden, batch, n))
+
+    def encode_prompt(
+        self, parts: Parts, captions: list[str], clip_skip: int | None = None, max_token_length: int | None = None
+    ) -> Cond:
+        """:meth:`tokenize` then :meth:`encode_tokens`."""
+        return self.encode_tokens(parts, self.tokenize(parts, captions, max_token_length), clip_skip)
+
+    # ------------------------------------------------------------------------------------------- denoising
+    def predict(
+        self, unet: nn.Module, noisy: Tensor, t: Tensor, cond: Cond, *, time_ids: Tensor | None = None
+    ) -> Tensor:
+        """UNet output (B, 4, h, w) for noisy latents (B, 4, h, w) at timesteps t (B,): epsilon or v, per the model."""
+        if time_ids is not None:
+            raise ValueError(f"{self.name} takes no size/crop time_ids (only SDXL does)")
+        return unet(noisy, t, encoder_hidden_states=cond.hidden_states).sample
+
+    def size_conditioning(self, original_sizes: Any, crop_top_lefts: Any, target_sizes: Any) -> None:
+        """SD 1.x / 2.x take no size/crop conditioning (see SDXL.size_conditioning)."""
+        return None
+
+    def encode_latents(self, parts: Parts, pixels: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        """(B, 3, H, W) in [-1, 1] -> (B, 4, H/8, W/8) sampled latents times 0.18215."""
+        return encode_latents(parts.vae, pixels, self.vae_scale, generator)
+
+    def decode_latents(self, parts: Parts, latents: Tensor) -> Tensor:
+        """(B, 4, h, w) latents -> (B, 3, 8h, 8w) pixels in [-1, 1]."""
+        return decode_latents(parts.vae, latents, self.vae_scale)
+
+    # ------------------------------------------------------------------------------------------- names
+    def adapter_roots(self, parts: Parts) -> list[tuple[str, nn.Module, Callable[[str], str]]]:
+        """(kohya prefix, module, rename): UNet paths are kept (diffusers names, as sd-scripts' SD1/2 UNet), text
+        encoder paths get the ``text_model.`` level."""
+        te = parts.text_encoders[0]
+        return [("lora_unet", parts.unet, _identity), ("lora_te", te, hf_module_path(te))]
+
+    def base_model_version(self, prediction_type: str = "epsilon") -> str:
+        """``ss_base_model_version``: sd_v1 / sd_v1_v / sd_v2 / sd_v2_v."""
+        return self._version + ("_v" if prediction_type == "v_prediction" else "")
+
+    def modelspec_architecture(self, kind: str = "", prediction_type: str = "epsilon") -> str:
+        """``modelspec.architecture``; ``kind`` "" (checkpoint), "lora" or "textual-inversion"."""
+        return with_kind(self._architectures[prediction_type], kind)
+
+    def modelspec_implementation(self, kind: str = "") -> str:
+        """``modelspec.implementation``: "diffusers" for SD1/2 LoRA, the sgm URL for TI and checkpoints (sd-scripts)."""
+        return "diffusers" if kind == "lora" else IMPL_SGM
+
+    def default_resolution(self, prediction_type: str = "epsilon") -> int:
+        """Native resolution: 768 for SD2 v-prediction (768-v), else 512."""
+        return self._resolutions[prediction_type]
+
+
+def _identity(path: str) -> str:
+    return path
+
+
+SD1 = SDFamily(
+    SD1_SPEC,
+    version="sd_v1",
+    architectures={"epsilon": "stable-diffusion-v1", "v_prediction": "stable-diffusion-v1"},
+    resolutions={"epsilon": 512, "v_prediction": 512},
+    warn_clip_skip=False,
+)
+SD2 = SDFamily(
+    SD2_SPEC,
+    version="sd_v2",
+    architectures={"epsilon": "stable-diffusion-v2-512", "v_prediction": "stable-diffusion-v2-768-v"},
+    resolutions={"epsilon": 512, "v_prediction": 768},
+    warn_clip_skip=True,
+)

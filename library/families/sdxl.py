@@ -1,0 +1,193 @@
+"""Stable Diffusion XL (base 1.0 and its fine-tunes, incl. v-prediction / zero-terminal-SNR ones): ``SDXL``.
+
+Conditioning, as sd-scripts (``strategy_sdxl.py``) and diffusers' ``StableDiffusionXLPipeline.encode_prompt``:
+CLIP-L's and OpenCLIP-bigG's penultimate hidden states (no final LayerNorm) concatenated on the feature axis
+(768 + 1280 = 2048), the pooled text embedding of bigG (projected, from the first chunk), and six size/crop numbers
+per sample (``time_ids``). sd-scripts indexes CLIP-L's ``hidden_states[11]``, which is ``hidden_states[-2]`` of the
+12-layer model; ``[-2]`` is used here so models of any depth work. ``clip_skip`` does not apply to SDXL (sd-scripts
+warns and ignores it; so does this family).
+
+Kohya SDXL LoRA keys name UNet modules by their original (sgm) paths: ``adapter_roots`` maps diffusers paths
+through ``unet_keys.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from . import text
+from .base import Cond, FamilySpec, Parts, TextEncoderSpec, module_device
+from .convert import hf_module_path
+from .latents import decode_latents, encode_latents
+from .loading import load_model
+from .saving import IMPL_SGM, save_family_model, with_kind
+from .tokenizers import PAD_CLIP_L, PAD_OPEN_CLIP
+from .unet_keys import block_map, diffusers_to_ldm
+
+log = logging.getLogger(__name__)
+
+SDXL_SPEC = FamilySpec(
+    name="sdxl",
+    title="SDXL",
+    text_encoders=(
+        TextEncoderSpec(
+            "conditioner.embedders.0.transformer.", "clip", False, PAD_CLIP_L, "openai/clip-vit-large-patch14", "clip_l"
+        ),
+        TextEncoderSpec(
+            "conditioner.embedders.1.model.",
+            "open_clip",
+            True,
+            PAD_OPEN_CLIP,
+            "laion/CLIP-ViT-bigG-14-laion2B-39B-b160k",
+            "clip_g",
+        ),
+    ),  # fmt: skip
+    configs={"epsilon": "sdxl-base", "v_prediction": "sdxl-base"},
+    pipeline_class="StableDiffusionXLPipeline",
+)
+
+
+class SDXLFamily:
+    """SDXL: two text encoders, pooled embedding and size/crop conditioning. See ``ModelFamily``."""
+
+    name = "sdxl"
+    spec = SDXL_SPEC
+    vae_scale = 0.13025
+    size_multiple = 32  # sd-scripts allows bucket steps of 32 for SDXL
+    resolution = 1024
+    num_text_encoders = 2
+    ti_embedding_keys = ("clip_l", "clip_g")
+
+    def __init__(self) -> None:
+        self._warned_clip_skip = False
+
+    def __repr__(self) -> str:
+        return "<model family sdxl>"
+
+    # ------------------------------------------------------------------------------------------- files
+    def load(
+        self,
+        path: str | Path,
+        *,
+        dtype: torch.dtype = torch.float32,
+        vae: str | Path | None = None,
+        v_parameterization: bool | None = None,
+        tokenizer_cache_dir: str | None = None,
+        device: Any = "cpu",
+    ) -> Parts:
+        """Load a diffusers folder or a single file; see ``SDFamily.load`` (v-prediction also from ``v_pred``)."""
+        return load_model(
+            self.spec, path, dtype=dtype, vae=vae, v_parameterization=v_parameterization,
+            tokenizer_cache_dir=tokenizer_cache_dir, device=device,
+        )  # fmt: skip
+
+    def save(
+        self,
+        parts: Parts,
+        path: str | Path,
+        *,
+        dtype: torch.dtype | None = None,
+        metadata: Mapping[str, str] | None = None,
+    ) -> Path:
+        """Save the full model: ``*.safetensors`` / ``*.ckpt`` single file (sgm keys), else a diffusers folder."""
+        return save_family_model(self, parts, path, dtype, metadata)
+
+    # ------------------------------------------------------------------------------------------- prompts
+    def tokenize(self, parts: Parts, captions: list[str], max_token_length: int | None = None) -> list[Tensor]:
+        """``[ids for CLIP-L (B, 77·k), ids for bigG (B, 77·k)]`` (bigG pads with "!")."""
+        return [text.tokenize(tok, captions, max_token_length) for tok in parts.tokenizers]
+
+    def encode_tokens(self, parts: Parts, tokens: list[Tensor], clip_skip: int | None = None) -> Cond:
+        """Cond(hidden (B, 77 or 75·k+2, D1+D2), pooled (B, P2)). ``clip_skip`` is ignored, with a warning."""
+        if clip_skip is not None and not self._warned_clip_skip:
+            log.warning("--clip_skip %d is ignored for SDXL (it always uses the penultimate layers)", clip_skip)
+            self._warned_clip_skip = True
+        te1, te2 = parts.text_encoders
+        ids1, batch, n = text.split_chunks(tokens[0])
+        ids2, _, _ = text.split_chunks(tokens[1])
+        out1 = te1(ids1.to(module_device(te1)), output_hidden_states=True, return_dict=True)
+        out2 = te2(ids2.to(module_device(te2)), output_hidden_states=True, return_dict=True)
+        hidden1 = text.merge_chunks(out1.hidden_states[-2], batch, n)
+        hidden2 = text.merge_chunks(out2.hidden_states[-2], batch, n)
+        pooled = text.eos_pooled(te2, out2.last_hidden_state, ids2, parts.tokenizers[1].eos_token_id)[::n]
+        return Cond(torch.cat([hidden1, hidden2.to(hidden1.dtype)], dim=-1), pooled)
+
+    def encode_prompt(
+        self, parts: Parts, captions: list[str], clip_skip: int | None = None, max_token_length: int | None = None
+    ) -> Cond:
+        """:meth:`tokenize` then :meth:`encode_tokens`."""
+        return self.encode_tokens(parts, self.tokenize(parts, captions, max_token_length), clip_skip)
+
+    # ------------------------------------------------------------------------------------------- denoising
+    @staticmethod
+    def time_ids(
+        original_sizes: Sequence[Sequence[int]],
+        crop_top_lefts: Sequence[Sequence[int]],
+        target_sizes: Sequence[Sequence[int]],
+    ) -> Tensor:
+        """(B, 6) float32 ``[orig_h, orig_w, crop_top, crop_left, target_h, target_w]`` per sample (sizes as (h, w))."""
+        if not len(original_sizes) == len(crop_top_lefts) == len(target_sizes):
+            raise ValueError("time_ids: original_sizes, crop_top_lefts and target_sizes must have one entry per sample")
+        rows = [[*o, *c, *t] for o, c, t in zip(original_sizes, crop_top_lefts, target_sizes)]
+        if any(len(r) != 6 for r in rows):
+            raise ValueError("time_ids: every size and crop must be a pair (h, w) / (top, left)")
+        return torch.tensor(rows, dtype=torch.float32)
+
+    def predict(
+        self, unet: nn.Module, noisy: Tensor, t: Tensor, cond: Cond, *, time_ids: Tensor | None = None
+    ) -> Tensor:
+        """UNet output (B, 4, h, w); needs ``cond.pooled`` (B, P) and ``time_ids`` (B, 6) from :meth:`time_ids`."""
+        if time_ids is None or cond.pooled is None:
+            raise ValueError("SDXL needs the pooled text embedding and time_ids (SDXL.time_ids(...)) to predict")
+        added = {"text_embeds": cond.pooled, "time_ids": time_ids.to(noisy.device)}
+        return unet(noisy, t, encoder_hidden_states=cond.hidden_states, added_cond_kwargs=added).sample
+
+    def size_conditioning(self, original_sizes: Any, crop_top_lefts: Any, target_sizes: Any) -> Tensor:
+        """(B, 6) ``time_ids`` from per-sample (h, w) sizes / (top, left) crops (tensors (B, 2) or lists)."""
+        rows = [[int(v) for v in x] for x in (original_sizes, crop_top_lefts, target_sizes)]
+        return self.time_ids(*rows)
+
+    def encode_latents(self, parts: Parts, pixels: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        """(B, 3, H, W) in [-1, 1] -> (B, 4, H/8, W/8) sampled latents times 0.13025 (fp16 VAE upcast to fp32)."""
+        return encode_latents(parts.vae, pixels, self.vae_scale, generator)
+
+    def decode_latents(self, parts: Parts, latents: Tensor) -> Tensor:
+        """(B, 4, h, w) latents -> (B, 3, 8h, 8w) pixels in [-1, 1]."""
+        return decode_latents(parts.vae, latents, self.vae_scale)
+
+    # ------------------------------------------------------------------------------------------- names
+    def adapter_roots(self, parts: Parts) -> list[tuple[str, nn.Module, Callable[[str], str]]]:
+        """(kohya prefix, module, rename): UNet paths -> sgm names (``input_blocks.4.1...``; KeyError for modules
+        with no sgm name, e.g. ``time_proj``), text encoder paths with the ``text_model.`` level."""
+        unet = parts.unet
+        table = block_map(unet.config)
+        te1, te2 = parts.text_encoders
+        return [
+            ("lora_unet", unet, lambda path: diffusers_to_ldm(path, unet.config, table)),
+            ("lora_te1", te1, hf_module_path(te1)),
+            ("lora_te2", te2, hf_module_path(te2)),
+        ]
+
+    def base_model_version(self, prediction_type: str = "epsilon") -> str:
+        """``ss_base_model_version``: always ``sdxl_base_v1-0`` (as sd-scripts)."""
+        return "sdxl_base_v1-0"
+
+    def modelspec_architecture(self, kind: str = "", prediction_type: str = "epsilon") -> str:
+        """``stable-diffusion-xl-v1-base`` (+ "/lora" or "/textual-inversion")."""
+        return with_kind("stable-diffusion-xl-v1-base", kind)
+
+    def modelspec_implementation(self, kind: str = "") -> str:
+        """``modelspec.implementation``: the sgm URL for every SDXL file (sd-scripts)."""
+        return IMPL_SGM
+
+    def default_resolution(self, prediction_type: str = "epsilon") -> int:
+        return 1024
+
+
+SDXL = SDXLFamily()

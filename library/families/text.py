@@ -1,0 +1,91 @@
+"""Prompt tokenization and text-encoder outputs, exactly as sd-scripts computes them.
+
+sd-scripts (``library/strategy_base.py::_get_input_ids``, ``strategy_sd.py``, ``strategy_sdxl.py``):
+
+* ``--max_token_length`` unset (= 75): one 77-token sequence, ``<BOS> tokens <EOS> <PAD>...`` (truncated).
+* 150 / 225: the caption is tokenized to 152 / 227 tokens, then cut into 2 / 3 chunks of 77, each
+  ``<BOS> + 75 tokens + <last token of the whole sequence>``; for OpenCLIP tokenizers (pad "!" != EOS) a chunk
+  whose 75 tokens are all text ends with ``<EOS>`` and an empty chunk starts ``<BOS> <EOS>``. (With CLIP-L's pad =
+  EOS both rules change nothing.) The encoder runs on every chunk; the outputs are joined as
+  ``h[chunk 0][BOS]``, each chunk's 75 middle states, ``h[last chunk][last]`` -> 75·k + 2 states.
+* SDXL pooled output: TE2's final hidden state at the first ``<EOS>`` of the first chunk, through
+  ``text_projection`` (sd-scripts' ``_pool_workaround``; equals HF's own pooling unless added token ids exceed EOS,
+  as textual-inversion tokens do).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+CHUNK = 75
+SEQ = CHUNK + 2
+
+
+def num_chunks(max_token_length: int | None) -> int:
+    """1 for ``--max_token_length`` None/75, 2 for 150, 3 for 225; a ``ValueError`` otherwise."""
+    if max_token_length in (None, 75):
+        return 1
+    if max_token_length in (150, 225):
+        return max_token_length // CHUNK
+    raise ValueError(f"--max_token_length {max_token_length}: expected 75, 150 or 225 (unset means 75)")
+
+
+def tokenize(tokenizer, captions: list[str], max_token_length: int | None = None) -> Tensor:
+    """Token ids (B, 77·k) for ``captions``: k chunks of 77 laid out as sd-scripts does (module docstring)."""
+    n = num_chunks(max_token_length)
+    length = SEQ if n == 1 else CHUNK * n + 2
+    ids = tokenizer(list(captions), padding="max_length", truncation=True, max_length=length, return_tensors="pt")
+    ids = ids.input_ids
+    if n == 1:
+        return ids
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    chunks = []
+    for i in range(n):
+        chunk = torch.cat([ids[:, :1], ids[:, 1 + CHUNK * i : 1 + CHUNK * (i + 1)], ids[:, -1:]], dim=1)
+        full = (chunk[:, -2] != eos) & (chunk[:, -2] != pad)
+        chunk[full, -1] = eos
+        chunk[chunk[:, 1] == pad, 1] = eos
+        chunks.append(chunk)
+    return torch.cat(chunks, dim=1)
+
+
+def split_chunks(tokens: Tensor) -> tuple[Tensor, int, int]:
+    """(B, 77·k) ids -> ((B·k, 77) ids, B, k)."""
+    if tokens.ndim != 2 or tokens.shape[1] % SEQ:
+        raise ValueError(f"token ids must have shape (batch, 77·k), got {tuple(tokens.shape)}")
+    batch, n = tokens.shape[0], tokens.shape[1] // SEQ
+    return tokens.reshape(batch * n, SEQ), batch, n
+
+
+def merge_chunks(hidden: Tensor, batch: int, n: int) -> Tensor:
+    """(B·k, 77, D) per-chunk states -> (B, 77, D) for k = 1, else (B, 75·k + 2, D) (module docstring)."""
+    h = hidden.reshape(batch, n * SEQ, hidden.shape[-1])
+    if n == 1:
+        return h
+    middles = [h[:, SEQ * i + 1 : SEQ * i + 1 + CHUNK] for i in range(n)]
+    return torch.cat([h[:, :1], *middles, h[:, -1:]], dim=1)
+
+
+def final_layer_norm(text_encoder: nn.Module) -> nn.Module:
+    """The encoder's final LayerNorm (under ``text_model`` in transformers < 5.6, at the top level after)."""
+    return getattr(text_encoder, "text_model", text_encoder).final_layer_norm
+
+
+def clip_skip_states(text_encoder: nn.Module, ids: Tensor, clip_skip: int | None) -> Tensor:
+    """(N, 77, D): the last hidden state (clip_skip None/1) or ``hidden_states[-clip_skip]`` + final LayerNorm."""
+    layers = text_encoder.config.num_hidden_layers
+    if clip_skip is not None and not 1 <= clip_skip <= layers:
+        raise ValueError(f"--clip_skip {clip_skip}: the text encoder has {layers} layers; use 1 to {layers}")
+    if clip_skip is None or clip_skip == 1:
+        return text_encoder(ids)[0]
+    out = text_encoder(ids, output_hidden_states=True, return_dict=True)
+    return final_layer_norm(text_encoder)(out.hidden_states[-clip_skip])
+
+
+def eos_pooled(text_encoder: nn.Module, last_hidden: Tensor, ids: Tensor, eos_token_id: int) -> Tensor:
+    """(N, P): ``text_projection`` of the final hidden state at each row's first EOS token."""
+    index = (ids == eos_token_id).int().argmax(dim=1).to(last_hidden.device)
+    pooled = last_hidden[torch.arange(last_hidden.shape[0], device=last_hidden.device), index]
+    projection = text_encoder.text_projection
+    return projection(pooled.to(projection.weight.dtype)).to(last_hidden.dtype)

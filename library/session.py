@@ -1,0 +1,353 @@
+"""A training session: every configuration group read and cross-checked at once, then the run set up.
+
+``read_config(args)`` turns the parsed flags into one frozen :class:`TrainConfig` (all problems reported together,
+before anything heavy happens); ``start(cfg)`` creates the accelerator, reads the datasets (bucket report), loads
+the model, places it on the device in the right precision and fills the caches. The entry scripts compose these
+with the loop in view.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from library import data
+from library.config import ConfigError, from_namespace
+from library.families import detect_family, get_family
+from library.losses import LossConfig
+from library.noising import NoiseConfig, NoiseSchedule
+from library.optim import OptimConfig
+from library.runtime import RunConfig, make_accelerator, num_workers, seed_everything, set_attention, total_steps
+from library.sampling import SampleConfig
+from library.saving import SaveConfig
+from library.training import StepModels, text_cache_entry
+from networks.config import NetworkConfig
+
+logger = logging.getLogger("sdtrain")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    path: str
+    v2: bool = False
+    v_parameterization: bool = False
+    vae: str | None = None
+    tokenizer_cache_dir: str | None = None
+    clip_skip: int | None = None
+    max_token_length: int | None = None
+
+
+@dataclass(frozen=True)
+class TrackerConfig:
+    logging_dir: str | None = None
+    log_with: str | None = None
+    log_prefix: str | None = None
+    log_tracker_name: str | None = None
+    log_tracker_config: str | None = None
+    wandb_run_name: str | None = None
+    wandb_api_key: str | None = None
+    log_config: bool = False
+
+    @property
+    def trackers(self) -> list[str]:
+        if self.log_with == "all":
+            return ["tensorboard", "wandb"]
+        if self.log_with:
+            return [self.log_with]
+        return ["tensorboard"] if self.logging_dir else []
+
+
+@dataclass(frozen=True)
+class ValidationConfig:
+    validation_split: float = 0.0
+    validation_seed: int | None = None
+    validate_every_n_steps: int | None = None
+    validate_every_n_epochs: int | None = None
+    max_validation_steps: int | None = None
+
+
+@dataclass(frozen=True)
+class EMAConfig:
+    ema: bool = False
+    ema_decay: float = 0.999
+    ema_update_every: int = 1
+    ema_device: str = "same"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    family: Any
+    model: ModelConfig
+    run: RunConfig
+    data: data.DataArgs
+    noise: NoiseConfig
+    loss: LossConfig
+    optim: OptimConfig
+    network: NetworkConfig
+    save: SaveConfig
+    sample: SampleConfig
+    trackers: TrackerConfig
+    validation: ValidationConfig
+    ema: EMAConfig
+    unet_lr: float | None = None
+    text_encoder_lr: tuple[float, ...] | None = None
+    console_log_level: str | None = None
+    args: dict = field(default_factory=dict)  # the effective arguments, for metadata / --log_config
+
+    @property
+    def train_text_encoder(self) -> bool:
+        """sd-scripts: text-encoder adapters train unless --network_train_unet_only (a 0 lr drops them later)."""
+        return not self.network.train_unet_only
+
+
+def choose_family(args: argparse.Namespace, family_names: tuple[str, ...]) -> Any:
+    """SD1/SD2 for train_network.py (SD2 with --v2 or when the file says so), SDXL for the sdxl_ scripts."""
+    path = args.pretrained_model_name_or_path
+    detected = None
+    if path and Path(path).exists():
+        try:
+            detected = detect_family(path).name
+        except ValueError as e:
+            raise ConfigError([f"--pretrained_model_name_or_path {e}"]) from e
+    if "sdxl" in family_names:
+        if args.v2:
+            raise ConfigError(["--v2 selects Stable Diffusion 2.x; the sdxl_ scripts train SDXL models only"])
+        name = "sdxl"
+    else:
+        name = "sd2" if args.v2 else (detected if detected in ("sd1", "sd2") else "sd1")
+        if args.v2 and detected == "sd1":
+            raise ConfigError([f"--v2 is set but {path} is an SD 1.x model; remove --v2"])
+    if detected is not None and detected != name:
+        script = "sdxl_train_network.py" if detected == "sdxl" else "train_network.py"
+        raise ConfigError([f"{path} is an {detected} model but this script trains {name}; use {script}"])
+    return get_family(name)
+
+
+def read_config(args: argparse.Namespace, family_names: tuple[str, ...] = ("sd1", "sd2")) -> TrainConfig:
+    """Every group's reader and every cross-check; raises one :class:`ConfigError` listing all problems."""
+    problems: list[str] = []
+
+    def read(reader, *a, **kw):
+        try:
+            return reader(*a, **kw)
+        except ConfigError as e:
+            problems.extend(e.problems)
+        except ValueError as e:
+            problems.extend(str(e).splitlines()[1:] or [str(e)] if "\n  " in str(e) else [str(e)])
+        return None
+
+    if not args.pretrained_model_name_or_path:
+        problems.append("--pretrained_model_name_or_path is required: a diffusers folder or a .safetensors/.ckpt file")
+    family = read(choose_family, args, tuple(family_names))
+    values = dict(
+        model=from_namespace(ModelConfig, args, path=args.pretrained_model_name_or_path or ""),
+        run=read(RunConfig.from_args, args),
+        data=read(data.DataArgs.from_args, args),
+        noise=read(from_namespace, NoiseConfig, args),
+        loss=read(from_namespace, LossConfig, args),
+        optim=read(OptimConfig.from_args, args),
+        network=read(NetworkConfig.from_args, args),
+        save=read(SaveConfig.from_args, args),
+        sample=read(SampleConfig.from_args, args),
+        trackers=from_namespace(TrackerConfig, args),
+        validation=from_namespace(ValidationConfig, args),
+        ema=read(_ema_config, args),
+    )
+    problems += _cross_checks(args, values)
+    if problems:
+        raise ConfigError(problems)
+    return TrainConfig(
+        family=family,
+        unet_lr=args.unet_lr,
+        text_encoder_lr=tuple(args.text_encoder_lr) if args.text_encoder_lr else None,
+        console_log_level=args.console_log_level,
+        args={k: v for k, v in vars(args).items() if v is not None},
+        **values,
+    )
+
+
+def _ema_config(args: argparse.Namespace) -> EMAConfig:
+    cfg = from_namespace(EMAConfig, args)
+    if cfg.ema and not 0 < cfg.ema_decay < 1:
+        raise ConfigError([f"--ema_decay must be in (0, 1), got {cfg.ema_decay}"])
+    if cfg.ema and cfg.ema_update_every < 1:
+        raise ConfigError([f"--ema_update_every must be >= 1, got {cfg.ema_update_every}"])
+    return cfg
+
+
+def _cross_checks(args: argparse.Namespace, values: dict) -> list[str]:
+    problems = []
+    net, data_args = values.get("network"), values.get("data")
+    if data_args is not None and data_args.cache_text_encoder_outputs and net is not None and not net.train_unet_only:
+        problems.append(
+            "--cache_text_encoder_outputs needs --network_train_unet_only (cached text-encoder outputs cannot "
+            "train text-encoder adapters)"
+        )
+    if args.clip_skip is not None and args.clip_skip < 1:
+        problems.append(f"--clip_skip must be >= 1, got {args.clip_skip}")
+    if args.validation_split and not 0 < args.validation_split < 1:
+        problems.append(f"--validation_split must be in (0, 1), got {args.validation_split}")
+    if args.unet_lr is not None and args.unet_lr < 0:
+        problems.append(f"--unet_lr must be >= 0, got {args.unet_lr}")
+    return problems
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The run
+
+
+@dataclass
+class Run:
+    """The set-up run: accelerator, model parts on their devices, datasets, caches and the step inputs."""
+
+    cfg: TrainConfig
+    accelerator: Any
+    family: Any
+    parts: Any
+    plan: Any
+    schedule: NoiseSchedule
+    step_models: StepModels
+    latent_cache: Any = None
+    text_cache: Any = None
+
+    def make_loader(self) -> data.Loader:
+        acc = self.accelerator
+        return data.make_loader(
+            self.plan,
+            rank=acc.process_index,
+            world_size=acc.num_processes,
+            num_workers=num_workers(self.cfg.run),
+            persistent_workers=self.cfg.run.persistent_data_loader_workers,
+            pin_memory=acc.device.type == "cuda",
+            latent_cache=self.latent_cache,
+            text_cache=self.text_cache,
+            max_train_steps=self.cfg.run.max_train_steps,
+        )
+
+    def step_budget(self, loader: data.Loader) -> tuple[int, int]:
+        """(max_train_steps, num_epochs) from --max_train_steps / --max_train_epochs and the batches per epoch."""
+        return total_steps(self.cfg.run, loader.num_batches(0), 1)
+
+
+def start(cfg: TrainConfig) -> Run:
+    """Accelerator, seed, datasets (bucket report), model in the right precision, caches."""
+    logging.basicConfig(level=getattr(logging, cfg.console_log_level or "INFO"), format="%(levelname)s %(message)s")
+    trackers = cfg.trackers
+    accelerator = make_accelerator(cfg.run, log_with=trackers.trackers, logging_dir=trackers.logging_dir)
+    seed_everything(cfg.run.seed)
+    family = cfg.family
+    data_args = cfg.data
+    if not data_args.resolutions:
+        native = family.default_resolution("v_prediction" if cfg.model.v_parameterization else "epsilon")
+        data_args = dataclasses.replace(data_args, resolutions=((native, native),))
+    plan = data.build_datasets(
+        data_args,
+        grad_accum=cfg.run.gradient_accumulation_steps,
+        num_processes=accelerator.num_processes,
+        seed=cfg.run.seed,
+        size_multiple=family.size_multiple,
+        is_main_process=accelerator.is_main_process,
+    )
+    parts = load_model(cfg, accelerator)
+    v_pred = parts.prediction_type == "v_prediction"
+    noise = dataclasses.replace(cfg.noise, v_parameterization=v_pred)
+    loss = dataclasses.replace(cfg.loss, v_parameterization=v_pred, masked_loss=data_args.masked_loss)
+    schedule = NoiseSchedule.from_config(parts.scheduler_config, zero_terminal_snr=noise.zero_terminal_snr)
+    step_models = StepModels(
+        family=family,
+        parts=parts,
+        schedule=schedule,
+        noise=noise,
+        loss=loss,
+        unet=parts.unet,
+        clip_skip=cfg.model.clip_skip,
+        max_token_length=cfg.model.max_token_length,
+        train_text_encoder=cfg.train_text_encoder,
+        device=accelerator.device,
+        weight_dtype=cfg.run.weight_dtype,
+    )
+    run = Run(cfg, accelerator, family, parts, plan, schedule, step_models)
+    fill_caches(run)
+    return run
+
+
+def load_model(cfg: TrainConfig, accelerator: Any) -> Any:
+    """Load the base model; frozen weights in the mixed-precision dtype (VAE fp32 with --no_half_vae)."""
+    run = cfg.run
+    parts = cfg.family.load(
+        cfg.model.path,
+        dtype=run.weight_dtype,
+        vae=cfg.model.vae,
+        v_parameterization=True if cfg.model.v_parameterization else None,
+        tokenizer_cache_dir=cfg.model.tokenizer_cache_dir,
+        device=accelerator.device if run.lowram else "cpu",
+    )
+    if run.no_half_vae:
+        parts.vae.to(torch.float32)
+    for module in (parts.unet, *parts.text_encoders, parts.vae):
+        module.to(accelerator.device)
+    set_attention([parts.unet, parts.vae], run.attention)
+    if run.fp8_base or run.fp8_base_unet:
+        parts.unet.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=run.weight_dtype)
+        if run.fp8_base and not run.fp8_base_unet:
+            for te in parts.text_encoders:
+                te.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=run.weight_dtype)
+    if run.gradient_checkpointing:
+        parts.unet.enable_gradient_checkpointing()
+        if cfg.train_text_encoder:
+            for te in parts.text_encoders:
+                te.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if run.torch_compile:
+        parts.unet = torch.compile(parts.unet, backend=run.dynamo_backend)
+    return parts
+
+
+def module_identity(module: torch.nn.Module, extra: str = "") -> str:
+    """A short fingerprint of a module's weights and dtype (cache keys change when the encoder changes)."""
+    h = hashlib.sha256(extra.encode())
+    for name, t in sorted(module.state_dict().items()):
+        h.update(name.encode())
+        h.update(str(t.dtype).encode())
+        flat = t.detach().reshape(-1)
+        h.update(flat[:: max(1, flat.numel() // 4096)].float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def fill_caches(run: Run) -> None:
+    """``--cache_latents(_to_disk)`` and ``--cache_text_encoder_outputs(_to_disk)``; the VAE leaves the GPU after."""
+    cfg, acc, parts, family = run.cfg, run.accelerator, run.parts, run.family
+    if cfg.data.cache_latents:
+        gen = torch.Generator().manual_seed(cfg.run.seed)
+        vae_dtype = next(parts.vae.parameters()).dtype
+
+        def encode(pixels: torch.Tensor) -> torch.Tensor:
+            with torch.no_grad():
+                return family.encode_latents(parts, pixels.to(acc.device, vae_dtype), gen).float().cpu()
+
+        vae_id = module_identity(parts.vae, f"{family.name}/{vae_dtype}")
+        run.latent_cache = data.cache_latents(
+            run.plan, encode, vae_id, rank=acc.process_index, world_size=acc.num_processes
+        )
+        acc.wait_for_everyone()
+        parts.vae.to("cpu")
+    if cfg.data.cache_text_encoder_outputs:
+
+        def encode_text(captions: list[str]) -> dict[str, torch.Tensor]:
+            with torch.no_grad():
+                cond = family.encode_prompt(
+                    parts, captions, clip_skip=cfg.model.clip_skip, max_token_length=cfg.model.max_token_length
+                )
+            return {k: v.float().cpu() for k, v in text_cache_entry(cond).items()}
+
+        te_id = "+".join(module_identity(te) for te in parts.text_encoders)
+        te_id += f"/clip_skip={cfg.model.clip_skip}/max_len={cfg.model.max_token_length}"
+        run.text_cache = data.cache_text_encoder_outputs(run.plan, encode_text, te_id)
+        for te in parts.text_encoders:
+            te.to("cpu")

@@ -1,0 +1,360 @@
+"""Everything around the optimizer step of an adapter run: counters, gradient sync and clipping, EMA, logging,
+saves with metadata, samples, validation, resumable state, and the final summary.
+
+The loop itself stays in the entry script; it calls these methods at fixed points (see train_network.py).
+Gradient accumulation and multi-process gradient averaging are done here explicitly (not through DDP hooks): the
+adapter's forward runs inside the frozen UNet, which DDP cannot see, so gradients are all-reduced by hand at each
+optimizer step, and every accumulation window is known exactly (needed for bitwise-exact resume).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from library import metadata as md
+from library import saving
+from library.ema import EMA
+from library.optim import set_train_mode
+from library.runtime import capture_rng, restore_rng
+from library.training import validation_loss, validation_timesteps
+
+logger = logging.getLogger("sdtrain")
+
+
+@dataclass
+class Result:
+    """What a run produced (returned by ``main`` so tests and the demo can check it)."""
+
+    output: Path | None
+    steps: int
+    epochs: int
+    losses: list[float]
+    ema_output: Path | None = None
+    state: Path | None = None
+    interrupted: bool = False
+    failed: str | None = None
+    validation: list[tuple[int, float]] | None = None
+
+
+class Trainer:
+    def __init__(
+        self, run: Any, network: Any, optimizer: Any, scheduler: Any, loader: Any, max_steps: int, num_epochs: int
+    ):
+        self.run, self.cfg, self.acc = run, run.cfg, run.accelerator
+        self.network, self.optimizer, self.scheduler, self.loader = network, optimizer, scheduler, loader
+        self.max_steps, self.num_epochs = max_steps, num_epochs
+        self.params = [p for p in network.parameters() if p.requires_grad]
+        self.generator = torch.Generator().manual_seed(self.cfg.run.seed + 1009 * self.acc.process_index)
+        self.epoch = 0  # epoch index (0-based) the loop starts at
+        self.step = 0  # optimizer steps done
+        self.batches_in_epoch = 0  # batches consumed in the current epoch (this process)
+        self.window = 0  # batches in the current accumulation window
+        self._resume_skip: tuple[int, int] | None = None
+        self.losses: list[float] = []
+        self.validation: list[tuple[int, float]] = []
+        self.started_at = time.time()
+        ema_cfg = self.cfg.ema
+        self.ema = (
+            EMA(self.params, ema_cfg.ema_decay, ema_cfg.ema_update_every, "cpu" if ema_cfg.ema_device == "cpu" else None)
+            if ema_cfg.ema
+            else None
+        )
+        self._broadcast_initial_weights()
+        self._set_training(True)
+        self._init_trackers()
+        self.progress = self._progress_bar()
+
+    # -------------------------------------------------------------------------------------------- set-up
+    def _broadcast_initial_weights(self) -> None:
+        if self.acc.num_processes > 1:
+            from accelerate.utils import broadcast
+
+            with torch.no_grad():
+                for p in self.network.parameters():
+                    p.copy_(broadcast(p.detach().clone(), from_process=0))
+
+    def _set_training(self, mode: bool) -> None:
+        for layer in self.network.layers():
+            layer.train(mode)
+        set_train_mode(self.optimizer, mode)
+
+    def _init_trackers(self) -> None:
+        trackers = self.cfg.trackers
+        if not trackers.trackers:
+            return
+        name = trackers.log_tracker_name or "network_train"
+        config = {k: v for k, v in self.cfg.args.items() if isinstance(v, (int, float, str, bool))}
+        if not trackers.log_config:
+            config = {}
+        init_kwargs = {}
+        if trackers.log_tracker_config:
+            import toml
+
+            init_kwargs = toml.load(trackers.log_tracker_config)
+        if "wandb" in trackers.trackers and trackers.wandb_run_name:
+            init_kwargs.setdefault("wandb", {})["name"] = trackers.wandb_run_name
+        if trackers.log_prefix:
+            name = trackers.log_prefix + name
+        self.acc.init_trackers(name, config=config, init_kwargs=init_kwargs)
+
+    def _progress_bar(self):
+        from tqdm.auto import tqdm
+
+        return tqdm(total=self.max_steps, desc="steps", disable=not self.acc.is_local_main_process, smoothing=0.1)
+
+    # -------------------------------------------------------------------------------------------- the loop's hooks
+    def begin_epoch(self, epoch: int) -> None:
+        self.current_epoch = epoch
+        skip = self.skip_batches(epoch)
+        self.batches_in_epoch = skip
+        self.window = 0
+        self.epoch_batches = self.loader.num_batches(epoch)
+        logger.info("epoch %d/%d", epoch + 1, self.num_epochs)
+
+    def skip_batches(self, epoch: int) -> int:
+        if self._resume_skip and self._resume_skip[0] == epoch:
+            return self._resume_skip[1]
+        return 0
+
+    def loss_scale(self) -> float:
+        """1 / size of this batch's accumulation window (the last window of an epoch may be shorter)."""
+        accum = self.cfg.run.gradient_accumulation_steps
+        start = (self.batches_in_epoch // accum) * accum
+        return 1.0 / min(accum, self.epoch_batches - start)
+
+    def batch_done(self) -> bool:
+        """Count the batch; True when it closes an accumulation window (time for the optimizer step)."""
+        self.batches_in_epoch += 1
+        self.window += 1
+        accum = self.cfg.run.gradient_accumulation_steps
+        if self.window >= accum or self.batches_in_epoch >= self.epoch_batches:
+            self.window = 0
+            return True
+        return False
+
+    def sync_gradients(self) -> None:
+        """Average gradients over processes, then clip to --max_grad_norm (0 = off)."""
+        if self.acc.num_processes > 1:
+            for p in self.params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                p.grad = self.acc.reduce(p.grad, reduction="mean")
+        if self.cfg.optim.max_grad_norm:
+            self.acc.clip_grad_norm_(self.params, self.cfg.optim.max_grad_norm)
+
+    def step_done(self, loss: float) -> None:
+        self.step += 1
+        self.losses.append(loss)
+        if self.ema is not None:
+            self.ema.update(self.step)
+        logs = {}
+        if self.cfg.network.scale_weight_norms:
+            scaled, mean_norm, max_norm = self.network.apply_max_norm(self.cfg.network.scale_weight_norms)
+            logs = {"max_norm/keys_scaled": scaled, "norm/avg_key_norm": mean_norm, "max_norm/max_key_norm": max_norm}
+        self.progress.update(1)
+        self.pending_logs = logs
+
+    def log(self, values: dict[str, float]) -> None:
+        values = {**values, **getattr(self, "pending_logs", {})}
+        self.pending_logs = {}
+        if "loss/average" in values:
+            self.progress.set_postfix(loss=f"{values['loss/average']:.4f}", refresh=False)
+        if self.cfg.trackers.trackers:
+            self.acc.log(values, step=self.step)
+
+    def after_step(self) -> None:
+        save = self.cfg.save
+        if saving.save_step_now(save, self.step, self.max_steps):
+            self.save_model(saving.model_file(save, step=self.step), step=self.step)
+            saving.rotate(save, step=self.step) if self.acc.is_main_process else None
+            if save.save_state:
+                self.save_state(saving.state_dir(save, step=self.step))
+        self.sample(step=self.step)
+        v = self.cfg.validation
+        if v.validate_every_n_steps and self.step % v.validate_every_n_steps == 0:
+            self.validate()
+
+    def end_epoch(self, epoch_number: int) -> None:
+        """``epoch_number`` is 1-based (the epoch just finished)."""
+        self.epoch = epoch_number
+        save = self.cfg.save
+        if saving.save_epoch_now(save, epoch_number, self.num_epochs):
+            self.save_model(saving.model_file(save, epoch=epoch_number), epoch=epoch_number)
+            if self.acc.is_main_process:
+                saving.rotate(save, epoch=epoch_number, num_epochs=self.num_epochs)
+            if save.save_state:
+                self.save_state(saving.state_dir(save, epoch=epoch_number))
+        self.sample(epoch=epoch_number)
+        v = self.cfg.validation
+        if self.run.validation_loader is not None and (
+            (v.validate_every_n_epochs and epoch_number % v.validate_every_n_epochs == 0)
+            or (not v.validate_every_n_epochs and not v.validate_every_n_steps)
+        ):
+            self.validate()
+
+    # -------------------------------------------------------------------------------------------- samples, validation
+    def _eval_context(self):
+        import contextlib
+
+        stack = contextlib.ExitStack()
+        self._set_training(False)
+        stack.callback(self._set_training, True)
+        if self.ema is not None:
+            stack.enter_context(self.ema.applied())
+        return stack
+
+    def sample(self, *, step: int | None = None, epoch: int | None = None, at_first: bool = False) -> None:
+        from library import sampling
+
+        cfg = self.cfg.sample
+        if at_first:
+            if not cfg.sample_at_first:
+                return
+            step = 0
+        elif not sampling.should_sample(cfg, step=step, epoch=epoch):
+            return
+        with self._eval_context():
+            sampling.sample_during_training(
+                cfg,
+                self.run.family,
+                self.run.parts,
+                output_dir=self.cfg.save.output_dir,
+                output_name=self.cfg.save.output_name,
+                step=step if step is not None else self.step,
+                epoch=epoch,
+                accelerator=self.acc,
+            )
+
+    def validate(self) -> float | None:
+        loader = self.run.validation_loader
+        if loader is None:
+            return None
+        v = self.cfg.validation
+        seed = v.validation_seed if v.validation_seed is not None else self.cfg.run.seed
+        timesteps = validation_timesteps(self.run.step_models.noise, self.run.schedule)
+        with self._eval_context():
+            value = validation_loss(self.run.step_models, loader.epoch(0), seed, timesteps, v.max_validation_steps)
+        value = float(self.acc.reduce(torch.tensor(value, device=self.acc.device), "mean"))
+        self.validation.append((self.step, value))
+        logger.info("validation loss at step %d: %.5f", self.step, value)
+        self.log({"loss/validation": value})
+        return value
+
+    # -------------------------------------------------------------------------------------------- saving
+    def unwrapped(self):
+        return self.acc.unwrap_model(self.network)
+
+    def save_model(self, path: Path, *, step: int | None = None, epoch: int | None = None) -> Path | None:
+        """Write the adapter file (and ``<stem>-ema`` with EMA) on the main process, atomically, with metadata."""
+        self.acc.wait_for_everyone()
+        if not self.acc.is_main_process:
+            return None
+        set_train_mode(self.optimizer, False)
+        try:
+            network = self.unwrapped()
+            meta = self.file_metadata(step=step, epoch=epoch)
+            dtype = self.cfg.save.dtype
+            tensors = network.state_dict_for_file(dtype)
+            network.save(path, metadata=md.with_hashes(tensors, {**network.metadata(), **meta}), dtype=dtype)
+            logger.info("saved %s", path)
+            if self.ema is not None:
+                with self.ema.applied():
+                    ema_path = path.with_name(path.stem + "-ema" + path.suffix)
+                    tensors = network.state_dict_for_file(dtype)
+                    network.save(ema_path, metadata=md.with_hashes(tensors, {**network.metadata(), **meta}), dtype=dtype)
+        finally:
+            set_train_mode(self.optimizer, True)
+        return path
+
+    def file_metadata(self, *, step: int | None = None, epoch: int | None = None) -> dict[str, str]:
+        from library.run_metadata import adapter_metadata
+
+        return adapter_metadata(self, step=step, epoch=epoch)
+
+    def save_state(self, folder: Path | None = None, *, interrupted: bool = False) -> Path:
+        """Every process contributes its RNG states; the main process writes the folder atomically."""
+        save = self.cfg.save
+        if folder is None:
+            folder = saving.state_dir(save, step=self.step) if interrupted else saving.state_dir(save)
+        rng = capture_rng({"generator": self.generator})
+        rngs = self.acc.gather_for_metrics([rng], use_gather_object=True) if self.acc.num_processes > 1 else [rng]
+        if self.acc.is_main_process:
+            counters = {
+                "epoch": self.current_epoch if self.batches_in_epoch < self.epoch_batches else self.current_epoch + 1,
+                "batches_in_epoch": self.batches_in_epoch if self.batches_in_epoch < self.epoch_batches else 0,
+                "step": self.step,
+                "seed": self.cfg.run.seed,
+                "num_processes": self.acc.num_processes,
+                "losses": self.losses,
+            }
+            scaler = getattr(self.acc, "scaler", None)
+            saving.save_train_state(
+                folder,
+                trained=self.unwrapped().state_dict(),
+                optimizer=self.optimizer,
+                scheduler=self.scheduler,
+                counters=counters,
+                rngs=rngs,
+                ema=self.ema,
+                scaler=scaler,
+            )
+            if save.save_last_n_steps_state and not interrupted:
+                saving.rotate(save, step=self.step)
+            logger.info("saved state %s%s", folder, " (resume with --resume " + str(folder) + ")" if interrupted else "")
+        self.acc.wait_for_everyone()
+        return folder
+
+    def resume_if_asked(self) -> None:
+        folder = self.cfg.save.resume
+        if not folder:
+            return
+        state = saving.load_train_state(folder, self.acc.process_index)
+        counters = state["counters"]
+        if counters.get("num_processes", 1) != self.acc.num_processes:
+            raise ValueError(
+                f"--resume {folder}: the state was saved with {counters.get('num_processes')} processes, this run "
+                f"has {self.acc.num_processes}; resume with the same number of processes"
+            )
+        self.unwrapped().load_state_dict(state["trained"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.ema is not None and "ema" in state:
+            self.ema.load_state_dict(state["ema"])
+        if "scaler" in state and getattr(self.acc, "scaler", None) is not None:
+            self.acc.scaler.load_state_dict(state["scaler"])
+        if state["rng"] is not None:
+            restore_rng(state["rng"], {"generator": self.generator})
+        self.epoch, self.step = counters["epoch"], counters["step"]
+        self.losses = list(counters.get("losses", []))
+        self._resume_skip = (counters["epoch"], counters["batches_in_epoch"])
+        self.progress.update(self.step)
+        logger.info("resumed from %s at step %d (epoch %d)", folder, self.step, self.epoch + 1)
+
+    # -------------------------------------------------------------------------------------------- the end
+    def finish(self) -> Result:
+        save = self.cfg.save
+        path = saving.model_file(save)
+        self.save_model(path, step=self.step, epoch=self.epoch)
+        state = None
+        if save.save_state or save.save_state_on_train_end:
+            state = self.save_state(saving.state_dir(save))
+        self.acc.end_training()
+        self.progress.close()
+        ema_path = path.with_name(path.stem + "-ema" + path.suffix) if self.ema is not None else None
+        if self.acc.is_main_process:
+            summary = {"output": str(path), "steps": self.step, "seconds": round(time.time() - self.started_at, 1)}
+            if self.losses:
+                summary["final_loss_average"] = round(sum(self.losses[-20:]) / len(self.losses[-20:]), 5)
+            print("training finished: " + json.dumps(summary))
+        return Result(path, self.step, self.epoch, self.losses, ema_path, state, validation=self.validation)
+
+    def result(self, *, interrupted: bool = False, failed: str | None = None) -> Result:
+        self.progress.close()
+        return Result(None, self.step, self.epoch, self.losses, interrupted=interrupted, failed=failed)

@@ -1,0 +1,106 @@
+"""Train a LoRA-family adapter (LoRA, LoCon, LoHa, LoKr, DoRA) for SD 1.x / 2.x; SDXL: sdxl_train_network.py.
+
+    accelerate launch train_network.py --pretrained_model_name_or_path model.safetensors \
+        --dataset_config dataset.toml --output_dir out --network_module networks.lora --network_dim 16
+
+Takes sd-scripts' flags with the same meaning (``--config_file`` TOML too). ``python train_network.py --demo``
+trains a LoRA on a tiny model and example images the repo makes itself (no download).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from library import args as arg_groups
+from library import demo, sampling, session
+from library.config import add_config_args, parse_args
+from library.optim import add_optim_args, effective_lrs, make_optimizer, make_scheduler
+from library.trainer import Result, Trainer
+from library.training import Interrupt, LossTracker, NonFiniteLoss, batch_loss, check_finite
+from networks.config import add_network_args
+from networks.inject import prepare_network
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    demo.add_demo_args(parser)
+    for add in (
+        arg_groups.add_logging_args,
+        arg_groups.add_model_args,
+        arg_groups.add_dataset_args,
+        arg_groups.add_run_args,
+        arg_groups.add_save_args,
+        arg_groups.add_state_args,
+        arg_groups.add_tracker_args,
+        arg_groups.add_validation_args,
+        arg_groups.add_ema_args,
+        arg_groups.add_noise_args,
+        arg_groups.add_loss_args,
+        arg_groups.add_network_lr_args,
+        add_optim_args,
+        add_network_args,
+        sampling.add_sample_args,
+        add_config_args,
+    ):
+        add(parser)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, family_names: Sequence[str] = ("sd1", "sd2")) -> Result | None:
+    args = parse_args(build_parser(), demo.expand(argv, family_names))  # --config_file merged; --demo filled in
+    if args is None:  # --output_config wrote the file
+        return None
+    cfg = session.read_config(args, tuple(family_names))  # every group, every cross-check, all errors at once
+    run = session.start(cfg)  # accelerator, seed, dataset plan + bucket report, model, caches
+    network = prepare_network(cfg.network, run.family.adapter_roots(run.parts))
+    network.to(device=run.accelerator.device, dtype=cfg.run.train_dtype)
+    groups = network.param_groups(cfg.unet_lr, cfg.text_encoder_lr, cfg.optim.learning_rate)
+    optimizer = make_optimizer(cfg.optim, groups)
+    loader = run.make_loader()
+    max_steps, num_epochs = run.step_budget(loader)
+    scheduler = make_scheduler(cfg.optim, optimizer, max_steps, run.accelerator.num_processes)
+    optimizer, scheduler = run.accelerator.prepare(optimizer, scheduler)
+    trainer = Trainer(run, network, optimizer, scheduler, loader, max_steps, num_epochs)
+    trainer.resume_if_asked()  # exact: weights, optimizer, scheduler, EMA, RNG, data position, counters
+    trainer.sample(at_first=True)
+    tracker = LossTracker(window=loader.num_batches(0))
+
+    with Interrupt() as interrupt:
+        try:
+            for epoch in range(trainer.epoch, num_epochs):
+                trainer.begin_epoch(epoch)
+                for batch in loader.epoch(epoch, skip=trainer.skip_batches(epoch)):
+                    loss = batch_loss(run.step_models, batch, trainer.generator).mean()
+                    check_finite(loss, trainer.step + 1, epoch + 1)
+                    run.accelerator.backward(loss * trainer.loss_scale())
+                    if not trainer.batch_done():  # still accumulating gradients
+                        continue
+                    trainer.sync_gradients()  # average over processes, clip to --max_grad_norm
+                    optimizer.step()
+                    scheduler.step()
+                    optimizer.zero_grad(set_to_none=True)
+                    tracker.add(run.accelerator.reduce(loss.detach(), "mean").item())
+                    trainer.step_done(tracker.recent[-1])  # counters, EMA, --scale_weight_norms
+                    trainer.log({"loss/current": tracker.recent[-1], "loss/average": tracker.average,
+                                 **effective_lrs(optimizer)})  # fmt: skip
+                    trainer.after_step()  # step saves, samples, validation
+                    if interrupt.requested or trainer.step >= max_steps:
+                        break
+                if interrupt.requested:
+                    trainer.save_state(interrupted=True)
+                    return trainer.result(interrupted=True)
+                trainer.log({"loss/epoch_average": tracker.end_epoch()})
+                trainer.end_epoch(epoch + 1)  # epoch saves, samples, validation
+                if trainer.step >= max_steps:
+                    break
+        except NonFiniteLoss as e:
+            print(f"error: {e}", file=sys.stderr)
+            return trainer.result(failed=str(e))
+    return trainer.finish()  # final file (+ EMA file), final state, summary line
+
+
+if __name__ == "__main__":
+    result = main()
+    sys.exit(1 if result is not None and (result.failed or result.interrupted) else 0)
