@@ -18,7 +18,7 @@ import dataclasses
 import inspect
 import logging
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -67,11 +67,12 @@ def generate_batch(
     max_embeddings_multiples: int = DEFAULT_MAX_EMBEDDINGS_MULTIPLES,
     normalize: str = "original",
     zero_terminal_snr: bool = False,
-    autocast: contextlib.AbstractContextManager | None = None,
+    autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
 ) -> list[Image.Image]:
     """One image per spec; the specs must be resolved (:func:`resolve`) and share their settings
     (:func:`same_settings`); ``generators[i]`` draws image i's noise (a CPU generator gives the same image on any
-    device). ``scheduler`` overrides ``make_scheduler(spec.sampler, ...)``."""
+    device). ``scheduler`` overrides ``make_scheduler(spec.sampler, ...)``. ``autocast``: a factory of the autocast
+    context to run in (e.g. ``accelerator.autocast``)."""
     first = specs[0]
     if any(not same_settings(first, s) for s in specs[1:]):
         raise ValueError("generate_batch: the prompts of one batch must share size, steps, scale and sampler")
@@ -79,7 +80,7 @@ def generate_batch(
     pipe = family.pipeline(parts, scheduler)
     pipe.set_progress_bar_config(disable=True)
     texts = [s.prompt for s in specs] + [s.negative_prompt for s in specs]
-    with autocast or contextlib.nullcontext():
+    with autocast() if autocast is not None else contextlib.nullcontext():
         cond = encode_weighted(
             family, parts, texts, clip_skip=clip_skip, max_embeddings_multiples=max_embeddings_multiples,
             normalize=normalize,

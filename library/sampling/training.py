@@ -60,7 +60,7 @@ def sample_during_training(
     log.info("generating %d sample image(s) at step %d", len(specs), step)
     rng = capture_rng()
     modes = _enter_eval(parts)
-    autocast = accelerator.autocast() if accelerator is not None else None
+    autocast = accelerator.autocast if accelerator is not None else None
     try:
         with ema_context or contextlib.nullcontext():
             results = [_one(cfg, family, parts, spec, autocast) for spec in specs]
