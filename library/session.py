@@ -216,18 +216,21 @@ class Run:
     step_models: StepModels
     latent_cache: Any = None
     text_cache: Any = None
+    validation_loader: Any = None  # batches of the held-out images (--validation_split), or None
+    validation_latent_cache: Any = None
+    validation_text_cache: Any = None
 
-    def make_loader(self) -> data.Loader:
+    def make_loader(self, validation: bool = False) -> data.Loader:
         acc = self.accelerator
         return data.make_loader(
-            self.plan,
+            self.plan.validation if validation else self.plan,
             rank=acc.process_index,
             world_size=acc.num_processes,
             num_workers=num_workers(self.cfg.run),
             persistent_workers=self.cfg.run.persistent_data_loader_workers,
             pin_memory=acc.device.type == "cuda",
-            latent_cache=self.latent_cache,
-            text_cache=self.text_cache,
+            latent_cache=self.validation_latent_cache if validation else self.latent_cache,
+            text_cache=self.validation_text_cache if validation else self.text_cache,
             max_train_steps=self.cfg.run.max_train_steps,
         )
 
@@ -254,6 +257,8 @@ def start(cfg: TrainConfig) -> Run:
         seed=cfg.run.seed,
         size_multiple=family.size_multiple,
         is_main_process=accelerator.is_main_process,
+        validation_split=cfg.validation.validation_split,
+        validation_seed=cfg.validation.validation_seed,
     )
     parts = load_model(cfg, accelerator)
     v_pred = parts.prediction_type == "v_prediction"
@@ -275,6 +280,8 @@ def start(cfg: TrainConfig) -> Run:
     )
     run = Run(cfg, accelerator, family, parts, plan, schedule, step_models)
     fill_caches(run)
+    if plan.validation is not None:
+        run.validation_loader = run.make_loader(validation=True)
     return run
 
 
@@ -335,6 +342,10 @@ def fill_caches(run: Run) -> None:
         run.latent_cache = data.cache_latents(
             run.plan, encode, vae_id, rank=acc.process_index, world_size=acc.num_processes
         )
+        if run.plan.validation is not None:
+            run.validation_latent_cache = data.cache_latents(
+                run.plan.validation, encode, vae_id, rank=acc.process_index, world_size=acc.num_processes
+            )
         acc.wait_for_everyone()
         parts.vae.to("cpu")
     if cfg.data.cache_text_encoder_outputs:
@@ -349,5 +360,7 @@ def fill_caches(run: Run) -> None:
         te_id = "+".join(module_identity(te) for te in parts.text_encoders)
         te_id += f"/clip_skip={cfg.model.clip_skip}/max_len={cfg.model.max_token_length}"
         run.text_cache = data.cache_text_encoder_outputs(run.plan, encode_text, te_id)
+        if run.plan.validation is not None:
+            run.validation_text_cache = data.cache_text_encoder_outputs(run.plan.validation, encode_text, te_id)
         for te in parts.text_encoders:
             te.to("cpu")

@@ -62,7 +62,9 @@ class Trainer:
         self.started_at = time.time()
         ema_cfg = self.cfg.ema
         self.ema = (
-            EMA(self.params, ema_cfg.ema_decay, ema_cfg.ema_update_every, "cpu" if ema_cfg.ema_device == "cpu" else None)
+            EMA(
+                self.params, ema_cfg.ema_decay, ema_cfg.ema_update_every, "cpu" if ema_cfg.ema_device == "cpu" else None
+            )
             if ema_cfg.ema
             else None
         )
@@ -211,15 +213,14 @@ class Trainer:
         return stack
 
     def sample(self, *, step: int | None = None, epoch: int | None = None, at_first: bool = False) -> None:
+        """Sample if --sample_* asks for it now (``at_first``: before training, step 0)."""
         from library import sampling
 
-        cfg = self.cfg.sample
         if at_first:
-            if not cfg.sample_at_first:
-                return
             step = 0
-        elif not sampling.should_sample(cfg, step=step, epoch=epoch):
+        if not sampling.should_sample(self.cfg.sample, step=step, epoch=epoch):
             return
+        cfg = self.cfg.sample
         with self._eval_context():
             sampling.sample_during_training(
                 cfg,
@@ -268,7 +269,9 @@ class Trainer:
                 with self.ema.applied():
                     ema_path = path.with_name(path.stem + "-ema" + path.suffix)
                     tensors = network.state_dict_for_file(dtype)
-                    network.save(ema_path, metadata=md.with_hashes(tensors, {**network.metadata(), **meta}), dtype=dtype)
+                    network.save(
+                        ema_path, metadata=md.with_hashes(tensors, {**network.metadata(), **meta}), dtype=dtype
+                    )
         finally:
             set_train_mode(self.optimizer, True)
         return path
@@ -307,7 +310,9 @@ class Trainer:
             )
             if save.save_last_n_steps_state and not interrupted:
                 saving.rotate(save, step=self.step)
-            logger.info("saved state %s%s", folder, " (resume with --resume " + str(folder) + ")" if interrupted else "")
+            logger.info(
+                "saved state %s%s", folder, " (resume with --resume " + str(folder) + ")" if interrupted else ""
+            )
         self.acc.wait_for_everyone()
         return folder
 

@@ -58,3 +58,10 @@ def test_clear_errors(tmp_path):
     (tmp_path / "bad.safetensors").write_bytes(b"\x00" * 3)
     with pytest.raises(ValueError, match="bad.safetensors: not a valid safetensors"):
         load_state_dict(tmp_path / "bad.safetensors")
+
+
+def test_saved_file_has_default_permissions(tmp_path):
+    save_state_dict({"w": torch.ones(1)}, tmp_path / "p.safetensors")
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (tmp_path / "p.safetensors").stat().st_mode & 0o777 == 0o666 & ~umask

@@ -44,7 +44,9 @@ def test_round_trip(tmp_path):
 
 def test_cli_wins_and_sections_flatten(tmp_path):
     cfg = tmp_path / "c.toml"
-    cfg.write_text("[a]\nlearning_rate = 1\n[b]\nmax_train_steps = 5\ntext_encoder_lr = 0.5\nnetwork_args = \"conv_dim=4 algo=locon\"\n")
+    cfg.write_text(
+        '[a]\nlearning_rate = 1\n[b]\nmax_train_steps = 5\ntext_encoder_lr = 0.5\nnetwork_args = "conv_dim=4 algo=locon"\n'
+    )
     args = parse_args(_parser(), ["--config_file", str(cfg), "--max_train_steps", "7"])
     assert args.learning_rate == 1.0 and isinstance(args.learning_rate, float)
     assert args.max_train_steps == 7 and args.text_encoder_lr == [0.5]

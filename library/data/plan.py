@@ -6,7 +6,9 @@ Everything that can be wrong with the user's input is found here, before a model
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import math
 import os
 from dataclasses import dataclass, replace
 
@@ -44,6 +46,27 @@ class Plan:
     num_processes: int
     report: BucketReport
     warnings: tuple[str, ...]
+    validation: Plan | None = None  # the held-out images (``--validation_split``), batched like training
+
+
+def split_validation(records: list[ImageRecord], fraction: float, seed: int) -> tuple[list, list]:
+    """Hold out ``fraction`` of each subset's training images (never regularisation images) for validation.
+
+    Leak-free and deterministic: an image's place is decided by a hash of (seed, path), so the two sets never
+    overlap and the same seed always gives the same split, whatever the file order. Subsets with one image keep
+    it for training. Validation images are used once each (no repeats).
+    """
+    train, val = [], []
+    by_subset: dict[int, list[ImageRecord]] = {}
+    for r in records:
+        (train.append(r) if r.is_reg else by_subset.setdefault(r.subset_index, []).append(r))
+    for group in by_subset.values():
+        ranked = sorted(group, key=lambda r: hashlib.sha256(f"{seed}:{r.path}".encode()).hexdigest())
+        n_val = min(len(group) - 1, math.ceil(len(group) * fraction)) if fraction > 0 else 0
+        val += [replace(r, num_repeats=1) for r in ranked[:n_val]]
+        held = {r.path for r in ranked[:n_val]}
+        train += [r for r in group if r.path not in held]
+    return train, val
 
 
 def _scan_subset(subset: SubsetConfig, index: int, args: DataArgs, problems: Problems, corrupt: list[str]):
@@ -161,11 +184,14 @@ def _check_caching(config: DatasetConfig, args: DataArgs, problems: Problems) ->
                 )
 
 
-def _plan_dataset(config: DatasetConfig, args: DataArgs, problems: Problems, corrupt: list[str]) -> DatasetPlan:
+def _plan_dataset(
+    config: DatasetConfig, args: DataArgs, problems: Problems, corrupt: list[str], split: tuple[float, int]
+) -> tuple[DatasetPlan, DatasetPlan]:
     records: list[ImageRecord] = []
     for i, subset in enumerate(config.subsets):
         records += _scan_subset(subset, i, args, problems, corrupt)
     records = _skip_small(config, records, problems)
+    records, held_out = split_validation(records, *split)
     if records and all(r.is_reg for r in records):
         problems.error(config.where, "has only regularisation images; add training images (is_reg = false)")
     records, unused = balance_regularisation(records)
@@ -180,7 +206,8 @@ def _plan_dataset(config: DatasetConfig, args: DataArgs, problems: Problems, cor
             config.where,
             "some images have no mask (-masklabel.png / conditioning image / alpha); they train with a full mask",
         )
-    return DatasetPlan(config, tuple(records), _assign(config, records, problems), tuple(unused))
+    train = DatasetPlan(config, tuple(records), _assign(config, records, problems), tuple(unused))
+    return train, DatasetPlan(config, tuple(held_out), _assign(config, held_out, problems))
 
 
 def build_datasets(
@@ -191,6 +218,8 @@ def build_datasets(
     seed: int = 0,
     size_multiple: int = 64,
     is_main_process: bool = True,
+    validation_split: float = 0.0,
+    validation_seed: int | None = None,
 ) -> Plan:
     """Validate and read the datasets; print (and save, with ``--bucket_report``) the bucket report.
 
@@ -198,7 +227,8 @@ def build_datasets(
     Batch size comes from ``--train_batch_size`` or the dataset file. The main process prints the report to stdout
     and saves it; warnings are logged on every process. Raises one ValueError listing every problem:
     configuration errors first, then unreadable images (unless ``--skip_corrupt_images``), bad captions, images too
-    small, an empty dataset.
+    small, an empty dataset. ``validation_split``: fraction of each subset's training images held out (see
+    :func:`split_validation`) into ``plan.validation``; ``validation_seed`` defaults to ``seed``.
     """
     if grad_accum < 1 or num_processes < 1:
         raise ValueError(f"grad_accum ({grad_accum}) and num_processes ({num_processes}) must be >= 1")
@@ -209,7 +239,9 @@ def build_datasets(
         _check_caching(config, args, problems)
     problems.raise_if_any()
     corrupt: list[str] = []
-    datasets = tuple(_plan_dataset(c, args, problems, corrupt) for c in configs)
+    split = (validation_split, seed if validation_seed is None else validation_seed)
+    pairs = [_plan_dataset(c, args, problems, corrupt, split) for c in configs]
+    datasets = tuple(train for train, _ in pairs)
     if corrupt:
         if args.skip_corrupt_images:
             problems.warn("--skip_corrupt_images", f"{len(corrupt)} unreadable images left out: " + "; ".join(corrupt))
@@ -220,6 +252,10 @@ def build_datasets(
     problems.raise_if_any("dataset")
     report = build_report(datasets, grad_accum=grad_accum, num_processes=num_processes, seed=seed)
     plan = Plan(datasets, args, seed, grad_accum, num_processes, report, tuple(problems.warnings))
+    held_out = tuple(val for _, val in pairs if val.records)
+    if held_out:
+        val_report = build_report(held_out, grad_accum=1, num_processes=num_processes, seed=seed)
+        plan = replace(plan, validation=Plan(held_out, args, seed, 1, num_processes, val_report, ()))
     for w in plan.warnings:
         logger.warning(w)
     for w in report.warnings:
@@ -228,4 +264,7 @@ def build_datasets(
         print(report.to_text(), flush=True)
         if args.bucket_report:
             report.save(args.bucket_report)
+        if plan.validation is not None:
+            v = plan.validation.report
+            print(f"validation: {v.train_images} images held out ({v.batches_per_epoch} batches)", flush=True)
     return plan

@@ -150,8 +150,8 @@ class SDXLFamily:
 
     def size_conditioning(self, original_sizes: Any, crop_top_lefts: Any, target_sizes: Any) -> Tensor:
         """(B, 6) ``time_ids`` from per-sample (h, w) sizes / (top, left) crops (tensors (B, 2) or lists)."""
-        rows = [[int(v) for v in x] for x in (original_sizes, crop_top_lefts, target_sizes)]
-        return self.time_ids(*rows)
+        lists = [x.tolist() if isinstance(x, Tensor) else x for x in (original_sizes, crop_top_lefts, target_sizes)]
+        return self.time_ids(*([[int(v) for v in pair] for pair in x] for x in lists))
 
     def encode_latents(self, parts: Parts, pixels: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """(B, 3, H, W) in [-1, 1] -> (B, 4, H/8, W/8) sampled latents times 0.13025 (fp16 VAE upcast to fp32)."""

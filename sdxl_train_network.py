@@ -1,0 +1,12 @@
+"""Train a LoRA-family adapter for SDXL: train_network.py's recipe with the SDXL family (same flags).
+
+accelerate launch sdxl_train_network.py --pretrained_model_name_or_path sd_xl_base_1.0.safetensors ...
+"""
+
+import sys
+
+from train_network import main
+
+if __name__ == "__main__":
+    result = main(family_names=("sdxl",))
+    sys.exit(1 if result is not None and (result.failed or result.interrupted) else 0)
