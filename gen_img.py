@@ -86,8 +86,9 @@ def load_model(cfg: GenImgConfig) -> tuple[Any, Any]:
 
 
 def load_networks(cfg: GenImgConfig, family: Any, parts: Any) -> list[Any]:
-    """Apply every --network_weights file at its multiplier; merged into the weights with --network_merge (then
-    nothing is returned and a prompt's --am is an error)."""
+    """Apply the --network_weights files at their multipliers. One file stays a live adapter (a prompt's --am can
+    change its multiplier); several files, or --network_merge, are merged into the model weights one after the
+    other (exact for every algorithm; their multipliers are then fixed). Returns the live networks."""
     if not cfg.networks:
         return []
     import networks as adapters
@@ -97,20 +98,19 @@ def load_networks(cfg: GenImgConfig, family: Any, parts: Any) -> list[Any]:
         for net in cfg.networks:
             log.info("%s metadata: %s", net.weights, read_metadata(net.weights))
     roots = family.adapter_roots(parts)
-    if cfg.network_merge:
+    if cfg.network_merge or len(cfg.networks) > 1:
         if any(s.network_multipliers for s in cfg.prompts):
-            raise ValueError("a prompt sets --am (network multipliers) but --network_merge fixed them; drop one")
+            raise ValueError(
+                "a prompt sets --am (per-prompt network multipliers), which needs a single unmerged network; "
+                "use one --network_weights file without --network_merge, or drop --am"
+            )
         adapters.merge_files_into_base(
             [str(n.weights) for n in cfg.networks], [n.multiplier for n in cfg.networks], roots
         )
         return []
-    loaded = []
-    for net in cfg.networks:
-        network = adapters.network_from_file(net.weights, roots)
-        network.to(device=cfg.device, dtype=cfg.dtype)
-        network.set_multiplier(net.multiplier)
-        loaded.append(network)
-    return loaded
+    network = adapters.network_from_file(cfg.networks[0].weights, roots)
+    network.set_multiplier(cfg.networks[0].multiplier)
+    return [network]
 
 
 def set_multipliers(networks: list[Any], cfg: GenImgConfig, override: tuple[float, ...] | None) -> None:
