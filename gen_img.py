@@ -98,12 +98,7 @@ def load_networks(cfg: GenImgConfig, family: Any, parts: Any) -> list[Any]:
         for net in cfg.networks:
             log.info("%s metadata: %s", net.weights, read_metadata(net.weights))
     roots = family.adapter_roots(parts)
-    if cfg.network_merge or len(cfg.networks) > 1:
-        if any(s.network_multipliers for s in cfg.prompts):
-            raise ValueError(
-                "a prompt sets --am (per-prompt network multipliers), which needs a single unmerged network; "
-                "use one --network_weights file without --network_merge, or drop --am"
-            )
+    if cfg.network_merge or len(cfg.networks) > 1:  # GenImgConfig refused --am here
         adapters.merge_files_into_base(
             [str(n.weights) for n in cfg.networks], [n.multiplier for n in cfg.networks], roots
         )

@@ -114,3 +114,20 @@ def test_matches_diffusers_pipeline_with_its_own_prompt_encoding(tiny_parts, fam
     ).images[0]  # fmt: skip
     diff = np.abs(np.asarray(ours, np.int16) - np.asarray(theirs, np.int16)).max()
     assert diff <= 1, diff
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_on_gpu(tiny_parts, monkeypatch, dtype):
+    import copy
+
+    family, parts = _family("sdxl"), copy.deepcopy(tiny_parts["sdxl"])
+    for module in (parts.unet, parts.vae, *parts.text_encoders):
+        module.to("cuda", dtype)
+    seen = []
+    decode = family.decode_latents
+    monkeypatch.setattr(family, "decode_latents", lambda p, lat: seen.append(lat) or decode(p, lat))
+    spec = PromptSpec("a (red:1.2) cat", "blurry", width=64, height=64, steps=2, sampler="euler_a", seeds=(3,))
+    a, b = generate(family, parts, spec), generate(family, parts, spec)
+    assert a.size == (64, 64) and all(torch.isfinite(x).all() for x in seen)
+    assert np.abs(np.asarray(a, np.int16) - np.asarray(b, np.int16)).max() <= 1

@@ -225,8 +225,21 @@ def _networks(args: argparse.Namespace, problems: list[str]) -> list[NetworkSpec
     for path in weights:
         if not Path(path).is_file():
             problems.append(f"--network_weights {path}: no such file")
+    if (args.network_merge or len(weights) > 1) and _uses_am(args):
+        problems.append(
+            "a prompt sets --am (per-prompt network multipliers), which needs a single unmerged network; use one "
+            "--network_weights file without --network_merge, or drop --am"
+        )
     muls += [1.0] * (len(weights) - len(muls))
     return [NetworkSpec(m, Path(w), float(x)) for m, w, x in zip(modules, weights, muls)]
+
+
+def _uses_am(args: argparse.Namespace) -> bool:
+    try:
+        specs = [parse_prompt_line(args.prompt)] if args.prompt is not None else read_prompt_file(args.from_file)
+    except (FileNotFoundError, ConfigError, TypeError):
+        return False  # reported by _prompts
+    return any(s.network_multipliers for s in specs)
 
 
 def _check_model(args: argparse.Namespace, problems: list[str]) -> None:
