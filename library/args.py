@@ -11,6 +11,7 @@ import argparse
 
 from library.config import add_unsupported
 from library.data.schema import INTERPOLATIONS
+from library.saving import METADATA_NAMES
 
 
 def add_logging_args(parser: argparse.ArgumentParser) -> None:
@@ -119,19 +120,7 @@ def add_save_args(parser: argparse.ArgumentParser, default_format: str | None = 
         add_unsupported(g, flag, reason, type=str, default=None)
     add_unsupported(g, "--async_upload", reason, action="store_true")
     m = parser.add_argument_group("metadata")
-    for name in (
-        "title",
-        "author",
-        "description",
-        "license",
-        "tags",
-        "usage_hint",
-        "thumbnail",
-        "merged_from",
-        "trigger_phrase",
-        "preprocessor",
-        "is_negative_embedding",
-    ):
+    for name in METADATA_NAMES:
         m.add_argument(f"--metadata_{name}", type=str, default=None, help=f"modelspec.{name}")
 
 
@@ -145,9 +134,10 @@ def add_state_args(parser: argparse.ArgumentParser) -> None:
     reason = "download the state folder and pass it to --resume"
     add_unsupported(g, "--save_state_to_huggingface", reason, action="store_true")
     add_unsupported(g, "--resume_from_huggingface", reason, action="store_true")
-    g.add_argument("--initial_epoch", type=int, default=None, help="start counting epochs here (1 = first)")
-    g.add_argument("--initial_step", type=int, default=None, help="start counting steps here")
-    g.add_argument("--skip_until_initial_step", action="store_true", help="skip batches until --initial_step")
+    reason = "use --resume <state folder>: it restores the exact position, scheduler and RNG"
+    add_unsupported(g, "--initial_epoch", reason, type=int, default=None)
+    add_unsupported(g, "--initial_step", reason, type=int, default=None)
+    add_unsupported(g, "--skip_until_initial_step", reason, action="store_true")
 
 
 def add_tracker_args(parser: argparse.ArgumentParser) -> None:
@@ -223,18 +213,6 @@ def add_loss_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
-# sd-scripts flags of the dataset group that sdtrain does not implement: using one is an error, never ignored.
-UNSUPPORTED_DATASET_FLAGS: dict[str, str] = {
-    "dataset_class": "custom dataset classes are not supported yet; use --dataset_config (TOML/JSON) instead",
-    "debug_dataset": "--debug_dataset is not supported yet; the bucket report (--bucket_report) lists what will train",
-    "conditioning_data_dir": (
-        "--conditioning_data_dir on the command line is not supported (sd-scripts ignores it too); put "
-        "conditioning_data_dir in a [[datasets.subsets]] table of a --dataset_config file, or use alpha masks "
-        "(--alpha_mask) or <image>-masklabel.png files"
-    ),
-}
-
-
 def _sources(parser: argparse._ArgumentGroup) -> None:
     parser.add_argument(
         "--train_data_dir",
@@ -253,19 +231,23 @@ def _sources(parser: argparse._ArgumentGroup) -> None:
         default=None,
         help="dataset config file (.toml or .json); replaces --train_data_dir/--reg_data_dir/--in_json",
     )
-    parser.add_argument("--dataset_class", type=str, default=None, help="not supported yet")
+    add_unsupported(parser, "--dataset_class", "use --dataset_config (TOML/JSON) instead", type=str, default=None)
     parser.add_argument(
         "--cache_info",
         action="store_true",
         help="accepted for sd-scripts compatibility; sdtrain reads only image headers, nothing to cache",
     )
-    parser.add_argument("--debug_dataset", action="store_true", help="not supported yet")
+    add_unsupported(
+        parser, "--debug_dataset", "the bucket report (--bucket_report) lists what will train", action="store_true"
+    )
     parser.add_argument("--prior_loss_weight", type=float, default=1.0, help="loss weight of regularisation images")
-    parser.add_argument(
+    add_unsupported(
+        parser,
         "--conditioning_data_dir",
+        "on the command line (sd-scripts ignores it there too); put conditioning_data_dir in a [[datasets.subsets]] "
+        "table of a --dataset_config file, or use alpha masks (--alpha_mask) or <image>-masklabel.png files",
         type=str,
         default=None,
-        help="not supported on the command line; use the dataset-config subset key",
     )
     parser.add_argument("--train_batch_size", type=int, default=1, help="batch size per process")
 

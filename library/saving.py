@@ -27,6 +27,20 @@ import torch
 from library.checkpoints import load_state_dict, save_state_dict
 
 EXTENSIONS = {"safetensors": ".safetensors", "ckpt": ".ckpt", "pt": ".pt"}
+# --metadata_<name> flags, written as modelspec.<name>
+METADATA_NAMES = (
+    "title",
+    "author",
+    "description",
+    "license",
+    "tags",
+    "usage_hint",
+    "thumbnail",
+    "merged_from",
+    "trigger_phrase",
+    "preprocessor",
+    "is_negative_embedding",
+)
 PRECISIONS = {None: None, "float": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -68,7 +82,6 @@ class SaveConfig:
             from library.config import ConfigError
 
             raise ConfigError(problems)
-        names = [a[len("metadata_") :] for a in vars(args) if a.startswith("metadata_")]
         return cls(
             output_dir=args.output_dir,
             output_name=args.output_name,
@@ -86,7 +99,9 @@ class SaveConfig:
             resume=args.resume,
             no_metadata=args.no_metadata,
             training_comment=args.training_comment,
-            metadata={n: getattr(args, f"metadata_{n}") for n in names if getattr(args, f"metadata_{n}") is not None},
+            metadata={
+                n: getattr(args, f"metadata_{n}") for n in METADATA_NAMES if getattr(args, f"metadata_{n}", None)
+            },
         )
 
     @property

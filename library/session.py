@@ -99,6 +99,8 @@ class TrainConfig:
     unet_lr: float | None = None
     text_encoder_lr: tuple[float, ...] | None = None
     console_log_level: str | None = None
+    console_log_file: str | None = None
+    console_log_simple: bool = False
     args: dict = field(default_factory=dict)  # the effective arguments, for metadata / --log_config
 
     @property
@@ -168,6 +170,8 @@ def read_config(args: argparse.Namespace, family_names: tuple[str, ...] = ("sd1"
         unet_lr=args.unet_lr,
         text_encoder_lr=tuple(args.text_encoder_lr) if args.text_encoder_lr else None,
         console_log_level=args.console_log_level,
+        console_log_file=args.console_log_file,
+        console_log_simple=args.console_log_simple,
         args={k: v for k, v in vars(args).items() if v is not None},
         **values,
     )
@@ -241,7 +245,9 @@ class Run:
 
 def start(cfg: TrainConfig) -> Run:
     """Accelerator, seed, datasets (bucket report), model in the right precision, caches."""
-    logging.basicConfig(level=getattr(logging, cfg.console_log_level or "INFO"), format="%(levelname)s %(message)s")
+    setup_logging(cfg)
+    if cfg.args.get("highvram"):
+        logger.info("--highvram: sdtrain never empties the CUDA cache between caching batches (always 'high VRAM')")
     trackers = cfg.trackers
     accelerator = make_accelerator(cfg.run, log_with=trackers.trackers, logging_dir=trackers.logging_dir)
     seed_everything(cfg.run.seed)
@@ -283,6 +289,21 @@ def start(cfg: TrainConfig) -> Run:
     if plan.validation is not None:
         run.validation_loader = run.make_loader(validation=True)
     return run
+
+
+def setup_logging(cfg: TrainConfig) -> None:
+    """--console_log_level / --console_log_file / --console_log_simple, as sd-scripts."""
+    fmt = "%(message)s" if cfg.console_log_simple else "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    if not cfg.console_log_simple and not cfg.console_log_file:
+        fmt = "%(levelname)s %(message)s"
+    handler = logging.FileHandler(cfg.console_log_file) if cfg.console_log_file else logging.StreamHandler()
+    handler.setFormatter(logging.Formatter(fmt))
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if getattr(h, "_sdtrain", False)]:
+        root.removeHandler(old)
+    handler._sdtrain = True
+    root.addHandler(handler)
+    root.setLevel(getattr(logging, cfg.console_log_level or "INFO"))
 
 
 def load_model(cfg: TrainConfig, accelerator: Any) -> Any:

@@ -68,9 +68,7 @@ class DataArgs:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> DataArgs:
         """Read the parsed flags of ``library.args.add_dataset_args``; every problem is reported at once."""
-        from library.args import UNSUPPORTED_DATASET_FLAGS
-
-        errors = [f"--{name}: {why}" for name, why in UNSUPPORTED_DATASET_FLAGS.items() if getattr(args, name, None)]
+        errors: list[str] = []  # (flags sdtrain refuses are refused at parsing: library.config.add_unsupported)
         values = {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)}
         if getattr(args, "caption_extention", None):
             values["caption_extension"] = args.caption_extention

@@ -233,6 +233,9 @@ class Loader:
             num_workers=self.num_workers,
             persistent_workers=self.persistent_workers and self.num_workers > 0,
             pin_memory=self.pin_memory,
+            # its own generator: creating an iterator must not draw from the global RNG, which the training step
+            # uses (dropout), or a resumed run would drift from the uninterrupted one
+            generator=torch.Generator().manual_seed(self.plan.seed),
         )
 
     def num_batches(self, epoch: int = 0) -> int:
