@@ -177,3 +177,32 @@ def test_default_size_is_the_family_native_resolution(tiny_parts):
     sizes = {n: resolve(PromptSpec("a"), _family(n), tiny_parts[n]) for n in ("sd1", "sd2", "sdxl")}
     assert [(s.width, s.height) for s in sizes.values()] == [(512, 512), (768, 768), (1024, 1024)]
     assert sizes["sd1"].steps == 30 and sizes["sd1"].scale == 7.5 and sizes["sd1"].sampler == "ddim"
+
+
+def test_train_network_with_sampling_trains_identically(tiny_dir, tmp_path):
+    """End to end: train_network.py with samples at first and every 2 steps (and adapter dropout, which reads the
+    RNG) writes the same LoRA as the run without samples."""
+    pytest.importorskip("networks.inject", reason="needs the networks package (networks branch)")
+    import train_network
+    from library.checkpoints import load_state_dict
+    from library.demo import make_example_dataset
+
+    data = make_example_dataset(tmp_path / "data")
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("a red cat --w 64 --h 64 --s 2\na dog --w 64 --h 64 --s 2 --ss euler_a --d 3\n")
+
+    def run(out, *extra):
+        train_network.main([
+            "--pretrained_model_name_or_path", str(tiny_dir / "sd1"), "--train_data_dir", str(data),
+            "--caption_extension", ".txt", "--resolution", "64", "--output_dir", str(out), "--output_name", "t",
+            "--network_module", "networks.lora", "--network_dim", "4", "--network_alpha", "4",
+            "--network_dropout", "0.1", "--learning_rate", "1e-3", "--train_batch_size", "2",
+            "--max_train_steps", "4", "--max_data_loader_n_workers", "0", "--seed", "1", *extra,
+        ], family_names=("sd1", "sd2"))  # fmt: skip
+        return load_state_dict(out / "t.safetensors")[0]
+
+    plain = run(tmp_path / "a")
+    sampled = run(tmp_path / "b", "--sample_prompts", str(prompts), "--sample_every_n_steps", "2", "--sample_at_first")
+    assert plain.keys() == sampled.keys() and all(torch.equal(plain[k], sampled[k]) for k in plain)
+    names = sorted(p.name for p in (tmp_path / "b" / "sample").iterdir())
+    assert len(names) == 9 and sum("_grid_" in n for n in names) == 3
