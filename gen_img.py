@@ -44,7 +44,9 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
     args = parse_args(build_parser(), argv)
     if args is None:  # --output_config wrote the arguments
         return []
-    logging.basicConfig(level=args.console_log_level or "INFO", format="%(levelname)s %(name)s: %(message)s")
+    handler = logging.FileHandler(args.console_log_file) if args.console_log_file else logging.StreamHandler()
+    fmt = "%(message)s" if args.console_log_simple else "%(levelname)s %(name)s: %(message)s"
+    logging.basicConfig(level=args.console_log_level or "INFO", format=fmt, handlers=[handler])
     cfg = GenImgConfig.from_args(args)
     family, parts = load_model(cfg)
     networks = load_networks(cfg, family, parts)

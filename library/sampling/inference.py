@@ -67,7 +67,18 @@ _UNSUPPORTED_FLAGS = {
 
 
 def add_gen_img_args(parser: argparse.ArgumentParser) -> None:
-    """sd-scripts gen_img.py's flags that matter for SD1/SD2/SDXL text-to-image."""
+    """sd-scripts gen_img.py's flags that matter for SD1/SD2/SDXL text-to-image (and the refused ones)."""
+    _add_model_args(parser)
+    _add_image_args(parser)
+    _add_extra_args(parser)
+    g = parser.add_argument_group("not supported")
+    for flag, reason in _UNSUPPORTED_STORE.items():
+        add_unsupported(g, flag, f"{reason} is not supported", default=None)
+    for flag, reason in _UNSUPPORTED_FLAGS.items():
+        add_unsupported(g, flag, reason, action="store_true")
+
+
+def _add_model_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("model")
     g.add_argument("--ckpt", type=str, default=None, help="model: a diffusers folder or a single file")
     g.add_argument("--v1", action="store_true", help="the model is SD 1.x (default: detected from the file)")
@@ -76,6 +87,9 @@ def add_gen_img_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--v_parameterization", action="store_true", help="the model predicts v (SD2 768-v, v-pred SDXL)")
     g.add_argument("--vae", type=str, default=None, help="replace the model's VAE")
     g.add_argument("--tokenizer_cache_dir", type=str, default=None, help="folder with tokenizers (offline use)")
+
+
+def _add_image_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("prompts and images")
     g.add_argument("--prompt", type=str, default=None, help="prompt (inline options such as --n, --w, --d allowed)")
     g.add_argument("--from_file", type=str, default=None, help="prompt file: .txt (one prompt a line), .toml, .json")
@@ -99,6 +113,9 @@ def add_gen_img_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--clip_skip", type=int, default=None, help="use the n-th last text-encoder layer (SD1/SD2)")
     g.add_argument("--max_embeddings_multiples", type=int, default=None, help="prompts up to 75 x this many tokens")
     g.add_argument("--emb_normalize_mode", type=str, default="original", choices=["original", "none", "abs"])
+
+
+def _add_extra_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("adapters and embeddings")
     g.add_argument("--network_module", type=str, default=None, nargs="*", help="one module name per network")
     g.add_argument("--network_weights", type=str, default=None, nargs="*", help="adapter files (any algorithm)")
@@ -114,11 +131,6 @@ def add_gen_img_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--sdpa", action="store_true", help="torch SDPA attention (the default)")
     g.add_argument("--opt_channels_last", action="store_true", help="channels-last memory format for the UNet")
     g.add_argument("--device", type=str, default=None, help="cuda / cpu (default: cuda when available)")
-    g = parser.add_argument_group("not supported")
-    for flag, reason in _UNSUPPORTED_STORE.items():
-        add_unsupported(g, flag, f"{reason} is not supported", default=None)
-    for flag, reason in _UNSUPPORTED_FLAGS.items():
-        add_unsupported(g, flag, reason, action="store_true")
 
 
 @dataclass(frozen=True)
