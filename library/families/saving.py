@@ -112,7 +112,7 @@ def atomic_dir(folder: Path) -> Iterator[Path]:
 def save_diffusers(spec: FamilySpec, parts: Parts, folder: Path, dtype: torch.dtype | None) -> Path:
     """Write ``parts`` as a diffusers pipeline folder loadable by ``DiffusionPipeline.from_pretrained``."""
     with atomic_dir(folder) as tmp:
-        _pipeline(spec, parts).save_config(tmp)  # model_index.json, exactly as diffusers writes it
+        make_pipeline(spec, parts).save_config(tmp)  # model_index.json, exactly as diffusers writes it
         for name, module in (("unet", parts.unet), ("vae", parts.vae)):
             module.save_config(tmp / name)
             _save_weights(module.state_dict(), tmp / name / "diffusion_pytorch_model.safetensors", dtype)
@@ -139,12 +139,16 @@ def _scheduler(spec: FamilySpec, config: Mapping[str, Any]) -> Any:
     return cls.from_config({k: v for k, v in config.items() if k != "_class_name"})
 
 
-def _pipeline(spec: FamilySpec, parts: Parts) -> Any:
-    """A pipeline object over ``parts`` (no copies), used only to write ``model_index.json``."""
+def make_pipeline(spec: FamilySpec, parts: Parts, scheduler: Any = None) -> Any:
+    """A diffusers pipeline of class ``spec.pipeline_class`` over ``parts`` (the same modules, no copies).
+
+    Writes ``model_index.json`` (scheduler from the model's config) and samples (``family.pipeline``, with the
+    sampler's ``scheduler``).
+    """
     import diffusers
 
     components: dict[str, Any] = {"unet": parts.unet, "vae": parts.vae}
-    components["scheduler"] = _scheduler(spec, parts.scheduler_config)
+    components["scheduler"] = scheduler if scheduler is not None else _scheduler(spec, parts.scheduler_config)
     for i, (te, tok) in enumerate(zip(parts.text_encoders, parts.tokenizers)):
         components[subfolder(i)] = te
         components[subfolder(i, "tokenizer")] = tok

@@ -26,7 +26,7 @@ from .base import Cond, FamilySpec, Parts, TextEncoderSpec, module_device
 from .convert import UNET_PREFIX, hf_module_path
 from .latents import decode_latents, encode_latents
 from .loading import load_model
-from .saving import IMPL_SGM, save_family_model, with_kind
+from .saving import IMPL_SGM, make_pipeline, save_family_model, with_kind
 from .tokenizers import PAD_CLIP_L, PAD_OPEN_CLIP
 
 log = logging.getLogger(__name__)
@@ -196,6 +196,11 @@ class SDFamily:
     def modelspec_implementation(self, kind: str = "") -> str:
         """``modelspec.implementation``: "diffusers" for SD1/2 LoRA, the sgm URL for TI and checkpoints (sd-scripts)."""
         return "diffusers" if kind == "lora" else IMPL_SGM
+
+    def pipeline(self, parts: Parts, scheduler: Any) -> Any:
+        """A diffusers ``StableDiffusionPipeline`` over ``parts`` (the same modules, no copies) with ``scheduler``,
+        for sampling: the one place that picks the pipeline class."""
+        return make_pipeline(self.spec, parts, scheduler)
 
     def default_resolution(self, prediction_type: str = "epsilon") -> int:
         """Native resolution: 768 for SD2 v-prediction (768-v), else 512."""

@@ -26,7 +26,7 @@ from .base import Cond, FamilySpec, Parts, TextEncoderSpec, module_device
 from .convert import hf_module_path
 from .latents import decode_latents, encode_latents
 from .loading import load_model
-from .saving import IMPL_SGM, save_family_model, with_kind
+from .saving import IMPL_SGM, make_pipeline, save_family_model, with_kind
 from .tokenizers import PAD_CLIP_L, PAD_OPEN_CLIP
 from .unet_keys import block_map, diffusers_to_ldm
 
@@ -185,6 +185,11 @@ class SDXLFamily:
     def modelspec_implementation(self, kind: str = "") -> str:
         """``modelspec.implementation``: the sgm URL for every SDXL file (sd-scripts)."""
         return IMPL_SGM
+
+    def pipeline(self, parts: Parts, scheduler: Any) -> Any:
+        """A diffusers ``StableDiffusionXLPipeline`` over ``parts`` (the same modules, no copies) with ``scheduler``,
+        for sampling: the one place that picks the pipeline class."""
+        return make_pipeline(self.spec, parts, scheduler)
 
     def default_resolution(self, prediction_type: str = "epsilon") -> int:
         return 1024

@@ -1,0 +1,157 @@
+"""Text-to-image for SD1 / SD2 / SDXL with adapters and embeddings, with sd-scripts' gen_img.py command line.
+
+    python gen_img.py --ckpt model.safetensors --prompt "a (cat:1.2) --n blurry --d 42" \\
+        --network_module networks.lora --network_weights my_lora.safetensors --network_mul 0.8 \\
+        --textual_inversion_embeddings mychar.safetensors --sampler euler_a --steps 28 --outdir out
+
+The family (SD1, SD2, SDXL) is detected from --ckpt (--v1 / --v2 / --sdxl override). Prompts use the sample-prompt
+syntax (``library.sampling.prompts``) and A1111 weighting (``library.prompt_weighting``). Several adapter files of any
+algorithm we train (LoRA, LoCon, LoHa, LoKr, DoRA; kohya / LyCORIS format) apply at once, each with its multiplier
+(a prompt's ``--am`` overrides them). Each PNG carries its prompt and settings as text chunks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from library.args import add_logging_args
+from library.config import add_config_args, parse_args
+from library.sampling.generate import generate_batch, resolve, same_settings
+from library.sampling.images import png_info, save_png
+from library.sampling.inference import GenImgConfig, Job, add_gen_img_args, plan_images
+
+log = logging.getLogger("gen_img")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_logging_args(parser)
+    add_config_args(parser)
+    add_gen_img_args(parser)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> list[Path]:
+    """Run gen_img with ``argv`` (default: the command line); returns the written image paths."""
+    args = parse_args(build_parser(), argv)
+    if args is None:  # --output_config wrote the arguments
+        return []
+    handler = logging.FileHandler(args.console_log_file) if args.console_log_file else logging.StreamHandler()
+    fmt = "%(message)s" if args.console_log_simple else "%(levelname)s %(name)s: %(message)s"
+    logging.basicConfig(level=args.console_log_level or "INFO", format=fmt, handlers=[handler])
+    cfg = GenImgConfig.from_args(args)
+    family, parts = load_model(cfg)
+    networks = load_networks(cfg, family, parts)
+    load_embeddings(cfg, family, parts)
+    specs = [resolve(s, family, parts, **cfg.defaults) for s in cfg.prompts]
+    jobs = plan_images(cfg, specs)
+    log.info("%d image(s) of %d prompt(s) with %s", len(jobs), len(specs), family.name)
+    written: list[Path] = []
+    with tqdm(total=len(jobs), unit="image") as bar:
+        for batch in batches(jobs, cfg.batch_size):
+            set_multipliers(networks, cfg, batch[0].spec.network_multipliers)
+            images = generate_batch(
+                family, parts, [j.spec for j in batch], [torch.Generator("cpu").manual_seed(j.seed) for j in batch],
+                clip_skip=cfg.clip_skip, max_embeddings_multiples=cfg.max_embeddings_multiples,
+                normalize=cfg.normalize,
+            )  # fmt: skip
+            for job, image in zip(batch, images):
+                written.append(save_image(cfg, job, image))
+            bar.update(len(batch))
+    log.info("wrote %d image(s) to %s", len(written), cfg.outdir)
+    return written
+
+
+def load_model(cfg: GenImgConfig) -> tuple[Any, Any]:
+    """The family (from the flags or detected from the file) and its loaded parts, ready for inference."""
+    from library.families import detect_family, get_family
+    from library.runtime import set_attention
+
+    family = get_family(cfg.family) if cfg.family else detect_family(cfg.ckpt)
+    parts = family.load(
+        cfg.ckpt, dtype=cfg.dtype, vae=cfg.vae, v_parameterization=True if cfg.v_parameterization else None,
+        tokenizer_cache_dir=cfg.tokenizer_cache_dir, device=cfg.device,
+    )  # fmt: skip
+    parts.vae.to(dtype=cfg.vae_dtype)
+    set_attention([parts.unet, parts.vae], cfg.attention)
+    if cfg.channels_last:
+        parts.unet.to(memory_format=torch.channels_last)
+    return family, parts
+
+
+def load_networks(cfg: GenImgConfig, family: Any, parts: Any) -> list[Any]:
+    """Apply the --network_weights files at their multipliers. One file stays a live adapter (a prompt's --am can
+    change its multiplier); several files, or --network_merge, are merged into the model weights one after the
+    other (exact for every algorithm; their multipliers are then fixed). Returns the live networks."""
+    if not cfg.networks:
+        return []
+    import networks as adapters
+    from library.checkpoints import read_metadata
+
+    if cfg.network_show_meta:
+        for net in cfg.networks:
+            log.info("%s metadata: %s", net.weights, read_metadata(net.weights))
+    roots = family.adapter_roots(parts)
+    if cfg.network_merge or len(cfg.networks) > 1:  # GenImgConfig refused --am here
+        adapters.merge_files_into_base(
+            [str(n.weights) for n in cfg.networks], [n.multiplier for n in cfg.networks], roots
+        )
+        return []
+    network = adapters.network_from_file(cfg.networks[0].weights, roots)
+    network.set_multiplier(cfg.networks[0].multiplier)
+    return [network]
+
+
+def set_multipliers(networks: list[Any], cfg: GenImgConfig, override: tuple[float, ...] | None) -> None:
+    """Each network's multiplier: the prompt's --am values (the last one repeats, as sd-scripts), else --network_mul."""
+    for i, (network, net) in enumerate(zip(networks, cfg.networks)):
+        value = net.multiplier if not override else override[min(i, len(override) - 1)]
+        if network.multiplier != value:
+            network.set_multiplier(value)
+
+
+def load_embeddings(cfg: GenImgConfig, family: Any, parts: Any) -> None:
+    from library.textual_inversion import add_embedding
+
+    for path in cfg.embeddings:
+        ids = add_embedding(family, parts, path)
+        log.info("embedding %s: %d vector(s), token %r", path.name, len(ids[0]), path.stem)
+
+
+def batches(jobs: list[Job], size: int) -> list[list[Job]]:
+    """Consecutive jobs with the same settings, at most ``size`` per batch."""
+    out: list[list[Job]] = []
+    for job in jobs:
+        if out and len(out[-1]) < size and same_settings(out[-1][0].spec, job.spec):
+            out[-1].append(job)
+        else:
+            out.append([job])
+    return out
+
+
+def save_image(cfg: GenImgConfig, job: Job, image: Any) -> Path:
+    if job.file_name:
+        name = job.file_name
+    elif cfg.sequential_file_name:
+        name = f"im_{job.number:06d}.png"
+    else:
+        name = f"im_{time.strftime('%Y%m%d%H%M%S')}_{job.number:03d}_{job.seed}.png"
+    path = cfg.outdir / name
+    n = 1
+    while path.exists():  # never overwrite an earlier image
+        path = cfg.outdir / f"{Path(name).stem}_{n}{Path(name).suffix or '.png'}"
+        n += 1
+    extra = {"model": cfg.ckpt.name, "clip-skip": cfg.clip_skip}
+    return save_png(image, path, png_info(job.spec, job.seed, **extra))
+
+
+if __name__ == "__main__":
+    main()

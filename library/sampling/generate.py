@@ -1,0 +1,148 @@
+"""Text-to-image with the diffusers pipelines, conditioned by our own prompt encoder.
+
+The family builds the pipeline (``family.pipeline(parts, scheduler)``: StableDiffusionPipeline or
+StableDiffusionXLPipeline over the same modules, no copies). Prompts are encoded here with
+:func:`library.prompt_weighting.encode_weighted` (weighting, long prompts, clip_skip, textual inversion) and passed
+as ``prompt_embeds`` / ``negative_prompt_embeds`` (+ the pooled embeddings where the pipeline takes them), so the
+denoising loop, classifier-free guidance and the scheduler are diffusers' own. The pipeline returns latents and the
+family's VAE decodes them (fp16 VAEs that overflow are upcast there).
+
+The negative prompt is always encoded, also when empty (sd-scripts does the same); SDXL's pipeline would otherwise
+use zeros for an empty negative prompt (``force_zeros_for_empty_prompt``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import inspect
+import logging
+import random
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import Tensor
+
+from library.prompt_weighting import encode_weighted
+
+from .config import DEFAULT_MAX_EMBEDDINGS_MULTIPLES, DEFAULT_SAMPLE_STEPS, DEFAULT_SCALE
+from .prompts import PromptSpec
+from .schedulers import make_scheduler
+
+log = logging.getLogger(__name__)
+_SEED_RANGE = 2**31
+_PER_IMAGE = ("prompt", "negative_prompt", "seeds", "file_name", "index")
+
+
+def random_seed() -> int:
+    """A fresh seed from the OS (does not touch any RNG that training reads)."""
+    return random.SystemRandom().randrange(_SEED_RANGE)
+
+
+def resolve(spec: PromptSpec, family: Any, parts: Any, *, sampler: str = "ddim", **defaults: Any) -> PromptSpec:
+    """``spec`` with every unset setting filled: ``defaults`` first, then the family's native size for the model's
+    prediction type, 30 steps, scale 7.5 and ``sampler``."""
+    size = family.default_resolution(parts.prediction_type)
+    spec = spec.with_defaults(**{k: v for k, v in defaults.items() if v is not None})
+    return spec.with_defaults(width=size, height=size, steps=DEFAULT_SAMPLE_STEPS, scale=DEFAULT_SCALE, sampler=sampler)
+
+
+def same_settings(a: PromptSpec, b: PromptSpec) -> bool:
+    """True when ``a`` and ``b`` can be generated in one batch (they differ at most in prompts, seeds, names)."""
+    return all(getattr(a, f.name) == getattr(b, f.name) for f in dataclasses.fields(a) if f.name not in _PER_IMAGE)
+
+
+@torch.no_grad()
+def generate_batch(
+    family: Any,
+    parts: Any,
+    specs: Sequence[PromptSpec],
+    generators: Sequence[torch.Generator],
+    *,
+    scheduler: Any = None,
+    clip_skip: int | None = None,
+    max_embeddings_multiples: int = DEFAULT_MAX_EMBEDDINGS_MULTIPLES,
+    normalize: str = "original",
+    zero_terminal_snr: bool = False,
+    autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
+) -> list[Image.Image]:
+    """One image per spec; the specs must be resolved (:func:`resolve`) and share their settings
+    (:func:`same_settings`); ``generators[i]`` draws image i's noise (a CPU generator gives the same image on any
+    device). ``scheduler`` overrides ``make_scheduler(spec.sampler, ...)``. ``autocast``: a factory of the autocast
+    context to run in (e.g. ``accelerator.autocast``)."""
+    first = specs[0]
+    if any(not same_settings(first, s) for s in specs[1:]):
+        raise ValueError("generate_batch: the prompts of one batch must share size, steps, scale and sampler")
+    scheduler = scheduler or make_scheduler(first.sampler, parts.scheduler_config, zero_terminal_snr=zero_terminal_snr)
+    pipe = family.pipeline(parts, scheduler)
+    pipe.set_progress_bar_config(disable=True)
+    texts = [s.prompt for s in specs] + [s.negative_prompt for s in specs]
+    with autocast() if autocast is not None else contextlib.nullcontext():
+        cond = encode_weighted(
+            family, parts, texts, clip_skip=clip_skip, max_embeddings_multiples=max_embeddings_multiples,
+            normalize=normalize,
+        )  # fmt: skip
+        n = len(specs)
+        kwargs = _condition_kwargs(pipe, cond, n, first)
+        latents = pipe(
+            height=first.height,
+            width=first.width,
+            num_inference_steps=first.steps,
+            guidance_scale=first.scale,
+            generator=list(generators),
+            output_type="latent",
+            **kwargs,
+        ).images
+        if not torch.isfinite(latents).all():
+            log.warning("the denoised latents contain NaN/inf (fp16 overflow? try --no_half_vae or bf16); the image "
+                        "will be black")  # fmt: skip
+        pixels = family.decode_latents(parts, latents)
+    return to_pil(pixels)
+
+
+def _condition_kwargs(pipe: Any, cond: Any, n: int, spec: PromptSpec) -> dict[str, Any]:
+    """Pipeline keyword arguments for the first n rows (prompts) and the last n rows (negatives) of ``cond``."""
+    params = inspect.signature(pipe.__call__).parameters
+    kwargs: dict[str, Any] = {
+        "prompt_embeds": cond.hidden_states[:n],
+        "negative_prompt_embeds": cond.hidden_states[n:],
+    }
+    if cond.pooled is not None and "pooled_prompt_embeds" in params:
+        kwargs["pooled_prompt_embeds"] = cond.pooled[:n]
+        kwargs["negative_pooled_prompt_embeds"] = cond.pooled[n:]
+    if "original_size" in params:  # size / crop conditioning (SDXL); (height, width) order as diffusers
+        kwargs["original_size"] = (spec.original_height or spec.height, spec.original_width or spec.width)
+        kwargs["crops_coords_top_left"] = (spec.crop_top or 0, spec.crop_left or 0)
+        if spec.original_height_negative or spec.original_width_negative:
+            kwargs["negative_original_size"] = (
+                spec.original_height_negative or spec.height,
+                spec.original_width_negative or spec.width,
+            )
+    return kwargs
+
+
+def generate(
+    family: Any,
+    parts: Any,
+    spec: PromptSpec,
+    *,
+    generator: torch.Generator | None = None,
+    sampler: str = "ddim",
+    **options: Any,
+) -> Image.Image:
+    """One image for ``spec`` (unset settings resolved with :func:`resolve`). Without ``generator`` the noise comes
+    from ``spec.seed`` (or a fresh random seed). ``options``: see :func:`generate_batch`."""
+    spec = resolve(spec, family, parts, sampler=sampler)
+    if generator is None:
+        seed = spec.seed if spec.seed is not None else random_seed()
+        generator = torch.Generator("cpu").manual_seed(seed)
+    return generate_batch(family, parts, [spec], [generator], **options)[0]
+
+
+def to_pil(pixels: Tensor) -> list[Image.Image]:
+    """(B, 3, H, W) pixels in [-1, 1] -> B RGB images (rounded as diffusers' image processor rounds)."""
+    array = (pixels.float() / 2 + 0.5).clamp(0, 1).permute(0, 2, 3, 1).cpu().numpy()
+    return [Image.fromarray(a) for a in (array * 255).round().astype(np.uint8)]

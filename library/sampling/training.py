@@ -1,0 +1,125 @@
+"""One sampling round during training: generate every prompt of the file, save PNGs and a grid, log them.
+
+The round leaves training exactly as it found it: every RNG state (torch CPU and CUDA, Python's ``random``) is saved
+before and restored after, noise comes from per-image CPU generators seeded from the prompt (or the OS), the models
+run in eval mode under ``torch.no_grad`` and each module's train/eval flag is put back. So a run with sampling gives
+the same losses as one without (tested).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from library.config import ConfigError
+from library.runtime import capture_rng, restore_rng
+
+from .config import SampleConfig
+from .generate import generate_batch, random_seed, resolve
+from .images import log_to_trackers, make_grid, png_info, sample_file_name, save_png, timestamp
+from .prompts import read_prompt_file
+
+log = logging.getLogger(__name__)
+
+
+def sample_during_training(
+    cfg: SampleConfig,
+    family: Any,
+    parts: Any,
+    *,
+    output_dir: str | Path,
+    output_name: str | None,
+    step: int,
+    epoch: int | None = None,
+    accelerator: Any = None,
+    trackers: Sequence[Any] | None = None,
+    ema_context: contextlib.AbstractContextManager | None = None,
+) -> list[Path]:
+    """Generate the prompts of ``cfg.prompts_file`` (re-read now, so it may be edited during training) with the
+    model as it is (adapters applied at their multiplier; the EMA weights inside ``ema_context`` when given).
+
+    Files: ``<output_dir>/sample/<name>.png`` (:func:`sample_file_name`) and ``<output_name>_<step>_grid_<time>.png`` with all images of
+    the round; each PNG carries the prompt and settings as text chunks. Images are logged to ``trackers`` (default:
+    ``accelerator.trackers``) as ``sample_<i>`` and ``sample_grid``. Runs on the main process only (others return
+    ``[]`` at once). A prompt file that became unreadable is reported and the round skipped (training goes on).
+    Returns the paths of the images written (grid last).
+    """
+    if accelerator is not None and not accelerator.is_main_process:
+        return []
+    try:
+        specs = read_prompt_file(cfg.prompts_file)
+    except (FileNotFoundError, ConfigError) as e:
+        log.error("sampling at step %d skipped: %s", step, e)
+        return []
+    log.info("generating %d sample image(s) at step %d", len(specs), step)
+    rng = capture_rng()
+    modes = _enter_eval(parts)
+    autocast = accelerator.autocast if accelerator is not None else None
+    try:
+        with ema_context or contextlib.nullcontext():
+            results = [_one(cfg, family, parts, spec, autocast) for spec in specs]
+    finally:
+        _restore_modes(modes)
+        restore_rng(rng)
+    return _save_and_log(results, cfg, parts, output_dir, output_name, step, epoch, accelerator, trackers)
+
+
+def _one(cfg: SampleConfig, family: Any, parts: Any, spec: Any, autocast: Any) -> tuple[Any, int, Any]:
+    spec = resolve(spec, family, parts, sampler=cfg.sampler, steps=cfg.default_steps, scale=cfg.default_scale)
+    seed = spec.seed if spec.seed is not None else random_seed()
+    if spec.network_multipliers:
+        log.warning("prompt %d: --am (network multipliers) only applies to gen_img.py; ignored", spec.index)
+    image = generate_batch(
+        family,
+        parts,
+        [spec],
+        [torch.Generator("cpu").manual_seed(seed)],
+        clip_skip=cfg.clip_skip,
+        max_embeddings_multiples=cfg.max_embeddings_multiples,
+        zero_terminal_snr=cfg.zero_terminal_snr,
+        autocast=autocast,
+    )[0]
+    return spec, seed, image
+
+
+def _save_and_log(results, cfg, parts, output_dir, output_name, step, epoch, accelerator, trackers) -> list[Path]:
+    folder = Path(output_dir) / "sample"
+    stamp = timestamp()
+    paths, tagged = [], {}
+    for spec, seed, image in results:
+        name = sample_file_name(output_name, step=step, epoch=epoch, index=spec.index, seed=spec.seed, stamp=stamp)
+        extra = {"model": parts.source or None, "step": step, "epoch": epoch, "clip-skip": cfg.clip_skip}
+        paths.append(save_png(image, folder / name, png_info(spec, seed, **extra)))
+        tagged[f"sample_{spec.index}"] = image
+    grid = make_grid([image for _, _, image in results])
+    grid_path = folder / sample_file_name(output_name, step=step, epoch=epoch, index="grid", seed=None, stamp=stamp)
+    grid.save(grid_path)
+    paths.append(grid_path)
+    tagged["sample_grid"] = grid
+    if trackers is None and accelerator is not None:
+        trackers = accelerator.trackers
+    log_to_trackers(trackers or [], tagged, step)
+    return paths
+
+
+def _modules(parts: Any) -> list[nn.Module]:
+    return [m for m in (parts.unet, parts.vae, *parts.text_encoders) if isinstance(m, nn.Module)]
+
+
+def _enter_eval(parts: Any) -> dict[nn.Module, bool]:
+    """Put every module of ``parts`` in eval mode; returns each submodule's previous ``training`` flag."""
+    modes = {m: m.training for root in _modules(parts) for m in root.modules()}
+    for root in _modules(parts):
+        root.eval()
+    return modes
+
+
+def _restore_modes(modes: dict[nn.Module, bool]) -> None:
+    for module, training in modes.items():
+        module.training = training
