@@ -217,7 +217,7 @@ class Trainer:
         from library import sampling
 
         if at_first:
-            step = 0
+            step, epoch = 0, 0  # sd-scripts names the first round e000000
         if not sampling.should_sample(self.cfg.sample, step=step, epoch=epoch):
             return
         cfg = self.cfg.sample
