@@ -8,11 +8,10 @@ import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
-import torch
 from torch import Tensor
 
 from .algos import ALGOS, NOT_SUPPORTED, detect_algo
-from .layers import weight_kind
+from .layers import AdapterLayer, NormAdapterLayer, weight_kind
 from .targets import Root, Target, kohya_name
 
 _FAMILY_HINTS = {
@@ -54,6 +53,10 @@ def module_index(roots: Sequence[Root]) -> dict[str, Target]:
     index: dict[str, Target] = {}
     for i, (prefix, root, rename) in enumerate(roots):
         for path, module in root.named_modules():
+            if isinstance(module, (AdapterLayer, NormAdapterLayer)):  # an injected module stands for its base
+                module = module.base_layer
+            elif ".base_layer" in path or ".adapter." in path:
+                continue
             kind = weight_kind(module)
             if kind is None or not path:
                 continue
@@ -69,7 +72,7 @@ def explain_unmatched(names: Sequence[str], roots: Sequence[Root], source: str) 
     by_prefix = Counter(prefix_of(n) for n in names)
     lines = []
     for prefix, count in by_prefix.items():
-        examples = ", ".join(n for n in names if prefix_of(n) == prefix)[:200]
+        examples = ", ".join([n for n in names if prefix_of(n) == prefix][:3])
         if prefix not in model_prefixes:
             hint = _FAMILY_HINTS.get(prefix, "not a kohya-format adapter for SD1/SD2/SDXL")
             lines.append(
@@ -142,7 +145,3 @@ def check_shapes(name: str, algo: str, tensors: Mapping[str, Tensor], base_shape
         from .algos.dora import magnitude_axis
 
         magnitude_axis(scale, tuple(base_shape))
-
-
-def to_meta(t: Tensor) -> Tensor:
-    return torch.empty(t.shape, device="meta", dtype=t.dtype)

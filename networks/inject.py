@@ -118,7 +118,7 @@ def block_lr_weights(cfg: NetworkConfig, layout: BlockLayout) -> list[float] | N
     )
 
 
-def _block_tables(cfg: NetworkConfig, layout: BlockLayout, errors: list[str]) -> dict[str, list] | None:
+def _block_tables(cfg: NetworkConfig, layout: BlockLayout, lr_weights, errors: list[str]) -> dict[str, list] | None:
     """sd-scripts' ``get_block_dims_and_alphas`` + ``remove_block_dims_and_alphas``: per-block (dim, alpha) lists."""
     if not cfg.uses_blocks:
         return None
@@ -137,7 +137,7 @@ def _block_tables(cfg: NetworkConfig, layout: BlockLayout, errors: list[str]) ->
         "conv_dims": list(cfg.conv_block_dims) if cfg.conv_block_dims else ([conv_dim] * n if conv_dim else None),
         "conv_alphas": list(cfg.conv_block_alphas or [conv_alpha if cfg.conv_dim else 1.0] * n),
     }
-    for i, w in enumerate(block_lr_weights(cfg, layout) or []):
+    for i, w in enumerate(lr_weights or []):
         if w == 0:
             tables["dims"][i] = 0
             if tables["conv_dims"] is not None:
@@ -208,21 +208,27 @@ def inject(cfg: NetworkConfig, roots: Sequence[Root]) -> AdapterNetwork:
     targets = find_targets(active, preset, conv=conv, train_norm=cfg.train_norm)
     layout = block_layout([t.name for t in targets if t.is_unet])
     errors: list[str] = []
-    tables = _block_tables(cfg, layout, errors)
-    plan = []
+    lr_weights = block_lr_weights(cfg, layout)
+    tables = _block_tables(cfg, layout, lr_weights, errors)
+    if errors:
+        raise ValueError("invalid network for this model:\n  " + "\n  ".join(errors))
+    plan, too_big = [], {}
     for t in targets:
         if t.kind == "norm":
             plan.append((t, None))
             continue
-        rank, alpha, arg = _rank_for(cfg, t, tables) if not errors else (0, 0.0, "")
+        rank, alpha, arg = _rank_for(cfg, t, tables)
         shape = tuple(t.module.weight.shape)
-        if rank and cfg.algo != "lokr" and rank > max_rank(shape):
-            errors.append(f"{arg} {rank} is larger than {t.name} allows (weight {shape}: rank at most "
-                          f"{max_rank(shape)})")  # fmt: skip
-        if rank:
+        if rank and cfg.algo != "lokr" and rank > max_rank(shape):  # LoKr switches to full factors by itself
+            too_big.setdefault((arg, rank), []).append((max_rank(shape), t.name, shape))
+        elif rank:
             plan.append((t, (rank, alpha)))
+    for (arg, rank), layers in too_big.items():
+        limit, name, shape = min(layers)
+        errors.append(f"{arg} {rank} is larger than {len(layers)} layer(s) allow, e.g. {name} (weight {shape}): "
+                      f"rank at most {limit} there; lower it (or give per-block ranks with block_dims)")  # fmt: skip
     if errors:
-        raise ValueError("invalid network for this model:\n  " + "\n  ".join(errors[:20]))
+        raise ValueError("invalid network for this model:\n  " + "\n  ".join(errors))
     slots = []
     for t, spec in plan:
         if spec is None:
@@ -233,7 +239,7 @@ def inject(cfg: NetworkConfig, roots: Sequence[Root]) -> AdapterNetwork:
         slots.append(_install(active, t, _wrap(cfg, t, adapter)))
     logger.info("adapters: %d text-encoder and %d UNet modules", sum(not s.target.is_unet for s in slots),
                 sum(s.target.is_unet for s in slots))  # fmt: skip
-    return AdapterNetwork(slots, roots, cfg, block_lr_weights(cfg, layout))
+    return AdapterNetwork(slots, roots, cfg, lr_weights)
 
 
 def network_from_state_dict(
@@ -270,7 +276,8 @@ def network_from_state_dict(
             adapter = AdapterWeights.from_file(tensors, algo, name)
         built.append((target, adapter))
     if errors:
-        raise ValueError("\n".join(errors))
+        more = f"\n... and {len(errors) - 5} more like these" if len(errors) > 5 else ""
+        raise ValueError("\n".join(errors[:5]) + more)
     slots = [_install(active, t, _wrap(cfg, t, adapter.to(t.module.weight.device))) for t, adapter in built]
     layout = block_layout([t.name for t, _ in built if t.is_unet])
     block_lr = block_lr_weights(cfg, layout) if cfg is not None else None

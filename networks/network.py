@@ -220,8 +220,8 @@ class AdapterNetwork(nn.Module):
         loaded = {s.target.name for s, _ in pending}
         report.loaded = sorted(loaded)
         report.missing = [n for n in self._slots if n not in loaded]
-        if unknown and (strict or not loaded):
-            errors.append(files.explain_unmatched(unknown, self._roots, source))
+        if unknown and (strict or not loaded):  # the most telling problem first: another family's file
+            errors.insert(0, files.explain_unmatched(unknown, self._roots, source))
         elif not loaded and not errors:
             errors.append(
                 f"{source}: no module of the file is part of this network (file: "
@@ -239,7 +239,8 @@ class AdapterNetwork(nn.Module):
                           f"{', '.join(report.missing[:3])}; pass --dim_from_weights to build the network from the "
                           "file")  # fmt: skip
         if errors:
-            raise ValueError("\n".join(errors))
+            more = f"\n... and {len(errors) - 5} more like these" if len(errors) > 5 else ""
+            raise ValueError("\n".join(errors[:5]) + more)
         for slot, tensors in pending:
             _copy_into(slot.layer.adapter, tensors)
         if report.unexpected or report.missing:
@@ -253,7 +254,7 @@ class AdapterNetwork(nn.Module):
         file_algo = files.algo_of(file_name, tensors, source)
         net_algo = adapter.algo.name if isinstance(adapter, AdapterWeights) else "norm"
         if file_algo != net_algo:
-            example = next(iter(tensors))
+            example = next(k for k in tensors if k not in ("alpha", "dora_scale"))
             raise ValueError(f"{source}: {file_name}.{example} is a {file_algo} tensor but the network uses "
                              f"{net_algo} here; set --network_args algo={file_algo} or pass --dim_from_weights")  # fmt: skip
         tensors = files.fit_to_base(tensors, tuple(slot.layer.base_layer.weight.shape))

@@ -110,6 +110,9 @@ def find_targets(roots: Sequence[Root], preset: Preset, *, conv: bool, train_nor
         classes = preset.unet_classes if is_unet else preset.te_classes
         names = preset.unet_names if is_unet else preset.te_names
         for path, module in root.named_modules():
+            if hasattr(module, "base_layer") and hasattr(module, "adapter"):
+                raise ValueError(f"{prefix}: {path} already holds an adapter; eject() the first network before "
+                                 "injecting another (or merge it with --base_weights)")  # fmt: skip
             aliases = (path, renamed(rename, path)) if path else ()
             if _matches(preset.exclude_names, aliases, preset.use_fnmatch):
                 continue

@@ -179,3 +179,27 @@ def patch_with_oracle(roots: list, state_dict: dict, multiplier: float) -> int:
             continue
         module.weight.copy_(oracle_weight(module.weight.float(), tensors, multiplier))
     return len(groups)
+
+
+def make_config(*network_args: str, module: str = "networks.lora", dim: int = 4, alpha: float = 2.0, flags=()):
+    """A NetworkConfig parsed from a command line, as a training script would."""
+    import argparse
+
+    from networks import NetworkConfig, add_network_args
+
+    parser = argparse.ArgumentParser()
+    add_network_args(parser)
+    argv = ["--network_module", module, "--network_dim", str(dim), "--network_alpha", str(alpha), *flags]
+    if network_args:
+        argv += ["--network_args", *network_args]
+    return NetworkConfig.from_args(parser.parse_args(argv))
+
+
+def outputs(parts, inputs: dict) -> list[torch.Tensor]:
+    """UNet output and every text encoder's last hidden state."""
+    return [run_unet(parts.unet, inputs), *[run_te(te) for te in parts.text_encoders]]
+
+
+def assert_outputs_close(a: list, b: list, atol: float = 1e-5) -> None:
+    for x, y in zip(a, b, strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-4, atol=atol)
