@@ -41,11 +41,17 @@ def _bool(v: str) -> bool:
 
 
 def _ints(v: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in v.split(","))
+    try:
+        return tuple(int(x) for x in v.split(","))
+    except ValueError:
+        raise ValueError("expected comma-separated integers") from None
 
 
 def _floats(v: str) -> tuple[float, ...]:
-    return tuple(float(x) for x in v.split(","))
+    try:
+        return tuple(float(x) for x in v.split(","))
+    except ValueError:
+        raise ValueError("expected comma-separated numbers") from None
 
 
 def _lr_weight(v: str) -> str | tuple[float, ...]:
@@ -192,9 +198,8 @@ class NetworkConfig:
         if algo in ("locon", "dora"):
             values["dora"] = values.get("dora", False) or algo == "dora"
             values["algo"] = "lora"
-        cfg = cls(**values) if not errors else None
-        if cfg is not None:
-            _validate(cfg, errors)
+        cfg = cls(**values)  # holds every value that parsed, so the checks below still report their problems
+        _validate(cfg, errors)
         if errors:
             raise ValueError("invalid network options:\n  " + "\n  ".join(errors))
         return cfg
@@ -257,7 +262,8 @@ def _read_network_args(raw: dict[str, str], module: str, values: dict, errors: l
         try:
             parsed = parse(value)
         except ValueError as e:
-            errors.append(f"--network_args {key}={value}: {e}")
+            reason = {int: "expected an integer", float: "expected a number"}.get(parse, str(e))
+            errors.append(f"--network_args {key}={value}: {reason}")
             continue
         if name == "use_tucker":
             parsed = parsed or values.get("use_tucker", False)
