@@ -203,3 +203,66 @@ def outputs(parts, inputs: dict) -> list[torch.Tensor]:
 def assert_outputs_close(a: list, b: list, atol: float = 1e-5) -> None:
     for x, y in zip(a, b, strict=True):
         torch.testing.assert_close(x, y, rtol=1e-4, atol=atol)
+
+
+# ---------------------------------------------------------------------------- real-size models on the meta device
+_CLIP_L = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12)
+REAL = {
+    # SD 1.5 (runwayml/stable-diffusion-v1-5 unet/config.json, CLIP ViT-L/14 text model)
+    "sd1": dict(
+        unet=dict(block_out_channels=(320, 640, 1280, 1280), attention_head_dim=8, cross_attention_dim=768),
+        text_encoders=[_CLIP_L],
+    ),
+    # SD 2.x (stabilityai/stable-diffusion-2-1; OpenCLIP-H as sd-scripts / diffusers load it: 23 layers)
+    "sd2": dict(
+        unet=dict(
+            block_out_channels=(320, 640, 1280, 1280),
+            attention_head_dim=(5, 10, 20, 20),
+            cross_attention_dim=1024,
+            use_linear_projection=True,
+        ),
+        text_encoders=[dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=23, num_attention_heads=16)],
+    ),
+    # SDXL base 1.0 (sd-scripts' DIFFUSERS_SDXL_UNET_CONFIG; CLIP-L + OpenCLIP-bigG, 32 layers)
+    "sdxl": dict(
+        unet=dict(
+            block_out_channels=(320, 640, 1280),
+            down_block_types=("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
+            up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"),
+            transformer_layers_per_block=(1, 2, 10),
+            attention_head_dim=(5, 10, 20),
+            cross_attention_dim=2048,
+            use_linear_projection=True,
+            addition_embed_type="text_time",
+            addition_time_embed_dim=256,
+            projection_class_embeddings_input_dim=2816,
+        ),
+        text_encoders=[
+            _CLIP_L,
+            dict(
+                hidden_size=1280,
+                intermediate_size=5120,
+                num_hidden_layers=32,
+                num_attention_heads=20,
+                projection_dim=1280,
+            ),
+        ],  # fmt: skip
+    ),
+}
+
+
+def real_parts(family: str):
+    """The released architecture of ``family`` on the meta device (no memory, no weights): unet + text_encoders."""
+    from types import SimpleNamespace
+
+    from diffusers import UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
+
+    spec = REAL[family]
+    with torch.device("meta"):
+        unet = UNet2DConditionModel(**spec["unet"])
+        tes = []
+        for i, te in enumerate(spec["text_encoders"]):
+            cls = CLIPTextModelWithProjection if i == 1 else CLIPTextModel
+            tes.append(cls(CLIPTextConfig(**te)))
+    return SimpleNamespace(unet=unet, text_encoders=tes)
