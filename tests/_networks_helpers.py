@@ -8,10 +8,25 @@ SD1/SD2: ``[("lora_unet", unet, identity), ("lora_te", te, add text_model.)]``; 
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
 from library.families.unet_keys import block_map, diffusers_to_ldm
+
+
+@pytest.fixture(autouse=True)
+def single_thread():
+    """One intra-op thread for the networks tests (imported by each test module, so autouse there).
+
+    The tiny models run thousands of microsecond ops; with 2 OpenMP threads on a shared, loaded CPU every op waits
+    for the second thread to be scheduled (measured: a tiny SDXL UNet forward with LoHa 13.4 s at 2 threads,
+    0.04 s at 1). Restores the previous setting afterwards.
+    """
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def te_rename(path: str) -> str:

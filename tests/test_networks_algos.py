@@ -5,7 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from _networks_helpers import oracle_delta
+from _networks_helpers import (
+    oracle_delta,
+    single_thread,  # noqa: F401  (autouse fixture: one CPU thread)
+)
 
 from networks.algos import ALGOS, detect_algo
 from networks.algos import dora as dora_algo

@@ -7,7 +7,10 @@ import json
 import logging
 
 import pytest
-from _networks_helpers import make_config
+from _networks_helpers import (
+    make_config,
+    single_thread,  # noqa: F401  (autouse fixture: one CPU thread)
+)
 
 from networks import NetworkConfig, add_network_args
 

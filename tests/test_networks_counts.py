@@ -7,7 +7,12 @@ and HF CLIP models (SD_SCRIPTS.md §3.3).
 from __future__ import annotations
 
 import pytest
-from _networks_helpers import adapter_roots, make_config, real_parts
+from _networks_helpers import (
+    adapter_roots,
+    make_config,
+    real_parts,
+    single_thread,  # noqa: F401  (autouse fixture: one CPU thread)
+)
 from torch import nn
 
 from networks import inject

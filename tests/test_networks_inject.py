@@ -15,6 +15,7 @@ from _networks_helpers import (
     outputs,
     patch_with_oracle,
     perturb,
+    single_thread,  # noqa: F401  (autouse fixture: one CPU thread)
     unet_inputs,
 )
 from torch import nn

@@ -12,7 +12,12 @@ from __future__ import annotations
 import re
 
 import pytest
-from _networks_helpers import adapter_roots, make_config, real_parts
+from _networks_helpers import (
+    adapter_roots,
+    make_config,
+    real_parts,
+    single_thread,  # noqa: F401  (autouse fixture: one CPU thread)
+)
 from diffusers.loaders.single_file_utils import convert_ldm_unet_checkpoint
 
 from library.families.unet_keys import unet_state_dict_to_ldm

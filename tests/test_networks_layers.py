@@ -7,7 +7,10 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from _networks_helpers import oracle_weight
+from _networks_helpers import (
+    oracle_weight,
+    single_thread,  # noqa: F401  (autouse fixture: one CPU thread)
+)
 from torch import nn
 
 from networks.algos import ALGOS

@@ -12,7 +12,15 @@ import copy
 
 import pytest
 import torch
-from _networks_helpers import adapter_roots, assert_outputs_close, make_config, outputs, perturb, unet_inputs
+from _networks_helpers import (
+    adapter_roots,
+    assert_outputs_close,
+    make_config,
+    outputs,
+    perturb,
+    single_thread,  # noqa: F401  (autouse fixture: one CPU thread)
+    unet_inputs,
+)
 from torch import nn
 
 from networks import inject
