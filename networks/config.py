@@ -14,7 +14,7 @@ import difflib
 import json
 import logging
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 from .algos import NOT_SUPPORTED
@@ -310,6 +310,10 @@ def _validate(cfg: NetworkConfig, errors: list[str]) -> None:
         r = getattr(cfg, name)
         if r is not None and r <= 0:
             errors.append(f"--network_args {name}={r}: must be > 0")
+    plus = cfg.loraplus_lr_ratio or cfg.loraplus_unet_lr_ratio or cfg.loraplus_text_encoder_lr_ratio
+    if plus and cfg.algo in ("loha", "lokr"):
+        logger.warning("loraplus_*lr_ratio applies to LoRA's lora_up only; with algo=%s it has no effect (as in "
+                       "LyCORIS)", cfg.algo)  # fmt: skip
     _validate_blocks(cfg, errors)
     _validate_files(cfg, errors)
 
@@ -405,7 +409,3 @@ def add_network_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup
     g.add_argument("--base_weights_multiplier", type=float, default=None, nargs="*",
                    help="multiplier for each --base_weights file (default 1.0)")  # fmt: skip
     return g
-
-
-def config_field_names() -> list[str]:
-    return [f.name for f in fields(NetworkConfig)]

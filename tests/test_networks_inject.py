@@ -350,3 +350,75 @@ def test_only_adapter_tensors_in_network_state(fresh):
     assert sum(p.numel() for p in network.parameters()) < n_base / 5
     assert isinstance(parts.unet.down_blocks[0].attentions[0].proj_in, AdapterLayer)
     assert isinstance(parts.unet.down_blocks[0].attentions[0].proj_in.base_layer, nn.Conv2d)
+
+
+def test_old_per_input_dora_files_round_trip(fresh, tmp_path):
+    """LyCORIS 2.2-3.1 wrote the DoRA magnitude per input column (wd_on_output=False); such files load and run."""
+    parts = fresh("sd1")
+    inputs = unet_inputs(parts)
+    network = inject(make_config("algo=dora", "wd_on_output=False", "conv_dim=4"), adapter_roots(parts))
+    perturb(network)
+    expected = outputs(parts, inputs)
+    path = _saved(network, tmp_path / "a.safetensors")
+    sd, _ = load_state_dict(path)
+    scale = sd["lora_unet_down_blocks_0_attentions_0_proj_in.dora_scale"]
+    assert tuple(scale.shape) == (1, 16, 1, 1)  # (1, in, 1, 1): per input column
+    oracle = fresh("sd1")
+    patch_with_oracle(adapter_roots(oracle), sd, 1.0)
+    assert_outputs_close(outputs(oracle, inputs), expected)
+    other = fresh("sd1")
+    network_from_file(path, adapter_roots(other))
+    assert_outputs_close(outputs(other, inputs), expected)
+
+
+def test_rs_lora_scale_is_alpha_over_sqrt_rank_and_files_stay_standard(fresh):
+    network = inject(make_config("rs_lora=True", dim=4, alpha=2.0), adapter_roots(fresh("sd1")))
+    adapter = next(iter(network.adapters.values()))
+    assert float(adapter.scale()) == pytest.approx(2.0 / math.sqrt(4))
+    # written as an ordinary alpha, so every consumer's alpha / r gives the same scale
+    assert float(adapter.file_tensors()["alpha"]) / adapter.rank == pytest.approx(2.0 / math.sqrt(4))
+
+
+def test_lycoris_preset_toml_file(fresh, tmp_path):
+    preset = tmp_path / "preset.toml"
+    preset.write_text(
+        'unet_target_module = ["Transformer2DModel"]\n'
+        'unet_target_name = ["conv_in"]\n'
+        "text_encoder_target_module = []\n"
+        'exclude_name = ["down_blocks.0.*"]\n'
+        "enable_conv = true\n"
+    )
+    network = inject(make_config(f"preset={preset}", module="lycoris.kohya"), adapter_roots(fresh("sd1")))
+    names = network.names
+    assert "lora_unet_conv_in" in names and not any(n.startswith("lora_te") for n in names)
+    assert not any(n.startswith("lora_unet_down_blocks_0_") for n in names)
+    assert any(n.startswith("lora_unet_down_blocks_1_attentions_0_") for n in names)
+    assert not any("resnets" in n for n in names)
+    bad = tmp_path / "bad.toml"
+    bad.write_text('unet_target_modules = ["Transformer2DModel"]\n')
+    with pytest.raises(ValueError, match=r"unknown keys \['unet_target_modules'\]"):
+        inject(make_config(f"preset={bad}", module="lycoris.kohya"), adapter_roots(fresh("sd1")))
+
+
+@pytest.mark.parametrize("algo", ["lora", "loha", "lokr", "dora"])
+def test_training_steps_with_dropouts_reach_every_adapter_and_fit_a_target(fresh, algo):
+    parts = fresh("sd1")
+    inputs = unet_inputs(parts)
+    cfg = make_config(*ALGO_ARGS[algo], "rank_dropout=0.1", flags=["--network_dropout", "0.1"])
+    network = inject(cfg, adapter_roots(parts))
+    target = torch.randn_like(outputs(parts, inputs)[0])
+    optimizer = torch.optim.AdamW(network.param_groups(1e-3, 1e-3, 1e-3))
+    parts.unet.train()
+    losses = []
+    for step in range(8):
+        torch.manual_seed(step)
+        loss = torch.nn.functional.mse_loss(parts.unet(**inputs).sample, target)
+        optimizer.zero_grad()
+        loss.backward()
+        if step == 0:
+            unet_params = [p for n, a in network.adapters.items() if n.startswith("lora_unet") for p in a.parameters()]
+            assert all(p.grad is not None for p in unet_params)
+        optimizer.step()
+        losses.append(loss.item())
+    assert all(p.grad is None for p in parts.unet.parameters() if not p.requires_grad)
+    assert losses[-1] < losses[0]

@@ -186,3 +186,21 @@ def test_use_scalar_starts_at_zero_and_is_folded_into_file_tensors():
     torch.testing.assert_close(tensors["lora_up.weight"], params["lora_up"] * 0.5)
     with torch.no_grad():
         torch.testing.assert_close(layer(x), F.linear(x, oracle_weight(base.weight, tensors, 1.0), base.bias))
+
+
+@pytest.mark.parametrize("algo,options,use_dora", [CASES[0], CASES[3], CASES[2], CASES[5]])
+def test_half_precision_base_with_fp32_adapter(algo, options, use_dora):
+    """Training keeps adapters in fp32 over a bf16 model: the forward runs in the input's dtype and stays close to
+    the fp32 result; the merge writes a bf16 weight."""
+    layer = _layer(algo, options, use_dora, "conv3")
+    _perturb(layer)
+    x = _input("conv3")
+    with torch.no_grad():
+        reference = layer(x)
+        layer.base_layer.to(torch.bfloat16)
+        out = layer(x.to(torch.bfloat16))
+        assert out.dtype == torch.bfloat16
+        torch.testing.assert_close(out.float(), reference, rtol=0.05, atol=0.05)
+        layer.merge()
+        assert layer.base_layer.weight.dtype == torch.bfloat16
+        torch.testing.assert_close(layer(x.to(torch.bfloat16)).float(), reference, rtol=0.05, atol=0.05)
