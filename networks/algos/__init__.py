@@ -1,0 +1,58 @@
+"""Adapter algorithms as pure tensor functions, one module per algorithm, one shared signature.
+
+Every algorithm is an :class:`Algorithm` record of functions:
+
+* ``init_params(base_shape, rank, **options) -> dict[str, Tensor]``: fresh trainable tensors, stored in the exact
+  shapes the kohya / LyCORIS file format uses (so saving is a rename, never a reshape). A fresh adapter has ΔW = 0.
+* ``delta_weight(params, scale, shape) -> Tensor``: ΔW with the shape of the base weight. The forward pass, merge,
+  max-norm and every post-training tool (resize, merge, extract) call this one function.
+* ``rank(params) -> int | None``: the ``r`` in ``scale = alpha / r`` (``None``: the format fixes ``scale = 1``).
+* ``options(params) -> dict``: the construction options recovered from a file's tensors (tucker, decomposed...).
+* ``file_keys``: parameter name -> tensor suffix in files (``lora_down`` -> ``lora_down.weight``).
+* ``plus_params``: parameters LoRA+ puts in the faster "plus" group; ``scalar_params``: the tensor ``use_scalar``
+  is folded into when a file is written (as LyCORIS does).
+* ``project_down`` / ``project_up`` (LoRA only): the factorised forward ``up(down(x))`` without building ΔW.
+
+DoRA (``dora.py``) is one function applied on top of any algorithm's ΔW. Only torch is imported here.
+"""
+
+from __future__ import annotations
+
+from . import loha, lokr, lora
+from .base import Algorithm
+
+ALGOS: dict[str, Algorithm] = {a.name: a for a in (lora.ALGORITHM, loha.ALGORITHM, lokr.ALGORITHM)}
+
+# LyCORIS algorithm names that exist in files and on command lines but are not implemented here yet.
+NOT_SUPPORTED = ("ia3", "full", "diff", "glora", "diag-oft", "boft", "oft", "dylora", "tlora")
+
+# A file tensor suffix -> the algorithm that owns it (first match wins; "alpha"/"dora_scale" are shared).
+_SIGNATURES: tuple[tuple[str, str], ...] = (
+    ("lora_down.weight", "lora"),
+    ("lora_up.weight", "lora"),
+    ("hada_w1_a", "loha"),
+    ("lokr_w1", "lokr"),
+    ("lokr_w1_a", "lokr"),
+    ("lokr_w2", "lokr"),
+    ("lokr_w2_a", "lokr"),
+    ("w_norm", "norm"),
+    ("diff", "full"),
+    ("oft_blocks", "diag-oft"),
+    ("oft_diag", "diag-oft"),
+    ("a1.weight", "glora"),
+    ("on_input", "ia3"),
+    ("lora_A.weight", "peft"),
+    ("lora_B.weight", "peft"),
+)
+
+
+def detect_algo(suffixes: set[str]) -> str | None:
+    """Name the algorithm of one module's tensors from their file suffixes (``None`` when nothing matches).
+
+    Returns ``"lora" | "loha" | "lokr" | "norm"`` for what this package implements, or the LyCORIS / PEFT name of
+    a format it does not (``"full"``, ``"glora"``, ``"peft"``...), so the caller can say what the file is.
+    """
+    for suffix, algo in _SIGNATURES:
+        if suffix in suffixes:
+            return algo
+    return None

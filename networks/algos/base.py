@@ -1,0 +1,34 @@
+"""The record every adapter algorithm fills in (see ``networks.algos``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """The functions that define one adapter algorithm (see the module docstring)."""
+
+    name: str
+    file_keys: Mapping[str, str]
+    init_params: Callable[..., dict[str, Tensor]]
+    delta_weight: Callable[[Mapping[str, Tensor], float, tuple[int, ...]], Tensor]
+    rank: Callable[[Mapping[str, Tensor]], int | None]
+    options: Callable[[Mapping[str, Tensor]], dict[str, Any]]
+    plus_params: tuple[str, ...] = ()
+    scalar_params: tuple[str, ...] = ()  # use_scalar is folded into the first of these present when writing
+    # Optional factorised forward (LoRA): x -> rank-r activation -> output, without materialising ΔW.
+    # project_down(x, params, conv) with conv = dict(stride, padding, dilation) for a Conv2d base, None for Linear.
+    project_down: Callable[..., Tensor] | None = None
+    project_up: Callable[..., Tensor] | None = None
+
+    def param_for_suffix(self, suffix: str) -> str | None:
+        """The parameter name stored under a file tensor suffix, or None if the suffix is not this algorithm's."""
+        for name, key in self.file_keys.items():
+            if key == suffix:
+                return name
+        return None

@@ -1,0 +1,411 @@
+"""The network flags (sd-scripts names, types and defaults) and their one reader, :class:`NetworkConfig`.
+
+``--network_args`` is a list of ``key=value`` strings. Both ``networks.lora`` (sd-scripts) and ``lycoris.kohya``
+(LyCORIS) spellings are accepted; every key is typed and validated here, and all problems are reported in one
+``ValueError``. Keys the chosen module would silently ignore (sd-scripts' block arguments under LyCORIS, LyCORIS
+options with no effect on the chosen algorithm) are accepted with a warning, so existing command lines run unchanged;
+any other unknown key is an error with a "did you mean".
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from .algos import NOT_SUPPORTED
+from .targets import PRESETS
+
+logger = logging.getLogger(__name__)
+
+MODULES = ("networks.lora", "lycoris.kohya")
+LATER_MODULES = (
+    "networks.dylora", "networks.lora_fa", "networks.oft", "networks.lora_diffusers", "networks.lora_flux",
+    "networks.lora_sd3", "networks.lora_lumina", "networks.lora_hunyuan_image", "networks.lora_anima",
+)  # fmt: skip
+ALGO_NAMES = ("lora", "locon", "loha", "lokr", "dora")
+LR_WEIGHT_PRESETS = ("cosine", "sine", "linear", "reverse_linear", "zeros")
+
+
+def _bool(v: str) -> bool:
+    s = v.strip().lower()
+    if s in ("1", "true", "yes", "on"):
+        return True
+    if s in ("0", "false", "no", "off", "none", ""):
+        return False
+    raise ValueError(f"expected true/false, got {v!r}")
+
+
+def _ints(v: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in v.split(","))
+    except ValueError:
+        raise ValueError("expected comma-separated integers") from None
+
+
+def _floats(v: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in v.split(","))
+    except ValueError:
+        raise ValueError("expected comma-separated numbers") from None
+
+
+def _lr_weight(v: str) -> str | tuple[float, ...]:
+    """A list of floats (empty entries mean 0, as in sd-scripts) or a preset name with an optional ``+base``."""
+    if "," in v or v.replace(".", "", 1).strip().isdigit():
+        return tuple(float(x) if x.strip() else 0.0 for x in v.split(","))
+    name, _, base = v.partition("+")
+    if name not in LR_WEIGHT_PRESETS:
+        raise ValueError(f"expected a comma-separated list or one of {', '.join(LR_WEIGHT_PRESETS)} (+base)")
+    if base:
+        float(base)
+    return v
+
+
+# key -> (parser, NetworkConfig field or None). Keys accepted by both modules.
+_COMMON: dict[str, tuple[Any, str | None]] = {
+    "algo": (str.lower, "algo"),
+    "conv_dim": (int, "conv_dim"),
+    "conv_alpha": (float, "conv_alpha"),
+    "dropout": (float, "dropout"),
+    "rank_dropout": (float, "rank_dropout"),
+    "module_dropout": (float, "module_dropout"),
+    "rank_dropout_scale": (_bool, "rank_dropout_scale"),
+    "loraplus_lr_ratio": (float, "loraplus_lr_ratio"),
+    "loraplus_unet_lr_ratio": (float, "loraplus_unet_lr_ratio"),
+    "loraplus_text_encoder_lr_ratio": (float, "loraplus_text_encoder_lr_ratio"),
+    "dora_wd": (_bool, "dora"),
+    "wd_on_output": (_bool, "wd_on_output"),
+    "use_tucker": (_bool, "use_tucker"),
+    "use_cp": (_bool, "use_tucker"),
+    "use_conv_cp": (_bool, "use_tucker"),
+    "disable_conv_cp": (lambda v: not _bool(v), "use_tucker"),
+    "use_scalar": (_bool, "use_scalar"),
+    "rs_lora": (_bool, "rs_lora"),
+    "train_norm": (_bool, "train_norm"),
+    "factor": (int, "factor"),
+    "decompose_both": (_bool, "decompose_both"),
+    "full_matrix": (_bool, "full_matrix"),
+    "unbalanced_factorization": (_bool, "unbalanced_factorization"),
+    "preset": (str, "preset"),
+}
+# sd-scripts networks.lora only (LyCORIS ignores them).
+_KOHYA: dict[str, tuple[Any, str | None]] = {
+    "block_dims": (_ints, "block_dims"),
+    "block_alphas": (_floats, "block_alphas"),
+    "conv_block_dims": (_ints, "conv_block_dims"),
+    "conv_block_alphas": (_floats, "conv_block_alphas"),
+    "down_lr_weight": (_lr_weight, "down_lr_weight"),
+    "mid_lr_weight": (_floats, "mid_lr_weight"),
+    "up_lr_weight": (_lr_weight, "up_lr_weight"),
+    "block_lr_zero_threshold": (float, "block_lr_zero_threshold"),
+}
+# Accepted, no effect here (LyCORIS execution switches, other model families, other algorithms; a known no-op).
+_NO_EFFECT = {
+    "bypass_mode": "LoRA already runs as up(down(x)); other algorithms build ΔW",
+    "constraint": "only used by LyCORIS' OFT algorithms",
+    "rescaled": "only used by LyCORIS' OFT algorithms",
+    "block_size": "only used by LyCORIS' OFT algorithms",
+    "train_t5xxl": "no T5 text encoder in SD1/SD2/SDXL",
+    "train_llm_adapter": "not an SD1/SD2/SDXL option",
+    "use_reentrant": "neither sd-scripts nor LyCORIS reads it",
+}
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    """Everything that shapes the adapter network, read once from the flags (see :func:`add_network_args`)."""
+
+    module: str = "networks.lora"
+    algo: str = "lora"  # lora | loha | lokr ("locon" is lora; "dora" is lora + dora)
+    dora: bool = False
+    wd_on_output: bool = True  # DoRA magnitude per output row (LyCORIS >= 3.2, PEFT); False: per input column
+    dim: int = 4
+    alpha: float = 1.0
+    dropout: float | None = None
+    conv_dim: int | None = None
+    conv_alpha: float | None = None
+    block_dims: tuple[int, ...] | None = None
+    block_alphas: tuple[float, ...] | None = None
+    conv_block_dims: tuple[int, ...] | None = None
+    conv_block_alphas: tuple[float, ...] | None = None
+    down_lr_weight: str | tuple[float, ...] | None = None
+    mid_lr_weight: tuple[float, ...] | None = None
+    up_lr_weight: str | tuple[float, ...] | None = None
+    block_lr_zero_threshold: float = 0.0
+    rank_dropout: float | None = None
+    module_dropout: float | None = None
+    rank_dropout_scale: bool = False
+    loraplus_lr_ratio: float | None = None
+    loraplus_unet_lr_ratio: float | None = None
+    loraplus_text_encoder_lr_ratio: float | None = None
+    train_norm: bool = False
+    use_tucker: bool = False
+    use_scalar: bool = False
+    rs_lora: bool = False
+    factor: int = -1
+    decompose_both: bool = False
+    full_matrix: bool = False
+    unbalanced_factorization: bool = False
+    preset: str | None = None
+    network_weights: str | None = None
+    dim_from_weights: bool = False
+    base_weights: tuple[str, ...] = ()
+    base_weights_multiplier: tuple[float, ...] = ()
+    scale_weight_norms: float | None = None
+    train_unet_only: bool = False
+    train_text_encoder_only: bool = False
+    network_args: dict[str, str] = field(default_factory=dict)  # as given, for ss_network_args
+
+    @property
+    def is_lycoris(self) -> bool:
+        return self.module == "lycoris.kohya"
+
+    @property
+    def uses_blocks(self) -> bool:
+        """sd-scripts' per-block mode: block dims or block lr weights given."""
+        return any(v is not None for v in (self.block_dims, self.down_lr_weight, self.mid_lr_weight, self.up_lr_weight))
+
+    def resolved_conv(self) -> tuple[int, float]:
+        """(rank, alpha) for k > 1 convolutions; rank 0 means no conv adapters.
+
+        networks.lora: only with ``conv_dim`` (alpha default 1.0). lycoris.kohya: ``conv_dim`` defaults to
+        ``--network_dim`` and ``conv_alpha`` to ``--network_alpha`` (LyCORIS' defaults).
+        """
+        if self.is_lycoris:
+            dim = self.dim if self.conv_dim is None else self.conv_dim
+            alpha = self.alpha if not self.conv_alpha else self.conv_alpha
+        else:
+            dim = self.conv_dim or 0
+            alpha = 1.0 if self.conv_alpha is None else self.conv_alpha
+        return dim, (alpha or float(dim))
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> NetworkConfig:
+        """Read and validate the network flags; raise one ``ValueError`` listing every problem."""
+        errors: list[str] = []
+        module = _check_module(getattr(args, "network_module", None), errors)
+        values: dict[str, Any] = {"module": module}
+        raw = _split_network_args(getattr(args, "network_args", None) or [], errors)
+        values["network_args"] = raw
+        _read_network_args(raw, module, values, errors)
+        _read_flags(args, values, errors)
+        algo = values.get("algo", "lora")
+        if algo in ("locon", "dora"):
+            values["dora"] = values.get("dora", False) or algo == "dora"
+            values["algo"] = "lora"
+        cfg = cls(**values)  # holds every value that parsed, so the checks below still report their problems
+        _validate(cfg, errors)
+        if errors:
+            raise ValueError("invalid network options:\n  " + "\n  ".join(errors))
+        return cfg
+
+    def metadata(self) -> dict[str, str]:
+        """The ``ss_network_*`` keys sd-scripts writes (the trainer adds the rest)."""
+        return {
+            "ss_network_module": self.module,
+            "ss_network_dim": str(self.dim),
+            "ss_network_alpha": str(self.alpha),
+            "ss_network_dropout": str(self.dropout),
+            "ss_network_args": json.dumps(self.network_args) if self.network_args else "null",
+        }
+
+
+def _did_you_mean(word: str, options: list[str] | tuple[str, ...]) -> str:
+    close = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _check_module(module: str | None, errors: list[str]) -> str:
+    if module in MODULES:
+        return module
+    if module is None:
+        errors.append("--network_module is required: use networks.lora (LoRA/LoCon/LoHa/LoKr/DoRA) or lycoris.kohya")
+    elif module in LATER_MODULES:
+        errors.append(f"--network_module {module} is not supported yet; supported: {', '.join(MODULES)}")
+    else:
+        errors.append(f"--network_module {module!r} is unknown{_did_you_mean(module, MODULES)} (supported: "
+                      f"{', '.join(MODULES)})")  # fmt: skip
+    return "networks.lora"
+
+
+def _split_network_args(items: list[str], errors: list[str]) -> dict[str, str]:
+    raw: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            errors.append(f"--network_args {item!r}: expected key=value (e.g. conv_dim=8)")
+            continue
+        raw[key.strip()] = value.strip()
+    return raw
+
+
+def _read_network_args(raw: dict[str, str], module: str, values: dict, errors: list[str]) -> None:
+    known = [*_COMMON, *_KOHYA, *_NO_EFFECT]
+    for key, value in raw.items():
+        if key in _NO_EFFECT:
+            logger.warning("--network_args %s=%s has no effect (%s); ignored", key, value, _NO_EFFECT[key])
+            continue
+        if key in _KOHYA and module == "lycoris.kohya":
+            logger.warning("--network_args %s is ignored by lycoris.kohya (LyCORIS does not read it, so neither do "
+                           "we); use --network_module networks.lora for per-block ranks and lr weights", key)  # fmt: skip
+            continue
+        spec = _COMMON.get(key) or _KOHYA.get(key)
+        if spec is None:
+            errors.append(f"--network_args {key}: unknown argument{_did_you_mean(key, known)}")
+            continue
+        parse, name = spec
+        try:
+            parsed = parse(value)
+        except ValueError as e:
+            reason = {int: "expected an integer", float: "expected a number"}.get(parse, str(e))
+            errors.append(f"--network_args {key}={value}: {reason}")
+            continue
+        if name == "use_tucker":
+            parsed = parsed or values.get("use_tucker", False)
+        values[name] = parsed
+
+
+def _read_flags(args: argparse.Namespace, values: dict, errors: list[str]) -> None:
+    dim = getattr(args, "network_dim", None)
+    values["dim"] = 4 if dim is None else dim
+    alpha = getattr(args, "network_alpha", 1.0)
+    values["alpha"] = float(values["dim"]) if not alpha else float(alpha)  # 0 / None -> alpha = dim
+    flag_dropout = getattr(args, "network_dropout", None)
+    if flag_dropout is not None:
+        values["dropout"] = flag_dropout
+    values["network_weights"] = getattr(args, "network_weights", None)
+    values["dim_from_weights"] = bool(getattr(args, "dim_from_weights", False))
+    values["base_weights"] = tuple(getattr(args, "base_weights", None) or ())
+    values["base_weights_multiplier"] = tuple(getattr(args, "base_weights_multiplier", None) or ())
+    values["scale_weight_norms"] = getattr(args, "scale_weight_norms", None)
+    values["train_unet_only"] = bool(getattr(args, "network_train_unet_only", False))
+    values["train_text_encoder_only"] = bool(getattr(args, "network_train_text_encoder_only", False))
+
+
+def _validate(cfg: NetworkConfig, errors: list[str]) -> None:
+    if cfg.algo not in ALGO_NAMES:
+        if cfg.algo in NOT_SUPPORTED:
+            errors.append(f"--network_args algo={cfg.algo} is not supported yet; supported: {', '.join(ALGO_NAMES)}")
+        else:
+            errors.append(f"--network_args algo={cfg.algo}: unknown algorithm{_did_you_mean(cfg.algo, ALGO_NAMES)}")
+    if cfg.dim < 1:
+        errors.append(f"--network_dim {cfg.dim}: the rank must be at least 1")
+    if cfg.alpha < 0:
+        errors.append(f"--network_alpha {cfg.alpha}: must not be negative")
+    for name in ("conv_dim", "factor"):
+        value = getattr(cfg, name)
+        if value is not None and value < 0 and not (name == "factor" and value == -1):
+            errors.append(f"--network_args {name}={value}: must not be negative" + (" (or -1)" * (name == "factor")))
+    for name in ("dropout", "rank_dropout", "module_dropout"):
+        p = getattr(cfg, name)
+        if p is not None and not 0.0 <= p < 1.0:
+            flag = "--network_dropout" if name == "dropout" else f"--network_args {name}"
+            errors.append(f"{flag} {p}: a probability in [0, 1) is needed")
+    for name in ("loraplus_lr_ratio", "loraplus_unet_lr_ratio", "loraplus_text_encoder_lr_ratio"):
+        r = getattr(cfg, name)
+        if r is not None and r <= 0:
+            errors.append(f"--network_args {name}={r}: must be > 0")
+    plus = cfg.loraplus_lr_ratio or cfg.loraplus_unet_lr_ratio or cfg.loraplus_text_encoder_lr_ratio
+    if plus and cfg.algo in ("loha", "lokr"):
+        logger.warning("loraplus_*lr_ratio applies to LoRA's lora_up only; with algo=%s it has no effect (as in "
+                       "LyCORIS)", cfg.algo)  # fmt: skip
+    _validate_blocks(cfg, errors)
+    _validate_files(cfg, errors)
+
+
+def _validate_blocks(cfg: NetworkConfig, errors: list[str]) -> None:
+    for name in ("block_dims", "block_alphas", "conv_block_dims", "conv_block_alphas"):
+        values = getattr(cfg, name)
+        if values is not None and len(values) not in (25, 23):
+            errors.append(
+                f"--network_args {name}: {len(values)} values given; SD1/SD2 need 25 (IN00-IN11, MID, OUT00-OUT11) "
+                "and SDXL needs 23"
+            )
+        if values is not None and any(v < 0 for v in values):
+            errors.append(f"--network_args {name}: values must not be negative")
+    if cfg.preset is not None and cfg.preset not in PRESETS and not cfg.preset.endswith(".toml"):
+        errors.append(f"--network_args preset={cfg.preset}: unknown preset{_did_you_mean(cfg.preset, list(PRESETS))} "
+                      f"(built-in: {', '.join(PRESETS)}, or a LyCORIS preset .toml file)")  # fmt: skip
+    elif cfg.preset is not None and cfg.preset.endswith(".toml") and not os.path.isfile(cfg.preset):
+        errors.append(f"--network_args preset={cfg.preset}: no such file")
+    if cfg.train_unet_only and cfg.train_text_encoder_only:
+        errors.append("--network_train_unet_only and --network_train_text_encoder_only exclude each other")
+
+
+def _validate_files(cfg: NetworkConfig, errors: list[str]) -> None:
+    if cfg.dim_from_weights and not cfg.network_weights:
+        errors.append("--dim_from_weights needs --network_weights (the file to read the ranks from)")
+    for flag, paths in (("--network_weights", [cfg.network_weights] if cfg.network_weights else []),
+                        ("--base_weights", list(cfg.base_weights))):  # fmt: skip
+        for path in paths:
+            if not os.path.isfile(path):
+                errors.append(f"{flag} {path}: no such file")
+    if len(cfg.base_weights_multiplier) > len(cfg.base_weights):
+        errors.append(
+            f"--base_weights_multiplier has {len(cfg.base_weights_multiplier)} values for "
+            f"{len(cfg.base_weights)} --base_weights files"
+        )
+    if cfg.scale_weight_norms is not None and cfg.scale_weight_norms <= 0:
+        errors.append(f"--scale_weight_norms {cfg.scale_weight_norms}: must be > 0")
+
+
+def add_network_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    """The network flags of sd-scripts' train_network.py, with its types and defaults, as one argument group."""
+    g = parser.add_argument_group("network", "adapter network (LoRA, LoCon, LoHa, LoKr, DoRA)")
+    g.add_argument(
+        "--network_module",
+        type=str,
+        default=None,
+        help="networks.lora (LoRA/LoCon/LoHa/LoKr/DoRA via algo=) or lycoris.kohya",
+    )
+    g.add_argument("--network_dim", type=int, default=None, help="rank (default 4)")
+    g.add_argument(
+        "--network_alpha",
+        type=float,
+        default=1,
+        help="alpha for scaling: scale = alpha / rank (default 1; 0 means alpha = rank)",
+    )
+    g.add_argument(
+        "--network_dropout",
+        type=float,
+        default=None,
+        help="dropout on the adapter's rank-r activation (0 or None: none)",
+    )
+    g.add_argument(
+        "--network_args",
+        type=str,
+        default=None,
+        nargs="*",
+        help="key=value options: algo, conv_dim, conv_alpha, block_dims, preset, dora_wd, ...",
+    )
+    g.add_argument("--network_weights", type=str, default=None, help="adapter file to start from")
+    g.add_argument(
+        "--dim_from_weights",
+        action="store_true",
+        help="build the network (algorithm, ranks, modules) from --network_weights",
+    )
+    g.add_argument("--network_train_unet_only", action="store_true", help="adapters on the U-Net only")
+    g.add_argument(
+        "--network_train_text_encoder_only", action="store_true", help="adapters on the text encoder(s) only"
+    )
+    g.add_argument(
+        "--scale_weight_norms",
+        type=float,
+        default=None,
+        help="after each step, scale down each module whose ||ΔW|| exceeds this (1 is a good start)",
+    )
+    g.add_argument(
+        "--base_weights",
+        type=str,
+        default=None,
+        nargs="*",
+        help="adapter files merged into the base model before training",
+    )
+    g.add_argument("--base_weights_multiplier", type=float, default=None, nargs="*",
+                   help="multiplier for each --base_weights file (default 1.0)")  # fmt: skip
+    return g

@@ -1,0 +1,147 @@
+"""Reading kohya / LyCORIS adapter state dicts: group tensors per module, match module names to a model, explain
+mismatches (another model family, another algorithm, another rank) in words a user can act on.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
+
+from torch import Tensor
+
+from .algos import ALGOS, NOT_SUPPORTED, detect_algo
+from .layers import AdapterLayer, NormAdapterLayer, weight_kind
+from .targets import Root, Target, kohya_name
+
+_FAMILY_HINTS = {
+    "lora_te1": "SDXL (two text encoders: lora_te1, lora_te2)",
+    "lora_te2": "SDXL (two text encoders: lora_te1, lora_te2)",
+    "lora_te": "SD1/SD2 (one text encoder: lora_te)",
+}
+
+
+def group_by_module(state_dict: Mapping[str, Tensor]) -> dict[str, dict[str, Tensor]]:
+    """``{"lora_unet_x.lora_down.weight": t}`` -> ``{"lora_unet_x": {"lora_down.weight": t}}``.
+
+    Keys without a dot (A1111's top-level extras) and ``bundle_emb.*`` (bundled embeddings) are not modules and are
+    left out.
+    """
+    groups: dict[str, dict[str, Tensor]] = {}
+    for key, tensor in state_dict.items():
+        name, sep, suffix = key.partition(".")
+        if not sep or name == "bundle_emb":
+            continue
+        groups.setdefault(name, {})[suffix] = tensor
+    return groups
+
+
+def prefix_of(name: str) -> str:
+    """``lora_unet_x_y`` -> ``lora_unet``; ``lora_te1_text_model_...`` -> ``lora_te1``."""
+    head, _, rest = name.partition("_")
+    second = rest.split("_", 1)[0]
+    return f"{head}_{second}" if head == "lora" else head
+
+
+def module_index(roots: Sequence[Root]) -> dict[str, Target]:
+    """Every adaptable module of the roots under its kohya name **and** its alias names.
+
+    Aliases: the un-renamed path (diffusers-named SDXL UNet files, as sd-scripts and diffusers accept; TE names
+    without ``text_model_`` written by tools that ran under transformers 5). The Target always holds the canonical
+    (renamed) name.
+    """
+    index: dict[str, Target] = {}
+    for i, (prefix, root, rename) in enumerate(roots):
+        for path, module in root.named_modules():
+            if isinstance(module, (AdapterLayer, NormAdapterLayer)):  # an injected module stands for its base
+                module = module.base_layer
+            elif ".base_layer" in path or ".adapter." in path:
+                continue
+            kind = weight_kind(module)
+            if kind is None or not path:
+                continue
+            target = Target(kohya_name(prefix, rename, path), module, i, path, kind)
+            index.setdefault(target.name, target)
+            index.setdefault(kohya_name(prefix, lambda p: p, path), target)
+    return index
+
+
+def explain_unmatched(names: Sequence[str], roots: Sequence[Root], source: str) -> str:
+    """A message for module names of a file that are not in the model: which prefix, which family it suggests."""
+    model_prefixes = sorted({prefix for prefix, _, _ in roots})
+    by_prefix = Counter(prefix_of(n) for n in names)
+    lines = []
+    for prefix, count in by_prefix.items():
+        examples = ", ".join([n for n in names if prefix_of(n) == prefix][:3])
+        if prefix not in model_prefixes:
+            hint = _FAMILY_HINTS.get(prefix, "not a kohya-format adapter for SD1/SD2/SDXL")
+            lines.append(
+                f"{count} module(s) with prefix {prefix!r}, which this model does not have (its prefixes: "
+                f"{', '.join(model_prefixes)}); the file looks made for {hint}. Examples: {examples}"
+            )
+        else:
+            lines.append(
+                f"{count} {prefix} module(s) not found in this model (another model family or architecture, e.g. "
+                f"SD1 vs SD2 vs SDXL?). Examples: {examples}"
+            )
+    return f"{source}: " + "; ".join(lines)
+
+
+def algo_of(name: str, tensors: Mapping[str, Tensor], source: str) -> str:
+    """The algorithm of one module's tensors; ``ValueError`` naming the key for formats not implemented here."""
+    algo = detect_algo(set(tensors))
+    if algo in ALGOS or algo == "norm":
+        return algo
+    keys = ", ".join(f"{name}.{s}" for s in sorted(tensors))
+    if algo == "peft":
+        raise ValueError(f"{source}: {keys} are PEFT/diffusers-format LoRA keys; convert the file to kohya format")
+    if algo in NOT_SUPPORTED:
+        raise ValueError(f"{source}: {keys}: LyCORIS algorithm {algo!r} is not supported yet (lora, loha, lokr, dora)")
+    raise ValueError(f"{source}: {keys}: not a LoRA/LoHa/LoKr/DoRA module (unknown tensor names)")
+
+
+_FULL_RANK_KEYS = ("lora_down.weight", "lora_up.weight", "lora_mid.weight", "lokr_w2")
+
+
+def fit_to_base(tensors: Mapping[str, Tensor], base_shape: tuple[int, ...]) -> dict[str, Tensor]:
+    """Bridge Linear vs 1x1-conv files (SD2 proj_in/out are 1x1 convs in single-file models, Linear in diffusers):
+    tensors that mirror the base weight's dimensionality get trailing singleton axes added or removed.
+    """
+    out = dict(tensors)
+    for key in _FULL_RANK_KEYS:
+        t = out.get(key)
+        if t is None or t.dim() == len(base_shape):
+            continue
+        if t.dim() > len(base_shape) and all(s == 1 for s in t.shape[len(base_shape) :]):
+            out[key] = t.reshape(t.shape[: len(base_shape)])
+        elif t.dim() < len(base_shape) and all(s == 1 for s in base_shape[t.dim() :]):
+            out[key] = t.reshape(*t.shape, *[1] * (len(base_shape) - t.dim()))
+    return out
+
+
+def check_shapes(name: str, algo: str, tensors: Mapping[str, Tensor], base_shape: tuple[int, ...], source: str):
+    """Raise ``ValueError`` naming the module when its tensors do not rebuild a ΔW of ``base_shape``."""
+    if algo == "norm":
+        bad = [k for k, t in tensors.items() if t.numel() != base_shape[0]]
+        if bad:
+            raise ValueError(f"{source}: {name}.{bad[0]} has {tensors[bad[0]].numel()} values, the norm has "
+                             f"{base_shape[0]} channels")  # fmt: skip
+        return
+    spec = ALGOS[algo]
+    params = {spec.param_for_suffix(s): t.to("meta") for s, t in tensors.items() if spec.param_for_suffix(s)}
+    shapes = ", ".join(f"{s} {tuple(t.shape)}" for s, t in sorted(tensors.items()) if s != "alpha")
+    try:
+        delta = spec.delta_weight(params, 1.0, tuple(base_shape))
+        ok = tuple(delta.shape) == tuple(base_shape)
+    except (RuntimeError, ValueError, KeyError, IndexError):
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"{source}: {name}: tensors ({shapes}) do not fit the model's weight of shape {tuple(base_shape)} "
+            f"(numel {math.prod(base_shape)}); the file was made for another model or architecture"
+        )
+    scale = tensors.get("dora_scale")
+    if scale is not None:
+        from .algos.dora import magnitude_axis
+
+        magnitude_axis(scale, tuple(base_shape))

@@ -1,0 +1,316 @@
+"""Build adapter networks on a model: from a :class:`NetworkConfig` (``inject``), from a file (``network_from_file``,
+``--dim_from_weights``), and bake files into the base weights (``merge_files_into_base``, ``--base_weights``).
+
+``roots`` come from the model family: ``[(prefix, module, rename), ...]`` (see ``networks.targets``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from . import files
+from .algos import ALGOS, dora
+from .algos import norm as norm_algo
+from .config import NetworkConfig
+from .layers import AdapterLayer, AdapterWeights, NormAdapterLayer, NormWeights, max_rank
+from .network import AdapterNetwork, Slot
+from .targets import CONV_BLOCKS, PRESETS, BlockLayout, Preset, Root, Target, block_index, block_layout, find_targets
+
+logger = logging.getLogger(__name__)
+
+
+# ------------------------------------------------------------------------------------------------------- presets
+def load_preset(cfg: NetworkConfig) -> Preset:
+    """The target preset: ``preset=`` (a built-in name or a LyCORIS preset TOML), else the module's default
+    (networks.lora: sd-scripts' targets, plus conv blocks with conv dims; lycoris.kohya: ``full``)."""
+    if cfg.preset is None:
+        if cfg.is_lycoris:
+            return PRESETS["full"]
+        base = PRESETS["kohya"]
+        with_conv = bool(cfg.conv_dim) or cfg.conv_block_dims is not None
+        return Preset(base.unet_classes + CONV_BLOCKS, (), base.te_classes, (), True) if with_conv else base
+    if cfg.preset in PRESETS:
+        return PRESETS[cfg.preset]
+    return _preset_from_toml(cfg.preset)
+
+
+def _preset_from_toml(path: str) -> Preset:
+    import toml
+
+    data = toml.load(path)
+    unsupported = [k for k in ("module_algo_map", "name_algo_map", "lora_prefix") if data.get(k)]
+    if unsupported:
+        raise ValueError(f"--network_args preset={path}: {', '.join(unsupported)} not supported yet")
+    known = {"enable_conv", "unet_target_module", "unet_target_name", "text_encoder_target_module",
+             "text_encoder_target_name", "exclude_name", "use_fnmatch", "module_algo_map", "name_algo_map"}  # fmt: skip
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"--network_args preset={path}: unknown keys {unknown}; known: {sorted(known)}")
+    full = PRESETS["full"]
+
+    def names(key: str, default: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(data[key]) if key in data else default
+
+    return Preset(
+        unet_classes=names("unet_target_module", full.unet_classes),
+        unet_names=names("unet_target_name", full.unet_names),
+        te_classes=names("text_encoder_target_module", full.te_classes),
+        te_names=names("text_encoder_target_name", ()),
+        enable_conv=bool(data.get("enable_conv", True)),
+        exclude_names=names("exclude_name", ()),
+        use_fnmatch=bool(data.get("use_fnmatch", False)),
+    )
+
+
+def active_roots(cfg: NetworkConfig | None, roots: Sequence[Root]) -> list[Root]:
+    """The roots that get adapters: all, the UNet only or the text encoders only (``--network_train_*_only``)."""
+    if cfg is None:
+        return list(roots)
+    return [
+        r
+        for r in roots
+        if not (cfg.train_unet_only and not r[0].startswith("lora_unet"))
+        and not (cfg.train_text_encoder_only and r[0].startswith("lora_unet"))
+    ]
+
+
+# ---------------------------------------------------------------------------------------------- per-block ranks
+def _lr_list(value, length: int, name: str) -> list[float]:
+    if isinstance(value, str):
+        kind, _, base = value.partition("+")
+        offset = float(base) if base else 0.0
+        steps = [i / (length - 1) for i in range(length)]
+        curves = {
+            "cosine": [math.sin(math.pi * s / 2) for s in reversed(steps)],
+            "sine": [math.sin(math.pi * s / 2) for s in steps],
+            "linear": steps,
+            "reverse_linear": list(reversed(steps)),
+            "zeros": [0.0] * length,
+        }
+        return [v + offset for v in curves[kind]]  # kind is one of LR_WEIGHT_PRESETS (checked by NetworkConfig)
+    values = list(value)
+    if len(values) != length:
+        logger.warning("%s has %d values; %d are used (missing ones are 1.0)", name, len(values), length)
+    return (values + [1.0] * length)[:length]
+
+
+def block_lr_weights(cfg: NetworkConfig, layout: BlockLayout) -> list[float] | None:
+    """One lr weight per UNet block from ``down/mid/up_lr_weight`` (sd-scripts' presets and padding rules)."""
+    if cfg.down_lr_weight is None and cfg.mid_lr_weight is None and cfg.up_lr_weight is None:
+        return None
+    thr = cfg.block_lr_zero_threshold
+
+    def part(value, length: int, name: str) -> list[float]:
+        if value is None:
+            return [1.0] * length
+        return [w if w > thr else 0.0 for w in _lr_list(value, length, name)]
+
+    return layout.lr_weights(
+        part(cfg.down_lr_weight, layout.down, "down_lr_weight"),
+        part(cfg.mid_lr_weight, layout.mid, "mid_lr_weight"),
+        part(cfg.up_lr_weight, layout.up, "up_lr_weight"),
+    )
+
+
+def _block_tables(cfg: NetworkConfig, layout: BlockLayout, lr_weights, errors: list[str]) -> dict[str, list] | None:
+    """sd-scripts' ``get_block_dims_and_alphas`` + ``remove_block_dims_and_alphas``: per-block (dim, alpha) lists."""
+    if not cfg.uses_blocks:
+        return None
+    n = layout.num_blocks
+    for name in ("block_dims", "block_alphas", "conv_block_dims", "conv_block_alphas"):
+        values = getattr(cfg, name)
+        if values is not None and len(values) != n:
+            errors.append(f"--network_args {name}: {len(values)} values given, this model's UNet has {n} blocks "
+                          f"({'SDXL' if n == 23 else 'SD1/SD2'} numbering)")  # fmt: skip
+    if errors:
+        return None
+    conv_dim, conv_alpha = cfg.resolved_conv()
+    tables = {
+        "dims": list(cfg.block_dims or [cfg.dim] * n),
+        "alphas": list(cfg.block_alphas or [cfg.alpha] * n),
+        "conv_dims": list(cfg.conv_block_dims) if cfg.conv_block_dims else ([conv_dim] * n if conv_dim else None),
+        "conv_alphas": list(cfg.conv_block_alphas or [conv_alpha if cfg.conv_dim else 1.0] * n),
+    }
+    for i, w in enumerate(lr_weights or []):
+        if w == 0:
+            tables["dims"][i] = 0
+            if tables["conv_dims"] is not None:
+                tables["conv_dims"][i] = 0
+    return tables
+
+
+def _rank_for(cfg: NetworkConfig, target: Target, tables) -> tuple[int, float, str]:
+    """(rank, alpha, the argument that set them) for one target; rank 0 = no adapter."""
+    conv_dim, conv_alpha = cfg.resolved_conv()
+    if target.kind == "linear":
+        rank, alpha, arg = cfg.dim, cfg.alpha, "--network_dim"
+    else:
+        rank, alpha, arg = conv_dim, conv_alpha, "conv_dim"
+    idx = block_index(target.name) if target.is_unet else -1
+    if tables is not None and idx >= 0:
+        if target.kind == "linear":
+            return tables["dims"][idx], tables["alphas"][idx], f"block_dims[{idx}]"
+        if tables["conv_dims"] is None:
+            return 0, 0.0, ""
+        return tables["conv_dims"][idx], tables["conv_alphas"][idx], f"conv_block_dims[{idx}]"
+    return rank, (alpha or float(rank)), arg
+
+
+# ------------------------------------------------------------------------------------------------------ building
+def new_adapter(cfg: NetworkConfig, weight: Tensor, rank: int, alpha: float) -> AdapterWeights:
+    """A fresh adapter of ``cfg.algo`` (+ DoRA) for a base ``weight``; ΔW = 0."""
+    algo = ALGOS[cfg.algo]
+    options = dict(
+        use_tucker=cfg.use_tucker, use_scalar=cfg.use_scalar, factor=cfg.factor, decompose_both=cfg.decompose_both,
+        full_matrix=cfg.full_matrix, unbalanced_factorization=cfg.unbalanced_factorization,
+    )  # fmt: skip
+    params = algo.init_params(tuple(weight.shape), rank, device=weight.device, dtype=torch.float32, **options)
+    if cfg.rs_lora:  # rank-stabilised: scale alpha/sqrt(r), stored as an ordinary alpha (LyCORIS does the same)
+        alpha = alpha * math.sqrt(rank)
+    if algo.rank(params) is None:  # LoKr with two full factors: scale 1; LyCORIS writes alpha = rank
+        alpha = float(rank)
+    magnitude = dora.init_magnitude(weight, "out" if cfg.wd_on_output else "in") if cfg.dora else None
+    return AdapterWeights(algo, params, alpha, magnitude=magnitude, use_scalar=cfg.use_scalar)
+
+
+def _wrap(cfg: NetworkConfig | None, target: Target, adapter) -> AdapterLayer | NormAdapterLayer:
+    kw = {} if cfg is None else dict(module_dropout=cfg.module_dropout)
+    if isinstance(adapter, NormWeights):
+        return NormAdapterLayer(target.module, adapter, **kw)
+    if cfg is not None:
+        kw.update(dropout=cfg.dropout, rank_dropout=cfg.rank_dropout, rank_dropout_scale=cfg.rank_dropout_scale)
+    return AdapterLayer(target.module, adapter, **kw)
+
+
+def _install(roots: Sequence[Root], target: Target, layer: nn.Module) -> Slot:
+    root = roots[target.root][1]
+    parent_path, _, attr = target.path.rpartition(".")
+    parent = root.get_submodule(parent_path) if parent_path else root
+    setattr(parent, attr, layer)
+    return Slot(layer, parent, attr, target)
+
+
+def inject(cfg: NetworkConfig, roots: Sequence[Root]) -> AdapterNetwork:
+    """Wrap every target module of ``roots`` with a fresh adapter as ``cfg`` says; returns the network.
+
+    Raises one ``ValueError`` listing every problem (block list lengths, ranks larger than a layer allows).
+    """
+    active = active_roots(cfg, roots)
+    preset = load_preset(cfg)
+    conv_dim, _ = cfg.resolved_conv()
+    conv = preset.enable_conv and (bool(conv_dim) or cfg.conv_block_dims is not None)
+    targets = find_targets(active, preset, conv=conv, train_norm=cfg.train_norm)
+    layout = block_layout([t.name for t in targets if t.is_unet])
+    errors: list[str] = []
+    lr_weights = block_lr_weights(cfg, layout)
+    tables = _block_tables(cfg, layout, lr_weights, errors)
+    if errors:
+        raise ValueError("invalid network for this model:\n  " + "\n  ".join(errors))
+    plan, too_big = [], {}
+    for t in targets:
+        if t.kind == "norm":
+            plan.append((t, None))
+            continue
+        rank, alpha, arg = _rank_for(cfg, t, tables)
+        shape = tuple(t.module.weight.shape)
+        if rank and cfg.algo != "lokr" and rank > max_rank(shape):  # LoKr switches to full factors by itself
+            too_big.setdefault((arg, rank), []).append((max_rank(shape), t.name, shape))
+        elif rank:
+            plan.append((t, (rank, alpha)))
+    for (arg, rank), layers in too_big.items():
+        limit, name, shape = min(layers)
+        errors.append(f"{arg} {rank} is larger than {len(layers)} layer(s) allow, e.g. {name} (weight {shape}): "
+                      f"rank at most {limit} there; lower it (or give per-block ranks with block_dims)")  # fmt: skip
+    if errors:
+        raise ValueError("invalid network for this model:\n  " + "\n  ".join(errors))
+    slots = []
+    for t, spec in plan:
+        if spec is None:
+            adapter = NormWeights(norm_algo.init_params(t.module.weight.shape[0], has_bias=t.module.bias is not None,
+                                                        device=t.module.weight.device))  # fmt: skip
+        else:
+            adapter = new_adapter(cfg, t.module.weight, *spec)
+        slots.append(_install(active, t, _wrap(cfg, t, adapter)))
+    logger.info("adapters: %d text-encoder and %d UNet modules", sum(not s.target.is_unet for s in slots),
+                sum(s.target.is_unet for s in slots))  # fmt: skip
+    return AdapterNetwork(slots, roots, cfg, lr_weights)
+
+
+def network_from_state_dict(
+    state_dict: Mapping[str, Tensor], roots: Sequence[Root], cfg: NetworkConfig | None = None, source: str = "file"
+) -> AdapterNetwork:
+    """Rebuild a network (modules, algorithms, ranks, alphas, DoRA) from a kohya / LyCORIS state dict and inject it.
+
+    Every module of the file must exist in the model (another family's file is a ``ValueError`` naming the
+    prefixes); ``cfg`` (if given) supplies dropouts, LoRA+ ratios and ``--network_train_*_only``.
+    """
+    active = active_roots(cfg, roots)
+    index = files.module_index(active)
+    all_index = files.module_index(roots)
+    groups = files.group_by_module(state_dict)
+    unknown = [n for n in groups if n not in all_index]
+    if unknown or not groups:
+        raise ValueError(files.explain_unmatched(unknown or ["(no modules)"], roots, source))
+    errors, built = [], []
+    for name, tensors in groups.items():
+        target = index.get(name)
+        if target is None:
+            continue  # a part switched off by --network_train_*_only
+        try:
+            algo = files.algo_of(name, tensors, source)
+            shape = tuple(target.module.weight.shape)
+            tensors = files.fit_to_base(tensors, shape) if algo != "norm" else tensors
+            files.check_shapes(name, algo, tensors, shape, source)
+        except ValueError as e:
+            errors.append(str(e))
+            continue
+        if algo == "norm":
+            adapter = NormWeights({k: t.detach().clone().float().reshape(-1) for k, t in tensors.items()})
+        else:
+            adapter = AdapterWeights.from_file(tensors, algo, name)
+        built.append((target, adapter))
+    if errors:
+        more = f"\n... and {len(errors) - 5} more like these" if len(errors) > 5 else ""
+        raise ValueError("\n".join(errors[:5]) + more)
+    slots = [_install(active, t, _wrap(cfg, t, adapter.to(t.module.weight.device))) for t, adapter in built]
+    layout = block_layout([t.name for t, _ in built if t.is_unet])
+    block_lr = block_lr_weights(cfg, layout) if cfg is not None else None
+    return AdapterNetwork(slots, roots, cfg, block_lr)
+
+
+def network_from_file(path: str | os.PathLike, roots: Sequence[Root], cfg: NetworkConfig | None = None):
+    """:func:`network_from_state_dict` for a file (safetensors or a safe pickle)."""
+    from library.checkpoints import load_state_dict
+
+    state_dict, _ = load_state_dict(path)
+    return network_from_state_dict(state_dict, roots, cfg, source=str(path))
+
+
+def merge_files_into_base(paths: Sequence[str], multipliers: Sequence[float], roots: Sequence[Root]) -> None:
+    """``--base_weights``: bake each adapter file (any algorithm) into the base weights with its multiplier
+    (missing multipliers are 1.0, as in sd-scripts)."""
+    for i, path in enumerate(paths):
+        multiplier = multipliers[i] if i < len(multipliers) else 1.0
+        network = network_from_file(path, roots)
+        network.set_multiplier(multiplier)
+        network.merge_into_base()
+        logger.info("merged %s into the base model (multiplier %s)", path, multiplier)
+
+
+def prepare_network(cfg: NetworkConfig, roots: Sequence[Root]) -> AdapterNetwork:
+    """What a training script does: merge ``--base_weights``, then build the network (from ``--network_weights``
+    with ``--dim_from_weights``, else from the config and load ``--network_weights`` into it)."""
+    if cfg.base_weights:
+        merge_files_into_base(cfg.base_weights, cfg.base_weights_multiplier, roots)
+    if cfg.dim_from_weights:
+        return network_from_file(cfg.network_weights, roots, cfg)
+    network = inject(cfg, roots)
+    if cfg.network_weights:
+        network.load_file(cfg.network_weights, strict=False)
+    return network

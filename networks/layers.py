@@ -1,0 +1,293 @@
+"""Adapter layers: a wrapper that holds a frozen base Linear / Conv2d (or norm) and the adapter's tensors.
+
+The wrapper replaces the base module in its parent (peft-style ``base_layer``; the base module's ``forward`` is never
+patched) and computes
+
+    y = base(x) + multiplier · Δ(x)
+
+* LoRA without DoRA uses the factorised path ``Δ(x) = scale · up(down(x))`` (no ΔW built), with sd-scripts'
+  dropouts on the rank-r activation: ``network_dropout`` (neurons), ``rank_dropout`` (whole rank channels per
+  sample, rescaled by 1/(1-p)).
+* Every other case builds ΔW = ``algo.delta_weight(...)`` once per call and applies it with the base layer's own op
+  (``F.linear`` / ``F.conv2d`` with the base stride/padding). ``rank_dropout`` then masks output rows of ΔW
+  (LyCORIS; rescaled by the kept fraction only with ``rank_dropout_scale``) and ``network_dropout`` acts on Δ(x).
+* DoRA: Δ(x) = op(x, W' - W) with W' = ``dora_weight(W, ΔW, magnitude)``, i.e. the weight is interpolated
+  W + m·(W' - W) (ComfyUI's strength rule; at m = 1 this is exactly LyCORIS' and PEFT's DoRA).
+* ``module_dropout`` skips the adapter for the whole step with probability p. All dropouts act in training only.
+
+``merge()`` / ``unmerge()`` write the same ΔW into the base weight (and restore it exactly).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .algos import ALGOS, dora
+from .algos import norm as norm_algo
+from .algos.base import Algorithm
+
+ADAPTABLE = (nn.Linear, nn.Conv2d)
+NORMS = (nn.GroupNorm, nn.LayerNorm)
+
+
+def weight_kind(module: nn.Module) -> str | None:
+    """``"linear"`` (Linear or 1x1 conv: the "network_dim" layers), ``"conv"`` (k > 1), ``"norm"`` or None."""
+    if isinstance(module, nn.Linear):
+        return "linear"
+    if isinstance(module, nn.Conv2d):
+        return "linear" if tuple(module.kernel_size) == (1, 1) else "conv"
+    if isinstance(module, NORMS) and getattr(module, "weight", None) is not None:
+        return "norm"
+    return None
+
+
+def max_rank(shape: tuple[int, ...]) -> int:
+    """The largest meaningful rank for a weight of ``shape``: min(out, in·kh·kw)."""
+    return min(shape[0], math.prod(shape[1:]))
+
+
+class AdapterWeights(nn.Module):
+    """The trainable tensors of one adapted module: the algorithm's parameters, ``alpha`` and the DoRA magnitude.
+
+    ``params`` hold the file shapes (see ``networks.algos``); ``alpha`` is a buffer (written per module);
+    ``magnitude`` (DoRA) has shape (out, 1[, 1, 1]) or, for old files, (1, in[, 1, 1]); ``scalar`` (LyCORIS
+    ``use_scalar``) multiplies ΔW and is folded into the file tensors on save.
+    """
+
+    def __init__(
+        self,
+        algo: Algorithm,
+        params: Mapping[str, Tensor],
+        alpha: float,
+        *,
+        magnitude: Tensor | None = None,
+        use_scalar: bool = False,
+    ) -> None:
+        super().__init__()
+        self.algo = algo
+        self.params = nn.ParameterDict({k: nn.Parameter(v) for k, v in params.items()})
+        device = next(iter(params.values())).device
+        self.register_buffer("alpha", torch.tensor(float(alpha), device=device))
+        self.magnitude = nn.Parameter(magnitude) if magnitude is not None else None
+        self.scalar = nn.Parameter(torch.zeros((), device=device)) if use_scalar else None
+
+    @property
+    def rank(self) -> int | None:
+        return self.algo.rank(self.params)
+
+    def scale(self) -> Tensor | float:
+        """alpha / r (a 0-dim tensor, no host sync), or 1 when the format fixes it (LoKr with full factors)."""
+        r = self.rank
+        return self.alpha / r if r else 1.0
+
+    def delta_weight(self, shape: tuple[int, ...]) -> Tensor:
+        """ΔW in ``shape`` at multiplier 1 (without DoRA): the algorithm's formula times ``scalar``."""
+        delta = self.algo.delta_weight(self.params, self.scale(), shape)
+        return delta * self.scalar if self.scalar is not None else delta
+
+    def file_tensors(self) -> dict[str, Tensor]:
+        """Tensor suffix -> tensor, as written in kohya/LyCORIS files (``scalar`` folded in, ``alpha`` 0-dim)."""
+        out = {self.algo.file_keys[k]: v.detach() for k, v in self.params.items()}
+        if self.scalar is not None:
+            key = next(k for k in self.algo.scalar_params if k in self.params)
+            out[self.algo.file_keys[key]] = (self.params[key] * self.scalar).detach()
+        out["alpha"] = self.alpha.detach()
+        if self.magnitude is not None:
+            out["dora_scale"] = self.magnitude.detach()
+        return out
+
+    @classmethod
+    def from_file(cls, tensors: Mapping[str, Tensor], algo_name: str, name: str) -> AdapterWeights:
+        """Rebuild from one module's file tensors (suffix -> tensor); ``name`` is used in error messages."""
+        algo = ALGOS[algo_name]
+        params, unknown = {}, []
+        for suffix, t in tensors.items():
+            param = algo.param_for_suffix(suffix)
+            if param is not None:
+                params[param] = t.detach().clone().float()
+            elif suffix not in ("alpha", "dora_scale"):
+                unknown.append(suffix)
+        if unknown:
+            raise ValueError(f"{name}: tensors {sorted(unknown)} do not belong to a {algo_name} module")
+        rank = algo.rank(params)
+        alpha = float(tensors["alpha"]) if "alpha" in tensors else float(rank or 1)
+        magnitude = tensors.get("dora_scale")
+        return cls(algo, params, alpha, magnitude=None if magnitude is None else magnitude.detach().clone().float())
+
+
+class AdapterLayer(nn.Module):
+    """A frozen ``base_layer`` (Linear / Conv2d) plus one adapter; see the module docstring for the forward pass."""
+
+    def __init__(
+        self,
+        base_layer: nn.Module,
+        adapter: AdapterWeights,
+        *,
+        dropout: float | None = None,
+        rank_dropout: float | None = None,
+        module_dropout: float | None = None,
+        rank_dropout_scale: bool = False,
+    ) -> None:
+        super().__init__()
+        if not isinstance(base_layer, ADAPTABLE):
+            raise TypeError(f"AdapterLayer wraps nn.Linear or nn.Conv2d, got {type(base_layer).__name__}")
+        self.base_layer = base_layer
+        self.adapter = adapter
+        self.multiplier = 1.0
+        self.dropout = dropout or None
+        self.rank_dropout = rank_dropout or None
+        self.module_dropout = module_dropout or None
+        self.rank_dropout_scale = rank_dropout_scale
+        self._backup: Tensor | None = None  # original base weight while merged
+
+    @property
+    def merged(self) -> bool:
+        return self._backup is not None
+
+    @property
+    def weight_shape(self) -> tuple[int, ...]:
+        return tuple(self.base_layer.weight.shape)
+
+    def _conv(self) -> dict | None:
+        b = self.base_layer
+        if isinstance(b, nn.Conv2d):
+            return {"stride": b.stride, "padding": b.padding, "dilation": b.dilation}
+        return None
+
+    def _op(self, x: Tensor, weight: Tensor) -> Tensor:
+        conv = self._conv()
+        return F.linear(x, weight) if conv is None else F.conv2d(x, weight, None, **conv)
+
+    def delta(self, multiplier: float | None = None) -> Tensor:
+        """W_adapted - W at ``multiplier`` (default: the layer's), including DoRA: what merge adds to the weight."""
+        m = self.multiplier if multiplier is None else multiplier
+        delta = self.adapter.delta_weight(self.weight_shape)
+        if self.adapter.magnitude is not None:
+            weight = self._backup if self._backup is not None else self.base_layer.weight
+            delta = dora.dora_weight(weight, delta, self.adapter.magnitude) - weight.to(delta.dtype)
+        return delta * m
+
+    def _train_delta(self) -> Tensor:
+        delta = self.adapter.delta_weight(self.weight_shape)
+        if self.training and self.rank_dropout:
+            keep = (torch.rand(delta.shape[0], device=delta.device) > self.rank_dropout).to(delta.dtype)
+            if self.rank_dropout_scale:
+                keep = keep / keep.mean().clamp_min(1e-6)
+            delta = delta * keep.reshape(-1, *[1] * (delta.dim() - 1))
+        if self.adapter.magnitude is not None:
+            weight = self.base_layer.weight
+            delta = dora.dora_weight(weight, delta, self.adapter.magnitude) - weight.to(delta.dtype)
+        return delta
+
+    def _lora_forward(self, x: Tensor) -> Tensor:
+        algo, params = self.adapter.algo, self.adapter.params
+        h = algo.project_down(x, params, self._conv())
+        if self.training and self.dropout:
+            h = F.dropout(h, p=self.dropout)
+        scale = self.adapter.scale()
+        if self.training and self.rank_dropout:
+            mask = torch.rand((h.shape[0], h.shape[1] if h.dim() == 4 else h.shape[-1]), device=h.device)
+            mask = (mask > self.rank_dropout).to(h.dtype)
+            mask = mask.reshape(h.shape[0], *([1] * (h.dim() - 2)), -1) if h.dim() != 4 else mask[..., None, None]
+            h = h * mask
+            scale = scale / (1.0 - self.rank_dropout)
+        out = algo.project_up(h, params)
+        if self.adapter.scalar is not None:
+            scale = scale * self.adapter.scalar
+        return out * (scale * self.multiplier)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = self.base_layer(x)
+        if self.merged or self.multiplier == 0:
+            return out
+        if self.training and self.module_dropout and torch.rand(()) < self.module_dropout:
+            return out
+        if self.adapter.algo.project_down is not None and self.adapter.magnitude is None:
+            return out + self._lora_forward(x).to(out.dtype)
+        delta = self._op(x, self._train_delta().to(x.dtype))
+        if self.training and self.dropout:
+            delta = F.dropout(delta, p=self.dropout)
+        return out + (delta * self.multiplier).to(out.dtype)
+
+    @torch.no_grad()
+    def merge(self, keep_backup: bool = True) -> None:
+        """Add the adapter (at the current multiplier) into the base weight; ``unmerge()`` restores it exactly."""
+        if self.merged:
+            return
+        weight = self.base_layer.weight
+        delta = self.delta()
+        backup = weight.detach().clone()
+        weight.copy_((weight.float() + delta.float()).to(weight.dtype))
+        if keep_backup:
+            self._backup = backup
+
+    @torch.no_grad()
+    def unmerge(self) -> None:
+        if self._backup is not None:
+            self.base_layer.weight.copy_(self._backup)
+            self._backup = None
+
+
+class NormWeights(nn.Module):
+    """``w_norm`` / ``b_norm`` of one norm layer (LyCORIS ``train_norm``); no alpha."""
+
+    def __init__(self, params: Mapping[str, Tensor]) -> None:
+        super().__init__()
+        self.params = nn.ParameterDict({k: nn.Parameter(v) for k, v in params.items()})
+
+    def file_tensors(self) -> dict[str, Tensor]:
+        return {norm_algo.FILE_KEYS[k]: v.detach() for k, v in self.params.items()}
+
+
+class NormAdapterLayer(nn.Module):
+    """A frozen GroupNorm / LayerNorm whose affine terms get ``multiplier · (w_norm, b_norm)`` added."""
+
+    def __init__(self, base_layer: nn.Module, adapter: NormWeights, *, module_dropout: float | None = None):
+        super().__init__()
+        if not isinstance(base_layer, NORMS):
+            raise TypeError(f"NormAdapterLayer wraps GroupNorm or LayerNorm, got {type(base_layer).__name__}")
+        self.base_layer = base_layer
+        self.adapter = adapter
+        self.multiplier = 1.0
+        self.module_dropout = module_dropout or None
+        self._backup: tuple[Tensor, Tensor | None] | None = None
+
+    @property
+    def merged(self) -> bool:
+        return self._backup is not None
+
+    def forward(self, x: Tensor) -> Tensor:
+        b = self.base_layer
+        skip = self.training and self.module_dropout and torch.rand(()) < self.module_dropout
+        if self.merged or skip:
+            return b(x)
+        weight, bias = norm_algo.affine(b.weight, b.bias, dict(self.adapter.params), self.multiplier)
+        if isinstance(b, nn.GroupNorm):
+            return F.group_norm(x, b.num_groups, weight, bias, b.eps)
+        return F.layer_norm(x, b.normalized_shape, weight, bias, b.eps)
+
+    @torch.no_grad()
+    def merge(self, keep_backup: bool = True) -> None:
+        if self.merged:
+            return
+        b = self.base_layer
+        backup = (b.weight.detach().clone(), None if b.bias is None else b.bias.detach().clone())
+        weight, bias = norm_algo.affine(b.weight, b.bias, dict(self.adapter.params), self.multiplier)
+        b.weight.copy_(weight)
+        if bias is not None:
+            b.bias.copy_(bias)
+        if keep_backup:
+            self._backup = backup
+
+    @torch.no_grad()
+    def unmerge(self) -> None:
+        if self._backup is not None:
+            self.base_layer.weight.copy_(self._backup[0])
+            if self._backup[1] is not None:
+                self.base_layer.bias.copy_(self._backup[1])
+            self._backup = None
