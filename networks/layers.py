@@ -90,6 +90,14 @@ class AdapterWeights(nn.Module):
         delta = self.algo.delta_weight(self.params, self.scale(), shape)
         return delta * self.scalar if self.scalar is not None else delta
 
+    def factors(self) -> tuple[Tensor, Tensor] | None:
+        """(up (out, r), down (r, in·kh·kw)) with ``delta_weight`` = up @ down (reshaped), for algorithms that are a
+        plain low-rank product (LoRA without tucker); None otherwise. DoRA's magnitude is not part of it."""
+        if self.algo.factors is None:
+            return None
+        scale = self.scale()
+        return self.algo.factors(self.params, scale * self.scalar if self.scalar is not None else scale)
+
     def file_tensors(self) -> dict[str, Tensor]:
         """Tensor suffix -> tensor, as written in kohya/LyCORIS files (``scalar`` folded in, ``alpha`` 0-dim)."""
         out = {self.algo.file_keys[k]: v.detach() for k, v in self.params.items()}

@@ -25,6 +25,10 @@ class Algorithm:
     # project_down(x, params, conv) with conv = dict(stride, padding, dilation) for a Conv2d base, None for Linear.
     project_down: Callable[..., Tensor] | None = None
     project_up: Callable[..., Tensor] | None = None
+    # Optional low-rank form (LoRA without tucker): factors(params, scale) -> (up (out, r), down (r, in·kh·kw)) with
+    # ΔW = (up @ down) reshaped to the base shape, or None when the tensors are not a plain product. Resize and
+    # merge tools use it to work on the rank-r factors instead of the (out, in) matrix.
+    factors: Callable[[Mapping[str, Tensor], float], tuple[Tensor, Tensor] | None] | None = None
 
     def param_for_suffix(self, suffix: str) -> str | None:
         """The parameter name stored under a file tensor suffix, or None if the suffix is not this algorithm's."""

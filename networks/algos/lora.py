@@ -72,13 +72,22 @@ def init_params(
     return params
 
 
+def factors(params: Mapping[str, Tensor], scale: float) -> tuple[Tensor, Tensor] | None:
+    """(scale · up (out, r), down (r, in·kh·kw)) with ΔW = up @ down (reshaped); None for the tucker form."""
+    down, up = params["lora_down"], params["lora_up"]
+    if "lora_mid" in params:
+        return None
+    return up.reshape(up.shape[0], up.shape[1]) * scale, down.reshape(down.shape[0], -1)
+
+
 def delta_weight(params: Mapping[str, Tensor], scale: float, shape: tuple[int, ...] | None = None) -> Tensor:
     """ΔW = scale · up @ down (conv: via the flattened kernel; tucker: through ``lora_mid``), in the base shape."""
     down, up, mid = params["lora_down"], params["lora_up"], params.get("lora_mid")
-    up2 = up.reshape(up.shape[0], up.shape[1])
     if mid is None:
-        delta = (up2 @ down.reshape(down.shape[0], -1)).reshape(up.shape[0], *down.shape[1:])
+        up2, down2 = factors(params, 1.0)
+        delta = (up2 @ down2).reshape(up.shape[0], *down.shape[1:])
     else:
+        up2 = up.reshape(up.shape[0], up.shape[1])
         down2 = down.reshape(down.shape[0], down.shape[1])
         delta = torch.einsum("ab...,oa,bi->oi...", mid, up2, down2)
     delta = delta * scale
@@ -120,4 +129,5 @@ ALGORITHM = Algorithm(
     scalar_params=("lora_up",),
     project_down=project_down,
     project_up=project_up,
+    factors=factors,
 )
