@@ -253,19 +253,7 @@ def start(cfg: TrainConfig) -> Run:
     seed_everything(cfg.run.seed)
     family = cfg.family
     data_args = cfg.data
-    if not data_args.resolutions:
-        native = family.default_resolution("v_prediction" if cfg.model.v_parameterization else "epsilon")
-        data_args = dataclasses.replace(data_args, resolutions=((native, native),))
-    plan = data.build_datasets(
-        data_args,
-        grad_accum=cfg.run.gradient_accumulation_steps,
-        num_processes=accelerator.num_processes,
-        seed=cfg.run.seed,
-        size_multiple=family.size_multiple,
-        is_main_process=accelerator.is_main_process,
-        validation_split=cfg.validation.validation_split,
-        validation_seed=cfg.validation.validation_seed,
-    )
+    plan = build_plan(cfg, accelerator)
     parts = load_model(cfg, accelerator)
     v_pred = parts.prediction_type == "v_prediction"
     noise = dataclasses.replace(cfg.noise, v_parameterization=v_pred)
@@ -289,6 +277,25 @@ def start(cfg: TrainConfig) -> Run:
     if plan.validation is not None:
         run.validation_loader = run.make_loader(validation=True)
     return run
+
+
+def build_plan(cfg: TrainConfig, accelerator: Any) -> data.Plan:
+    """The datasets (records, buckets, bucket report) as training reads them; the family's native resolution when
+    none is given."""
+    data_args = cfg.data
+    if not data_args.resolutions:
+        native = cfg.family.default_resolution("v_prediction" if cfg.model.v_parameterization else "epsilon")
+        data_args = dataclasses.replace(data_args, resolutions=((native, native),))
+    return data.build_datasets(
+        data_args,
+        grad_accum=cfg.run.gradient_accumulation_steps,
+        num_processes=accelerator.num_processes,
+        seed=cfg.run.seed,
+        size_multiple=cfg.family.size_multiple,
+        is_main_process=accelerator.is_main_process,
+        validation_split=cfg.validation.validation_split,
+        validation_seed=cfg.validation.validation_seed,
+    )
 
 
 def setup_logging(cfg: TrainConfig) -> None:

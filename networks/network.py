@@ -283,9 +283,15 @@ class AdapterNetwork(nn.Module):
         for layer in self.layers():
             layer.unmerge()
 
-    def merge_into_base(self) -> None:
-        """Bake the adapters into the base weights permanently and remove them (``--base_weights``)."""
-        for layer in self.layers():
+    def merge_into_base(self, progress: str | None = None) -> None:
+        """Bake the adapters into the base weights permanently and remove them (``--base_weights``, merge tools).
+        ``progress``: label of a tqdm bar over the modules (None: no bar)."""
+        layers = self.layers()
+        if progress is not None:
+            from tqdm.auto import tqdm
+
+            layers = tqdm(layers, desc=progress, unit="module", leave=False)
+        for layer in layers:
             layer.merge(keep_backup=False)
         self._restore_base_layers()
 
