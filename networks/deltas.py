@@ -1,0 +1,273 @@
+"""Adapter files as per-module ΔW, for the post-training tools (resize, merge, SVD-merge, check).
+
+An :class:`AdapterFile` is a kohya / LyCORIS file read safely (``library.checkpoints.load_state_dict``) and grouped
+per module, each module's algorithm detected (``networks.files``). :func:`module_delta` turns one module into a
+:class:`~networks.lowrank.Delta` through the same functions training uses (``AdapterWeights.delta_weight``, the
+LoRA ``factors``, ``AdapterLayer.delta`` for DoRA), so no formula is written twice.
+
+The base weight shape of a module comes from, in order: the base model when one is given (its modules, as for
+training), the file's own tensors when they determine it (LoRA; LoHa/LoKr with tucker or full factors), or the
+released architecture of the file's model family built on the meta device (LoHa/LoKr store conv kernels
+flattened, so the file alone cannot tell a 3x3 conv from a Linear). DoRA needs the base weights themselves.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from . import files
+from .layers import AdapterLayer, AdapterWeights
+from .lowrank import Delta
+from .targets import Root, Target
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class AdapterFile:
+    """One adapter file: ``modules`` {kohya name: {tensor suffix: tensor}}, ``algos`` {name: algorithm}."""
+
+    path: Path
+    modules: dict[str, dict[str, Tensor]]
+    metadata: dict[str, str]
+    algos: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def source(self) -> str:
+        return str(self.path)
+
+    @property
+    def title(self) -> str:
+        """``modelspec.title`` or the file stem (what ``modelspec.merged_from`` lists)."""
+        return self.metadata.get("modelspec.title") or self.path.stem
+
+    def state_dict(self) -> dict[str, Tensor]:
+        """The file's tensors under their keys again (``<name>.<suffix>``)."""
+        return {f"{n}.{s}": t for n, tensors in self.modules.items() for s, t in tensors.items()}
+
+    def scale_of(self, name: str) -> float:
+        """alpha / r of a LoRA-family module (1 when the format fixes it or the module has no rank)."""
+        tensors = self.modules[name]
+        algo = self.algos[name]
+        if algo == "norm":
+            return 1.0
+        adapter = AdapterWeights.from_file(tensors, algo, name)
+        return float(adapter.scale())
+
+    def rank_of(self, name: str) -> int | None:
+        algo = self.algos[name]
+        return None if algo == "norm" else AdapterWeights.from_file(self.modules[name], algo, name).rank
+
+
+def load_adapter(path: str | os.PathLike) -> AdapterFile:
+    """Read an adapter file; ``ValueError`` naming the file for unsafe pickles, non-adapter files and algorithms
+    that are not supported (every module's problem at once)."""
+    from library.checkpoints import load_state_dict
+
+    path = Path(path)
+    state_dict, metadata = load_state_dict(path)
+    modules = files.group_by_module(state_dict)
+    if not modules:
+        raise ValueError(f"{path}: no adapter modules in this file (expected kohya keys such as "
+                         "lora_unet_..._to_q.lora_down.weight); is it a model checkpoint?")  # fmt: skip
+    algos, errors = {}, []
+    for name, tensors in modules.items():
+        try:
+            algos[name] = files.algo_of(name, tensors, str(path))
+        except ValueError as e:
+            errors.append(str(e))
+    if errors:
+        more = f"\n... and {len(errors) - 5} more like these" if len(errors) > 5 else ""
+        raise ValueError("\n".join(errors[:5]) + more)
+    return AdapterFile(path, modules, metadata, algos)
+
+
+def load_adapters(paths: Sequence[str | os.PathLike]) -> list[AdapterFile]:
+    """:func:`load_adapter` for each path; the problems of every file in one ``ValueError``."""
+    out, errors = [], []
+    for p in paths:
+        try:
+            out.append(load_adapter(p))
+        except (ValueError, FileNotFoundError) as e:
+            errors.append(str(e))
+    if errors:
+        raise ValueError("\n".join(errors))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------- module shapes
+def shape_from_tensors(algo: str, t: Mapping[str, Tensor]) -> tuple[int, ...] | None:
+    """The base weight shape when the file's tensors determine it, else None (flattened LoHa/LoKr conv kernels)."""
+    if algo == "lora":
+        up, down, mid = t["lora_up.weight"], t["lora_down.weight"], t.get("lora_mid.weight")
+        if mid is not None:
+            return (up.shape[0], down.shape[1], *mid.shape[2:])
+        return (up.shape[0], *down.shape[1:])
+    if algo == "loha" and "hada_t1" in t:
+        return (t["hada_w1_a"].shape[1], t["hada_w1_b"].shape[1], *t["hada_t1"].shape[2:])
+    if algo == "lokr":
+        w1 = t.get("lokr_w1")
+        a, c = w1.shape if w1 is not None else (t["lokr_w1_a"].shape[0], t["lokr_w1_b"].shape[1])
+        if "lokr_w2" in t:
+            w2 = t["lokr_w2"]
+            return (a * w2.shape[0], c * w2.shape[1], *w2.shape[2:])
+        if "lokr_t2" in t:
+            return (a * t["lokr_w2_a"].shape[1], c * t["lokr_w2_b"].shape[1], *t["lokr_t2"].shape[2:])
+    return None
+
+
+def model_index(roots: Sequence[Root]) -> dict[str, Target]:
+    """Every adaptable module of a model under its kohya name (and alias names), as training finds them."""
+    return files.module_index(roots)
+
+
+@cache
+def reference_index(family_name: str) -> dict[str, Target]:
+    """The kohya names and modules of the released architecture of a family, built on the meta device (no
+    weights, no memory): shapes for files whose tensors do not determine them."""
+    from accelerate import init_empty_weights
+    from diffusers import UNet2DConditionModel
+
+    from library.families import Parts, get_family
+    from library.families.loading import shipped_configs, text_encoder_factory
+
+    family = get_family(family_name)
+    configs = shipped_configs(next(iter(family.spec.configs.values())))
+    with init_empty_weights():
+        unet = UNet2DConditionModel.from_config(configs["unet"])
+        tes = [text_encoder_factory(c, s.with_projection)() for c, s in zip(configs["text_encoders"],
+                                                                              family.spec.text_encoders)]  # fmt: skip
+    parts = Parts(unet, None, tes, [], configs["scheduler"], family.name)
+    return model_index(family.adapter_roots(parts))
+
+
+def fits(file: AdapterFile, index: Mapping[str, Target]) -> list[str]:
+    """The problems of ``file`` against a model's modules (empty: every module exists and its tensors fit)."""
+    unknown = [n for n in file.modules if n not in index]
+    if unknown:
+        roots = sorted({_prefix_of(n) for n in index})
+        return [files.explain_unmatched(unknown, [(p, nn.Module(), str) for p in roots], file.source)]
+    errors = []
+    for name, tensors in file.modules.items():
+        shape = tuple(index[name].module.weight.shape)
+        try:
+            fitted = files.fit_to_base(tensors, shape) if file.algos[name] != "norm" else tensors
+            files.check_shapes(name, file.algos[name], fitted, shape, file.source)
+        except ValueError as e:
+            errors.append(str(e))
+    return errors
+
+
+def _prefix_of(name: str) -> str:
+    return files.prefix_of(name)
+
+
+def adapter_family(file: AdapterFile) -> str | None:
+    """The family ("sd1" | "sd2" | "sdxl") whose released architecture every module of ``file`` fits, or None.
+    ``ss_base_model_version`` is tried first; a file that fits several (rare) gets the first match."""
+    hint = file.metadata.get("ss_base_model_version", "")
+    order = ["sdxl", "sd1", "sd2"]
+    for name, prefix in (("sdxl", "sdxl"), ("sd2", "sd_v2"), ("sd1", "sd_v1")):
+        if hint.startswith(prefix):
+            order.remove(name)
+            order.insert(0, name)
+    for name in order:
+        if not fits(file, reference_index(name)):
+            return name
+    return None
+
+
+def resolve_index(file: AdapterFile, base_index: Mapping[str, Target] | None) -> Mapping[str, Target] | None:
+    """The module index shapes come from: the base model's, else (only when some module needs it) the released
+    architecture the file fits. ``ValueError`` naming the file when the modules do not fit the base model or no
+    family fits the file."""
+    if base_index is not None:
+        problems = fits(file, base_index)
+        if problems:
+            more = f"\n... and {len(problems) - 5} more like these" if len(problems) > 5 else ""
+            raise ValueError("\n".join(problems[:5]) + more)
+        return base_index
+    needs = [n for n, t in file.modules.items() if file.algos[n] != "norm" and
+             (shape_from_tensors(file.algos[n], t) is None or "dora_scale" in t)]  # fmt: skip
+    if not needs:
+        return None
+    family = adapter_family(file)
+    if family is None:
+        raise ValueError(
+            f"{file.source}: the base weight shapes of {len(needs)} module(s) (e.g. {needs[0]}) cannot be read from "
+            "the file (LoHa / LoKr store conv kernels flattened) and the file does not fit a released SD1 / SD2 / "
+            "SDXL architecture; pass the base model the adapter was trained on (--base_model)"
+        )
+    logger.info("%s: module shapes from the released %s architecture", file.source, family)
+    return reference_index(family)
+
+
+# ------------------------------------------------------------------------------------------------------- deltas
+def module_delta(
+    file: AdapterFile, name: str, index: Mapping[str, Target] | None, *, multiplier: float = 1.0
+) -> Delta | None:
+    """ΔW of one module (alpha / r and ``multiplier`` applied; DoRA's W' − W at multiplier 1 scaled by
+    ``multiplier``); None for norm modules. Raises ``ValueError`` naming the module when its shape is unknown or
+    DoRA lacks base weights."""
+    algo, tensors = file.algos[name], file.modules[name]
+    if algo == "norm":
+        return None
+    base = index[name].module if index is not None and name in index else None
+    shape = tuple(base.weight.shape) if base is not None else shape_from_tensors(algo, tensors)
+    if shape is None:
+        raise ValueError(f"{file.source}: {name}: the base weight shape is not in the file; pass the base model")
+    tensors = files.fit_to_base(tensors, shape)
+    files.check_shapes(name, algo, tensors, shape, file.source)
+    adapter = AdapterWeights.from_file(tensors, algo, name)
+    with torch.no_grad():
+        if adapter.magnitude is not None:
+            if base is None or base.weight.is_meta:
+                raise ValueError(f"{file.source}: {name} is a DoRA module: its ΔW depends on the base weights; pass "
+                                 "the base model it was trained on (--base_model)")  # fmt: skip
+            layer = AdapterLayer(base, adapter.to(base.weight.device))
+            delta = layer.delta(1.0).float().cpu()
+            return Delta(shape, dense=delta.reshape(shape[0], -1) * multiplier)
+        pair = adapter.factors()
+        if pair is not None:
+            return Delta(shape, up=pair[0] * multiplier, down=pair[1])
+        return Delta(shape, dense=adapter.delta_weight(shape).reshape(shape[0], -1) * multiplier)
+
+
+def file_deltas(
+    file: AdapterFile, index: Mapping[str, Target] | None, multiplier: float = 1.0
+) -> tuple[dict[str, Delta], dict[str, dict[str, Tensor]]]:
+    """``(deltas, norms)``: ΔW of every weight module and the tensors of norm modules; every module's problem in
+    one ``ValueError``."""
+    deltas, norms, errors = {}, {}, []
+    for name in file.modules:
+        try:
+            d = module_delta(file, name, index, multiplier=multiplier)
+        except ValueError as e:
+            errors.append(str(e))
+            continue
+        if d is None:
+            norms[name] = {k: v.float() * multiplier for k, v in file.modules[name].items()}
+        else:
+            deltas[name] = d
+    if errors:
+        more = f"\n... and {len(errors) - 5} more like these" if len(errors) > 5 else ""
+        raise ValueError("\n".join(errors[:5]) + more)
+    return deltas, norms
+
+
+def base_model_index(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> tuple[Any, Any, dict]:
+    """Load a base model with its family (``library.families``): ``(family, parts, index)``."""
+    from library.families import detect_family
+
+    family = detect_family(path)
+    parts = family.load(path, dtype=dtype)
+    return family, parts, model_index(family.adapter_roots(parts))

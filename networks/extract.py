@@ -1,0 +1,123 @@
+"""Extract a LoRA from two models (sd-scripts' ``networks/extract_lora_from_models.py``): per target module
+ΔW = W_tuned − W_org, truncated by SVD to ``dim`` (3x3 convs to ``conv_dim``; without it they are not extracted).
+
+Targets are the modules ``networks.lora`` trains (``networks.targets``: Transformer2DModel + CLIP attention / MLP,
+plus ResnetBlock2D / Downsample2D / Upsample2D with ``conv_dim``), named by the model family. As sd-scripts:
+``up = U·S``, ``down = Vh``, alpha = rank; both factors clamped at the ``clamp_quantile`` quantile of their
+values (1.0: no clamp, the exact best rank-r approximation); the text encoders are left out when no weight of
+theirs differs by more than ``min_diff``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .lowrank import Delta, clamp_factors, svd_all, to_lora
+from .targets import CONV_BLOCKS, PRESETS, Preset, Target, find_targets
+from .tool_common import progress
+
+logger = logging.getLogger(__name__)
+_CHUNK_ELEMENTS = 1 << 26  # ΔW elements held at once
+
+
+@dataclass(frozen=True)
+class ExtractOptions:
+    dim: int = 4
+    conv_dim: int | None = None
+    clamp_quantile: float | None = 0.99
+    min_diff: float = 0.01
+    device: str | None = None
+
+
+def targets(family: Any, parts: Any, conv: bool) -> list[Target]:
+    """The modules networks.lora would adapt (with conv blocks when ``conv``), in model order."""
+    base = PRESETS["kohya"]
+    preset = Preset(base.unet_classes + CONV_BLOCKS, (), base.te_classes, (), True) if conv else base
+    return find_targets(family.adapter_roots(parts), preset, conv=conv, train_norm=False)
+
+
+def paired_targets(family: Any, org: Any, tuned: Any, conv: bool) -> list[tuple[Target, Target]]:
+    """(original, tuned) module pairs by kohya name; ``ValueError`` when the architectures differ."""
+    a, b = targets(family, org, conv), {t.name: t for t in targets(family, tuned, conv)}
+    missing = [t.name for t in a if t.name not in b]
+    wrong = [f"{t.name} {tuple(t.module.weight.shape)} vs {tuple(b[t.name].module.weight.shape)}"
+             for t in a if t.name in b and t.module.weight.shape != b[t.name].module.weight.shape]  # fmt: skip
+    if missing or wrong or len(b) != len(a):
+        detail = f"missing in the tuned model: {missing[:3]}" if missing else f"shapes differ: {wrong[:3]}"
+        raise ValueError(f"the original and tuned models have different architectures ({detail})")
+    return [(t, b[t.name]) for t in a]
+
+
+def text_encoders_differ(pairs: Sequence[tuple[Target, Target]], min_diff: float) -> bool:
+    """Whether any text-encoder weight differs by more than ``min_diff`` (sd-scripts' test for extracting the TE)."""
+    for org, tuned in pairs:
+        if not org.is_unet:
+            diff = (tuned.module.weight.float() - org.module.weight.float()).abs().max()
+            if float(diff) > min_diff:
+                return True
+    return False
+
+
+def _delta(org: Target, tuned: Target, device: str | None) -> Delta:
+    w = tuned.module.weight.to(device, torch.float32) - org.module.weight.to(device, torch.float32)
+    return Delta(tuple(w.shape), dense=w.reshape(w.shape[0], -1))
+
+
+def extract(family: Any, org: Any, tuned: Any, opts: ExtractOptions) -> tuple[dict[str, Tensor], bool]:
+    """The LoRA state dict and whether the text encoders were extracted (see the module docstring)."""
+    pairs = paired_targets(family, org, tuned, conv=bool(opts.conv_dim))
+    with_te = text_encoders_differ(pairs, opts.min_diff)
+    if not with_te:
+        logger.warning("Text encoder is same. Extract U-Net only.")
+        pairs = [p for p in pairs if p[0].is_unet]
+    names = [o.name for o, _ in pairs]
+    pairs.sort(key=lambda p: tuple(p[0].module.weight.shape))  # equal shapes batch together
+    out: dict[str, Tensor] = {}
+    bar = progress(len(pairs), "extracting")
+    start = 0
+    while start < len(pairs):
+        chunk, size = [], 0
+        while start < len(pairs) and (not chunk or size < _CHUNK_ELEMENTS):
+            chunk.append(pairs[start])
+            size += pairs[start][0].module.weight.numel()
+            start += 1
+        deltas = [_delta(o, t, opts.device) for o, t in chunk]
+        for (o, _), delta, svd in zip(chunk, deltas, svd_all(deltas, device=opts.device)):
+            rank = min(opts.conv_dim if o.kind == "conv" else opts.dim, int(svd.S.numel()))
+            up, down = clamp_factors(*to_lora(svd, rank, delta.shape), opts.clamp_quantile)
+            out[f"{o.name}.lora_up.weight"], out[f"{o.name}.lora_down.weight"] = up, down
+            out[f"{o.name}.alpha"] = torch.tensor(float(rank))
+        bar.update(len(chunk))
+    bar.close()
+    keys = [f"{n}.{s}" for n in names for s in ("lora_down.weight", "lora_up.weight", "alpha")]
+    return {k: out[k] for k in keys}, with_te
+
+
+def extract_metadata(family: Any, parts: Any, opts: ExtractOptions, title: str, prediction: str) -> dict[str, str]:
+    """sd-scripts' metadata of an extracted LoRA (+ ModelSpec)."""
+    from library import metadata as md
+
+    args = {"conv_dim": str(opts.conv_dim), "conv_alpha": str(float(opts.conv_dim))} if opts.conv_dim else None
+    meta = {
+        "ss_v2": str(family.name == "sd2"),
+        "ss_base_model_version": family.base_model_version(prediction),
+        "ss_network_module": "networks.lora",
+        "ss_network_dim": str(opts.dim),
+        "ss_network_alpha": str(float(opts.dim)),
+        "ss_network_args": json.dumps(args) if args else "null",
+    }
+    spec = md.modelspec(
+        architecture=family.modelspec_architecture("lora", prediction),
+        implementation=family.modelspec_implementation("lora"),
+        title=title,
+        resolution=family.default_resolution(prediction),
+        prediction_type=prediction,
+    )
+    return {**meta, **spec}

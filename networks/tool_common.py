@@ -1,0 +1,102 @@
+"""What the post-training tool scripts share: precision names, progress bars, and writing an adapter file
+atomically with sd-scripts' ``sshs_*`` hashes computed on exactly the tensors written."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+PRECISIONS: dict[str | None, torch.dtype | None] = {
+    None: None,
+    "float": torch.float32,
+    "fp32": torch.float32,
+    "fp16": torch.float16,
+    "bf16": torch.bfloat16,
+}
+ADAPTER_SUFFIXES = (".safetensors", ".ckpt", ".pt", ".pth")
+
+
+def dtype_of(name: str | None, default: torch.dtype | None = torch.float32) -> torch.dtype | None:
+    """``--save_precision`` / ``--precision`` name -> dtype (None -> ``default``)."""
+    return PRECISIONS[name] if name is not None else default
+
+
+def check_adapter_path(flag: str, path: str | None, problems: list[str]) -> None:
+    """sd-scripts' rule for adapter outputs: a .safetensors / .ckpt / .pt / .pth file name."""
+    if not path:
+        problems.append(f"{flag} is required: the file to write (.safetensors, .ckpt, .pt or .pth)")
+    elif Path(path).suffix.lower() not in ADAPTER_SUFFIXES:
+        problems.append(f"{flag} {path}: must end in .safetensors, .ckpt, .pt or .pth")
+
+
+def check_inputs(flag: str, paths: list[str] | None, problems: list[str]) -> None:
+    for p in paths or []:
+        if not Path(p).exists():
+            problems.append(f"{flag} {p}: no such file")
+
+
+def progress(total: int, desc: str, unit: str = "module") -> tqdm:
+    """A tqdm bar on stderr (hidden when stderr is not a terminal and the count is small)."""
+    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True, leave=False)
+
+
+def cast(state_dict: Mapping[str, Tensor], dtype: torch.dtype | None) -> dict[str, Tensor]:
+    """Floating tensors to ``dtype`` (None: unchanged), contiguous, on the CPU."""
+    out = {}
+    for k, v in state_dict.items():
+        v = v.detach().cpu()
+        if dtype is not None and v.is_floating_point():
+            v = v.to(dtype)
+        out[k] = v.contiguous()
+    return out
+
+
+def save_adapter(
+    state_dict: Mapping[str, Tensor],
+    path: str | os.PathLike,
+    metadata: Mapping[str, str],
+    dtype: torch.dtype | None,
+    *,
+    no_metadata: bool = False,
+) -> Path:
+    """Cast, hash (``sshs_model_hash`` / ``sshs_legacy_hash`` over the tensors as written) and write atomically.
+    ``no_metadata``: only the minimal ss_* keys and ModelSpec (``library.metadata.minimal``)."""
+    from library import metadata as md
+    from library.checkpoints import save_state_dict
+
+    tensors = cast(state_dict, dtype)
+    meta = md.to_str_values(dict(metadata))
+    if no_metadata:
+        meta = md.minimal(meta)
+    meta = md.with_hashes(tensors, {k: v for k, v in meta.items() if not k.startswith("sshs_")})
+    return save_state_dict(tensors, path, metadata=meta)
+
+
+def main_guard(func) -> int:
+    """Run a tool's ``main()`` from the command line: errors about the user's input print as one message and
+    exit with status 2 (no traceback); anything else propagates."""
+    try:
+        result = func()
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 1 if result is False else 0
+
+
+def ratios_for(models: list[str] | None, ratios: list[float] | None, problems: list[str]) -> list[float]:
+    """``--ratios``: one per ``--models`` entry (all 1.0 when omitted); a count mismatch is a problem."""
+    models = models or []
+    if not models:
+        problems.append("--models is required: the adapter files to merge")
+    if ratios is None:
+        return [1.0] * len(models)
+    if len(ratios) != len(models):
+        problems.append(f"--ratios has {len(ratios)} value(s) for {len(models)} --models file(s); give one ratio per "
+                        "file, in the same order")  # fmt: skip
+    return list(ratios)
