@@ -1,0 +1,117 @@
+"""Merge adapters (LoRA, LoCon, LoHa, LoKr, DoRA) into a model checkpoint, or LoRAs into one LoRA.
+
+    # into a checkpoint (SD1 / SD2 / SDXL, single file or diffusers folder in and out)
+    python networks/merge_lora.py --sd_model model.safetensors --models a.safetensors b.safetensors \
+        --ratios 0.8 0.5 --save_to merged.safetensors [--save_precision fp16]
+
+    # LoRAs into one LoRA, exactly: the ranks are concatenated (rank = sum of ranks)
+    python networks/merge_lora.py --models a.safetensors b.safetensors --ratios 1 0.5 --save_to ab.safetensors
+
+Into a checkpoint every file is applied with the training code's ΔW at its ratio, W <- W + ratio * ΔW, in order.
+The model family comes from the checkpoint (--v2 / --sdxl are accepted and checked against it).
+
+LoRA + LoRA: the merged file's ΔW is exactly the sum of the inputs' ratio * ΔW; --concat is accepted and always on.
+sd-scripts without --concat adds the up and down matrices of the files themselves, which is not the sum of their
+ΔWs (an approximation whose error grows with the ratios and ranks) and is not offered here; for a merged LoRA of a
+chosen rank use svd_merge_lora.py (the best approximation of the exact sum at that rank).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: import the repository, not this folder
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
+
+from library.config import ConfigError, add_unsupported, unsupported_problems
+from networks import deltas as dl
+from networks import merge
+from networks.tool_common import check_adapter_path, check_inputs, dtype_of, main_guard, ratios_for, save_adapter
+
+logger = logging.getLogger(__name__)
+
+
+def build_parser(sdxl: bool = False) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sd_model", default=None, help="checkpoint to merge into (single file or diffusers folder); "
+                   "without it the LoRAs are merged into one LoRA")  # fmt: skip
+    p.add_argument("--models", nargs="*", default=None, help="adapter files (.safetensors / .ckpt / .pt)")
+    p.add_argument("--ratios", nargs="*", type=float, default=None, help="one multiplier per file (default 1.0)")
+    p.add_argument("--save_to", default=None, help="output: .safetensors / .ckpt (checkpoint: or a folder for "
+                   "diffusers)")  # fmt: skip
+    p.add_argument("--precision", choices=["float", "fp16", "bf16"], default="float",
+                   help="precision the checkpoint is held in while merging")  # fmt: skip
+    p.add_argument("--save_precision", choices=[None, "float", "fp16", "bf16"], default=None,
+                   help="output precision (default: --precision)")  # fmt: skip
+    p.add_argument("--no_metadata", action="store_true", help="LoRA output: only the minimal metadata")
+    p.add_argument("--concat", action="store_true", help="LoRA + LoRA: concatenate ranks (always done: exact)")
+    p.add_argument("--shuffle", action="store_true", help="accepted; has no effect on an exact merge")
+    if not sdxl:
+        p.add_argument("--v2", action="store_true", help="accepted: the family is read from --sd_model and checked")
+    p.add_argument("--sdxl", action="store_true", default=sdxl, help=argparse.SUPPRESS)
+    add_unsupported(p, "--lbws", "per-block weights of sd-webui-lora-block-weight", nargs="*", default=None)
+    return p
+
+
+def check(args: argparse.Namespace, problems: list[str]) -> list[float]:
+    """The ratios; every problem of the command line in one ConfigError."""
+    ratios = ratios_for(args.models, args.ratios, problems)
+    check_inputs("--models", args.models, problems)
+    if args.sd_model:
+        if not Path(args.sd_model).exists():
+            problems.append(f"--sd_model {args.sd_model}: no such file or folder")
+        if not args.save_to:
+            problems.append("--save_to is required: a .safetensors / .ckpt file or a folder (diffusers)")
+        elif Path(args.save_to).suffix.lower() in (".pt", ".pth", ".bin"):
+            problems.append(f"--save_to {args.save_to}: save a checkpoint as .safetensors, .ckpt or a folder")
+    else:
+        check_adapter_path("--save_to", args.save_to, problems)
+    if problems:
+        raise ConfigError(problems)
+    return ratios
+
+
+def merge_to_checkpoint(args: argparse.Namespace, files: list[dl.AdapterFile], ratios: list[float]) -> Path:
+    from library.families import detect_family
+
+    family = detect_family(args.sd_model)
+    want = "sdxl" if args.sdxl else "sd2" if getattr(args, "v2", False) else None
+    if want and family.name != want:
+        flag = "--sdxl (sdxl_merge_lora.py)" if args.sdxl else "--v2"
+        raise ConfigError([f"--sd_model {args.sd_model} is an {family.name} model but {flag} says {want}; the family "
+                           "is read from the file: use merge_lora.py without --v2 / --sdxl"])  # fmt: skip
+    parts = family.load(args.sd_model, dtype=dtype_of(args.precision))
+    merge.merge_into_model(family, parts, files, ratios)
+    meta = {} if args.no_metadata else {"modelspec.merged_from": merge.merged_from(
+        [Path(args.sd_model).stem] + [f.title for f in files])}  # fmt: skip
+    return family.save(parts, args.save_to, dtype=dtype_of(args.save_precision, None), metadata=meta)
+
+
+def main(argv: Sequence[str] | None = None, sdxl: bool = False) -> Path:
+    """Merge; returns the path written."""
+    parser = build_parser(sdxl)
+    args = parser.parse_args(argv)
+    ratios = check(args, unsupported_problems(parser, args))
+    files = dl.load_adapters(args.models)
+    if args.shuffle:
+        logger.warning("--shuffle has no effect: the merge is exact (ranks concatenated), the order does not matter")
+    if args.sd_model:
+        path = merge_to_checkpoint(args, files, ratios)
+    else:
+        problems = merge.check_same_family(files)
+        if problems:
+            raise ValueError("\n".join(problems))
+        state = merge.concat_merge(files, ratios)
+        meta = merge.lora_metadata(files, ratios, state, "merged by concatenating ranks (exact)", args.save_to)
+        path = save_adapter(state, args.save_to, meta, dtype_of(args.save_precision or args.precision),
+                            no_metadata=args.no_metadata)  # fmt: skip
+    print(f"merged {len(files)} file(s) into {path}")
+    return path
+
+
+if __name__ == "__main__":
+    sys.exit(main_guard(main))

@@ -1,0 +1,22 @@
+"""sd-scripts' name for merging into SDXL checkpoints: ``merge_lora.py`` with the family checked to be SDXL (the
+family is read from --sd_model in both scripts). See networks/merge_lora.py for the flags."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: import the repository, not this folder
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
+
+from networks import merge_lora
+from networks.tool_common import main_guard
+
+
+def main(argv: Sequence[str] | None = None) -> Path:
+    return merge_lora.main(argv, sdxl=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main_guard(main))
