@@ -85,10 +85,31 @@ def load_adapter(path: str | os.PathLike) -> AdapterFile:
             algos[name] = files.algo_of(name, tensors, str(path))
         except ValueError as e:
             errors.append(str(e))
+            continue
+        missing = missing_tensors(algos[name], tensors)
+        if missing:
+            errors.append(f"{path}: {name} lacks {' and '.join(missing)} (an incomplete {algos[name]} module; is the "
+                          "file truncated or hand-edited?)")  # fmt: skip
     if errors:
         more = f"\n... and {len(errors) - 5} more like these" if len(errors) > 5 else ""
         raise ValueError("\n".join(errors[:5]) + more)
     return AdapterFile(path, modules, metadata, algos)
+
+
+_REQUIRED = {
+    "lora": (("lora_down.weight",), ("lora_up.weight",)),
+    "loha": (("hada_w1_a",), ("hada_w1_b",), ("hada_w2_a",), ("hada_w2_b",)),
+    "lokr": (("lokr_w1", "lokr_w1_a"), ("lokr_w2", "lokr_w2_a")),
+    "norm": (("w_norm",),),
+}
+
+
+def missing_tensors(algo: str, tensors: Mapping[str, Tensor]) -> list[str]:
+    """The tensor suffixes a module of ``algo`` needs but lacks (alternatives joined by "/")."""
+    missing = ["/".join(options) for options in _REQUIRED[algo] if not any(o in tensors for o in options)]
+    pairs = (("hada_t1", "hada_t2"), ("lokr_w1_a", "lokr_w1_b"), ("lokr_w2_a", "lokr_w2_b"))
+    missing += [b for a, b in pairs if a in tensors and b not in tensors]
+    return missing
 
 
 def load_adapters(paths: Sequence[str | os.PathLike]) -> list[AdapterFile]:
@@ -131,9 +152,9 @@ def model_index(roots: Sequence[Root]) -> dict[str, Target]:
 
 
 @cache
-def reference_index(family_name: str) -> dict[str, Target]:
-    """The kohya names and modules of the released architecture of a family, built on the meta device (no
-    weights, no memory): shapes for files whose tensors do not determine them."""
+def reference_parts(family_name: str) -> Any:
+    """The released architecture of a family (UNet and text encoders, shipped configs) on the meta device: module
+    names and shapes without weights or memory. ``vae`` is None."""
     from accelerate import init_empty_weights
     from diffusers import UNet2DConditionModel
 
@@ -146,8 +167,15 @@ def reference_index(family_name: str) -> dict[str, Target]:
         unet = UNet2DConditionModel.from_config(configs["unet"])
         tes = [text_encoder_factory(c, s.with_projection)() for c, s in zip(configs["text_encoders"],
                                                                               family.spec.text_encoders)]  # fmt: skip
-    parts = Parts(unet, None, tes, [], configs["scheduler"], family.name)
-    return model_index(family.adapter_roots(parts))
+    return Parts(unet, None, tes, [], configs["scheduler"], family.name)
+
+
+@cache
+def reference_index(family_name: str) -> dict[str, Target]:
+    """Kohya names -> modules of :func:`reference_parts`: shapes for files whose tensors do not determine them."""
+    from library.families import get_family
+
+    return model_index(get_family(family_name).adapter_roots(reference_parts(family_name)))
 
 
 def fits(file: AdapterFile, index: Mapping[str, Target]) -> list[str]:
@@ -234,12 +262,12 @@ def module_delta(
                 raise ValueError(f"{file.source}: {name} is a DoRA module: its ΔW depends on the base weights; pass "
                                  "the base model it was trained on (--base_model)")  # fmt: skip
             layer = AdapterLayer(base, adapter.to(base.weight.device))
-            delta = layer.delta(1.0).float().cpu()
+            delta = layer.delta(1.0).detach().float().cpu()
             return Delta(shape, dense=delta.reshape(shape[0], -1) * multiplier)
         pair = adapter.factors()
         if pair is not None:
-            return Delta(shape, up=pair[0] * multiplier, down=pair[1])
-        return Delta(shape, dense=adapter.delta_weight(shape).reshape(shape[0], -1) * multiplier)
+            return Delta(shape, up=pair[0].detach() * multiplier, down=pair[1].detach())
+        return Delta(shape, dense=adapter.delta_weight(shape).detach().reshape(shape[0], -1) * multiplier)
 
 
 def file_deltas(

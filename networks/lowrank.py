@@ -4,8 +4,9 @@
   of LoRAs: ranks concatenate, exactly) or as a dense matrix (LoHa, LoKr, DoRA, tucker, model differences).
 * :func:`svd_all`: the thin SVD ``ΔW = U·diag(S)·Vh`` of many deltas, batched over equal shapes. A product of rank
   R is decomposed through its factors: ``up = Qu·Ru``, ``downᵀ = Qd·Rd`` (reduced QR), then the SVD of the small
-  core ``Ru·Rdᵀ = Uc·S·Vcᵀ`` gives ``U = Qu·Uc``, ``Vh = Vcᵀ·Qdᵀ``: the exact SVD of ΔW in O((out + in)·R²) instead
-  of O(out·in·min(out, in)) (Golub & Van Loan, "Matrix Computations", 4th ed., §5.4 / §8.6).
+  core ``Ru·Rdᵀ = Uc·S·Vcᵀ`` gives ``Vh = Vcᵀ·Qdᵀ`` (and ``U = Qu·Uc``): the exact SVD of ΔW in O((out + in)·R²)
+  instead of O(out·in·min(out, in)) (Golub & Van Loan, "Matrix Computations", 4th ed., §5.4 / §8.6). ``U·S`` is
+  then ``up·(down·Vhᵀ)``, so ``Qu`` is never formed.
 * Rank rules: a fixed rank, or sd-scripts' dynamic methods (``networks/resize_lora.py``: ``sv_ratio``,
   ``sv_cumulative``, ``sv_fro``), defined in :func:`dynamic_rank`.
 * :func:`to_lora`: the rank-r truncation as LoRA tensors (``up = U·S / scale``, ``down = Vh``; by Eckart-Young the
@@ -87,20 +88,38 @@ def sum_deltas(deltas: Sequence[Delta], weights: Sequence[float] | None = None) 
 
 @dataclass
 class SVD:
-    """Thin SVD of one ΔW: ``U`` (out, k), ``S`` (k,) descending, ``Vh`` (k, in·kh·kw); k = rank bound."""
+    """Thin SVD of one ΔW: ``S`` (k,) descending, ``Vh`` (k, in·kh·kw); ``U`` (out, k) for dense deltas. For a
+    product the left side is not formed (it would cost a QR of ``up``): ``us()`` gives U·S = ΔW·Vhᵀ from the kept
+    ``factors`` (up, down) exactly, without dividing by S."""
 
-    U: Tensor
     S: Tensor
     Vh: Tensor
+    U: Tensor | None = None
+    factors: tuple[Tensor, Tensor] | None = None
+
+    def us(self, index: slice | Tensor = slice(None)) -> Tensor:
+        """U·diag(S) for the singular values ``index`` selects: (out, r)."""
+        if self.U is not None:
+            return self.U[:, index] * self.S[index]
+        up, down = self.factors
+        return up.float() @ (down.float() @ self.Vh[index].T)
+
+    def u(self) -> Tensor:
+        """U (out, k); columns of zero singular values are 0 for a product."""
+        if self.U is not None:
+            return self.U
+        S = self.S
+        return self.us() / torch.where(S > 0, S, torch.ones_like(S))
 
 
-def factored_svd(up: Tensor, down: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Exact thin SVD of ``up @ down`` from the factors, batched: up (B, m, R), down (B, R, n) -> U (B, m, k),
-    S (B, k), Vh (B, k, n) with k = min(m, n, R). See the module docstring."""
-    qu, ru = torch.linalg.qr(up)  # (B, m, k1), (B, k1, R)
+def factored_svd(up: Tensor, down: Tensor) -> tuple[Tensor, Tensor]:
+    """S and Vh of the exact thin SVD of ``up @ down``, batched: up (B, m, R), down (B, R, n) -> S (B, k), Vh (B, k, n)
+    with k = min(m, n, R). ``up = Qu·Ru`` (only Ru is formed), ``downᵀ = Qd·Rd``; the SVD of the small core
+    ``Ru·Rdᵀ = Uc·S·Vcᵀ`` gives ``Vh = Vcᵀ·Qdᵀ`` (and U = Qu·Uc, which :meth:`SVD.us` never needs)."""
+    ru = torch.linalg.qr(up, mode="r").R  # (B, k1, R)
     qd, rd = torch.linalg.qr(down.transpose(-1, -2))  # (B, n, k2), (B, k2, R)
-    uc, s, vch = torch.linalg.svd(ru @ rd.transpose(-1, -2), full_matrices=False)
-    return qu @ uc, s, vch @ qd.transpose(-1, -2)
+    _, s, vch = torch.linalg.svd(ru @ rd.transpose(-1, -2), full_matrices=False)
+    return s, vch @ qd.transpose(-1, -2)
 
 
 def dense_svd(matrix: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -132,12 +151,14 @@ def svd_all(
             chunk = members[start : start + step]
             if rank < 0:
                 u, s, vh = dense_svd(torch.stack([deltas[i].dense for i in chunk]).to(device, dtype))
+                for j, i in enumerate(chunk):
+                    out[i] = SVD(s[j].cpu(), vh[j].cpu(), U=u[j].cpu())
             else:
                 up = torch.stack([deltas[i].up for i in chunk]).to(device, dtype)
                 down = torch.stack([deltas[i].down for i in chunk]).to(device, dtype)
-                u, s, vh = factored_svd(up, down)
-            for j, i in enumerate(chunk):
-                out[i] = SVD(u[j].cpu(), s[j].cpu(), vh[j].cpu())
+                s, vh = factored_svd(up, down)
+                for j, i in enumerate(chunk):
+                    out[i] = SVD(s[j].cpu(), vh[j].cpu(), factors=(deltas[i].up, deltas[i].down))
             if progress is not None:
                 progress(len(chunk))
     return out  # type: ignore[return-value]
@@ -206,7 +227,7 @@ def to_lora(
     in some files, 2-D in others) so the output keeps it.
     """
     index = slice(0, rank) if isinstance(rank, int) else rank
-    up = svd.U[:, index] * (svd.S[index] / scale)
+    up = svd.us(index) / scale
     down = svd.Vh[index]
     r = int(down.shape[0])
     dims = len(file_layout) if file_layout is not None else len(shape)

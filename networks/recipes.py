@@ -124,9 +124,10 @@ def base_norms(weight: Tensor) -> tuple[float, float]:
     return float(torch.linalg.matrix_norm(w, "fro")), float(torch.linalg.matrix_norm(w, 2))
 
 
-def scores(recipe: Recipe, svd: SVD, base: Tensor | None, norms: tuple[float, float] | None) -> Tensor:
-    """log10 scores (k,) of one module's singular values (see the module docstring). ``base``: the base weight
-    (needed for ``subspace``); ``norms``: :func:`base_norms` of it (needed for ``fro_ckpt`` / ``spn_ckpt``)."""
+def scores(recipe: Recipe, svd: SVD, rows: int, base: Tensor | None, norms: tuple[float, float] | None) -> Tensor:
+    """log10 scores (k,) of one module's singular values (see the module docstring). ``rows``: ΔW's output size;
+    ``base``: the base weight (needed for ``subspace``); ``norms``: :func:`base_norms` of it (for ``fro_ckpt`` /
+    ``spn_ckpt``)."""
     w = recipe.weights
     S = svd.S.double().clamp_min(1e-300)
     out = torch.log10(S) + math.log10(recipe.rescale)
@@ -135,14 +136,14 @@ def scores(recipe: Recipe, svd: SVD, base: Tensor | None, norms: tuple[float, fl
     if abs(w["fro_lora"]) > 1e-6:
         out -= w["fro_lora"] * torch.log10(torch.linalg.vector_norm(S))
     if abs(w["params"]) > 1e-6:
-        out -= w["params"] * math.log10(svd.U.shape[0] + svd.Vh.shape[1])
+        out -= w["params"] * math.log10(rows + svd.Vh.shape[1])
     if abs(w["fro_ckpt"]) > 1e-6:
         out -= w["fro_ckpt"] * math.log10(norms[0])
     if abs(w["spn_ckpt"]) > 1e-6:
         out -= w["spn_ckpt"] * math.log10(norms[1])
     if abs(w["subspace"]) > 1e-6:
         W = base.detach().double().reshape(base.shape[0], -1)
-        along = torch.einsum("ok,oi,ki->k", svd.U.double(), W, svd.Vh.double()).abs().clamp_min(1e-300)
+        along = torch.einsum("ok,oi,ki->k", svd.u().double(), W, svd.Vh.double()).abs().clamp_min(1e-300)
         out -= w["subspace"] * torch.log10(along)
     return out
 

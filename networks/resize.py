@@ -81,13 +81,14 @@ def _out_scale(file: AdapterFile, name: str) -> float:
 
 
 def _emit(
-    file: AdapterFile, name: str, svd: SVD, delta: Delta, keep: int | Tensor, out: dict[str, Tensor]
+    file: AdapterFile, name: str, svd: SVD, delta: Delta, keep: int | Tensor, out: dict[str, Tensor], gain: float = 1.0
 ) -> tuple[int, float]:
+    """Write the module's LoRA tensors (ΔW times ``gain``) into ``out``; returns (rank, alpha)."""
     scale = _out_scale(file, name)
     layout = tuple(file.modules[name]["lora_down.weight"].shape) if file.algos[name] == "lora" else None
     if layout is not None and "lora_mid.weight" in file.modules[name]:
         layout = None
-    up, down = to_lora(svd, keep, delta.shape, scale, layout)
+    up, down = to_lora(svd, keep, delta.shape, scale / gain, layout)
     rank = int(down.shape[0])
     alpha = scale * rank
     out[f"{name}.lora_down.weight"] = down
@@ -129,7 +130,7 @@ def resize_by_recipe(
     for name in names:
         weight = base_weights(name) if recipe.needs_base else None
         norms = base_norms(weight) if weight is not None else None
-        all_scores[name] = scores(recipe, svds[name], weight, norms)
+        all_scores[name] = scores(recipe, svds[name], deltas[name].rows, weight, norms)
     if recipe.size_mib is not None:
         sizes = [elem_size * (deltas[n].rows + deltas[n].cols) for n in names]
         threshold = size_threshold(recipe, [all_scores[n] for n in names], sizes)
@@ -144,8 +145,7 @@ def resize_by_recipe(
         if not bool(mask.any()):
             dropped.append(name)
             continue
-        scaled = SVD(svd.U, svd.S * recipe.rescale, svd.Vh)
-        rank, alpha = _emit(file, name, scaled, deltas[name], mask, out)
+        rank, alpha = _emit(file, name, svd, deltas[name], mask, out, gain=recipe.rescale)
         kept = retained(svd.S, rank) if bool(mask[:rank].all()) else _masked_retained(svd.S, mask)
         reports.append(ModuleReport(name, file.rank_of(name), rank, alpha, kept, _is_conv(deltas[name].shape)))
     return Resized(out, reports, dropped, threshold)
