@@ -26,9 +26,9 @@ def write_adapter(parts, path, *network_args, dim=8, alpha=4.0, seed=0, module="
 
 
 def base_weights(parts) -> dict:
-    """{kohya name: base weight} of every adaptable module of ``parts``."""
+    """{kohya name: base weight} of every adaptable module of ``parts`` (canonical names, no aliases)."""
     family = get_family(parts.family)
-    return {n: t.module.weight.detach() for n, t in module_index(family.adapter_roots(parts)).items()}
+    return {t.name: t.module.weight.detach() for t in module_index(family.adapter_roots(parts)).values()}
 
 
 def file_deltas(path, weights: dict) -> dict[str, torch.Tensor]:
