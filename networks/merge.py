@@ -106,6 +106,17 @@ def concat_merge(files_: Sequence[AdapterFile], ratios: Sequence[float]) -> dict
     return out
 
 
+def concat_file(files_: Sequence[AdapterFile], ratios: Sequence[float]) -> AdapterFile:
+    """The exact concatenation as an in-memory :class:`AdapterFile` (metadata of the first file), named
+    ``a+b(0.50)`` after its members, as elias-gaeros' resize_lora.py names a ``a.safetensors,b.safetensors:0.5``
+    argument."""
+    state = concat_merge(files_, ratios)
+    name = "+".join(f.path.stem + (f"({r:.2f})" if abs(r - 1.0) > 1e-6 else "") for f, r in zip(files_, ratios))
+    modules = files.group_by_module(state)
+    algos = {n: "norm" if "w_norm" in t else "lora" for n, t in modules.items()}
+    return AdapterFile(files_[0].path.with_name(f"{name}.safetensors"), modules, dict(files_[0].metadata), algos)
+
+
 def _sum_norm(name: str, entries, out: dict[str, Tensor], problems: list[str]) -> None:
     for f, _ in entries:
         if f.algos[name] != "norm":

@@ -38,7 +38,8 @@ DEFAULT_RECIPE = "fro_ckpt=1,thr=-3.5"  # elias-gaeros/resize_lora's default
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("paths", nargs="*", help="elias-gaeros style: CHECKPOINT LORA [LORA ...] (with -o)")
+    p.add_argument("paths", nargs="*", help="elias-gaeros style: CHECKPOINT LORA [LORA ...] (with -o); a LORA "
+                   "a.safetensors,b.safetensors:0.5 is the exact sum of its members (weights default 1)")  # fmt: skip
     p.add_argument("--model", help="the adapter file to resize (.safetensors / .ckpt / .pt)")
     p.add_argument("--save_to", help="output file (.safetensors / .ckpt / .pt / .pth)")
     p.add_argument("--new_rank", type=int, default=None, help="rank of Linear / 1x1-conv modules (default 4; "
@@ -46,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--new_conv_rank", type=int, default=None, help="rank of 3x3-conv modules (default --new_rank)")
     p.add_argument("--save_precision", choices=[None, "float", "fp16", "bf16"], default=None,
                    help="output precision (default float; -o mode: fp16 as elias-gaeros' -t 16)")  # fmt: skip
-    p.add_argument("--device", default=None, help="device for the SVDs, e.g. cuda (default cpu)")
+    p.add_argument("-d", "--device", default=None, help="device for the SVDs, e.g. cuda (default cpu)")
     p.add_argument("-v", "--verbose", action="count", default=0, help="print every module: ranks, retained norm")
     p.add_argument("--dynamic_method", choices=[None, *DYNAMIC_METHODS], default=None)
     p.add_argument("--dynamic_param", type=float, default=None, help="target of --dynamic_method")
@@ -100,12 +101,36 @@ def check(args: argparse.Namespace) -> tuple[list[Recipe], Path | None, list[str
     if any(r.needs_base for r in recipes) and not base:
         problems.append(f"recipe {recipes[0].text!r} is judged against the base model: pass --base_model")
     loras = args.paths[1:] if elias else [args.model] if args.model else []
-    for path in ([base] if base else []) + loras:
+    for path in ([base] if base else []) + [p for spec in loras for p, _ in members(spec)]:
         if not Path(path).exists():
             problems.append(f"{path}: no such file or folder")
     if problems:
         raise ConfigError(problems)
     return recipes, Path(base) if base else None, loras
+
+
+def members(spec: str) -> list[tuple[str, float]]:
+    """``a.safetensors,b.safetensors:0.5`` -> [(path, weight), ...]; a part without ``:<number>`` has weight 1."""
+    if "," not in spec:
+        return [(spec, 1.0)]
+    out = []
+    for part in spec.split(","):
+        path, sep, weight = part.rpartition(":")
+        try:
+            out.append((path, float(weight)) if sep else (part, 1.0))
+        except ValueError:  # a ":" that is part of the path (C:\...)
+            out.append((part, 1.0))
+    return out
+
+
+def load_lora(spec: str) -> dl.AdapterFile:
+    """One adapter file, or the exact sum of several (``a.safetensors,b.safetensors:0.5``)."""
+    parts = members(spec)
+    if len(parts) == 1:
+        return dl.load_adapter(parts[0][0])
+    from networks.merge import concat_file
+
+    return concat_file(dl.load_adapters([p for p, _ in parts]), [w for _, w in parts])
 
 
 def outputs(args: argparse.Namespace, recipes: list[Recipe]) -> list[tuple[Recipe | None, Path | None]]:
@@ -132,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
     index = dl.base_model_index(base, dtype_of(args.base_precision))[2] if base else None
     written = []
     for lora in loras:
-        file = dl.load_adapter(lora)
+        file = load_lora(lora)
         file_index = dl.resolve_index(file, index)
         for recipe, path in outputs(args, recipes):
             result = resize_file(file, file_index, opts=opts, recipe=recipe, device=args.device,

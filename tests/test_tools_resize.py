@@ -232,3 +232,23 @@ def test_a_pickle_with_code_is_refused_and_incomplete_modules_named(tmp_path):
     with pytest.raises(ValueError, match="lora_unet_x lacks lora_up.weight"):
         resize("--model", tmp_path / "half.pt", "--save_to", tmp_path / "out.safetensors")
     assert not (tmp_path / "out.safetensors").exists()
+
+
+def test_elias_sum_of_loras_is_resized_exactly(tiny_parts, tiny_dir, tmp_path):
+    """``a.safetensors,b.safetensors:0.5`` (elias-gaeros' syntax) is the exact sum; thr=-9 keeps every rank."""
+    parts = tiny_parts["sd1"]
+    a = write_adapter(parts, tmp_path / "a.safetensors", dim=4, alpha=2.0, seed=1)
+    b = write_adapter(parts, tmp_path / "b.safetensors", dim=2, alpha=2.0, seed=2)
+    (out,) = resize("-o", tmp_path, "-t", 32, "-r", "spn_lora=1,thr=-9", tiny_dir / "sd1", f"{a},{b}:0.5")
+    assert out.name == "a+b(0.50)_spnlora1_th-9.safetensors"
+    weights = base_weights(parts)
+    da, db, got = file_deltas(a, weights), file_deltas(b, weights), file_deltas(out, weights)
+    for name, delta in got.items():
+        torch.testing.assert_close(delta, da[name] + 0.5 * db[name], atol=1e-5, rtol=1e-4)
+
+
+def test_an_adapter_for_another_family_than_the_base_model_is_refused(tiny_parts, tiny_dir, tmp_path):
+    xl = write_adapter(tiny_parts["sdxl"], tmp_path / "xl.safetensors", dim=2)
+    with pytest.raises(ValueError, match=r"lora_te1.*this model does not have.*SDXL"):
+        resize("--model", xl, "--save_to", tmp_path / "o.safetensors", "-r", "fro_ckpt=1,thr=-2", "--base_model",
+               tiny_dir / "sd1")  # fmt: skip
