@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from . import files
+from .algos import ALGOS
 from .layers import AdapterLayer, AdapterWeights
 from .lowrank import Delta
 from .targets import Root, Target
@@ -54,18 +55,24 @@ class AdapterFile:
         """The file's tensors under their keys again (``<name>.<suffix>``)."""
         return {f"{n}.{s}": t for n, tensors in self.modules.items() for s, t in tensors.items()}
 
-    def scale_of(self, name: str) -> float:
-        """alpha / r of a LoRA-family module (1 when the format fixes it or the module has no rank)."""
-        tensors = self.modules[name]
+    def rank_alpha(self, name: str) -> tuple[int | None, float]:
+        """(r, alpha) of a module as the training code reads them (alpha missing: r; no rank: None, 1)."""
         algo = self.algos[name]
         if algo == "norm":
-            return 1.0
-        adapter = AdapterWeights.from_file(tensors, algo, name)
-        return float(adapter.scale())
+            return None, 1.0
+        spec = ALGOS[algo]
+        tensors = self.modules[name]
+        rank = spec.rank({spec.param_for_suffix(s): t for s, t in tensors.items() if spec.param_for_suffix(s)})
+        alpha = float(tensors["alpha"]) if "alpha" in tensors else float(rank or 1)
+        return rank, alpha
+
+    def scale_of(self, name: str) -> float:
+        """alpha / r of a module (1 when the format fixes it, as ``AdapterWeights.scale``)."""
+        rank, alpha = self.rank_alpha(name)
+        return alpha / rank if rank else 1.0
 
     def rank_of(self, name: str) -> int | None:
-        algo = self.algos[name]
-        return None if algo == "norm" else AdapterWeights.from_file(self.modules[name], algo, name).rank
+        return self.rank_alpha(name)[0]
 
 
 def load_adapter(path: str | os.PathLike) -> AdapterFile:
@@ -224,8 +231,12 @@ def resolve_index(file: AdapterFile, base_index: Mapping[str, Target] | None) ->
             more = f"\n... and {len(problems) - 5} more like these" if len(problems) > 5 else ""
             raise ValueError("\n".join(problems[:5]) + more)
         return base_index
-    needs = [n for n, t in file.modules.items() if file.algos[n] != "norm" and
-             (shape_from_tensors(file.algos[n], t) is None or "dora_scale" in t)]  # fmt: skip
+    dora = [n for n, t in file.modules.items() if "dora_scale" in t]
+    if dora:
+        raise ValueError(f"{file.source}: {len(dora)} DoRA module(s) (e.g. {dora[0]}): their ΔW depends on the base "
+                         "weights; pass the base model they were trained on (--base_model)")  # fmt: skip
+    needs = [n for n, t in file.modules.items() if file.algos[n] != "norm" and shape_from_tensors(file.algos[n], t)
+             is None]  # fmt: skip
     if not needs:
         return None
     family = adapter_family(file)
