@@ -221,6 +221,12 @@ def adapter_family(file: AdapterFile) -> str | None:
     return None
 
 
+def needs_model(file: AdapterFile) -> bool:
+    """Whether ΔW of some module needs the model: DoRA (base weights), LoHa / LoKr with flattened kernels (shapes)."""
+    return any("dora_scale" in t or (file.algos[n] != "norm" and shape_from_tensors(file.algos[n], t) is None)
+               for n, t in file.modules.items())  # fmt: skip
+
+
 def resolve_index(file: AdapterFile, base_index: Mapping[str, Target] | None) -> Mapping[str, Target] | None:
     """The module index shapes come from: the base model's, else (only when some module needs it) the released
     architecture the file fits. ``ValueError`` naming the file when the modules do not fit the base model or no

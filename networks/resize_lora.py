@@ -154,11 +154,13 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
         dynamic_method=args.dynamic_method,
         dynamic_param=args.dynamic_param,
     )
-    index = dl.base_model_index(base, dtype_of(args.base_precision))[2] if base else None
+    base_index: dict = {}  # loaded on first need: a recipe judged against it, DoRA, unknown module shapes
     written = []
     for lora in loras:
         file = load_lora(lora)
-        file_index = dl.resolve_index(file, index)
+        if base and not base_index and (any(r.needs_base for r in recipes) or dl.needs_model(file)):
+            base_index.update(dl.base_model_index(base, dtype_of(args.base_precision))[2])
+        file_index = dl.resolve_index(file, base_index or None)
         for recipe, path in outputs(args, recipes):
             result = resize_file(file, file_index, opts=opts, recipe=recipe, device=args.device,
                                  elem_size=dtype.itemsize)  # fmt: skip
