@@ -73,7 +73,7 @@ def expand(argv: Sequence[str] | None, family_names: Sequence[str]) -> list[str]
     if "--demo" not in argv:
         return argv
     root = Path(argv[argv.index("--demo_dir") + 1]) if "--demo_dir" in argv else DEMO_DIR
-    family = "sdxl" if "sdxl" in family_names else "sd1"
+    family = family_names[0]  # the script's first family: sd1 for train_network.py, sdxl for sdxl_train_network.py
     model, dataset = root / "models" / family, root / "dataset"
     ready = root / f".ready-{family}"
     if int(os.environ.get("LOCAL_RANK", "0")) == 0:  # under accelerate launch one process writes, the others wait
