@@ -125,8 +125,9 @@ def read_config(args: argparse.Namespace, family_names: tuple[str, ...] = ("sd1"
             return reader(*a, **kw)
         except ConfigError as e:
             problems.extend(e.problems)
-        except ValueError as e:
-            problems.extend(str(e).splitlines()[1:] or [str(e)] if "\n  " in str(e) else [str(e)])
+        except ValueError as e:  # "<header>:\n  problem\n  problem" from the groups' own checks -> the problems
+            lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+            problems.extend(lines[1:] if len(lines) > 1 and lines[0].endswith(":") else lines)
         return None
 
     if not args.pretrained_model_name_or_path:
