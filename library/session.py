@@ -13,6 +13,7 @@ import dataclasses
 import hashlib
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -126,12 +127,17 @@ def read_config(args: argparse.Namespace, family_names: tuple[str, ...] = ("sd1"
         except ConfigError as e:
             problems.extend(e.problems)
         except ValueError as e:  # "<header>:\n  problem\n  problem" from the groups' own checks -> the problems
-            lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+            lines = [line.strip().removeprefix("- ") for line in str(e).splitlines() if line.strip()]
             problems.extend(lines[1:] if len(lines) > 1 and lines[0].endswith(":") else lines)
         return None
 
     if not args.pretrained_model_name_or_path:
         problems.append("--pretrained_model_name_or_path is required: a diffusers folder or a .safetensors/.ckpt file")
+    elif not Path(args.pretrained_model_name_or_path).exists():
+        problems.append(
+            f"--pretrained_model_name_or_path {args.pretrained_model_name_or_path}: no such file or folder (models "
+            "are never downloaded: give a local diffusers folder or a .safetensors/.ckpt file)"
+        )
     family = read(choose_family, args, tuple(family_names))
     values = dict(
         model=from_namespace(ModelConfig, args, path=args.pretrained_model_name_or_path or ""),
