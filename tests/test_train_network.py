@@ -253,3 +253,10 @@ def test_ckpt_output_and_tensorboard_log(tiny_dir, dataset, tmp_path):
     tags = events.Tags()["scalars"]
     assert "loss/current" in tags and "lr/unet" in tags
     assert [e.step for e in events.Scalars("loss/current")] == [1, 2]
+
+
+def test_command_line_errors_exit_2_without_traceback(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr("sys.argv", ["train_network.py", "--pretrained_model_name_or_path", str(tmp_path / "nope")])
+    assert train_network.run_cli() == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "nope: no such file or folder" in err and "Traceback" not in err
