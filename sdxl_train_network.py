@@ -5,8 +5,7 @@ accelerate launch sdxl_train_network.py --pretrained_model_name_or_path sd_xl_ba
 
 import sys
 
-from train_network import main
+from train_network import run_cli
 
 if __name__ == "__main__":
-    result = main(family_names=("sdxl",))
-    sys.exit(1 if result is not None and (result.failed or result.interrupted) else 0)
+    sys.exit(run_cli(family_names=("sdxl",)))

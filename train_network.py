@@ -104,6 +104,15 @@ def main(argv: Sequence[str] | None = None, family_names: Sequence[str] = ("sd1"
     return result
 
 
+def run_cli(family_names: Sequence[str] = ("sd1", "sd2")) -> int:
+    """Command-line entry: input problems are printed as one clear message (no traceback), exit code 2."""
+    try:
+        result = main(family_names=family_names)
+    except (ValueError, FileNotFoundError) as e:  # ConfigError and the data / model checks: the user's input
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 1 if result is not None and (result.failed or result.interrupted) else 0
+
+
 if __name__ == "__main__":
-    result = main()
-    sys.exit(1 if result is not None and (result.failed or result.interrupted) else 0)
+    sys.exit(run_cli())

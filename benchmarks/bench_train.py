@@ -49,7 +49,8 @@ def child(family: str, steps: int, workdir: Path) -> dict:
         "--network_dim", "8", "--network_alpha", "8", "--learning_rate", "1e-4", "--train_batch_size", "2",
         "--max_train_steps", str(steps), "--max_data_loader_n_workers", "0", "--seed", "0",
     ]  # fmt: skip
-    train_network.main(argv, family_names=("sdxl",) if family == "sdxl" else ("sd1", "sd2"))
+    scripts = {"sd1": ("sd1", "sd2"), "sdxl": ("sdxl",)}
+    train_network.main(argv, family_names=scripts[family])
     per_step = [b - a for a, b in zip(stamps, stamps[1:])]
     return {
         "family": family,

@@ -100,12 +100,15 @@ def save_state_dict(
     path: str | os.PathLike,
     metadata: dict[str, str] | None = None,
     dtype: torch.dtype | None = None,
+    wrap_ckpt: bool = True,
 ) -> Path:
     """Write ``state_dict`` atomically as safetensors (with ``metadata``) or as a pickle (``.ckpt``/``.pt``).
 
     ``dtype`` converts floating-point tensors (e.g. ``torch.float16`` for ``--save_precision fp16``). Pickle files
-    hold ``{"state_dict": ..., **metadata}`` for ``.ckpt`` (the layout every SD tool reads; metadata values are plain
-    strings next to the state dict) and the plain dict of tensors for ``.pt`` (metadata is dropped there).
+    hold ``{"state_dict": ..., **metadata}`` for ``.ckpt`` (the layout every SD tool reads for full models; metadata
+    values are plain strings next to the state dict) and the plain dict of tensors for ``.pt`` (metadata is dropped
+    there). ``wrap_ckpt=False`` writes the plain dict for ``.ckpt`` too: adapter files (sd-scripts, diffusers, A1111
+    and ComfyUI read LoRA pickles as a plain dict of tensors).
     """
     path = Path(path)
     tensors = {}
@@ -123,7 +126,8 @@ def save_state_dict(
             save_file(tensors, str(tmp), metadata=meta or None)
         elif suffix in PICKLE_SUFFIXES:
             meta = {str(k): str(v) for k, v in (metadata or {}).items() if k != "state_dict"}
-            torch.save({"state_dict": tensors, **meta} if suffix == ".ckpt" else tensors, str(tmp))
+            wrapped = suffix == ".ckpt" and wrap_ckpt
+            torch.save({"state_dict": tensors, **meta} if wrapped else tensors, str(tmp))
         else:
             raise ValueError(f"{path}: cannot save as {suffix!r}; use .safetensors, .ckpt or .pt")
     return path

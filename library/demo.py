@@ -8,6 +8,8 @@ trains a LoRA into ``demo/output``. Any other flag given with ``--demo`` overrid
 from __future__ import annotations
 
 import argparse
+import os
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -71,10 +73,18 @@ def expand(argv: Sequence[str] | None, family_names: Sequence[str]) -> list[str]
     if "--demo" not in argv:
         return argv
     root = Path(argv[argv.index("--demo_dir") + 1]) if "--demo_dir" in argv else DEMO_DIR
-    family = "sdxl" if "sdxl" in family_names else "sd1"
-    model = make_tiny_model(root / "models", family)
-    dataset = make_example_dataset(root / "dataset")
-    print(f"demo: tiny {family} model in {model}, example images in {dataset}")
+    family = family_names[0]  # the script's first family: sd1 for train_network.py, sdxl for sdxl_train_network.py
+    model, dataset = root / "models" / family, root / "dataset"
+    ready = root / f".ready-{family}"
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0:  # under accelerate launch one process writes, the others wait
+        ready.unlink(missing_ok=True)
+        make_tiny_model(root / "models", family)
+        make_example_dataset(dataset)
+        ready.touch()
+        print(f"demo: tiny {family} model in {model}, example images in {dataset}")
+    else:
+        while not ready.exists():
+            time.sleep(0.2)
     defaults = [
         "--pretrained_model_name_or_path", str(model),
         "--train_data_dir", str(dataset),

@@ -123,7 +123,12 @@ def make_accelerator(cfg: RunConfig, *, log_with: list[str] | None = None, loggi
         )
     if cfg.ddp_timeout:
         handlers.append(InitProcessGroupKwargs(timeout=datetime.timedelta(minutes=cfg.ddp_timeout)))
+    # `accelerate launch --multi_gpu` on a machine without CUDA: accelerate only sets up CPU processes (gloo)
+    # when asked for the CPU; without this every process would train alone and think it is the main one.
+    launched = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    cpu_processes = launched and not torch.cuda.is_available()
     return Accelerator(
+        cpu=cpu_processes,
         gradient_accumulation_steps=cfg.gradient_accumulation_steps,
         mixed_precision=cfg.mixed_precision,
         log_with=log_with or None,

@@ -20,7 +20,7 @@ import torch
 
 from library import data
 from library.config import ConfigError, from_namespace
-from library.families import detect_family, get_family
+from library.families import select_family
 from library.losses import LossConfig
 from library.noising import NoiseConfig, NoiseSchedule
 from library.optim import OptimConfig
@@ -110,26 +110,11 @@ class TrainConfig:
 
 
 def choose_family(args: argparse.Namespace, family_names: tuple[str, ...]) -> Any:
-    """SD1/SD2 for train_network.py (SD2 with --v2 or when the file says so), SDXL for the sdxl_ scripts."""
-    path = args.pretrained_model_name_or_path
-    detected = None
-    if path and Path(path).exists():
-        try:
-            detected = detect_family(path).name
-        except ValueError as e:
-            raise ConfigError([f"--pretrained_model_name_or_path {e}"]) from e
-    if "sdxl" in family_names:
-        if args.v2:
-            raise ConfigError(["--v2 selects Stable Diffusion 2.x; the sdxl_ scripts train SDXL models only"])
-        name = "sdxl"
-    else:
-        name = "sd2" if args.v2 else (detected if detected in ("sd1", "sd2") else "sd1")
-        if args.v2 and detected == "sd1":
-            raise ConfigError([f"--v2 is set but {path} is an SD 1.x model; remove --v2"])
-    if detected is not None and detected != name:
-        script = "sdxl_train_network.py" if detected == "sdxl" else "train_network.py"
-        raise ConfigError([f"{path} is an {detected} model but this script trains {name}; use {script}"])
-    return get_family(name)
+    """The family this script trains, from the model file, ``--v2`` and the families the script allows."""
+    try:
+        return select_family(args.pretrained_model_name_or_path, family_names, v2=args.v2)
+    except ValueError as e:
+        raise ConfigError([str(e)]) from e
 
 
 def read_config(args: argparse.Namespace, family_names: tuple[str, ...] = ("sd1", "sd2")) -> TrainConfig:
@@ -141,12 +126,18 @@ def read_config(args: argparse.Namespace, family_names: tuple[str, ...] = ("sd1"
             return reader(*a, **kw)
         except ConfigError as e:
             problems.extend(e.problems)
-        except ValueError as e:
-            problems.extend(str(e).splitlines()[1:] or [str(e)] if "\n  " in str(e) else [str(e)])
+        except ValueError as e:  # "<header>:\n  problem\n  problem" from the groups' own checks -> the problems
+            lines = [line.strip().removeprefix("- ") for line in str(e).splitlines() if line.strip()]
+            problems.extend(lines[1:] if len(lines) > 1 and lines[0].endswith(":") else lines)
         return None
 
     if not args.pretrained_model_name_or_path:
         problems.append("--pretrained_model_name_or_path is required: a diffusers folder or a .safetensors/.ckpt file")
+    elif not Path(args.pretrained_model_name_or_path).exists():
+        problems.append(
+            f"--pretrained_model_name_or_path {args.pretrained_model_name_or_path}: no such file or folder (models "
+            "are never downloaded: give a local diffusers folder or a .safetensors/.ckpt file)"
+        )
     family = read(choose_family, args, tuple(family_names))
     values = dict(
         model=from_namespace(ModelConfig, args, path=args.pretrained_model_name_or_path or ""),

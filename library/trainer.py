@@ -343,7 +343,17 @@ class Trainer:
         logger.info("resumed from %s at step %d (epoch %d)", folder, self.step, self.epoch + 1)
 
     # -------------------------------------------------------------------------------------------- the end
+    def check_processes_agree(self) -> None:
+        """Multi-process runs: every process must hold the same trained weights (gradients are averaged)."""
+        if self.acc.num_processes == 1:
+            return
+        local = torch.stack([p.detach().double().sum() for p in self.params]).sum().reshape(1).to(self.acc.device)
+        values = self.acc.gather(local)
+        if not torch.equal(values, values[:1].expand_as(values)):
+            raise RuntimeError(f"the processes' trained weights differ ({values.tolist()}); please report this bug")
+
     def finish(self) -> Result:
+        self.check_processes_agree()
         save = self.cfg.save
         path = saving.model_file(save)
         self.save_model(path, step=self.step, epoch=self.epoch)

@@ -190,7 +190,7 @@ class AdapterNetwork(nn.Module):
         from library.checkpoints import save_state_dict
 
         meta = {**self.metadata(), **(metadata or {})}
-        save_state_dict(self.state_dict_for_file(dtype), path, metadata=meta)
+        save_state_dict(self.state_dict_for_file(dtype), path, metadata=meta, wrap_ckpt=False)
 
     # ------------------------------------------------------------------------------------------------- file input
     def load_file(self, path: str | os.PathLike, strict: bool = True) -> LoadReport:

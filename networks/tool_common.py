@@ -75,7 +75,7 @@ def save_adapter(
     if no_metadata:
         meta = md.minimal(meta)
     meta = md.with_hashes(tensors, {k: v for k, v in meta.items() if not k.startswith("sshs_")})
-    return save_state_dict(tensors, path, metadata=meta)
+    return save_state_dict(tensors, path, metadata=meta, wrap_ckpt=False)  # adapter pickles: a plain dict
 
 
 def main_guard(func) -> int:

@@ -400,3 +400,17 @@ def test_make_tiny_model_cli(tmp_path, tiny_parts, capsys):
     assert "sdxl:" in capsys.readouterr().out
     assert_same_weights(tiny_parts["sdxl"], SDXL.load(tmp_path / "sdxl.safetensors"))
     assert_same_weights(tiny_parts["sd1"], DiffusionPipeline.from_pretrained(tmp_path / "sd1", local_files_only=True))
+
+
+def test_select_family_for_a_script(tiny_dir):
+    from library.families import select_family
+
+    assert select_family(tiny_dir / "sd2", ("sd1", "sd2")).name == "sd2"  # the file says SD2, no --v2 needed
+    assert select_family(tiny_dir / "sd1", ("sd1", "sd2")).name == "sd1"
+    assert select_family(None, ("sd1", "sd2"), v2=True).name == "sd2"
+    with pytest.raises(ValueError, match="use sdxl_train_network.py"):
+        select_family(tiny_dir / "sdxl", ("sd1", "sd2"))
+    with pytest.raises(ValueError, match="use train_network.py"):
+        select_family(tiny_dir / "sd1", ("sdxl",))
+    with pytest.raises(ValueError, match="remove --v2"):
+        select_family(tiny_dir / "sd1", ("sd1", "sd2"), v2=True)

@@ -233,3 +233,30 @@ def test_loss_on_the_training_images_falls(tiny_dir, dataset, tmp_path, monkeypa
     after = fixed_noise_loss(measured["run"])
     assert result.steps == 200
     assert after < 0.6 * measured["before"], (measured["before"], after)
+
+
+def test_ckpt_output_and_tensorboard_log(tiny_dir, dataset, tmp_path):
+    """A .ckpt adapter is a plain dict of tensors (what diffusers and A1111 read); TensorBoard gets the loss and lr."""
+    from diffusers import DiffusionPipeline
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    argv = args_for(tiny_dir / "sd1", dataset, tmp_path, "--save_model_as", "ckpt", "--logging_dir",
+                    str(tmp_path / "logs"), "--gradient_checkpointing", "--mixed_precision", "bf16", steps=2)  # fmt: skip
+    result = train("sd1", *argv)
+    assert result.output.suffix == ".ckpt"
+    raw = torch.load(result.output, weights_only=True)
+    assert all(k.startswith("lora_") for k in raw)
+    pipe = DiffusionPipeline.from_pretrained(tiny_dir / "sd1", local_files_only=True)
+    pipe.load_lora_weights(str(result.output))
+    events = EventAccumulator(str(next((tmp_path / "logs").rglob("events.out.tfevents.*")).parent))
+    events.Reload()
+    tags = events.Tags()["scalars"]
+    assert "loss/current" in tags and "lr/unet" in tags
+    assert [e.step for e in events.Scalars("loss/current")] == [1, 2]
+
+
+def test_command_line_errors_exit_2_without_traceback(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr("sys.argv", ["train_network.py", "--pretrained_model_name_or_path", str(tmp_path / "nope")])
+    assert train_network.run_cli() == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "nope: no such file or folder" in err and "Traceback" not in err

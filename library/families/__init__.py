@@ -20,7 +20,7 @@ from .sdxl import SDXL, SDXLFamily
 FAMILIES: dict[str, Any] = {"sd1": SD1, "sd2": SD2, "sdxl": SDXL}
 
 __all__ = ["SD1", "SD2", "SDXL", "FAMILIES", "Cond", "ModelFamily", "Parts", "SDFamily", "SDXLFamily"]
-__all__ += ["get_family", "detect_family"]
+__all__ += ["get_family", "detect_family", "select_family"]
 
 
 def get_family(name: str) -> Any:
@@ -68,3 +68,26 @@ def _peek(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
             return {k: _Shape(f.get_slice(k).get_shape()) for k in f.keys()}, dict(f.metadata() or {})
     except Exception as e:  # safetensors raises its own error types for corrupt headers
         raise ValueError(f"{path}: not a valid safetensors file ({e})") from e
+
+
+SCRIPTS = {"sd1": "train_network.py", "sd2": "train_network.py", "sdxl": "sdxl_train_network.py"}
+
+
+def select_family(path: str | os.PathLike | None, allowed: tuple[str, ...], *, v2: bool = False) -> Any:
+    """The family a training script works on: SD1/SD2 scripts take SD2 with ``--v2`` or when the file is SD2
+    (sd-scripts needs --v2 for that), SDXL scripts take SDXL. Raises ``ValueError`` naming the file and the script to
+    use when the model is of another family, or when ``--v2`` contradicts the file."""
+    detected = None
+    if path and Path(path).exists():
+        try:
+            detected = detect_family(path).name
+        except ValueError as e:
+            raise ValueError(f"--pretrained_model_name_or_path {e}") from e
+    if v2 and "sd2" not in allowed:
+        raise ValueError(f"--v2 selects Stable Diffusion 2.x; this script trains {'/'.join(allowed)} models only")
+    if v2 and detected == "sd1":
+        raise ValueError(f"--v2 is set but {path} is an SD 1.x model; remove --v2")
+    name = "sd2" if v2 else (detected if detected in allowed else allowed[0])
+    if detected is not None and detected != name:
+        raise ValueError(f"{path} is an {detected} model but this script trains {name}; use {SCRIPTS[detected]}")
+    return get_family(name)
