@@ -252,3 +252,11 @@ def test_an_adapter_for_another_family_than_the_base_model_is_refused(tiny_parts
     with pytest.raises(ValueError, match=r"lora_te1.*this model does not have.*SDXL"):
         resize("--model", xl, "--save_to", tmp_path / "o.safetensors", "-r", "fro_ckpt=1,thr=-2", "--base_model",
                tiny_dir / "sd1")  # fmt: skip
+
+
+def test_pickle_outputs_are_a_plain_dict_of_tensors(sd1_lora, tmp_path):
+    """sd-scripts, diffusers, A1111 and ComfyUI read adapter .ckpt / .pt files as a plain dict of tensors."""
+    resize("--model", sd1_lora, "--save_to", tmp_path / "r.ckpt", "--new_rank", 2)
+    obj = torch.load(tmp_path / "r.ckpt", weights_only=True)
+    assert "state_dict" not in obj and all(isinstance(v, torch.Tensor) for v in obj.values())
+    assert obj.keys() == load_state_dict(tmp_path / "r.ckpt")[0].keys() and len(obj) > 100
