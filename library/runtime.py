@@ -127,6 +127,10 @@ def make_accelerator(cfg: RunConfig, *, log_with: list[str] | None = None, loggi
     # when asked for the CPU; without this every process would train alone and think it is the main one.
     launched = int(os.environ.get("WORLD_SIZE", "1")) > 1
     cpu_processes = launched and not torch.cuda.is_available()
+    if not launched:  # a second run in one process (tests, notebooks) may use another precision: start afresh
+        from accelerate.state import AcceleratorState
+
+        AcceleratorState._reset_state(reset_partial_state=True)
     return Accelerator(
         cpu=cpu_processes,
         gradient_accumulation_steps=cfg.gradient_accumulation_steps,
