@@ -70,17 +70,18 @@ def check(args: argparse.Namespace) -> None:
 
 def load_pair(args: argparse.Namespace):
     """(family, original parts, tuned parts); the two files must be the same family (and match --v2 / --sdxl)."""
-    from library.families import detect_family
+    from library.families import detect_family, family_as_flagged
 
-    fam_org, fam_tuned = detect_family(args.model_org), detect_family(args.model_tuned)
     problems = []
+    try:
+        fam_org = family_as_flagged(args.model_org, v2=args.v2, sdxl=args.sdxl)
+    except ValueError as e:
+        problems.append(f"--model_org {e}")
+        fam_org = detect_family(args.model_org)
+    fam_tuned = detect_family(args.model_tuned)
     if fam_org.name != fam_tuned.name:
         problems.append(f"--model_org is {fam_org.name} but --model_tuned is {fam_tuned.name}: extract needs two "
                         "models of the same family")  # fmt: skip
-    want = "sdxl" if args.sdxl else "sd2" if args.v2 else None
-    if want and fam_org.name != want:
-        problems.append(f"{'--sdxl' if args.sdxl else '--v2'} says {want} but {args.model_org} is {fam_org.name}; "
-                        "remove the flag (the family is read from the files)")  # fmt: skip
     if problems:
         raise ConfigError(problems)
     dtype = dtype_of(args.load_precision)

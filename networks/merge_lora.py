@@ -76,14 +76,13 @@ def check(args: argparse.Namespace, problems: list[str]) -> list[float]:
 
 
 def merge_to_checkpoint(args: argparse.Namespace, files: list[dl.AdapterFile], ratios: list[float]) -> Path:
-    from library.families import detect_family
+    from library.families import family_as_flagged
 
-    family = detect_family(args.sd_model)
-    want = "sdxl" if args.sdxl else "sd2" if getattr(args, "v2", False) else None
-    if want and family.name != want:
-        flag = "--sdxl (sdxl_merge_lora.py)" if args.sdxl else "--v2"
-        raise ConfigError([f"--sd_model {args.sd_model} is an {family.name} model but {flag} says {want}; the family "
-                           "is read from the file: use merge_lora.py without --v2 / --sdxl"])  # fmt: skip
+    try:
+        flag = "--sdxl (sdxl_merge_lora.py)" if args.sdxl else ""
+        family = family_as_flagged(args.sd_model, v2=getattr(args, "v2", False), sdxl=args.sdxl, flag=flag)
+    except ValueError as e:
+        raise ConfigError([f"--sd_model {e}"]) from e
     parts = family.load(args.sd_model, dtype=dtype_of(args.precision))
     merge.merge_into_model(family, parts, files, ratios)
     meta = {} if args.no_metadata else {"modelspec.merged_from": merge.merged_from(

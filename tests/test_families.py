@@ -414,3 +414,14 @@ def test_select_family_for_a_script(tiny_dir):
         select_family(tiny_dir / "sd1", ("sdxl",))
     with pytest.raises(ValueError, match="remove --v2"):
         select_family(tiny_dir / "sd1", ("sd1", "sd2"), v2=True)
+
+
+def test_family_as_flagged(tiny_dir):
+    from library.families import family_as_flagged
+
+    assert family_as_flagged(tiny_dir / "sd2").name == "sd2"
+    assert family_as_flagged(tiny_dir / "sdxl", sdxl=True).name == "sdxl"
+    with pytest.raises(ValueError, match="sd1 model but --v2 says sd2; remove the flag"):
+        family_as_flagged(tiny_dir / "sd1", v2=True)
+    with pytest.raises(ValueError, match="contradict"):
+        family_as_flagged(tiny_dir / "sd1", v2=True, sdxl=True)

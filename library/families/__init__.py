@@ -20,7 +20,7 @@ from .sdxl import SDXL, SDXLFamily
 FAMILIES: dict[str, Any] = {"sd1": SD1, "sd2": SD2, "sdxl": SDXL}
 
 __all__ = ["SD1", "SD2", "SDXL", "FAMILIES", "Cond", "ModelFamily", "Parts", "SDFamily", "SDXLFamily"]
-__all__ += ["get_family", "detect_family", "select_family"]
+__all__ += ["get_family", "detect_family", "select_family", "family_as_flagged"]
 
 
 def get_family(name: str) -> Any:
@@ -91,3 +91,17 @@ def select_family(path: str | os.PathLike | None, allowed: tuple[str, ...], *, v
     if detected is not None and detected != name:
         raise ValueError(f"{path} is an {detected} model but this script trains {name}; use {SCRIPTS[detected]}")
     return get_family(name)
+
+
+def family_as_flagged(path: str | os.PathLike, *, v2: bool = False, sdxl: bool = False, flag: str = "") -> Any:
+    """The family of the model at ``path`` (read from the file); ``--v2`` / ``--sdxl`` given for sd-scripts
+    compatibility must agree with it. Raises ``ValueError`` naming the file, the flag and the fix."""
+    if v2 and sdxl:
+        raise ValueError("--v2 and --sdxl contradict each other")
+    family = detect_family(path)
+    want = "sdxl" if sdxl else "sd2" if v2 else None
+    if want and family.name != want:
+        given = flag or ("--sdxl" if sdxl else "--v2")
+        raise ValueError(f"{path} is an {family.name} model but {given} says {want}; remove the flag (the family is "
+                         "read from the file)")  # fmt: skip
+    return family
