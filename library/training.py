@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -26,7 +26,7 @@ class NonFiniteLoss(RuntimeError):
 
 @dataclass
 class StepModels:
-    """What one training step needs. ``unet`` / ``text_encoders`` may be the accelerate-wrapped modules."""
+    """What one training step needs (``unet`` may differ from ``parts.unet``, e.g. a torch.compile'd one)."""
 
     family: Any
     parts: Parts
@@ -34,7 +34,6 @@ class StepModels:
     noise: NoiseConfig
     loss: LossConfig
     unet: nn.Module
-    text_encoders: list[nn.Module] = field(default_factory=list)
     clip_skip: int | None = None
     max_token_length: int | None = None
     train_text_encoder: bool = False
@@ -57,12 +56,9 @@ def batch_cond(m: StepModels, batch: Any) -> Cond:
     if batch.text_encoder_outputs is not None:
         out = batch.text_encoder_outputs
         return Cond(out["hidden_states"], out.get("pooled")).to(m.device)
-    parts = m.parts
-    if m.text_encoders:
-        parts = Parts(**{**parts.__dict__, "text_encoders": m.text_encoders})
     with torch.set_grad_enabled(m.train_text_encoder and torch.is_grad_enabled()):
         return m.family.encode_prompt(
-            parts, list(batch.captions), clip_skip=m.clip_skip, max_token_length=m.max_token_length
+            m.parts, list(batch.captions), clip_skip=m.clip_skip, max_token_length=m.max_token_length
         )
 
 
