@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from library import args as arg_groups
 from library import demo, sampling, session
 from library.config import add_config_args, parse_args
-from library.optim import add_optim_args, effective_lrs, make_optimizer, make_scheduler
+from library.optim import add_optim_args, add_part_lr_args, effective_lrs, make_optimizer, make_scheduler
 from library.trainer import Result, Trainer
 from library.training import Interrupt, LossTracker, NonFiniteLoss, batch_loss, check_finite
-from networks.config import add_network_args
+from networks.config import NetworkConfig, add_network_args
 from networks.inject import prepare_network
 
 
@@ -38,8 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
         arg_groups.add_ema_args,
         arg_groups.add_noise_args,
         arg_groups.add_loss_args,
-        arg_groups.add_network_lr_args,
         add_optim_args,
+        add_part_lr_args,
         add_network_args,
         sampling.add_sample_args,
         add_config_args,
@@ -52,11 +52,11 @@ def main(argv: Sequence[str] | None = None, family_names: Sequence[str] = ("sd1"
     args = parse_args(build_parser(), demo.expand(argv, family_names))  # --config_file merged; --demo filled in
     if args is None:  # --output_config wrote the file
         return None
-    cfg = session.read_config(args, tuple(family_names))  # every group, every cross-check, all errors at once
+    cfg = session.read_config(args, tuple(family_names), NetworkConfig.from_args)  # all errors at once
     run = session.start(cfg)  # accelerator, seed, dataset plan + bucket report, model, caches
-    network = prepare_network(cfg.network, run.family.adapter_roots(run.parts))
+    network = prepare_network(cfg.method, run.family.adapter_roots(run.parts))
     network.to(device=run.accelerator.device, dtype=cfg.run.train_dtype)
-    groups = network.param_groups(cfg.unet_lr, cfg.text_encoder_lr, cfg.optim.learning_rate)
+    groups = network.param_groups(cfg.optim.unet_lr, cfg.optim.text_encoder_lr, cfg.optim.learning_rate)
     optimizer = make_optimizer(cfg.optim, groups)
     loader = run.make_loader()
     max_steps, num_epochs = run.step_budget(loader)

@@ -382,16 +382,3 @@ def add_dataset_args(parser: argparse.ArgumentParser) -> None:
     _buckets(group)
     _augmentation(group)
     _caching(group)
-
-
-def add_network_lr_args(parser: argparse.ArgumentParser) -> None:
-    """Learning rates of the adapter's UNet and text-encoder parts (sd-scripts' train_network.py)."""
-    g = parser.add_argument_group("adapter learning rates")
-    g.add_argument("--unet_lr", type=float, default=None, help="UNet adapter lr (default: --learning_rate)")
-    g.add_argument(
-        "--text_encoder_lr",
-        type=float,
-        nargs="*",
-        default=None,
-        help="text-encoder adapter lr; SDXL takes one value per encoder (TE1 TE2); 0 = do not train it",
-    )

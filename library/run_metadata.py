@@ -1,4 +1,6 @@
-"""The ``ss_*`` and ModelSpec metadata of a trained adapter file, as sd-scripts' train_network.py writes it.
+"""The ``ss_*`` and ModelSpec metadata of a trained file (adapter, embedding), as sd-scripts' trainers write it.
+
+The run's keys come from here; the trainable adds its own (``ss_network_*`` for adapters) through ``metadata()``.
 
 A1111 reads ``ss_output_name`` (alias), ``ss_base_model_version`` (SD version filter), ``ss_tag_frequency`` (tags
 dialog) and ``sshs_model_hash``; everything else documents the run (SD_SCRIPTS.md section 5.2).
@@ -60,8 +62,8 @@ def _training_keys(cfg: Any, run: Any) -> dict[str, Any]:
         "ss_session_id": _SESSION_ID,
         "ss_output_name": cfg.save.output_name,
         "ss_learning_rate": opt.learning_rate,
-        "ss_text_encoder_lr": json.dumps(list(cfg.text_encoder_lr)) if cfg.text_encoder_lr else None,
-        "ss_unet_lr": cfg.unet_lr,
+        "ss_text_encoder_lr": json.dumps(list(opt.text_encoder_lr)) if opt.text_encoder_lr else None,
+        "ss_unet_lr": opt.unet_lr,
         "ss_num_train_images": report.train_images,
         "ss_num_reg_images": report.reg_images,
         "ss_num_batches_per_epoch": report.batches_per_process,
@@ -69,7 +71,6 @@ def _training_keys(cfg: Any, run: Any) -> dict[str, Any]:
         "ss_gradient_accumulation_steps": cfg.run.gradient_accumulation_steps,
         "ss_lr_warmup_steps": a.get("lr_warmup_steps"),
         "ss_lr_scheduler": a.get("lr_scheduler"),
-        "ss_network_dropout": a.get("network_dropout"),
         "ss_mixed_precision": cfg.run.mixed_precision,
         "ss_full_fp16": cfg.run.full_fp16,
         "ss_clip_skip": cfg.model.clip_skip,
@@ -86,7 +87,6 @@ def _training_keys(cfg: Any, run: Any) -> dict[str, Any]:
         "ss_caption_dropout_rate": cfg.data.caption_dropout_rate,
         "ss_caption_dropout_every_n_epochs": cfg.data.caption_dropout_every_n_epochs,
         "ss_caption_tag_dropout_rate": cfg.data.caption_tag_dropout_rate,
-        "ss_scale_weight_norms": cfg.network.scale_weight_norms,
         "ss_validation_split": cfg.validation.validation_split,
         "ss_validation_seed": cfg.validation.validation_seed,
         "ss_ema": cfg.ema.ema,
@@ -140,11 +140,13 @@ def _dataset_keys(cfg: Any, run: Any) -> dict[str, Any]:
     return keys
 
 
-def adapter_metadata(trainer: Any, *, step: int | None = None, epoch: int | None = None) -> dict[str, str]:
-    """All metadata of an adapter file saved now (``--no_metadata``: the minimal set + ModelSpec)."""
+def file_metadata(trainer: Any, *, step: int | None = None, epoch: int | None = None) -> dict[str, str]:
+    """The run's metadata for the trained file saved now (``--no_metadata``: the minimal set + ModelSpec); the
+    trainable's own keys (``trainable.metadata()``) are added by the saver."""
     run, cfg = trainer.run, trainer.cfg
     family, parts = run.family, run.parts
     prediction = parts.prediction_type
+    kind = trainer.trainable.modelspec_kind
     keys: dict[str, Any] = {
         "ss_v2": str(family.name == "sd2"),
         "ss_base_model_version": family.base_model_version(prediction),
@@ -164,9 +166,9 @@ def adapter_metadata(trainer: Any, *, step: int | None = None, epoch: int | None
     resolution = cfg.data.resolutions[0] if cfg.data.resolutions else family.default_resolution(prediction)
     n = run.step_models.noise
     spec = md.modelspec(
-        architecture=family.modelspec_architecture("lora", prediction),
-        implementation=family.modelspec_implementation("lora"),
-        title=cfg.save.metadata.get("title") or cfg.save.output_name or f"LoRA@{time.strftime('%Y%m%d%H%M%S')}",
+        architecture=family.modelspec_architecture(kind, prediction),
+        implementation=family.modelspec_implementation(kind),
+        title=cfg.save.metadata.get("title") or cfg.save.output_name or _default_title(kind),
         resolution=resolution,
         prediction_type=prediction,
         timestep_range=(n.min_timestep or 0, n.max_timestep or 1000)
@@ -177,6 +179,12 @@ def adapter_metadata(trainer: Any, *, step: int | None = None, epoch: int | None
     )
     out = {**md.to_str_values(keys), **spec}
     return md.minimal(out) if cfg.save.no_metadata else out
+
+
+def _default_title(kind: str) -> str:
+    """sd-scripts' fallback title: ``LoRA@<time>`` for adapters, ``TextualInversion@<time>`` for embeddings."""
+    name = {"lora": "LoRA", "textual-inversion": "TextualInversion"}.get(kind, "Checkpoint")
+    return f"{name}@{time.strftime('%Y%m%d%H%M%S')}"
 
 
 def _modelspec_extras(values: dict[str, str]) -> dict[str, str]:

@@ -14,7 +14,7 @@ import hashlib
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -28,7 +28,6 @@ from library.runtime import RunConfig, make_accelerator, num_workers, seed_every
 from library.sampling import SampleConfig
 from library.saving import SaveConfig
 from library.training import StepModels, text_cache_entry
-from networks.config import NetworkConfig
 
 logger = logging.getLogger("sdtrain")
 
@@ -90,14 +89,12 @@ class TrainConfig:
     noise: NoiseConfig
     loss: LossConfig
     optim: OptimConfig
-    network: NetworkConfig
+    method: Any  # what the recipe trains, read by its own reader (NetworkConfig, TextualInversionConfig, ...)
     save: SaveConfig
     sample: SampleConfig
     trackers: TrackerConfig
     validation: ValidationConfig
     ema: EMAConfig
-    unet_lr: float | None = None
-    text_encoder_lr: tuple[float, ...] | None = None
     console_log_level: str | None = None
     console_log_file: str | None = None
     console_log_simple: bool = False
@@ -105,8 +102,8 @@ class TrainConfig:
 
     @property
     def train_text_encoder(self) -> bool:
-        """sd-scripts: text-encoder adapters train unless --network_train_unet_only (a 0 lr drops them later)."""
-        return not self.network.train_unet_only
+        """Whether the text encoders run with autograd (the method config's ``trains_text_encoder``)."""
+        return bool(getattr(self.method, "trains_text_encoder", False))
 
 
 def choose_family(args: argparse.Namespace, family_names: tuple[str, ...]) -> Any:
@@ -117,8 +114,15 @@ def choose_family(args: argparse.Namespace, family_names: tuple[str, ...]) -> An
         raise ConfigError([str(e)]) from e
 
 
-def read_config(args: argparse.Namespace, family_names: tuple[str, ...] = ("sd1", "sd2")) -> TrainConfig:
-    """Every group's reader and every cross-check; raises one :class:`ConfigError` listing all problems."""
+def read_config(
+    args: argparse.Namespace, family_names: tuple[str, ...] = ("sd1", "sd2"), method: Callable | None = None
+) -> TrainConfig:
+    """Every group's reader and every cross-check; raises one :class:`ConfigError` listing all problems.
+
+    ``method(args)`` reads what the recipe trains (e.g. ``NetworkConfig.from_args``); its problems are reported
+    with the others. Its result is ``cfg.method``; its ``trains_text_encoder`` says whether the text encoders run
+    with autograd.
+    """
     problems: list[str] = []
 
     def read(reader, *a, **kw):
@@ -146,7 +150,7 @@ def read_config(args: argparse.Namespace, family_names: tuple[str, ...] = ("sd1"
         noise=read(from_namespace, NoiseConfig, args),
         loss=read(from_namespace, LossConfig, args),
         optim=read(OptimConfig.from_args, args),
-        network=read(NetworkConfig.from_args, args),
+        method=read(method, args) if method is not None else None,
         save=read(SaveConfig.from_args, args),
         sample=read(SampleConfig.from_args, args),
         trackers=from_namespace(TrackerConfig, args),
@@ -158,8 +162,6 @@ def read_config(args: argparse.Namespace, family_names: tuple[str, ...] = ("sd1"
         raise ConfigError(problems)
     return TrainConfig(
         family=family,
-        unet_lr=args.unet_lr,
-        text_encoder_lr=tuple(args.text_encoder_lr) if args.text_encoder_lr else None,
         console_log_level=args.console_log_level,
         console_log_file=args.console_log_file,
         console_log_simple=args.console_log_simple,
@@ -179,18 +181,10 @@ def _ema_config(args: argparse.Namespace) -> EMAConfig:
 
 def _cross_checks(args: argparse.Namespace, values: dict) -> list[str]:
     problems = []
-    net, data_args = values.get("network"), values.get("data")
-    if data_args is not None and data_args.cache_text_encoder_outputs and net is not None and not net.train_unet_only:
-        problems.append(
-            "--cache_text_encoder_outputs needs --network_train_unet_only (cached text-encoder outputs cannot "
-            "train text-encoder adapters)"
-        )
     if args.clip_skip is not None and args.clip_skip < 1:
         problems.append(f"--clip_skip must be >= 1, got {args.clip_skip}")
     if args.validation_split and not 0 < args.validation_split < 1:
         problems.append(f"--validation_split must be in (0, 1), got {args.validation_split}")
-    if args.unet_lr is not None and args.unet_lr < 0:
-        problems.append(f"--unet_lr must be >= 0, got {args.unet_lr}")
     return problems
 
 

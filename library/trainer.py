@@ -1,10 +1,11 @@
-"""Everything around the optimizer step of an adapter run: counters, gradient sync and clipping, EMA, logging,
+"""Everything around the optimizer step of a run: counters, gradient sync and clipping, EMA, logging,
 saves with metadata, samples, validation, resumable state, and the final summary.
 
-The loop itself stays in the entry script; it calls these methods at fixed points (see train_network.py).
-Gradient accumulation and multi-process gradient averaging are done here explicitly (not through DDP hooks): the
-adapter's forward runs inside the frozen UNet, which DDP cannot see, so gradients are all-reduced by hand at each
-optimizer step, and every accumulation window is known exactly (needed for bitwise-exact resume).
+The loop itself stays in the entry script; it calls these methods at fixed points (see train_network.py). What
+is trained is a :class:`library.trainable.Trainable` (adapter network, token embeddings, ...); the trainer knows
+nothing else about it. Gradient accumulation is counted here explicitly and, for trainables that run inside a
+frozen model DDP cannot see (``gradient_sync == "manual"``), gradients are all-reduced by hand at each optimizer
+step, so every accumulation window is known exactly (needed for bitwise-exact resume).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from library.runtime import capture_rng, restore_rng
 from library.training import validation_loss, validation_timesteps
 
 logger = logging.getLogger("sdtrain")
+_TRACKER_NAMES = {"network": "network_train", "embedding": "textual_inversion"}  # sd-scripts' default run names
 
 
 @dataclass
@@ -45,12 +47,12 @@ class Result:
 
 class Trainer:
     def __init__(
-        self, run: Any, network: Any, optimizer: Any, scheduler: Any, loader: Any, max_steps: int, num_epochs: int
+        self, run: Any, trainable: Any, optimizer: Any, scheduler: Any, loader: Any, max_steps: int, num_epochs: int
     ):
         self.run, self.cfg, self.acc = run, run.cfg, run.accelerator
-        self.network, self.optimizer, self.scheduler, self.loader = network, optimizer, scheduler, loader
+        self.trainable, self.optimizer, self.scheduler, self.loader = trainable, optimizer, scheduler, loader
         self.max_steps, self.num_epochs = max_steps, num_epochs
-        self.params = [p for p in network.parameters() if p.requires_grad]
+        self.params = [p for p in trainable.parameters() if p.requires_grad]
         self.generator = torch.Generator().manual_seed(self.cfg.run.seed + 1009 * self.acc.process_index)
         self.epoch = 0  # epoch index (0-based) the loop starts at
         self.step = 0  # optimizer steps done
@@ -75,23 +77,22 @@ class Trainer:
 
     # -------------------------------------------------------------------------------------------- set-up
     def _broadcast_initial_weights(self) -> None:
-        if self.acc.num_processes > 1:
+        if self.acc.num_processes > 1 and self.trainable.gradient_sync == "manual":
             from accelerate.utils import broadcast
 
             with torch.no_grad():
-                for p in self.network.parameters():
+                for p in self.trainable.parameters():
                     p.copy_(broadcast(p.detach().clone(), from_process=0))
 
     def _set_training(self, mode: bool) -> None:
-        for layer in self.network.layers():
-            layer.train(mode)
+        self.trainable.set_training(mode)
         set_train_mode(self.optimizer, mode)
 
     def _init_trackers(self) -> None:
         trackers = self.cfg.trackers
         if not trackers.trackers:
             return
-        name = trackers.log_tracker_name or "network_train"
+        name = trackers.log_tracker_name or _TRACKER_NAMES.get(self.trainable.kind, "finetuning")
         config = {k: v for k, v in self.cfg.args.items() if isinstance(v, (int, float, str, bool))}
         if not trackers.log_config:
             config = {}
@@ -143,7 +144,7 @@ class Trainer:
 
     def sync_gradients(self) -> None:
         """Average gradients over processes, then clip to --max_grad_norm (0 = off)."""
-        if self.acc.num_processes > 1:
+        if self.acc.num_processes > 1 and self.trainable.gradient_sync == "manual":
             for p in self.params:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
@@ -156,10 +157,7 @@ class Trainer:
         self.losses.append(loss)
         if self.ema is not None:
             self.ema.update(self.step)
-        logs = {}
-        if self.cfg.network.scale_weight_norms:
-            scaled, mean_norm, max_norm = self.network.apply_max_norm(self.cfg.network.scale_weight_norms)
-            logs = {"max_norm/keys_scaled": scaled, "norm/avg_key_norm": mean_norm, "max_norm/max_key_norm": max_norm}
+        logs = self.trainable.after_step()  # e.g. --scale_weight_norms
         self.progress.update(1)
         self.pending_logs = logs
 
@@ -250,36 +248,36 @@ class Trainer:
 
     # -------------------------------------------------------------------------------------------- saving
     def unwrapped(self):
-        return self.acc.unwrap_model(self.network)
+        return self.acc.unwrap_model(self.trainable)
 
     def save_model(self, path: Path, *, step: int | None = None, epoch: int | None = None) -> Path | None:
-        """Write the adapter file (and ``<stem>-ema`` with EMA) on the main process, atomically, with metadata."""
+        """Write the trained file (and ``<stem>-ema`` with EMA) on the main process, atomically, with metadata."""
         self.acc.wait_for_everyone()
         if not self.acc.is_main_process:
             return None
         set_train_mode(self.optimizer, False)
         try:
-            network = self.unwrapped()
+            trained = self.unwrapped()
             meta = self.file_metadata(step=step, epoch=epoch)
             dtype = self.cfg.save.dtype
-            tensors = network.state_dict_for_file(dtype)
-            network.save(path, metadata=md.with_hashes(tensors, {**network.metadata(), **meta}), dtype=dtype)
+            tensors = trained.state_dict_for_file(dtype)
+            trained.save(path, metadata=md.with_hashes(tensors, {**trained.metadata(), **meta}), dtype=dtype)
             logger.info("saved %s", path)
             if self.ema is not None:
                 with self.ema.applied():
                     ema_path = path.with_name(path.stem + "-ema" + path.suffix)
-                    tensors = network.state_dict_for_file(dtype)
-                    network.save(
-                        ema_path, metadata=md.with_hashes(tensors, {**network.metadata(), **meta}), dtype=dtype
+                    tensors = trained.state_dict_for_file(dtype)
+                    trained.save(
+                        ema_path, metadata=md.with_hashes(tensors, {**trained.metadata(), **meta}), dtype=dtype
                     )
         finally:
             set_train_mode(self.optimizer, True)
         return path
 
     def file_metadata(self, *, step: int | None = None, epoch: int | None = None) -> dict[str, str]:
-        from library.run_metadata import adapter_metadata
+        from library.run_metadata import file_metadata
 
-        return adapter_metadata(self, step=step, epoch=epoch)
+        return file_metadata(self, step=step, epoch=epoch)
 
     def save_state(self, folder: Path | None = None, *, interrupted: bool = False) -> Path:
         """Every process contributes its RNG states; the main process writes the folder atomically."""

@@ -162,6 +162,11 @@ class NetworkConfig:
     network_args: dict[str, str] = field(default_factory=dict)  # as given, for ss_network_args
 
     @property
+    def trains_text_encoder(self) -> bool:
+        """sd-scripts: text-encoder adapters train unless --network_train_unet_only (a 0 lr drops them later)."""
+        return not self.train_unet_only
+
+    @property
     def is_lycoris(self) -> bool:
         return self.module == "lycoris.kohya"
 
@@ -200,6 +205,11 @@ class NetworkConfig:
             values["algo"] = "lora"
         cfg = cls(**values)  # holds every value that parsed, so the checks below still report their problems
         _validate(cfg, errors)
+        if getattr(args, "cache_text_encoder_outputs", False) and cfg.trains_text_encoder:
+            errors.append(
+                "--cache_text_encoder_outputs needs --network_train_unet_only (cached text-encoder outputs cannot "
+                "train text-encoder adapters)"
+            )
         if errors:
             raise ValueError("invalid network options:\n  " + "\n  ".join(errors))
         return cfg

@@ -42,7 +42,14 @@ class LoadReport:
 
 
 class AdapterNetwork(nn.Module):
-    """Adapters keyed by kohya module name (``lora_unet_...``, ``lora_te_...``, ``lora_te1_...``)."""
+    """Adapters keyed by kohya module name (``lora_unet_...``, ``lora_te_...``, ``lora_te1_...``).
+
+    Implements the run layer's :class:`library.trainable.Trainable` (``kind == "network"``).
+    """
+
+    kind = "network"
+    modelspec_kind = "lora"
+    gradient_sync = "manual"  # the adapters run inside a frozen model DDP cannot see: the trainer averages them
 
     def __init__(self, slots: Sequence[Slot], roots: Sequence[Root], config=None, block_lr: list[float] | None = None):
         super().__init__()
@@ -69,6 +76,23 @@ class AdapterNetwork(nn.Module):
 
     def _part(self, unet: bool) -> list[Slot]:
         return [s for s in self._slots.values() if s.target.is_unet == unet]
+
+    # ------------------------------------------------------------------------------------------ the Trainable seam
+    def set_training(self, mode: bool) -> None:
+        """Train / eval mode of every adapter layer (dropout, rank dropout, module dropout)."""
+        for layer in self.layers():
+            layer.train(mode)
+
+    def after_step(self) -> dict[str, float]:
+        """``--scale_weight_norms``: max-norm scaling after each optimizer step; returns the values sd-scripts logs."""
+        max_norm = self.config.scale_weight_norms if self.config is not None else None
+        if not max_norm:
+            return {}
+        scaled, mean_norm, max_key_norm = self.apply_max_norm(max_norm)
+        return {"max_norm/keys_scaled": scaled, "norm/avg_key_norm": mean_norm, "max_norm/max_key_norm": max_key_norm}
+
+    def prepare(self, accelerator) -> AdapterNetwork:
+        return self
 
     # ----------------------------------------------------------------------------------------------- multiplier
     def set_multiplier(self, multiplier: float) -> None:
@@ -178,7 +202,10 @@ class AdapterNetwork(nn.Module):
     def metadata(self) -> dict[str, str]:
         """``ss_network_*`` metadata for the trainer to extend (from the config, or from the modules' ranks)."""
         if self.config is not None:
-            return self.config.metadata()
+            meta = self.config.metadata()
+            if self.config.scale_weight_norms is not None:
+                meta["ss_scale_weight_norms"] = str(self.config.scale_weight_norms)
+            return meta
         ranks = [s.layer.adapter.rank for s in self._slots.values() if isinstance(s.layer, AdapterLayer)]
         alphas = [float(s.layer.adapter.alpha) for s in self._slots.values() if isinstance(s.layer, AdapterLayer)]
         dim = max(set(ranks), key=ranks.count) if ranks else None

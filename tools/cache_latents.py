@@ -53,9 +53,7 @@ def main(argv: Sequence[str] | None = None) -> session.Run | None:
         return None
     args.cache_latents = True
     args.cache_latents_to_disk = args.cache_latents_to_disk or not args.cache_dir
-    # training-only flags that read_config requires; caching neither writes to output_dir nor builds a network
-    args.output_dir = args.output_dir or "."
-    args.network_module = args.network_module or "networks.lora"
+    args.output_dir = args.output_dir or "."  # read_config requires it; caching writes nothing there
     cfg = session.read_config(args, family_names(args))  # every dataset / model problem at once
     session.setup_logging(cfg)
     accelerator = make_accelerator(cfg.run)

@@ -15,7 +15,14 @@ Modules: ``optimizers`` (registry, construction, train/eval mode, effective lrs)
 step counts), ``config`` (flags and :class:`OptimConfig`).
 """
 
-from library.optim.config import OptimConfig, OptimConfigError, add_optim_args, parse_key_values, parse_step_count
+from library.optim.config import (
+    OptimConfig,
+    OptimConfigError,
+    add_optim_args,
+    add_part_lr_args,
+    parse_key_values,
+    parse_step_count,
+)
 from library.optim.optimizers import (
     OPTIMIZERS,
     OptimizerSpec,
@@ -44,6 +51,7 @@ __all__ = [
     "OptimizerSpec",
     "SchedulerSpec",
     "add_optim_args",
+    "add_part_lr_args",
     "effective_lrs",
     "get_rex_schedule",
     "known_optimizer_names",

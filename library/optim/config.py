@@ -224,6 +224,8 @@ class OptimConfig:
     lr_scheduler_timescale: int | None = None
     lr_scheduler_min_lr_ratio: float | None = None
     fused_backward_pass: bool = False
+    unet_lr: float | None = None  # adapters: the UNet part's lr (--unet_lr; None = learning_rate)
+    text_encoder_lr: tuple[float, ...] | None = None  # adapters: per text encoder (--text_encoder_lr)
 
     def __post_init__(self) -> None:
         name = (self.lr_scheduler or "constant").strip().lower()
@@ -300,6 +302,7 @@ class OptimConfig:
             "lr_scheduler": str(raw["lr_scheduler"] or "constant"),
             "lr_scheduler_type": str(raw["lr_scheduler_type"] or ""),
             "fused_backward_pass": bool(raw["fused_backward_pass"]),
+            **_part_lrs(args, problems),
         }
         for name, kind in _NUMBERS.items():
             values[name] = _number(name, raw[name], kind, problems)
@@ -317,6 +320,26 @@ class OptimConfig:
             raise OptimConfigError(problems)
         _log_notes(cfg, requested)
         return cfg
+
+
+def add_part_lr_args(parser: argparse.ArgumentParser) -> None:
+    """Learning rates of an adapter's UNet and text-encoder parts (sd-scripts' train_network.py)."""
+    g = parser.add_argument_group("adapter learning rates")
+    g.add_argument("--unet_lr", type=float, default=None, help="UNet adapter lr (default: --learning_rate)")
+    g.add_argument(
+        "--text_encoder_lr",
+        type=float,
+        nargs="*",
+        default=None,
+        help="text-encoder adapter lr; SDXL takes one value per encoder (TE1 TE2); 0 = do not train it",
+    )
+
+
+def _part_lrs(args: argparse.Namespace, problems: list[str]) -> dict[str, Any]:
+    unet_lr, te_lr = getattr(args, "unet_lr", None), getattr(args, "text_encoder_lr", None)
+    if unet_lr is not None and unet_lr < 0:
+        problems.append(f"--unet_lr must be >= 0, got {unet_lr}")
+    return {"unet_lr": unet_lr, "text_encoder_lr": tuple(te_lr) if te_lr else None}
 
 
 _NUMBERS = {

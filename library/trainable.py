@@ -1,0 +1,101 @@
+"""What the run layer trains: the small protocol between the loop (library/trainer.py) and the trained thing.
+
+The trainer, the session and the file metadata never know *what* is trained; a recipe builds one object that
+implements :class:`Trainable` and hands it to :class:`library.trainer.Trainer`:
+
+* ``networks.network.AdapterNetwork`` (``kind == "network"``): LoRA-family adapters (train_network.py);
+* ``library.token_embeddings.TokenEmbeddings`` (``kind == "embedding"``): new token rows (textual inversion);
+* :class:`TrainableSet`: several of them trained together (pivotal tuning: an adapter plus token embeddings).
+
+A model-sized trainable (full fine-tune) sets ``gradient_sync = "accelerate"`` and returns the object accelerate's
+``prepare`` gave it from :meth:`Trainable.prepare`, so DDP / FSDP / DeepSpeed come from the user's accelerate
+config without touching the loop. Adapters and embeddings run inside a frozen model that DDP cannot see, so they
+say ``"manual"`` and the trainer averages their gradients itself at each optimizer step.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch import Tensor, nn
+
+
+@runtime_checkable
+class Trainable(Protocol):
+    """The trainer's whole view of what it trains (an ``nn.Module`` holding only the trained tensors)."""
+
+    kind: str  # "network" | "embedding" | "model"
+    modelspec_kind: str  # "lora" | "textual-inversion" | "" (checkpoint): the modelspec.architecture suffix
+    gradient_sync: str  # "manual": the trainer all-reduces gradients; "accelerate": DDP/FSDP/DeepSpeed do
+
+    def parameters(self, recurse: bool = True) -> Any: ...  # those with requires_grad are optimized
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]: ...  # resumable state (--save_state)
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any: ...
+
+    def set_training(self, mode: bool) -> None:
+        """Train mode (dropout on) or eval mode (samples, validation, saving)."""
+
+    def after_step(self) -> dict[str, float]:
+        """Called after every optimizer step (e.g. max-norm scaling); returns values to log."""
+
+    def prepare(self, accelerator: Any) -> Trainable:
+        """Hand the trainable to accelerate if it needs it (``gradient_sync == "accelerate"``); returns it."""
+
+    def state_dict_for_file(self, dtype: torch.dtype | None = None) -> dict[str, Tensor]:
+        """The tensors of the output file, cast to ``dtype`` (``--save_precision``)."""
+
+    def metadata(self) -> dict[str, str]:
+        """This trainable's own ``ss_*`` keys (the run's keys are added by library/run_metadata.py)."""
+
+    def save(self, path: str | os.PathLike, metadata: dict[str, str] | None = None, dtype: Any = None) -> None:
+        """Write the output file atomically (metadata: the run's keys, for formats that carry metadata)."""
+
+
+class TrainableSet(nn.Module):
+    """Several trainables trained as one (pivotal tuning). The first is the primary: its file is the run's output
+    and its ``kind`` / ``modelspec_kind`` describe the run; the others' ``save_extra(path, ...)`` write their own
+    files next to it."""
+
+    gradient_sync = "manual"
+
+    def __init__(self, members: Sequence[Any]):
+        super().__init__()
+        self.members = nn.ModuleList(members)
+        self.kind = members[0].kind
+        self.modelspec_kind = members[0].modelspec_kind
+
+    @property
+    def primary(self) -> Any:
+        return self.members[0]
+
+    def set_training(self, mode: bool) -> None:
+        for m in self.members:
+            m.set_training(mode)
+
+    def after_step(self) -> dict[str, float]:
+        logs: dict[str, float] = {}
+        for m in self.members:
+            logs.update(m.after_step())
+        return logs
+
+    def prepare(self, accelerator: Any) -> TrainableSet:
+        return self
+
+    def state_dict_for_file(self, dtype: torch.dtype | None = None) -> dict[str, Tensor]:
+        return self.primary.state_dict_for_file(dtype)
+
+    def metadata(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for m in reversed(self.members):
+            out.update(m.metadata())
+        return out
+
+    def save(self, path: str | os.PathLike, metadata: dict[str, str] | None = None, dtype: Any = None) -> None:
+        self.primary.save(path, metadata=metadata, dtype=dtype)
+        for m in self.members[1:]:
+            m.save_extra(path, metadata=metadata, dtype=dtype)
