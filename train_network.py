@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from library import args as arg_groups
 from library import demo, sampling, session
@@ -57,12 +58,21 @@ def main(argv: Sequence[str] | None = None, family_names: Sequence[str] = ("sd1"
     network = prepare_network(cfg.method, run.family.adapter_roots(run.parts))
     network.to(device=run.accelerator.device, dtype=cfg.run.train_dtype)
     groups = network.param_groups(cfg.optim.unet_lr, cfg.optim.text_encoder_lr, cfg.optim.learning_rate)
+    result = train(run, network, groups)
+    if args.demo and run.accelerator.is_main_process and result.output is not None:
+        demo.show_it_loads(result.output, cfg.model.path)
+    return result
+
+
+def train(run: session.Run, trainable: Any, groups: list[dict]) -> Result:
+    """The loop around a Trainable (any recipe's: adapters here, token embeddings in train_textual_inversion.py)."""
+    cfg = run.cfg
     optimizer = make_optimizer(cfg.optim, groups)
     loader = run.make_loader()
     max_steps, num_epochs = run.step_budget(loader)
     scheduler = make_scheduler(cfg.optim, optimizer, max_steps, run.accelerator.num_processes)
     optimizer, scheduler = run.accelerator.prepare(optimizer, scheduler)
-    trainer = Trainer(run, network, optimizer, scheduler, loader, max_steps, num_epochs)
+    trainer = Trainer(run, trainable, optimizer, scheduler, loader, max_steps, num_epochs)
     trainer.resume_if_asked()  # exact: weights, optimizer, scheduler, EMA, RNG, data position, counters
     trainer.sample(at_first=True)
     tracker = LossTracker(window=loader.num_batches(0))
@@ -98,16 +108,14 @@ def main(argv: Sequence[str] | None = None, family_names: Sequence[str] = ("sd1"
         except NonFiniteLoss as e:
             print(f"error: {e}", file=sys.stderr)
             return trainer.result(failed=str(e))
-    result = trainer.finish()  # final file (+ EMA file), final state, summary line
-    if args.demo and run.accelerator.is_main_process:
-        demo.show_it_loads(result.output, cfg.model.path)
-    return result
+    return trainer.finish()  # final file (+ EMA file), final state, summary line
 
 
-def run_cli(family_names: Sequence[str] = ("sd1", "sd2")) -> int:
-    """Command-line entry: input problems are printed as one clear message (no traceback), exit code 2."""
+def run_cli(family_names: Sequence[str] = ("sd1", "sd2"), entry: Any = None) -> int:
+    """Command-line entry of ``entry`` (default: this script's ``main``): input problems are printed as one clear
+    message (no traceback), exit code 2."""
     try:
-        result = main(family_names=family_names)
+        result = (entry or main)(family_names=family_names)
     except (ValueError, FileNotFoundError) as e:  # ConfigError and the data / model checks: the user's input
         print(f"error: {e}", file=sys.stderr)
         return 2

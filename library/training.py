@@ -8,7 +8,7 @@ draws) comes from one ``torch.Generator`` that the trainer keeps in its resumabl
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +39,9 @@ class StepModels:
     train_text_encoder: bool = False
     device: torch.device = torch.device("cpu")
     weight_dtype: torch.dtype = torch.float32
+    # captions -> captions before encoding (textual inversion: templates, multi-vector tokens); may draw from the
+    # step's generator
+    caption_rewrite: Callable[[list[str], torch.Generator | None], list[str]] | None = None
 
 
 def batch_latents(m: StepModels, batch: Any, generator: torch.Generator | None) -> Tensor:
@@ -51,15 +54,16 @@ def batch_latents(m: StepModels, batch: Any, generator: torch.Generator | None) 
         return m.family.encode_latents(m.parts, pixels, generator).to(torch.float32)
 
 
-def batch_cond(m: StepModels, batch: Any) -> Cond:
+def batch_cond(m: StepModels, batch: Any, generator: torch.Generator | None = None) -> Cond:
     """Text conditioning: cached encoder outputs, or the text encoders run on the batch's captions."""
     if batch.text_encoder_outputs is not None:
         out = batch.text_encoder_outputs
         return Cond(out["hidden_states"], out.get("pooled")).to(m.device)
+    captions = list(batch.captions)
+    if m.caption_rewrite is not None:
+        captions = m.caption_rewrite(captions, generator)
     with torch.set_grad_enabled(m.train_text_encoder and torch.is_grad_enabled()):
-        return m.family.encode_prompt(
-            m.parts, list(batch.captions), clip_skip=m.clip_skip, max_token_length=m.max_token_length
-        )
+        return m.family.encode_prompt(m.parts, captions, clip_skip=m.clip_skip, max_token_length=m.max_token_length)
 
 
 def text_cache_entry(cond: Cond) -> dict[str, Tensor]:
@@ -79,7 +83,7 @@ def batch_loss(
 ) -> Tensor:
     """Per-sample loss (B,) float32 of one batch: encode, noise, predict, loss (sd-scripts' order, section 7)."""
     latents = batch_latents(m, batch, generator)
-    cond = batch_cond(m, batch).to(m.device, m.weight_dtype)
+    cond = batch_cond(m, batch, generator).to(m.device, m.weight_dtype)
     if timesteps is not None:
         timesteps = timesteps.to(latents.device)
     noisy, target, t, _ = make_example(m.noise, latents, m.schedule, generator, timesteps=timesteps)

@@ -1,0 +1,73 @@
+"""Train a textual-inversion embedding (new token vectors) for SD 1.x / 2.x; SDXL: sdxl_train_textual_inversion.py.
+
+    accelerate launch train_textual_inversion.py --pretrained_model_name_or_path model.safetensors \
+        --dataset_config dataset.toml --output_dir out --token_string sks_cat --init_word cat \
+        --num_vectors_per_token 4 --learning_rate 5e-3 --max_train_steps 1000
+
+Takes sd-scripts' flags with the same meaning (``--config_file`` TOML too). Only the new token's rows are trained
+(every other weight stays bit-identical); the file is ``{"emb_params": ...}`` (SDXL ``{"clip_l", "clip_g"}``),
+``.pt`` by default or ``.safetensors``, named after the token unless ``--output_name`` is given. Write the token in
+captions (or use ``--use_object_template`` / ``--use_style_template``) and in sample prompts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from library import args as arg_groups
+from library import sampling, session
+from library.config import add_config_args, parse_args
+from library.optim import add_optim_args
+from library.token_embeddings import (
+    TextualInversionConfig,
+    TokenEmbeddings,
+    add_textual_inversion_args,
+    caption_rewriter,
+    init_vectors,
+)
+from library.trainer import Result
+from train_network import run_cli, train
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for add in (
+        arg_groups.add_logging_args,
+        arg_groups.add_model_args,
+        arg_groups.add_dataset_args,
+        arg_groups.add_run_args,
+        lambda p: arg_groups.add_save_args(p, default_format="pt"),  # sd-scripts' TI default
+        arg_groups.add_state_args,
+        arg_groups.add_tracker_args,
+        arg_groups.add_validation_args,
+        arg_groups.add_ema_args,
+        arg_groups.add_noise_args,
+        arg_groups.add_loss_args,
+        add_optim_args,
+        add_textual_inversion_args,
+        sampling.add_sample_args,
+        add_config_args,
+    ):
+        add(parser)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, family_names: Sequence[str] = ("sd1", "sd2")) -> Result | None:
+    args = parse_args(build_parser(), argv)  # --config_file merged
+    if args is None:  # --output_config wrote the file
+        return None
+    args.output_name = args.output_name or args.token_string  # sd-scripts: files are named after the token
+    cfg = session.read_config(args, tuple(family_names), TextualInversionConfig.from_args)  # all errors at once
+    run = session.start(cfg)  # accelerator, seed, dataset plan + bucket report, model, caches
+    ti = cfg.method
+    vectors = init_vectors(run.family, run.parts, ti.token_string, ti.num_vectors_per_token, ti.init_word, ti.weights)
+    embedding = TokenEmbeddings(run.family, run.parts, ti.token_string, vectors, ti.init_word)  # tokens added
+    embedding.to(device=run.accelerator.device, dtype=cfg.run.train_dtype)
+    run.step_models.caption_rewrite = caption_rewriter([embedding], ti.templates)  # templates, tok -> tok tok1 ..
+    return train(run, embedding, embedding.param_groups(cfg.optim.learning_rate))
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(entry=main))
