@@ -172,7 +172,8 @@ class TokenEmbeddings(nn.Module):
 
     def _install(self, parts: Any) -> None:
         for tokenizer in parts.tokenizers:  # check every tokenizer before changing any
-            existing = [n for n in self.names if n in tokenizer.get_vocab()]
+            vocab = tokenizer.get_vocab()
+            existing = [n for n in self.names if n in vocab or f"{n}</w>" in vocab]
             if existing:
                 raise ValueError(
                     f"token {self.token!r}: {existing} already in the tokenizer's vocabulary, so it cannot be trained "
