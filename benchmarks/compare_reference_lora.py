@@ -1,17 +1,22 @@
 """Our LoRA training against a plain diffusers + peft loop, step by step, on the tiny SD1 model (run by hand).
 
-    OMP_NUM_THREADS=1 python benchmarks/compare_reference_lora.py [--seeds 0 1 2 3] [--steps 200]
+    OMP_NUM_THREADS=1 python benchmarks/compare_reference_lora.py --lr 1e-4 [--seeds 0 1 2 3] [--steps 200]
+        [--variants matched attn_only ...]
 
-For each seed, ``train_network.main([...])`` trains a LoRA in-process while hooks record every step's draws
-(latents, noise, timesteps, captions), the initial adapter weights and the adapter weights after every optimizer step.
-A plain loop then trains the same targets with peft (``inject_adapter_in_model``) from the same initial weights on
-the same draws: diffusers' UNet and CLIP text encoder, ``DDPMScheduler.add_noise``, ``F.mse_loss``, ``AdamW``,
-``clip_grad_norm_``. Both results are judged by one neutral evaluator: ΔW merged into fresh copies of the base
-weights, then the fixed-noise denoising loss (5 timesteps, fixed noise) on the training images ("learned") and on
-four unrelated images with their own captions ("forgetting").
+The base model is the tiny SD1 with its VAE made deterministic and unit-scale (see ``sharpen_vae``) and its UNet
+first trained on eight pattern images, so that it has something to forget. For each seed, ``train_network.main``
+trains a LoRA in-process on the four example images while hooks record every step's draws (latents, noise,
+timesteps, captions), the initial adapter weights and the adapter weights after every optimizer step. A plain loop
+then trains with peft (``inject_adapter_in_model``) on diffusers' UNet and CLIP text encoder from the same initial
+weights on the same draws (``DDPMScheduler.add_noise``, ``F.mse_loss``, ``torch.optim.AdamW``,
+``clip_grad_norm_``), once per variant: "matched" changes nothing, every other variant changes one setting (see
+``VARIANTS``). One evaluator judges all results: ΔW merged into fresh copies of the base weights, then the fixed-noise
+denoising loss (5 timesteps, fixed noise, VAE posterior means) on the training images ("learned") and on the eight
+pattern images with their captions ("forgetting").
 
-Printed: per seed the relative change of both losses for ours and the reference; per module group the ratio of our
-per-step update norm to the reference's and their cosine; and the mean and spread over seeds.
+Printed: one JSON row per seed (loss changes; per module group the mean ratio of our per-step ΔW-update norm to the
+reference's and their mean cosine), then a table: mean ± standard deviation over seeds, and the paired difference in
+forgetting between ours and each variant with its t statistic.
 """
 
 from __future__ import annotations
@@ -247,6 +252,7 @@ MATCHED = {"targets": "same", "text_encoder": True, "max_grad_norm": None, "adam
 VARIANTS = {
     "matched": {},
     "attn_only": {"targets": "attn"},  # UNet: to_q/to_k/to_v/to_out.0 only (diffusers' LoRA examples)
+    "attn_ff": {"targets": "attn_ff"},  # UNet: attention and feed-forward, no proj_in / proj_out
     "transformer_only": {"targets": "transformer"},  # UNet: no ResNet / up- / down-sampler convs (LoCon's extra)
     "unet_only": {"text_encoder": False},  # no text-encoder LoRA (diffusers' train_text_to_image_lora)
     "no_clip": {"max_grad_norm": 0.0},
@@ -254,6 +260,7 @@ VARIANTS = {
     "gaussian_init": {"init": "gaussian"},  # peft init_lora_weights="gaussian" (diffusers' examples)
 }
 ATTN = ("to_q", "to_k", "to_v", "to_out.0")
+FF = ("ff.net.0.proj", "ff.net.2")
 
 
 def reference_targets(ours: dict, v: dict) -> dict[str, tuple[int, str]]:
@@ -262,6 +269,8 @@ def reference_targets(ours: dict, v: dict) -> dict[str, tuple[int, str]]:
         if root == 1 and not v["text_encoder"]:
             continue
         if root == 0 and v["targets"] == "attn" and not path.endswith(ATTN):
+            continue
+        if root == 0 and v["targets"] == "attn_ff" and not path.endswith(ATTN + FF):
             continue
         if root == 0 and v["targets"] == "transformer" and ".attentions." not in path:
             continue
@@ -382,8 +391,14 @@ def summarise(rows: list[dict], variants: list[str]) -> None:
         diffs = [r["ours"]["forget"] - r[v]["forget"] for r in rows]
         sd = statistics.stdev(diffs) if len(diffs) > 1 else 0.0
         t = statistics.mean(diffs) / (sd / math.sqrt(len(diffs))) if sd > 0 else float("nan")
+        t = float("nan") if abs(statistics.mean(diffs)) < 0.005 else t  # equal to float precision
         print(f"| reference, {v} | {cell([r[v]['learned'] for r in rows])} | {cell([r[v]['forget'] for r in rows])} "
               f"| {statistics.mean(diffs):+.2f} ± {sd:.2f} ({t:.1f}) |")  # fmt: skip
+    if "matched" in variants:
+        groups = [g for r in rows for g in r["matched"]["per_step_updates"].values()]
+        ratios, cosines = [g["update_norm_ratio"] for g in groups], [g["cosine"] for g in groups]
+        print(f"matched, every module group and seed: per-step update norm ratio ours/reference "
+              f"{min(ratios):.7f} .. {max(ratios):.7f}, cosine >= {min(cosines):.7f}")  # fmt: skip
 
 
 def main() -> None:
@@ -398,7 +413,13 @@ def main() -> None:
     p.add_argument("--ours_args", nargs="*", default=[], help="extra flags for train_network.py")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--base_steps", type=int, default=400, help="steps that teach the base model the probe images")
+    p.add_argument("--summarise", nargs="*", default=None, metavar="LOG",
+                   help="print the table from the JSON rows in earlier outputs (e.g. seeds run in two processes)")  # fmt: skip
     a = p.parse_args()
+    if a.summarise is not None:
+        rows = [json.loads(line) for f in a.summarise for line in Path(f).read_text().splitlines() if line[:1] == "{"]
+        summarise(rows, [v for v in VARIANTS if all(v in r for r in rows)])
+        return
     torch.set_num_threads(a.threads)
     import logging
 
