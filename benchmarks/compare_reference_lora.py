@@ -417,7 +417,11 @@ def main() -> None:
                    help="print the table from the JSON rows in earlier outputs (e.g. seeds run in two processes)")  # fmt: skip
     a = p.parse_args()
     if a.summarise is not None:
-        rows = [json.loads(line) for f in a.summarise for line in Path(f).read_text().splitlines() if line[:1] == "{"]
+        by_seed: dict[int, dict] = {}  # rows of one seed from several outputs are merged
+        for f in a.summarise:
+            for row in (json.loads(x) for x in Path(f).read_text().splitlines() if x[:1] == "{"):
+                by_seed.setdefault(row["seed"], {}).update(row)
+        rows = [by_seed[k] for k in sorted(by_seed)]
         summarise(rows, [v for v in VARIANTS if all(v in r for r in rows)])
         return
     torch.set_num_threads(a.threads)
