@@ -100,7 +100,7 @@ def main(argv: Sequence[str] | None = None, family_names: Sequence[str] = ("sd1"
             return trainer.result(failed=str(e))
     result = trainer.finish()  # final file (+ EMA file), final state, summary line
     if args.demo and run.accelerator.is_main_process:
-        demo.show_it_loads(result.output, cfg.model.path)
+        demo.show_it_loads(result.output, cfg.model.path, run.family)
     return result
 
 
