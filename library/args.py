@@ -40,7 +40,9 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--vae", type=str, default=None, help="replace the model's VAE (diffusers folder or VAE file)")
     g.add_argument("--tokenizer_cache_dir", type=str, default=None, help="folder with tokenizers (offline use)")
     g.add_argument(
-        "--disable_mmap_load_safetensors", action="store_true", help="read safetensors fully instead of mmap"
+        "--disable_mmap_load_safetensors",
+        action="store_true",
+        help="read model safetensors files into memory whole instead of memory-mapping them",
     )
     g.add_argument("--clip_skip", type=int, default=None, help="use the n-th last text-encoder layer (n >= 1)")
     g.add_argument(

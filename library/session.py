@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from library import data
+from library.checkpoints import without_mmap
 from library.config import ConfigError, from_namespace
 from library.families import select_family
 from library.losses import LossConfig
@@ -27,7 +28,7 @@ from library.optim import OptimConfig
 from library.runtime import RunConfig, make_accelerator, num_workers, seed_everything, set_attention, total_steps
 from library.sampling import SampleConfig
 from library.saving import SaveConfig
-from library.training import StepModels, text_cache_entry
+from library.training import StepModels, encode_captions, text_cache_entry
 from networks.config import NetworkConfig
 
 logger = logging.getLogger("sdtrain")
@@ -42,6 +43,7 @@ class ModelConfig:
     tokenizer_cache_dir: str | None = None
     clip_skip: int | None = None
     max_token_length: int | None = None
+    disable_mmap_load_safetensors: bool = False
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,25 @@ class TrackerConfig:
         if self.log_with:
             return [self.log_with]
         return ["tensorboard"] if self.logging_dir else []
+
+    def login(self) -> None:
+        """``--wandb_api_key``: log in to wandb before its run starts (as sd-scripts), when wandb is used."""
+        if not self.wandb_api_key:
+            return
+        if "wandb" not in self.trackers:
+            logger.warning("--wandb_api_key is not used: wandb logging is off (add --log_with wandb or all)")
+            return
+        import wandb
+
+        wandb.login(key=self.wandb_api_key)
+
+    def problems(self) -> list[str]:
+        """The wandb package must be installed when wandb logging is asked for (found before training)."""
+        import importlib.util
+
+        if "wandb" in self.trackers and importlib.util.find_spec("wandb") is None:
+            return [f"--log_with {self.log_with} needs the wandb package: pip install wandb (or sdtrain[wandb])"]
+        return []
 
 
 @dataclass(frozen=True)
@@ -153,7 +174,7 @@ def read_config(args: argparse.Namespace, family_names: tuple[str, ...] = ("sd1"
         validation=from_namespace(ValidationConfig, args),
         ema=read(_ema_config, args),
     )
-    problems += _cross_checks(args, values)
+    problems += _cross_checks(args, values) + values["trackers"].problems()
     if problems:
         raise ConfigError(problems)
     return TrainConfig(
@@ -191,6 +212,9 @@ def _cross_checks(args: argparse.Namespace, values: dict) -> list[str]:
         problems.append(f"--validation_split must be in (0, 1), got {args.validation_split}")
     if args.unet_lr is not None and args.unet_lr < 0:
         problems.append(f"--unet_lr must be >= 0, got {args.unet_lr}")
+    if getattr(args, "fused_backward_pass", False):
+        problems.append("--fused_backward_pass is not supported yet: it comes with full fine-tuning (it steps the "
+                        "optimizer inside the backward pass of the model's own weights); remove it")  # fmt: skip
     return problems
 
 
@@ -260,6 +284,7 @@ def start(cfg: TrainConfig) -> Run:
         clip_skip=cfg.model.clip_skip,
         max_token_length=cfg.model.max_token_length,
         train_text_encoder=cfg.train_text_encoder,
+        weighted_captions=cfg.data.weighted_captions,
         device=accelerator.device,
         weight_dtype=cfg.run.weight_dtype,
     )
@@ -307,14 +332,15 @@ def setup_logging(cfg: TrainConfig) -> None:
 def load_model(cfg: TrainConfig, accelerator: Any) -> Any:
     """Load the base model; frozen weights in the mixed-precision dtype (VAE fp32 with --no_half_vae)."""
     run = cfg.run
-    parts = cfg.family.load(
-        cfg.model.path,
-        dtype=run.weight_dtype,
-        vae=cfg.model.vae,
-        v_parameterization=True if cfg.model.v_parameterization else None,
-        tokenizer_cache_dir=cfg.model.tokenizer_cache_dir,
-        device=accelerator.device if run.lowram else "cpu",
-    )
+    with without_mmap(cfg.model.disable_mmap_load_safetensors):
+        parts = cfg.family.load(
+            cfg.model.path,
+            dtype=run.weight_dtype,
+            vae=cfg.model.vae,
+            v_parameterization=True if cfg.model.v_parameterization else None,
+            tokenizer_cache_dir=cfg.model.tokenizer_cache_dir,
+            device=accelerator.device if run.lowram else "cpu",
+        )
     if run.no_half_vae:
         parts.vae.to(torch.float32)
     for module in (parts.unet, *parts.text_encoders, parts.vae):
@@ -371,13 +397,13 @@ def fill_caches(run: Run) -> None:
 
         def encode_text(captions: list[str]) -> dict[str, torch.Tensor]:
             with torch.no_grad():
-                cond = family.encode_prompt(
-                    parts, captions, clip_skip=cfg.model.clip_skip, max_token_length=cfg.model.max_token_length
-                )
+                cond = encode_captions(family, parts, captions, cfg.model.clip_skip, cfg.model.max_token_length,
+                                       cfg.data.weighted_captions)  # fmt: skip
             return {k: v.float().cpu() for k, v in text_cache_entry(cond).items()}
 
         te_id = "+".join(module_identity(te) for te in parts.text_encoders)
         te_id += f"/clip_skip={cfg.model.clip_skip}/max_len={cfg.model.max_token_length}"
+        te_id += "/weighted" if cfg.data.weighted_captions else ""
         run.text_cache = data.cache_text_encoder_outputs(run.plan, encode_text, te_id)
         if run.plan.validation is not None:
             run.validation_text_cache = data.cache_text_encoder_outputs(run.plan.validation, encode_text, te_id)
