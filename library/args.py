@@ -50,7 +50,11 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--no_half_vae", action="store_true", help="keep the VAE in fp32 under mixed precision")
     g.add_argument("--lowram", action="store_true", help="load models straight to the GPU")
-    g.add_argument("--highvram", action="store_true", help="do not free GPU cache between latent-caching batches")
+    g.add_argument(
+        "--highvram",
+        action="store_true",
+        help="accepted for sd-scripts: sdtrain never empties the CUDA cache between caching batches (always on)",
+    )
 
 
 def add_run_args(parser: argparse.ArgumentParser) -> None:

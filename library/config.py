@@ -50,12 +50,19 @@ def unsupported_problems(parser: argparse.ArgumentParser, args: argparse.Namespa
     problems = []
     for action in parser._actions:
         reason = getattr(action, "unsupported_reason", None)
-        if reason is not None and getattr(args, action.dest, None) not in (None, False, action.default):
+        if reason is not None and _is_set(getattr(args, action.dest, None), action.default):
             problems.append(
                 f"{action.option_strings[0]} is not supported yet{' (' + reason + ')' if reason else ''}; "
                 "remove it from the command line / config file"
             )
     return problems
+
+
+def _is_set(value: Any, default: Any) -> bool:
+    """True when ``value`` is not the flag's default (``0`` counts as set even though ``0 == False``)."""
+    if value is None or value is False:
+        return False
+    return not (type(value) is type(default) and value == default)
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace | None:

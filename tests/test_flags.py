@@ -1,10 +1,9 @@
 """Every one of sd-scripts' 193 train_network.py flags (SD_SCRIPTS.md section 1) is accepted with sd-scripts' default,
-and is either read by the toolkit or refused with "not supported yet" when used."""
+and every flag of the script changes the configuration the run uses or is refused with a message naming it."""
 
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import pytest
@@ -66,28 +65,92 @@ def test_defaults_match_sd_scripts():
     assert not wrong, f"defaults that differ from sd-scripts (flag: (sd-scripts, ours)): {wrong}"
 
 
-def _source_text() -> str:
-    files = [p for p in (ROOT / "library").rglob("*.py") if p.name != "args.py"]
-    files += list((ROOT / "networks").rglob("*.py")) + [ROOT / "train_network.py"]
-    return "\n".join(p.read_text() for p in files)
+# A value that differs from the default for flags whose type alone does not give a usable one, plus any flag the
+# value needs to mean something (e.g. sampling needs prompts).
+VALUES = {
+    "--resolution": ["64,64"],
+    "--face_crop_aug_range": ["2.0,4.0"],
+    "--skip_image_resolution": ["32"],
+    "--network_args": ["conv_dim=4"],
+    "--optimizer_args": ["weight_decay=0.1"],
+    "--lr_scheduler_args": ["last_epoch=-1"],
+    "--lr_scheduler_type": ["StepLR", "--lr_scheduler_args", "step_size=5"],
+    "--text_encoder_lr": ["1e-5"],
+    "--lr_warmup_steps": ["10"],
+    "--lr_decay_steps": ["10"],
+    "--cache_text_encoder_outputs_to_disk": ["--network_train_unet_only"],
+    "--sample_every_n_steps": ["5", "--sample_prompts", "{data}/p.txt"],
+    "--sample_every_n_epochs": ["5", "--sample_prompts", "{data}/p.txt"],
+}
+# Flags that ask for what sdtrain always does: the run's configuration cannot change, and the run says so in the log
+# (or the help says it is the default). flag -> the words the log or the help text carries.
+ALWAYS_ON = {
+    "--sdpa": "the default",
+    "--mem_eff_attn": "SDPA",
+    "--highvram": "never empties the CUDA cache",
+    "--cache_info": "nothing to cache",
+}
+NOT_A_RUN_SETTING = {"help", "config_file", "output_config", "demo", "demo_dir"}
 
 
-def test_every_flag_is_read_or_refused():
-    """A flag is 'read' when its name appears in code outside the argparse definitions (a dataclass field filled by
-    name, or an attribute read); otherwise using it must be an error saying it is not supported yet."""
-    from library.saving import METADATA_NAMES
+def _value(action) -> list[str]:
+    flag = action.option_strings[0]
+    if flag in VALUES:
+        return VALUES[flag]
+    if action.nargs == 0:
+        return []
+    if action.choices:
+        return [str(next(c for c in action.choices if c is not None and c != action.default))]
+    if action.type is int:
+        return [str((action.default or 1) + 1)]
+    if action.type is float:
+        return [str(0.5 if not action.default else action.default * 0.5)]
+    return ["x1"]
 
-    source = _source_text()
-    actions = _actions()
-    unread = []
-    for flag in FLAGS:
-        action = actions[flag]
-        refused = hasattr(action, "unsupported_reason")
-        read = re.search(rf"\b{action.dest}\b", source) is not None
-        read = read or action.dest in {f"metadata_{n}" for n in METADATA_NAMES}  # read by name in SaveConfig
-        if not (read or refused):
-            unread.append(flag)
-    assert not unread, f"flags accepted but neither read nor refused: {unread}"
+
+@pytest.fixture(scope="module")
+def run_config(tiny_dir, tmp_path_factory):
+    """The typed configuration a train_network.py run uses (read_config: every group, every cross-check)."""
+    import dataclasses
+
+    from library.session import read_config
+
+    data = tmp_path_factory.mktemp("flags_data")
+    base = ["--pretrained_model_name_or_path", str(tiny_dir / "sd1"), "--train_data_dir", str(data),
+            "--output_dir", str(data / "out"), "--network_module", "networks.lora", "--seed", "1"]  # fmt: skip
+
+    (data / "p.txt").write_text("a prompt\n")
+
+    def read(*extra: str):
+        extra = tuple(e.replace("{data}", str(data)) for e in extra)
+        cfg = read_config(parse_args(_parser(), [*base, *extra]), ("sd1", "sd2"))
+        return dataclasses.replace(cfg, args={})  # compare what the run reads, not the raw flag list
+
+    return read
+
+
+def _run_flags():
+    return [a for a in _parser()._actions if a.option_strings and a.dest not in NOT_A_RUN_SETTING]
+
+
+@pytest.mark.parametrize("action", _run_flags(), ids=lambda a: a.option_strings[0])
+def test_every_flag_changes_the_run_or_is_refused(run_config, action, caplog):
+    """Setting the flag to a value other than its default either changes the typed configuration the run uses, or
+    the run refuses it with a message that names the flag. Flags that ask for what sdtrain always does are listed
+    in ALWAYS_ON and must say so."""
+    flag = action.option_strings[0]
+    base = run_config()
+    try:
+        with caplog.at_level("INFO"):
+            changed = run_config(flag, *_value(action))
+    except ConfigError as e:
+        assert flag in str(e), f"{flag}: refused with a message that does not name it: {e}"
+        return
+    if flag in ALWAYS_ON:
+        assert changed == base
+        assert ALWAYS_ON[flag] in caplog.text + (action.help or ""), f"{flag}: says nothing about being the default"
+        return
+    assert changed != base, f"{flag} is accepted but changes nothing the run reads (a silent no-op)"
 
 
 @pytest.mark.parametrize(
