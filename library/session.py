@@ -25,7 +25,15 @@ from library.families import select_family
 from library.losses import LossConfig
 from library.noising import NoiseConfig, NoiseSchedule
 from library.optim import OptimConfig
-from library.runtime import RunConfig, make_accelerator, num_workers, seed_everything, set_attention, total_steps
+from library.runtime import (
+    RunConfig,
+    choose_cpu_threads,
+    make_accelerator,
+    num_workers,
+    seed_everything,
+    set_attention,
+    total_steps,
+)
 from library.sampling import SampleConfig
 from library.saving import SaveConfig
 from library.training import StepModels, encode_captions, text_cache_entry
@@ -270,6 +278,8 @@ def start(cfg: TrainConfig) -> Run:
     data_args = cfg.data
     plan = build_plan(cfg, accelerator)
     parts = load_model(cfg, accelerator)
+    unet_params = sum(p.numel() for p in parts.unet.parameters())
+    logger.info(choose_cpu_threads(accelerator.device, unet_params, accelerator.num_processes))
     v_pred = parts.prediction_type == "v_prediction"
     noise = dataclasses.replace(cfg.noise, v_parameterization=v_pred)
     loss = dataclasses.replace(cfg.loss, v_parameterization=v_pred, masked_loss=data_args.masked_loss)

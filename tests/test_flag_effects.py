@@ -104,3 +104,30 @@ def test_fused_backward_pass_is_refused_clearly(tiny_dir, dataset, tmp_path):
     argv = _argv(tiny_dir / "sd1", dataset, tmp_path, "--optimizer_type", "Adafactor", "--fused_backward_pass")
     with pytest.raises(ConfigError, match="--fused_backward_pass is not supported yet: it comes with full fine-tun"):
         read_config(parse_args(train_network.build_parser(), argv))
+
+
+def test_cpu_threads_one_for_tiny_models_and_omp_num_threads_honoured(monkeypatch):
+    from library.runtime import choose_cpu_threads
+
+    cpu = torch.device("cpu")
+    try:
+        torch.set_num_threads(2)
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+        assert choose_cpu_threads(cpu, 5_000_000).startswith("CPU threads: 1 (a tiny model")
+        assert torch.get_num_threads() == 1
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")  # what accelerate launch --num_cpu_threads_per_process 2 sets
+        line = choose_cpu_threads(cpu, 5_000_000)
+        assert torch.get_num_threads() == 2 and "from OMP_NUM_THREADS" in line
+        monkeypatch.delenv("OMP_NUM_THREADS")
+        line = choose_cpu_threads(cpu, 900_000_000, num_processes=2)
+        assert torch.get_num_threads() == max(1, (__import__("os").cpu_count() or 1) // 2) and "shared by 2" in line
+    finally:
+        torch.set_num_threads(1)
+
+
+def test_the_run_says_how_many_cpu_threads(tiny_dir, dataset, tmp_path, monkeypatch, caplog):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    torch.set_num_threads(2)
+    with caplog.at_level("INFO"):
+        train_network.main(_argv(tiny_dir / "sd1", dataset, tmp_path))
+    assert "CPU threads: 1 (a tiny model" in caplog.text and torch.get_num_threads() == 1
