@@ -103,8 +103,13 @@ def read_config_file(parser: argparse.ArgumentParser, path: str | os.PathLike) -
     path = Path(path)
     if not path.is_file():
         raise ConfigError([f"--config_file {path}: no such file"])
+    from library.data.dataset_config import bom_hint
+
+    text = path.read_text(encoding="utf-8")
+    if bom_hint(text):  # the toml package would read the mark as part of the first key
+        raise ConfigError([f"{path}: not valid TOML{bom_hint(text)}"])
     try:
-        table = toml.loads(path.read_text(encoding="utf-8"))
+        table = toml.loads(text)
     except toml.TomlDecodeError as e:
         raise ConfigError([f"{path}: not valid TOML: {e}"]) from e
     flat: dict[str, Any] = {}

@@ -214,6 +214,9 @@ def _cross_checks(args: argparse.Namespace, values: dict) -> list[str]:
             "--cache_text_encoder_outputs needs --network_train_unet_only (cached text-encoder outputs cannot "
             "train text-encoder adapters)"
         )
+    if not (args.dataset_config or args.train_data_dir or args.in_json):
+        problems.append("no dataset given; pass --dataset_config (a dataset TOML), --train_data_dir (the parent of "
+                        "<repeats>_<class tokens> image folders) or --in_json (a metadata file)")  # fmt: skip
     if args.clip_skip is not None and args.clip_skip < 1:
         problems.append(f"--clip_skip must be >= 1, got {args.clip_skip}")
     if args.validation_split and not 0 < args.validation_split < 1:
