@@ -110,7 +110,8 @@ DIFFUSERS_KEYS = ("lora_down.weight", "lora_up.weight", "alpha")  # kohya LoRA/L
 
 
 def reader_for(lora: Path) -> str:
-    """"diffusers" for plain kohya LoRA/LoCon files, "lycoris" for LyCORIS formats (LoHa, LoKr, DoRA, Tucker)."""
+    """Which consumer reads the file: "diffusers" for plain kohya LoRA/LoCon files, "lycoris" for LyCORIS formats
+    (LoHa, LoKr, DoRA, Tucker)."""
     from safetensors import safe_open
 
     with safe_open(str(lora), "pt") as f:

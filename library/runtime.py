@@ -178,6 +178,24 @@ def total_steps(cfg: RunConfig, batches_per_epoch: int, num_processes: int) -> t
     return steps, math.ceil(steps / per_epoch)
 
 
+def console_logging(level: str | None, file: str | None, simple: bool) -> None:
+    """``--console_log_level`` / ``--console_log_file`` / ``--console_log_simple`` (sd-scripts' flags): one handler
+    on the root logger, replaced (not added to) when a second run in the same process sets it up again."""
+    import logging
+
+    fmt = "%(message)s" if simple else "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    if not simple and not file:
+        fmt = "%(levelname)s %(message)s"
+    handler = logging.FileHandler(file) if file else logging.StreamHandler()
+    handler.setFormatter(logging.Formatter(fmt))
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if getattr(h, "_sdtrain", False)]:
+        root.removeHandler(old)
+    handler._sdtrain = True
+    root.addHandler(handler)
+    root.setLevel(getattr(logging, level or "INFO"))
+
+
 TINY_MODEL_PARAMS = 50_000_000  # tiny test/demo models have a few million; SD1's UNet alone has 860 million
 
 
@@ -200,7 +218,9 @@ def choose_cpu_threads(device: torch.device, model_params: int, num_processes: i
         why = "a tiny model: more threads only wait on each other; set OMP_NUM_THREADS to change"
     else:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, num_processes)))
-        why = f"the machine's {os.cpu_count()} CPUs shared by {num_processes} process(es); set OMP_NUM_THREADS to change"
+        why = (
+            f"the machine's {os.cpu_count()} CPUs shared by {num_processes} process(es); set OMP_NUM_THREADS to change"
+        )
     return f"CPU threads: {torch.get_num_threads()} ({why})"
 
 

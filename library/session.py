@@ -28,6 +28,7 @@ from library.optim import OptimConfig
 from library.runtime import (
     RunConfig,
     choose_cpu_threads,
+    console_logging,
     make_accelerator,
     num_workers,
     seed_everything,
@@ -329,17 +330,7 @@ def build_plan(cfg: TrainConfig, accelerator: Any) -> data.Plan:
 
 def setup_logging(cfg: TrainConfig) -> None:
     """--console_log_level / --console_log_file / --console_log_simple, as sd-scripts."""
-    fmt = "%(message)s" if cfg.console_log_simple else "%(asctime)s %(levelname)s %(name)s: %(message)s"
-    if not cfg.console_log_simple and not cfg.console_log_file:
-        fmt = "%(levelname)s %(message)s"
-    handler = logging.FileHandler(cfg.console_log_file) if cfg.console_log_file else logging.StreamHandler()
-    handler.setFormatter(logging.Formatter(fmt))
-    root = logging.getLogger()
-    for old in [h for h in root.handlers if getattr(h, "_sdtrain", False)]:
-        root.removeHandler(old)
-    handler._sdtrain = True
-    root.addHandler(handler)
-    root.setLevel(getattr(logging, cfg.console_log_level or "INFO"))
+    console_logging(cfg.console_log_level, cfg.console_log_file, cfg.console_log_simple)
 
 
 def load_model(cfg: TrainConfig, accelerator: Any) -> Any:

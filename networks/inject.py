@@ -203,7 +203,13 @@ def _note_ranks_above_width(wide: dict) -> None:
         limit, name, shape = min(layers)
         logger.info(
             "%s %d is above the width of %d layer(s), e.g. %s (weight %s, full rank at %d); kept as LyCORIS does: "
-            "those adapters can learn any change of their layer", arg, rank, len(layers), name, shape, limit
+            "those adapters can learn any change of their layer",
+            arg,
+            rank,
+            len(layers),
+            name,
+            shape,
+            limit,
         )
 
 

@@ -72,7 +72,9 @@ def dataset_toml_for_tiny(text: str, folders: dict[str, str]) -> str:
         return m.group(1) + re.sub(r"\d+", lambda n: str(int(n.group()) // 4), m.group(2))
 
     text = re.sub(rf"^(\s*(?:{'|'.join(SIZE_FLAGS)})\s*=\s*)(.+)$", sizes, text, flags=re.M)
-    return re.sub(r"^(\s*batch_size\s*=\s*)(\d+)", lambda m: m.group(1) + str(min(2, int(m.group(2)))), text, flags=re.M)
+    return re.sub(
+        r"^(\s*batch_size\s*=\s*)(\d+)", lambda m: m.group(1) + str(min(2, int(m.group(2)))), text, flags=re.M
+    )
 
 
 @pytest.fixture(scope="module")

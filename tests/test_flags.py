@@ -108,41 +108,67 @@ def _value(action) -> list[str]:
     return ["x1"]
 
 
+# Flags whose effect shows only together with another one: flag -> arguments given to both runs compared.
+CONTEXT = {("gen_img.py", "--no_half_vae"): ["--fp16"]}
+# gen_img.py reads its console-logging flags before its configuration (test_gen_img_console_log_flags).
+GEN_IMG_OUTSIDE_CONFIG = {"console_log_level", "console_log_file", "console_log_simple"}
+
+
 @pytest.fixture(scope="module")
 def run_config(tiny_dir, tmp_path_factory):
-    """The typed configuration a train_network.py run uses (read_config: every group, every cross-check)."""
+    """script -> a function giving the typed configuration that script's run uses for some extra flags
+    (train_network.py: session.read_config, every group and cross-check; gen_img.py: GenImgConfig.from_args)."""
     import dataclasses
 
+    import gen_img
+    from library.sampling.inference import GenImgConfig
     from library.session import read_config
 
     data = tmp_path_factory.mktemp("flags_data")
-    base = ["--pretrained_model_name_or_path", str(tiny_dir / "sd1"), "--train_data_dir", str(data),
-            "--output_dir", str(data / "out"), "--network_module", "networks.lora", "--seed", "1"]  # fmt: skip
-
     (data / "p.txt").write_text("a prompt\n")
+    bases = {
+        "train_network.py": ["--pretrained_model_name_or_path", str(tiny_dir / "sd1"), "--train_data_dir", str(data),
+                             "--output_dir", str(data / "out"), "--network_module", "networks.lora", "--seed", "1"],
+        "gen_img.py": ["--ckpt", str(tiny_dir / "sd1"), "--outdir", str(data / "img"), "--prompt", "a cat",
+                       "--seed", "1"],
+    }  # fmt: skip
 
-    def read(*extra: str):
-        extra = tuple(e.replace("{data}", str(data)) for e in extra)
-        cfg = read_config(parse_args(_parser(), [*base, *extra]), ("sd1", "sd2"))
+    def train(argv):
+        cfg = read_config(parse_args(_parser(), argv), ("sd1", "sd2"))
         return dataclasses.replace(cfg, args={})  # compare what the run reads, not the raw flag list
+
+    def gen(argv):
+        return GenImgConfig.from_args(parse_args(gen_img.build_parser(), argv))
+
+    readers = {"train_network.py": train, "gen_img.py": gen}
+
+    def read(script: str, *extra: str):
+        extra = tuple(e.replace("{data}", str(data)) for e in extra)
+        return readers[script]([*bases[script], *extra])
 
     return read
 
 
 def _run_flags():
-    return [a for a in _parser()._actions if a.option_strings and a.dest not in NOT_A_RUN_SETTING]
+    import gen_img
+
+    out = [("train_network.py", a) for a in _parser()._actions if a.option_strings and a.dest not in NOT_A_RUN_SETTING]
+    skip = NOT_A_RUN_SETTING | GEN_IMG_OUTSIDE_CONFIG
+    out += [("gen_img.py", a) for a in gen_img.build_parser()._actions if a.option_strings and a.dest not in skip]
+    return out
 
 
-@pytest.mark.parametrize("action", _run_flags(), ids=lambda a: a.option_strings[0])
-def test_every_flag_changes_the_run_or_is_refused(run_config, action, caplog):
+@pytest.mark.parametrize("script,action", _run_flags(), ids=lambda x: x if isinstance(x, str) else x.option_strings[0])
+def test_every_flag_changes_the_run_or_is_refused(run_config, script, action, caplog):
     """Setting the flag to a value other than its default either changes the typed configuration the run uses, or
     the run refuses it with a message that names the flag. Flags that ask for what sdtrain always does are listed
     in ALWAYS_ON and must say so."""
     flag = action.option_strings[0]
-    base = run_config()
+    context = CONTEXT.get((script, flag), [])
+    base = run_config(script, *context)
     try:
         with caplog.at_level("INFO"):
-            changed = run_config(flag, *_value(action))
+            changed = run_config(script, *context, flag, *_value(action))
     except ConfigError as e:
         assert flag in str(e), f"{flag}: refused with a message that does not name it: {e}"
         return
@@ -150,7 +176,18 @@ def test_every_flag_changes_the_run_or_is_refused(run_config, action, caplog):
         assert changed == base
         assert ALWAYS_ON[flag] in caplog.text + (action.help or ""), f"{flag}: says nothing about being the default"
         return
-    assert changed != base, f"{flag} is accepted but changes nothing the run reads (a silent no-op)"
+    assert changed != base, f"{script} {flag} is accepted but changes nothing the run reads (a silent no-op)"
+
+
+def test_gen_img_console_log_flags(tiny_dir, tmp_path):
+    import gen_img
+
+    log = tmp_path / "gen.log"
+    gen_img.main(["--ckpt", str(tiny_dir / "sd1"), "--outdir", str(tmp_path), "--prompt", "a cat", "--steps", "2",
+                  "--W", "64", "--H", "64", "--console_log_file", str(log), "--console_log_simple",
+                  "--console_log_level", "INFO"])  # fmt: skip
+    lines = log.read_text().splitlines()
+    assert any("image(s)" in line for line in lines) and not any(line.startswith("INFO") for line in lines)
 
 
 @pytest.mark.parametrize(

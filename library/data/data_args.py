@@ -84,8 +84,11 @@ class DataArgs:
         )
         errors += _range_errors(values)
         if values.get("dataset_repeats", 1) < 1 and not values.get("in_json"):
-            logger.info("--dataset_repeats %s is not used: it sets the repeats of an --in_json dataset only (as in "
-                        "sd-scripts); folder datasets take repeats from their names", values["dataset_repeats"])
+            logger.info(
+                "--dataset_repeats %s is not used: it sets the repeats of an --in_json dataset only (as in "
+                "sd-scripts); folder datasets take repeats from their names",
+                values["dataset_repeats"],
+            )
         if errors:
             raise ValueError("invalid dataset flags:\n" + "\n".join(f"  - {e}" for e in errors))
         return cls(**values)

@@ -17,7 +17,15 @@ from .data_args import DataArgs
 from .dataset_config import DatasetConfig, SubsetConfig, load_dataset_configs
 from .report import BucketReport, build_report
 from .schema import Problems
-from .sources import IMAGE_EXTENSIONS, ImageRecord, dreambooth_items, face_box, find_mask, finetune_items, read_image_size
+from .sources import (
+    IMAGE_EXTENSIONS,
+    ImageRecord,
+    dreambooth_items,
+    face_box,
+    find_mask,
+    finetune_items,
+    read_image_size,
+)
 
 logger = logging.getLogger(__name__)
 
