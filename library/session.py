@@ -85,6 +85,17 @@ class TrackerConfig:
 
         wandb.login(key=self.wandb_api_key)
 
+    def unused(self) -> list[str]:
+        """Notes on tracker flags that are set but have nothing to act on (sd-scripts ignores them silently)."""
+        names = ("log_prefix", "log_tracker_name", "log_tracker_config", "log_config")
+        out = []
+        if not self.trackers:
+            out += [f"--{n} is not used: no tracker logs this run (add --logging_dir or --log_with)"
+                    for n in names if getattr(self, n)]  # fmt: skip
+        if self.wandb_run_name and "wandb" not in self.trackers:
+            out.append("--wandb_run_name is not used: wandb logging is off (add --log_with wandb or all)")
+        return out
+
     def problems(self) -> list[str]:
         """The wandb package must be installed when wandb logging is asked for (found before training)."""
         import importlib.util
@@ -184,6 +195,8 @@ def read_config(args: argparse.Namespace, family_names: tuple[str, ...] = ("sd1"
         ema=read(_ema_config, args),
     )
     problems += _cross_checks(args, values) + values["trackers"].problems()
+    for note in values["trackers"].unused():
+        logger.warning(note)
     if problems:
         raise ConfigError(problems)
     return TrainConfig(

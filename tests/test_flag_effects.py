@@ -131,3 +131,12 @@ def test_the_run_says_how_many_cpu_threads(tiny_dir, dataset, tmp_path, monkeypa
     with caplog.at_level("INFO"):
         train_network.main(_argv(tiny_dir / "sd1", dataset, tmp_path))
     assert "CPU threads: 1 (a tiny model" in caplog.text and torch.get_num_threads() == 1
+
+
+def test_tracker_flags_without_a_tracker_say_so(tiny_dir, dataset, tmp_path, caplog):
+    """The guide's command passes --log_prefix without --logging_dir: accepted (as sd-scripts) and noted."""
+    argv = _argv(tiny_dir / "sd1", dataset, tmp_path, "--log_prefix", "xl-locon", "--wandb_run_name", "r")
+    with caplog.at_level("WARNING"):
+        read_config(parse_args(train_network.build_parser(), argv))
+    assert "--log_prefix is not used: no tracker logs this run" in caplog.text
+    assert "--wandb_run_name is not used" in caplog.text
