@@ -194,6 +194,10 @@ def read_config(args: argparse.Namespace, family_names: tuple[str, ...] = ("sd1"
         validation=from_namespace(ValidationConfig, args),
         ema=read(_ema_config, args),
     )
+    given = args.dataset_config or args.train_data_dir or args.in_json  # (none given: a cross-check says so)
+    if values["data"] is not None and family is not None and given:  # the dataset file and folders, same round
+        data_args = with_native_resolution(values["data"], family, args.v_parameterization)
+        read(data.load_dataset_configs, data_args, size_multiple=family.size_multiple)
     problems += _cross_checks(args, values) + values["trackers"].problems()
     for note in values["trackers"].unused():
         logger.warning(note)
@@ -322,13 +326,18 @@ def start(cfg: TrainConfig) -> Run:
     return run
 
 
+def with_native_resolution(data_args: data.DataArgs, family: Any, v_parameterization: bool) -> data.DataArgs:
+    """The family's native resolution when no --resolution is given."""
+    if data_args.resolutions:
+        return data_args
+    native = family.default_resolution("v_prediction" if v_parameterization else "epsilon")
+    return dataclasses.replace(data_args, resolutions=((native, native),))
+
+
 def build_plan(cfg: TrainConfig, accelerator: Any) -> data.Plan:
     """The datasets (records, buckets, bucket report) as training reads them; the family's native resolution when
     none is given."""
-    data_args = cfg.data
-    if not data_args.resolutions:
-        native = cfg.family.default_resolution("v_prediction" if cfg.model.v_parameterization else "epsilon")
-        data_args = dataclasses.replace(data_args, resolutions=((native, native),))
+    data_args = with_native_resolution(cfg.data, cfg.family, cfg.model.v_parameterization)
     return data.build_datasets(
         data_args,
         grad_accum=cfg.run.gradient_accumulation_steps,

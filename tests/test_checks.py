@@ -79,3 +79,11 @@ def test_starved_bucket_warning_names_images_and_the_report_only_when_written(tm
     assert "tall0.png, tall1.png, tall2.png and 6 more" in warning or "square0.png" in warning
     assert "and 6 more" in warning
     assert (str(report) in warning) == saved and report.exists() == saved
+
+
+def test_dataset_problems_come_with_the_flag_problems(tiny_dir, tmp_path):
+    argv = ["--pretrained_model_name_or_path", str(tiny_dir / "sd1"), "--network_module", "networks.lora",
+            "--output_dir", str(tmp_path), "--clip_skip", "0", "--train_data_dir", str(tmp_path / "nope")]  # fmt: skip
+    with pytest.raises(ConfigError) as e:
+        train_network.main(argv)
+    assert "--clip_skip must be >= 1" in str(e.value) and "nope: folder not found" in str(e.value)

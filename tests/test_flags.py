@@ -124,7 +124,9 @@ def run_config(tiny_dir, tmp_path_factory):
     from library.sampling.inference import GenImgConfig
     from library.session import read_config
 
-    data = tmp_path_factory.mktemp("flags_data")
+    from library.demo import make_example_dataset
+
+    data = make_example_dataset(tmp_path_factory.mktemp("flags_data"))
     (data / "p.txt").write_text("a prompt\n")
     bases = {
         "train_network.py": ["--pretrained_model_name_or_path", str(tiny_dir / "sd1"), "--train_data_dir", str(data),
