@@ -121,10 +121,9 @@ def run_config(tiny_dir, tmp_path_factory):
     import dataclasses
 
     import gen_img
+    from library.demo import make_example_dataset
     from library.sampling.inference import GenImgConfig
     from library.session import read_config
-
-    from library.demo import make_example_dataset
 
     data = make_example_dataset(tmp_path_factory.mktemp("flags_data"))
     (data / "p.txt").write_text("a prompt\n")
