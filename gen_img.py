@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from library.args import add_logging_args
 from library.config import add_config_args, parse_args
+from library.runtime import console_logging
 from library.sampling.generate import generate_batch, resolve, same_settings
 from library.sampling.images import png_info, save_png
 from library.sampling.inference import GenImgConfig, Job, add_gen_img_args, plan_images
@@ -44,9 +45,7 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
     args = parse_args(build_parser(), argv)
     if args is None:  # --output_config wrote the arguments
         return []
-    handler = logging.FileHandler(args.console_log_file) if args.console_log_file else logging.StreamHandler()
-    fmt = "%(message)s" if args.console_log_simple else "%(levelname)s %(name)s: %(message)s"
-    logging.basicConfig(level=args.console_log_level or "INFO", format=fmt, handlers=[handler])
+    console_logging(args.console_log_level, args.console_log_file, args.console_log_simple)
     cfg = GenImgConfig.from_args(args)
     family, parts = load_model(cfg)
     networks = load_networks(cfg, family, parts)

@@ -78,7 +78,7 @@ def main(argv: Sequence[str] | None = None, family_names: Sequence[str] = ("sd1"
     trainable, groups = add_embeddings(run, network, groups, cfg.method.embeddings, cfg.optim.learning_rate)
     result = train(run, trainable, groups)
     if args.demo and run.accelerator.is_main_process and result.output is not None:
-        demo.show_it_loads(result.output, cfg.model.path)
+        demo.show_it_loads(result.output, cfg.model.path, run.family)
     return result
 
 

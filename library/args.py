@@ -52,7 +52,9 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--vae", type=str, default=None, help="replace the model's VAE (diffusers folder or VAE file)")
     g.add_argument("--tokenizer_cache_dir", type=str, default=None, help="folder with tokenizers (offline use)")
     g.add_argument(
-        "--disable_mmap_load_safetensors", action="store_true", help="read safetensors fully instead of mmap"
+        "--disable_mmap_load_safetensors",
+        action="store_true",
+        help="read model safetensors files into memory whole instead of memory-mapping them",
     )
     g.add_argument("--clip_skip", type=int, default=None, help="use the n-th last text-encoder layer (n >= 1)")
     g.add_argument(
@@ -60,7 +62,11 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--no_half_vae", action="store_true", help="keep the VAE in fp32 under mixed precision")
     g.add_argument("--lowram", action="store_true", help="load models straight to the GPU")
-    g.add_argument("--highvram", action="store_true", help="do not free GPU cache between latent-caching batches")
+    g.add_argument(
+        "--highvram",
+        action="store_true",
+        help="accepted for sd-scripts: sdtrain never empties the CUDA cache between caching batches (always on)",
+    )
 
 
 def add_run_args(parser: argparse.ArgumentParser) -> None:

@@ -9,10 +9,12 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pickle
 import tempfile
 from collections.abc import Iterator
+from contextvars import ContextVar
 from pathlib import Path
 
 import torch
@@ -20,6 +22,32 @@ from torch import Tensor
 
 SAFETENSORS_SUFFIXES = (".safetensors",)
 PICKLE_SUFFIXES = (".ckpt", ".pt", ".pth", ".bin")
+_NO_MMAP: ContextVar[bool] = ContextVar("sdtrain_no_mmap", default=False)
+
+
+@contextlib.contextmanager
+def without_mmap(enabled: bool = True) -> Iterator[None]:
+    """``--disable_mmap_load_safetensors``: inside, safetensors files are read into memory whole and then parsed,
+    instead of memory-mapped (faster on some network file systems and WSL mounts, as in sd-scripts)."""
+    token = _NO_MMAP.set(enabled)
+    try:
+        yield
+    finally:
+        _NO_MMAP.reset(token)
+
+
+def mmap_disabled() -> bool:
+    """True inside :func:`without_mmap`."""
+    return _NO_MMAP.get()
+
+
+def _read_whole_safetensors(path: Path, device: str) -> tuple[dict[str, Tensor], dict[str, str]]:
+    from safetensors.torch import load
+
+    data = path.read_bytes()
+    header = json.loads(data[8 : 8 + int.from_bytes(data[:8], "little")])
+    tensors = load(data)
+    return {k: v.to(device) for k, v in tensors.items()}, dict(header.get("__metadata__") or {})
 
 
 @contextlib.contextmanager
@@ -59,6 +87,8 @@ def load_state_dict(path: str | os.PathLike, device: str = "cpu") -> tuple[dict[
         from safetensors import safe_open
 
         try:
+            if mmap_disabled():
+                return _read_whole_safetensors(path, device)
             with safe_open(str(path), framework="pt", device=device) as f:
                 metadata = dict(f.metadata() or {})
                 return {k: f.get_tensor(k) for k in f.keys()}, metadata

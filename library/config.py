@@ -50,12 +50,19 @@ def unsupported_problems(parser: argparse.ArgumentParser, args: argparse.Namespa
     problems = []
     for action in parser._actions:
         reason = getattr(action, "unsupported_reason", None)
-        if reason is not None and getattr(args, action.dest, None) not in (None, False, action.default):
+        if reason is not None and _is_set(getattr(args, action.dest, None), action.default):
             problems.append(
                 f"{action.option_strings[0]} is not supported yet{' (' + reason + ')' if reason else ''}; "
                 "remove it from the command line / config file"
             )
     return problems
+
+
+def _is_set(value: Any, default: Any) -> bool:
+    """True when ``value`` is not the flag's default (``0`` counts as set even though ``0 == False``)."""
+    if value is None or value is False:
+        return False
+    return not (type(value) is type(default) and value == default)
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace | None:
@@ -96,8 +103,13 @@ def read_config_file(parser: argparse.ArgumentParser, path: str | os.PathLike) -
     path = Path(path)
     if not path.is_file():
         raise ConfigError([f"--config_file {path}: no such file"])
+    from library.data.dataset_config import bom_hint
+
+    text = path.read_text(encoding="utf-8")
+    if bom_hint(text):  # the toml package would read the mark as part of the first key
+        raise ConfigError([f"{path}: not valid TOML{bom_hint(text)}"])
     try:
-        table = toml.loads(path.read_text(encoding="utf-8"))
+        table = toml.loads(text)
     except toml.TomlDecodeError as e:
         raise ConfigError([f"{path}: not valid TOML: {e}"]) from e
     flat: dict[str, Any] = {}

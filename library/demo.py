@@ -2,7 +2,7 @@
 
 ``python train_network.py --demo`` writes ``demo/models/<family>`` (a tiny model with the real module layout and
 the real CLIP tokenizer, random weights), ``demo/dataset/10_sks shape/`` (four 64 px images with captions) and
-trains a LoRA into ``demo/output``. Any other flag given with ``--demo`` overrides the demo's choice.
+trains a LoRA into ``demo/output/<family>``. Any other flag given with ``--demo`` overrides the demo's choice.
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def expand(argv: Sequence[str] | None, family_names: Sequence[str]) -> list[str]
         "--train_data_dir", str(dataset),
         "--caption_extension", ".txt",
         "--resolution", "64",
-        "--output_dir", str(root / "output"),
+        "--output_dir", str(root / "output" / family),  # SD1 and SDXL demos never overwrite each other
         "--output_name", "demo_lora",
         "--network_module", "networks.lora",
         "--network_dim", "8",
@@ -106,8 +106,37 @@ def expand(argv: Sequence[str] | None, family_names: Sequence[str]) -> list[str]
     return defaults + argv
 
 
-def show_it_loads(lora: Path, model: str) -> None:
-    """Load the demo LoRA with diffusers (the file format other tools read) and say where it is."""
+DIFFUSERS_KEYS = ("lora_down.weight", "lora_up.weight", "alpha")  # kohya LoRA/LoCon: what diffusers reads
+
+
+def reader_for(lora: Path) -> str:
+    """Which consumer reads the file: "diffusers" for plain kohya LoRA/LoCon files, "lycoris" for LyCORIS formats
+    (LoHa, LoKr, DoRA, Tucker)."""
+    from safetensors import safe_open
+
+    with safe_open(str(lora), "pt") as f:
+        keys = list(f.keys())
+    return "diffusers" if all(k.endswith(DIFFUSERS_KEYS) for k in keys) else "lycoris"
+
+
+def show_it_loads(lora: Path, model: str, family) -> None:
+    """Load the demo adapter with the consumer that reads its format (diffusers' load_lora_weights for LoRA/LoCon,
+    lycoris-lora's loader and forward pass for LyCORIS formats), check it changes the UNet, say where it is."""
+    import torch
+
+    if reader_for(lora) == "diffusers":
+        before, after = _diffusers_outputs(lora, model)
+        how = "diffusers loads it (load_lora_weights)"
+    else:
+        before, after = _lycoris_outputs(lora, model, family)
+        how = "lycoris-lora loads it (create_network_from_weights, forward pass)"
+    change = (after - before).abs().mean().item()
+    if not torch.isfinite(after).all() or change == 0:
+        raise RuntimeError(f"demo: {lora} loaded but does not change the UNet output ({how})")
+    print(f"demo: the adapter is at {lora}; {how} and it changes the UNet output by {change:.4f} on average")
+
+
+def _diffusers_outputs(lora: Path, model: str):
     import torch
     from diffusers import DiffusionPipeline
 
@@ -125,7 +154,33 @@ def show_it_loads(lora: Path, model: str) -> None:
         before = unet(sample, 500, text, **kwargs).sample
         pipe.load_lora_weights(str(lora), adapter_name="demo")
         after = unet(sample, 500, text, **kwargs).sample
-    print(
-        f"demo: the LoRA is at {lora}; diffusers loads it (load_lora_weights) and it changes the UNet output by "
-        f"{(after - before).abs().mean():.4f} on average"
-    )
+    return before, after
+
+
+def _lycoris_outputs(lora: Path, model: str, family):
+    """UNet outputs before / after lycoris-lora applies ``lora``; they must equal sdtrain's own reading of the file."""
+    import torch
+
+    from networks.inject import network_from_file
+    from networks.lycoris_reader import apply_with_lycoris
+
+    sample = torch.randn(1, 4, 8, 8, generator=torch.Generator().manual_seed(0))
+    t = torch.tensor([500])
+    time_ids = family.size_conditioning([[64, 64]], [[0, 0]], [[64, 64]])  # None where the family has none
+
+    def predict(parts):
+        with torch.no_grad():
+            cond = family.encode_prompt(parts, ["sks shape"])
+            return family.predict(parts.unet, sample, t, cond, time_ids=time_ids)
+
+    theirs, ours = family.load(model), family.load(model)
+    before = predict(theirs)
+    apply_with_lycoris(lora, family.adapter_roots(theirs))
+    network_from_file(lora, family.adapter_roots(ours))
+    after, expected = predict(theirs), predict(ours)
+    if not torch.allclose(after, expected, atol=1e-4, rtol=1e-3):
+        raise RuntimeError(
+            f"demo: lycoris-lora reads {lora} differently from sdtrain (max difference "
+            f"{(after - expected).abs().max():.2e}); please report this"
+        )
+    return before, after

@@ -178,6 +178,52 @@ def total_steps(cfg: RunConfig, batches_per_epoch: int, num_processes: int) -> t
     return steps, math.ceil(steps / per_epoch)
 
 
+def console_logging(level: str | None, file: str | None, simple: bool) -> None:
+    """``--console_log_level`` / ``--console_log_file`` / ``--console_log_simple`` (sd-scripts' flags): one handler
+    on the root logger, replaced (not added to) when a second run in the same process sets it up again."""
+    import logging
+
+    fmt = "%(message)s" if simple else "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    if not simple and not file:
+        fmt = "%(levelname)s %(message)s"
+    handler = logging.FileHandler(file) if file else logging.StreamHandler()
+    handler.setFormatter(logging.Formatter(fmt))
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if getattr(h, "_sdtrain", False)]:
+        root.removeHandler(old)
+    handler._sdtrain = True
+    root.addHandler(handler)
+    root.setLevel(getattr(logging, level or "INFO"))
+
+
+TINY_MODEL_PARAMS = 50_000_000  # tiny test/demo models have a few million; SD1's UNet alone has 860 million
+
+
+def choose_cpu_threads(device: torch.device, model_params: int, num_processes: int = 1) -> str:
+    """Set torch's CPU thread count for training on the CPU and say why (one start-up line).
+
+    ``OMP_NUM_THREADS`` (which ``accelerate launch --num_cpu_threads_per_process`` sets) is honoured as given.
+    Otherwise a tiny model gets one thread: its matrices are too small to split, and extra threads only spin, up to
+    ~300x slower on a busy machine (ARCHITECTURE.md, known traps); a real model gets the machine's cores shared by
+    the processes. On a GPU nothing changes (the CPU only feeds data).
+    """
+    if device.type != "cpu":
+        return f"CPU threads: {torch.get_num_threads()} (training on {device.type})"
+    env = os.environ.get("OMP_NUM_THREADS")
+    if env and env.strip().isdigit() and int(env) > 0:
+        torch.set_num_threads(int(env))
+        why = "from OMP_NUM_THREADS / accelerate launch --num_cpu_threads_per_process"
+    elif model_params < TINY_MODEL_PARAMS:
+        torch.set_num_threads(1)
+        why = "a tiny model: more threads only wait on each other; set OMP_NUM_THREADS to change"
+    else:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, num_processes)))
+        why = (
+            f"the machine's {os.cpu_count()} CPUs shared by {num_processes} process(es); set OMP_NUM_THREADS to change"
+        )
+    return f"CPU threads: {torch.get_num_threads()} ({why})"
+
+
 def num_workers(cfg: RunConfig) -> int:
     return max(0, min(cfg.max_data_loader_n_workers, (os.cpu_count() or 1) - 1))
 

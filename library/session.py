@@ -20,15 +20,25 @@ from typing import Any
 import torch
 
 from library import data
+from library.checkpoints import without_mmap
 from library.config import ConfigError, from_namespace
 from library.families import select_family
 from library.losses import LossConfig
 from library.noising import NoiseConfig, NoiseSchedule
 from library.optim import OptimConfig
-from library.runtime import RunConfig, make_accelerator, num_workers, seed_everything, set_attention, total_steps
+from library.runtime import (
+    RunConfig,
+    choose_cpu_threads,
+    console_logging,
+    make_accelerator,
+    num_workers,
+    seed_everything,
+    set_attention,
+    total_steps,
+)
 from library.sampling import SampleConfig
 from library.saving import SaveConfig
-from library.training import StepModels, text_cache_entry
+from library.training import StepModels, encode_captions, text_cache_entry
 
 logger = logging.getLogger("sdtrain")
 
@@ -63,6 +73,36 @@ class TrackerConfig:
         if self.log_with:
             return [self.log_with]
         return ["tensorboard"] if self.logging_dir else []
+
+    def login(self) -> None:
+        """``--wandb_api_key``: log in to wandb before its run starts (as sd-scripts), when wandb is used."""
+        if not self.wandb_api_key:
+            return
+        if "wandb" not in self.trackers:
+            logger.warning("--wandb_api_key is not used: wandb logging is off (add --log_with wandb or all)")
+            return
+        import wandb
+
+        wandb.login(key=self.wandb_api_key)
+
+    def unused(self) -> list[str]:
+        """Notes on tracker flags that are set but have nothing to act on (sd-scripts ignores them silently)."""
+        names = ("log_prefix", "log_tracker_name", "log_tracker_config", "log_config")
+        out = []
+        if not self.trackers:
+            out += [f"--{n} is not used: no tracker logs this run (add --logging_dir or --log_with)"
+                    for n in names if getattr(self, n)]  # fmt: skip
+        if self.wandb_run_name and "wandb" not in self.trackers:
+            out.append("--wandb_run_name is not used: wandb logging is off (add --log_with wandb or all)")
+        return out
+
+    def problems(self) -> list[str]:
+        """The wandb package must be installed when wandb logging is asked for (found before training)."""
+        import importlib.util
+
+        if "wandb" in self.trackers and importlib.util.find_spec("wandb") is None:
+            return [f"--log_with {self.log_with} needs the wandb package: pip install wandb (or sdtrain[wandb])"]
+        return []
 
 
 @dataclass(frozen=True)
@@ -159,7 +199,13 @@ def read_config(
         validation=from_namespace(ValidationConfig, args),
         ema=read(_ema_config, args),
     )
-    problems += _cross_checks(args, values)
+    given = args.dataset_config or args.train_data_dir or args.in_json  # (none given: a cross-check says so)
+    if values["data"] is not None and family is not None and given:  # the dataset file and folders, same round
+        data_args = with_native_resolution(values["data"], family, args.v_parameterization)
+        read(data.load_dataset_configs, data_args, size_multiple=family.size_multiple)
+    problems += _cross_checks(args, values) + values["trackers"].problems()
+    for note in values["trackers"].unused():
+        logger.warning(note)
     if problems:
         raise ConfigError(problems)
     return TrainConfig(
@@ -183,10 +229,16 @@ def _ema_config(args: argparse.Namespace) -> EMAConfig:
 
 def _cross_checks(args: argparse.Namespace, values: dict) -> list[str]:
     problems = []
+    if not (args.dataset_config or args.train_data_dir or args.in_json):
+        problems.append("no dataset given; pass --dataset_config (a dataset TOML), --train_data_dir (the parent of "
+                        "<repeats>_<class tokens> image folders) or --in_json (a metadata file)")  # fmt: skip
     if args.clip_skip is not None and args.clip_skip < 1:
         problems.append(f"--clip_skip must be >= 1, got {args.clip_skip}")
     if args.validation_split and not 0 < args.validation_split < 1:
         problems.append(f"--validation_split must be in (0, 1), got {args.validation_split}")
+    if getattr(args, "fused_backward_pass", False):
+        problems.append("--fused_backward_pass is not supported yet: it comes with full fine-tuning (it steps the "
+                        "optimizer inside the backward pass of the model's own weights); remove it")  # fmt: skip
     return problems
 
 
@@ -247,6 +299,8 @@ def start(cfg: TrainConfig) -> Run:
     data_args = cfg.data
     plan = build_plan(cfg, accelerator)
     parts = load_model(cfg, accelerator)
+    unet_params = sum(p.numel() for p in parts.unet.parameters())
+    logger.info(choose_cpu_threads(accelerator.device, unet_params, accelerator.num_processes))
     v_pred = parts.prediction_type == "v_prediction"
     noise = dataclasses.replace(cfg.noise, v_parameterization=v_pred)
     loss = dataclasses.replace(cfg.loss, v_parameterization=v_pred, masked_loss=data_args.masked_loss)
@@ -261,6 +315,7 @@ def start(cfg: TrainConfig) -> Run:
         clip_skip=cfg.model.clip_skip,
         max_token_length=cfg.model.max_token_length,
         train_text_encoder=cfg.train_text_encoder,
+        weighted_captions=cfg.data.weighted_captions,
         device=accelerator.device,
         weight_dtype=cfg.run.weight_dtype,
     )
@@ -271,13 +326,18 @@ def start(cfg: TrainConfig) -> Run:
     return run
 
 
+def with_native_resolution(data_args: data.DataArgs, family: Any, v_parameterization: bool) -> data.DataArgs:
+    """The family's native resolution when no --resolution is given."""
+    if data_args.resolutions:
+        return data_args
+    native = family.default_resolution("v_prediction" if v_parameterization else "epsilon")
+    return dataclasses.replace(data_args, resolutions=((native, native),))
+
+
 def build_plan(cfg: TrainConfig, accelerator: Any) -> data.Plan:
     """The datasets (records, buckets, bucket report) as training reads them; the family's native resolution when
     none is given."""
-    data_args = cfg.data
-    if not data_args.resolutions:
-        native = cfg.family.default_resolution("v_prediction" if cfg.model.v_parameterization else "epsilon")
-        data_args = dataclasses.replace(data_args, resolutions=((native, native),))
+    data_args = with_native_resolution(cfg.data, cfg.family, cfg.model.v_parameterization)
     return data.build_datasets(
         data_args,
         grad_accum=cfg.run.gradient_accumulation_steps,
@@ -292,30 +352,21 @@ def build_plan(cfg: TrainConfig, accelerator: Any) -> data.Plan:
 
 def setup_logging(cfg: TrainConfig) -> None:
     """--console_log_level / --console_log_file / --console_log_simple, as sd-scripts."""
-    fmt = "%(message)s" if cfg.console_log_simple else "%(asctime)s %(levelname)s %(name)s: %(message)s"
-    if not cfg.console_log_simple and not cfg.console_log_file:
-        fmt = "%(levelname)s %(message)s"
-    handler = logging.FileHandler(cfg.console_log_file) if cfg.console_log_file else logging.StreamHandler()
-    handler.setFormatter(logging.Formatter(fmt))
-    root = logging.getLogger()
-    for old in [h for h in root.handlers if getattr(h, "_sdtrain", False)]:
-        root.removeHandler(old)
-    handler._sdtrain = True
-    root.addHandler(handler)
-    root.setLevel(getattr(logging, cfg.console_log_level or "INFO"))
+    console_logging(cfg.console_log_level, cfg.console_log_file, cfg.console_log_simple)
 
 
 def load_model(cfg: TrainConfig, accelerator: Any) -> Any:
     """Load the base model; frozen weights in the mixed-precision dtype (VAE fp32 with --no_half_vae)."""
     run = cfg.run
-    parts = cfg.family.load(
-        cfg.model.path,
-        dtype=run.weight_dtype,
-        vae=cfg.model.vae,
-        v_parameterization=True if cfg.model.v_parameterization else None,
-        tokenizer_cache_dir=cfg.model.tokenizer_cache_dir,
-        device=accelerator.device if run.lowram else "cpu",
-    )
+    with without_mmap(cfg.model.disable_mmap_load_safetensors):
+        parts = cfg.family.load(
+            cfg.model.path,
+            dtype=run.weight_dtype,
+            vae=cfg.model.vae,
+            v_parameterization=True if cfg.model.v_parameterization else None,
+            tokenizer_cache_dir=cfg.model.tokenizer_cache_dir,
+            device=accelerator.device if run.lowram else "cpu",
+        )
     if run.no_half_vae:
         parts.vae.to(torch.float32)
     for module in (parts.unet, *parts.text_encoders, parts.vae):
@@ -372,13 +423,13 @@ def fill_caches(run: Run) -> None:
 
         def encode_text(captions: list[str]) -> dict[str, torch.Tensor]:
             with torch.no_grad():
-                cond = family.encode_prompt(
-                    parts, captions, clip_skip=cfg.model.clip_skip, max_token_length=cfg.model.max_token_length
-                )
+                cond = encode_captions(family, parts, captions, cfg.model.clip_skip, cfg.model.max_token_length,
+                                       cfg.data.weighted_captions)  # fmt: skip
             return {k: v.float().cpu() for k, v in text_cache_entry(cond).items()}
 
         te_id = "+".join(module_identity(te) for te in parts.text_encoders)
         te_id += f"/clip_skip={cfg.model.clip_skip}/max_len={cfg.model.max_token_length}"
+        te_id += "/weighted" if cfg.data.weighted_captions else ""
         run.text_cache = data.cache_text_encoder_outputs(run.plan, encode_text, te_id)
         if run.plan.validation is not None:
             run.validation_text_cache = data.cache_text_encoder_outputs(run.plan.validation, encode_text, te_id)

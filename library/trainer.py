@@ -93,7 +93,8 @@ class Trainer:
         if not trackers.trackers:
             return
         name = trackers.log_tracker_name or _TRACKER_NAMES.get(self.trainable.kind, "finetuning")
-        config = {k: v for k, v in self.cfg.args.items() if isinstance(v, (int, float, str, bool))}
+        secret = ("wandb_api_key", "huggingface_token")  # never logged (sd-scripts removes them too)
+        config = {k: v for k, v in self.cfg.args.items() if isinstance(v, (int, float, str, bool)) and k not in secret}
         if not trackers.log_config:
             config = {}
         init_kwargs = {}
@@ -105,6 +106,7 @@ class Trainer:
             init_kwargs.setdefault("wandb", {})["name"] = trackers.wandb_run_name
         if trackers.log_prefix:
             name = trackers.log_prefix + name
+        trackers.login()
         self.acc.init_trackers(name, config=config, init_kwargs=init_kwargs)
 
     def _progress_bar(self):

@@ -37,6 +37,7 @@ class StepModels:
     clip_skip: int | None = None
     max_token_length: int | None = None
     train_text_encoder: bool = False
+    weighted_captions: bool = False
     device: torch.device = torch.device("cpu")
     weight_dtype: torch.dtype = torch.float32
     # captions -> captions before encoding (textual inversion: templates, multi-vector tokens); may draw from the
@@ -63,7 +64,27 @@ def batch_cond(m: StepModels, batch: Any, generator: torch.Generator | None = No
     if m.caption_rewrite is not None:
         captions = m.caption_rewrite(captions, generator)
     with torch.set_grad_enabled(m.train_text_encoder and torch.is_grad_enabled()):
-        return m.family.encode_prompt(m.parts, captions, clip_skip=m.clip_skip, max_token_length=m.max_token_length)
+        return encode_captions(m.family, m.parts, captions, m.clip_skip, m.max_token_length,
+                               m.weighted_captions)  # fmt: skip
+
+
+def encode_captions(
+    family: Any,
+    parts: Parts,
+    captions: list[str],
+    clip_skip: int | None,
+    max_token_length: int | None,
+    weighted: bool = False,
+) -> Cond:
+    """The conditioning of training captions. ``weighted`` (``--weighted_captions``): A1111 ``(tag:1.3)`` weights
+    as sd-scripts applies them to captions (the prompt encoder of :mod:`library.prompt_weighting`, one 75-token
+    chunk per 75 of ``--max_token_length``); otherwise the family's plain encoding, brackets kept as text."""
+    if not weighted:
+        return family.encode_prompt(parts, captions, clip_skip=clip_skip, max_token_length=max_token_length)
+    from library.prompt_weighting import encode_weighted
+
+    chunks = (max_token_length or 75) // 75
+    return encode_weighted(family, parts, captions, clip_skip=clip_skip, max_embeddings_multiples=chunks)
 
 
 def text_cache_entry(cond: Cond) -> dict[str, Tensor]:

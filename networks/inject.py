@@ -196,10 +196,28 @@ def _install(roots: Sequence[Root], target: Target, layer: nn.Module) -> Slot:
     return Slot(layer, parent, attr, target)
 
 
+def _note_ranks_above_width(wide: dict) -> None:
+    """A rank above a layer's width is kept, as LyCORIS and sd-scripts do (their factors are simply wider than
+    needed: the adapter is full-rank there); say so once per argument."""
+    for (arg, rank), layers in wide.items():
+        limit, name, shape = min(layers)
+        logger.info(
+            "%s %d is above the width of %d layer(s), e.g. %s (weight %s, full rank at %d); kept as LyCORIS does: "
+            "those adapters can learn any change of their layer",
+            arg,
+            rank,
+            len(layers),
+            name,
+            shape,
+            limit,
+        )
+
+
 def inject(cfg: NetworkConfig, roots: Sequence[Root]) -> AdapterNetwork:
     """Wrap every target module of ``roots`` with a fresh adapter as ``cfg`` says; returns the network.
 
-    Raises one ``ValueError`` listing every problem (block list lengths, ranks larger than a layer allows).
+    Raises one ``ValueError`` listing every problem (block list lengths). A rank above a layer's width is kept
+    (logged once), as LyCORIS does.
     """
     active = active_roots(cfg, roots)
     preset = load_preset(cfg)
@@ -212,7 +230,7 @@ def inject(cfg: NetworkConfig, roots: Sequence[Root]) -> AdapterNetwork:
     tables = _block_tables(cfg, layout, lr_weights, errors)
     if errors:
         raise ValueError("invalid network for this model:\n  " + "\n  ".join(errors))
-    plan, too_big = [], {}
+    plan, wide = [], {}
     for t in targets:
         if t.kind == "norm":
             plan.append((t, None))
@@ -220,15 +238,10 @@ def inject(cfg: NetworkConfig, roots: Sequence[Root]) -> AdapterNetwork:
         rank, alpha, arg = _rank_for(cfg, t, tables)
         shape = tuple(t.module.weight.shape)
         if rank and cfg.algo != "lokr" and rank > max_rank(shape):  # LoKr switches to full factors by itself
-            too_big.setdefault((arg, rank), []).append((max_rank(shape), t.name, shape))
-        elif rank:
+            wide.setdefault((arg, rank), []).append((max_rank(shape), t.name, shape))
+        if rank:
             plan.append((t, (rank, alpha)))
-    for (arg, rank), layers in too_big.items():
-        limit, name, shape = min(layers)
-        errors.append(f"{arg} {rank} is larger than {len(layers)} layer(s) allow, e.g. {name} (weight {shape}): "
-                      f"rank at most {limit} there; lower it (or give per-block ranks with block_dims)")  # fmt: skip
-    if errors:
-        raise ValueError("invalid network for this model:\n  " + "\n  ".join(errors))
+    _note_ranks_above_width(wide)
     slots = []
     for t, spec in plan:
         if spec is None:

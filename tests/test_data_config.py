@@ -195,6 +195,17 @@ def test_toml_syntax_error_names_file_and_line(tmp_path):
         load_dataset_configs(parse(["--dataset_config", str(path)]))
 
 
+def test_dataset_repeats_only_matters_with_in_json(tmp_path):
+    """sd-scripts reads --dataset_repeats for an --in_json dataset only; guides pass --dataset_repeats=0 with
+    folder datasets, which must train with the folder names' repeats."""
+    make_png(tmp_path / "train" / "3_dog" / "a.png", 64, 64)
+    args = parse(["--train_data_dir", str(tmp_path / "train"), "--dataset_repeats", "0", "--resolution", "64"])
+    (ds,), _ = load_dataset_configs(args)
+    assert ds.subsets[0].num_repeats == 3
+    with pytest.raises(ValueError, match="--dataset_repeats: must be >= 1 with --in_json, got 0"):
+        parse(["--in_json", "m.json", "--train_data_dir", str(tmp_path), "--dataset_repeats", "0"])
+
+
 def test_folder_convention(tmp_path):
     make_png(tmp_path / "train" / "10_sks dog" / "a.png", 64, 64)
     make_png(tmp_path / "train" / "2_sks_cat" / "b.png", 64, 64)

@@ -1,11 +1,11 @@
 """Every one of sd-scripts' 193 train_network.py flags, 169 train_textual_inversion.py flags and 170
 sdxl_train_textual_inversion.py flags (SD_SCRIPTS.md section 1) is accepted by our script of the same name with
-sd-scripts' default, and is either read by the toolkit or refused with "not supported yet" when used."""
+sd-scripts' default, and every flag of a script changes the configuration the run uses or is refused with a message
+naming it (sdxl_train_textual_inversion.py shares train_textual_inversion.py's parser and reader)."""
 
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import pytest
@@ -16,6 +16,11 @@ from library.config import ConfigError, parse_args
 
 ROOT = Path(__file__).resolve().parents[1]
 FLAGS = json.loads((ROOT / "tests" / "data" / "sd_scripts_train_network_flags.json").read_text())
+# Defaults we change on purpose (documented in docs/): flag -> reason
+DIFFERENT_DEFAULTS = {
+    "--save_model_as": "safetensors like sd-scripts' train_network; our choices add diffusers formats for fine-tunes",
+}
+
 # sd-scripts script -> (its flags, our parser of the same script; sdxl_train_textual_inversion.py uses the SD one's)
 SCRIPTS = {
     "train_network": (FLAGS, train_network.build_parser),
@@ -25,10 +30,6 @@ SCRIPTS = {
         for name in ("train_textual_inversion", "sdxl_train_textual_inversion")
     },
 }  # fmt: skip
-# Defaults we change on purpose (documented in docs/): flag -> reason
-DIFFERENT_DEFAULTS = {
-    "--save_model_as": "safetensors like sd-scripts' train_network; our choices add diffusers formats for fine-tunes",
-}
 
 
 def _parser(script="train_network"):
@@ -59,10 +60,13 @@ def test_all_193_flags_exist():
     assert not missing, f"flags of sd-scripts' train_network.py missing here: {missing}"
 
 
-def test_defaults_match_sd_scripts():
-    actions = _actions()
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_defaults_match_sd_scripts(script):
+    flags, actions = SCRIPTS[script][0], _actions(script)
+    missing = sorted(set(flags) - set(actions))
+    assert not missing, f"flags of sd-scripts' {script}.py missing here: {missing}"
     wrong = {}
-    for flag, info in FLAGS.items():
+    for flag, info in flags.items():
         if flag in DIFFERENT_DEFAULTS:
             continue
         expected, actual = _expected(info["default"]), actions[flag].default
@@ -74,81 +78,168 @@ def test_defaults_match_sd_scripts():
             ok = actual == expected or str(actual) == str(expected)
         if not ok:
             wrong[flag] = (expected, actual)
-    assert not wrong, f"defaults that differ from sd-scripts (flag: (sd-scripts, ours)): {wrong}"
+    assert not wrong, f"defaults that differ from sd-scripts' {script}.py (flag: (sd-scripts, ours)): {wrong}"
 
 
-def _source_text() -> str:
-    files = [p for p in (ROOT / "library").rglob("*.py") if p.name != "args.py"]
-    files += list((ROOT / "networks").rglob("*.py")) + [ROOT / "train_network.py", ROOT / "train_textual_inversion.py"]
-    return "\n".join(p.read_text() for p in files)
-
-
-def test_every_flag_is_read_or_refused():
-    """A flag is 'read' when its name appears in code outside the argparse definitions (a dataclass field filled by
-    name, or an attribute read); otherwise using it must be an error saying it is not supported yet."""
-    from library.saving import METADATA_NAMES
-
-    source = _source_text()
-    actions = _actions()
-    unread = []
-    for flag in FLAGS:
-        action = actions[flag]
-        refused = hasattr(action, "unsupported_reason")
-        read = re.search(rf"\b{action.dest}\b", source) is not None
-        read = read or action.dest in {f"metadata_{n}" for n in METADATA_NAMES}  # read by name in SaveConfig
-        if not (read or refused):
-            unread.append(flag)
-    assert not unread, f"flags accepted but neither read nor refused: {unread}"
-
-
-@pytest.mark.parametrize(
-    "flag", sorted(f for f, a in _actions().items() if f in FLAGS and hasattr(a, "unsupported_reason"))
-)
-def test_refused_flags_say_not_supported_yet(flag):
-    action = _actions()[flag]
-    value = [] if action.nargs == 0 else [action.choices[-1] if action.choices else "1"]
-    with pytest.raises(ConfigError, match=f"{flag} is not supported yet"):
-        parse_args(_parser(), [flag, *[str(v) for v in value]])
+def test_textual_inversion_flag_counts():
+    assert {name: len(SCRIPTS[name][0]) for name in TI_SCRIPTS} == TI_SCRIPTS
 
 
 TI_SCRIPTS = {"train_textual_inversion": 169, "sdxl_train_textual_inversion": 170}
 
 
-@pytest.mark.parametrize("script", TI_SCRIPTS)
-def test_textual_inversion_flags_exist_with_defaults_and_are_read(script):
-    from library.saving import METADATA_NAMES
+# A value that differs from the default for flags whose type alone does not give a usable one, plus any flag the
+# value needs to mean something (e.g. sampling needs prompts).
+VALUES = {
+    "--resolution": ["64,64"],
+    "--face_crop_aug_range": ["2.0,4.0"],
+    "--skip_image_resolution": ["32"],
+    "--network_args": ["conv_dim=4"],
+    "--optimizer_args": ["weight_decay=0.1"],
+    "--lr_scheduler_args": ["last_epoch=-1"],
+    "--lr_scheduler_type": ["StepLR", "--lr_scheduler_args", "step_size=5"],
+    "--text_encoder_lr": ["1e-5"],
+    "--lr_warmup_steps": ["10"],
+    "--lr_decay_steps": ["10"],
+    "--cache_text_encoder_outputs_to_disk": ["--network_train_unet_only"],
+    "--sample_every_n_steps": ["5", "--sample_prompts", "{data}/p.txt"],
+    "--sample_every_n_epochs": ["5", "--sample_prompts", "{data}/p.txt"],
+}
+# The same for one script only (textual inversion trains text-encoder rows: no --network_train_unet_only there).
+SCRIPT_VALUES = {("train_textual_inversion.py", "--cache_text_encoder_outputs_to_disk"): []}
+# Flags that ask for what sdtrain always does: the run's configuration cannot change, and the run says so in the log
+# (or the help says it is the default). flag -> the words the log or the help text carries.
+ALWAYS_ON = {
+    "--sdpa": "the default",
+    "--mem_eff_attn": "SDPA",
+    "--highvram": "never empties the CUDA cache",
+    "--cache_info": "nothing to cache",
+}
+NOT_A_RUN_SETTING = {"help", "config_file", "output_config", "demo", "demo_dir"}
 
-    flags, actions, source = SCRIPTS[script][0], _actions(script), _source_text()
-    assert len(flags) == TI_SCRIPTS[script]
-    missing = sorted(set(flags) - set(actions))
-    assert not missing, f"flags of sd-scripts' {script}.py missing here: {missing}"
-    wrong, unread = {}, []
-    for flag, info in flags.items():
-        action = actions[flag]
-        expected, actual = _expected(info["default"]), action.default
-        if isinstance(actual, (int, float)) and not isinstance(actual, bool) and isinstance(expected, (int, float)):
-            ok = float(actual) == float(expected)
-        else:
-            ok = actual in (None, False, []) if expected is None else actual == expected or str(actual) == str(expected)
-        if not ok:
-            wrong[flag] = (expected, actual)
-        read = re.search(rf"\b{action.dest}\b", source) is not None
-        read = read or action.dest in {f"metadata_{n}" for n in METADATA_NAMES}
-        if not (read or hasattr(action, "unsupported_reason")):
-            unread.append(flag)
-    assert not wrong, f"defaults that differ from sd-scripts' {script}.py (flag: (sd-scripts, ours)): {wrong}"
-    assert not unread, f"flags accepted but neither read nor refused: {unread}"
+
+def _value(action, script: str = "train_network.py") -> list[str]:
+    flag = action.option_strings[0]
+    if (script, flag) in SCRIPT_VALUES:
+        return SCRIPT_VALUES[script, flag]
+    if flag in VALUES:
+        return VALUES[flag]
+    if action.nargs == 0:
+        return []
+    if action.choices:
+        return [str(next(c for c in action.choices if c is not None and c != action.default))]
+    if action.type is int:
+        return [str((action.default or 1) + 1)]
+    if action.type is float:
+        return [str(0.5 if not action.default else action.default * 0.5)]
+    return ["x1"]
+
+
+# Flags whose effect shows only together with another one: flag -> arguments given to both runs compared.
+CONTEXT = {("gen_img.py", "--no_half_vae"): ["--fp16"]}
+# gen_img.py reads its console-logging flags before its configuration (test_gen_img_console_log_flags).
+GEN_IMG_OUTSIDE_CONFIG = {"console_log_level", "console_log_file", "console_log_simple"}
+
+
+@pytest.fixture(scope="module")
+def run_config(tiny_dir, tmp_path_factory):
+    """script -> a function giving the typed configuration that script's run uses for some extra flags
+    (train_network.py: session.read_config, every group and cross-check; gen_img.py: GenImgConfig.from_args)."""
+    import dataclasses
+
+    import gen_img
+    from library.demo import make_example_dataset
+    from library.sampling.inference import GenImgConfig
+    from library.session import read_config
+
+    data = make_example_dataset(tmp_path_factory.mktemp("flags_data"))
+    (data / "p.txt").write_text("a prompt\n")
+    bases = {
+        "train_network.py": ["--pretrained_model_name_or_path", str(tiny_dir / "sd1"), "--train_data_dir", str(data),
+                             "--output_dir", str(data / "out"), "--network_module", "networks.lora", "--seed", "1"],
+        "gen_img.py": ["--ckpt", str(tiny_dir / "sd1"), "--outdir", str(data / "img"), "--prompt", "a cat",
+                       "--seed", "1"],
+        "train_textual_inversion.py": ["--pretrained_model_name_or_path", str(tiny_dir / "sd1"), "--train_data_dir",
+                                       str(data), "--output_dir", str(data / "out"), "--token_string", "sksx",
+                                       "--init_word", "cat", "--seed", "1"],
+    }  # fmt: skip
+
+    def train(argv):
+        cfg = read_config(parse_args(_parser(), argv), ("sd1", "sd2"), train_network.AdapterMethod.from_args)
+        return dataclasses.replace(cfg, args={})  # compare what the run reads, not the raw flag list
+
+    def gen(argv):
+        return GenImgConfig.from_args(parse_args(gen_img.build_parser(), argv))
+
+    def ti(argv):
+        from library.token_embeddings import TextualInversionConfig
+
+        args = parse_args(train_textual_inversion.build_parser(), argv)
+        args.output_name = args.output_name or args.token_string  # as train_textual_inversion.main
+        cfg = read_config(args, ("sd1", "sd2"), TextualInversionConfig.from_args)
+        return dataclasses.replace(cfg, args={})
+
+    readers = {"train_network.py": train, "gen_img.py": gen, "train_textual_inversion.py": ti}
+
+    def read(script: str, *extra: str):
+        extra = tuple(e.replace("{data}", str(data)) for e in extra)
+        return readers[script]([*bases[script], *extra])
+
+    return read
+
+
+def _run_flags():
+    import gen_img
+
+    out = [("train_network.py", a) for a in _parser()._actions if a.option_strings and a.dest not in NOT_A_RUN_SETTING]
+    skip = NOT_A_RUN_SETTING | GEN_IMG_OUTSIDE_CONFIG
+    out += [("gen_img.py", a) for a in gen_img.build_parser()._actions if a.option_strings and a.dest not in skip]
+    ti = _parser("train_textual_inversion")._actions
+    out += [("train_textual_inversion.py", a) for a in ti if a.option_strings and a.dest not in NOT_A_RUN_SETTING]
+    return out
+
+
+@pytest.mark.parametrize("script,action", _run_flags(), ids=lambda x: x if isinstance(x, str) else x.option_strings[0])
+def test_every_flag_changes_the_run_or_is_refused(run_config, script, action, caplog):
+    """Setting the flag to a value other than its default either changes the typed configuration the run uses, or
+    the run refuses it with a message that names the flag. Flags that ask for what sdtrain always does are listed
+    in ALWAYS_ON and must say so."""
+    flag = action.option_strings[0]
+    context = CONTEXT.get((script, flag), [])
+    base = run_config(script, *context)
+    try:
+        with caplog.at_level("INFO"):
+            changed = run_config(script, *context, flag, *_value(action, script))
+    except ConfigError as e:
+        assert flag in str(e), f"{flag}: refused with a message that does not name it: {e}"
+        return
+    if flag in ALWAYS_ON:
+        assert changed == base
+        assert ALWAYS_ON[flag] in caplog.text + (action.help or ""), f"{flag}: says nothing about being the default"
+        return
+    assert changed != base, f"{script} {flag} is accepted but changes nothing the run reads (a silent no-op)"
+
+
+def test_gen_img_console_log_flags(tiny_dir, tmp_path):
+    import gen_img
+
+    log = tmp_path / "gen.log"
+    gen_img.main(["--ckpt", str(tiny_dir / "sd1"), "--outdir", str(tmp_path), "--prompt", "a cat", "--steps", "2",
+                  "--W", "64", "--H", "64", "--console_log_file", str(log), "--console_log_simple",
+                  "--console_log_level", "INFO"])  # fmt: skip
+    lines = log.read_text().splitlines()
+    assert any("image(s)" in line for line in lines) and not any(line.startswith("INFO") for line in lines)
 
 
 @pytest.mark.parametrize(
-    "flag",
+    "script,flag",
     sorted(
-        f for f, a in _actions("train_textual_inversion").items()
-        if f in SCRIPTS["sdxl_train_textual_inversion"][0] and hasattr(a, "unsupported_reason")
+        (script, f) for script in ("train_network", "train_textual_inversion")
+        for f, a in _actions(script).items() if f in SCRIPTS[script][0] and hasattr(a, "unsupported_reason")
     ),
 )  # fmt: skip
-def test_textual_inversion_refused_flags_say_not_supported_yet(flag):
-    action = _actions("train_textual_inversion")[flag]
+def test_refused_flags_say_not_supported_yet(script, flag):
+    action = _actions(script)[flag]
     value = [] if action.nargs == 0 else [action.choices[-1] if action.choices else "1"]
     with pytest.raises(ConfigError, match=f"{flag} is not supported yet"):
-        parse_args(_parser("train_textual_inversion"), [flag, *[str(v) for v in value]])
+        parse_args(_parser(script), [flag, *[str(v) for v in value]])

@@ -157,11 +157,22 @@ def test_block_dims_of_the_wrong_length_name_the_argument(fresh):
         inject(make_config("block_dims=" + ",".join(["4"] * 25)), adapter_roots(fresh("sdxl")))
 
 
-def test_rank_larger_than_a_layer_is_an_error(fresh):
-    with pytest.raises(ValueError, match=r"--network_dim 20 is larger than \d+ layer\(s\) allow, .* at most 16"):
-        inject(make_config(dim=20), adapter_roots(fresh("sd1")))
-    with pytest.raises(ValueError, match=r"conv_dim 200 is larger than"):
-        inject(make_config("conv_dim=200"), adapter_roots(fresh("sd1")))
+def test_rank_above_a_layers_width_is_kept_as_lycoris_does(fresh, caplog):
+    """LyCORIS (modules/locon.py) builds lora_down (rank, in) / lora_up (out, rank) whatever the layer's width; we
+    keep the rank too, log it once per argument, and the adapter still reaches any change of that layer."""
+    from lycoris.modules.locon import LoConModule
+
+    with caplog.at_level("INFO"):
+        network = inject(make_config("conv_dim=200", dim=20), adapter_roots(fresh("sd1")))
+    notes = [r.getMessage() for r in caplog.records if "above the width" in r.getMessage()]
+    assert len(notes) == 2 and notes[0].startswith("--network_dim 20") and notes[1].startswith("conv_dim 200")
+    from networks.layers import max_rank
+
+    layer = next(network.layer(n) for n in network.names if network.layer(n).adapter.rank == 200)
+    assert max_rank(tuple(layer.base_layer.weight.shape)) < 200
+    lyco = LoConModule("x", layer.base_layer, lora_dim=200, alpha=1)
+    ours = {k: tuple(v.shape) for k, v in layer.adapter.file_tensors().items() if k != "alpha"}
+    assert ours == {k: tuple(v.shape) for k, v in lyco.state_dict().items() if k in ours}
 
 
 def _all_params(network) -> set[int]:

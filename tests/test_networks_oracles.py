@@ -24,7 +24,7 @@ from _networks_helpers import (
 from torch import nn
 
 from networks import inject
-from networks.layers import weight_kind
+from networks.lycoris_reader import renamed_view
 
 lycoris_kohya = pytest.importorskip("lycoris.kohya")
 
@@ -108,29 +108,12 @@ def _lycoris_te(te: nn.Module) -> nn.Module:
     return te if hasattr(te, "text_model") else _TextModel(te)
 
 
-def _sgm_view(unet: nn.Module, rename) -> nn.Module:
-    """A module tree with the sgm (ldm) names of ``unet``'s adapted layers, sharing the layer objects, so LyCORIS
-    (which matches kohya names against ``named_modules()``) finds SDXL's sgm-named modules."""
-    root = nn.Module()
-    for path, module in unet.named_modules():
-        if not path or weight_kind(module) is None:
-            continue
-        node = root
-        *parents, leaf = rename(path).split(".")
-        for part in parents:
-            if not hasattr(node, part):
-                node.add_module(part, nn.Module())
-            node = getattr(node, part)
-        node.add_module(leaf, module)
-    return root
-
-
 def _lycoris_forward(lycoris, parts, path, multiplier: float, inputs) -> list[torch.Tensor]:
     theirs = copy.deepcopy(parts)
     tes = [_lycoris_te(te) for te in theirs.text_encoders]
     unet = theirs.unet
     if len(tes) == 2:
-        unet = _sgm_view(unet, adapter_roots(theirs)[0][2])
+        unet = renamed_view(unet, adapter_roots(theirs)[0][2])  # SDXL's sgm names
     te_arg = tes if len(tes) == 2 else tes[0]
     network, _ = lycoris.create_network_from_weights(multiplier, str(path), None, te_arg, unet)
     network.apply_to(te_arg, unet, apply_text_encoder=True, apply_unet=True)

@@ -83,6 +83,12 @@ class DataArgs:
             values.get("cache_text_encoder_outputs") or values.get("cache_text_encoder_outputs_to_disk")
         )
         errors += _range_errors(values)
+        if values.get("dataset_repeats", 1) < 1 and not values.get("in_json"):
+            logger.info(
+                "--dataset_repeats %s is not used: it sets the repeats of an --in_json dataset only (as in "
+                "sd-scripts); folder datasets take repeats from their names",
+                values["dataset_repeats"],
+            )
         if errors:
             raise ValueError("invalid dataset flags:\n" + "\n".join(f"  - {e}" for e in errors))
         return cls(**values)
@@ -91,7 +97,7 @@ class DataArgs:
         """Values the dataset-config resolution falls back to (sd-scripts maps CLI names onto dataset keys)."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["batch_size"] = self.train_batch_size
-        out["num_repeats"] = self.dataset_repeats
+        out["num_repeats"] = self.dataset_repeats if self.in_json or self.dataset_repeats >= 1 else None
         out["resolution"] = self.resolutions or None
         return out
 
@@ -120,7 +126,7 @@ def _parse_pair(text: str) -> tuple[float, float]:
 def _range_errors(v: dict) -> list[str]:
     checks = [
         ("train_batch_size", v.get("train_batch_size", 1) >= 1, "must be >= 1"),
-        ("dataset_repeats", v.get("dataset_repeats", 1) >= 1, "must be >= 1"),
+        ("dataset_repeats", not v.get("in_json") or v.get("dataset_repeats", 1) >= 1, "must be >= 1 with --in_json"),
         ("vae_batch_size", v.get("vae_batch_size", 1) >= 1, "must be >= 1"),
         ("keep_tokens", v.get("keep_tokens", 0) >= 0, "must be >= 0"),
         ("caption_dropout_rate", 0 <= v.get("caption_dropout_rate", 0) <= 1, "must be between 0 and 1"),

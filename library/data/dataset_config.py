@@ -102,7 +102,15 @@ def read_dataset_file(path: str) -> dict:
     try:
         return _toml_loads(text) if ext == ".toml" else json.loads(text)
     except (_TomlError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: not valid {ext[1:].upper()}: {e}") from None
+        raise ValueError(f"{path}: not valid {ext[1:].upper()}: {e}{bom_hint(text)}") from None
+
+
+def bom_hint(text: str) -> str:
+    """Why a file that looks right does not parse: a byte-order mark that Windows editors put in front."""
+    if text.startswith("\ufeff"):
+        return (" (the file starts with a byte-order mark, BOM: the editor saved it as 'UTF-8 with BOM'; save it as "
+                "plain UTF-8)")  # fmt: skip
+    return ""
 
 
 def _folder_subsets(parent: str, flag: str, is_reg: bool, problems: Problems) -> list[dict]:
@@ -249,14 +257,19 @@ def _check_buckets(ds: DatasetConfig, source: str, size_multiple: int, problems:
     if ds.bucket_no_upscale:
         return ds
     lo, hi = ds.min_bucket_reso, ds.max_bucket_reso
-    if lo % steps:
-        problems.warn(kw("min_bucket_reso"), f"{lo} rounded down to {lo - lo % steps}, a multiple of {steps}")
-        lo -= lo % steps
+    why = f"bucket sides are multiples of bucket_reso_steps {steps}, as in sd-scripts"
+    if lo % steps and lo > steps:
+        problems.warn(kw("min_bucket_reso"), f"{lo} rounded down to {lo - lo % steps} ({why})")
+    elif lo % steps:
+        problems.error(kw("min_bucket_reso"), f"{lo} becomes 0 when rounded down to a multiple of {steps} ({why}); "
+                       f"use {steps} or more, or a smaller bucket_reso_steps")  # fmt: skip
+    lo_reported = 0 < lo < steps
+    lo -= lo % steps
     if hi % steps:
-        problems.warn(kw("max_bucket_reso"), f"{hi} rounded up to {hi + steps - hi % steps}, a multiple of {steps}")
+        problems.warn(kw("max_bucket_reso"), f"{hi} rounded up to {hi + steps - hi % steps} ({why})")
         hi += steps - hi % steps
     for res in ds.resolutions:
-        if lo > min(res) or lo < 1:
+        if not lo_reported and (lo > min(res) or lo < 1):
             problems.error(kw("min_bucket_reso"), f"{lo} must be between 1 and the smaller side of {format_size(res)}")
         if hi < max(res):
             problems.error(kw("max_bucket_reso"), f"{hi} is below the larger side of {format_size(res)}; raise it")
@@ -321,9 +334,8 @@ def load_dataset_configs(args: DataArgs, *, size_multiple: int = 64) -> tuple[li
     else:
         source = CLI
         doc = command_line_document(args, problems)
+        problems.raise_if_any()  # no dataset / a missing folder: the document's own checks would only repeat it
         validate_document({**doc, "datasets": [_strip(d) for d in doc["datasets"]]}, source, problems)
-        if not doc["datasets"]:
-            problems.raise_if_any()
     datasets = resolve_document(doc, source, args, problems, size_multiple)
     problems.raise_if_any()
     return datasets, problems.warnings

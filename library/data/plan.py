@@ -17,7 +17,15 @@ from .data_args import DataArgs
 from .dataset_config import DatasetConfig, SubsetConfig, load_dataset_configs
 from .report import BucketReport, build_report
 from .schema import Problems
-from .sources import ImageRecord, dreambooth_items, face_box, find_mask, finetune_items, read_image_size
+from .sources import (
+    IMAGE_EXTENSIONS,
+    ImageRecord,
+    dreambooth_items,
+    face_box,
+    find_mask,
+    finetune_items,
+    read_image_size,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -149,9 +157,15 @@ def _assign(config: DatasetConfig, records: list[ImageRecord], problems: Problem
         problems.warn(
             config.where,
             f"{len(upscaled)} image-resolution pairs are upscaled to fill their bucket (smallest: {r.path} "
-            f"{r.size[0]}x{r.size[1]} -> {a.resized[0]}x{a.resized[1]}); use bucket_no_upscale or larger images",
+            f"{r.size[0]}x{r.size[1]} -> {a.resized[0]}x{a.resized[1]}); {_upscale_advice(config)}",
         )
     return tuple(per_res)
+
+
+def _upscale_advice(config: DatasetConfig) -> str:
+    if config.enable_bucket:
+        return "use bucket_no_upscale (buckets from each image's own size) or larger images"
+    return "use larger images or a smaller resolution (or enable_bucket with bucket_no_upscale)"
 
 
 def _skip_small(config: DatasetConfig, records: list[ImageRecord], problems: Problems) -> list[ImageRecord]:
@@ -248,9 +262,12 @@ def build_datasets(
         else:
             problems.errors += [f"{c} (pass --skip_corrupt_images to leave such files out)" for c in corrupt]
     if not any(d.records for d in datasets):
-        problems.error("dataset", "no training images found; check the image folders and --caption_extension")
+        folders = [s.image_dir or s.metadata_file for c in configs for s in c.subsets if not s.is_reg]
+        problems.error("dataset", f"no training images found in {', '.join(map(str, folders)) or 'the datasets'}; "
+                       f"put images ({', '.join(IMAGE_EXTENSIONS)}) there; captions are optional")  # fmt: skip
     problems.raise_if_any("dataset")
-    report = build_report(datasets, grad_accum=grad_accum, num_processes=num_processes, seed=seed)
+    report = build_report(datasets, grad_accum=grad_accum, num_processes=num_processes, seed=seed,
+                          saved_to=args.bucket_report if is_main_process else None)  # fmt: skip
     plan = Plan(datasets, args, seed, grad_accum, num_processes, report, tuple(problems.warnings))
     held_out = tuple(val for _, val in pairs if val.records)
     if held_out:

@@ -103,16 +103,23 @@ def _rows(d: int, plan: DatasetPlan) -> tuple[list[BucketRow], list[str]]:
     return rows, never_full
 
 
-def _warnings(report: BucketReport, multires: bool) -> list[str]:
+def _named(paths: list[str], shown: int = 3) -> str:
+    """The first few file names, then how many more."""
+    names = ", ".join(os.path.basename(p) for p in paths[:shown])
+    return names + (f" and {len(paths) - shown} more" if len(paths) > shown else "")
+
+
+def _warnings(report: BucketReport, multires: bool, saved_to: str | None = None) -> list[str]:
     out = []
+    listed = f"; the full list is in {saved_to}" if saved_to else ""
     if report.never_full:
         out.append(
             f"{len(report.never_full)} images sit in buckets with fewer samples than the batch size, so they never "
-            "fill a batch and always train in smaller batches (see the saved report for the list; lower "
-            "--train_batch_size, add images of that shape, or change the bucket settings)"
+            f"fill a batch and always train in smaller batches ({_named(report.never_full)}{listed}); lower "
+            "--train_batch_size, add images of that shape, or change the bucket settings"
         )
     if report.unused:
-        out.append(f"{len(report.unused)} images are never used in training (see the saved report for the list)")
+        out.append(f"{len(report.unused)} images are never used in training ({_named(report.unused)}{listed})")
     extra = report.batches_per_process * report.num_processes - report.batches_per_epoch
     if extra:
         out.append(
@@ -134,7 +141,7 @@ def _warnings(report: BucketReport, multires: bool) -> list[str]:
 
 
 def build_report(
-    datasets: Sequence[DatasetPlan], *, grad_accum: int, num_processes: int, seed: int = 0
+    datasets: Sequence[DatasetPlan], *, grad_accum: int, num_processes: int, seed: int = 0, saved_to: str | None = None
 ) -> BucketReport:
     """Count buckets, batches and steps for epoch 0 and list images that never fill a batch or never train."""
     rows, never_full, unused = [], [], []
@@ -159,5 +166,5 @@ def build_report(
         never_full=never_full,
         unused=unused,
     )
-    report.warnings = _warnings(report, any(len(p.config.resolutions) > 1 for p in datasets))
+    report.warnings = _warnings(report, any(len(p.config.resolutions) > 1 for p in datasets), saved_to)
     return report

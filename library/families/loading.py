@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..checkpoints import PICKLE_SUFFIXES, SAFETENSORS_SUFFIXES, load_state_dict
+from ..checkpoints import PICKLE_SUFFIXES, SAFETENSORS_SUFFIXES, load_state_dict, mmap_disabled
 from .base import FamilySpec, Parts
 from .convert import (
     UNET_PREFIX,
@@ -309,10 +309,13 @@ def load_diffusers(spec: FamilySpec, folder: Path, dtype: Any, v_parameterizatio
     missing = [s for s in subfolders if not (folder / s / "config.json").is_file()]
     if missing:
         raise ValueError(f"{folder}: the diffusers model lacks {', '.join(f'{m}/config.json' for m in missing)}")
+    no_mmap = {"disable_mmap": True} if mmap_disabled() else {}  # --disable_mmap_load_safetensors
     unet = UNet2DConditionModel.from_pretrained(
-        folder, subfolder="unet", torch_dtype=dtype, variant=_variant(folder / "unet")
+        folder, subfolder="unet", torch_dtype=dtype, variant=_variant(folder / "unet"), **no_mmap
     )
-    vae = AutoencoderKL.from_pretrained(folder, subfolder="vae", torch_dtype=dtype, variant=_variant(folder / "vae"))
+    vae = AutoencoderKL.from_pretrained(
+        folder, subfolder="vae", torch_dtype=dtype, variant=_variant(folder / "vae"), **no_mmap
+    )
     text_encoders = []
     for i, te_spec in enumerate(spec.text_encoders):
         cls = text_encoder_class(te_spec.with_projection)

@@ -1,0 +1,16 @@
+accelerate launch --num_cpu_threads_per_process 1 train_network.py 
+    --pretrained_model_name_or_path=<.ckpt, .safetensors, or directory of Diffusers version model> 
+    --dataset_config=<.toml file created during data preparation> 
+    --output_dir=<output folder for trained model>  
+    --output_name=<filename for output of trained model> 
+    --save_model_as=safetensors 
+    --prior_loss_weight=1.0 
+    --max_train_steps=400 
+    --learning_rate=1e-4 
+    --optimizer_type="AdamW8bit" 
+    --xformers 
+    --mixed_precision="fp16" 
+    --cache_latents 
+    --gradient_checkpointing
+    --save_every_n_epochs=1 
+    --network_module=networks.lora
