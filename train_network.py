@@ -14,8 +14,10 @@ import sys
 from collections.abc import Sequence
 
 from library import args as arg_groups
-from library import demo, sampling, session
+from library import demo, resume, sampling, session
+from library.checkpoints import SaveError
 from library.config import add_config_args, parse_args
+from library.logs import print_error
 from library.optim import add_optim_args, effective_lrs, make_optimizer, make_scheduler
 from library.trainer import Result, Trainer
 from library.training import Interrupt, LossTracker, NonFiniteLoss, batch_loss, check_finite
@@ -53,6 +55,8 @@ def main(argv: Sequence[str] | None = None, family_names: Sequence[str] = ("sd1"
     if args is None:  # --output_config wrote the file
         return None
     cfg = session.read_config(args, tuple(family_names))  # every group, every cross-check, all errors at once
+    if resume.nothing_left(cfg.save, cfg.run):  # --resume of a finished run: say so, write nothing
+        return None
     run = session.start(cfg)  # accelerator, seed, dataset plan + bucket report, model, caches
     network = prepare_network(cfg.network, run.family.adapter_roots(run.parts))
     network.to(device=run.accelerator.device, dtype=cfg.run.train_dtype)
@@ -88,7 +92,7 @@ def main(argv: Sequence[str] | None = None, family_names: Sequence[str] = ("sd1"
                     trainer.after_step()  # step saves, samples, validation
                     if interrupt.requested or trainer.step >= max_steps:
                         break
-                if interrupt.requested:
+                if interrupt.requested and trainer.step < max_steps:  # at the last step: finish normally
                     trainer.save_state(interrupted=True)
                     return trainer.result(interrupted=True)
                 trainer.log({"loss/epoch_average": tracker.end_epoch()})
@@ -96,8 +100,10 @@ def main(argv: Sequence[str] | None = None, family_names: Sequence[str] = ("sd1"
                 if trainer.step >= max_steps:
                     break
         except NonFiniteLoss as e:
-            print(f"error: {e}", file=sys.stderr)
+            print_error(e)
             return trainer.result(failed=str(e))
+        except SaveError as e:  # disk full / I/O error: the file is named, earlier files stand
+            return trainer.stop_after_save_error(e)
     result = trainer.finish()  # final file (+ EMA file), final state, summary line
     if args.demo and run.accelerator.is_main_process:
         demo.show_it_loads(result.output, cfg.model.path)
@@ -109,7 +115,7 @@ def run_cli(family_names: Sequence[str] = ("sd1", "sd2")) -> int:
     try:
         result = main(family_names=family_names)
     except (ValueError, FileNotFoundError) as e:  # ConfigError and the data / model checks: the user's input
-        print(f"error: {e}", file=sys.stderr)
+        print_error(e)
         return 2
     return 1 if result is not None and (result.failed or result.interrupted) else 0
 

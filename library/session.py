@@ -18,12 +18,13 @@ from typing import Any
 
 import torch
 
-from library import data
+from library import data, logs, resume
 from library.config import ConfigError, from_namespace
 from library.families import select_family
 from library.losses import LossConfig
 from library.noising import NoiseConfig, NoiseSchedule
 from library.optim import OptimConfig
+from library.optim.config import lr_problem
 from library.runtime import RunConfig, make_accelerator, num_workers, seed_everything, set_attention, total_steps
 from library.sampling import SampleConfig
 from library.saving import SaveConfig
@@ -189,8 +190,12 @@ def _cross_checks(args: argparse.Namespace, values: dict) -> list[str]:
         problems.append(f"--clip_skip must be >= 1, got {args.clip_skip}")
     if args.validation_split and not 0 < args.validation_split < 1:
         problems.append(f"--validation_split must be in (0, 1), got {args.validation_split}")
-    if args.unet_lr is not None and args.unet_lr < 0:
-        problems.append(f"--unet_lr must be >= 0, got {args.unet_lr}")
+    for flag, value in [("--unet_lr", args.unet_lr)] + [("--text_encoder_lr", v) for v in args.text_encoder_lr or []]:
+        problems += [p for p in [lr_problem(flag, value)] if p]
+    save, optim = values.get("save"), values.get("optim")
+    if save is not None and save.resume and net is not None and optim is not None:  # before any model loads
+        settings = resume.settings_of(net, optim.optimizer_type)
+        problems += resume.setting_problems(Path(save.resume), resume.read_counters(Path(save.resume)), settings)
     return problems
 
 
@@ -294,7 +299,7 @@ def setup_logging(cfg: TrainConfig) -> None:
     fmt = "%(message)s" if cfg.console_log_simple else "%(asctime)s %(levelname)s %(name)s: %(message)s"
     if not cfg.console_log_simple and not cfg.console_log_file:
         fmt = "%(levelname)s %(message)s"
-    handler = logging.FileHandler(cfg.console_log_file) if cfg.console_log_file else logging.StreamHandler()
+    handler = logs.console_handler(cfg.console_log_file)  # above the progress bar; INFO from the main process
     handler.setFormatter(logging.Formatter(fmt))
     root = logging.getLogger()
     for old in [h for h in root.handlers if getattr(h, "_sdtrain", False)]:

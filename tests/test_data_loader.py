@@ -186,6 +186,15 @@ def test_masks_from_masklabel_files_follow_crop_and_flip(tmp_path):
     assert img
 
 
+def _jpeg_bytes() -> bytes:
+    """A 64 px JPEG of noise (a truncated one decodes its header fine; only decoding every byte finds the cut)."""
+    import io
+
+    buf = io.BytesIO()
+    Image.fromarray((np.random.default_rng(0).random((64, 64, 3)) * 255).astype("uint8")).save(buf, "JPEG")
+    return buf.getvalue()
+
+
 @pytest.mark.parametrize(
     "make, expect",
     [
@@ -195,6 +204,7 @@ def test_masks_from_masklabel_files_follow_crop_and_flip(tmp_path):
             lambda d: (d / "cut.png").write_bytes(open(make_png(d / "tmp" / "f.png", 64, 64), "rb").read()[:200]),
             "cut.png: not a readable image",
         ),
+        (lambda d: (d / "cut.jpg").write_bytes(_jpeg_bytes()[:-200]), "cut.jpg: not a readable image"),  # truncated
     ],
 )
 def test_corrupt_images_stop_with_the_list_unless_skipped(tmp_path, make, expect):
