@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from library import logs
 from library.args import add_logging_args
 from library.config import add_config_args, parse_args
 from library.sampling.generate import generate_batch, resolve, same_settings
@@ -46,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
     args = parse_args(build_parser(), argv)
     if args is None:  # --output_config wrote the arguments
         return []
-    handler = logging.FileHandler(args.console_log_file) if args.console_log_file else logging.StreamHandler()
+    handler = logs.console_handler(args.console_log_file)  # above the progress bar
     fmt = "%(message)s" if args.console_log_simple else "%(levelname)s %(name)s: %(message)s"
     logging.basicConfig(level=args.console_log_level or "INFO", format=fmt, handlers=[handler])
     cfg = GenImgConfig.from_args(args)

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from library.checkpoints import is_write_failure, load_state_dict, read_metadata, save_error, save_state_dict
-from library.resume import find_state, read_counters
+from library.resume import REQUIRED_FILES, find_state, read_counters
 
 EXTENSIONS = {"safetensors": ".safetensors", "ckpt": ".ckpt", "pt": ".pt"}
 # --metadata_<name> flags, written as modelspec.<name>
@@ -272,6 +272,10 @@ def check_train_state(folder: Path) -> None:
     a truncated or unreadable file, or a pickle that weights_only refuses, raises ``ValueError`` naming it, before
     any model loads."""
     read_counters(folder, training=False)
+    missing = [name for name in REQUIRED_FILES if not (folder / name).is_file()]
+    if missing:
+        raise ValueError(f"{', '.join(str(folder / n) for n in missing)}: missing from the state (it was not "
+                         "written completely); resume from another state folder")  # fmt: skip
     for path in sorted(folder.iterdir()):
         if path.suffix in (".safetensors", ".pt"):
             _read_state_file(path, peek=True)

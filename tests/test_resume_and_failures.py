@@ -137,6 +137,7 @@ class _Evil:
         (lambda d: (d / "trained.safetensors").write_bytes(b"\x00" * 10), "trained.safetensors"),
         (lambda d: (d / "scheduler.pt").write_bytes(pickle.dumps(_Evil())), "scheduler.pt"),
         (lambda d: (d / "train_state.json").write_text("{not json"), "train_state.json"),
+        (lambda d: (d / "scheduler.pt").unlink(), "scheduler.pt"),
     ],
 )
 def test_a_damaged_state_gives_one_message_naming_the_file(finished, tmp_path, monkeypatch, capsys, damage, named):
