@@ -270,3 +270,22 @@ def test_each_run_logs_to_its_own_folder_and_a_resumed_run_continues_it(tiny_dir
     events = EventAccumulator(str(logs / "p-20260101000000" / "network_train"))
     events.Reload()
     assert [e.step for e in events.Scalars("loss/current")] == [1, 2, 3, 4]  # steps 3, 4 drawn once, not twice
+
+
+def test_an_interrupt_at_the_last_step_finishes_the_run(tiny_dir, dataset, tmp_path, monkeypatch):
+    """Ctrl-C during the last step: the run is complete, so it writes its final file (a state at the last step
+    would leave nothing to resume)."""
+    import os
+    import signal
+
+    original = train_network.Trainer.step_done
+
+    def step_done(self, loss):
+        original(self, loss)
+        if self.step == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(train_network.Trainer, "step_done", step_done)
+    result = train("sd1", *args_for(tiny_dir / "sd1", dataset, tmp_path, steps=3))
+    assert not result.interrupted and result.steps == 3 and result.output == tmp_path / "t.safetensors"
+    assert result.output.is_file()
