@@ -219,6 +219,20 @@ def test_corrupt_images_stop_with_the_list_unless_skipped(tmp_path, make, expect
     assert any(expect in w for w in plan.warnings)
 
 
+def test_many_images_are_checked_in_order_on_threads(tmp_path):
+    """Enough images for the threaded check: the records keep the folder's order and the truncated one is named."""
+    folder = tmp_path / "t" / "1_x"
+    for i in range(20):
+        make_png(folder / f"{i:02d}.png", 64, 64)
+    (folder / "07.png").unlink()
+    (folder / "07.jpg").write_bytes(_jpeg_bytes()[:-200])
+    with pytest.raises(ValueError, match="07.jpg: not a readable image"):
+        build_datasets(parse(small_args(tmp_path / "t")), size_multiple=32)
+    plan = build_datasets(parse(small_args(tmp_path / "t", "--skip_corrupt_images")), size_multiple=32)
+    names = [r.path.rsplit("/", 1)[1] for r in plan.datasets[0].records]
+    assert names == [f"{i:02d}.png" for i in range(20) if i != 7]
+
+
 def test_unsupported_type_too_small_and_empty(tmp_path):
     folder = tmp_path / "t" / "1_x"
     make_png(folder / "ok.png", 64, 64)
