@@ -74,6 +74,8 @@ def main(argv: Sequence[str] | None = None, family_names: Sequence[str] = ("sd1"
     with Interrupt() as interrupt:
         try:
             for epoch in range(trainer.epoch, num_epochs):
+                if trainer.step >= max_steps:  # resumed at the budget (only the final file was missing)
+                    break
                 trainer.begin_epoch(epoch)
                 for batch in loader.epoch(epoch, skip=trainer.skip_batches(epoch)):
                     loss = batch_loss(run.step_models, batch, trainer.generator).mean()

@@ -289,3 +289,27 @@ def test_an_interrupt_at_the_last_step_finishes_the_run(tiny_dir, dataset, tmp_p
     result = train("sd1", *args_for(tiny_dir / "sd1", dataset, tmp_path, steps=3))
     assert not result.interrupted and result.steps == 3 and result.output == tmp_path / "t.safetensors"
     assert result.output.is_file()
+
+
+def test_a_failed_final_save_resumes_to_just_the_final_file(tiny_dir, dataset, tmp_path, monkeypatch, capsys):
+    """The disk fills up at the very end: the state written then is at the step budget, and resuming it writes
+    only the missing final file (no step is trained twice), equal to the uninterrupted run's."""
+    import safetensors.torch
+
+    full = train("sd1", *args_for(tiny_dir / "sd1", dataset, tmp_path / "full", steps=3))
+    argv = args_for(tiny_dir / "sd1", dataset, tmp_path / "a", steps=3)
+    real = safetensors.torch.save_file
+
+    def disk_full_at_the_end(tensors, filename, metadata=None):
+        if ".t.safetensors." in str(filename):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(tensors, filename, metadata=metadata)
+
+    monkeypatch.setattr(safetensors.torch, "save_file", disk_full_at_the_end)
+    code, _, err = cli(monkeypatch, capsys, argv)
+    assert code == 1 and "t.safetensors could not be written" in one_error_line(err)
+    monkeypatch.undo()
+    code, stdout, _ = cli(monkeypatch, capsys, [*argv, "--resume", str(tmp_path / "a" / "t-step00000003-state")])
+    assert code == 0 and "t.safetensors is missing, so only it is written" in stdout
+    a, b = load_state_dict(tmp_path / "a" / "t.safetensors")[0], load_state_dict(full.output)[0]
+    assert all(torch.equal(a[k], b[k]) for k in a)
