@@ -17,7 +17,7 @@ class _DropNotices(logging.Filter):
 
     NOTICES = (
         "requires torchvision (not installed)",  # transformers: image processors fall back to PIL (we use none)
-        "that should be kept in float32",  # diffusers: AutoencoderKL's fp32-modules note when it is cast
+        "AutoencoderKL that should be kept in float32",  # diffusers: the VAE's fp32-modules note when it is cast
         "were not passed to `accelerate launch`",  # accelerate: its defaults notice (when run in-process)
     )
 
