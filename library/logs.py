@@ -40,15 +40,22 @@ def quiet_libraries() -> None:
             logger.addFilter(_DROP)
 
 
-class TqdmHandler(logging.StreamHandler):
+class TqdmHandler(logging.Handler):
     """A console handler that writes through ``tqdm.write``: a log line moves the progress bar down instead of
-    being glued onto it."""
+    being glued onto it. Without ``stream`` it writes to the ``sys.stderr`` of the moment (which a caller may have
+    replaced since the handler was made)."""
+
+    def __init__(self, stream: Any = None) -> None:
+        super().__init__()
+        self.stream = stream
 
     def emit(self, record: logging.LogRecord) -> None:
+        import sys
+
         from tqdm.auto import tqdm
 
         try:
-            tqdm.write(self.format(record), file=self.stream)
+            tqdm.write(self.format(record), file=self.stream or sys.stderr)
         except Exception:  # as logging.StreamHandler: a broken console never stops training
             self.handleError(record)
 
