@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,6 +29,7 @@ from library.runtime import console_logging
 from library.sampling.generate import generate_batch, resolve, same_settings
 from library.sampling.images import png_info, save_png
 from library.sampling.inference import GenImgConfig, Job, add_gen_img_args, plan_images
+from networks.tool_common import main_guard
 
 log = logging.getLogger("gen_img")
 
@@ -153,4 +155,4 @@ def save_image(cfg: GenImgConfig, job: Job, image: Any) -> Path:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main_guard(main))  # input problems: one `error:` line, exit 2

@@ -16,8 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from library import args as arg_groups
-from library import demo, sampling, session
+from library import demo, resume, sampling, session
+from library.checkpoints import SaveError
 from library.config import ConfigError, add_config_args, parse_args
+from library.logs import print_error
 from library.optim import add_optim_args, add_part_lr_args, effective_lrs, make_optimizer, make_scheduler
 from library.token_embeddings import EmbeddingsConfig, add_embeddings
 from library.trainer import Result, Trainer
@@ -71,6 +73,8 @@ def main(argv: Sequence[str] | None = None, family_names: Sequence[str] = ("sd1"
     if args is None:  # --output_config wrote the file
         return None
     cfg = session.read_config(args, tuple(family_names), AdapterMethod.from_args)  # all errors at once
+    if resume.nothing_left(cfg.save, cfg.run):  # --resume of a finished run: say so, write nothing
+        return None
     run = session.start(cfg)  # accelerator, seed, dataset plan + bucket report, model, caches
     network = prepare_network(cfg.method.network, run.family.adapter_roots(run.parts))
     network.to(device=run.accelerator.device, dtype=cfg.run.train_dtype)
@@ -99,6 +103,8 @@ def train(run: session.Run, trainable: Any, groups: list[dict]) -> Result:
     with Interrupt() as interrupt:
         try:
             for epoch in range(trainer.epoch, num_epochs):
+                if trainer.step >= max_steps:  # resumed at the budget (only the final file was missing)
+                    break
                 trainer.begin_epoch(epoch)
                 for batch in loader.epoch(epoch, skip=trainer.skip_batches(epoch)):
                     loss = batch_loss(run.step_models, batch, trainer.generator).mean()
@@ -117,7 +123,7 @@ def train(run: session.Run, trainable: Any, groups: list[dict]) -> Result:
                     trainer.after_step()  # step saves, samples, validation
                     if interrupt.requested or trainer.step >= max_steps:
                         break
-                if interrupt.requested:
+                if interrupt.requested and trainer.step < max_steps:  # at the last step: finish normally
                     trainer.save_state(interrupted=True)
                     return trainer.result(interrupted=True)
                 trainer.log({"loss/epoch_average": tracker.end_epoch()})
@@ -125,8 +131,10 @@ def train(run: session.Run, trainable: Any, groups: list[dict]) -> Result:
                 if trainer.step >= max_steps:
                     break
         except NonFiniteLoss as e:
-            print(f"error: {e}", file=sys.stderr)
+            print_error(e)
             return trainer.result(failed=str(e))
+        except SaveError as e:  # disk full / I/O error: the file is named, earlier files stand
+            return trainer.stop_after_save_error(e)
     return trainer.finish()  # final file (+ EMA file), final state, summary line
 
 
@@ -136,7 +144,7 @@ def run_cli(family_names: Sequence[str] = ("sd1", "sd2"), entry: Any = None) -> 
     try:
         result = (entry or main)(family_names=family_names)
     except (ValueError, FileNotFoundError) as e:  # ConfigError and the data / model checks: the user's input
-        print(f"error: {e}", file=sys.stderr)
+        print_error(e)
         return 2
     return 1 if result is not None and (result.failed or result.interrupted) else 0
 

@@ -6,3 +6,7 @@ import logging
 # bitsandbytes warns at import, on CPUs with AVX512-BF16, that an optional 4-bit CPU kernel package is missing; sdtrain
 # never uses 4-bit CPU matmuls, so the advice ("pip install kernels") would only mislead.
 logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+
+from library.logs import quiet_libraries  # noqa: E402
+
+quiet_libraries()  # transformers' torchvision notices, diffusers' float32 note: nothing a user can act on

@@ -50,23 +50,62 @@ def _read_whole_safetensors(path: Path, device: str) -> tuple[dict[str, Tensor],
     return {k: v.to(device) for k, v in tensors.items()}, dict(header.get("__metadata__") or {})
 
 
+class SaveError(OSError):
+    """A file could not be written (disk full, I/O error, no permission). The message names the file and says that
+    the files written before it are intact: every write is atomic, so no earlier file was touched."""
+
+
+def save_error(path: str | os.PathLike, error: BaseException) -> SaveError:
+    """The :class:`SaveError` for ``error`` while writing ``path`` (an existing SaveError is kept as it is)."""
+    if isinstance(error, SaveError):
+        return error
+    reason = getattr(error, "strerror", None) or (str(error).strip().splitlines() or [""])[0]
+    out = SaveError(f"{path} could not be written ({reason or type(error).__name__}); the files saved before it "
+                    "are intact, and nothing was left half-written under its name")  # fmt: skip
+    out.path = Path(path)
+    return out
+
+
+def is_state_file(error: SaveError) -> bool:
+    """Whether the failed write was part of a resumable state folder (``*-state``)."""
+    path = getattr(error, "path", None)
+    return path is not None and any(part.endswith(("-state", "-state.partial")) for part in path.parts)
+
+
+def is_write_failure(error: BaseException) -> bool:
+    """OSError (ENOSPC, EIO, EACCES, ...), or what torch.save / safetensors raise when the disk fails under them."""
+    if isinstance(error, OSError):
+        return True
+    text = str(error)
+    torch_write = isinstance(error, RuntimeError) and any(
+        m in text for m in ("PytorchStreamWriter failed", "file write failed", "unexpected pos")
+    )
+    return torch_write or (type(error).__name__ == "SafetensorError" and "IoError" in text)
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path next to ``path``; on success it is renamed onto ``path``, on error it is removed."""
+    """Yield a temporary path next to ``path``; on success it is renamed onto ``path``, on error it is removed.
+    A failed write (disk full, I/O error) raises :class:`SaveError` naming ``path``."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    tmp_path = Path(tmp)
+    tmp_path = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
+        tmp_path = Path(tmp)
         yield tmp_path
         if tmp_path.exists():  # mkstemp makes the file 0600; give it the permissions a plain open() would
             umask = os.umask(0)
             os.umask(umask)
             os.chmod(tmp_path, 0o666 & ~umask)
         os.replace(tmp_path, path)
+    except Exception as e:
+        if is_write_failure(e):
+            raise save_error(path, e) from e
+        raise
     finally:
-        if tmp_path.exists():
+        if tmp_path is not None and tmp_path.exists():
             tmp_path.unlink()
 
 

@@ -186,7 +186,9 @@ def console_logging(level: str | None, file: str | None, simple: bool) -> None:
     fmt = "%(message)s" if simple else "%(asctime)s %(levelname)s %(name)s: %(message)s"
     if not simple and not file:
         fmt = "%(levelname)s %(message)s"
-    handler = logging.FileHandler(file) if file else logging.StreamHandler()
+    from library.logs import console_handler
+
+    handler = console_handler(file)  # the console: above the progress bar, INFO from the main process only
     handler.setFormatter(logging.Formatter(fmt))
     root = logging.getLogger()
     for old in [h for h in root.handlers if getattr(h, "_sdtrain", False)]:

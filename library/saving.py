@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pickle
 import re
 import shutil
 import tempfile
@@ -24,7 +25,8 @@ from typing import Any
 
 import torch
 
-from library.checkpoints import load_state_dict, save_state_dict
+from library.checkpoints import is_write_failure, load_state_dict, read_metadata, save_error, save_state_dict
+from library.resume import REQUIRED_FILES, find_state, read_counters
 
 EXTENSIONS = {"safetensors": ".safetensors", "ckpt": ".ckpt", "pt": ".pt"}
 # --metadata_<name> flags, written as modelspec.<name>
@@ -76,8 +78,16 @@ class SaveConfig:
             value = getattr(args, name)
             if value is not None and value < 1:
                 problems.append(f"--{name} must be >= 1, got {value}")
-        if args.resume and not Path(args.resume, "train_state.json").is_file():
-            problems.append(f"--resume {args.resume}: not a state folder written by --save_state (no train_state.json)")
+        resume = None
+        if args.resume:
+            try:
+                resume = str(find_state(args.resume))
+                read_counters(Path(resume))
+                check_train_state(Path(resume))
+            except ValueError as e:
+                problems.append(str(e))
+        if args.output_dir:
+            problems += output_dir_problems(Path(args.output_dir))
         if problems:
             from library.config import ConfigError
 
@@ -96,7 +106,7 @@ class SaveConfig:
             save_state_on_train_end=args.save_state_on_train_end,
             save_last_n_epochs_state=args.save_last_n_epochs_state,
             save_last_n_steps_state=args.save_last_n_steps_state,
-            resume=args.resume,
+            resume=resume,
             no_metadata=args.no_metadata,
             training_comment=args.training_comment,
             metadata={
@@ -116,6 +126,25 @@ class SaveConfig:
         if self.save_n_epoch_ratio:
             return max(1, num_epochs // self.save_n_epoch_ratio)
         return self.save_every_n_epochs
+
+
+def output_dir_problems(folder: Path) -> list[str]:
+    """``--output_dir`` must be a folder that exists or can be created, and that can be written: checked by writing
+    (and removing) a temporary file in it, or in its nearest existing parent, before any model loads."""
+    if folder.exists() and not folder.is_dir():
+        return [f"--output_dir {folder}: this is a file, not a folder; give a folder for the trained files"]
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return [f"--output_dir {folder}: {existing} is a file, so the folder cannot be created there"]
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as e:
+        where = "it" if existing == folder else f"{existing}, where it would be created"
+        return [f"--output_dir {folder}: cannot write in {where} ({e.strerror or e}); choose a folder you can write to"]
+    return []
 
 
 def stem(cfg: SaveConfig, *, epoch: int | None = None, step: int | None = None) -> str:
@@ -183,20 +212,30 @@ def save_train_state(
     """Write a resumable state folder (main process only; ``rngs`` holds every process's RNG states, by rank)."""
     folder = Path(folder)
     work = folder.with_name(folder.name + ".partial")
-    if work.exists():
-        shutil.rmtree(work)
-    work.mkdir(parents=True)
-    save_state_dict(trained, work / "trained.safetensors")
-    torch.save(optimizer.state_dict(), work / "optimizer.pt")
-    torch.save(scheduler.state_dict(), work / "scheduler.pt")
-    if ema is not None:
-        save_state_dict(ema.state_dict(), work / "ema.safetensors")
-    if scaler is not None:
-        torch.save(scaler.state_dict(), work / "scaler.pt")
-    for rank, rng in enumerate(rngs):
-        torch.save(rng, work / f"rng_{rank}.pt")
-    (work / "train_state.json").write_text(json.dumps(counters, indent=2))
-    _replace_dir(work, folder)
+    current = work
+    try:
+        if work.exists():
+            shutil.rmtree(work)
+        work.mkdir(parents=True)
+        save_state_dict(trained, work / "trained.safetensors")
+        for name, obj in (("optimizer.pt", optimizer), ("scheduler.pt", scheduler), ("scaler.pt", scaler)):
+            if obj is not None:
+                current = work / name
+                torch.save(obj.state_dict(), current)
+        if ema is not None:
+            save_state_dict(ema.state_dict(), work / "ema.safetensors")
+        for rank, rng in enumerate(rngs):
+            current = work / f"rng_{rank}.pt"
+            torch.save(rng, current)
+        current = work / "train_state.json"
+        current.write_text(json.dumps(counters, indent=2))
+        current = folder
+        _replace_dir(work, folder)
+    except Exception as e:
+        shutil.rmtree(work, ignore_errors=True)  # never leave a partial state behind (resume skips it anyway)
+        if is_write_failure(e):
+            raise save_error(current, e) from e
+        raise
     return folder
 
 
@@ -211,18 +250,55 @@ def _replace_dir(src: Path, dst: Path) -> None:
 
 
 def load_train_state(folder: str | os.PathLike, rank: int = 0) -> dict[str, Any]:
-    """Read a state folder; tensors and pickles are loaded safely (weights_only=True)."""
+    """Read a state folder; tensors and pickles are loaded safely (weights_only=True). A file that is missing,
+    truncated or unreadable, or a pickle that weights_only refuses, raises one ``ValueError`` naming that file."""
     folder = Path(folder)
     state: dict[str, Any] = {
-        "counters": json.loads((folder / "train_state.json").read_text()),
-        "trained": load_state_dict(folder / "trained.safetensors")[0],
-        "optimizer": torch.load(folder / "optimizer.pt", weights_only=True),
-        "scheduler": torch.load(folder / "scheduler.pt", weights_only=True),
+        "counters": read_counters(folder, training=False),
+        "trained": _read_state_file(folder / "trained.safetensors"),
+        "optimizer": _read_state_file(folder / "optimizer.pt"),
+        "scheduler": _read_state_file(folder / "scheduler.pt"),
     }
-    if (folder / "ema.safetensors").exists():
-        state["ema"] = load_state_dict(folder / "ema.safetensors")[0]
-    if (folder / "scaler.pt").exists():
-        state["scaler"] = torch.load(folder / "scaler.pt", weights_only=True)
+    for key, name in (("ema", "ema.safetensors"), ("scaler", "scaler.pt")):
+        if (folder / name).exists():
+            state[key] = _read_state_file(folder / name)
     rng_file = folder / f"rng_{rank}.pt"
-    state["rng"] = torch.load(rng_file, weights_only=True) if rng_file.exists() else None
+    state["rng"] = _read_state_file(rng_file) if rng_file.exists() else None
     return state
+
+
+def check_train_state(folder: Path) -> None:
+    """Open every file of a state folder without loading its tensors (safetensors headers, pickles memory-mapped):
+    a truncated or unreadable file, or a pickle that weights_only refuses, raises ``ValueError`` naming it, before
+    any model loads."""
+    read_counters(folder, training=False)
+    missing = [name for name in REQUIRED_FILES if not (folder / name).is_file()]
+    if missing:
+        raise ValueError(f"{', '.join(str(folder / n) for n in missing)}: missing from the state (it was not "
+                         "written completely); resume from another state folder")  # fmt: skip
+    for path in sorted(folder.iterdir()):
+        if path.suffix in (".safetensors", ".pt"):
+            _read_state_file(path, peek=True)
+
+
+def _read_state_file(path: Path, *, peek: bool = False) -> Any:
+    """One file of a state folder (``.safetensors``: its tensors; ``.pt``: the pickled object, weights_only).
+    ``peek``: only open it (safetensors: the header; pickles: memory-mapped) to find damage early."""
+    if path.suffix == ".safetensors":
+        try:
+            if peek:
+                return read_metadata(path)
+            return load_state_dict(path)[0]
+        except Exception as e:  # safetensors raises its own error types for damaged headers
+            detail = str(e).removeprefix(f"{path}: ")
+            raise ValueError(f"{path}: this file of the state cannot be read ({detail}); the state is damaged, "
+                             "resume from another state folder") from e  # fmt: skip
+    try:
+        return torch.load(path, weights_only=True, map_location="cpu", mmap=peek)
+    except pickle.UnpicklingError as e:
+        raise ValueError(f"{path}: this file of the state holds objects that torch.load(weights_only=True) refuses "
+                         f"({str(e).splitlines()[0]}); it was not written by this trainer, so it was not loaded; "
+                         "resume from another state folder") from e  # fmt: skip
+    except (OSError, RuntimeError, EOFError, ValueError) as e:
+        raise ValueError(f"{path}: this file of the state cannot be read ({type(e).__name__}: {e}); it is truncated "
+                         "or damaged, resume from another state folder") from e  # fmt: skip

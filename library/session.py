@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from library import data
+from library import data, resume
 from library.checkpoints import without_mmap
 from library.config import ConfigError, from_namespace
 from library.families import select_family
@@ -239,6 +239,10 @@ def _cross_checks(args: argparse.Namespace, values: dict) -> list[str]:
     if getattr(args, "fused_backward_pass", False):
         problems.append("--fused_backward_pass is not supported yet: it comes with full fine-tuning (it steps the "
                         "optimizer inside the backward pass of the model's own weights); remove it")  # fmt: skip
+    save, optim, method = values.get("save"), values.get("optim"), values.get("method")
+    if save is not None and save.resume and method is not None and optim is not None:  # before any model loads
+        settings = resume.settings_of(method, optim.optimizer_type)
+        problems += resume.setting_problems(Path(save.resume), resume.read_counters(Path(save.resume)), settings)
     return problems
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,8 +20,9 @@ from typing import Any
 
 import torch
 
+from library import logs, resume, saving
 from library import metadata as md
-from library import saving
+from library.checkpoints import SaveError, is_state_file
 from library.ema import EMA
 from library.optim import set_train_mode
 from library.runtime import capture_rng, restore_rng
@@ -58,6 +60,8 @@ class Trainer:
         self.step = 0  # optimizer steps done
         self.batches_in_epoch = 0  # batches consumed in the current epoch (this process)
         self.window = 0  # batches in the current accumulation window
+        self.current_epoch, self.epoch_batches = 0, loader.num_batches(0)  # set by begin_epoch / resume_if_asked
+        self.log_run: str | None = None  # this run's folder under --logging_dir (kept in the state)
         self._resume_skip: tuple[int, int] | None = None
         self.losses: list[float] = []
         self.validation: list[tuple[int, float]] = []
@@ -104,10 +108,8 @@ class Trainer:
             init_kwargs = toml.load(trackers.log_tracker_config)
         if "wandb" in trackers.trackers and trackers.wandb_run_name:
             init_kwargs.setdefault("wandb", {})["name"] = trackers.wandb_run_name
-        if trackers.log_prefix:
-            name = trackers.log_prefix + name
         trackers.login()
-        self.acc.init_trackers(name, config=config, init_kwargs=init_kwargs)
+        self.log_run = logs.init_trackers(self.acc, trackers, self.cfg.save.resume, config, init_kwargs, name)
 
     def _progress_bar(self):
         from tqdm.auto import tqdm
@@ -296,6 +298,8 @@ class Trainer:
                 "seed": self.cfg.run.seed,
                 "num_processes": self.acc.num_processes,
                 "losses": self.losses,
+                "settings": resume.settings_of(self.cfg.method, self.cfg.optim.optimizer_type),
+                "log_run": self.log_run,
             }
             scaler = getattr(self.acc, "scaler", None)
             saving.save_train_state(
@@ -320,16 +324,14 @@ class Trainer:
         folder = self.cfg.save.resume
         if not folder:
             return
-        state = saving.load_train_state(folder, self.acc.process_index)
+        state = saving.load_train_state(folder, self.acc.process_index)  # ValueError naming a damaged file
         counters = state["counters"]
         if counters.get("num_processes", 1) != self.acc.num_processes:
             raise ValueError(
                 f"--resume {folder}: the state was saved with {counters.get('num_processes')} processes, this run "
                 f"has {self.acc.num_processes}; resume with the same number of processes"
             )
-        self.unwrapped().load_state_dict(state["trained"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+        resume.load_into(folder, self.unwrapped(), self.optimizer, self.scheduler, state)
         if self.ema is not None and "ema" in state:
             self.ema.load_state_dict(state["ema"])
         if "scaler" in state and getattr(self.acc, "scaler", None) is not None:
@@ -339,8 +341,12 @@ class Trainer:
         self.epoch, self.step = counters["epoch"], counters["step"]
         self.losses = list(counters.get("losses", []))
         self._resume_skip = (counters["epoch"], counters["batches_in_epoch"])
+        self.current_epoch, self.batches_in_epoch = counters["epoch"], counters["batches_in_epoch"]
+        self.epoch_batches = self.loader.num_batches(self.current_epoch)
         self.progress.update(self.step)
-        logger.info("resumed from %s at step %d (epoch %d)", folder, self.step, self.epoch + 1)
+        given = Path(self.cfg.args.get("resume", folder)).resolve()
+        picked = "" if given == Path(folder).resolve() else f" (the newest state in {given})"
+        logger.info("resumed from %s%s at step %d (epoch %d)", folder, picked, self.step, self.epoch + 1)
 
     # -------------------------------------------------------------------------------------------- the end
     def check_processes_agree(self) -> None:
@@ -356,10 +362,13 @@ class Trainer:
         self.check_processes_agree()
         save = self.cfg.save
         path = saving.model_file(save)
-        self.save_model(path, step=self.step, epoch=self.epoch)
         state = None
-        if save.save_state or save.save_state_on_train_end:
-            state = self.save_state(saving.state_dir(save))
+        try:
+            self.save_model(path, step=self.step, epoch=self.epoch)
+            if save.save_state or save.save_state_on_train_end:
+                state = self.save_state(saving.state_dir(save))
+        except SaveError as e:
+            return self.stop_after_save_error(e)
         self.acc.end_training()
         self.progress.close()
         ema_path = path.with_name(path.stem + "-ema" + path.suffix) if self.ema is not None else None
@@ -373,3 +382,14 @@ class Trainer:
     def result(self, *, interrupted: bool = False, failed: str | None = None) -> Result:
         self.progress.close()
         return Result(None, self.step, self.epoch, self.losses, interrupted=interrupted, failed=failed)
+
+    def stop_after_save_error(self, error: SaveError) -> Result:
+        """A save failed (disk full, I/O error): say which file, then leave a resumable state if one can still be
+        written (not when the state itself was what failed)."""
+        logs.print_error(error)
+        if self.acc.is_main_process and not is_state_file(error):
+            try:
+                self.save_state(interrupted=True)
+            except SaveError as e:
+                print(f"no resumable state could be written either: {e}", file=sys.stderr)
+        return self.result(failed=str(error))

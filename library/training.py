@@ -186,7 +186,10 @@ class Interrupt:
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
-        print("\ninterrupt received: saving a resumable state after this step (press Ctrl-C again to quit now)")
+        from library.logs import is_main_process
+
+        if is_main_process():  # every process of a launch gets the signal; one says so
+            print("\ninterrupt received: saving a resumable state after this step (press Ctrl-C again to quit now)")
 
     def __exit__(self, *exc) -> None:
         import signal

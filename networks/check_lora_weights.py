@@ -36,6 +36,7 @@ class Check:
     tensor_lines: list[str] = field(default_factory=list)
     summary: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    modules: int = 0  # adapter modules (a LoRA module has 2-3 tensors)
 
 
 def tensor_line(key: str, value: torch.Tensor) -> str:
@@ -54,6 +55,7 @@ def check_file(path: str | Path) -> Check:
             out.tensor_lines.append(tensor_line(key, value))
         if value.is_floating_point() and not bool(torch.isfinite(value).all()):
             out.problems.append(f"{key}: contains NaN or Inf values")
+    out.modules = len(file.modules)
     algos = Counter(file.algos.values())
     prefixes = Counter(files.prefix_of(n) for n in file.modules)
     ranks = Counter((file.rank_of(n), round(file.scale_of(n) * (file.rank_of(n) or 1), 6)) for n in file.modules
@@ -89,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> bool:
     """Print the check; returns False when problems were found."""
     args = build_parser().parse_args(argv)
     result = check_file(args.file)
-    print(f"number of LoRA modules: {len(result.tensor_lines)}")
+    print(f"number of LoRA modules: {result.modules} ({len(result.tensor_lines)} tensors)")
     if args.show_all_keys:
         for key in dl.load_adapter(args.file).state_dict():
             print(key)

@@ -97,6 +97,10 @@ def load_adapter(path: str | os.PathLike) -> AdapterFile:
         if missing:
             errors.append(f"{path}: {name} lacks {' and '.join(missing)} (an incomplete {algos[name]} module; is the "
                           "file truncated or hand-edited?)")  # fmt: skip
+    if not algos and errors and all(e.endswith("(unknown tensor names)") for e in errors):  # not an adapter file
+        example = next(iter(state_dict))
+        raise ValueError(f"{path}: none of its {len(state_dict)} tensors belongs to a LoRA/LoHa/LoKr/DoRA module "
+                         f"(e.g. {example}); is it a model checkpoint? Pass an adapter file")  # fmt: skip
     if errors:
         more = f"\n... and {len(errors) - 5} more like these" if len(errors) > 5 else ""
         raise ValueError("\n".join(errors[:5]) + more)

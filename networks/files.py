@@ -92,7 +92,8 @@ def algo_of(name: str, tensors: Mapping[str, Tensor], source: str) -> str:
     algo = detect_algo(set(tensors))
     if algo in ALGOS or algo == "norm":
         return algo
-    keys = ", ".join(f"{name}.{s}" for s in sorted(tensors))
+    names = sorted(tensors)
+    keys = ", ".join(f"{name}.{s}" for s in names[:3]) + (f" (and {len(names) - 3} more)" if len(names) > 3 else "")
     if algo == "peft":
         raise ValueError(f"{source}: {keys} are PEFT/diffusers-format LoRA keys; convert the file to kohya format")
     if algo in NOT_SUPPORTED:

@@ -78,11 +78,14 @@ def check(args: argparse.Namespace, problems: list[str]) -> list[float]:
 def merge_to_checkpoint(args: argparse.Namespace, files: list[dl.AdapterFile], ratios: list[float]) -> Path:
     from library.families import family_as_flagged
 
+    script = not hasattr(args, "v2")  # sdxl_merge_lora.py (build_parser(sdxl=True) has no --v2)
     try:
-        flag = "--sdxl (sdxl_merge_lora.py)" if args.sdxl else ""
-        family = family_as_flagged(args.sd_model, v2=getattr(args, "v2", False), sdxl=args.sdxl, flag=flag)
+        family = family_as_flagged(args.sd_model, v2=getattr(args, "v2", False), sdxl=args.sdxl and not script)
     except ValueError as e:
         raise ConfigError([f"--sd_model {e}"]) from e
+    if script and family.name != "sdxl":
+        raise ConfigError([f"--sd_model {args.sd_model} is an {family.name.upper()} model; sdxl_merge_lora.py merges "
+                           "into SDXL models only: use networks/merge_lora.py (same flags) for SD1/SD2 models"])  # fmt: skip
     parts = family.load(args.sd_model, dtype=dtype_of(args.precision))
     merge.merge_into_model(family, parts, files, ratios)
     meta = {} if args.no_metadata else {"modelspec.merged_from": merge.merged_from(

@@ -291,6 +291,10 @@ class AdapterNetwork(nn.Module):
             raise ValueError(f"{source}: {file_name} {has} a DoRA magnitude (dora_scale) but the network "
                              f"{'does not use' if has == 'has' else 'uses'} DoRA; match dora_wd or pass "
                              "--dim_from_weights")  # fmt: skip
+        missing = [s for s in expected if s not in tensors and s != "alpha"]
+        if missing:
+            raise ValueError(f"{source}: module {file_name} has no {', '.join(missing)} tensor(s) (the file is "
+                             "incomplete or damaged); re-save it, or use another file")  # fmt: skip
         for suffix, t in tensors.items():
             want = expected.get(suffix)
             if suffix != "alpha" and (want is None or tuple(want.shape) != tuple(t.shape)):

@@ -79,14 +79,29 @@ def save_adapter(
 
 
 def main_guard(func) -> int:
-    """Run a tool's ``main()`` from the command line: errors about the user's input print as one message and
-    exit with status 2 (no traceback); anything else propagates."""
+    """Run a script's ``main()`` from the command line (every tool, gen_img.py): problems with the user's input
+    (``ValueError``, ``ConfigError``) and with the files and disks it names (``OSError``: no such file, no
+    permission, disk full while saving) print as one ``error:`` line and exit with status 2, as train_network.py
+    does; Ctrl-C exits 130 without a traceback. Anything else is a bug and propagates with its traceback."""
     try:
         result = func()
-    except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
+    except (ValueError, OSError) as e:
+        from library.logs import print_error
+
+        print_error(user_message(e))
         return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
     return 1 if result is False else 0
+
+
+def user_message(error: BaseException) -> str:
+    """The text of an input error; an ``OSError`` without a file name in its text gets it (``[Errno 13] Permission
+    denied: 'x'`` becomes ``x: permission denied``)."""
+    if isinstance(error, OSError) and error.strerror and error.filename is not None:
+        return f"{error.filename}: {error.strerror[0].lower()}{error.strerror[1:]}"
+    return str(error)
 
 
 def ratios_for(models: list[str] | None, ratios: list[float] | None, problems: list[str]) -> list[float]:

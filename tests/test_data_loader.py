@@ -186,6 +186,15 @@ def test_masks_from_masklabel_files_follow_crop_and_flip(tmp_path):
     assert img
 
 
+def _jpeg_bytes() -> bytes:
+    """A 64 px JPEG of noise (a truncated one decodes its header fine; only decoding every byte finds the cut)."""
+    import io
+
+    buf = io.BytesIO()
+    Image.fromarray((np.random.default_rng(0).random((64, 64, 3)) * 255).astype("uint8")).save(buf, "JPEG")
+    return buf.getvalue()
+
+
 @pytest.mark.parametrize(
     "make, expect",
     [
@@ -195,6 +204,7 @@ def test_masks_from_masklabel_files_follow_crop_and_flip(tmp_path):
             lambda d: (d / "cut.png").write_bytes(open(make_png(d / "tmp" / "f.png", 64, 64), "rb").read()[:200]),
             "cut.png: not a readable image",
         ),
+        (lambda d: (d / "cut.jpg").write_bytes(_jpeg_bytes()[:-200]), "cut.jpg: not a readable image"),  # truncated
     ],
 )
 def test_corrupt_images_stop_with_the_list_unless_skipped(tmp_path, make, expect):
@@ -207,6 +217,20 @@ def test_corrupt_images_stop_with_the_list_unless_skipped(tmp_path, make, expect
     plan = build_datasets(parse(small_args(tmp_path / "t", "--skip_corrupt_images")), size_multiple=32)
     assert [r.path.rsplit("/", 1)[1] for r in plan.datasets[0].records] == ["good.png"]
     assert any(expect in w for w in plan.warnings)
+
+
+def test_many_images_are_checked_in_order_on_threads(tmp_path):
+    """Enough images for the threaded check: the records keep the folder's order and the truncated one is named."""
+    folder = tmp_path / "t" / "1_x"
+    for i in range(20):
+        make_png(folder / f"{i:02d}.png", 64, 64)
+    (folder / "07.png").unlink()
+    (folder / "07.jpg").write_bytes(_jpeg_bytes()[:-200])
+    with pytest.raises(ValueError, match="07.jpg: not a readable image"):
+        build_datasets(parse(small_args(tmp_path / "t")), size_multiple=32)
+    plan = build_datasets(parse(small_args(tmp_path / "t", "--skip_corrupt_images")), size_multiple=32)
+    names = [r.path.rsplit("/", 1)[1] for r in plan.datasets[0].records]
+    assert names == [f"{i:02d}.png" for i in range(20) if i != 7]
 
 
 def test_unsupported_type_too_small_and_empty(tmp_path):

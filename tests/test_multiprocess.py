@@ -31,6 +31,7 @@ def _launch(tmp: Path, out: str, *extra: str) -> subprocess.CompletedProcess:
 def test_two_processes_agree_and_resume_exactly(tmp_path):
     first = _launch(tmp_path, "a")
     assert "2 processes" in first.stdout and "training finished" in first.stdout
+    assert first.stderr.count("INFO adapters:") == 1  # the main process logs; the other one does not repeat it
     state = tmp_path / "a" / "demo_lora-step00000002-state"
     assert (state / "rng_0.pt").exists() and (state / "rng_1.pt").exists()
     _launch(tmp_path, "b", "--resume", str(state))

@@ -108,7 +108,7 @@ def test_state_round_trip(tmp_path):
 
 
 def test_bad_values(tmp_path):
-    with pytest.raises(ConfigError, match="--resume .*not a state folder"):
+    with pytest.raises(ConfigError, match="--resume .*neither a state folder"):
         _cfg(tmp_path, "--resume", str(tmp_path))
     p = argparse.ArgumentParser()
     add_save_args(p)

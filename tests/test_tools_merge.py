@@ -152,7 +152,8 @@ def test_an_adapter_for_another_family_is_refused(tiny_parts, tiny_dir, tmp_path
         run(merge_lora.main, "--sd_model", tiny_dir / "sd1", "--models", xl, "--save_to", tmp_path / "m.safetensors")
     with pytest.raises(ValueError, match="different model families"):
         run(merge_lora.main, "--models", sd, xl, "--save_to", tmp_path / "m.safetensors")
-    with pytest.raises(ConfigError, match="is an sd1 model but --sdxl"):
+    with pytest.raises(ConfigError, match=r"is an SD1 model; sdxl_merge_lora.py merges into SDXL models only: use "
+                       r"networks/merge_lora.py"):  # fmt: skip
         run(sdxl_merge_lora.main, "--sd_model", tiny_dir / "sd1", "--models", sd, "--save_to",
             tmp_path / "m.safetensors")  # fmt: skip
     assert not (tmp_path / "m.safetensors").exists()

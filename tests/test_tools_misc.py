@@ -39,7 +39,9 @@ def test_check_lora_weights_lists_tensors_and_finds_problems(tiny_parts, tmp_pat
     key = next(k for k in state if k.endswith("lora_up.weight"))
     v = state[key].abs()
     assert f"{key},{str(tuple(state[key].shape)).replace(', ', '-')},{float(v.mean())},{float(v.min())}" in out
-    assert f"number of LoRA modules: {sum(1 for k in state if not k.endswith('alpha'))}" in out
+    modules = {k.split(".")[0] for k in state}  # kohya keys: <module>.<tensor>
+    tensors = sum(1 for k in state if not k.endswith("alpha"))
+    assert f"number of LoRA modules: {len(modules)} ({tensors} tensors)" in out and len(modules) < tensors
     state[key] = torch.full_like(state[key], float("nan"))
     other = next(k for k in state if k.endswith("lora_up.weight") and k != key)
     state[other] = torch.zeros_like(state[other])

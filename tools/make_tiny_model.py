@@ -49,4 +49,6 @@ def main(argv: list[str] | None = None) -> list[Path]:
 
 
 if __name__ == "__main__":
-    main()
+    from networks.tool_common import main_guard
+
+    sys.exit(main_guard(main))  # an output path that is a file or cannot be written: one `error:` line, exit 2

@@ -10,6 +10,7 @@ uninterrupted run would have yielded from step k on, without loading the skipped
 from __future__ import annotations
 
 import math
+import signal
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 
@@ -22,6 +23,12 @@ from .captions import compose_caption, resolve_warmup_steps
 from .images import render_sample
 from .plan import Plan
 from .seeding import rng_for
+
+
+def ignore_interrupts(worker_id: int) -> None:
+    """DataLoader workers ignore Ctrl-C: the training process handles it (saves a state, then stops the workers);
+    otherwise every worker would also report the interrupt, or die with a traceback mid-batch."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 @dataclass
@@ -236,6 +243,7 @@ class Loader:
             # its own generator: creating an iterator must not draw from the global RNG, which the training step
             # uses (dropout), or a resumed run would drift from the uninterrupted one
             generator=torch.Generator().manual_seed(self.plan.seed),
+            worker_init_fn=ignore_interrupts,
         )
 
     def num_batches(self, epoch: int = 0) -> int:

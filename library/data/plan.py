@@ -77,14 +77,31 @@ def split_validation(records: list[ImageRecord], fraction: float, seed: int) -> 
     return train, val
 
 
+def _read_sizes(paths: list[str]) -> list[tuple[int, int] | ValueError]:
+    """:func:`read_image_size` of every path (each image is decoded once to find damage), on a few threads: Pillow
+    decodes without holding the GIL. A problem comes back as its ``ValueError``, in the paths' order."""
+
+    def read(path: str) -> tuple[int, int] | ValueError:
+        try:
+            return read_image_size(path)
+        except ValueError as e:
+            return e
+
+    workers = min(8, os.cpu_count() or 1)
+    if workers == 1 or len(paths) < 16:
+        return [read(p) for p in paths]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(read, paths))
+
+
 def _scan_subset(subset: SubsetConfig, index: int, args: DataArgs, problems: Problems, corrupt: list[str]):
     items = finetune_items(subset, problems) if subset.kind == "finetune" else dreambooth_items(subset, problems)
     records, no_caption = [], []
-    for path, text in items:
-        try:
-            size = read_image_size(path)
-        except ValueError as e:
-            corrupt.append(str(e))
+    for (path, text), size in zip(items, _read_sizes([path for path, _ in items])):
+        if isinstance(size, ValueError):
+            corrupt.append(str(size))
             continue
         if text is None or not text.strip():
             no_caption.append(path)

@@ -57,8 +57,8 @@ def has_images(folder: str) -> bool:
 def read_image_size(path: str) -> tuple[int, int]:
     """``(width, height)`` as the image will be trained (EXIF orientation applied), from the header.
 
-    Raises ``ValueError`` naming the file when it is empty or not a readable image. PNG files are also checked for
-    truncation and bad checksums (``Image.verify``).
+    Raises ``ValueError`` naming the file when it is empty or not a readable image: every image is decoded once
+    (a truncated file is found here, before training), PNG files are also checked for bad checksums.
     """
     if os.path.getsize(path) == 0:
         raise ValueError(f"{path}: empty file (0 bytes)")
@@ -67,7 +67,10 @@ def read_image_size(path: str) -> tuple[int, int]:
             width, height = im.size
             orientation = im.getexif().get(0x0112, 1)
         with Image.open(path) as im:
-            im.verify()
+            im.verify()  # PNG: chunk checksums
+        with Image.open(path) as im:
+            im.draft(im.mode, (max(1, width // 8), max(1, height // 8)))  # JPEG: decode at 1/8 scale, every byte read
+            im.load()  # a truncated JPEG / WebP / PNG fails here, up front, not later in a DataLoader worker
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
         raise ValueError(f"{path}: not a readable image ({e})") from None
     if width < 1 or height < 1:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import ast
 import logging
+import math
 import re
 import shlex
 from collections.abc import Callable, Sequence
@@ -337,8 +338,8 @@ def add_part_lr_args(parser: argparse.ArgumentParser) -> None:
 
 def _part_lrs(args: argparse.Namespace, problems: list[str]) -> dict[str, Any]:
     unet_lr, te_lr = getattr(args, "unet_lr", None), getattr(args, "text_encoder_lr", None)
-    if unet_lr is not None and unet_lr < 0:
-        problems.append(f"--unet_lr must be >= 0, got {unet_lr}")
+    for flag, value in [("--unet_lr", unet_lr)] + [("--text_encoder_lr", v) for v in te_lr or []]:
+        problems += [p for p in [lr_problem(flag, value)] if p]
     return {"unet_lr": unet_lr, "text_encoder_lr": tuple(te_lr) if te_lr else None}
 
 
@@ -364,9 +365,25 @@ def _forced_scheduler(values: dict[str, Any]) -> str:
     return "adafactor" if relative is True else values["lr_scheduler"]
 
 
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def lr_problem(flag: str, value: float | None) -> str | None:
+    """A learning rate must be a number >= 0 that float32 holds (optimizers keep it next to float32 weights):
+    ``nan``, ``inf`` and values above ~3.4e38 are refused."""
+    if value is None or (math.isfinite(value) and 0 <= value <= FLOAT32_MAX):
+        return None
+    if not math.isfinite(value) or value > FLOAT32_MAX:
+        return (
+            f"{flag}: {value} is not a usable learning rate (it must be a finite number that fits in "
+            "float32, at most 3.4e38); e.g. 1e-4"
+        )
+    return f"{flag}: {value} must be >= 0"
+
+
 def _range_problems(cfg: OptimConfig) -> list[str]:
     checks = [
-        ("--learning_rate", cfg.learning_rate, cfg.learning_rate is not None and cfg.learning_rate >= 0, ">= 0"),
+        ("--learning_rate", cfg.learning_rate, cfg.learning_rate is not None, "given"),
         ("--max_grad_norm", cfg.max_grad_norm, cfg.max_grad_norm >= 0, ">= 0 (0 disables clipping)"),
         ("--lr_scheduler_num_cycles", cfg.lr_scheduler_num_cycles, cfg.lr_scheduler_num_cycles >= 1, ">= 1"),
         ("--lr_scheduler_power", cfg.lr_scheduler_power, cfg.lr_scheduler_power > 0, "> 0"),
@@ -381,7 +398,8 @@ def _range_problems(cfg: OptimConfig) -> list[str]:
     for flag, value in (("--lr_warmup_steps", cfg.lr_warmup_steps), ("--lr_decay_steps", cfg.lr_decay_steps)):
         ok = value >= 0 and (not isinstance(value, float) or value <= 1)
         checks.append((flag, value, ok, "a whole number of steps >= 0 or a ratio in [0, 1]"))
-    return [f"{flag}: {value} must be {rule}" for flag, value, ok, rule in checks if not ok]
+    problems = [f"{flag}: {value} must be {rule}" for flag, value, ok, rule in checks if not ok]
+    return [p for p in [lr_problem("--learning_rate", cfg.learning_rate)] if p] + problems
 
 
 def _log_notes(cfg: OptimConfig, requested_scheduler: str) -> None:

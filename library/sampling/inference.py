@@ -54,6 +54,7 @@ _UNSUPPORTED_STORE = {
     "--gradual_latent_timesteps": "Gradual Latent",
     "--gradual_latent_ratio": "Gradual Latent",
 }
+_EXPLAINED = ("--vae_batch_size", "--network_args", "--network_merge_n_models")  # the reason is a sentence already
 _UNSUPPORTED_FLAGS = {
     "--interactive": "interactive mode; pass --prompt or --from_file",
     "--no_preview": "interactive mode",
@@ -73,7 +74,8 @@ def add_gen_img_args(parser: argparse.ArgumentParser) -> None:
     _add_extra_args(parser)
     g = parser.add_argument_group("not supported")
     for flag, reason in _UNSUPPORTED_STORE.items():
-        add_unsupported(g, flag, f"{reason} is not supported", default=None)
+        add_unsupported(g, flag, reason if flag in _EXPLAINED else f"{reason} is not available in gen_img.py",
+                        default=None)  # fmt: skip
     for flag, reason in _UNSUPPORTED_FLAGS.items():
         add_unsupported(g, flag, reason, action="store_true")
 
