@@ -200,15 +200,15 @@ def run_ours(model_dir: Path, data_dir: Path, out_dir: Path, seed: int, a) -> di
 
     def init(self, *args, **kw):
         orig_init(self, *args, **kw)
-        rec["network"] = self.network
-        rec["targets"] = {n: (self.network._slots[n].target.root, self.network._slots[n].target.path)
-                          for n in self.network.names}  # fmt: skip
-        rec["init"] = snapshot(self.network)
-        rec["alpha"] = {n: float(self.network.layer(n).adapter.alpha) for n in self.network.names}
+        rec["network"] = self.trainable
+        rec["targets"] = {n: (self.trainable._slots[n].target.root, self.trainable._slots[n].target.path)
+                          for n in self.trainable.names}  # fmt: skip
+        rec["init"] = snapshot(self.trainable)
+        rec["alpha"] = {n: float(self.trainable.layer(n).adapter.alpha) for n in self.trainable.names}
 
     def step_done(self, loss):
         orig_step(self, loss)
-        rec["steps"].append(snapshot(self.network))
+        rec["steps"].append(snapshot(self.trainable))
 
     def sync(self):
         grads = [p.grad for p in self.params if p.grad is not None]
@@ -221,9 +221,9 @@ def run_ours(model_dir: Path, data_dir: Path, out_dir: Path, seed: int, a) -> di
             rec["draws"].append((latents.detach().clone(), ex.noise.detach().clone(), ex.timesteps.clone()))
         return ex
 
-    def batch_cond(m, batch):
+    def batch_cond(m, batch, generator=None):
         rec["captions"].append(list(batch.captions))
-        return orig_cond(m, batch)
+        return orig_cond(m, batch, generator)
 
     argv = [
         "--pretrained_model_name_or_path", str(model_dir), "--train_data_dir", str(data_dir),
