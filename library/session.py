@@ -115,13 +115,16 @@ def choose_family(args: argparse.Namespace, family_names: tuple[str, ...]) -> An
 
 
 def read_config(
-    args: argparse.Namespace, family_names: tuple[str, ...] = ("sd1", "sd2"), method: Callable | None = None
+    args: argparse.Namespace,
+    family_names: tuple[str, ...] = ("sd1", "sd2"),
+    method: Callable | None = None,
+    save_formats: tuple[str, ...] = ("safetensors", "ckpt", "pt"),
 ) -> TrainConfig:
     """Every group's reader and every cross-check; raises one :class:`ConfigError` listing all problems.
 
     ``method(args)`` reads what the recipe trains (e.g. ``NetworkConfig.from_args``); its problems are reported
     with the others. Its result is ``cfg.method``; its ``trains_text_encoder`` says whether the text encoders run
-    with autograd.
+    with autograd. ``save_formats``: the ``--save_model_as`` values the recipe writes (the first is the default).
     """
     problems: list[str] = []
 
@@ -151,7 +154,7 @@ def read_config(
         loss=read(from_namespace, LossConfig, args),
         optim=read(OptimConfig.from_args, args),
         method=read(method, args) if method is not None else None,
-        save=read(SaveConfig.from_args, args),
+        save=read(SaveConfig.from_args, args, save_formats),
         sample=read(SampleConfig.from_args, args),
         trackers=from_namespace(TrackerConfig, args),
         validation=from_namespace(ValidationConfig, args),
