@@ -20,13 +20,7 @@ from library import args as arg_groups
 from library import sampling, session
 from library.config import add_config_args, parse_args
 from library.optim import add_optim_args
-from library.token_embeddings import (
-    TextualInversionConfig,
-    TokenEmbeddings,
-    add_textual_inversion_args,
-    caption_rewriter,
-    init_vectors,
-)
+from library.token_embeddings import TextualInversionConfig, TokenEmbeddings, caption_rewriter, init_vectors
 from library.trainer import Result
 from train_network import run_cli, train
 
@@ -46,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
         arg_groups.add_noise_args,
         arg_groups.add_loss_args,
         add_optim_args,
-        add_textual_inversion_args,
+        arg_groups.add_textual_inversion_args,
         sampling.add_sample_args,
         add_config_args,
     ):

@@ -41,6 +41,7 @@ class ModelConfig:
     tokenizer_cache_dir: str | None = None
     clip_skip: int | None = None
     max_token_length: int | None = None
+    disable_mmap_load_safetensors: bool = False
 
 
 @dataclass(frozen=True)
@@ -234,6 +235,11 @@ class Run:
 def start(cfg: TrainConfig) -> Run:
     """Accelerator, seed, datasets (bucket report), model in the right precision, caches."""
     setup_logging(cfg)
+    if cfg.model.disable_mmap_load_safetensors:
+        logger.info(
+            "--disable_mmap_load_safetensors: sdtrain reads .safetensors tensor by tensor with safe_open; the weights "
+            "are the same either way (sd-scripts' flag only changes how files on slow drives are read)"
+        )
     if cfg.args.get("highvram"):
         logger.info("--highvram: sdtrain never empties the CUDA cache between caching batches (always 'high VRAM')")
     trackers = cfg.trackers

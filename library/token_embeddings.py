@@ -51,17 +51,6 @@ STYLE_TEMPLATES = tuple(
 )  # fmt: skip
 
 
-def add_textual_inversion_args(parser: argparse.ArgumentParser) -> None:
-    """sd-scripts' train_textual_inversion.py flags (same names, defaults and meaning)."""
-    g = parser.add_argument_group("textual inversion")
-    g.add_argument("--token_string", type=str, default=None, help="the new token trained (must not be a known word)")
-    g.add_argument("--init_word", type=str, default=None, help="word(s) whose vectors initialise the token (cycled)")
-    g.add_argument("--num_vectors_per_token", type=int, default=1, help="vectors per token (tok, tok1, ...)")
-    g.add_argument("--weights", type=str, default=None, help="embedding file to continue from (instead of init_word)")
-    g.add_argument("--use_object_template", action="store_true", help="ignore captions; use 27 object templates")
-    g.add_argument("--use_style_template", action="store_true", help="ignore captions; use 19 style templates")
-
-
 @dataclass(frozen=True)
 class TextualInversionConfig:
     """What train_textual_inversion.py trains (read by the recipe; the run layer only sees ``trains_text_encoder``)."""
@@ -172,7 +161,8 @@ class TokenEmbeddings(nn.Module):
 
     def _install(self, parts: Any) -> None:
         for tokenizer in parts.tokenizers:  # check every tokenizer before changing any
-            existing = [n for n in self.names if n in tokenizer.get_vocab()]
+            vocab = tokenizer.get_vocab()
+            existing = [n for n in self.names if n in vocab or f"{n}</w>" in vocab]
             if existing:
                 raise ValueError(
                     f"token {self.token!r}: {existing} already in the tokenizer's vocabulary, so it cannot be trained "
