@@ -239,3 +239,39 @@ def test_bad_input_is_one_clear_error(tiny_dir, dataset, tmp_path):
     assert "--fused_backward_pass is not supported yet" in text
     with pytest.raises(ConfigError, match="--no_token_padding is not supported yet"):
         train("sd1", *args_for(tiny_dir / "sd1", dataset, tmp_path, "--no_token_padding"), script="train_db")
+
+
+# ------------------------------------------------------------------------------------------------ DreamBooth
+def test_prior_preservation_loss_is_the_hand_computed_formula(tiny_dir, dataset, tmp_path):
+    """train_db.py with class images: regularisation samples are balanced to the instance samples (sd-scripts'
+    rule), and a mixed batch's loss is mean_i(w_i * mean((pred_i - target_i)^2)), w = --prior_loss_weight for class
+    images, 1 for instance images."""
+    from library import session
+    from library.model_trainable import ModelTrainingConfig
+    from library.noising import make_example
+    from library.training import batch_cond, batch_latents, batch_loss
+
+    reg = make_example_dataset(tmp_path / "reg")
+    (reg / "10_sks shape").rename(reg / "1_shape")
+    argv = args_for(tiny_dir / "sd1", dataset, tmp_path / "out", "--reg_data_dir", str(reg), "--prior_loss_weight",
+                    "0.3", "--train_batch_size", "4", "--save_model_as", "safetensors")  # fmt: skip
+    args = fine_tune.build_parser("train_db").parse_args(argv)
+    cfg = session.read_config(args, ("sd1", "sd2"), ModelTrainingConfig.from_args, fine_tune.MODEL_FORMATS)
+    run = session.start(cfg)
+    batches = list(run.make_loader().epoch(0))
+    flags = torch.cat([b.is_reg for b in batches])
+    assert int(flags.sum()) == int((~flags).sum()) == 40  # 4 images x 10 repeats; the 4 class images repeat to 40
+    batch = next(b for b in batches if b.is_reg.any() and (~b.is_reg).any())
+    m, t = run.step_models, torch.tensor([100, 300, 500, 700])
+    with torch.no_grad():
+        loss = batch_loss(m, batch, torch.Generator().manual_seed(5), timesteps=t).mean()
+        gen = torch.Generator().manual_seed(5)  # the same draws, in the same order, by hand
+        latents = batch_latents(m, batch, gen)
+        cond = batch_cond(m, batch, gen)
+        noisy, target, tt, _ = make_example(m.noise, latents, m.schedule, gen, timesteps=t)
+        pred = m.family.predict(m.unet, noisy, tt, cond)
+    w = torch.where(batch.is_reg, 0.3, 1.0)
+    expected = (w * ((pred - target) ** 2).mean(dim=(1, 2, 3))).mean()
+    torch.testing.assert_close(loss, expected, rtol=1e-6, atol=0)
+    unweighted = ((pred - target) ** 2).mean(dim=(1, 2, 3)).mean()
+    assert not torch.isclose(loss, unweighted)  # the weight matters in this batch
