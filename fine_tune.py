@@ -38,7 +38,7 @@ def build_parser(script: str = "fine_tune") -> argparse.ArgumentParser:
         arg_groups.add_logging_args,
         arg_groups.add_model_args,
         arg_groups.add_dataset_args,
-        arg_groups.add_run_args,
+        lambda p: arg_groups.add_run_args(p, deepspeed=True),  # --deepspeed etc. read (library/engines.py)
         lambda p: arg_groups.add_save_args(p, default_format=None),  # None: the input model's format
         arg_groups.add_state_args,
         arg_groups.add_tracker_args,
@@ -78,8 +78,7 @@ def main(
     model = ModelTrainable(run.family, run.parts, cfg.method, run.step_models)  # UNet (+ text encoders) trained
     model.to(device=run.accelerator.device, dtype=cfg.run.train_dtype)
     groups = model.param_groups(cfg.optim.learning_rate)
-    run.step_models.unet = model.prepare(run.accelerator)  # DDP / FSDP / DeepSpeed wrapper: the loop calls it
-    return train(run, model, groups)
+    return train(run, model, groups)  # accelerate prepares model + optimizer: DDP / FSDP / DeepSpeed wrap the UNet
 
 
 if __name__ == "__main__":

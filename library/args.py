@@ -51,7 +51,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--highvram", action="store_true", help="do not free GPU cache between latent-caching batches")
 
 
-def add_run_args(parser: argparse.ArgumentParser) -> None:
+def add_run_args(parser: argparse.ArgumentParser, deepspeed: bool = False) -> None:
     """Run length, batching, data loading, seed, precision, attention and distributed settings."""
     g = parser.add_argument_group("run")
     g.add_argument("--max_train_steps", type=int, default=1600, help="training steps")
@@ -80,6 +80,11 @@ def add_run_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--ddp_timeout", type=int, default=None, help="DDP timeout in minutes")
     g.add_argument("--ddp_gradient_as_bucket_view", action="store_true")
     g.add_argument("--ddp_static_graph", action="store_true")
+    if deepspeed:  # full-model trainers: the real flags (library/engines.py)
+        from library.engines import add_deepspeed_args
+
+        add_deepspeed_args(parser)
+        return
     reason = "multi-GPU runs use accelerate's DDP (accelerate config / --multi_gpu)"
     add_unsupported(g, "--deepspeed", reason, action="store_true")
     add_unsupported(g, "--zero_stage", reason, type=int, default=2, choices=[0, 1, 2, 3])

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from library.config import ConfigError, add_unsupported
+from library.engines import DeepSpeedConfig, launch_problems
 from library.families.unet_keys import block_map, diffusers_to_ldm
 
 logger = logging.getLogger("sdtrain")
@@ -59,6 +60,14 @@ class ModelTrainingConfig:
     text_encoder_lrs: tuple[float | None, ...] | None  # per text encoder; None = the encoders are not trained
     stop_text_encoder_training: int | None = None
     block_lr: tuple[float, ...] | None = None
+    deepspeed: DeepSpeedConfig | None = None
+
+    def deepspeed_plugin(self, cfg: Any) -> Any:
+        """accelerate's DeepSpeed plugin for ``--deepspeed`` (None without it); ``cfg``: the run's TrainConfig."""
+        if self.deepspeed is None:
+            return None
+        run = cfg.run
+        return self.deepspeed.plugin(cfg.data.train_batch_size, run.mixed_precision, cfg.optim.max_grad_norm, run.full_fp16)
 
     @property
     def trains_text_encoder(self) -> bool:
@@ -87,10 +96,15 @@ class ModelTrainingConfig:
             problems.append(
                 "--fused_backward_pass is not supported yet in full fine-tuning; remove it (Adafactor works without it)"
             )
+        if train_te and stop is not None and stop > 0 and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            problems.append("--stop_text_encoder_training with several processes is not supported yet (DDP needs "
+                            "the same trained parameters at every step); use one process or -1")  # fmt: skip
         block_lr = _block_lrs(getattr(args, "block_lr", None), problems)
+        deepspeed = DeepSpeedConfig.from_args(args, problems)
+        problems += launch_problems()
         if problems:
             raise ConfigError(problems)
-        return cls(text_encoder_lrs=lrs if train_te else None, stop_text_encoder_training=stop, block_lr=block_lr)
+        return cls(lrs if train_te else None, stop, block_lr, deepspeed)
 
 
 def _block_lrs(text: str | None, problems: list[str]) -> tuple[float, ...] | None:
@@ -222,6 +236,14 @@ class ModelTrainable(nn.Module):
     def prepare(self, accelerator: Any) -> Any:
         """The object accelerate's ``prepare`` gives for this model (DDP / FSDP / DeepSpeed wrapper, or itself)."""
         return accelerator.prepare(self)
+
+    def prepare_with_optimizer(self, accelerator: Any, optimizer: Any, scheduler: Any) -> tuple[Any, Any]:
+        """Model, optimizer and scheduler prepared in one call (DeepSpeed and FSDP need them together); the loop
+        then calls the prepared model in place of the UNet (``step_models.unet``)."""
+        wrapped, optimizer, scheduler = accelerator.prepare(self, optimizer, scheduler)
+        if self.step_models is not None:
+            self.step_models.unet = wrapped
+        return optimizer, scheduler
 
     def state_dict_for_file(self, dtype: torch.dtype | None = None) -> dict[str, Tensor]:
         """The UNet and text-encoder tensors (what the file's hash covers), cast to ``dtype``."""

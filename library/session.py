@@ -243,7 +243,13 @@ def start(cfg: TrainConfig) -> Run:
     if cfg.args.get("highvram"):
         logger.info("--highvram: sdtrain never empties the CUDA cache between caching batches (always 'high VRAM')")
     trackers = cfg.trackers
-    accelerator = make_accelerator(cfg.run, log_with=trackers.trackers, logging_dir=trackers.logging_dir)
+    engine = getattr(cfg.method, "deepspeed_plugin", None)  # full models: --deepspeed (library/engines.py)
+    accelerator = make_accelerator(
+        cfg.run,
+        log_with=trackers.trackers,
+        logging_dir=trackers.logging_dir,
+        deepspeed_plugin=engine(cfg) if engine is not None else None,
+    )
     seed_everything(cfg.run.seed)
     family = cfg.family
     data_args = cfg.data

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -89,3 +90,56 @@ def test_two_processes_agree_and_equal_one_process_with_the_total_batch(tmp_path
     assert len(start) == len(one) and sum(not torch.equal(a, b) for a, b in zip(start, one)) > len(one) // 2
     for a, b in zip(two[0], one):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------------ FSDP / DeepSpeed
+def test_deepspeed_flags_map_to_accelerates_plugin():
+    from library.engines import DeepSpeedConfig
+
+    ds = DeepSpeedConfig(zero_stage=3, offload_optimizer_device="cpu", offload_param_device="nvme",
+                         offload_param_nvme_path="/nvme", zero3_save_16bit_model=True)  # fmt: skip
+    config = ds.plugin(batch_size=2, mixed_precision="bf16", max_grad_norm=1.0, full_fp16=False).deepspeed_config
+    zero = config["zero_optimization"]
+    assert zero["stage"] == 3 and zero["offload_optimizer"]["device"] == "cpu"
+    assert zero["offload_param"] == {"device": "nvme", "nvme_path": "/nvme"}
+    assert zero["stage3_gather_16bit_weights_on_model_save"] is True
+    assert config["train_micro_batch_size_per_gpu"] == 2 and config["gradient_clipping"] == 1.0
+    assert config["bf16"]["enabled"] is True
+    fp16 = DeepSpeedConfig(offload_optimizer_device="cpu", fp16_master_weights_and_gradients=True)
+    config = fp16.plugin(batch_size=1, mixed_precision="fp16", max_grad_norm=0.0, full_fp16=False).deepspeed_config
+    assert config["fp16"]["initial_scale_power"] == 0 and config["fp16"]["fp16_master_weights_and_grads"] is True
+
+
+def _error(tmp_path, *extra) -> str:
+    import fine_tune
+    from library.demo import make_example_dataset, make_tiny_model
+
+    model, data = make_tiny_model(tmp_path / "model", "sd1"), make_example_dataset(tmp_path / "data")
+    with pytest.raises(ValueError) as e:
+        fine_tune.main(["--pretrained_model_name_or_path", str(model), "--train_data_dir", str(data),
+                        "--output_dir", str(tmp_path / "out"), *extra])  # fmt: skip
+    return str(e.value)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_engines_that_cannot_run_here_say_so(tmp_path, monkeypatch):
+    assert "--deepspeed needs CUDA GPUs" in _error(tmp_path, "--deepspeed", "--zero_stage", "3")
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    assert "asks for FSDP, which accelerate runs only on GPUs" in _error(tmp_path)
+
+
+@pytest.mark.gpu
+def test_deepspeed_zero2_trains_on_a_gpu(tmp_path):
+    """One CUDA process with --deepspeed --zero_stage 2 (needs the deepspeed package): trains and saves."""
+    pytest.importorskip("deepspeed")
+    import fine_tune
+    from library.demo import make_example_dataset, make_tiny_model
+
+    model, data = make_tiny_model(tmp_path / "model", "sd1"), make_example_dataset(tmp_path / "data")
+    env = {"WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29512"}
+    os.environ.update(env)
+    result = fine_tune.main(["--pretrained_model_name_or_path", str(model), "--train_data_dir", str(data),
+                             "--caption_extension", ".txt", "--resolution", "64", "--output_dir", str(tmp_path / "o"),
+                             "--save_model_as", "safetensors", "--max_train_steps", "2", "--deepspeed",
+                             "--zero_stage", "2", "--mixed_precision", "bf16", "--max_data_loader_n_workers", "0"])  # fmt: skip
+    assert result.output.exists() and result.steps == 2
