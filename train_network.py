@@ -12,12 +12,14 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from library import args as arg_groups
 from library import demo, sampling, session
-from library.config import add_config_args, parse_args
+from library.config import ConfigError, add_config_args, parse_args
 from library.optim import add_optim_args, add_part_lr_args, effective_lrs, make_optimizer, make_scheduler
+from library.token_embeddings import EmbeddingsConfig, add_embeddings
 from library.trainable import prepare_for_training
 from library.trainer import Result, Trainer
 from library.training import Interrupt, LossTracker, NonFiniteLoss, batch_loss, check_finite
@@ -43,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_optim_args,
         add_part_lr_args,
         add_network_args,
+        arg_groups.add_embedding_args,
         sampling.add_sample_args,
         add_config_args,
     ):
@@ -50,16 +53,41 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@dataclass(frozen=True)
+class AdapterMethod:
+    """What this recipe trains: the adapter network, and new token embeddings with it (pivotal tuning)."""
+
+    network: NetworkConfig
+    embeddings: EmbeddingsConfig
+
+    @property
+    def trains_text_encoder(self) -> bool:
+        return self.network.trains_text_encoder or bool(self.embeddings.specs)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> AdapterMethod:
+        values, problems = [], []
+        for reader in (NetworkConfig.from_args, EmbeddingsConfig.from_args):
+            try:
+                values.append(reader(args))
+            except ValueError as e:  # "<header>:\n  problem\n  problem"
+                problems += [line.strip() for line in str(e).splitlines()[1:] if line.strip()]
+        if problems:
+            raise ConfigError(problems)
+        return cls(*values)
+
+
 def main(argv: Sequence[str] | None = None, family_names: Sequence[str] = ("sd1", "sd2")) -> Result | None:
     args = parse_args(build_parser(), demo.expand(argv, family_names))  # --config_file merged; --demo filled in
     if args is None:  # --output_config wrote the file
         return None
-    cfg = session.read_config(args, tuple(family_names), NetworkConfig.from_args)  # all errors at once
+    cfg = session.read_config(args, tuple(family_names), AdapterMethod.from_args)  # all errors at once
     run = session.start(cfg)  # accelerator, seed, dataset plan + bucket report, model, caches
-    network = prepare_network(cfg.method, run.family.adapter_roots(run.parts))
+    network = prepare_network(cfg.method.network, run.family.adapter_roots(run.parts))
     network.to(device=run.accelerator.device, dtype=cfg.run.train_dtype)
     groups = network.param_groups(cfg.optim.unet_lr, cfg.optim.text_encoder_lr, cfg.optim.learning_rate)
-    result = train(run, network, groups)
+    trainable, groups = add_embeddings(run, network, groups, cfg.method.embeddings, cfg.optim.learning_rate)
+    result = train(run, trainable, groups)
     if args.demo and run.accelerator.is_main_process and result.output is not None:
         demo.show_it_loads(result.output, cfg.model.path)
     return result

@@ -398,3 +398,24 @@ def add_textual_inversion_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--weights", type=str, default=None, help="embedding file to continue from (instead of init_word)")
     g.add_argument("--use_object_template", action="store_true", help="ignore captions; use 27 object templates")
     g.add_argument("--use_style_template", action="store_true", help="ignore captions; use 19 style templates")
+
+
+def add_embedding_args(parser: argparse.ArgumentParser) -> None:
+    """Pivotal tuning in the adapter scripts: new token embeddings trained in the same run."""
+    g = parser.add_argument_group("new token embeddings (pivotal tuning)")
+    g.add_argument(
+        "--embedding",
+        action="append",
+        default=None,
+        metavar="TOKEN=INIT_WORD[:VECTORS]",
+        help="also train a new token (repeatable), e.g. sks_cat=cat:2; file <output_name>_embeddings/<token>.<ext>",
+    )
+    g.add_argument("--embedding_lr", type=float, default=None, help="lr of the new embeddings (default --learning_rate)")
+    g.add_argument(
+        "--stop_embedding_training", type=int, default=None, help="keep the embeddings as they are after step N"
+    )
+    g.add_argument(
+        "--bundle_embeddings",
+        action="store_true",
+        help="also write the embeddings into the adapter file as A1111 bundle_emb.* keys (diffusers rejects those)",
+    )

@@ -88,6 +88,61 @@ class TextualInversionConfig:
         return cls(token, args.init_word, n, args.weights, templates)
 
 
+@dataclass(frozen=True)
+class EmbeddingSpec:
+    token: str
+    init_word: str
+    num_vectors: int = 1
+
+
+@dataclass(frozen=True)
+class EmbeddingsConfig:
+    """Pivotal tuning: new tokens trained in an adapter run (``--embedding tok=init_word[:vectors]``, repeatable)."""
+
+    specs: tuple[EmbeddingSpec, ...] = ()
+    lr: float | None = None  # --embedding_lr (None: --learning_rate)
+    stop_after: int | None = None  # --stop_embedding_training N: the rows stay as they were after step N
+    bundle: bool = False  # --bundle_embeddings: also A1111's bundle_emb.* keys in the adapter file
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> EmbeddingsConfig:
+        """Read and check the flags; raises one ``ValueError`` listing every problem."""
+        problems, specs = [], []
+        for text in getattr(args, "embedding", None) or []:
+            token, eq, rest = text.partition("=")
+            word, colon, count = rest.rpartition(":") if ":" in rest else (rest, "", "1")
+            if not eq or not token.strip() or len(token.split()) != 1 or not word.strip() or not count.isdigit():
+                problems.append(f"--embedding {text!r}: expected TOKEN=INIT_WORD or TOKEN=INIT_WORD:VECTORS "
+                                "(e.g. --embedding sks_cat=cat:2)")  # fmt: skip
+            elif int(count) < 1:
+                problems.append(f"--embedding {text!r}: the number of vectors must be >= 1")
+            else:
+                specs.append(EmbeddingSpec(token.strip(), word.strip(), int(count)))
+        if len({s.token for s in specs}) != len(specs):
+            problems.append("--embedding: each token may be given once")
+        stop, lr, bundle = args.stop_embedding_training, args.embedding_lr, args.bundle_embeddings
+        if not specs and (stop is not None or lr is not None or bundle):
+            problems.append("--embedding_lr / --stop_embedding_training / --bundle_embeddings need --embedding")
+        if stop is not None and stop < 1:
+            problems.append(f"--stop_embedding_training must be >= 1, got {stop}")
+        if lr is not None and lr <= 0:
+            problems.append(f"--embedding_lr must be > 0, got {lr}")
+        if specs and getattr(args, "cache_text_encoder_outputs", False):
+            problems.append("--cache_text_encoder_outputs cannot be used with --embedding (the new tokens are "
+                            "trained through the text encoders)")  # fmt: skip
+        if problems:
+            raise ValueError("invalid embedding options:\n  " + "\n  ".join(problems))
+        return cls(tuple(specs), lr, stop, bool(bundle))
+
+    def build(self, family: Any, parts: Any) -> list[TokenEmbeddings]:
+        """The embeddings, their tokens added to ``parts`` (errors name the token and the fix)."""
+        return [
+            TokenEmbeddings(family, parts, s.token, init_vectors(family, parts, s.token, s.num_vectors, s.init_word,
+                                                                 None), s.init_word, self.stop_after)
+            for s in self.specs
+        ]  # fmt: skip
+
+
 def caption_rewriter(
     embeddings: Sequence[TokenEmbeddings], templates: Sequence[str] = ()
 ) -> Callable[[list[str], torch.Generator | None], list[str]]:
@@ -146,11 +201,22 @@ class TokenEmbeddings(nn.Module):
     modelspec_kind = "textual-inversion"
     gradient_sync = "manual"  # the rows are used inside the frozen text encoders: the trainer averages gradients
 
-    def __init__(self, family: Any, parts: Any, token: str, vectors: Sequence[Tensor], init_word: str | None = None):
+    def __init__(
+        self,
+        family: Any,
+        parts: Any,
+        token: str,
+        vectors: Sequence[Tensor],
+        init_word: str | None = None,
+        stop_after: int | None = None,
+    ):
         super().__init__()
-        self.family, self.token, self.init_word = family, token, init_word
+        self.family, self.token, self.init_word, self.stop_after = family, token, init_word, stop_after
         self.names = token_names(token, vectors[0].shape[0])
         self.rows = nn.ParameterList([nn.Parameter(v.detach().clone().float()) for v in vectors])
+        if stop_after:  # resumable: the step count and the rows as they were when training stopped
+            self.register_buffer("steps_done", torch.zeros((), dtype=torch.long))
+            self.frozen = nn.ParameterList([nn.Parameter(torch.zeros_like(r), requires_grad=False) for r in self.rows])
         self.ids: list[list[int]] = []
         self._hooks = []
         self._install(parts)
@@ -204,7 +270,16 @@ class TokenEmbeddings(nn.Module):
         """Nothing to switch: the rows have no dropout (the text encoders stay in eval mode, as loaded)."""
 
     def after_step(self) -> dict[str, float]:
-        return {}  # the other rows are never touched, so nothing to restore
+        """The other rows are never touched; with ``stop_after`` N, the rows are kept as they were after step N."""
+        if self.stop_after:
+            self.steps_done += 1
+            with torch.no_grad():
+                for rows, frozen in zip(self.rows, self.frozen):
+                    if int(self.steps_done) <= self.stop_after:
+                        frozen.copy_(rows)
+                    else:
+                        rows.copy_(frozen)
+        return {}
 
     def prepare(self, accelerator: Any) -> TokenEmbeddings:
         return self
@@ -223,6 +298,13 @@ class TokenEmbeddings(nn.Module):
             out[key] = t.to(dtype) if dtype is not None else t
         return out
 
+    def bundle_tensors(self, dtype: torch.dtype | None = None) -> dict[str, Tensor]:
+        """A1111's ``bundle_emb.<token>.*`` keys for an adapter file (``string_to_param.*``; SDXL clip_l / clip_g)."""
+        tensors = self.state_dict_for_file(dtype)
+        if len(tensors) == 1:
+            return {f"bundle_emb.{self.token}.string_to_param.*": next(iter(tensors.values()))}
+        return {f"bundle_emb.{self.token}.{k}": v for k, v in tensors.items()}
+
     def metadata(self) -> dict[str, str]:
         meta = {"ss_token_string": self.token, "ss_num_vectors_per_token": str(self.num_vectors)}
         if self.init_word:
@@ -237,9 +319,26 @@ class TokenEmbeddings(nn.Module):
         save_state_dict(self.state_dict_for_file(dtype), path, metadata=meta, wrap_ckpt=False)
 
     def save_extra(self, path: str | os.PathLike, metadata: dict[str, str] | None = None, dtype: Any = None) -> Path:
-        """Pivotal tuning: this token's file next to the adapter file ``path`` (``<stem>_<token>.<ext>``)."""
+        """Pivotal tuning: this token's file for the adapter file ``path``: ``<stem>_embeddings/<token>.<ext>`` (named
+        after the token, which A1111, ComfyUI and gen_img take from the file name)."""
         path = Path(path)
-        out = path.with_name(f"{path.stem}_{self.token}{path.suffix}")
+        out = path.with_name(f"{path.stem}_embeddings") / f"{self.token}{path.suffix}"
+        out.parent.mkdir(parents=True, exist_ok=True)
         keep = {k: v for k, v in (metadata or {}).items() if k.startswith("ss_") and not k.startswith("ss_network")}
         self.save(out, metadata=keep, dtype=dtype)
         return out
+
+
+def add_embeddings(run: Any, network: Any, groups: list[dict], cfg: EmbeddingsConfig, learning_rate: float):
+    """Pivotal tuning: ``(trainable, optimizer groups)`` for ``network`` plus the new embeddings of ``cfg`` (the
+    network alone when there are none). Captions spell out multi-vector tokens; samples use the new rows."""
+    embeddings = cfg.build(run.family, run.parts)
+    if not embeddings:
+        return network, groups
+    from library.trainable import TrainableSet
+
+    for e in embeddings:
+        e.to(device=run.accelerator.device, dtype=run.cfg.run.train_dtype)
+        groups = groups + e.param_groups(cfg.lr or learning_rate)
+    run.step_models.caption_rewrite = caption_rewriter(embeddings)
+    return TrainableSet([network, *embeddings], bundle=cfg.bundle), groups

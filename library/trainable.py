@@ -65,9 +65,10 @@ class TrainableSet(nn.Module):
 
     gradient_sync = "manual"
 
-    def __init__(self, members: Sequence[Any]):
+    def __init__(self, members: Sequence[Any], bundle: bool = False):
         super().__init__()
         self.members = nn.ModuleList(members)
+        self.bundle = bundle  # the primary's file also carries the others' ``bundle_tensors`` (A1111 bundle_emb.*)
         self.kind = members[0].kind
         self.modelspec_kind = members[0].modelspec_kind
 
@@ -89,16 +90,24 @@ class TrainableSet(nn.Module):
         return self
 
     def state_dict_for_file(self, dtype: torch.dtype | None = None) -> dict[str, Tensor]:
-        return self.primary.state_dict_for_file(dtype)
+        tensors = self.primary.state_dict_for_file(dtype)
+        if self.bundle:
+            for m in self.members[1:]:
+                tensors.update(m.bundle_tensors(dtype))
+        return tensors
 
     def metadata(self) -> dict[str, str]:
-        out: dict[str, str] = {}
-        for m in reversed(self.members):
-            out.update(m.metadata())
-        return out
+        return self.primary.metadata()
 
     def save(self, path: str | os.PathLike, metadata: dict[str, str] | None = None, dtype: Any = None) -> None:
-        self.primary.save(path, metadata=metadata, dtype=dtype)
+        """The primary's file (with the bundled tensors when asked), then each other member's own file."""
+        from library.checkpoints import save_state_dict
+
+        if self.bundle:
+            meta = {**self.metadata(), **(metadata or {})}
+            save_state_dict(self.state_dict_for_file(dtype), path, metadata=meta, wrap_ckpt=False)
+        else:
+            self.primary.save(path, metadata=metadata, dtype=dtype)
         for m in self.members[1:]:
             m.save_extra(path, metadata=metadata, dtype=dtype)
 

@@ -155,9 +155,9 @@ class Trainer:
     def step_done(self, loss: float) -> None:
         self.step += 1
         self.losses.append(loss)
+        logs = self.trainable.after_step()  # e.g. --scale_weight_norms, frozen embeddings; EMA sees the result
         if self.ema is not None:
             self.ema.update(self.step)
-        logs = self.trainable.after_step()  # e.g. --scale_weight_norms
         self.progress.update(1)
         self.pending_logs = logs
 
