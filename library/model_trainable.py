@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from library.config import ConfigError, add_unsupported
 from library.engines import DeepSpeedConfig, launch_problems
 from library.families.unet_keys import block_map, diffusers_to_ldm
+from library.optim.fused import FusedStep, chunk_parameters
 
 logger = logging.getLogger("sdtrain")
 
@@ -43,7 +44,8 @@ def add_model_training_args(parser: argparse.ArgumentParser, *, script: str) -> 
         g.add_argument("--learning_rate_te1", type=float, default=None, help="text encoder 1 lr; 0 = do not train it")
         g.add_argument("--learning_rate_te2", type=float, default=None, help="text encoder 2 lr; 0 = do not train it")
         g.add_argument("--block_lr", type=str, default=None, help="23 comma-separated UNet block lrs (0 = freeze)")
-        add_unsupported(g, "--fused_optimizer_groups", "use --optimizer_type adafactor without it", type=int)
+        g.add_argument("--fused_optimizer_groups", type=int, default=None, help="step the optimizer in N parameter "
+                       "groups during backward (less gradient memory)")  # fmt: skip
     if script == "train_db":
         g.add_argument(
             "--stop_text_encoder_training", type=int, default=None, help="step at which the text encoder stops "
@@ -61,6 +63,9 @@ class ModelTrainingConfig:
     stop_text_encoder_training: int | None = None
     block_lr: tuple[float, ...] | None = None
     deepspeed: DeepSpeedConfig | None = None
+    fused_backward_pass: bool = False
+    fused_optimizer_groups: int | None = None
+    max_grad_norm: float = 0.0  # clips each fused chunk on its own
 
     def deepspeed_plugin(self, cfg: Any) -> Any:
         """accelerate's DeepSpeed plugin for ``--deepspeed`` (None without it); ``cfg``: the run's TrainConfig."""
@@ -92,10 +97,8 @@ class ModelTrainingConfig:
                 "--cache_text_encoder_outputs cannot be used while training the text encoder "
                 "(drop --train_text_encoder, or set --stop_text_encoder_training -1 in train_db.py)"
             )
-        if args.fused_backward_pass:
-            problems.append(
-                "--fused_backward_pass is not supported yet in full fine-tuning; remove it (Adafactor works without it)"
-            )
+        groups = getattr(args, "fused_optimizer_groups", None)
+        problems += _fused_problems(args, groups)
         if train_te and stop is not None and stop > 0 and int(os.environ.get("WORLD_SIZE", "1")) > 1:
             problems.append("--stop_text_encoder_training with several processes is not supported yet (DDP needs "
                             "the same trained parameters at every step); use one process or -1")  # fmt: skip
@@ -104,7 +107,28 @@ class ModelTrainingConfig:
         problems += launch_problems()
         if problems:
             raise ConfigError(problems)
-        return cls(lrs if train_te else None, stop, block_lr, deepspeed)
+        return cls(
+            lrs if train_te else None, stop, block_lr, deepspeed, args.fused_backward_pass, groups, args.max_grad_norm
+        )
+
+
+def _fused_problems(args: argparse.Namespace, groups: int | None) -> list[str]:
+    if not (args.fused_backward_pass or groups):
+        return []
+    problems = []
+    if groups is not None and groups < 1:
+        problems.append(f"--fused_optimizer_groups must be >= 1, got {groups}")
+    if args.fused_backward_pass and groups:
+        problems.append("choose one of --fused_backward_pass and --fused_optimizer_groups")
+    if groups and args.gradient_accumulation_steps != 1:
+        problems.append("--fused_optimizer_groups does not work with --gradient_accumulation_steps > 1")
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 or getattr(args, "deepspeed", False):
+        problems.append("fused optimizer steps with several processes or DeepSpeed are not supported yet (they would "
+                        "step before DDP averages the gradients); drop --fused_backward_pass / --fused_optimizer_groups")  # fmt: skip
+    if args.mixed_precision == "fp16" and not args.full_fp16:
+        problems.append("fused optimizer steps with --mixed_precision fp16 are not supported yet (the loss scaler "
+                        "unscales after backward); use bf16")  # fmt: skip
+    return problems
 
 
 def _block_lrs(text: str | None, problems: list[str]) -> tuple[float, ...] | None:
@@ -171,7 +195,7 @@ class ModelTrainable(nn.Module):
         self.unet.requires_grad_(True)
         for te in self.text_encoders:
             te.requires_grad_(True)
-        self._frozen_blocks: set[int] = set()
+        self.fused: FusedStep | None = None  # --fused_backward_pass / --fused_optimizer_groups hooks
         if cfg.block_lr is not None:
             expected = lr_block_count(self.unet.config)
             if len(cfg.block_lr) != expected:
@@ -211,6 +235,8 @@ class ModelTrainable(nn.Module):
             te.train(mode and te.parameters().__next__().requires_grad)
 
     def after_step(self) -> dict[str, float]:
+        if self.fused is not None:
+            self.fused.reset()
         self.steps_done += 1
         self._apply_text_encoder_stop()
         return {}
@@ -243,6 +269,10 @@ class ModelTrainable(nn.Module):
         wrapped, optimizer, scheduler = accelerator.prepare(self, optimizer, scheduler)
         if self.step_models is not None:
             self.step_models.unet = wrapped
+        if self.cfg.fused_backward_pass or self.cfg.fused_optimizer_groups:
+            params = [p for g in optimizer.param_groups for p in g["params"]]
+            chunks = chunk_parameters(params, self.cfg.fused_optimizer_groups)
+            self.fused = FusedStep(optimizer, chunks, self.cfg.max_grad_norm)
         return optimizer, scheduler
 
     def state_dict_for_file(self, dtype: torch.dtype | None = None) -> dict[str, Tensor]:
