@@ -30,18 +30,8 @@ from networks.inject import prepare_network
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     demo.add_demo_args(parser)
+    arg_groups.add_run_groups(parser)  # logging, model, data, run, save, state, trackers, validation, EMA, noise, loss
     for add in (
-        arg_groups.add_logging_args,
-        arg_groups.add_model_args,
-        arg_groups.add_dataset_args,
-        arg_groups.add_run_args,
-        arg_groups.add_save_args,
-        arg_groups.add_state_args,
-        arg_groups.add_tracker_args,
-        arg_groups.add_validation_args,
-        arg_groups.add_ema_args,
-        arg_groups.add_noise_args,
-        arg_groups.add_loss_args,
         add_optim_args,
         add_part_lr_args,
         add_network_args,

@@ -27,18 +27,8 @@ from train_network import run_cli, train
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    arg_groups.add_run_groups(parser, default_format="pt")  # sd-scripts' TI saves .pt unless told otherwise
     for add in (
-        arg_groups.add_logging_args,
-        arg_groups.add_model_args,
-        arg_groups.add_dataset_args,
-        arg_groups.add_run_args,
-        lambda p: arg_groups.add_save_args(p, default_format="pt"),  # sd-scripts' TI default
-        arg_groups.add_state_args,
-        arg_groups.add_tracker_args,
-        arg_groups.add_validation_args,
-        arg_groups.add_ema_args,
-        arg_groups.add_noise_args,
-        arg_groups.add_loss_args,
         add_optim_args,
         arg_groups.add_textual_inversion_args,
         sampling.add_sample_args,

@@ -14,6 +14,18 @@ from library.data.schema import INTERPOLATIONS
 from library.saving import METADATA_NAMES
 
 
+def add_run_groups(parser: argparse.ArgumentParser, default_format: str | None = "safetensors") -> None:
+    """The groups every training recipe takes, in order: logging, model, dataset, run, save (``default_format``:
+    ``--save_model_as``'s default), state, trackers, validation, EMA, noise, loss."""
+    add_logging_args(parser)
+    add_model_args(parser)
+    add_dataset_args(parser)
+    add_run_args(parser)
+    add_save_args(parser, default_format)
+    for add in (add_state_args, add_tracker_args, add_validation_args, add_ema_args, add_noise_args, add_loss_args):
+        add(parser)
+
+
 def add_logging_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("console logging")
     g.add_argument(
@@ -410,7 +422,9 @@ def add_embedding_args(parser: argparse.ArgumentParser) -> None:
         metavar="TOKEN=INIT_WORD[:VECTORS]",
         help="also train a new token (repeatable), e.g. sks_cat=cat:2; file <output_name>_embeddings/<token>.<ext>",
     )
-    g.add_argument("--embedding_lr", type=float, default=None, help="lr of the new embeddings (default --learning_rate)")
+    g.add_argument(
+        "--embedding_lr", type=float, default=None, help="lr of the new embeddings (default --learning_rate)"
+    )
     g.add_argument(
         "--stop_embedding_training", type=int, default=None, help="keep the embeddings as they are after step N"
     )

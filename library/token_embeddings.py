@@ -178,7 +178,7 @@ def init_vectors(family: Any, parts: Any, token: str, count: int, init_word: str
             )
         return vectors
     out = []
-    for i, (tokenizer, encoder) in enumerate(zip(parts.tokenizers, parts.text_encoders)):
+    for tokenizer, encoder in zip(parts.tokenizers, parts.text_encoders):
         ids = tokenizer.encode(init_word or "", add_special_tokens=False)
         if not ids:
             raise ValueError(

@@ -9,23 +9,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from _token_helpers import TOKEN, token_dataset
 from PIL import Image
 
 import gen_img
 import train_network
 from library.checkpoints import load_state_dict
 from library.config import ConfigError
-from library.demo import make_example_dataset
-
-TOKEN = "shapetok"
 
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
-    folder = make_example_dataset(tmp_path_factory.mktemp("data"))
-    for txt in folder.rglob("*.txt"):
-        txt.write_text(txt.read_text().replace("sks shape", f"{TOKEN} shape"))
-    return folder
+    return token_dataset(tmp_path_factory.mktemp("data"))
 
 
 def args_for(model, dataset, out, *extra, steps=4):
@@ -106,8 +101,21 @@ def test_resume_with_embeddings_is_exact_and_sdxl_writes_both_encoders(tiny_dir,
 
 def test_bad_embedding_flags(tiny_dir, dataset, tmp_path):
     with pytest.raises(ConfigError) as e:
-        train_network.main(args_for(tiny_dir / "sd1", dataset, tmp_path, "--embedding", "nope", "--embedding",
-                                    "x=y:0", "--stop_embedding_training", "0", "--network_args", "algo=lorra"))
+        train_network.main(
+            args_for(
+                tiny_dir / "sd1",
+                dataset,
+                tmp_path,
+                "--embedding",
+                "nope",
+                "--embedding",
+                "x=y:0",
+                "--stop_embedding_training",
+                "0",
+                "--network_args",
+                "algo=lorra",
+            )
+        )
     msg = str(e.value)
     assert "--embedding 'nope'" in msg and "'x=y:0'" in msg and "--stop_embedding_training must be >= 1" in msg
     assert "lorra" in msg  # the network's problems are reported with them

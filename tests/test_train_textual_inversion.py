@@ -12,6 +12,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
+from _token_helpers import TOKEN, token_dataset
 from PIL import Image
 
 import gen_img
@@ -19,19 +20,12 @@ import train_textual_inversion
 from library import session
 from library.checkpoints import load_state_dict, read_metadata
 from library.config import ConfigError
-from library.demo import make_example_dataset
 from library.families import get_family
-
-TOKEN = "shapetok"
 
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
-    """The example images with the new token in their captions ("sks shape" -> "shapetok shape")."""
-    folder = make_example_dataset(tmp_path_factory.mktemp("data"))
-    for txt in folder.rglob("*.txt"):
-        txt.write_text(txt.read_text().replace("sks shape", f"{TOKEN} shape"))
-    return folder
+    return token_dataset(tmp_path_factory.mktemp("data"))
 
 
 def args_for(model, dataset, out, *extra, steps=3):
@@ -144,8 +138,20 @@ def test_only_new_rows_train_and_diffusers_reads_the_file(tiny_dir, dataset, tmp
 def test_samples_during_training_use_the_embedding(tiny_dir, dataset, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text(f"a photo of {TOKEN} --d 4 --n bad --w 64 --h 64 --s 3 --l 6\n")
-    argv = args_for(tiny_dir / "sd1", dataset, tmp_path / "run", "--sample_prompts", str(prompts), "--sample_at_first",
-                    "--sample_every_n_steps", "3", "--sample_sampler", "ddim", "--save_model_as", "safetensors")
+    argv = args_for(
+        tiny_dir / "sd1",
+        dataset,
+        tmp_path / "run",
+        "--sample_prompts",
+        str(prompts),
+        "--sample_at_first",
+        "--sample_every_n_steps",
+        "3",
+        "--sample_sampler",
+        "ddim",
+        "--save_model_as",
+        "safetensors",
+    )
     result = train("sd1", *argv)
     samples = sorted((tmp_path / "run" / "sample").glob(f"{TOKEN}_*_00_*.png"))
     first, last = [s for s in samples if "_e000000_" in s.name], [s for s in samples if "_000003_" in s.name]
