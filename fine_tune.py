@@ -34,18 +34,8 @@ MODEL_FORMATS = ("safetensors", "ckpt", "diffusers", "diffusers_safetensors")
 def build_parser(script: str = "fine_tune") -> argparse.ArgumentParser:
     """sd-scripts' flags of ``script``: "fine_tune", "sdxl_train" or "train_db"."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    arg_groups.add_run_groups(parser, default_format=None, deepspeed=True)  # None: the input model's format
     for add in (
-        arg_groups.add_logging_args,
-        arg_groups.add_model_args,
-        arg_groups.add_dataset_args,
-        lambda p: arg_groups.add_run_args(p, deepspeed=True),  # --deepspeed etc. read (library/engines.py)
-        lambda p: arg_groups.add_save_args(p, default_format=None),  # None: the input model's format
-        arg_groups.add_state_args,
-        arg_groups.add_tracker_args,
-        arg_groups.add_validation_args,
-        arg_groups.add_ema_args,
-        arg_groups.add_noise_args,
-        arg_groups.add_loss_args,
         add_optim_args,
         lambda p: add_model_training_args(p, script=script),
         sampling.add_sample_args,

@@ -14,13 +14,16 @@ from library.data.schema import INTERPOLATIONS
 from library.saving import METADATA_NAMES
 
 
-def add_run_groups(parser: argparse.ArgumentParser, default_format: str | None = "safetensors") -> None:
+def add_run_groups(
+    parser: argparse.ArgumentParser, default_format: str | None = "safetensors", deepspeed: bool = False
+) -> None:
     """The groups every training recipe takes, in order: logging, model, dataset, run, save (``default_format``:
-    ``--save_model_as``'s default), state, trackers, validation, EMA, noise, loss."""
+    ``--save_model_as``'s default), state, trackers, validation, EMA, noise, loss. ``deepspeed``: the DeepSpeed
+    flags are read (full-model recipes) instead of refused."""
     add_logging_args(parser)
     add_model_args(parser)
     add_dataset_args(parser)
-    add_run_args(parser)
+    add_run_args(parser, deepspeed)
     add_save_args(parser, default_format)
     for add in (add_state_args, add_tracker_args, add_validation_args, add_ema_args, add_noise_args, add_loss_args):
         add(parser)
