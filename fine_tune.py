@@ -65,6 +65,8 @@ def main(
     args.xformers = args.xformers or getattr(args, "diffusers_xformers", False)
     cfg = session.read_config(args, tuple(family_names), ModelTrainingConfig.from_args, MODEL_FORMATS)  # all errors
     run = session.start(cfg)  # accelerator, seed, dataset plan + bucket report, model, caches
+    if cfg.noise.zero_terminal_snr:  # the trained model's files and samples carry its schedule (the ztsnr marker)
+        run.parts.scheduler_config = {**run.parts.scheduler_config, "rescale_betas_zero_snr": True}
     model = ModelTrainable(run.family, run.parts, cfg.method, run.step_models)  # UNet (+ text encoders) trained
     model.to(device=run.accelerator.device, dtype=cfg.run.train_dtype)
     groups = model.param_groups(cfg.optim.learning_rate)
