@@ -53,3 +53,32 @@ def test_full_path_keys_and_bad_input(images, tmp_path):
     (tmp_path / "bad.json").write_text("[1, 2]")
     with pytest.raises(ValueError, match="expected an object"):
         merge_dd_tags_to_metadata.main([str(images), str(tmp_path / "m.json"), "--in_json", str(tmp_path / "bad.json")])
+
+
+@pytest.mark.parametrize(
+    "tags, expected",
+    [
+        ("1girl, long_hair, white shirt, shirt, smile, rating:safe", "1girl, long hair, white shirt, smile"),
+        ("2girls, blue_eyes, red_eyes, long_hair, blonde_hair, black_hair, ponytail, smile",
+         "2girls, long hair, ponytail, smile"),  # conflicting per-person tags dropped; one hair length kept
+        ("1girl, blue_eyes, blonde_hair, ^_^, hair_ornament, star hair ornament", "1girl, blue eyes, blonde hair, "
+         "^_^, star hair ornament"),  # one person: nothing dropped but the redundant tag; the emoticon kept
+    ],
+)  # fmt: skip
+def test_clean_tags(tags, expected):
+    from library.data.caption_cleaning import clean_tags
+
+    assert clean_tags(tags) == expected
+
+
+def test_clean_captions_and_tags_tool(tmp_path):
+    from finetune import clean_captions_and_tags
+
+    meta = {"a": {"caption": "a cartoon drawing of a young anime woman", "tags": "1girl, shirt, blue_shirt"},
+            "b": {"caption": "people in a park"}}  # fmt: skip
+    (tmp_path / "in.json").write_text(json.dumps(meta))
+    out = clean_captions_and_tags.main([str(tmp_path / "in.json"), str(tmp_path / "out.json")])
+    assert out["a"] == {"caption": "a drawing of a girl", "tags": "1girl, blue shirt"}
+    assert out["b"] == {"caption": "girls in a park"} == json.loads((tmp_path / "out.json").read_text())["b"]
+    legacy = clean_captions_and_tags.main([str(tmp_path), str(tmp_path / "in.json"), str(tmp_path / "out2.json")])
+    assert legacy == out
