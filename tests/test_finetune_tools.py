@@ -82,3 +82,19 @@ def test_clean_captions_and_tags_tool(tmp_path):
     assert out["b"] == {"caption": "girls in a park"} == json.loads((tmp_path / "out.json").read_text())["b"]
     legacy = clean_captions_and_tags.main([str(tmp_path), str(tmp_path / "in.json"), str(tmp_path / "out2.json")])
     assert legacy == out
+
+
+def test_prepare_buckets_latents_caches_what_fine_tune_reads(images, tmp_path, tiny_dir):
+    from finetune import prepare_buckets_latents
+
+    cap = tmp_path / "meta_cap.json"
+    merge_captions_to_metadata.main([str(images), str(cap)])
+    out = tmp_path / "meta_lat.json"
+    meta = prepare_buckets_latents.main([str(images), str(cap), str(out), str(tiny_dir / "sd1"),
+                                         "--max_resolution", "64,64", "--min_bucket_reso", "64",
+                                         "--max_bucket_reso", "128"])  # fmt: skip
+    assert all(entry["train_resolution"] == [64, 64] for entry in meta.values())
+    cached = sorted(p.name for p in images.iterdir() if p.suffix not in (".png", ".txt", ".caption"))
+    assert len(cached) >= 4, cached  # one latent file per image, next to it
+    with pytest.raises(ValueError, match="--recursive without --full_path"):
+        prepare_buckets_latents.main([str(images), str(cap), str(out), str(tiny_dir / "sd1"), "--recursive"])
