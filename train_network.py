@@ -86,6 +86,7 @@ def main(argv: Sequence[str] | None = None, family_names: Sequence[str] = ("sd1"
 def train(run: session.Run, trainable: Any, groups: list[dict]) -> Result:
     """The loop around a Trainable (any recipe's: adapters here, token embeddings in train_textual_inversion.py)."""
     cfg = run.cfg
+    trainable = trainable.prepare(run.accelerator)  # adapters / embeddings: themselves (gradients averaged by hand)
     optimizer = make_optimizer(cfg.optim, groups)
     loader = run.make_loader()
     max_steps, num_epochs = run.step_budget(loader)
