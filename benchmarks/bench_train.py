@@ -135,7 +135,16 @@ def main() -> None:
         return
     runs = ["plain", "fused"] if args.full_finetune else args.families
     for family in runs:
-        cmd = [sys.executable, __file__, "--child", family, "--steps", str(args.steps), "--resolution", str(args.resolution)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--child",
+            family,
+            "--steps",
+            str(args.steps),
+            "--resolution",
+            str(args.resolution),
+        ]
         if args.threads:
             cmd += ["--threads", str(args.threads)]
         out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "TQDM_DISABLE": "1"})

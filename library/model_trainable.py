@@ -51,7 +51,9 @@ def add_model_training_args(parser: argparse.ArgumentParser, *, script: str) -> 
             "--stop_text_encoder_training", type=int, default=None, help="step at which the text encoder stops "
             "training (-1: never train it)",
         )  # fmt: skip
-        add_unsupported(g, "--no_token_padding", "captions are always padded to the encoder's length", action="store_true")
+        add_unsupported(
+            g, "--no_token_padding", "captions are always padded to the encoder's length", action="store_true"
+        )
     g.add_argument("--use_safetensors", action="store_true", help="without --save_model_as: save as safetensors")
 
 
@@ -72,7 +74,9 @@ class ModelTrainingConfig:
         if self.deepspeed is None:
             return None
         run = cfg.run
-        return self.deepspeed.plugin(cfg.data.train_batch_size, run.mixed_precision, cfg.optim.max_grad_norm, run.full_fp16)
+        return self.deepspeed.plugin(
+            cfg.data.train_batch_size, run.mixed_precision, cfg.optim.max_grad_norm, run.full_fp16
+        )
 
     @property
     def trains_text_encoder(self) -> bool:
@@ -125,7 +129,7 @@ def _fused_problems(args: argparse.Namespace, groups: int | None) -> list[str]:
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 or getattr(args, "deepspeed", False):
         problems.append("fused optimizer steps with several processes or DeepSpeed are not supported yet (they would "
                         "step before DDP averages the gradients); drop --fused_backward_pass / --fused_optimizer_groups")  # fmt: skip
-    if args.mixed_precision == "fp16" and not args.full_fp16:
+    if args.mixed_precision == "fp16":
         problems.append("fused optimizer steps with --mixed_precision fp16 are not supported yet (the loss scaler "
                         "unscales after backward); use bf16")  # fmt: skip
     return problems
@@ -232,7 +236,7 @@ class ModelTrainable(nn.Module):
     def set_training(self, mode: bool) -> None:
         self.unet.train(mode)
         for te in self.text_encoders:
-            te.train(mode and te.parameters().__next__().requires_grad)
+            te.train(mode and next(te.parameters()).requires_grad)
 
     def after_step(self) -> dict[str, float]:
         if self.fused is not None:

@@ -8,7 +8,6 @@ import math
 import os
 import random
 from dataclasses import dataclass
-
 from typing import Any
 
 import torch

@@ -296,7 +296,9 @@ def test_fused_steps_equal_the_ordinary_step(optimizer, fused, chunks, tiny_dir,
     plain = train("sdxl", *args_for(tiny_dir / "sdxl", dataset, tmp_path / "plain", *common))
     stepped: list[int] = []
     original = FusedStep.step_chunk
-    monkeypatch.setattr(FusedStep, "step_chunk", lambda self, params: (stepped.append(len(params)), original(self, params)))
+    monkeypatch.setattr(
+        FusedStep, "step_chunk", lambda self, params: (stepped.append(len(params)), original(self, params))
+    )
     fused_run = train("sdxl", *args_for(tiny_dir / "sdxl", dataset, tmp_path / "fused", *common, *fused))
     a, b = trained_state(plain), trained_state(fused_run)
     assert a.keys() == b.keys()
