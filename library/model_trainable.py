@@ -263,9 +263,10 @@ class ModelTrainable(nn.Module):
         self._apply_text_encoder_stop()
         return out
 
-    def prepare(self, accelerator: Any) -> Any:
-        """The object accelerate's ``prepare`` gives for this model (DDP / FSDP / DeepSpeed wrapper, or itself)."""
-        return accelerator.prepare(self)
+    def prepare(self, accelerator: Any) -> ModelTrainable:
+        """Itself: accelerate gets the model together with its optimizer (:meth:`prepare_with_optimizer`), as
+        DeepSpeed and FSDP require; the trainer keeps talking to this unwrapped object."""
+        return self
 
     def prepare_with_optimizer(self, accelerator: Any, optimizer: Any, scheduler: Any) -> tuple[Any, Any]:
         """Model, optimizer and scheduler prepared in one call (DeepSpeed and FSDP need them together); the loop
