@@ -22,6 +22,7 @@ from library.config import ConfigError, add_config_args, parse_args
 from library.logs import print_error
 from library.optim import add_optim_args, add_part_lr_args, effective_lrs, make_optimizer, make_scheduler
 from library.token_embeddings import EmbeddingsConfig, add_embeddings
+from library.trainable import prepare_for_training
 from library.trainer import Result, Trainer
 from library.training import Interrupt, LossTracker, NonFiniteLoss, batch_loss, check_finite
 from networks.config import NetworkConfig, add_network_args
@@ -94,7 +95,7 @@ def train(run: session.Run, trainable: Any, groups: list[dict]) -> Result:
     loader = run.make_loader()
     max_steps, num_epochs = run.step_budget(loader)
     scheduler = make_scheduler(cfg.optim, optimizer, max_steps, run.accelerator.num_processes)
-    optimizer, scheduler = run.accelerator.prepare(optimizer, scheduler)
+    optimizer, scheduler = prepare_for_training(trainable, run.accelerator, optimizer, scheduler)
     trainer = Trainer(run, trainable, optimizer, scheduler, loader, max_steps, num_epochs)
     trainer.resume_if_asked()  # exact: weights, optimizer, scheduler, EMA, RNG, data position, counters
     trainer.sample(at_first=True)

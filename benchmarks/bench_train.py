@@ -5,6 +5,13 @@
 For each family, in a fresh process: time from process start to the end of the first optimizer step, seconds per
 step over the remaining steps (median of per-step times), and peak resident memory. Settings match the
 sd-scripts yardstick: plain LoRA (dim 8) on UNet + text encoder, 64 px, batch 2, AdamW, fp32, no caching.
+
+    python benchmarks/bench_train.py --full_finetune [--resolution 512] [--steps 3] [--threads N]
+
+Full fine-tune of a real-size SD1.5 UNet (random weights, 860 M parameters) with Adafactor (sd-scripts' fine-tune
+settings: relative_step=False, scale_parameter=False), gradient checkpointing, bf16 autocast on CPU, batch 1:
+peak resident memory and seconds per step with the ordinary optimizer step and with --fused_backward_pass
+(library/optim/fused.py), each in a fresh process.
 """
 
 from __future__ import annotations
@@ -63,11 +70,56 @@ def child(family: str, steps: int, workdir: Path) -> dict:
     }
 
 
+def full_child(mode: str, steps: int, resolution: int) -> dict:
+    """One real-size SD1.5 UNet trained ``steps`` steps; ``mode`` "plain" or "fused"."""
+    sys.path.insert(0, str(ROOT))
+    import resource
+
+    import torch
+    from diffusers import UNet2DConditionModel
+    from transformers.optimization import Adafactor
+
+    from library.families.loading import shipped_configs
+    from library.optim.fused import FusedStep, chunk_parameters
+
+    torch.manual_seed(0)
+    unet = UNet2DConditionModel.from_config(shipped_configs("sd15")["unet"])
+    unet.enable_gradient_checkpointing()
+    unet.train()
+    params = list(unet.parameters())
+    optimizer = Adafactor(params, lr=1e-6, relative_step=False, scale_parameter=False, warmup_init=False)
+    if mode == "fused":
+        FusedStep(optimizer, chunk_parameters(params, None))
+    loaded_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    side = resolution // 8
+    times = []
+    for _ in range(steps):
+        start = time.time()
+        x, noise = torch.randn(1, 4, side, side), torch.randn(1, 4, side, side)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            pred = unet(x, torch.tensor([500]), torch.randn(1, 77, 768)).sample
+        torch.nn.functional.mse_loss(pred.float(), noise).backward()
+        optimizer.step()  # fused: the hooks already stepped every parameter during backward
+        optimizer.zero_grad(set_to_none=True)
+        times.append(time.time() - start)
+    return {
+        "mode": mode,
+        "resolution": resolution,
+        "threads": torch.get_num_threads(),
+        "parameters_m": round(sum(p.numel() for p in params) / 1e6, 1),
+        "rss_after_model_mib": round(loaded_rss, 1),
+        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "s_per_step": [round(t, 2) for t in times],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--families", nargs="*", default=["sd1", "sdxl"])
+    parser.add_argument("--full_finetune", action="store_true", help="real-size SD1.5 UNet: plain vs fused step")
+    parser.add_argument("--resolution", type=int, default=512, help="--full_finetune: image side in pixels")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -75,11 +127,24 @@ def main() -> None:
             import torch
 
             torch.set_num_threads(args.threads)
+        if args.child in ("plain", "fused"):
+            print("RESULT " + json.dumps(full_child(args.child, args.steps, args.resolution)))
+            return
         with tempfile.TemporaryDirectory() as tmp:
             print("RESULT " + json.dumps(child(args.child, args.steps, Path(tmp))))
         return
-    for family in args.families:
-        cmd = [sys.executable, __file__, "--child", family, "--steps", str(args.steps)]
+    runs = ["plain", "fused"] if args.full_finetune else args.families
+    for family in runs:
+        cmd = [
+            sys.executable,
+            __file__,
+            "--child",
+            family,
+            "--steps",
+            str(args.steps),
+            "--resolution",
+            str(args.resolution),
+        ]
         if args.threads:
             cmd += ["--threads", str(args.threads)]
         out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "TQDM_DISABLE": "1"})

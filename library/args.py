@@ -14,13 +14,16 @@ from library.data.schema import INTERPOLATIONS
 from library.saving import METADATA_NAMES
 
 
-def add_run_groups(parser: argparse.ArgumentParser, default_format: str | None = "safetensors") -> None:
+def add_run_groups(
+    parser: argparse.ArgumentParser, default_format: str | None = "safetensors", deepspeed: bool = False
+) -> None:
     """The groups every training recipe takes, in order: logging, model, dataset, run, save (``default_format``:
-    ``--save_model_as``'s default), state, trackers, validation, EMA, noise, loss."""
+    ``--save_model_as``'s default), state, trackers, validation, EMA, noise, loss. ``deepspeed``: the DeepSpeed
+    flags are read (full-model recipes) instead of refused."""
     add_logging_args(parser)
     add_model_args(parser)
     add_dataset_args(parser)
-    add_run_args(parser)
+    add_run_args(parser, deepspeed)
     add_save_args(parser, default_format)
     for add in (add_state_args, add_tracker_args, add_validation_args, add_ema_args, add_noise_args, add_loss_args):
         add(parser)
@@ -69,7 +72,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_run_args(parser: argparse.ArgumentParser) -> None:
+def add_run_args(parser: argparse.ArgumentParser, deepspeed: bool = False) -> None:
     """Run length, batching, data loading, seed, precision, attention and distributed settings."""
     g = parser.add_argument_group("run")
     g.add_argument("--max_train_steps", type=int, default=1600, help="training steps")
@@ -98,6 +101,11 @@ def add_run_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--ddp_timeout", type=int, default=None, help="DDP timeout in minutes")
     g.add_argument("--ddp_gradient_as_bucket_view", action="store_true")
     g.add_argument("--ddp_static_graph", action="store_true")
+    if deepspeed:  # full-model trainers: the real flags (library/engines.py)
+        from library.engines import add_deepspeed_args
+
+        add_deepspeed_args(parser)
+        return
     reason = "multi-GPU runs use accelerate's DDP (accelerate config / --multi_gpu)"
     add_unsupported(g, "--deepspeed", reason, action="store_true")
     add_unsupported(g, "--zero_stage", reason, type=int, default=2, choices=[0, 1, 2, 3])

@@ -8,6 +8,7 @@ import math
 import os
 import random
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -109,8 +110,11 @@ def _xformers_problems() -> list[str]:
     return []
 
 
-def make_accelerator(cfg: RunConfig, *, log_with: list[str] | None = None, logging_dir: str | None = None):
-    """An ``accelerate.Accelerator`` for the run (DDP kwargs, mixed precision, gradient accumulation, trackers)."""
+def make_accelerator(
+    cfg: RunConfig, *, log_with: list[str] | None = None, logging_dir: str | None = None, deepspeed_plugin: Any = None
+):
+    """An ``accelerate.Accelerator`` for the run (DDP kwargs, mixed precision, gradient accumulation, trackers;
+    ``deepspeed_plugin`` from library/engines.py for full models)."""
     from accelerate import Accelerator, DistributedDataParallelKwargs, InitProcessGroupKwargs
     from accelerate.utils import ProjectConfiguration
 
@@ -139,6 +143,7 @@ def make_accelerator(cfg: RunConfig, *, log_with: list[str] | None = None, loggi
         project_config=ProjectConfiguration(project_dir=logging_dir or ".", logging_dir=logging_dir),
         kwargs_handlers=handlers,
         dynamo_backend=cfg.dynamo_backend.upper() if cfg.torch_compile else None,
+        deepspeed_plugin=deepspeed_plugin,
     )
 
 

@@ -157,13 +157,16 @@ def choose_family(args: argparse.Namespace, family_names: tuple[str, ...]) -> An
 
 
 def read_config(
-    args: argparse.Namespace, family_names: tuple[str, ...] = ("sd1", "sd2"), method: Callable | None = None
+    args: argparse.Namespace,
+    family_names: tuple[str, ...] = ("sd1", "sd2"),
+    method: Callable | None = None,
+    save_formats: tuple[str, ...] = ("safetensors", "ckpt", "pt"),
 ) -> TrainConfig:
     """Every group's reader and every cross-check; raises one :class:`ConfigError` listing all problems.
 
     ``method(args)`` reads what the recipe trains (e.g. ``NetworkConfig.from_args``); its problems are reported
     with the others. Its result is ``cfg.method``; its ``trains_text_encoder`` says whether the text encoders run
-    with autograd.
+    with autograd. ``save_formats``: the ``--save_model_as`` values the recipe writes (the first is the default).
     """
     problems: list[str] = []
 
@@ -193,7 +196,7 @@ def read_config(
         loss=read(from_namespace, LossConfig, args),
         optim=read(OptimConfig.from_args, args),
         method=read(method, args) if method is not None else None,
-        save=read(SaveConfig.from_args, args),
+        save=read(SaveConfig.from_args, args, save_formats),
         sample=read(SampleConfig.from_args, args),
         trackers=from_namespace(TrackerConfig, args),
         validation=from_namespace(ValidationConfig, args),
@@ -236,10 +239,15 @@ def _cross_checks(args: argparse.Namespace, values: dict) -> list[str]:
         problems.append(f"--clip_skip must be >= 1, got {args.clip_skip}")
     if args.validation_split and not 0 < args.validation_split < 1:
         problems.append(f"--validation_split must be in (0, 1), got {args.validation_split}")
-    if getattr(args, "fused_backward_pass", False):
-        problems.append("--fused_backward_pass is not supported yet: it comes with full fine-tuning (it steps the "
-                        "optimizer inside the backward pass of the model's own weights); remove it")  # fmt: skip
     save, optim, method = values.get("save"), values.get("optim"), values.get("method")
+    if (
+        getattr(args, "fused_backward_pass", False)
+        and method is not None
+        and not getattr(method, "fused_backward_pass", False)
+    ):
+        problems.append("--fused_backward_pass steps the optimizer inside the backward pass of the model's own weights: "
+                        "it works for full fine-tuning (fine_tune.py, sdxl_train.py, train_db.py), not for adapters "
+                        "or embeddings; remove it")  # fmt: skip
     if save is not None and save.resume and method is not None and optim is not None:  # before any model loads
         settings = resume.settings_of(method, optim.optimizer_type)
         problems += resume.setting_problems(Path(save.resume), resume.read_counters(Path(save.resume)), settings)
@@ -297,7 +305,13 @@ def start(cfg: TrainConfig) -> Run:
     if cfg.args.get("highvram"):
         logger.info("--highvram: sdtrain never empties the CUDA cache between caching batches (always 'high VRAM')")
     trackers = cfg.trackers
-    accelerator = make_accelerator(cfg.run, log_with=trackers.trackers, logging_dir=trackers.logging_dir)
+    engine = getattr(cfg.method, "deepspeed_plugin", None)  # full models: --deepspeed (library/engines.py)
+    accelerator = make_accelerator(
+        cfg.run,
+        log_with=trackers.trackers,
+        logging_dir=trackers.logging_dir,
+        deepspeed_plugin=engine(cfg) if engine is not None else None,
+    )
     seed_everything(cfg.run.seed)
     family = cfg.family
     data_args = cfg.data

@@ -10,7 +10,9 @@ implements :class:`Trainable` and hands it to :class:`library.trainer.Trainer`:
 A model-sized trainable (full fine-tune) sets ``gradient_sync = "accelerate"`` and returns the object accelerate's
 ``prepare`` gave it from :meth:`Trainable.prepare`, so DDP / FSDP / DeepSpeed come from the user's accelerate
 config without touching the loop. Adapters and embeddings run inside a frozen model that DDP cannot see, so they
-say ``"manual"`` and the trainer averages their gradients itself at each optimizer step.
+say ``"manual"`` and the trainer averages their gradients itself at each optimizer step. A model-sized trainable
+may also define ``prepare_with_optimizer(accelerator, optimizer, scheduler)``: accelerate then prepares the model,
+its optimizer and scheduler in one call, as DeepSpeed and FSDP require (see :func:`prepare_for_training`).
 """
 
 from __future__ import annotations
@@ -108,3 +110,12 @@ class TrainableSet(nn.Module):
             self.primary.save(path, metadata=metadata, dtype=dtype)
         for m in self.members[1:]:
             m.save_extra(path, metadata=metadata, dtype=dtype)
+
+
+def prepare_for_training(trainable: Any, accelerator: Any, optimizer: Any, scheduler: Any) -> tuple[Any, Any]:
+    """Hand the optimizer and scheduler to accelerate: together with the model when the trainable asks for it
+    (``prepare_with_optimizer``: full models under DDP / FSDP / DeepSpeed), else on their own."""
+    together = getattr(trainable, "prepare_with_optimizer", None)
+    if together is not None:
+        return together(accelerator, optimizer, scheduler)
+    return accelerator.prepare(optimizer, scheduler)

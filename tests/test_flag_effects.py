@@ -1,5 +1,5 @@
 """Flags that used to be accepted and ignored now act: --weighted_captions, --disable_mmap_load_safetensors,
---wandb_api_key; --fused_backward_pass is refused until full fine-tuning lands."""
+--wandb_api_key; --fused_backward_pass is refused for adapters (it is for full fine-tuning)."""
 
 from __future__ import annotations
 
@@ -102,7 +102,9 @@ def test_wandb_needs_its_package_before_training(tiny_dir, dataset, tmp_path, mo
 
 def test_fused_backward_pass_is_refused_clearly(tiny_dir, dataset, tmp_path):
     argv = _argv(tiny_dir / "sd1", dataset, tmp_path, "--optimizer_type", "Adafactor", "--fused_backward_pass")
-    with pytest.raises(ConfigError, match="--fused_backward_pass is not supported yet: it comes with full fine-tun"):
+    with pytest.raises(
+        ConfigError, match=r"--fused_backward_pass steps the optimizer .* it works for full fine-tuning \(fine_tune.py"
+    ):
         read_config(parse_args(train_network.build_parser(), argv))
 
 

@@ -1,0 +1,77 @@
+"""Fine-tune a whole SD 1.x / 2.x model (UNet, and the text encoder with --train_text_encoder); SDXL: sdxl_train.py,
+DreamBooth with class images: train_db.py.
+
+    accelerate launch fine_tune.py --pretrained_model_name_or_path model.safetensors \
+        --in_json meta_lat.json --train_data_dir images --output_dir out --save_model_as safetensors \
+        --optimizer_type adafactor --learning_rate 1e-6 --max_train_steps 10000
+
+Takes sd-scripts' flags with the same meaning (``--config_file`` TOML too) and its datasets: ``--in_json`` metadata
+(made with finetune/merge_captions_to_metadata.py ...), ``--dataset_config`` TOML, or ``<repeats>_<tokens>`` folders.
+The output is the whole model: a single file (``--save_model_as safetensors`` / ``ckpt``) that A1111, ComfyUI and
+diffusers' ``from_single_file`` read, or a diffusers folder (``diffusers`` / ``diffusers_safetensors``); without
+``--save_model_as`` the format of the input model. ``accelerate launch`` with an accelerate config gives DDP,
+FSDP or DeepSpeed (docs/training.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from library import args as arg_groups
+from library import sampling, session
+from library.config import add_config_args, parse_args
+from library.model_trainable import ModelTrainable, ModelTrainingConfig, add_model_training_args
+from library.optim import add_optim_args
+from library.trainer import Result
+from train_network import run_cli, train
+
+MODEL_FORMATS = ("safetensors", "ckpt", "diffusers", "diffusers_safetensors")
+
+
+def build_parser(script: str = "fine_tune") -> argparse.ArgumentParser:
+    """sd-scripts' flags of ``script``: "fine_tune", "sdxl_train" or "train_db"."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    arg_groups.add_run_groups(parser, default_format=None, deepspeed=True)  # None: the input model's format
+    for add in (
+        add_optim_args,
+        lambda p: add_model_training_args(p, script=script),
+        sampling.add_sample_args,
+        add_config_args,
+    ):
+        add(parser)
+    return parser
+
+
+def output_format(args: argparse.Namespace) -> str | None:
+    """sd-scripts: without --save_model_as, the input's format (--use_safetensors: its safetensors variant)."""
+    if args.save_model_as or not args.pretrained_model_name_or_path:
+        return args.save_model_as
+    source = Path(args.pretrained_model_name_or_path)
+    if source.is_dir():
+        return "diffusers_safetensors" if args.use_safetensors else "diffusers"
+    return "safetensors" if args.use_safetensors or source.suffix.lower() == ".safetensors" else "ckpt"
+
+
+def main(
+    argv: Sequence[str] | None = None, family_names: Sequence[str] = ("sd1", "sd2"), script: str = "fine_tune"
+) -> Result | None:
+    args = parse_args(build_parser(script), argv)  # --config_file merged
+    if args is None:  # --output_config wrote the file
+        return None
+    args.save_model_as = output_format(args)
+    args.xformers = args.xformers or getattr(args, "diffusers_xformers", False)
+    cfg = session.read_config(args, tuple(family_names), ModelTrainingConfig.from_args, MODEL_FORMATS)  # all errors
+    run = session.start(cfg)  # accelerator, seed, dataset plan + bucket report, model, caches
+    if cfg.noise.zero_terminal_snr:  # the trained model's files and samples carry its schedule (the ztsnr marker)
+        run.parts.scheduler_config = {**run.parts.scheduler_config, "rescale_betas_zero_snr": True}
+    model = ModelTrainable(run.family, run.parts, cfg.method, run.step_models)  # UNet (+ text encoders) trained
+    model.to(device=run.accelerator.device, dtype=cfg.run.train_dtype)
+    groups = model.param_groups(cfg.optim.learning_rate)
+    return train(run, model, groups)  # accelerate prepares model + optimizer: DDP / FSDP / DeepSpeed wrap the UNet
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(entry=main))

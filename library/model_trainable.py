@@ -1,0 +1,296 @@
+"""The model itself as a :class:`library.trainable.Trainable`: full fine-tuning and DreamBooth
+(fine_tune.py, sdxl_train.py, train_db.py).
+
+The UNet is always trained; the text encoders too with ``--train_text_encoder`` (fine_tune.py / sdxl_train.py) or
+by default in train_db.py (``--stop_text_encoder_training -1`` there means never). Each trained part has its own
+learning rate (``--learning_rate_te``, SDXL ``--learning_rate_te1`` / ``--learning_rate_te2``; 0 = keep that
+encoder frozen), and ``--block_lr`` gives each of the UNet's blocks its own (sd-scripts' order: time/label
+embeddings, ``input_blocks.*``, ``middle_block.*``, ``output_blocks.*``, ``out``; 0 = freeze the block).
+
+The trainable is handed to ``accelerate.prepare`` (``gradient_sync == "accelerate"``): the loop calls the prepared
+object in place of the UNet, so DDP / FSDP / DeepSpeed come from the user's accelerate config. Files are the whole
+model, written by the family (single file with ModelSpec and the v-pred / ztsnr markers, or a diffusers folder).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from library.config import ConfigError, add_unsupported
+from library.engines import DeepSpeedConfig, launch_problems
+from library.families.unet_keys import block_map, diffusers_to_ldm
+from library.optim.fused import FusedStep, chunk_parameters
+
+logger = logging.getLogger("sdtrain")
+
+
+# ---------------------------------------------------------------------------------------------------------- flags
+def add_model_training_args(parser: argparse.ArgumentParser, *, script: str) -> None:
+    """sd-scripts' full-training flags of ``script`` ("fine_tune", "sdxl_train" or "train_db")."""
+    g = parser.add_argument_group("full model training")
+    if script in ("fine_tune", "sdxl_train"):
+        g.add_argument("--train_text_encoder", action="store_true", help="also train the text encoder(s)")
+        g.add_argument("--diffusers_xformers", action="store_true", help="xformers attention (same as --xformers)")
+    if script in ("fine_tune", "train_db"):
+        g.add_argument("--learning_rate_te", type=float, default=None, help="text-encoder lr (default --learning_rate)")
+    if script == "sdxl_train":
+        g.add_argument("--learning_rate_te1", type=float, default=None, help="text encoder 1 lr; 0 = do not train it")
+        g.add_argument("--learning_rate_te2", type=float, default=None, help="text encoder 2 lr; 0 = do not train it")
+        g.add_argument("--block_lr", type=str, default=None, help="23 comma-separated UNet block lrs (0 = freeze)")
+        g.add_argument("--fused_optimizer_groups", type=int, default=None, help="step the optimizer in N parameter "
+                       "groups during backward (less gradient memory)")  # fmt: skip
+    if script == "train_db":
+        g.add_argument(
+            "--stop_text_encoder_training", type=int, default=None, help="step at which the text encoder stops "
+            "training (-1: never train it)",
+        )  # fmt: skip
+        add_unsupported(
+            g, "--no_token_padding", "captions are always padded to the encoder's length", action="store_true"
+        )
+    g.add_argument("--use_safetensors", action="store_true", help="without --save_model_as: save as safetensors")
+
+
+@dataclass(frozen=True)
+class ModelTrainingConfig:
+    """What of the model is trained, and at which learning rates (``None``: --learning_rate)."""
+
+    text_encoder_lrs: tuple[float | None, ...] | None  # per text encoder; None = the encoders are not trained
+    stop_text_encoder_training: int | None = None
+    block_lr: tuple[float, ...] | None = None
+    deepspeed: DeepSpeedConfig | None = None
+    fused_backward_pass: bool = False
+    fused_optimizer_groups: int | None = None
+    max_grad_norm: float = 0.0  # clips each fused chunk on its own
+
+    def deepspeed_plugin(self, cfg: Any) -> Any:
+        """accelerate's DeepSpeed plugin for ``--deepspeed`` (None without it); ``cfg``: the run's TrainConfig."""
+        if self.deepspeed is None:
+            return None
+        run = cfg.run
+        return self.deepspeed.plugin(
+            cfg.data.train_batch_size, run.mixed_precision, cfg.optim.max_grad_norm, run.full_fp16
+        )
+
+    @property
+    def trains_text_encoder(self) -> bool:
+        return self.text_encoder_lrs is not None and any(lr != 0 for lr in self.text_encoder_lrs)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ModelTrainingConfig:
+        problems = []
+        stop = getattr(args, "stop_text_encoder_training", None)
+        if hasattr(args, "stop_text_encoder_training"):  # train_db.py trains the text encoder unless told -1
+            train_te = stop is None or stop >= 0
+        else:
+            train_te = bool(args.train_text_encoder)
+        if hasattr(args, "learning_rate_te1"):
+            lrs: tuple[float | None, ...] = (args.learning_rate_te1, args.learning_rate_te2)
+        else:
+            lrs = (args.learning_rate_te,)
+        if any(lr is not None and lr < 0 for lr in lrs):
+            problems.append(f"text-encoder learning rates must be >= 0, got {[lr for lr in lrs if lr is not None]}")
+        if train_te and args.cache_text_encoder_outputs:
+            problems.append(
+                "--cache_text_encoder_outputs cannot be used while training the text encoder "
+                "(drop --train_text_encoder, or set --stop_text_encoder_training -1 in train_db.py)"
+            )
+        groups = getattr(args, "fused_optimizer_groups", None)
+        problems += _fused_problems(args, groups)
+        if train_te and stop is not None and stop > 0 and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            problems.append("--stop_text_encoder_training with several processes is not supported yet (DDP needs "
+                            "the same trained parameters at every step); use one process or -1")  # fmt: skip
+        block_lr = _block_lrs(getattr(args, "block_lr", None), problems)
+        deepspeed = DeepSpeedConfig.from_args(args, problems)
+        problems += launch_problems()
+        if problems:
+            raise ConfigError(problems)
+        return cls(
+            lrs if train_te else None, stop, block_lr, deepspeed, args.fused_backward_pass, groups, args.max_grad_norm
+        )
+
+
+def _fused_problems(args: argparse.Namespace, groups: int | None) -> list[str]:
+    if not (args.fused_backward_pass or groups):
+        return []
+    problems = []
+    if groups is not None and groups < 1:
+        problems.append(f"--fused_optimizer_groups must be >= 1, got {groups}")
+    if args.fused_backward_pass and groups:
+        problems.append("choose one of --fused_backward_pass and --fused_optimizer_groups")
+    if groups and args.gradient_accumulation_steps != 1:
+        problems.append("--fused_optimizer_groups does not work with --gradient_accumulation_steps > 1")
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 or getattr(args, "deepspeed", False):
+        problems.append("fused optimizer steps with several processes or DeepSpeed are not supported yet (they would "
+                        "step before DDP averages the gradients); drop --fused_backward_pass / --fused_optimizer_groups")  # fmt: skip
+    if args.mixed_precision == "fp16":
+        problems.append("fused optimizer steps with --mixed_precision fp16 are not supported yet (the loss scaler "
+                        "unscales after backward); use bf16")  # fmt: skip
+    return problems
+
+
+def _block_lrs(text: str | None, problems: list[str]) -> tuple[float, ...] | None:
+    if not text:
+        return None
+    try:
+        values = tuple(float(v) for v in text.split(","))
+    except ValueError:
+        problems.append(f"--block_lr {text!r}: expected comma-separated numbers")
+        return None
+    if any(v < 0 for v in values):
+        problems.append(f"--block_lr {text!r}: learning rates must be >= 0")
+    return values
+
+
+# ---------------------------------------------------------------------------------------------------------- blocks
+def lr_block_count(config: Any) -> int:
+    """Number of ``--block_lr`` blocks of a UNet: embeddings, input blocks, 3 middle, output blocks, out (SDXL: 23)."""
+    names = {v.split(".")[0] + "." + v.split(".")[1] for v, _ in block_map(config).values() if "_blocks." in v}
+    n_in = len({n for n in names if n.startswith("input_blocks.")})
+    n_out = len({n for n in names if n.startswith("output_blocks.")})
+    return 1 + n_in + 3 + n_out + 1
+
+
+def lr_block_index(ldm_name: str, config: Any) -> int:
+    """sd-scripts' block index of a UNet parameter, from its original (ldm/sgm) name."""
+    n = lr_block_count(config)
+    n_in = (n - 5) // 2
+    head, _, rest = ldm_name.partition(".")
+    if head in ("time_embed", "label_emb"):
+        return 0
+    if head == "input_blocks":
+        return 1 + int(rest.split(".")[0])
+    if head == "middle_block":
+        return 1 + n_in + int(rest.split(".")[0])
+    if head == "output_blocks":
+        return 1 + n_in + 3 + int(rest.split(".")[0])
+    if head == "out":
+        return n - 1
+    raise ValueError(f"UNet parameter {ldm_name!r} belongs to no --block_lr block")
+
+
+# ---------------------------------------------------------------------------------------------------------- trainable
+class ModelTrainable(nn.Module):
+    """The UNet (+ the trained text encoders) of ``parts``; a :class:`library.trainable.Trainable`.
+
+    Calling it calls the UNet (the loop gives the prepared object to ``family.predict`` in place of the UNet, so a
+    DDP / FSDP wrapper sees the forward pass). ``steps_done`` (a buffer, saved with the state) drives
+    ``--stop_text_encoder_training`` so a resumed run stops it at the same step.
+    """
+
+    kind = "model"
+    modelspec_kind = ""
+    gradient_sync = "accelerate"
+
+    def __init__(self, family: Any, parts: Any, cfg: ModelTrainingConfig, step_models: Any = None):
+        super().__init__()
+        self.family, self.parts, self.cfg, self.step_models = family, parts, cfg, step_models
+        self.unet = parts.unet
+        lrs = cfg.text_encoder_lrs or ()
+        self.te_indices = [i for i, lr in enumerate(lrs) if lr != 0 and i < len(parts.text_encoders)]
+        self.text_encoders = nn.ModuleList([parts.text_encoders[i] for i in self.te_indices])
+        self.register_buffer("steps_done", torch.zeros((), dtype=torch.long))
+        self.unet.requires_grad_(True)
+        for te in self.text_encoders:
+            te.requires_grad_(True)
+        self.fused: FusedStep | None = None  # --fused_backward_pass / --fused_optimizer_groups hooks
+        if cfg.block_lr is not None:
+            expected = lr_block_count(self.unet.config)
+            if len(cfg.block_lr) != expected:
+                raise ConfigError([f"--block_lr has {len(cfg.block_lr)} values; this UNet has {expected} blocks"])
+            for name, p in self.unet.named_parameters():
+                if cfg.block_lr[lr_block_index(diffusers_to_ldm(name, self.unet.config), self.unet.config)] == 0:
+                    p.requires_grad_(False)
+        self._apply_text_encoder_stop()
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.unet(*args, **kwargs)
+
+    # ------------------------------------------------------------------------------------------ optimizer groups
+    def param_groups(self, lr: float) -> list[dict]:
+        """UNet group(s) (one per ``--block_lr`` block when given) then one group per trained text encoder."""
+        groups = []
+        if self.cfg.block_lr is None:
+            groups.append({"params": [p for p in self.unet.parameters() if p.requires_grad], "lr": lr, "name": "unet"})
+        else:
+            blocks: dict[int, list[nn.Parameter]] = {}
+            for name, p in self.unet.named_parameters():
+                if p.requires_grad:
+                    i = lr_block_index(diffusers_to_ldm(name, self.unet.config), self.unet.config)
+                    blocks.setdefault(i, []).append(p)
+            for i, params in sorted(blocks.items()):
+                groups.append({"params": params, "lr": self.cfg.block_lr[i], "name": f"unet_block{i:02d}"})
+        lrs = self.cfg.text_encoder_lrs or ()
+        for i, te in zip(self.te_indices, self.text_encoders):
+            name = "textencoder" if len(self.parts.text_encoders) == 1 else f"textencoder{i + 1}"
+            groups.append({"params": list(te.parameters()), "lr": lrs[i] if lrs[i] is not None else lr, "name": name})
+        return groups
+
+    # ------------------------------------------------------------------------------------------ the Trainable seam
+    def set_training(self, mode: bool) -> None:
+        self.unet.train(mode)
+        for te in self.text_encoders:
+            te.train(mode and next(te.parameters()).requires_grad)
+
+    def after_step(self) -> dict[str, float]:
+        if self.fused is not None:
+            self.fused.reset()
+        self.steps_done += 1
+        self._apply_text_encoder_stop()
+        return {}
+
+    def _apply_text_encoder_stop(self) -> None:
+        stop = self.cfg.stop_text_encoder_training
+        if stop is None or stop < 0 or int(self.steps_done) < stop or not self.text_encoders:
+            return
+        if next(self.text_encoders.parameters()).requires_grad:
+            logger.info("stop text encoder training at step %d", int(self.steps_done))
+        for te in self.text_encoders:
+            te.requires_grad_(False).train(False)
+            for p in te.parameters():
+                p.grad = None
+        if self.step_models is not None:
+            self.step_models.train_text_encoder = False
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        out = super().load_state_dict(state_dict, strict=strict, assign=assign)
+        self._apply_text_encoder_stop()
+        return out
+
+    def prepare(self, accelerator: Any) -> ModelTrainable:
+        """Itself: accelerate gets the model together with its optimizer (:meth:`prepare_with_optimizer`), as
+        DeepSpeed and FSDP require; the trainer keeps talking to this unwrapped object."""
+        return self
+
+    def prepare_with_optimizer(self, accelerator: Any, optimizer: Any, scheduler: Any) -> tuple[Any, Any]:
+        """Model, optimizer and scheduler prepared in one call (DeepSpeed and FSDP need them together); the loop
+        then calls the prepared model in place of the UNet (``step_models.unet``)."""
+        wrapped, optimizer, scheduler = accelerator.prepare(self, optimizer, scheduler)
+        if self.step_models is not None:
+            self.step_models.unet = wrapped
+        if self.cfg.fused_backward_pass or self.cfg.fused_optimizer_groups:
+            params = [p for g in optimizer.param_groups for p in g["params"]]
+            chunks = chunk_parameters(params, self.cfg.fused_optimizer_groups)
+            self.fused = FusedStep(optimizer, chunks, self.cfg.max_grad_norm)
+        return optimizer, scheduler
+
+    def state_dict_for_file(self, dtype: torch.dtype | None = None) -> dict[str, Tensor]:
+        """The UNet and text-encoder tensors (what the file's hash covers), cast to ``dtype``."""
+        out = {f"unet.{k}": v for k, v in self.unet.state_dict().items()}
+        for i, te in zip(self.te_indices, self.text_encoders):
+            out.update({f"te{i}.{k}": v for k, v in te.state_dict().items()})
+        return {k: v.detach().to(dtype) if dtype is not None else v.detach() for k, v in out.items()}
+
+    def metadata(self) -> dict[str, str]:
+        return {"ss_train_text_encoder": str(bool(self.text_encoders))}
+
+    def save(self, path: str | os.PathLike, metadata: dict[str, str] | None = None, dtype: Any = None) -> None:
+        """The whole model (single file or diffusers folder, by the path's suffix), atomically, by the family."""
+        meta = {k: v for k, v in (metadata or {}).items() if isinstance(v, str)}
+        self.family.save(self.parts, path, dtype=dtype, metadata=meta)

@@ -1,0 +1,145 @@
+"""fine_tune.py under two processes on CPU (accelerate launch --multi_gpu, gloo): the model goes through
+accelerate's DDP, so both processes end with identical weights, and two processes with batch 1 train the same
+model as one process with batch 2 (fp32 tolerance) when each sample's noise and timestep depend only on the
+sample (a wrapper makes them so; the VAE latents are the distribution's mean)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+_WRAPPER = """
+import sys, zlib, torch
+sys.path.insert(0, {root!r})
+import fine_tune, train_network
+import library.training as T
+from library.trainer import Trainer
+
+noise_now = {{}}
+make_example = T.make_example
+
+def fixed_noise_example(cfg, latents, schedule, generator=None, *, timesteps=None, noise=None):
+    return make_example(cfg, latents, schedule, generator, timesteps=timesteps, noise=noise_now["noise"])
+
+def per_sample_loss(m, batch, generator, *, timesteps=None):
+    seeds = [zlib.crc32(f"{{p}}/{{batch.epoch}}".encode()) for p in batch.image_paths]
+    with torch.no_grad():
+        batch.latents = m.parts.vae.encode(batch.pixels).latent_dist.mean * m.family.vae_scale
+    shape = batch.latents.shape[1:]
+    noise_now["noise"] = torch.stack([torch.randn(shape, generator=torch.Generator().manual_seed(s)) for s in seeds])
+    return T.batch_loss(m, batch, generator, timesteps=torch.tensor([s % 1000 for s in seeds]))
+
+T.make_example = fixed_noise_example
+train_network.batch_loss = per_sample_loss
+finish = Trainer.finish
+
+def finish_and_dump(self):
+    torch.save([p.detach().clone() for p in self.params], {out!r} + f"/params_{{self.acc.process_index}}.pt")
+    return finish(self)
+
+Trainer.finish = finish_and_dump
+sys.exit(0 if fine_tune.main(sys.argv[1:]).output else 1)
+"""
+
+
+def _run(tmp: Path, name: str, data: Path, model: Path, processes: int, batch: int) -> list[list[torch.Tensor]]:
+    out = tmp / name
+    out.mkdir()
+    wrapper = tmp / f"{name}.py"
+    wrapper.write_text(_WRAPPER.format(root=str(ROOT), out=str(out)))
+    launch = [str(Path(sys.executable).with_name("accelerate")), "launch", "--multi_gpu", "--num_processes", "2",
+              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]  # fmt: skip
+    cmd = (launch if processes == 2 else [sys.executable]) + [
+        str(wrapper), "--pretrained_model_name_or_path", str(model), "--train_data_dir", str(data),
+        "--caption_extension", ".txt", "--resolution", "64", "--output_dir", str(out), "--output_name", "m",
+        "--save_model_as", "safetensors", "--optimizer_type", "SGDNesterov", "--learning_rate", "0.05",
+        "--train_text_encoder", "--train_batch_size", str(batch), "--max_train_steps", "3",
+        "--max_data_loader_n_workers", "0", "--seed", "3",
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
+    result = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    return [torch.load(out / f"params_{i}.pt", weights_only=True) for i in range(processes)]
+
+
+def test_two_processes_agree_and_equal_one_process_with_the_total_batch(tmp_path):
+    from library.demo import make_example_dataset, make_tiny_model
+
+    model = make_tiny_model(tmp_path / "model", "sd1")
+    four = make_example_dataset(tmp_path / "four")
+    data = tmp_path / "data" / "1_sks shape"  # two different images, one repeat: every step sees both
+    data.mkdir(parents=True)
+    for p in sorted((four / "10_sks shape").glob("*.png"))[:2]:
+        shutil.copy(p, data / p.name)
+        shutil.copy(p.with_suffix(".txt"), data / p.with_suffix(".txt").name)
+    two = _run(tmp_path, "two", data.parent, model, processes=2, batch=1)
+    one = _run(tmp_path, "one", data.parent, model, processes=1, batch=2)[0]
+    assert all(torch.equal(a, b) for a, b in zip(two[0], two[1]))  # DDP kept the processes identical
+    from library.families import get_family
+
+    base = get_family("sd1").load(model)
+    start = [*base.unet.parameters(), *base.text_encoders[0].parameters()]  # the trainable's parameter order
+    assert len(start) == len(one) and sum(not torch.equal(a, b) for a, b in zip(start, one)) > len(one) // 2
+    for a, b in zip(two[0], one):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------------ FSDP / DeepSpeed
+def test_deepspeed_flags_map_to_accelerates_plugin():
+    from library.engines import DeepSpeedConfig
+
+    ds = DeepSpeedConfig(zero_stage=3, offload_optimizer_device="cpu", offload_param_device="nvme",
+                         offload_param_nvme_path="/nvme", zero3_save_16bit_model=True)  # fmt: skip
+    config = ds.plugin(batch_size=2, mixed_precision="bf16", max_grad_norm=1.0, full_fp16=False).deepspeed_config
+    zero = config["zero_optimization"]
+    assert zero["stage"] == 3 and zero["offload_optimizer"]["device"] == "cpu"
+    assert zero["offload_param"] == {"device": "nvme", "nvme_path": "/nvme"}
+    assert zero["stage3_gather_16bit_weights_on_model_save"] is True
+    assert config["train_micro_batch_size_per_gpu"] == 2 and config["gradient_clipping"] == 1.0
+    assert config["bf16"]["enabled"] is True
+    fp16 = DeepSpeedConfig(offload_optimizer_device="cpu", fp16_master_weights_and_gradients=True)
+    config = fp16.plugin(batch_size=1, mixed_precision="fp16", max_grad_norm=0.0, full_fp16=False).deepspeed_config
+    assert config["fp16"]["initial_scale_power"] == 0 and config["fp16"]["fp16_master_weights_and_grads"] is True
+
+
+def _error(tmp_path, *extra) -> str:
+    import fine_tune
+    from library.demo import make_example_dataset, make_tiny_model
+
+    model, data = make_tiny_model(tmp_path / "model", "sd1"), make_example_dataset(tmp_path / "data")
+    with pytest.raises(ValueError) as e:
+        fine_tune.main(["--pretrained_model_name_or_path", str(model), "--train_data_dir", str(data),
+                        "--output_dir", str(tmp_path / "out"), *extra])  # fmt: skip
+    return str(e.value)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_engines_that_cannot_run_here_say_so(tmp_path, monkeypatch):
+    assert "--deepspeed needs CUDA GPUs" in _error(tmp_path, "--deepspeed", "--zero_stage", "3")
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    assert "asks for FSDP, which accelerate runs only on GPUs" in _error(tmp_path)
+
+
+@pytest.mark.gpu
+def test_deepspeed_zero2_trains_on_a_gpu(tmp_path):
+    """One CUDA process with --deepspeed --zero_stage 2 (needs the deepspeed package): trains and saves."""
+    pytest.importorskip("deepspeed")
+    import fine_tune
+    from library.demo import make_example_dataset, make_tiny_model
+
+    model, data = make_tiny_model(tmp_path / "model", "sd1"), make_example_dataset(tmp_path / "data")
+    env = {"WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29512"}
+    os.environ.update(env)
+    result = fine_tune.main(["--pretrained_model_name_or_path", str(model), "--train_data_dir", str(data),
+                             "--caption_extension", ".txt", "--resolution", "64", "--output_dir", str(tmp_path / "o"),
+                             "--save_model_as", "safetensors", "--max_train_steps", "2", "--deepspeed",
+                             "--zero_stage", "2", "--mixed_precision", "bf16", "--max_data_loader_n_workers", "0"])  # fmt: skip
+    assert result.output.exists() and result.steps == 2
