@@ -105,7 +105,9 @@ def test_fused_backward_pass_is_refused_clearly(tiny_dir, dataset, tmp_path):
     with pytest.raises(
         ConfigError, match=r"--fused_backward_pass steps the optimizer .* it works for full fine-tuning \(fine_tune.py"
     ):
-        read_config(parse_args(train_network.build_parser(), argv))
+        read_config(
+            parse_args(train_network.build_parser(), argv), ("sd1", "sd2"), train_network.AdapterMethod.from_args
+        )
 
 
 def test_cpu_threads_one_for_tiny_models_and_omp_num_threads_honoured(monkeypatch):
