@@ -33,26 +33,49 @@ def add_demo_args(parser: argparse.ArgumentParser) -> None:
 
 def make_example_dataset(folder: str | Path, size: int = 64) -> Path:
     """Four images of simple coloured shapes with captions, in sd-scripts' ``<repeats>_<class>`` folder layout."""
-    from PIL import Image, ImageDraw
-
     sub = Path(folder) / "10_sks shape"
     sub.mkdir(parents=True, exist_ok=True)
+    a, b = size // 5, size - size // 5
     for i, (caption, fg, bg, kind) in enumerate(SHAPES):
-        img = Image.new("RGB", (size, size), bg)
-        d = ImageDraw.Draw(img)
-        a, b = size // 5, size - size // 5
-        if kind == "circle":
-            d.ellipse([a, a, b, b], fill=fg)
-        elif kind == "square":
-            d.rectangle([a, a, b, b], fill=fg)
-        elif kind == "triangle":
-            d.polygon([(size // 2, a), (a, b), (b, b)], fill=fg)
-        else:
-            w = size // 8
-            d.rectangle([size // 2 - w, a, size // 2 + w, b], fill=fg)
-            d.rectangle([a, size // 2 - w, b, size // 2 + w], fill=fg)
-        img.save(sub / f"{i:02d}_{kind}.png")
+        draw_shape(kind, fg, bg, size, (a, a, b, b)).save(sub / f"{i:02d}_{kind}.png")
         (sub / f"{i:02d}_{kind}.txt").write_text(f"sks shape, {caption}\n", encoding="utf-8")
+    return Path(folder)
+
+
+def draw_shape(kind: str, fg: tuple, bg: tuple, size: int, box: tuple[int, int, int, int]):
+    """A ``size`` px image in colour ``bg`` with a ``kind`` ("circle", "square", "triangle", "cross") of colour
+    ``fg`` filling ``box`` (left, top, right, bottom)."""
+    from PIL import Image, ImageDraw
+
+    img = Image.new("RGB", (size, size), bg)
+    d = ImageDraw.Draw(img)
+    a, t, b, u = box
+    if kind == "circle":
+        d.ellipse([a, t, b, u], fill=fg)
+    elif kind == "square":
+        d.rectangle([a, t, b, u], fill=fg)
+    elif kind == "triangle":
+        d.polygon([((a + b) // 2, t), (a, u), (b, u)], fill=fg)
+    else:
+        w, cx, cy = (b - a) // 5, (a + b) // 2, (t + u) // 2
+        d.rectangle([cx - w, t, cx + w, u], fill=fg)
+        d.rectangle([a, cy - w, b, cy + w], fill=fg)
+    return img
+
+
+def make_concept_dataset(
+    folder: str | Path, concepts: Sequence[tuple[str, tuple, str]], per_concept: int = 3, size: int = 64
+) -> Path:
+    """``per_concept`` images of each ``(caption, colour, shape)`` on one grey background, at different places and
+    sizes, captioned with the concept's caption: a data set whose pixels only the text can tell apart."""
+    sub = Path(folder) / "1_concepts"
+    sub.mkdir(parents=True, exist_ok=True)
+    for c, (caption, fg, kind) in enumerate(concepts):
+        for i in range(per_concept):
+            half, cx, cy = size // 4 + (i % 2) * size // 10, size // 2 + (i - 1) * size // 10, size // 2
+            box = (cx - half, cy - half + (i % 3 - 1) * 3, cx + half, cy + half + (i % 3 - 1) * 3)
+            draw_shape(kind, fg, (128, 128, 128), size, box).save(sub / f"{c:02d}_{i:02d}_{kind}.png")
+            (sub / f"{c:02d}_{i:02d}_{kind}.txt").write_text(caption + "\n", encoding="utf-8")
     return Path(folder)
 
 

@@ -173,8 +173,14 @@ def save_step_now(cfg: SaveConfig, step: int, max_steps: int) -> bool:
     return bool(cfg.save_every_n_steps) and step % cfg.save_every_n_steps == 0 and step < max_steps
 
 
+def embeddings_dir(model: Path) -> Path:
+    """Pivotal tuning's folder of token embeddings that belong to the adapter file ``model``: ``<stem>_embeddings``."""
+    return model.with_name(f"{model.stem}_embeddings")
+
+
 def rotate(cfg: SaveConfig, *, epoch: int | None = None, step: int | None = None, num_epochs: int = 0) -> list[Path]:
-    """Remove files (and state folders) older than --save_last_n_epochs / --save_last_n_steps allow."""
+    """Remove files (with their embeddings folders) and state folders older than --save_last_n_epochs /
+    --save_last_n_steps allow."""
     removed = []
     for is_state in (False, True):
         if epoch is not None:
@@ -193,8 +199,10 @@ def rotate(cfg: SaveConfig, *, epoch: int | None = None, step: int | None = None
         for path in Path(cfg.output_dir).glob("*"):
             match = regex.match(path.name)
             if match and int(match.group(1)) <= limit:
-                shutil.rmtree(path) if path.is_dir() else path.unlink()
-                removed.append(path)
+                companion = [] if is_state else [embeddings_dir(path)]
+                for old in [path, *(c for c in companion if c.is_dir())]:
+                    shutil.rmtree(old) if old.is_dir() else old.unlink()
+                    removed.append(old)
     return removed
 
 

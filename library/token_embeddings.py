@@ -321,8 +321,10 @@ class TokenEmbeddings(nn.Module):
     def save_extra(self, path: str | os.PathLike, metadata: dict[str, str] | None = None, dtype: Any = None) -> Path:
         """Pivotal tuning: this token's file for the adapter file ``path``: ``<stem>_embeddings/<token>.<ext>`` (named
         after the token, which A1111, ComfyUI and gen_img take from the file name)."""
+        from library.saving import embeddings_dir
+
         path = Path(path)
-        out = path.with_name(f"{path.stem}_embeddings") / f"{self.token}{path.suffix}"
+        out = embeddings_dir(path) / f"{self.token}{path.suffix}"
         out.parent.mkdir(parents=True, exist_ok=True)
         keep = {k: v for k, v in (metadata or {}).items() if k.startswith("ss_") and not k.startswith("ss_network")}
         self.save(out, metadata=keep, dtype=dtype)

@@ -99,6 +99,17 @@ def test_resume_with_embeddings_is_exact_and_sdxl_writes_both_encoders(tiny_dir,
     assert not any(k.startswith("bundle_emb") for k in load_state_dict(xl.output)[0])  # only with --bundle_embeddings
 
 
+def test_rotation_removes_the_embeddings_of_removed_adapter_files(tiny_dir, dataset, tmp_path):
+    """--save_last_n_steps deletes an old adapter file together with its _embeddings folder (epochs: test_saving)."""
+    rotating = ["--save_every_n_steps", "1", "--save_last_n_steps", "2"]
+    train_network.main(args_for(tiny_dir / "sd1", dataset, tmp_path, *rotating, steps=6))
+    adapters = sorted(p.stem for p in tmp_path.glob("pv-*.safetensors"))
+    folders = sorted(p.name.removesuffix("_embeddings") for p in tmp_path.glob("pv-*_embeddings"))
+    assert adapters == ["pv-step00000003", "pv-step00000004", "pv-step00000005"], adapters
+    assert folders == adapters and all((tmp_path / f"{a}_embeddings" / f"{TOKEN}.safetensors").is_file()
+                                       for a in adapters)  # fmt: skip
+
+
 def test_bad_embedding_flags(tiny_dir, dataset, tmp_path):
     with pytest.raises(ConfigError) as e:
         train_network.main(

@@ -11,6 +11,7 @@ from library.config import ConfigError
 from library.runtime import capture_rng, restore_rng
 from library.saving import (
     SaveConfig,
+    embeddings_dir,
     load_train_state,
     model_file,
     rotate,
@@ -59,8 +60,14 @@ def test_rotation_keeps_last_n(tmp_path):
     )
     for e in range(1, 6):
         model_file(cfg, epoch=e).write_text("x")
+        embeddings_dir(model_file(cfg, epoch=e)).mkdir()  # pivotal tuning's token files go with their adapter file
         rotate(cfg, epoch=e, num_epochs=10)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch-000004.safetensors", "epoch-000005.safetensors"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "epoch-000004.safetensors",
+        "epoch-000004_embeddings",
+        "epoch-000005.safetensors",
+        "epoch-000005_embeddings",
+    ]
     for s in (10, 20, 30, 40):
         model_file(cfg, step=s).write_text("x")
         rotate(cfg, step=s)
