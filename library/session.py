@@ -332,6 +332,7 @@ def start(cfg: TrainConfig) -> Run:
         unet=parts.unet,
         clip_skip=cfg.model.clip_skip,
         max_token_length=cfg.model.max_token_length,
+        pad_tokens=not getattr(cfg.method, "no_token_padding", False),  # train_db.py's --no_token_padding
         train_text_encoder=cfg.train_text_encoder,
         weighted_captions=cfg.data.weighted_captions,
         device=accelerator.device,
