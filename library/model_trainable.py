@@ -120,11 +120,10 @@ class ModelTrainingConfig:
 
 
 def _no_padding_problems(args: argparse.Namespace) -> list[str]:
-    """--no_token_padding's unsupported pairs (the unpadded length changes with each batch's captions)."""
+    """--no_token_padding's unsupported pairs (both lay captions out in 75-token chunks)."""
     others = [
         ("--max_token_length", args.max_token_length, "unpadded captions are one sequence of at most 75 tokens"),
         ("--weighted_captions", args.weighted_captions, "the weighted encoder pads to 75-token chunks"),
-        ("--cache_text_encoder_outputs", args.cache_text_encoder_outputs, "cached outputs are stored per caption"),
     ]
     return [
         f"--no_token_padding with {flag} is not supported yet ({why}); drop one of the two"

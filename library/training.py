@@ -60,7 +60,10 @@ def batch_cond(m: StepModels, batch: Any, generator: torch.Generator | None = No
     """Text conditioning: cached encoder outputs, or the text encoders run on the batch's captions."""
     if batch.text_encoder_outputs is not None:
         out = batch.text_encoder_outputs
-        return Cond(out["hidden_states"], out.get("pooled")).to(m.device)
+        hidden = out["hidden_states"]
+        if not m.pad_tokens:  # --no_token_padding: the causal encoder's padded outputs, cut after the longest caption
+            hidden = hidden[:, : m.family.tokenize(m.parts, list(batch.captions), pad=False)[0].shape[1]]
+        return Cond(hidden, out.get("pooled")).to(m.device)
     captions = list(batch.captions)
     if m.caption_rewrite is not None:
         captions = m.caption_rewrite(captions, generator)
