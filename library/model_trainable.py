@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from library.config import ConfigError, add_unsupported
+from library.config import ConfigError
 from library.engines import DeepSpeedConfig, launch_problems
 from library.families.unet_keys import block_map, diffusers_to_ldm
 from library.optim.fused import FusedStep, chunk_parameters
@@ -51,9 +51,8 @@ def add_model_training_args(parser: argparse.ArgumentParser, *, script: str) -> 
             "--stop_text_encoder_training", type=int, default=None, help="step at which the text encoder stops "
             "training (-1: never train it)",
         )  # fmt: skip
-        add_unsupported(
-            g, "--no_token_padding", "captions are always padded to the encoder's length", action="store_true"
-        )
+        g.add_argument("--no_token_padding", action="store_true", help="pad captions only to the batch's longest, "
+                       "not to 77 tokens (diffusers' DreamBooth)")  # fmt: skip
     g.add_argument("--use_safetensors", action="store_true", help="without --save_model_as: save as safetensors")
 
 
@@ -68,6 +67,7 @@ class ModelTrainingConfig:
     fused_backward_pass: bool = False
     fused_optimizer_groups: int | None = None
     max_grad_norm: float = 0.0  # clips each fused chunk on its own
+    no_token_padding: bool = False  # train_db.py: captions padded to the batch's longest caption, not to 77
 
     def deepspeed_plugin(self, cfg: Any) -> Any:
         """accelerate's DeepSpeed plugin for ``--deepspeed`` (None without it); ``cfg``: the run's TrainConfig."""
@@ -106,14 +106,30 @@ class ModelTrainingConfig:
         if train_te and stop is not None and stop > 0 and int(os.environ.get("WORLD_SIZE", "1")) > 1:
             problems.append("--stop_text_encoder_training with several processes is not supported yet (DDP needs "
                             "the same trained parameters at every step); use one process or -1")  # fmt: skip
+        no_padding = bool(getattr(args, "no_token_padding", False))
+        problems += _no_padding_problems(args) if no_padding else []
         block_lr = _block_lrs(getattr(args, "block_lr", None), problems)
         deepspeed = DeepSpeedConfig.from_args(args, problems)
         problems += launch_problems()
         if problems:
             raise ConfigError(problems)
         return cls(
-            lrs if train_te else None, stop, block_lr, deepspeed, args.fused_backward_pass, groups, args.max_grad_norm
-        )
+            lrs if train_te else None, stop, block_lr, deepspeed, args.fused_backward_pass, groups, args.max_grad_norm,
+            no_padding,
+        )  # fmt: skip
+
+
+def _no_padding_problems(args: argparse.Namespace) -> list[str]:
+    """--no_token_padding's unsupported pairs (both lay captions out in 75-token chunks)."""
+    others = [
+        ("--max_token_length", args.max_token_length, "unpadded captions are one sequence of at most 75 tokens"),
+        ("--weighted_captions", args.weighted_captions, "the weighted encoder pads to 75-token chunks"),
+    ]
+    return [
+        f"--no_token_padding with {flag} is not supported yet ({why}); drop one of the two"
+        for flag, value, why in others
+        if value
+    ]
 
 
 def _fused_problems(args: argparse.Namespace, groups: int | None) -> list[str]:

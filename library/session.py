@@ -332,6 +332,7 @@ def start(cfg: TrainConfig) -> Run:
         unet=parts.unet,
         clip_skip=cfg.model.clip_skip,
         max_token_length=cfg.model.max_token_length,
+        pad_tokens=not getattr(cfg.method, "no_token_padding", False),  # train_db.py's --no_token_padding
         train_text_encoder=cfg.train_text_encoder,
         weighted_captions=cfg.data.weighted_captions,
         device=accelerator.device,
@@ -447,7 +448,7 @@ def fill_caches(run: Run) -> None:
 
         te_id = "+".join(module_identity(te) for te in parts.text_encoders)
         te_id += f"/clip_skip={cfg.model.clip_skip}/max_len={cfg.model.max_token_length}"
-        te_id += "/weighted" if cfg.data.weighted_captions else ""
+        te_id += "/weighted" if cfg.data.weighted_captions else ""  # --no_token_padding: the same padded outputs
         run.text_cache = data.cache_text_encoder_outputs(run.plan, encode_text, te_id)
         if run.plan.validation is not None:
             run.validation_text_cache = data.cache_text_encoder_outputs(run.plan.validation, encode_text, te_id)

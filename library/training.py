@@ -36,6 +36,7 @@ class StepModels:
     unet: nn.Module
     clip_skip: int | None = None
     max_token_length: int | None = None
+    pad_tokens: bool = True  # False: train_db.py's --no_token_padding (captions padded to the batch's longest only)
     train_text_encoder: bool = False
     weighted_captions: bool = False
     device: torch.device = torch.device("cpu")
@@ -59,13 +60,16 @@ def batch_cond(m: StepModels, batch: Any, generator: torch.Generator | None = No
     """Text conditioning: cached encoder outputs, or the text encoders run on the batch's captions."""
     if batch.text_encoder_outputs is not None:
         out = batch.text_encoder_outputs
-        return Cond(out["hidden_states"], out.get("pooled")).to(m.device)
+        hidden = out["hidden_states"]
+        if not m.pad_tokens:  # --no_token_padding: the causal encoder's padded outputs, cut after the longest caption
+            hidden = hidden[:, : m.family.tokenize(m.parts, list(batch.captions), pad=False)[0].shape[1]]
+        return Cond(hidden, out.get("pooled")).to(m.device)
     captions = list(batch.captions)
     if m.caption_rewrite is not None:
         captions = m.caption_rewrite(captions, generator)
     with torch.set_grad_enabled(m.train_text_encoder and torch.is_grad_enabled()):
         return encode_captions(m.family, m.parts, captions, m.clip_skip, m.max_token_length,
-                               m.weighted_captions)  # fmt: skip
+                               m.weighted_captions, pad=m.pad_tokens)  # fmt: skip
 
 
 def encode_captions(
@@ -75,12 +79,19 @@ def encode_captions(
     clip_skip: int | None,
     max_token_length: int | None,
     weighted: bool = False,
+    *,
+    pad: bool = True,
 ) -> Cond:
     """The conditioning of training captions. ``weighted`` (``--weighted_captions``): A1111 ``(tag:1.3)`` weights
     as sd-scripts applies them to captions (the prompt encoder of :mod:`library.prompt_weighting`, one 75-token
-    chunk per 75 of ``--max_token_length``); otherwise the family's plain encoding, brackets kept as text."""
+    chunk per 75 of ``--max_token_length``); otherwise the family's plain encoding, brackets kept as text.
+    ``pad=False`` (``--no_token_padding``, plain encoding only): ids padded to the batch's longest caption."""
     if not weighted:
-        return family.encode_prompt(parts, captions, clip_skip=clip_skip, max_token_length=max_token_length)
+        unpadded = {} if pad else {"pad": False}  # only the families train_db.py loads take it
+        return family.encode_prompt(parts, captions, clip_skip=clip_skip, max_token_length=max_token_length,
+                                    **unpadded)  # fmt: skip
+    if not pad:
+        raise ValueError("--no_token_padding with --weighted_captions is not supported yet; drop one of the two")
     from library.prompt_weighting import encode_weighted
 
     chunks = (max_token_length or 75) // 75

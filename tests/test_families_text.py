@@ -133,6 +133,29 @@ def test_sdxl_long_prompt_pooled_from_first_chunk(tiny_parts):
     torch.testing.assert_close(cond.hidden_states[:, 151:226, :32], h[:, 1:76], rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize(("family", "clip_skip"), [("sd1", None), ("sd1", 2), ("sd2", None)])
+def test_unpadded_prompts_end_at_the_longest_caption(family, clip_skip, tiny_parts):
+    """--no_token_padding (train_db.py): <BOS> tokens <EOS>, padded only to the batch's longest caption (longer ones
+    truncated at 77). The encoder's causal mask makes the outputs the padded ones cut there."""
+    parts, fam = tiny_parts[family], {"sd1": SD1, "sd2": SD2}[family]
+    tok = parts.tokenizers[0]
+    for lengths in ((7, 3), (1, 1), (80, 2)):
+        captions = [caption_of(n, offset=n) for n in lengths]
+        ids = fam.tokenize(parts, captions, pad=False)[0]
+        longest = min(max(lengths), 75) + 2
+        bodies = [tok(c, add_special_tokens=False).input_ids[:75] for c in captions]
+        expected = [
+            [tok.bos_token_id, *b, tok.eos_token_id] + [tok.pad_token_id] * (longest - len(b) - 2) for b in bodies
+        ]
+        assert ids.tolist() == expected
+        cond = fam.encode_prompt(parts, captions, clip_skip=clip_skip, pad=False)
+        padded = fam.encode_prompt(parts, captions, clip_skip=clip_skip)
+        assert cond.hidden_states.shape == (2, longest, 32) and padded.hidden_states.shape == (2, 77, 32)
+        torch.testing.assert_close(cond.hidden_states, padded.hidden_states[:, :longest], rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="--no_token_padding with --max_token_length 150 is not supported yet"):
+        SD1.tokenize(parts, ["a"], max_token_length=150, pad=False)
+
+
 def test_bad_prompt_options(tiny_parts):
     with pytest.raises(ValueError, match="--max_token_length 100: expected 75, 150 or 225"):
         SD1.tokenize(tiny_parts["sd1"], ["a"], max_token_length=100)

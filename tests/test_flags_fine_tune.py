@@ -13,6 +13,7 @@ from test_flags import _expected
 
 import fine_tune
 from library.config import ConfigError, parse_args
+from library.model_trainable import ModelTrainingConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 COUNTS = {"fine_tune": 167, "sdxl_train": 176, "train_db": 169}
@@ -74,3 +75,13 @@ def test_refused_flags_say_not_supported_yet(script, flag):
 
 def test_the_deepspeed_flags_are_real_flags_here():
     assert not hasattr(_actions("sdxl_train")["--deepspeed"], "unsupported_reason")
+
+
+def test_no_token_padding_is_read_in_train_db_only():
+    """train_db.py's --no_token_padding is a real flag (read by ModelTrainingConfig); sd-scripts' fine_tune.py and
+    sdxl_train.py have no such flag, and neither do we."""
+    action = _actions("train_db")["--no_token_padding"]
+    assert not hasattr(action, "unsupported_reason") and ("train_db", "--no_token_padding") not in REFUSED
+    assert all("--no_token_padding" not in _actions(s) for s in ("fine_tune", "sdxl_train"))
+    args = fine_tune.build_parser("train_db").parse_args(["--no_token_padding"])
+    assert ModelTrainingConfig.from_args(args).no_token_padding

@@ -45,6 +45,7 @@ class Cond:
 
     ``hidden_states``: (B, 77, D) cross-attention context, or (B, 75·k + 2, D) for ``--max_token_length`` 150/225
     (k = 2 or 3 chunks of 75 tokens, laid out as sd-scripts does: BOS, the chunks' tokens, the last EOS/PAD).
+    Unpadded (train_db.py's ``--no_token_padding``): (B, L, D), L = 2 + the batch's longest caption (at most 77).
     ``pooled``: (B, P) pooled text embedding (SDXL: the second encoder's projected pooled output), else None.
     """
 

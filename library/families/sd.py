@@ -134,9 +134,12 @@ class SDFamily:
         return save_family_model(self, parts, path, dtype, metadata)
 
     # ------------------------------------------------------------------------------------------- prompts
-    def tokenize(self, parts: Parts, captions: list[str], max_token_length: int | None = None) -> list[Tensor]:
-        """``[ids (B, 77·k)]`` for ``--max_token_length`` None/75 (k=1), 150 (k=2), 225 (k=3), as sd-scripts."""
-        return [text.tokenize(parts.tokenizers[0], captions, max_token_length)]
+    def tokenize(
+        self, parts: Parts, captions: list[str], max_token_length: int | None = None, *, pad: bool = True
+    ) -> list[Tensor]:
+        """``[ids (B, 77·k)]`` for ``--max_token_length`` None/75 (k=1), 150 (k=2), 225 (k=3), as sd-scripts.
+        ``pad=False`` (train_db.py's ``--no_token_padding``): ``[ids (B, 2 + longest caption's tokens)]``."""
+        return [text.tokenize(parts.tokenizers[0], captions, max_token_length, pad=pad)]
 
     def encode_tokens(self, parts: Parts, tokens: list[Tensor], clip_skip: int | None = None) -> Cond:
         """Cond with hidden states (B, 77, D) or (B, 75·k+2, D); ``clip_skip`` n>=2: hidden_states[-n] + final norm.
@@ -152,10 +155,16 @@ class SDFamily:
         return Cond(text.merge_chunks(hidden, batch, n))
 
     def encode_prompt(
-        self, parts: Parts, captions: list[str], clip_skip: int | None = None, max_token_length: int | None = None
+        self,
+        parts: Parts,
+        captions: list[str],
+        clip_skip: int | None = None,
+        max_token_length: int | None = None,
+        *,
+        pad: bool = True,
     ) -> Cond:
-        """:meth:`tokenize` then :meth:`encode_tokens`."""
-        return self.encode_tokens(parts, self.tokenize(parts, captions, max_token_length), clip_skip)
+        """:meth:`tokenize` then :meth:`encode_tokens`; ``pad=False``: hidden states (B, 2 + longest caption, D)."""
+        return self.encode_tokens(parts, self.tokenize(parts, captions, max_token_length, pad=pad), clip_skip)
 
     # ------------------------------------------------------------------------------------------- denoising
     def predict(

@@ -8,6 +8,10 @@ sd-scripts (``library/strategy_base.py::_get_input_ids``, ``strategy_sd.py``, ``
   whose 75 tokens are all text ends with ``<EOS>`` and an empty chunk starts ``<BOS> <EOS>``. (With CLIP-L's pad =
   EOS both rules change nothing.) The encoder runs on every chunk; the outputs are joined as
   ``h[chunk 0][BOS]``, each chunk's 75 middle states, ``h[last chunk][last]`` -> 75·k + 2 states.
+* ``--no_token_padding`` (train_db.py; sd-scripts up to v0.9, ``padding=True``; v0.10 ignores the flag): one sequence
+  ``<BOS> tokens <EOS>``, truncated to 77, padded only to the longest caption of the batch (so the UNet attends to
+  no padding). The encoder's causal mask makes it the padded output cut after the batch's longest caption. No
+  chunking: sd-scripts then truncates to 75 tokens whatever ``--max_token_length`` says, so that pair is refused.
 * SDXL pooled output: TE2's final hidden state at the first ``<EOS>`` of the first chunk, through
   ``text_projection`` (sd-scripts' ``_pool_workaround``; equals HF's own pooling unless added token ids exceed EOS,
   as textual-inversion tokens do).
@@ -31,9 +35,20 @@ def num_chunks(max_token_length: int | None) -> int:
     raise ValueError(f"--max_token_length {max_token_length}: expected 75, 150 or 225 (unset means 75)")
 
 
-def tokenize(tokenizer, captions: list[str], max_token_length: int | None = None) -> Tensor:
-    """Token ids (B, 77·k) for ``captions``: k chunks of 77 laid out as sd-scripts does (module docstring)."""
+def tokenize(tokenizer, captions: list[str], max_token_length: int | None = None, *, pad: bool = True) -> Tensor:
+    """Token ids (B, 77·k) for ``captions``: k chunks of 77 laid out as sd-scripts does (module docstring).
+
+    ``pad=False`` (``--no_token_padding``): (B, L) ids, L = 2 + the longest caption's tokens (at most 77)."""
     n = num_chunks(max_token_length)
+    if not pad:
+        if n > 1:
+            raise ValueError(
+                f"--no_token_padding with --max_token_length {max_token_length} is not supported yet (unpadded "
+                "captions are one sequence of at most 75 tokens); drop one of the two"
+            )
+        return tokenizer(
+            list(captions), padding="longest", truncation=True, max_length=SEQ, return_tensors="pt"
+        ).input_ids
     length = SEQ if n == 1 else CHUNK * n + 2
     ids = tokenizer(list(captions), padding="max_length", truncation=True, max_length=length, return_tensors="pt")
     ids = ids.input_ids
@@ -51,18 +66,20 @@ def tokenize(tokenizer, captions: list[str], max_token_length: int | None = None
 
 
 def split_chunks(tokens: Tensor) -> tuple[Tensor, int, int]:
-    """(B, 77·k) ids -> ((B·k, 77) ids, B, k)."""
+    """(B, 77·k) ids -> ((B·k, 77) ids, B, k); unpadded (B, L <= 77) ids are one chunk, returned as they are."""
+    if tokens.ndim == 2 and tokens.shape[1] <= SEQ:
+        return tokens, tokens.shape[0], 1
     if tokens.ndim != 2 or tokens.shape[1] % SEQ:
-        raise ValueError(f"token ids must have shape (batch, 77·k), got {tuple(tokens.shape)}")
+        raise ValueError(f"token ids must have shape (batch, 77·k) or (batch, <= 77), got {tuple(tokens.shape)}")
     batch, n = tokens.shape[0], tokens.shape[1] // SEQ
     return tokens.reshape(batch * n, SEQ), batch, n
 
 
 def merge_chunks(hidden: Tensor, batch: int, n: int) -> Tensor:
     """(B·k, 77, D) per-chunk states -> (B, 77, D) for k = 1, else (B, 75·k + 2, D) (module docstring)."""
-    h = hidden.reshape(batch, n * SEQ, hidden.shape[-1])
     if n == 1:
-        return h
+        return hidden  # (B, 77 or L unpadded, D)
+    h = hidden.reshape(batch, n * SEQ, hidden.shape[-1])
     middles = [h[:, SEQ * i + 1 : SEQ * i + 1 + CHUNK] for i in range(n)]
     return torch.cat([h[:, :1], *middles, h[:, -1:]], dim=1)
 
