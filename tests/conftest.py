@@ -36,6 +36,14 @@ def tiny_dir(tmp_path_factory):
     return root
 
 
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    """The example images and captions of the demo, one copy per test module (a module may override it)."""
+    from library.demo import make_example_dataset
+
+    return make_example_dataset(tmp_path_factory.mktemp("data"))
+
+
 @pytest.fixture(scope="session")
 def tiny_parts():
     """In-memory tiny models keyed by family name. Do not modify them in a test: deep-copy first."""

@@ -26,11 +26,6 @@ from library.model_trainable import lr_block_count
 FAMILIES = ["sd1", "sd2", "sdxl"]
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    return make_example_dataset(tmp_path_factory.mktemp("data"))
-
-
 def args_for(model, dataset, out, *extra, steps=3):
     return [
         "--pretrained_model_name_or_path", str(model),

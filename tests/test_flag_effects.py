@@ -12,14 +12,8 @@ import torch
 import train_network
 from library import checkpoints
 from library.config import ConfigError, parse_args
-from library.demo import make_example_dataset
 from library.session import TrackerConfig, read_config
 from library.training import encode_captions
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    return make_example_dataset(tmp_path_factory.mktemp("data"))
 
 
 def _argv(model, dataset, out, *extra):

@@ -18,12 +18,6 @@ from test_train_network import args_for, train
 import train_network
 from library import session
 from library.checkpoints import load_state_dict, save_state_dict
-from library.demo import make_example_dataset
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    return make_example_dataset(tmp_path_factory.mktemp("data"))
 
 
 def snapshot(folder):

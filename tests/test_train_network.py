@@ -16,12 +16,6 @@ import torch
 import train_network
 from library.checkpoints import load_state_dict, read_metadata
 from library.config import ConfigError
-from library.demo import make_example_dataset
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    return make_example_dataset(tmp_path_factory.mktemp("data"))
 
 
 def args_for(model, dataset, out, *extra, steps=3):
