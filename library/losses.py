@@ -1,7 +1,7 @@
 """Diffusion training losses: per-element loss, masks, prior weights and SNR weightings (pure torch).
 
-Order, as sd-scripts' ``train_network.py process_batch / post_process_loss`` (shared/reference/SD_SCRIPTS.md
-section 7), in :func:`diffusion_loss_per_sample`:
+Order, as sd-scripts' ``train_network.py: NetworkTrainer.process_batch / post_process_loss``, in
+:func:`diffusion_loss_per_sample`:
 
 1. per-element loss in float32 (``--loss_type`` l2 / l1 / huber / smooth_l1 with ``--huber_schedule``);
 2. mask (``--masked_loss`` / alpha masks), area-resized to the latent size, with OneTrainer's options;

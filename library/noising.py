@@ -1,7 +1,7 @@
 """Noise schedule, noise schemes, timestep sampling and training targets for SD 1.x / 2.x / SDXL (pure torch).
 
-One training example is built in sd-scripts' order (``library/train_util.py: get_noise_noisy_latents_and_timesteps``,
-shared/reference/SD_SCRIPTS.md section 7), by :func:`make_example`:
+One training example is built in sd-scripts' order (``library/train_util.py: get_noise_noisy_latents_and_timesteps``
+and ``train_network.py: NetworkTrainer.get_noise_pred_and_target``), by :func:`make_example`:
 
 1. ``noise ~ N(0, I)`` shaped like the latents (B, C, H, W);
 2. noise offset (``--noise_offset``, ``--noise_offset_random_strength``, ``--adaptive_noise_scale``);

@@ -3,7 +3,8 @@
 The run's keys come from here; the trainable adds its own (``ss_network_*`` for adapters) through ``metadata()``.
 
 A1111 reads ``ss_output_name`` (alias), ``ss_base_model_version`` (SD version filter), ``ss_tag_frequency`` (tags
-dialog) and ``sshs_model_hash``; everything else documents the run (SD_SCRIPTS.md section 5.2).
+dialog) and ``sshs_model_hash``; everything else documents the run (sd-scripts' ``train_network.py:
+NetworkTrainer.train``, the ``metadata`` dict).
 """
 
 from __future__ import annotations

@@ -211,7 +211,7 @@ def choose_cpu_threads(device: torch.device, model_params: int, num_processes: i
 
     ``OMP_NUM_THREADS`` (which ``accelerate launch --num_cpu_threads_per_process`` sets) is honoured as given.
     Otherwise a tiny model gets one thread: its matrices are too small to split, and extra threads only spin, up to
-    ~300x slower on a busy machine (ARCHITECTURE.md, known traps); a real model gets the machine's cores shared by
+    ~300x slower on a busy machine (measured on the tiny test models); a real model gets the machine's cores shared by
     the processes. On a GPU nothing changes (the CPU only feeds data).
     """
     if device.type != "cpu":

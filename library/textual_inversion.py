@@ -1,6 +1,6 @@
 """Textual-inversion embeddings for inference: read any common file layout, add the tokens to the model.
 
-File layouts (FORMATS.md section 3), detected from the keys:
+File layouts (docs/formats.md "Textual-inversion embeddings"), detected from the keys:
 
 * A1111 ``.pt``: ``{"string_to_param": {"*": (n, dim)}, "name": ..., ...}``
 * sd-scripts SD1/SD2: ``{"emb_params": (n, dim)}`` (.safetensors or .pt)

@@ -8,7 +8,8 @@ only ever sees the new rows: every other row of the table, and every other weigh
 trains the whole table and restores the old rows after each step; the result for the new rows is the same except
 that ``--max_grad_norm`` here measures the new rows' gradient only).
 
-Files (FORMATS.md section 3, SD_SCRIPTS.md 5.3): ``{"emb_params": (n, dim)}`` for SD1/SD2, ``{"clip_l": (n, 768),
+Files (docs/formats.md "Textual-inversion embeddings"; sd-scripts' ``train_textual_inversion.py`` and
+``sdxl_train_textual_inversion.py: save_weights``): ``{"emb_params": (n, dim)}`` for SD1/SD2, ``{"clip_l": (n, 768),
 "clip_g": (n, 1280)}`` for SDXL (the keys are the family's ``ti_embedding_keys``), ``.safetensors`` with metadata or a
 plain-dict ``.pt`` / ``.ckpt``; :mod:`library.textual_inversion` (gen_img, samples) and diffusers read them.
 """

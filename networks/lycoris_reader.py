@@ -1,11 +1,11 @@
 """Read an adapter file with lycoris-lora's own loader and forward pass: the consumer of LyCORIS formats (LoHa, LoKr,
 DoRA, Tucker) that diffusers cannot read. Used by ``--demo`` and by the tests as an oracle.
 
-lycoris-lora 4.1.3 needs three work-arounds on diffusers models (FORMATS.md §2.5): its Anima "TimestepEmbedding"
-target gives duplicated names on a diffusers UNet (removed while loading), it matches text-encoder modules below a
-``text_model`` attribute that transformers >= 5.6 no longer has (wrapped), and it matches kohya names against the
-module tree, so a UNet whose kohya names are not its diffusers paths (SDXL's sgm names) is shown to it under those
-names (a view that shares the layer objects).
+lycoris-lora 4.1.3 needs three work-arounds on diffusers models (docs/formats.md "lycoris-lora 4.1.3 on diffusers
+models"): its Anima "TimestepEmbedding" target gives duplicated names on a diffusers UNet (removed while loading), it
+matches text-encoder modules below a ``text_model`` attribute that transformers >= 5.6 no longer has (wrapped), and it
+matches kohya names against the module tree, so a UNet whose kohya names are not its diffusers paths (SDXL's sgm
+names) is shown to it under those names (a view that shares the layer objects).
 """
 
 from __future__ import annotations

@@ -11,8 +11,9 @@ from library.data.buckets import BucketSpec, make_bucket_resolutions, predefined
 
 
 def expected_buckets(w: int, h: int, lo: int, hi: int, step: int) -> set[tuple[int, int]]:
-    """SD_SCRIPTS.md §2.6 in words: the square floor(sqrt(area)/step)*step, plus for every width from min to max in
-    `step` increments the height min(max, floor(area/width/step)*step) and its transpose when >= min."""
+    """sd-scripts' library/model_util.py make_bucket_resolutions in words: the square floor(sqrt(area)/step)*step,
+    plus for every width from min to max in `step` increments the height min(max, floor(area/width/step)*step) and its
+    transpose when >= min."""
     area = w * h
     out = {(math.isqrt(area) // step * step,) * 2}
     for width in range(lo, hi + 1, step):

@@ -92,7 +92,7 @@ def test_token_warmup_formula(step):
     cfg = CaptionConfig(token_warmup_min=2, token_warmup_step=10)
     tags = [f"t{i}" for i in range(8)]
     out = compose_caption(", ".join(tags), cfg, random.Random(0), epoch=0, step=step, warmup_steps=10)
-    n = 8 if step >= 10 else math.floor(step * (8 - 2) / 10) + 2  # SD_SCRIPTS.md §2.6
+    n = 8 if step >= 10 else math.floor(step * (8 - 2) / 10) + 2  # sd-scripts BaseDataset.process_caption
     assert out.split(", ") == tags[:n]
 
 

@@ -222,7 +222,7 @@ def test_sd_adapter_names_and_metadata_strings(tiny_parts):
     ]
     assert roots[0][2]("down_blocks.0.attentions.0.proj_in") == "down_blocks.0.attentions.0.proj_in"
     assert roots[1][2]("encoder.layers.1.mlp.fc1").endswith("text_model.encoder.layers.1.mlp.fc1")
-    # the strings sd-scripts writes (SD_SCRIPTS.md 5.2, sai_model_spec.py)
+    # the strings sd-scripts writes (sd-scripts' library/sai_model_spec.py)
     assert [SD1.base_model_version(), SD1.base_model_version("v_prediction")] == ["sd_v1", "sd_v1_v"]
     assert [SD2.base_model_version(), SD2.base_model_version("v_prediction")] == ["sd_v2", "sd_v2_v"]
     assert SDXL.base_model_version("v_prediction") == "sdxl_base_v1-0"

@@ -1,5 +1,5 @@
 """Every one of sd-scripts' 193 train_network.py flags, 169 train_textual_inversion.py flags and 170
-sdxl_train_textual_inversion.py flags (SD_SCRIPTS.md section 1) is accepted by our script of the same name with
+sdxl_train_textual_inversion.py flags (sd-scripts' argparse parsers) is accepted by our script of the same name with
 sd-scripts' default, and every flag of a script changes the configuration the run uses or is refused with a message
 naming it (sdxl_train_textual_inversion.py shares train_textual_inversion.py's parser and reader)."""
 

@@ -1,5 +1,5 @@
-"""Every one of sd-scripts' fine_tune.py (167), sdxl_train.py (176) and train_db.py (169) flags (SD_SCRIPTS.md
-section 1) is accepted by our script of the same name with sd-scripts' default, and is either read by the toolkit
+"""Every one of sd-scripts' fine_tune.py (167), sdxl_train.py (176) and train_db.py (169) flags (its
+argparse parsers) is accepted by our script of the same name with sd-scripts' default, and is either read by the toolkit
 or refused with "not supported yet" when used."""
 
 from __future__ import annotations

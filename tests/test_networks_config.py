@@ -32,7 +32,7 @@ def _errors(argv: list[str]) -> str:
 
 
 def test_flags_have_sd_scripts_types_and_defaults():
-    # sd-scripts train_network.py (SD_SCRIPTS.md §1.2 "Network (LoRA etc.) options")
+    # sd-scripts train_network.py (train_network.py: setup_parser, network options)
     expected = {
         "network_module": (str, None, None),
         "network_dim": (int, None, None),

@@ -1,7 +1,7 @@
 """Module and tensor counts on the released SD1 / SD2 / SDXL architectures (meta device) equal sd-scripts'.
 
 The expected numbers are sd-scripts' own, obtained by running ``networks/lora.py`` ``create_network`` on its UNets
-and HF CLIP models (SD_SCRIPTS.md §3.3).
+and HF CLIP models (sd-scripts networks/lora.py: LoRANetwork.create_modules).
 """
 
 from __future__ import annotations

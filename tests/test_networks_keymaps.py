@@ -1,4 +1,4 @@
-"""Every key we write maps to a module in ComfyUI's and A1111/Forge's LoRA name maps (FORMATS.md §1.3).
+"""Every key we write maps to a module in ComfyUI's and A1111/Forge's LoRA name maps (docs/formats.md "Module names").
 
 Neither program is installable here (GPL/AGPL, not on PyPI), so their key maps are re-typed below from their
 sources (ComfyUI ``comfy/lora.py`` ``model_lora_keys_unet`` / ``model_lora_keys_clip``; A1111

@@ -1,9 +1,10 @@
 """Our files in the consumers' own loaders: diffusers (LoRA/LoCon) and LyCORIS (LoHa, LoKr, DoRA), plus LyCORIS'
 own network builder as the oracle for what ``--network_module lycoris.kohya`` must produce.
 
-LyCORIS 4.1.3 harness workarounds (FORMATS.md §2.5): "TimestepEmbedding" removed from its target lists (it would
-assert on a diffusers UNet), the flat transformers-5 CLIPTextModel wrapped in a module with a ``text_model``
-attribute, and its forward path (``apply_to``) used, not its merge path (which applies alpha/r twice for LoHa/LoKr).
+LyCORIS 4.1.3 harness workarounds (docs/formats.md "lycoris-lora 4.1.3 on diffusers models"): "TimestepEmbedding"
+removed from its target lists (it would assert on a diffusers UNet), the flat transformers-5 CLIPTextModel wrapped in
+a module with a ``text_model`` attribute, and its forward path (``apply_to``) used, not its merge path (which applies
+alpha/r twice for LoHa/LoKr).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """library/optim: sd-scripts' optimizer / scheduler flags, real optimizer steps, lr curves against closed forms.
 
-Oracles: sd-scripts' documented flag defaults and names (shared/reference/SD_SCRIPTS.md §1.2, §8), the upstream
-classes themselves (torch AdamW / Lion as references for the bitsandbytes ones), closed-form update rules (SGD with
-Nesterov / heavy-ball momentum, Adafactor's relative step, schedule-free's y = β1·x + (1-β1)·z), and lr curves written
-out below independently of the libraries that implement them.
+Oracles: sd-scripts' flag defaults and names (library/train_util.py: add_optimizer_arguments, get_optimizer,
+get_scheduler_fix), the upstream classes themselves (torch AdamW / Lion as references for the bitsandbytes ones),
+closed-form update rules (SGD with Nesterov / heavy-ball momentum, Adafactor's relative step, schedule-free's y = β1·x
++ (1-β1)·z), and lr curves written out below independently of the libraries that implement them.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def problems_of(*argv: str) -> list[str]:
 
 
 # ----------------------------------------------------------------------------------------------------------- flags
-# SD_SCRIPTS.md §1.2 tables "Optimizer & learning rates" and "LR scheduler": every flag of add_optimizer_arguments.
+# sd-scripts library/train_util.py: every flag of add_optimizer_arguments (optimizer, learning rates, LR scheduler).
 SD_SCRIPTS_DEFAULTS = {
     "optimizer_type": "",
     "optimizer_args": None,
@@ -225,7 +225,7 @@ def test_schedule_free_ignores_the_schedule_with_a_warning(caplog):
 
 
 # -------------------------------------------------------------------------------------------------------- registry
-# SD_SCRIPTS.md §8.1, plus CAME: documented name -> (module the class comes from, class name).
+# sd-scripts train_util.get_optimizer, plus CAME: documented name -> (module the class comes from, class name).
 DOCUMENTED_OPTIMIZERS = {
     "AdamW": ("torch.optim", "AdamW"),
     "AdamW8bit": ("bitsandbytes.optim", "AdamW8bit"),

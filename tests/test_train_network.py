@@ -111,7 +111,7 @@ def test_lycoris_algorithms_reload_through_lycoris(tiny_dir, dataset, tmp_path, 
     network_from_file(result.output, fam.adapter_roots(ours))
     expected = _unet_out(ours.unet, ours)
     assert (expected - base).abs().max() > 1e-5
-    for cls in ("TimestepEmbedding",):  # lycoris 4.1.3 bug: duplicated names on diffusers UNets (FORMATS.md 2.5)
+    for cls in ("TimestepEmbedding",):  # lycoris 4.1.3 bug: duplicated names on diffusers UNets (docs/formats.md)
         for lst in (kohya.LycorisNetworkKohya.UNET_TARGET_REPLACE_MODULE,):
             if cls in lst:
                 lst.remove(cls)

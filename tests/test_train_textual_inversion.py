@@ -69,7 +69,7 @@ def _fresh_pipe(path):
 
 
 def _load_into_diffusers(pipe, family, path):
-    """SD1/SD2: one call; SDXL: one call per encoder with its key (FORMATS.md section 3)."""
+    """SD1/SD2: one call; SDXL: one call per encoder with its key (docs/formats.md "Textual-inversion embeddings")."""
     if len(family.ti_embedding_keys) == 1:
         pipe.load_textual_inversion(str(path), token=TOKEN)
         return

@@ -1,8 +1,9 @@
 """Which samples form which batch in which epoch: a pure function of (seed, epoch), sharded per process.
 
-As sd-scripts (SD_SCRIPTS.md §2.5): every (image x repeat) goes into the bucket of its resolution, each bucket is
-shuffled and cut into batches of ``batch_size`` (the last one may be smaller), and all batches of all datasets are
-shuffled together every epoch. With several training resolutions, each sample draws its resolution per epoch.
+As sd-scripts (``library/train_util.py: BaseDataset.make_buckets / shuffle_buckets``): every (image x repeat) goes
+into the bucket of its resolution, each bucket is shuffled and cut into batches of ``batch_size`` (the last one may be
+smaller), and all batches of all datasets are shuffled together every epoch. With several training resolutions, each
+sample draws its resolution per epoch.
 """
 
 from __future__ import annotations

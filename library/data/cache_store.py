@@ -5,7 +5,8 @@ encoder identity, bucket, resize size, crop box, flip, interpolation. A changed 
 key, so an old entry is never used; an unchanged input gives the same key, so entries are reused across runs.
 Entries are safetensors files written atomically (temp file + ``os.replace``), in memory, in ``--cache_dir``, or
 next to the images (only with the ``*_to_disk`` flags and no ``--cache_dir``; then under our own file names,
-never touching an existing file). sd-scripts' caches key on the file name only (SD_SCRIPTS.md §5.5, 1.3).
+never touching an existing file). sd-scripts' caches key on the file name only (``library/strategy_sd.py:
+SdSdxlLatentsCachingStrategy.get_latents_npz_path``; its validity check compares shapes, not contents).
 """
 
 from __future__ import annotations

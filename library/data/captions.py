@@ -23,7 +23,7 @@ _WILDCARD = re.compile(r"\{([^}]+)\}")
 
 @dataclass(frozen=True)
 class CaptionConfig:
-    """Per-subset caption settings (sd-scripts names and defaults; see SD_SCRIPTS.md §1.2 "Captions")."""
+    """Per-subset caption settings (sd-scripts names and defaults: ``library/config_util.py: BaseSubsetParams``)."""
 
     shuffle_caption: bool = False
     caption_separator: str = ","

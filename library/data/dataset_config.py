@@ -1,11 +1,11 @@
 """From flags and dataset files to validated, resolved ``DatasetConfig`` objects.
 
-Three sources, as sd-scripts users have them (SD_SCRIPTS.md §2): a ``--dataset_config`` TOML/JSON file;
-``--train_data_dir`` / ``--reg_data_dir`` with ``<repeats>_<class tokens>`` sub-folders; ``--in_json`` metadata
-(fine-tune mode) with ``--dataset_repeats``. All three become the same document (``general`` + ``datasets`` +
-``subsets``), validated by ``schema`` and resolved subset -> dataset -> general -> command line -> default (the
-first value that is set wins, as sd-scripts' ``BlueprintGenerator``). Every problem is reported at once, before
-any image or model is read.
+Three sources, as sd-scripts users have them (sd-scripts' ``library/config_util.py``): a ``--dataset_config``
+TOML/JSON file; ``--train_data_dir`` / ``--reg_data_dir`` with ``<repeats>_<class tokens>`` sub-folders; ``--in_json``
+metadata (fine-tune mode) with ``--dataset_repeats``. All three become the same document (``general`` + ``datasets`` +
+``subsets``), validated by ``schema`` and resolved subset -> dataset -> general -> command line -> default (the first
+value that is set wins, as sd-scripts' ``BlueprintGenerator``). Every problem is reported at once, before any image or
+model is read.
 """
 
 from __future__ import annotations
@@ -114,7 +114,8 @@ def bom_hint(text: str) -> str:
 
 
 def _folder_subsets(parent: str, flag: str, is_reg: bool, problems: Problems) -> list[dict]:
-    """sd-scripts' ``<repeats>_<class tokens>`` folder convention (SD_SCRIPTS.md §2.4)."""
+    """sd-scripts' ``<repeats>_<class tokens>`` folder convention (sd-scripts' ``library/config_util.py:
+    generate_dreambooth_subsets_config_by_subdirs``)."""
     if not os.path.isdir(parent):
         problems.error(f"{flag} {parent}", "folder not found")
         return []

@@ -180,7 +180,7 @@ def _unknown_key_message(key: str) -> str:
     if key in CLI_ONLY:
         return f"not a dataset-file key; {CLI_ONLY[key]}"
     close = difflib.get_close_matches(key, list(KEYS) + list(CLI_ONLY), n=1, cutoff=0.6)
-    hint = f'; did you mean "{close[0]}"?' if close else "; see SD_SCRIPTS.md section 2.2 for the keys"
+    hint = f'; did you mean "{close[0]}"?' if close else "; the keys are listed in docs/data.md (Dataset file keys)"
     return "unknown key" + hint
 
 

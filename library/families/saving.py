@@ -1,10 +1,10 @@
 """Saving a full model as a single-file checkpoint (.safetensors / .ckpt) or as a diffusers folder, atomically.
 
-Single files use the key layout every SD tool reads (FORMATS.md §4, conversion in ``convert.py``) and carry
-metadata: ModelSpec 1.0.1 (``modelspec.architecture``, ``.prediction_type``, ``.resolution``...), ``sdtrain.family``
-and ``sdtrain.configs`` (the component configs as JSON, so tiny and non-standard models reload exactly). A
-v-prediction model also gets the ``v_pred`` marker tensor (and ``ztsnr`` for zero-terminal-SNR), the convention
-ComfyUI and Forge read for SDXL; other readers ignore unknown top-level keys.
+Single files use the key layout every SD tool reads (docs/formats.md "Single-file checkpoints", conversion in
+``convert.py``) and carry metadata: ModelSpec 1.0.1 (``modelspec.architecture``, ``.prediction_type``,
+``.resolution``...), ``sdtrain.family`` and ``sdtrain.configs`` (the component configs as JSON, so tiny and
+non-standard models reload exactly). A v-prediction model also gets the ``v_pred`` marker tensor (and ``ztsnr`` for
+zero-terminal-SNR), the convention ComfyUI and Forge read for SDXL; other readers ignore unknown top-level keys.
 
 Diffusers folders are written component by component (so ``dtype`` can differ from the modules' dtype without a
 copy of the model): ``model_index.json`` as diffusers writes it, weights as safetensors, text-encoder weights with

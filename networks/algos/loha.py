@@ -2,7 +2,7 @@
 
 Hyeon-Woo et al. 2022, "FedPara: Low-Rank Hadamard Product for Communication-Efficient Federated Learning",
 ICLR 2022, arXiv:2108.06098; as implemented for diffusion models by LyCORIS (Yeh et al. 2024, arXiv:2309.14859).
-File layout: LyCORIS ``LohaModule`` (FORMATS.md §2.1).
+File layout: LyCORIS ``LohaModule`` (docs/formats.md "LoHa").
 
 Shapes (``r`` = rank; a conv kernel ``kh x kw`` is flattened into the input side unless tucker is used):
 

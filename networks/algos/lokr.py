@@ -2,7 +2,7 @@
 
 Edalati et al. 2022, "KronA: Parameter Efficient Tuning with Kronecker Adapter", arXiv:2212.10650; the LyCORIS
 variant (Yeh et al. 2024, "Navigating Text-To-Image Customization: From LyCORIS Fine-Tuning to Model Evaluation",
-ICLR 2024, arXiv:2309.14859). File layout: LyCORIS ``LokrModule`` (FORMATS.md §2.2).
+ICLR 2024, arXiv:2309.14859). File layout: LyCORIS ``LokrModule`` (docs/formats.md "LoKr").
 
 The base weight (out, in[, kh, kw]) is split as out = a·b, in = c·d with :func:`factorization` (a ≤ b, c ≤ d):
 

@@ -2,7 +2,7 @@
 
 Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models", arXiv:2106.09685 (the linear case);
 LyCORIS "LoCon" (KohakuBlueleaf, and Yeh et al. 2024, arXiv:2309.14859) for convolutions. Files: kohya
-``networks.lora`` / LyCORIS ``LoConModule`` layout (FORMATS.md §1.1).
+``networks.lora`` / LyCORIS ``LoConModule`` layout (docs/formats.md "LoRA and LoCon").
 
 Shapes (``r`` = rank, ``k`` = the base kernel ``kh x kw``):
 

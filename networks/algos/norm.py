@@ -4,7 +4,7 @@
 
 ``w_norm`` and ``b_norm`` have the norm's channel shape (C,) and start at 0. File keys ``<name>.w_norm`` /
 ``<name>.b_norm`` without ``alpha`` (LyCORIS ``NormModule``; ComfyUI and A1111 read them as additive "diff"
-patches, FORMATS.md §2.4).
+patches, docs/formats.md "Norm layers and other suffixes").
 """
 
 from __future__ import annotations
