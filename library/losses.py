@@ -8,7 +8,7 @@ Order, as sd-scripts' ``train_network.py: NetworkTrainer.process_batch / post_pr
 3. mean over C, H, W -> one value per sample;
 4. per-sample weights (``--prior_loss_weight`` for regularisation images);
 5. ``--min_snr_gamma``; 6. ``--scale_v_pred_loss_like_noise_pred``; 7. ``--v_pred_like_loss``;
-8. ``--debiased_estimation_loss``; then :func:`diffusion_loss` takes the batch mean.
+8. ``--debiased_estimation_loss``; the training loss is the batch mean of that.
 
 Where this differs from sd-scripts (on purpose): sd-scripts computes its SNR table *before* the
 ``--zero_terminal_snr`` rescale, so every SNR weighting uses the original schedule while the model trains on the
@@ -148,12 +148,6 @@ def elementwise_loss(pred: Tensor, target: Tensor, loss_type: str, huber_c: Tens
 # Masks
 
 
-def mask_from_conditioning_image(images: Tensor) -> Tensor:
-    """Mask (B, 1, H, W) in [0, 1] from mask images (B, 3, H, W) normalised to [-1, 1]: the red channel mapped
-    back to [0, 1] (sd-scripts ``--masked_loss`` with a subset's ``conditioning_data_dir``)."""
-    return images[:, :1].float() / 2.0 + 0.5
-
-
 def resize_mask(mask: Tensor, size: tuple[int, int]) -> Tensor:
     """Per-pixel weights (B, 1, H, W) or (B, H, W) in [0, 1] -> (B, 1, h, w) float32 at the latent size, by area
     interpolation (the mean of the pixels each latent cell covers; identity when already at that size)."""
@@ -186,13 +180,6 @@ def apply_mask(loss: Tensor, mask: Tensor, cfg: LossConfig, generator: torch.Gen
     if cfg.normalize_masked_area_loss:
         loss = loss / weights.mean(dim=(1, 2, 3), keepdim=True).clamp(min=1e-8)
     return loss
-
-
-def sample_weights(is_regularization: Tensor, cfg: LossConfig) -> Tensor:
-    """Per-sample loss weights (B,) float32: ``prior_loss_weight`` for regularisation images, 1 otherwise
-    (DreamBooth prior preservation, Ruiz et al. 2023, arXiv:2208.12242, eq. 2)."""
-    weight = torch.tensor(cfg.prior_loss_weight, dtype=torch.float32, device=is_regularization.device)
-    return torch.where(is_regularization.bool(), weight, torch.ones_like(weight))
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -265,7 +252,8 @@ def diffusion_loss_per_sample(
         pred, target: (B, C, h, w) model output and target (any float dtype; the loss is computed in float32).
         timesteps: (B,) integer timesteps the example was noised at.
         schedule: the training schedule (provides ``snr`` and ``gather``).
-        loss_weights: (B,) per-sample weights (see :func:`sample_weights`), or None for 1.
+        loss_weights: (B,) per-sample weights (the batch's ``loss_weights``: ``--prior_loss_weight`` for
+            regularisation images, DreamBooth prior preservation, Ruiz et al. 2023, arXiv:2208.12242), or None for 1.
         mask: (B, 1, H, W) or (B, H, W) per-pixel weights in [0, 1] at image or latent resolution, or None.
         generator: draws for ``unmasked_probability``.
     """
@@ -287,21 +275,3 @@ def diffusion_loss_per_sample(
     if loss_weights is not None:
         loss = loss * loss_weights.to(device=loss.device, dtype=loss.dtype)
     return apply_snr_weightings(loss, schedule.snr(timesteps), cfg)
-
-
-def diffusion_loss(
-    pred: Tensor,
-    target: Tensor,
-    timesteps: Tensor,
-    cfg: LossConfig,
-    schedule: NoiseSchedule,
-    *,
-    loss_weights: Tensor | None = None,
-    mask: Tensor | None = None,
-    generator: torch.Generator | None = None,
-) -> Tensor:
-    """The training loss: scalar float32, the batch mean of :func:`diffusion_loss_per_sample` (same arguments)."""
-    per_sample = diffusion_loss_per_sample(
-        pred, target, timesteps, cfg, schedule, loss_weights=loss_weights, mask=mask, generator=generator
-    )
-    return per_sample.mean()

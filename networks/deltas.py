@@ -28,7 +28,7 @@ from . import files
 from .algos import ALGOS
 from .layers import AdapterLayer, AdapterWeights
 from .lowrank import Delta
-from .targets import Root, Target
+from .targets import Target
 
 logger = logging.getLogger(__name__)
 
@@ -157,11 +157,6 @@ def shape_from_tensors(algo: str, t: Mapping[str, Tensor]) -> tuple[int, ...] | 
     return None
 
 
-def model_index(roots: Sequence[Root]) -> dict[str, Target]:
-    """Every adaptable module of a model under its kohya name (and alias names), as training finds them."""
-    return files.module_index(roots)
-
-
 @cache
 def reference_parts(family_name: str) -> Any:
     """The released architecture of a family (UNet and text encoders, shipped configs) on the meta device: module
@@ -186,7 +181,7 @@ def reference_index(family_name: str) -> dict[str, Target]:
     """Kohya names -> modules of :func:`reference_parts`: shapes for files whose tensors do not determine them."""
     from library.families import get_family
 
-    return model_index(get_family(family_name).adapter_roots(reference_parts(family_name)))
+    return files.module_index(get_family(family_name).adapter_roots(reference_parts(family_name)))
 
 
 def fits(file: AdapterFile, index: Mapping[str, Target]) -> list[str]:
@@ -319,4 +314,4 @@ def base_model_index(path: str | os.PathLike, dtype: torch.dtype = torch.float32
 
     family = detect_family(path)
     parts = family.load(path, dtype=dtype)
-    return family, parts, model_index(family.adapter_roots(parts))
+    return family, parts, files.module_index(family.adapter_roots(parts))

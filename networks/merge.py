@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from . import files
-from .deltas import AdapterFile, file_deltas, fits, model_index, resolve_index, shape_from_tensors
+from .deltas import AdapterFile, file_deltas, fits, resolve_index, shape_from_tensors
 from .layers import AdapterWeights
 from .lowrank import Delta, clamp_factors, select_rank, sum_deltas, svd_all, to_lora
 from .tool_common import progress
@@ -198,7 +198,7 @@ def merge_into_model(family: Any, parts: Any, files_: Sequence[AdapterFile], rat
     from .inject import network_from_state_dict
 
     roots = family.adapter_roots(parts)
-    index = model_index(roots)
+    index = files.module_index(roots)
     problems = [p for f in files_ for p in fits(f, index)]
     if problems:
         more = f"\n... and {len(problems) - 8} more" if len(problems) > 8 else ""

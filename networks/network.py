@@ -184,11 +184,6 @@ class AdapterNetwork(nn.Module):
                 out.append({"params": params, "lr": group_lr, "name": full_name})
         return out
 
-    def enable_gradient_for(self, unet: bool = True, text_encoder: bool = True) -> None:
-        """``requires_grad`` on the UNet / text-encoder adapters (``--network_train_*_only``); base stays frozen."""
-        for s in self._slots.values():
-            s.layer.adapter.requires_grad_(unet if s.target.is_unet else text_encoder)
-
     # ------------------------------------------------------------------------------------------------ file output
     def state_dict_for_file(self, dtype: torch.dtype | None = None) -> dict[str, Tensor]:
         """kohya/LyCORIS keys ``<name>.<suffix>`` (alpha per module, DoRA ``dora_scale``), cast to ``dtype``."""

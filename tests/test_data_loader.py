@@ -320,3 +320,19 @@ def test_regularisation_images_get_prior_loss_weight(tmp_path):
         for path, w, reg in zip(batch.image_paths, batch.loss_weights.tolist(), batch.is_reg.tolist()):
             weights[path.rsplit("/", 1)[1]] = (w, reg)
     assert weights == {"a.png": (1.0, False), "r0.png": (0.25, True), "r1.png": (0.25, True)}
+
+
+def test_mask_file_weights_by_its_red_channel(tmp_path):
+    """A subset's ``conditioning_data_dir`` mask: the red channel of an RGB file is the per-pixel loss weight (as
+    sd-scripts), a greyscale file is used as is, and a mask of another size is resized to the image."""
+    from library.data.images import load_mask_source, to_mask
+
+    rgb = np.zeros((4, 4, 3), np.uint8)
+    rgb[:2, :, 0] = 255  # red on the top half
+    rgb[:, :, 1] = 255  # green everywhere: must not count
+    Image.fromarray(rgb).save(tmp_path / "rgb.png")
+    mask = to_mask(load_mask_source(str(tmp_path / "rgb.png"), Image.new("RGB", (4, 4)), alpha_mask=False))
+    assert mask.shape == (1, 4, 4) and mask[0, :2].eq(1).all() and mask[0, 2:].eq(0).all()
+    Image.fromarray(np.full((2, 2), 255, np.uint8)).save(tmp_path / "grey.png")
+    grey = to_mask(load_mask_source(str(tmp_path / "grey.png"), Image.new("RGB", (8, 6)), alpha_mask=False))
+    assert grey.shape == (1, 6, 8) and grey.eq(1).all()

@@ -13,14 +13,11 @@ from library.losses import (
     LossConfig,
     apply_mask,
     debiased_weight,
-    diffusion_loss,
     diffusion_loss_per_sample,
     elementwise_loss,
     huber_c_for,
-    mask_from_conditioning_image,
     min_snr_weight,
     resize_mask,
-    sample_weights,
 )
 from library.noising import NoiseSchedule
 
@@ -57,7 +54,7 @@ def table_snr(schedule: NoiseSchedule, t: torch.Tensor) -> list[float]:
 
 def test_default_loss_is_plain_mse(pair, schedule):
     pred, target = pair
-    loss = diffusion_loss(pred.half(), target, T, LossConfig(), schedule)
+    loss = diffusion_loss_per_sample(pred.half(), target, T, LossConfig(), schedule).mean()
     assert loss.dtype == torch.float32 and loss.ndim == 0
     torch.testing.assert_close(loss, F.mse_loss(pred.half().float(), target), atol=1e-6, rtol=0)
 
@@ -137,7 +134,7 @@ WEIGHTED = [
 def test_per_sample_loss_matches_direct_computation(pair, schedule, cfg):
     pred, target = pair
     is_reg = torch.tensor([False, True, False, True])
-    weights = sample_weights(is_reg, cfg)
+    weights = torch.where(is_reg, cfg.prior_loss_weight, 1.0)  # what the loader puts in Batch.loss_weights
     got = diffusion_loss_per_sample(pred, target, T, cfg, schedule, loss_weights=weights)
     c = huber_c_for(T, cfg, schedule)
     for b, snr in enumerate(table_snr(schedule, T)):
@@ -149,7 +146,6 @@ def test_per_sample_loss_matches_direct_computation(pair, schedule, cfg):
         prior = cfg.prior_loss_weight if is_reg[b] else 1.0
         expected = element.mean().item() * prior * reference_weights(snr, cfg)
         assert got[b].item() == pytest.approx(expected, rel=1e-5)
-    torch.testing.assert_close(diffusion_loss(pred, target, T, cfg, schedule, loss_weights=weights), got.mean())
 
 
 def test_min_snr_and_debiased_closed_forms():
@@ -187,13 +183,6 @@ def test_resize_mask_is_block_mean():
     expected = mask.view(2, 1, 8, 8, 6, 8).mean(dim=(3, 5))
     torch.testing.assert_close(resized, expected)
     torch.testing.assert_close(resize_mask(mask[:, 0], (64, 48)), mask)  # (B, H, W) and already latent-sized
-
-
-def test_mask_from_conditioning_image_uses_red_channel():
-    image = torch.stack([torch.full((4, 4), -1.0), torch.full((4, 4), 1.0), torch.zeros(4, 4)]).unsqueeze(0)
-    image[0, 0, :2] = 1.0
-    mask = mask_from_conditioning_image(image)
-    assert mask.shape == (1, 1, 4, 4) and mask[0, 0, :2].eq(1).all() and mask[0, 0, 2:].eq(0).all()
 
 
 def image_mask(batch: int = B) -> torch.Tensor:
@@ -259,13 +248,13 @@ def test_unmasked_probability_frequency():
 
 def test_masked_loss_without_mask_raises(pair, schedule):
     with pytest.raises(ValueError, match="--masked_loss is set but the batch has no mask"):
-        diffusion_loss(*pair, T, LossConfig(masked_loss=True), schedule)
+        diffusion_loss_per_sample(*pair, T, LossConfig(masked_loss=True), schedule)
 
 
 def test_loss_backpropagates(pair, schedule):
     pred = pair[0].clone().requires_grad_()
     cfg = LossConfig(loss_type="huber", min_snr_gamma=5.0, unmasked_weight=0.1, normalize_masked_area_loss=True)
-    diffusion_loss(pred, pair[1], T, cfg, schedule, mask=image_mask()).backward()
+    diffusion_loss_per_sample(pred, pair[1], T, cfg, schedule, mask=image_mask()).mean().backward()
     assert pred.grad is not None and torch.isfinite(pred.grad).all() and pred.grad.abs().sum() > 0
 
 

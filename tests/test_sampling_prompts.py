@@ -168,7 +168,8 @@ def test_sample_config_validates_up_front(tmp_path):
     good = tmp_path / "p.txt"
     good.write_text("a cat --w 512\n")
     cfg = SampleConfig.from_args(_args(["--sample_prompts", str(good), "--sample_every_n_steps", "5"]))
-    assert cfg.enabled and cfg.sampler == "ddim" and cfg.every_n_steps == 5
+    assert str(cfg.prompts_file) == str(good) and cfg.sampler == "ddim" and cfg.every_n_steps == 5
+    assert should_sample(cfg, step=5) and not should_sample(cfg, step=4)
     bad = tmp_path / "bad.txt"
     bad.write_text("a cat --w 500\n")
     with pytest.raises(ConfigError) as e:

@@ -125,9 +125,5 @@ class ModelFamily(Protocol):
     def modelspec_architecture(self, kind: str = "", prediction_type: str = "epsilon") -> str: ...
 
 
-def module_dtype(module: nn.Module) -> torch.dtype:
-    return next(module.parameters()).dtype
-
-
 def module_device(module: nn.Module) -> torch.device:
     return next(module.parameters()).device
