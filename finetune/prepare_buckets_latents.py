@@ -1,5 +1,4 @@
-"""Bucket the images of a fine-tune metadata JSON and cache their latents (sd-scripts'
-finetune/prepare_buckets_latents.py).
+"""Bucket a metadata JSON's images and cache their latents (sd-scripts' finetune/prepare_buckets_latents.py).
 
     python finetune/prepare_buckets_latents.py train_data_dir meta_clean.json meta_lat.json model.safetensors \
         [--max_resolution 512,512] [--min_bucket_reso 256] [--max_bucket_reso 1024] [--batch_size 4] \

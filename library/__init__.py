@@ -1,5 +1,4 @@
-"""sdtrain's shared library: argument groups, configs, model families, data, noise, losses, optimizers, sampling,
-checkpoints and the training session."""
+"""sdtrain's shared library: flags, configs, families, data, noise, losses, optimizers, sampling, weight files."""
 
 import logging
 

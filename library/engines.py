@@ -1,4 +1,6 @@
-"""Distributed engines for full-model training: sd-scripts' DeepSpeed flags mapped to accelerate's DeepSpeed
+"""Distributed engines for full-model training (DeepSpeed flags -> accelerate's plugin).
+
+Distributed engines for full-model training: sd-scripts' DeepSpeed flags mapped to accelerate's DeepSpeed
 plugin, and clear errors where an engine cannot run on this machine.
 
 DDP needs nothing here (``accelerate launch --multi_gpu``; on CPU it runs with gloo). FSDP comes from an accelerate

@@ -1,4 +1,6 @@
-"""The console and the trackers: third-party notices that tell a user nothing are silenced once, log lines are
+"""The console and the trackers: log lines, progress bars, error lines, TensorBoard / wandb runs.
+
+The console and the trackers: third-party notices that tell a user nothing are silenced once, log lines are
 written above the progress bar (never glued onto it), only the main process logs under ``accelerate launch``, and
 each run logs to its own TensorBoard run folder (a resumed run continues its run's step axis).
 """

@@ -1,4 +1,6 @@
-"""Metadata written into saved files: sd-scripts' ``ss_*`` keys, ModelSpec 1.0.1 and the A1111 hashes.
+"""The metadata formats of saved files (``ss_*``, ModelSpec, ``sshs_*`` hashes), with no run knowledge.
+
+Metadata written into saved files: sd-scripts' ``ss_*`` keys, ModelSpec 1.0.1 and the A1111 hashes.
 
 Readers: A1111's Lora extension uses ``ss_output_name`` (alias), ``sshs_model_hash`` (the LoRA hash),
 ``ss_base_model_version`` (SD version filter) and ``ss_tag_frequency``; civitai and ComfyUI save nodes use

@@ -1,5 +1,4 @@
-"""The model itself as a :class:`library.trainable.Trainable`: full fine-tuning and DreamBooth
-(fine_tune.py, sdxl_train.py, train_db.py).
+"""The whole model as a Trainable: full fine-tuning and DreamBooth (fine_tune.py, sdxl_train.py, train_db.py).
 
 The UNet is always trained; the text encoders too with ``--train_text_encoder`` (fine_tune.py / sdxl_train.py) or
 by default in train_db.py (``--stop_text_encoder_training -1`` there means never). Each trained part has its own

@@ -1,4 +1,6 @@
-"""What ``--resume`` checks before any model loads: which state folder to read (a state folder, or an output folder
+"""What ``--resume`` checks and loads: the state folder, its settings, its counters, the budget left.
+
+What ``--resume`` checks before any model loads: which state folder to read (a state folder, or an output folder
 whose newest complete state is picked), whether its network and optimizer settings are the command line's, and
 whether the step budget is already spent (then there is nothing to do and nothing is written).
 

@@ -1,4 +1,4 @@
-"""When and where trained files are saved; resumable training state.
+"""The files a run writes: names, when to save, rotation, and the resumable state folders.
 
 File names follow sd-scripts: ``<name>-<epoch:06d>.<ext>`` every N epochs (not at the last epoch),
 ``<name>-step<step:08d>.<ext>`` every N steps, ``<name>.<ext>`` at the end; without ``--output_name`` the stems are

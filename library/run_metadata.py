@@ -1,4 +1,6 @@
-"""The ``ss_*`` and ModelSpec metadata of a trained file (adapter, embedding), as sd-scripts' trainers write it.
+"""A run's metadata values for the file it saves (what ``metadata_format`` keys it fills, and from what).
+
+The ``ss_*`` and ModelSpec metadata of a trained file (adapter, embedding), as sd-scripts' trainers write it.
 
 The run's keys come from here; the trainable adds its own (``ss_network_*`` for adapters) through ``metadata()``.
 

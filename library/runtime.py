@@ -1,4 +1,4 @@
-"""The run: accelerate set-up, precision, attention backend, seeding, step accounting."""
+"""The process a run lives in: accelerate set-up, precision, attention backend, seeding, RNG state, step counts."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""A training session: every configuration group read and cross-checked at once, then the run set up.
+"""Setting up a training run: the flags read into one TrainConfig (``read_config``), then the Run (``start``).
+
+A training session: every configuration group read and cross-checked at once, then the run set up.
 
 ``read_config(args)`` turns the parsed flags into one frozen :class:`TrainConfig` (all problems reported together,
 before anything heavy happens); ``start(cfg)`` creates the accelerator, reads the datasets (bucket report), loads

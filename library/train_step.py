@@ -1,4 +1,6 @@
-"""The diffusion training step shared by every trainer, plus validation and the NaN guard.
+"""One training step's loss (``batch_loss``), validation loss, the NaN guard, Ctrl-C and loss averages.
+
+The diffusion training step shared by every trainer, plus validation and the NaN guard.
 
 One function computes the loss of a batch (:func:`batch_loss`); training, validation and the loss-falls tests all
 call it, so they cannot drift apart. Every random draw of a step (VAE latent sample, noise, timesteps, masked-loss

@@ -1,5 +1,4 @@
-"""Everything around the optimizer step of a run: counters, gradient sync and clipping, EMA, logging,
-saves with metadata, samples, validation, resumable state, and the final summary.
+"""The Trainer: everything around the optimizer step (sync, clipping, EMA, logs, saves, samples, state).
 
 The loop itself stays in the entry script; it calls these methods at fixed points (see train_network.py). What
 is trained is a :class:`library.trainable.Trainable` (adapter network, token embeddings, ...); the trainer knows

@@ -1,4 +1,6 @@
-"""Check an adapter file: every tensor's shape, mean |value| and min |value| (sd-scripts' output), plus a summary
+"""Script: check an adapter file (shapes, magnitudes, and what would make a loader misbehave).
+
+Check an adapter file: every tensor's shape, mean |value| and min |value| (sd-scripts' output), plus a summary
 per module (algorithm, rank, alpha, DoRA) and the problems that make a file misbehave: NaN / Inf values, modules
 whose ΔW is zero (never trained), alpha <= 0, algorithms or keys no loader understands.
 

@@ -1,4 +1,6 @@
-"""Extract a LoRA from two models (sd-scripts' ``networks/extract_lora_from_models.py``): per target module
+"""Extracting a LoRA from two models: the per-module SVD of W_tuned - W_org (the extract script's engine).
+
+Extract a LoRA from two models (sd-scripts' ``networks/extract_lora_from_models.py``): per target module
 ΔW = W_tuned − W_org, truncated by SVD to ``dim`` (3x3 convs to ``conv_dim``; without it they are not extracted).
 
 Targets are the modules ``networks.lora`` trains (``networks.targets``: Transformer2DModel + CLIP attention / MLP,

@@ -1,4 +1,6 @@
-"""Extract a LoRA from the difference of two models (SD1 / SD2 / SDXL; single files or diffusers folders):
+"""Script: extract a LoRA from the difference of two models (sd-scripts' name and flags).
+
+Extract a LoRA from the difference of two models (SD1 / SD2 / SDXL; single files or diffusers folders):
 per module ΔW = tuned − original, truncated by SVD to --dim (3x3 convs to --conv_dim; without it they are left out).
 
     python networks/extract_lora_from_models.py --model_org base.safetensors --model_tuned tuned.safetensors \

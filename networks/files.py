@@ -1,4 +1,6 @@
-"""Reading kohya / LyCORIS adapter state dicts: group tensors per module, match module names to a model, explain
+"""Adapter state dicts: grouping per module, the algorithm of each, name matching and mismatch messages.
+
+Reading kohya / LyCORIS adapter state dicts: group tensors per module, match module names to a model, explain
 mismatches (another model family, another algorithm, another rank) in words a user can act on.
 """
 

@@ -1,4 +1,6 @@
-"""Build adapter networks on a model: from a :class:`NetworkConfig` (``inject``), from a file (``network_from_file``,
+"""Building adapter networks on a model: from flags, from a file, and baking files into base weights.
+
+Build adapter networks on a model: from a :class:`NetworkConfig` (``inject``), from a file (``network_from_file``,
 ``--dim_from_weights``), and bake files into the base weights (``merge_files_into_base``, ``--base_weights``).
 
 ``roots`` come from the model family: ``[(prefix, module, rename), ...]`` (see ``networks.targets``).

@@ -1,4 +1,6 @@
-"""Read an adapter file with lycoris-lora's own loader and forward pass: the consumer of LyCORIS formats (LoHa, LoKr,
+"""lycoris-lora as a reader of our LyCORIS-format files (the demo and the tests' oracle).
+
+Read an adapter file with lycoris-lora's own loader and forward pass: the consumer of LyCORIS formats (LoHa, LoKr,
 DoRA, Tucker) that diffusers cannot read. Used by ``--demo`` and by the tests as an oracle.
 
 lycoris-lora 4.1.3 needs three work-arounds on diffusers models (docs/formats.md "lycoris-lora 4.1.3 on diffusers

@@ -1,4 +1,6 @@
-"""Merging adapters: into a model checkpoint (any algorithm), into one LoRA exactly (ranks concatenated), or into
+"""Merging adapters: into a model, into one exact LoRA, or into one LoRA of a chosen rank (the engines).
+
+Merging adapters: into a model checkpoint (any algorithm), into one LoRA exactly (ranks concatenated), or into
 one LoRA of a chosen rank (SVD of the summed ΔW). The scripts are merge_lora.py / sdxl_merge_lora.py and
 svd_merge_lora.py.
 

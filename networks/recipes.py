@@ -1,4 +1,6 @@
-"""Score recipes of elias-gaeros/resize_lora (``-r fro_ckpt=1,thr=-3.55``): which singular values to keep, judged
+"""Resize score recipes (elias-gaeros/resize_lora ``-r``): which singular values a resize keeps.
+
+Score recipes of elias-gaeros/resize_lora (``-r fro_ckpt=1,thr=-3.55``): which singular values to keep, judged
 against the base model's weights.
 
 A recipe is comma-separated ``key=value`` pairs; several recipes are separated by ``:`` (one output each). Each

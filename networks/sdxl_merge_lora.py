@@ -1,4 +1,6 @@
-"""sd-scripts' name for merging into SDXL checkpoints: ``merge_lora.py`` with the family checked to be SDXL (the
+"""Script: merge adapters into an SDXL checkpoint (sd-scripts' name for merge_lora.py on SDXL).
+
+sd-scripts' name for merging into SDXL checkpoints: ``merge_lora.py`` with the family checked to be SDXL (the
 family is read from --sd_model in both scripts). See networks/merge_lora.py for the flags."""
 
 from __future__ import annotations

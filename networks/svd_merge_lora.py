@@ -1,4 +1,6 @@
-"""Merge adapters (LoRA, LoCon, LoHa, LoKr, DoRA) into one LoRA of a chosen rank: per module the summed
+"""Script: merge adapters into one LoRA of a chosen rank by SVD of the summed ΔW.
+
+Merge adapters (LoRA, LoCon, LoHa, LoKr, DoRA) into one LoRA of a chosen rank: per module the summed
 ΔW = Σ ratio * ΔW_i is computed exactly and truncated by SVD, the best rank-r approximation of the sum.
 
     python networks/svd_merge_lora.py --models a.safetensors b.safetensors --ratios 0.8 0.5 \

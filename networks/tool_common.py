@@ -1,4 +1,6 @@
-"""What the post-training tool scripts share: precision names, progress bars, and writing an adapter file
+"""What the tool scripts share: precisions, progress bars, adapter saving, the command-line exit status.
+
+What the post-training tool scripts share: precision names, progress bars, and writing an adapter file
 atomically with sd-scripts' ``sshs_*`` hashes computed on exactly the tensors written."""
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""Command-line tools around training: model conversion, metadata, latent caching, image resizing."""

@@ -1,5 +1,4 @@
-"""Pre-compute the latent cache of a dataset (sd-scripts' tools/cache_latents.py), so training starts without
-encoding images.
+"""Pre-compute a dataset's latent cache before training (sd-scripts' tools/cache_latents.py).
 
     python tools/cache_latents.py --pretrained_model_name_or_path model.safetensors \
         --dataset_config dataset.toml [--cache_dir caches/] [--vae_batch_size 4] [--mixed_precision fp16]

@@ -1,4 +1,6 @@
-"""Convert a Stable Diffusion model (SD1 / SD2 incl. v-prediction / SDXL) between a diffusers folder and a single
+"""Script: convert an SD1 / SD2 / SDXL model between a diffusers folder and a single file.
+
+Convert a Stable Diffusion model (SD1 / SD2 incl. v-prediction / SDXL) between a diffusers folder and a single
 file (.safetensors / .ckpt), optionally changing its precision.
 
     python tools/convert_model.py model.safetensors out_diffusers_folder [--fp16]

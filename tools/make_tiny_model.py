@@ -1,5 +1,4 @@
-"""Write tiny SD1 / SD2 (v-prediction) / SDXL models with random weights, for tests, the demo and trying sdtrain
-without downloading anything.
+"""Write tiny SD1 / SD2-v / SDXL models with random weights (tests, the demo, trying sdtrain offline).
 
     python tools/make_tiny_model.py --out models/tiny [--family sd1 sd2 sdxl] [--seed 0]
 

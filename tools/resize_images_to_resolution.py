@@ -1,5 +1,4 @@
-"""Downscale every image of a folder to one or more maximum areas, keeping the aspect ratio (sd-scripts'
-tools/resize_images_to_resolution.py).
+"""Downscale a folder's images to maximum areas, keeping aspect (sd-scripts' resize_images_to_resolution.py).
 
     python tools/resize_images_to_resolution.py src/ dst/ --max_resolution 1024x1024,512x512 [--divisible_by 8]
 

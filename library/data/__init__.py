@@ -1,4 +1,6 @@
-"""The dataset pipeline: sd-scripts datasets (folders, metadata JSON, dataset TOML) -> captions -> buckets with a
+"""The dataset pipeline, from sd-scripts datasets on disk to batches: its public API.
+
+The dataset pipeline: sd-scripts datasets (folders, metadata JSON, dataset TOML) -> captions -> buckets with a
 report -> latent / text-encoder caches -> batches.
 
 Typical use by a training script::

@@ -1,4 +1,6 @@
-"""Latent and text-encoder-output caches that are never stale.
+"""Cache entries: their content keys and the store that keeps them (memory, --cache_dir or next to images).
+
+Latent and text-encoder-output caches that are never stale.
 
 An entry's key is a SHA-256 over the image bytes (and mask bytes) plus every setting that changes the result:
 encoder identity, bucket, resize size, crop box, flip, interpolation. A changed image, VAE or bucket gives a new

@@ -1,4 +1,6 @@
-"""Clean-up of tagger tags and captioner captions in a fine-tune metadata JSON, with the rules of sd-scripts'
+"""The caption and tag clean-up rules of sd-scripts' finetune/clean_captions_and_tags.py.
+
+Clean-up of tagger tags and captioner captions in a fine-tune metadata JSON, with the rules of sd-scripts'
 finetune/clean_captions_and_tags.py (tuned for DeepDanbooru / WD14 tags and BLIP captions of anime images).
 
 Tags (a ", "-separated string):

@@ -1,5 +1,4 @@
-"""Batches for the training loop: ``make_loader(plan, ...)`` -> ``Loader``; ``loader.epoch(e, skip=k)`` yields
-``Batch`` objects.
+"""Batches for the training loop: ``make_loader(plan)`` -> ``Loader``; ``loader.epoch(e, skip=k)`` -> ``Batch``es.
 
 Every random choice (batch order, bucket contents, resolution draw, caption line / shuffle / dropout / wildcard,
 flip, crop, colour) is a pure function of (seed, epoch, sample) through ``seeding.rng_for``. So DataLoader workers

@@ -1,4 +1,6 @@
-"""``build_datasets``: validate the configuration, read every image header and caption once, balance
+"""The dataset plan: records, regularisation balance and bucket assignment (``build_datasets``).
+
+``build_datasets``: validate the configuration, read every image header and caption once, balance
 regularisation images, assign buckets for every training resolution, and write the bucket report.
 
 Everything that can be wrong with the user's input is found here, before a model is loaded, and reported at once.

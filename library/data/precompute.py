@@ -1,4 +1,6 @@
-"""The caching step: encode every (image, bucket, flip) once with the caller's VAE, and every possible caption once
+"""Filling the latent and text-encoder caches before training, and reading them back during it.
+
+The caching step: encode every (image, bucket, flip) once with the caller's VAE, and every possible caption once
 with the caller's text encoders, before training.
 
 The encoders are plain callables, so this module does not depend on the model-family code:

@@ -1,4 +1,6 @@
-"""The bucket report: per bucket its size, images, samples, batches per epoch, and every image that can never fill
+"""The bucket report: what every bucket holds, and the images a batch never sees.
+
+The bucket report: per bucket its size, images, samples, batches per epoch, and every image that can never fill
 a batch or is never used, printed before training and saved as text or JSON.
 
 Users of every trainer complain that images vanish silently (a bucket with fewer samples than the batch size, unused

@@ -1,4 +1,6 @@
-"""The dataset-config schema: every key sd-scripts' ``library/config_util.py`` accepts, where it may appear, and
+"""The dataset-config schema: the keys, where each may appear, its checks and their messages.
+
+The dataset-config schema: every key sd-scripts' ``library/config_util.py`` accepts, where it may appear, and
 what values it takes, with error messages that name the file, the key path and the fix.
 
 A message looks like ``dataset.toml: datasets[1].subsets[0].num_repeats: expected an integer >= 1, got "ten"``.

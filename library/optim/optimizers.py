@@ -1,4 +1,4 @@
-"""Optimizer registry: every sd-scripts ``--optimizer_type`` name, CAME, schedule-free, ``torch.optim`` and ``module.Class``.
+"""Optimizer registry: every sd-scripts ``--optimizer_type`` name, CAME, schedule-free, torch.optim, module.Class.
 
 Each registry entry says where the class lives (imported only when it is used, so a missing optional package only
 matters to the user who asks for it) and what sd-scripts does around it (train_util ``get_optimizer``):
