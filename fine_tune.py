@@ -26,7 +26,8 @@ from library.config import add_config_args, parse_args
 from library.model_trainable import ModelTrainable, ModelTrainingConfig, add_model_training_args
 from library.optim import add_optim_args
 from library.trainer import Result
-from train_network import run_cli, train
+from networks.tool_common import main_guard
+from train_network import train
 
 MODEL_FORMATS = ("safetensors", "ckpt", "diffusers", "diffusers_safetensors")
 
@@ -55,7 +56,7 @@ def output_format(args: argparse.Namespace) -> str | None:
     return "safetensors" if args.use_safetensors or source.suffix.lower() == ".safetensors" else "ckpt"
 
 
-def main(
+def run(
     argv: Sequence[str] | None = None, family_names: Sequence[str] = ("sd1", "sd2"), script: str = "fine_tune"
 ) -> Result | None:
     args = parse_args(build_parser(script), argv)  # --config_file merged
@@ -73,5 +74,10 @@ def main(
     return train(run, model, groups)  # accelerate prepares model + optimizer: DDP / FSDP / DeepSpeed wrap the UNet
 
 
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line: ``run(argv)`` with its exit status (2 and one ``error:`` line for bad input)."""
+    return main_guard(lambda: run(argv))
+
+
 if __name__ == "__main__":
-    sys.exit(run_cli(entry=main))
+    sys.exit(main())

@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> list[Path]:
+def run(argv: Sequence[str] | None = None) -> list[Path]:
     """Run gen_img with ``argv`` (default: the command line); returns the written image paths."""
     args = parse_args(build_parser(), argv)
     if args is None:  # --output_config wrote the arguments
@@ -154,5 +154,10 @@ def save_image(cfg: GenImgConfig, job: Job, image: Any) -> Path:
     return save_png(image, path, png_info(job.spec, job.seed, **extra))
 
 
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line: ``run(argv)`` with its exit status (2 and one ``error:`` line for bad input)."""
+    return main_guard(lambda: run(argv))
+
+
 if __name__ == "__main__":
-    sys.exit(main_guard(main))  # input problems: one `error:` line, exit 2
+    sys.exit(main())

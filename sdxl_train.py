@@ -4,13 +4,22 @@ SDXL family and sdxl_train.py's flags (``--learning_rate_te1`` / ``--learning_ra
 accelerate launch sdxl_train.py --pretrained_model_name_or_path sd_xl_base_1.0.safetensors ...
 """
 
+from __future__ import annotations
+
 import functools
 import sys
+from collections.abc import Sequence
 
-from fine_tune import main as _main
-from train_network import run_cli
+import fine_tune
+from networks.tool_common import main_guard
 
-main = functools.partial(_main, family_names=("sdxl",), script="sdxl_train")
+run = functools.partial(fine_tune.run, family_names=("sdxl",), script="sdxl_train")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line: ``run(argv)`` with its exit status (2 and one ``error:`` line for bad input)."""
+    return main_guard(lambda: run(argv))
+
 
 if __name__ == "__main__":
-    sys.exit(run_cli(family_names=("sdxl",), entry=main))
+    sys.exit(main())

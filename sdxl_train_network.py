@@ -3,9 +3,22 @@
 accelerate launch sdxl_train_network.py --pretrained_model_name_or_path sd_xl_base_1.0.safetensors ...
 """
 
-import sys
+from __future__ import annotations
 
-from train_network import run_cli
+import functools
+import sys
+from collections.abc import Sequence
+
+import train_network
+from networks.tool_common import main_guard
+
+run = functools.partial(train_network.run, family_names=("sdxl",))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line: ``run(argv)`` with its exit status (2 and one ``error:`` line for bad input)."""
+    return main_guard(lambda: run(argv))
+
 
 if __name__ == "__main__":
-    sys.exit(run_cli(family_names=("sdxl",)))
+    sys.exit(main())

@@ -4,10 +4,22 @@ flags). The token is added to both text encoders; the file holds ``clip_l`` (n, 
 accelerate launch sdxl_train_textual_inversion.py --pretrained_model_name_or_path sd_xl_base_1.0.safetensors ...
 """
 
-import sys
+from __future__ import annotations
 
-from train_network import run_cli
-from train_textual_inversion import main
+import functools
+import sys
+from collections.abc import Sequence
+
+import train_textual_inversion
+from networks.tool_common import main_guard
+
+run = functools.partial(train_textual_inversion.run, family_names=("sdxl",))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line: ``run(argv)`` with its exit status (2 and one ``error:`` line for bad input)."""
+    return main_guard(lambda: run(argv))
+
 
 if __name__ == "__main__":
-    sys.exit(run_cli(family_names=("sdxl",), entry=main))
+    sys.exit(main())

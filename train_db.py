@@ -6,13 +6,22 @@ accelerate launch train_db.py --pretrained_model_name_or_path model.safetensors 
     --reg_data_dir class --prior_loss_weight 1.0 --output_dir out ...
 """
 
+from __future__ import annotations
+
 import functools
 import sys
+from collections.abc import Sequence
 
-from fine_tune import main as _main
-from train_network import run_cli
+import fine_tune
+from networks.tool_common import main_guard
 
-main = functools.partial(_main, script="train_db")
+run = functools.partial(fine_tune.run, script="train_db")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line: ``run(argv)`` with its exit status (2 and one ``error:`` line for bad input)."""
+    return main_guard(lambda: run(argv))
+
 
 if __name__ == "__main__":
-    sys.exit(run_cli(entry=main))
+    sys.exit(main())

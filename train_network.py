@@ -27,6 +27,7 @@ from library.trainer import Result, Trainer
 from library.weight_files import SaveError
 from networks.config import NetworkConfig, add_network_args
 from networks.inject import prepare_network
+from networks.tool_common import main_guard
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,7 +70,7 @@ class AdapterMethod:
         return cls(*values)
 
 
-def main(argv: Sequence[str] | None = None, family_names: Sequence[str] = ("sd1", "sd2")) -> Result | None:
+def run(argv: Sequence[str] | None = None, family_names: Sequence[str] = ("sd1", "sd2")) -> Result | None:
     args = parse_args(build_parser(), demo.expand(argv, family_names))  # --config_file merged; --demo filled in
     if args is None:  # --output_config wrote the file
         return None
@@ -139,16 +140,10 @@ def train(run: train_setup.Run, trainable: Any, groups: list[dict]) -> Result:
     return trainer.finish()  # final file (+ EMA file), final state, summary line
 
 
-def run_cli(family_names: Sequence[str] = ("sd1", "sd2"), entry: Any = None) -> int:
-    """Command-line entry of ``entry`` (default: this script's ``main``): input problems are printed as one clear
-    message (no traceback), exit code 2."""
-    try:
-        result = (entry or main)(family_names=family_names)
-    except (ValueError, FileNotFoundError) as e:  # ConfigError and the data / model checks: the user's input
-        print_error(e)
-        return 2
-    return 1 if result is not None and (result.failed or result.interrupted) else 0
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line: ``run(argv)`` with its exit status (2 and one ``error:`` line for bad input)."""
+    return main_guard(lambda: run(argv))
 
 
 if __name__ == "__main__":
-    sys.exit(run_cli())
+    sys.exit(main())

@@ -22,7 +22,8 @@ from library.config import add_config_args, parse_args
 from library.optim import add_optim_args
 from library.token_embeddings import TextualInversionConfig, TokenEmbeddings, caption_rewriter, init_vectors
 from library.trainer import Result
-from train_network import run_cli, train
+from networks.tool_common import main_guard
+from train_network import train
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None, family_names: Sequence[str] = ("sd1", "sd2")) -> Result | None:
+def run(argv: Sequence[str] | None = None, family_names: Sequence[str] = ("sd1", "sd2")) -> Result | None:
     args = parse_args(build_parser(), argv)  # --config_file merged
     if args is None:  # --output_config wrote the file
         return None
@@ -55,5 +56,10 @@ def main(argv: Sequence[str] | None = None, family_names: Sequence[str] = ("sd1"
     return train(run, embedding, embedding.param_groups(cfg.optim.learning_rate))
 
 
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line: ``run(argv)`` with its exit status (2 and one ``error:`` line for bad input)."""
+    return main_guard(lambda: run(argv))
+
+
 if __name__ == "__main__":
-    sys.exit(run_cli(entry=main))
+    sys.exit(main())

@@ -64,7 +64,7 @@ def _reference_losses(run, references: dict) -> dict:
 
 
 def _measured(module, argv: list[str], references: dict) -> dict:
-    """Run ``module.main(argv)`` with its ``train`` wrapped: loss before / after, the reference losses before / after,
+    """Run ``module.run(argv)`` with its ``train`` wrapped: loss before / after, the reference losses before / after,
     and whether the untrained UNet weights and the old token rows stayed bit-identical."""
     out: dict = {}
     original = module.train
@@ -92,7 +92,7 @@ def _measured(module, argv: list[str], references: dict) -> dict:
 
     module.train = train
     try:
-        module.main(argv)
+        module.run(argv)
     finally:
         module.train = original
     return out

@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> dict:
+def run(argv: Sequence[str] | None = None) -> dict:
     args = build_parser().parse_args(argv)
     in_json, out_json = args.in_json, args.out_json
     if args.legacy_out_json:  # sd-scripts' old form: train_data_dir in_json out_json
@@ -55,5 +55,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
     return metadata
 
 
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line: ``run(argv)`` with its exit status (2 and one ``error:`` line for bad input)."""
+    return main_guard(lambda: run(argv))
+
+
 if __name__ == "__main__":
-    sys.exit(main_guard(main))
+    sys.exit(main())

@@ -39,7 +39,7 @@ def build_parser(field: str = FIELD, default_extension: str = DEFAULT_EXTENSION)
     return parser
 
 
-def main(argv: Sequence[str] | None = None, field: str = FIELD, default_extension: str = DEFAULT_EXTENSION) -> dict:
+def run(argv: Sequence[str] | None = None, field: str = FIELD, default_extension: str = DEFAULT_EXTENSION) -> dict:
     args = build_parser(field, default_extension).parse_args(argv)
     images = find_images(args.train_data_dir, args.recursive)
     metadata = read_metadata_json(args.in_json)
@@ -54,5 +54,10 @@ def main(argv: Sequence[str] | None = None, field: str = FIELD, default_extensio
     return metadata
 
 
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line: ``run(argv)`` with its exit status (2 and one ``error:`` line for bad input)."""
+    return main_guard(lambda: run(argv))
+
+
 if __name__ == "__main__":
-    sys.exit(main_guard(main))
+    sys.exit(main())

@@ -11,15 +11,22 @@ from __future__ import annotations
 
 import functools
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: import the repository, not this folder
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from finetune.merge_captions_to_metadata import main as _merge
+from finetune.merge_captions_to_metadata import run as _merge
 from networks.tool_common import main_guard
 
-main = functools.partial(_merge, field="tags", default_extension=".txt")
+run = functools.partial(_merge, field="tags", default_extension=".txt")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line: ``run(argv)`` with its exit status (2 and one ``error:`` line for bad input)."""
+    return main_guard(lambda: run(argv))
+
 
 if __name__ == "__main__":
-    sys.exit(main_guard(main))
+    sys.exit(main())

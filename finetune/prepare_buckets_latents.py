@@ -63,14 +63,14 @@ def cache_argv(args: argparse.Namespace) -> list[str]:
     return argv + (["--alpha_mask"] if args.alpha_mask else [])
 
 
-def main(argv: Sequence[str] | None = None) -> dict:
+def run(argv: Sequence[str] | None = None) -> dict:
     args = build_parser().parse_args(argv)
     if args.recursive and not args.full_path:
         raise ValueError("--recursive without --full_path is not supported yet: key the images by full path "
                          "(merge_captions_to_metadata.py --full_path --recursive)")  # fmt: skip
     metadata = read_metadata_json(args.in_json)
-    run = cache_latents.main(cache_argv(args))
-    plan = run.plan.datasets[0]
+    cached = cache_latents.run(cache_argv(args))
+    plan = cached.plan.datasets[0]
     buckets = {}
     for record, assignment in zip(plan.records, plan.assignments[0]):
         path = Path(record.path)
@@ -84,5 +84,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
     return metadata
 
 
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line: ``run(argv)`` with its exit status (2 and one ``error:`` line for bad input)."""
+    return main_guard(lambda: run(argv))
+
+
 if __name__ == "__main__":
-    sys.exit(main_guard(main))
+    sys.exit(main())

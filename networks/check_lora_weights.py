@@ -89,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> bool:
+def run(argv: Sequence[str] | None = None) -> bool:
     """Print the check; returns False when problems were found."""
     args = build_parser().parse_args(argv)
     result = check_file(args.file)
@@ -106,5 +106,10 @@ def main(argv: Sequence[str] | None = None) -> bool:
     return not result.problems
 
 
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line: ``run(argv)`` with its exit status (2 and one ``error:`` line for bad input)."""
+    return main_guard(lambda: run(argv))
+
+
 if __name__ == "__main__":
-    sys.exit(main_guard(main))
+    sys.exit(main())

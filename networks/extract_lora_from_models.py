@@ -92,7 +92,7 @@ def load_pair(args: argparse.Namespace):
     return fam_org, org, tuned
 
 
-def main(argv: Sequence[str] | None = None) -> Path:
+def run(argv: Sequence[str] | None = None) -> Path:
     """Extract; returns the path written."""
     args = build_parser().parse_args(argv)
     check(args)
@@ -108,5 +108,10 @@ def main(argv: Sequence[str] | None = None) -> Path:
     return path
 
 
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line: ``run(argv)`` with its exit status (2 and one ``error:`` line for bad input)."""
+    return main_guard(lambda: run(argv))
+
+
 if __name__ == "__main__":
-    sys.exit(main_guard(main))
+    sys.exit(main())

@@ -93,7 +93,7 @@ def merge_to_checkpoint(args: argparse.Namespace, files: list[dl.AdapterFile], r
     return family.save(parts, args.save_to, dtype=dtype_of(args.save_precision, None), metadata=meta)
 
 
-def main(argv: Sequence[str] | None = None, sdxl: bool = False) -> Path:
+def run(argv: Sequence[str] | None = None, sdxl: bool = False) -> Path:
     """Merge; returns the path written."""
     parser = build_parser(sdxl)
     args = parser.parse_args(argv)
@@ -115,5 +115,10 @@ def main(argv: Sequence[str] | None = None, sdxl: bool = False) -> Path:
     return path
 
 
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line: ``run(argv)`` with its exit status (2 and one ``error:`` line for bad input)."""
+    return main_guard(lambda: run(argv))
+
+
 if __name__ == "__main__":
-    sys.exit(main_guard(main))
+    sys.exit(main())

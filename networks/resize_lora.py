@@ -141,7 +141,7 @@ def outputs(args: argparse.Namespace, recipes: list[Recipe]) -> list[tuple[Recip
     return [(r, None) for r in recipes]
 
 
-def main(argv: Sequence[str] | None = None) -> list[Path]:
+def run(argv: Sequence[str] | None = None) -> list[Path]:
     """Resize; returns the files written."""
     args = build_parser().parse_args(argv)
     recipes, base, loras = check(args)
@@ -186,5 +186,10 @@ def report(verbose: int, file: dl.AdapterFile, result, path: Path) -> None:
           f"{result.mean_fro:.2%}")  # fmt: skip
 
 
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line: ``run(argv)`` with its exit status (2 and one ``error:`` line for bad input)."""
+    return main_guard(lambda: run(argv))
+
+
 if __name__ == "__main__":
-    sys.exit(main_guard(main))
+    sys.exit(main())

@@ -16,9 +16,14 @@ from networks import merge_lora
 from networks.tool_common import main_guard
 
 
-def main(argv: Sequence[str] | None = None) -> Path:
-    return merge_lora.main(argv, sdxl=True)
+def run(argv: Sequence[str] | None = None) -> Path:
+    return merge_lora.run(argv, sdxl=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line: ``run(argv)`` with its exit status (2 and one ``error:`` line for bad input)."""
+    return main_guard(lambda: run(argv))
 
 
 if __name__ == "__main__":
-    sys.exit(main_guard(main))
+    sys.exit(main())

@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> Path:
+def run(argv: Sequence[str] | None = None) -> Path:
     """SVD-merge; returns the path written."""
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -79,5 +79,10 @@ def main(argv: Sequence[str] | None = None) -> Path:
     return path
 
 
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line: ``run(argv)`` with its exit status (2 and one ``error:`` line for bad input)."""
+    return main_guard(lambda: run(argv))
+
+
 if __name__ == "__main__":
-    sys.exit(main_guard(main))
+    sys.exit(main())

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -80,11 +81,13 @@ def save_adapter(
     return save_state_dict(tensors, path, metadata=meta, wrap_ckpt=False)  # adapter pickles: a plain dict
 
 
-def main_guard(func) -> int:
-    """Run a script's ``main()`` from the command line (every tool, gen_img.py): problems with the user's input
-    (``ValueError``, ``ConfigError``) and with the files and disks it names (``OSError``: no such file, no
-    permission, disk full while saving) print as one ``error:`` line and exit with status 2, as train_network.py
-    does; Ctrl-C exits 130 without a traceback. Anything else is a bug and propagates with its traceback."""
+def main_guard(func: Callable[[], Any]) -> int:
+    """The exit status of ``func()`` (an entry script's ``run(argv)``) run as a command line; every entry script's
+    ``main(argv)`` is this. Problems with the user's input (``ValueError``, ``ConfigError``) and with the files and
+    disks it names (``OSError``: no such file, no permission, disk full while saving) print as one ``error:`` line
+    and give status 2; a run that stopped early (a training ``Result`` that failed or was interrupted, a check that
+    returned False) gives 1; Ctrl-C gives 130 without a traceback. Anything else is a bug and propagates with its
+    traceback. ``--help`` exits 0 through argparse's ``SystemExit``."""
     try:
         result = func()
     except (ValueError, OSError) as e:
@@ -95,7 +98,8 @@ def main_guard(func) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    return 1 if result is False else 0
+    stopped = getattr(result, "failed", None) or getattr(result, "interrupted", False)
+    return 1 if result is False or stopped else 0
 
 
 def user_message(error: BaseException) -> str:

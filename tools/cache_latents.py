@@ -45,7 +45,7 @@ def family_names(args: argparse.Namespace) -> tuple[str, ...]:
     return ("sdxl",) if args.sdxl or detected == "sdxl" else ("sd1", "sd2")
 
 
-def main(argv: Sequence[str] | None = None) -> train_setup.Run | None:
+def run(argv: Sequence[str] | None = None) -> train_setup.Run | None:
     """Fill the caches; returns the run (plan, caches) for inspection."""
     args = parse_args(build_parser(), argv)
     if args is None:  # --output_config wrote the file
@@ -66,5 +66,10 @@ def main(argv: Sequence[str] | None = None) -> train_setup.Run | None:
     return run
 
 
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line: ``run(argv)`` with its exit status (2 and one ``error:`` line for bad input)."""
+    return main_guard(lambda: run(argv))
+
+
 if __name__ == "__main__":
-    sys.exit(main_guard(main))
+    sys.exit(main())

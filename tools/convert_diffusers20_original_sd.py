@@ -8,10 +8,9 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: import the repository, not this folder
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from networks.tool_common import main_guard
-from tools.convert_model import main
+from tools.convert_model import main, run
 
-__all__ = ["main"]
+__all__ = ["main", "run"]
 
 if __name__ == "__main__":
-    sys.exit(main_guard(main))
+    sys.exit(main())

@@ -108,7 +108,7 @@ def stored_dtype(path: Path) -> torch.dtype | None:
         return _ST_DTYPES.get(f.get_slice(key).get_dtype()) if key is not None else None
 
 
-def main(argv: Sequence[str] | None = None) -> Path:
+def run(argv: Sequence[str] | None = None) -> Path:
     """Convert; returns the path written."""
     from library.families import detect_family
 
@@ -139,5 +139,10 @@ def main(argv: Sequence[str] | None = None) -> Path:
     return path
 
 
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line: ``run(argv)`` with its exit status (2 and one ``error:`` line for bad input)."""
+    return main_guard(lambda: run(argv))
+
+
 if __name__ == "__main__":
-    sys.exit(main_guard(main))
+    sys.exit(main())

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make the repository importable
@@ -19,6 +20,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 from library.families import get_family  # noqa: E402
 from library.families.tiny import FAMILIES, build_tiny  # noqa: E402
+from networks.tool_common import main_guard  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> list[Path]:
+def run(argv: Sequence[str] | None = None) -> list[Path]:
     """Write the requested tiny models; returns the paths written (folder, file per family)."""
     args = build_parser().parse_args(argv)
     out = Path(args.out)
@@ -47,7 +49,10 @@ def main(argv: list[str] | None = None) -> list[Path]:
     return written
 
 
-if __name__ == "__main__":
-    from networks.tool_common import main_guard
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line: ``run(argv)`` with its exit status (2 and one ``error:`` line for bad input)."""
+    return main_guard(lambda: run(argv))
 
-    sys.exit(main_guard(main))  # an output path that is a file or cannot be written: one `error:` line, exit 2
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -92,7 +92,7 @@ def resize_folder(
     return written
 
 
-def main(argv: Sequence[str] | None = None) -> list[Path]:
+def run(argv: Sequence[str] | None = None) -> list[Path]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("src_img_folder", help="folder with the images")
     p.add_argument("dst_img_folder", help="folder to write to (created)")
@@ -119,5 +119,10 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
                          args.save_as_png, args.copy_associated_files)  # fmt: skip
 
 
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line: ``run(argv)`` with its exit status (2 and one ``error:`` line for bad input)."""
+    return main_guard(lambda: run(argv))
+
+
 if __name__ == "__main__":
-    sys.exit(main_guard(main))
+    sys.exit(main())

@@ -47,7 +47,7 @@ def expand(metadata: dict[str, str]) -> dict[str, object]:
     return out
 
 
-def main(argv: Sequence[str] | None = None) -> bool:
+def run(argv: Sequence[str] | None = None) -> bool:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="a .safetensors file (or .ckpt)")
     parser.add_argument("--parse_json", action="store_true", help="show JSON-valued entries as JSON")
@@ -60,5 +60,10 @@ def main(argv: Sequence[str] | None = None) -> bool:
     return True
 
 
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line: ``run(argv)`` with its exit status (2 and one ``error:`` line for bad input)."""
+    return main_guard(lambda: run(argv))
+
+
 if __name__ == "__main__":
-    sys.exit(main_guard(main))
+    sys.exit(main())
