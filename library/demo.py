@@ -13,6 +13,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from library.families.base import ModelFamily
+
 DEMO_DIR = Path("demo")
 SHAPES = (
     ("a red circle on a blue background", (200, 40, 40), (30, 60, 170), "circle"),
@@ -142,7 +144,7 @@ def reader_for(lora: Path) -> str:
     return "diffusers" if all(k.endswith(DIFFUSERS_KEYS) for k in keys) else "lycoris"
 
 
-def show_it_loads(lora: Path, model: str, family) -> None:
+def show_it_loads(lora: Path, model: str, family: ModelFamily) -> None:
     """Load the demo adapter with the consumer that reads its format (diffusers' load_lora_weights for LoRA/LoCon,
     lycoris-lora's loader and forward pass for LyCORIS formats), check it changes the UNet, say where it is."""
     import torch
@@ -180,7 +182,7 @@ def _diffusers_outputs(lora: Path, model: str):
     return before, after
 
 
-def _lycoris_outputs(lora: Path, model: str, family):
+def _lycoris_outputs(lora: Path, model: str, family: ModelFamily):
     """UNet outputs before / after lycoris-lora applies ``lora``; they must equal sdtrain's own reading of the file."""
     import torch
 

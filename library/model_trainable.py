@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from library.config import ConfigError
 from library.engines import DeepSpeedConfig, launch_problems
+from library.families.base import ModelFamily, Parts
 from library.families.unet_keys import block_map, diffusers_to_ldm
 from library.optim.fused import FusedStep, chunk_parameters
 
@@ -204,7 +205,7 @@ class ModelTrainable(nn.Module):
     modelspec_kind = ""
     gradient_sync = "accelerate"
 
-    def __init__(self, family: Any, parts: Any, cfg: ModelTrainingConfig, step_models: Any = None):
+    def __init__(self, family: ModelFamily, parts: Parts, cfg: ModelTrainingConfig, step_models: Any = None):
         super().__init__()
         self.family, self.parts, self.cfg, self.step_models = family, parts, cfg, step_models
         self.unet = parts.denoiser

@@ -23,6 +23,7 @@ from library import data, resume
 from library.checkpoints import without_mmap
 from library.config import ConfigError, from_namespace
 from library.families import select_family
+from library.families.base import ModelFamily, Parts
 from library.losses import LossConfig
 from library.noising import NoiseConfig, NoiseSchedule
 from library.optim import OptimConfig
@@ -38,7 +39,7 @@ from library.runtime import (
 )
 from library.sampling import SampleConfig
 from library.saving import SaveConfig
-from library.training import StepModels, encode_captions, text_cache_entry
+from library.training import StepModels, encode_captions, predicts_v, text_cache_entry
 
 logger = logging.getLogger("sdtrain")
 
@@ -124,7 +125,7 @@ class EMAConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    family: Any
+    family: ModelFamily
     model: ModelConfig
     run: RunConfig
     data: data.DataArgs
@@ -148,7 +149,7 @@ class TrainConfig:
         return bool(getattr(self.method, "trains_text_encoder", False))
 
 
-def choose_family(args: argparse.Namespace, family_names: tuple[str, ...]) -> Any:
+def choose_family(args: argparse.Namespace, family_names: tuple[str, ...]) -> ModelFamily:
     """The family this script trains, from the model file, ``--v2`` and the families the script allows."""
     try:
         return select_family(args.pretrained_model_name_or_path, family_names, v2=args.v2)
@@ -264,8 +265,8 @@ class Run:
 
     cfg: TrainConfig
     accelerator: Any
-    family: Any
-    parts: Any
+    family: ModelFamily
+    parts: Parts
     plan: Any
     schedule: NoiseSchedule
     step_models: StepModels
@@ -317,9 +318,14 @@ def start(cfg: TrainConfig) -> Run:
     data_args = cfg.data
     plan = build_plan(cfg, accelerator)
     parts = load_model(cfg, accelerator)
+    native = family.default_resolution(parts.prediction_type)
+    if not data_args.resolutions and plan.args.resolutions[0] != (native, native):
+        logger.warning("no --resolution: training at %s, chosen before the model was loaded; this %s model's native "
+                       "resolution is %d: pass --resolution %d", plan.args.resolutions[0], parts.prediction_type,
+                       native, native)  # fmt: skip
     unet_params = sum(p.numel() for p in parts.denoiser.parameters())
     logger.info(choose_cpu_threads(accelerator.device, unet_params, accelerator.num_processes))
-    v_pred = parts.prediction_type == "v_prediction"
+    v_pred = predicts_v(family, parts)  # the loss target and weighting follow the family's objective
     noise = dataclasses.replace(cfg.noise, v_parameterization=v_pred)
     loss = dataclasses.replace(cfg.loss, v_parameterization=v_pred, masked_loss=data_args.masked_loss)
     schedule = NoiseSchedule.from_config(parts.scheduler_config, zero_terminal_snr=noise.zero_terminal_snr)
@@ -345,7 +351,7 @@ def start(cfg: TrainConfig) -> Run:
     return run
 
 
-def with_native_resolution(data_args: data.DataArgs, family: Any, v_parameterization: bool) -> data.DataArgs:
+def with_native_resolution(data_args: data.DataArgs, family: ModelFamily, v_parameterization: bool) -> data.DataArgs:
     """The family's native resolution when no --resolution is given."""
     if data_args.resolutions:
         return data_args
@@ -374,7 +380,7 @@ def setup_logging(cfg: TrainConfig) -> None:
     console_logging(cfg.console_log_level, cfg.console_log_file, cfg.console_log_simple)
 
 
-def load_model(cfg: TrainConfig, accelerator: Any) -> Any:
+def load_model(cfg: TrainConfig, accelerator: Any) -> Parts:
     """Load the base model; frozen weights in the mixed-precision dtype (VAE fp32 with --no_half_vae)."""
     run = cfg.run
     with without_mmap(cfg.model.disable_mmap_load_safetensors):

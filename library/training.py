@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from library.families.base import Cond, Parts
+from library.families.base import EPSILON, V_PREDICTION, Cond, ModelFamily, Parts
 from library.losses import LossConfig, diffusion_loss_per_sample
 from library.noising import NoiseConfig, NoiseSchedule, make_example
 
@@ -26,9 +26,9 @@ class NonFiniteLoss(RuntimeError):
 
 @dataclass
 class StepModels:
-    """What one training step needs (``unet`` may differ from ``parts.denoiser``, e.g. a torch.compile'd one)."""
+    """What one training step needs (``denoiser`` may differ from ``parts.denoiser``, e.g. a torch.compile'd one)."""
 
-    family: Any
+    family: ModelFamily
     parts: Parts
     schedule: NoiseSchedule
     noise: NoiseConfig
@@ -44,6 +44,16 @@ class StepModels:
     # captions -> captions before encoding (textual inversion: templates, multi-vector tokens); may draw from the
     # step's generator
     caption_rewrite: Callable[[list[str], torch.Generator | None], list[str]] | None = None
+
+
+def predicts_v(family: ModelFamily, parts: Parts) -> bool:
+    """Whether the model trains on the v-prediction target (else epsilon), from the family's objective;
+    ``ValueError`` for an objective the noising and loss code do not implement yet (flow matching)."""
+    objective = family.objective(parts)
+    if objective not in (EPSILON, V_PREDICTION):
+        raise ValueError(f"{family.spec.title}: training objective {objective!r} is not supported yet (epsilon and "
+                         "v-prediction are)")  # fmt: skip
+    return objective == V_PREDICTION
 
 
 def batch_latents(m: StepModels, batch: Any, generator: torch.Generator | None) -> Tensor:
@@ -73,7 +83,7 @@ def batch_cond(m: StepModels, batch: Any, generator: torch.Generator | None = No
 
 
 def encode_captions(
-    family: Any,
+    family: ModelFamily,
     parts: Parts,
     captions: list[str],
     clip_skip: int | None,

@@ -68,7 +68,9 @@ def test_sdxl_encode_prompt_and_unet_call_equal_diffusers(tiny_parts):
     torch.testing.assert_close(time_ids, theirs, rtol=0, atol=0)
     noisy, t = torch.randn(2, 4, 8, 8, generator=torch.Generator().manual_seed(0)), torch.tensor([10, 500])
     expected = parts.denoiser(noisy, t, embeds, added_cond_kwargs={"text_embeds": pooled, "time_ids": theirs}).sample
-    torch.testing.assert_close(SDXL.predict(parts.denoiser, noisy, t, ours, time_ids=time_ids), expected, rtol=0, atol=0)
+    torch.testing.assert_close(
+        SDXL.predict(parts.denoiser, noisy, t, ours, time_ids=time_ids), expected, rtol=0, atol=0
+    )
     with pytest.raises(ValueError, match="time_ids"):
         SDXL.predict(parts.denoiser, noisy, t, ours)
 
@@ -230,4 +232,5 @@ def test_sd_adapter_names_and_metadata_strings(tiny_parts):
     assert SD2.modelspec_architecture("textual-inversion") == "stable-diffusion-v2-512/textual-inversion"
     assert SDXL.modelspec_architecture("lora") == "stable-diffusion-xl-v1-base/lora"
     assert (SD1.ti_embedding_keys, SDXL.ti_embedding_keys) == (("emb_params",), ("clip_l", "clip_g"))
-    assert (SD1.resolution, SD2.resolution, SDXL.resolution) == (512, 768, 1024)
+    resolutions = (SD1.default_resolution(), SD2.default_resolution("v_prediction"), SDXL.default_resolution())
+    assert resolutions == (512, 768, 1024)

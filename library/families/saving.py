@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from ..checkpoints import save_state_dict
-from .base import FamilySpec, Parts
+from .base import FamilySpec, ModelFamily, Parts
 from .convert import VAE_PREFIX, hf_state_dict, text_encoder_to_ldm, unet_to_ldm, vae_to_ldm
 from .loading import META_CONFIGS, META_FAMILY, shipped_configs, subfolder
 from .tokenizers import write_vocab_files
@@ -185,7 +185,11 @@ def with_kind(architecture: str, kind: str) -> str:
 
 
 def save_family_model(
-    family: Any, parts: Parts, path: str | os.PathLike, dtype: torch.dtype | None, metadata: Mapping[str, str] | None
+    family: ModelFamily,
+    parts: Parts,
+    path: str | os.PathLike,
+    dtype: torch.dtype | None,
+    metadata: Mapping[str, str] | None,
 ) -> Path:
     """``family.save``: modelspec for the family and prediction type, then :func:`save_model`."""
     if parts.family != family.name:
