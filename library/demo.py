@@ -150,7 +150,7 @@ def show_it_loads(lora: Path, model: str, family: ModelFamily) -> None:
     import torch
 
     if reader_for(lora) == "diffusers":
-        before, after = _diffusers_outputs(lora, model)
+        before, after = _diffusers_outputs(lora, model, family)
         how = "diffusers loads it (load_lora_weights)"
     else:
         before, after = _lycoris_outputs(lora, model, family)
@@ -161,7 +161,7 @@ def show_it_loads(lora: Path, model: str, family: ModelFamily) -> None:
     print(f"demo: the adapter is at {lora}; {how} and it changes the UNet output by {change:.4f} on average")
 
 
-def _diffusers_outputs(lora: Path, model: str):
+def _diffusers_outputs(lora: Path, model: str, family: ModelFamily):
     import torch
     from diffusers import DiffusionPipeline
 
@@ -172,8 +172,8 @@ def _diffusers_outputs(lora: Path, model: str):
         prompt="sks shape", device="cpu", num_images_per_prompt=1, do_classifier_free_guidance=False
     )
     text, kwargs = out[0], {}
-    if unet.config.addition_embed_type == "text_time":  # SDXL: pooled text + size conditioning
-        time_ids = torch.tensor([[64.0, 64.0, 0.0, 0.0, 64.0, 64.0]])
+    time_ids = family.size_conditioning([[64, 64]], [[0, 0]], [[64, 64]])  # None where the family has none
+    if time_ids is not None:  # pooled text (the pipeline's third output) + size conditioning
         kwargs = {"added_cond_kwargs": {"text_embeds": out[2], "time_ids": time_ids}}
     with torch.no_grad():
         before = unet(sample, 500, text, **kwargs).sample
