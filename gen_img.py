@@ -25,6 +25,7 @@ from tqdm import tqdm
 
 from library.args import add_logging_args
 from library.config import add_config_args, parse_args
+from library.families.base import ModelFamily, Parts
 from library.runtime import console_logging
 from library.sampling.generate import generate_batch, resolve, same_settings
 from library.sampling.images import png_info, save_png
@@ -82,13 +83,13 @@ def load_model(cfg: GenImgConfig) -> tuple[Any, Any]:
         tokenizer_cache_dir=cfg.tokenizer_cache_dir, device=cfg.device,
     )  # fmt: skip
     parts.vae.to(dtype=cfg.vae_dtype)
-    set_attention([parts.unet, parts.vae], cfg.attention)
+    set_attention([parts.denoiser, parts.vae], cfg.attention)
     if cfg.channels_last:
-        parts.unet.to(memory_format=torch.channels_last)
+        parts.denoiser.to(memory_format=torch.channels_last)
     return family, parts
 
 
-def load_networks(cfg: GenImgConfig, family: Any, parts: Any) -> list[Any]:
+def load_networks(cfg: GenImgConfig, family: ModelFamily, parts: Parts) -> list[Any]:
     """Apply the --network_weights files at their multipliers. One file stays a live adapter (a prompt's --am can
     change its multiplier); several files, or --network_merge, are merged into the model weights one after the
     other (exact for every algorithm; their multipliers are then fixed). Returns the live networks."""
@@ -119,7 +120,7 @@ def set_multipliers(networks: list[Any], cfg: GenImgConfig, override: tuple[floa
             network.set_multiplier(value)
 
 
-def load_embeddings(cfg: GenImgConfig, family: Any, parts: Any) -> None:
+def load_embeddings(cfg: GenImgConfig, family: ModelFamily, parts: Parts) -> None:
     from library.textual_inversion import add_embedding
 
     for path in cfg.embeddings:

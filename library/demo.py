@@ -13,6 +13,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from library.families.base import ModelFamily
+
 DEMO_DIR = Path("demo")
 SHAPES = (
     ("a red circle on a blue background", (200, 40, 40), (30, 60, 170), "circle"),
@@ -142,13 +144,13 @@ def reader_for(lora: Path) -> str:
     return "diffusers" if all(k.endswith(DIFFUSERS_KEYS) for k in keys) else "lycoris"
 
 
-def show_it_loads(lora: Path, model: str, family) -> None:
+def show_it_loads(lora: Path, model: str, family: ModelFamily) -> None:
     """Load the demo adapter with the consumer that reads its format (diffusers' load_lora_weights for LoRA/LoCon,
     lycoris-lora's loader and forward pass for LyCORIS formats), check it changes the UNet, say where it is."""
     import torch
 
     if reader_for(lora) == "diffusers":
-        before, after = _diffusers_outputs(lora, model)
+        before, after = _diffusers_outputs(lora, model, family)
         how = "diffusers loads it (load_lora_weights)"
     else:
         before, after = _lycoris_outputs(lora, model, family)
@@ -159,7 +161,7 @@ def show_it_loads(lora: Path, model: str, family) -> None:
     print(f"demo: the adapter is at {lora}; {how} and it changes the UNet output by {change:.4f} on average")
 
 
-def _diffusers_outputs(lora: Path, model: str):
+def _diffusers_outputs(lora: Path, model: str, family: ModelFamily):
     import torch
     from diffusers import DiffusionPipeline
 
@@ -170,8 +172,8 @@ def _diffusers_outputs(lora: Path, model: str):
         prompt="sks shape", device="cpu", num_images_per_prompt=1, do_classifier_free_guidance=False
     )
     text, kwargs = out[0], {}
-    if unet.config.addition_embed_type == "text_time":  # SDXL: pooled text + size conditioning
-        time_ids = torch.tensor([[64.0, 64.0, 0.0, 0.0, 64.0, 64.0]])
+    time_ids = family.size_conditioning([[64, 64]], [[0, 0]], [[64, 64]])  # None where the family has none
+    if time_ids is not None:  # pooled text (the pipeline's third output) + size conditioning
         kwargs = {"added_cond_kwargs": {"text_embeds": out[2], "time_ids": time_ids}}
     with torch.no_grad():
         before = unet(sample, 500, text, **kwargs).sample
@@ -180,7 +182,7 @@ def _diffusers_outputs(lora: Path, model: str):
     return before, after
 
 
-def _lycoris_outputs(lora: Path, model: str, family):
+def _lycoris_outputs(lora: Path, model: str, family: ModelFamily):
     """UNet outputs before / after lycoris-lora applies ``lora``; they must equal sdtrain's own reading of the file."""
     import torch
 
@@ -194,7 +196,7 @@ def _lycoris_outputs(lora: Path, model: str, family):
     def predict(parts):
         with torch.no_grad():
             cond = family.encode_prompt(parts, ["sks shape"])
-            return family.predict(parts.unet, sample, t, cond, time_ids=time_ids)
+            return family.predict(parts.denoiser, sample, t, cond, time_ids=time_ids)
 
     theirs, ours = family.load(model), family.load(model)
     before = predict(theirs)

@@ -36,6 +36,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from library.families.base import ModelFamily, Parts
+
 log = logging.getLogger(__name__)
 
 CHUNK = 75
@@ -213,8 +215,8 @@ def apply_weights(hidden: Tensor, weights: Tensor, normalize: str = "original") 
 
 
 def encode_weighted(
-    family: Any,
-    parts: Any,
+    family: ModelFamily,
+    parts: Parts,
     prompts: Sequence[str],
     *,
     clip_skip: int | None = None,

@@ -121,7 +121,7 @@ def _noise_loss_keys(run: Any) -> dict[str, Any]:
 
 def _dataset_keys(cfg: Any, run: Any) -> dict[str, Any]:
     plan, d = run.plan, cfg.data
-    resolution = d.resolutions[0] if d.resolutions else (run.family.resolution, run.family.resolution)
+    resolution = trained_resolution(run)
     keys: dict[str, Any] = {
         "ss_tag_frequency": _tag_frequency(plan),
         "ss_dataset_dirs": _dataset_dirs(plan, reg=False),
@@ -143,6 +143,13 @@ def _dataset_keys(cfg: Any, run: Any) -> dict[str, Any]:
     return keys
 
 
+def trained_resolution(run: Any) -> tuple[int, int]:
+    """(width, height) of ``--resolution``, or the family's native one the run trained at without it: the datasets'
+    settings as the plan holds them (``session.with_native_resolution``), the one source of ss_resolution and
+    modelspec.resolution."""
+    return tuple(run.plan.args.resolutions[0])
+
+
 def file_metadata(trainer: Any, *, step: int | None = None, epoch: int | None = None) -> dict[str, str]:
     """The run's metadata for the trained file saved now (``--no_metadata``: the minimal set + ModelSpec); the
     trainable's own keys (``trainable.metadata()``) are added by the saver."""
@@ -151,7 +158,7 @@ def file_metadata(trainer: Any, *, step: int | None = None, epoch: int | None = 
     prediction = parts.prediction_type
     kind = trainer.trainable.modelspec_kind
     keys: dict[str, Any] = {
-        "ss_v2": str(family.name == "sd2"),
+        "ss_v2": str(family.ss_v2),
         "ss_base_model_version": family.base_model_version(prediction),
         "ss_training_started_at": trainer.started_at,
         "ss_training_finished_at": time.time(),
@@ -166,7 +173,7 @@ def file_metadata(trainer: Any, *, step: int | None = None, epoch: int | None = 
     }
     if cfg.model.vae:
         keys.update(md.model_source_metadata(cfg.model.vae, prefix="ss_vae"))
-    resolution = cfg.data.resolutions[0] if cfg.data.resolutions else family.default_resolution(prediction)
+    resolution = trained_resolution(run)
     n = run.step_models.noise
     spec = md.modelspec(
         architecture=family.modelspec_architecture(kind, prediction),

@@ -26,11 +26,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from library.families import ti_keys_of_other_families
+from library.families.base import ModelFamily, Parts
+
 _COMFY_PREFIX = re.compile(r"\bembedding:(?=\S)")
 EXPANSIONS_KEY = "token_expansions"  # Parts.extra key: per tokenizer, {first token id: [all vector ids]}
 
 
-def read_embedding(path: str | Path, family: Any) -> list[Tensor]:
+def read_embedding(path: str | Path, family: ModelFamily) -> list[Tensor]:
     """One (n, dim) float tensor per text encoder of ``family``, from any layout in the module docstring.
 
     Raises ``FileNotFoundError`` / ``ValueError`` naming the file, what it holds and what the family needs.
@@ -46,7 +49,7 @@ def read_embedding(path: str | Path, family: Any) -> list[Tensor]:
     tensors = {k: v for k, v in raw.items() if isinstance(v, Tensor)}
     if all(k in tensors for k in keys):
         found = [tensors[k] for k in keys]
-    elif len(keys) == 1 and len(tensors) == 1 and not {"clip_l", "clip_g"} & set(tensors):
+    elif len(keys) == 1 and len(tensors) == 1 and not ti_keys_of_other_families(family) & set(tensors):
         found = list(tensors.values())
     else:
         raise ValueError(
@@ -75,7 +78,7 @@ def _load(path: Path) -> dict[str, Any]:
     return dict(obj)
 
 
-def add_embedding(family: Any, parts: Any, path: str | Path, token: str | None = None) -> list[list[int]]:
+def add_embedding(family: ModelFamily, parts: Parts, path: str | Path, token: str | None = None) -> list[list[int]]:
     """Load the embedding file at ``path`` into ``parts`` (tokenizers and text encoders, in place).
 
     Returns the new token ids per text encoder. ``token`` defaults to the file name without extension.
@@ -108,7 +111,7 @@ def add_embedding(family: Any, parts: Any, path: str | Path, token: str | None =
     return all_ids
 
 
-def token_expansions(parts: Any) -> list[dict[int, list[int]]]:
+def token_expansions(parts: Parts) -> list[dict[int, list[int]]]:
     """Per tokenizer, ``{first id of an embedding: all its ids}`` (empty dicts when no embedding is loaded)."""
     return parts.extra.get(EXPANSIONS_KEY) or [{} for _ in parts.tokenizers]
 

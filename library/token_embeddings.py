@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from library.families.base import ModelFamily, Parts
 from library.textual_inversion import EXPANSIONS_KEY, read_embedding
 
 # The textual-inversion paper's caption templates (sd-scripts' --use_object_template / --use_style_template).
@@ -135,7 +136,7 @@ class EmbeddingsConfig:
             raise ValueError("invalid embedding options:\n  " + "\n  ".join(problems))
         return cls(tuple(specs), lr, stop, bool(bundle))
 
-    def build(self, family: Any, parts: Any) -> list[TokenEmbeddings]:
+    def build(self, family: ModelFamily, parts: Parts) -> list[TokenEmbeddings]:
         """The embeddings, their tokens added to ``parts`` (errors name the token and the fix)."""
         return [
             TokenEmbeddings(family, parts, s.token, init_vectors(family, parts, s.token, s.num_vectors, s.init_word,
@@ -167,7 +168,7 @@ def token_names(token: str, count: int) -> list[str]:
     return [token] + [f"{token}{i}" for i in range(1, count)]
 
 
-def init_vectors(family: Any, parts: Any, token: str, count: int, init_word: str | None, weights: str | None):
+def init_vectors(family: ModelFamily, parts: Parts, token: str, count: int, init_word: str | None, weights: str | None):
     """Initial (count, dim) rows per text encoder: from the ``weights`` file, else ``init_word``'s token vectors
     (cycled, sd-scripts). Raises ``ValueError`` naming the flag and the fix."""
     if weights:
@@ -204,8 +205,8 @@ class TokenEmbeddings(nn.Module):
 
     def __init__(
         self,
-        family: Any,
-        parts: Any,
+        family: ModelFamily,
+        parts: Parts,
         token: str,
         vectors: Sequence[Tensor],
         init_word: str | None = None,
@@ -226,7 +227,7 @@ class TokenEmbeddings(nn.Module):
     def num_vectors(self) -> int:
         return len(self.names)
 
-    def _install(self, parts: Any) -> None:
+    def _install(self, parts: Parts) -> None:
         for tokenizer in parts.tokenizers:  # check every tokenizer before changing any
             vocab = tokenizer.get_vocab()
             existing = [n for n in self.names if n in vocab or f"{n}</w>" in vocab]

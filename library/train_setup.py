@@ -24,6 +24,7 @@ import torch
 from library import data, resume
 from library.config import ConfigError, from_namespace
 from library.families import select_family
+from library.families.base import ModelFamily, Parts
 from library.losses import LossConfig
 from library.noising import NoiseConfig, NoiseSchedule
 from library.optim import OptimConfig
@@ -39,7 +40,7 @@ from library.runtime import (
     total_steps,
 )
 from library.sampling import SampleConfig
-from library.train_step import StepModels, encode_captions, text_cache_entry
+from library.train_step import StepModels, encode_captions, predicts_v, text_cache_entry
 from library.weight_files import without_mmap
 
 logger = logging.getLogger("sdtrain")
@@ -126,7 +127,7 @@ class EMAConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    family: Any
+    family: ModelFamily
     model: ModelConfig
     run: RunConfig
     data: data.DataArgs
@@ -150,7 +151,7 @@ class TrainConfig:
         return bool(getattr(self.method, "trains_text_encoder", False))
 
 
-def choose_family(args: argparse.Namespace, family_names: tuple[str, ...]) -> Any:
+def choose_family(args: argparse.Namespace, family_names: tuple[str, ...]) -> ModelFamily:
     """The family this script trains, from the model file, ``--v2`` and the families the script allows."""
     try:
         return select_family(args.pretrained_model_name_or_path, family_names, v2=args.v2)
@@ -266,8 +267,8 @@ class Run:
 
     cfg: TrainConfig
     accelerator: Any
-    family: Any
-    parts: Any
+    family: ModelFamily
+    parts: Parts
     plan: Any
     schedule: NoiseSchedule
     step_models: StepModels
@@ -319,9 +320,14 @@ def start(cfg: TrainConfig) -> Run:
     data_args = cfg.data
     plan = build_plan(cfg, accelerator)
     parts = load_model(cfg, accelerator)
-    unet_params = sum(p.numel() for p in parts.unet.parameters())
+    native = family.default_resolution(parts.prediction_type)
+    if not data_args.resolutions and plan.args.resolutions[0] != (native, native):
+        logger.warning("no --resolution: training at %s, chosen before the model was loaded; this %s model's native "
+                       "resolution is %d: pass --resolution %d", plan.args.resolutions[0], parts.prediction_type,
+                       native, native)  # fmt: skip
+    unet_params = sum(p.numel() for p in parts.denoiser.parameters())
     logger.info(choose_cpu_threads(accelerator.device, unet_params, accelerator.num_processes))
-    v_pred = parts.prediction_type == "v_prediction"
+    v_pred = predicts_v(family, parts)  # the loss target and weighting follow the family's objective
     noise = dataclasses.replace(cfg.noise, v_parameterization=v_pred)
     loss = dataclasses.replace(cfg.loss, v_parameterization=v_pred, masked_loss=data_args.masked_loss)
     schedule = NoiseSchedule.from_config(parts.scheduler_config, zero_terminal_snr=noise.zero_terminal_snr)
@@ -331,7 +337,7 @@ def start(cfg: TrainConfig) -> Run:
         schedule=schedule,
         noise=noise,
         loss=loss,
-        unet=parts.unet,
+        denoiser=parts.denoiser,
         clip_skip=cfg.model.clip_skip,
         max_token_length=cfg.model.max_token_length,
         pad_tokens=not getattr(cfg.method, "no_token_padding", False),  # train_db.py's --no_token_padding
@@ -347,7 +353,7 @@ def start(cfg: TrainConfig) -> Run:
     return run
 
 
-def with_native_resolution(data_args: data.DataArgs, family: Any, v_parameterization: bool) -> data.DataArgs:
+def with_native_resolution(data_args: data.DataArgs, family: ModelFamily, v_parameterization: bool) -> data.DataArgs:
     """The family's native resolution when no --resolution is given."""
     if data_args.resolutions:
         return data_args
@@ -376,7 +382,7 @@ def setup_logging(cfg: TrainConfig) -> None:
     console_logging(cfg.console_log_level, cfg.console_log_file, cfg.console_log_simple)
 
 
-def load_model(cfg: TrainConfig, accelerator: Any) -> Any:
+def load_model(cfg: TrainConfig, accelerator: Any) -> Parts:
     """Load the base model; frozen weights in the mixed-precision dtype (VAE fp32 with --no_half_vae)."""
     run = cfg.run
     with without_mmap(cfg.model.disable_mmap_load_safetensors):
@@ -390,21 +396,21 @@ def load_model(cfg: TrainConfig, accelerator: Any) -> Any:
         )
     if run.no_half_vae:
         parts.vae.to(torch.float32)
-    for module in (parts.unet, *parts.text_encoders, parts.vae):
+    for module in (parts.denoiser, *parts.text_encoders, parts.vae):
         module.to(accelerator.device)
-    set_attention([parts.unet, parts.vae], run.attention)
+    set_attention([parts.denoiser, parts.vae], run.attention)
     if run.fp8_base or run.fp8_base_unet:
-        parts.unet.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=run.weight_dtype)
+        parts.denoiser.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=run.weight_dtype)
         if run.fp8_base and not run.fp8_base_unet:
             for te in parts.text_encoders:
                 te.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=run.weight_dtype)
     if run.gradient_checkpointing:
-        parts.unet.enable_gradient_checkpointing()
+        parts.denoiser.enable_gradient_checkpointing()
         if cfg.train_text_encoder:
             for te in parts.text_encoders:
                 te.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if run.torch_compile:
-        parts.unet = torch.compile(parts.unet, backend=run.dynamo_backend)
+        parts.denoiser = torch.compile(parts.denoiser, backend=run.dynamo_backend)
     return parts
 
 

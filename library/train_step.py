@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from library.families.base import Cond, Parts
+from library.families.base import EPSILON, V_PREDICTION, Cond, ModelFamily, Parts
 from library.losses import LossConfig, diffusion_loss_per_sample
 from library.noising import NoiseConfig, NoiseSchedule, make_example
 
@@ -28,14 +28,14 @@ class NonFiniteLoss(RuntimeError):
 
 @dataclass
 class StepModels:
-    """What one training step needs (``unet`` may differ from ``parts.unet``, e.g. a torch.compile'd one)."""
+    """What one training step needs (``denoiser`` may differ from ``parts.denoiser``, e.g. a torch.compile'd one)."""
 
-    family: Any
+    family: ModelFamily
     parts: Parts
     schedule: NoiseSchedule
     noise: NoiseConfig
     loss: LossConfig
-    unet: nn.Module
+    denoiser: nn.Module
     clip_skip: int | None = None
     max_token_length: int | None = None
     pad_tokens: bool = True  # False: train_db.py's --no_token_padding (captions padded to the batch's longest only)
@@ -46,6 +46,16 @@ class StepModels:
     # captions -> captions before encoding (textual inversion: templates, multi-vector tokens); may draw from the
     # step's generator
     caption_rewrite: Callable[[list[str], torch.Generator | None], list[str]] | None = None
+
+
+def predicts_v(family: ModelFamily, parts: Parts) -> bool:
+    """Whether the model trains on the v-prediction target (else epsilon), from the family's objective;
+    ``ValueError`` for an objective the noising and loss code do not implement yet (flow matching)."""
+    objective = family.objective(parts)
+    if objective not in (EPSILON, V_PREDICTION):
+        raise ValueError(f"{family.spec.title}: training objective {objective!r} is not supported yet (epsilon and "
+                         "v-prediction are)")  # fmt: skip
+    return objective == V_PREDICTION
 
 
 def batch_latents(m: StepModels, batch: Any, generator: torch.Generator | None) -> Tensor:
@@ -75,7 +85,7 @@ def batch_cond(m: StepModels, batch: Any, generator: torch.Generator | None = No
 
 
 def encode_captions(
-    family: Any,
+    family: ModelFamily,
     parts: Parts,
     captions: list[str],
     clip_skip: int | None,
@@ -122,7 +132,7 @@ def batch_loss(
         timesteps = timesteps.to(latents.device)
     noisy, target, t, _ = make_example(m.noise, latents, m.schedule, generator, timesteps=timesteps)
     time_ids = m.family.size_conditioning(batch.original_sizes, batch.crop_top_lefts, batch.target_sizes)
-    pred = m.family.predict(m.unet, noisy.to(m.weight_dtype), t, cond, time_ids=time_ids)
+    pred = m.family.predict(m.denoiser, noisy.to(m.weight_dtype), t, cond, time_ids=time_ids)
     masks = batch.masks.to(m.device) if batch.masks is not None else None
     return diffusion_loss_per_sample(
         pred.float(),

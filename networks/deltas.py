@@ -19,10 +19,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from library.families.base import ModelFamily, Parts
 
 from . import files
 from .algos import ALGOS
@@ -158,30 +159,13 @@ def shape_from_tensors(algo: str, t: Mapping[str, Tensor]) -> tuple[int, ...] | 
 
 
 @cache
-def reference_parts(family_name: str) -> Any:
-    """The released architecture of a family (UNet and text encoders, shipped configs) on the meta device: module
-    names and shapes without weights or memory. ``vae`` is None."""
-    from accelerate import init_empty_weights
-    from diffusers import UNet2DConditionModel
-
-    from library.families import Parts, get_family
-    from library.families.loading import shipped_configs, text_encoder_factory
-
-    family = get_family(family_name)
-    configs = shipped_configs(next(iter(family.spec.configs.values())))
-    with init_empty_weights():
-        unet = UNet2DConditionModel.from_config(configs["unet"])
-        tes = [text_encoder_factory(c, s.with_projection)() for c, s in zip(configs["text_encoders"],
-                                                                              family.spec.text_encoders)]  # fmt: skip
-    return Parts(unet, None, tes, [], configs["scheduler"], family.name)
-
-
-@cache
 def reference_index(family_name: str) -> dict[str, Target]:
-    """Kohya names -> modules of :func:`reference_parts`: shapes for files whose tensors do not determine them."""
+    """Kohya names -> modules of the family's released architecture (``ModelFamily.reference_parts``, on the meta
+    device): shapes for files whose tensors do not determine them."""
     from library.families import get_family
 
-    return files.module_index(get_family(family_name).adapter_roots(reference_parts(family_name)))
+    family = get_family(family_name)
+    return files.module_index(family.adapter_roots(family.reference_parts()))
 
 
 def fits(file: AdapterFile, index: Mapping[str, Target]) -> list[str]:
@@ -206,15 +190,12 @@ def _prefix_of(name: str) -> str:
 
 
 def adapter_family(file: AdapterFile) -> str | None:
-    """The family ("sd1" | "sd2" | "sdxl") whose released architecture every module of ``file`` fits, or None.
-    ``ss_base_model_version`` is tried first; a file that fits several (rare) gets the first match."""
+    """The registered family whose released architecture every module of ``file`` fits, or None. The family of the
+    file's ``ss_base_model_version`` is tried first; a file that fits several (rare) gets the first match."""
+    from library.families import FAMILIES
+
     hint = file.metadata.get("ss_base_model_version", "")
-    order = ["sdxl", "sd1", "sd2"]
-    for name, prefix in (("sdxl", "sdxl"), ("sd2", "sd_v2"), ("sd1", "sd_v1")):
-        if hint.startswith(prefix):
-            order.remove(name)
-            order.insert(0, name)
-    for name in order:
+    for name in sorted(FAMILIES, key=lambda n: not hint.startswith(FAMILIES[n].base_model_version())):
         if not fits(file, reference_index(name)):
             return name
     return None
@@ -308,7 +289,9 @@ def file_deltas(
     return deltas, norms
 
 
-def base_model_index(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> tuple[Any, Any, dict]:
+def base_model_index(
+    path: str | os.PathLike, dtype: torch.dtype = torch.float32
+) -> tuple[ModelFamily, Parts, dict[str, Target]]:
     """Load a base model with its family (``library.families``): ``(family, parts, index)``."""
     from library.families import detect_family
 

@@ -16,10 +16,11 @@ import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor
+
+from library.families.base import ModelFamily, Parts
 
 from .lowrank import Delta, clamp_factors, svd_all, to_lora
 from .targets import CONV_BLOCKS, PRESETS, Preset, Target, find_targets
@@ -38,14 +39,14 @@ class ExtractOptions:
     device: str | None = None
 
 
-def targets(family: Any, parts: Any, conv: bool) -> list[Target]:
+def targets(family: ModelFamily, parts: Parts, conv: bool) -> list[Target]:
     """The modules networks.lora would adapt (with conv blocks when ``conv``), in model order."""
     base = PRESETS["kohya"]
     preset = Preset(base.unet_classes + CONV_BLOCKS, (), base.te_classes, (), True) if conv else base
     return find_targets(family.adapter_roots(parts), preset, conv=conv, train_norm=False)
 
 
-def paired_targets(family: Any, org: Any, tuned: Any, conv: bool) -> list[tuple[Target, Target]]:
+def paired_targets(family: ModelFamily, org: Parts, tuned: Parts, conv: bool) -> list[tuple[Target, Target]]:
     """(original, tuned) module pairs by kohya name; ``ValueError`` when the architectures differ."""
     a, b = targets(family, org, conv), {t.name: t for t in targets(family, tuned, conv)}
     missing = [t.name for t in a if t.name not in b]
@@ -72,7 +73,7 @@ def _delta(org: Target, tuned: Target, device: str | None) -> Delta:
     return Delta(tuple(w.shape), dense=w.reshape(w.shape[0], -1))
 
 
-def extract(family: Any, org: Any, tuned: Any, opts: ExtractOptions) -> tuple[dict[str, Tensor], bool]:
+def extract(family: ModelFamily, org: Parts, tuned: Parts, opts: ExtractOptions) -> tuple[dict[str, Tensor], bool]:
     """The LoRA state dict and whether the text encoders were extracted (see the module docstring)."""
     pairs = paired_targets(family, org, tuned, conv=bool(opts.conv_dim))
     with_te = text_encoders_differ(pairs, opts.min_diff)
@@ -102,13 +103,15 @@ def extract(family: Any, org: Any, tuned: Any, opts: ExtractOptions) -> tuple[di
     return {k: out[k] for k in keys}, with_te
 
 
-def extract_metadata(family: Any, parts: Any, opts: ExtractOptions, title: str, prediction: str) -> dict[str, str]:
+def extract_metadata(
+    family: ModelFamily, parts: Parts, opts: ExtractOptions, title: str, prediction: str
+) -> dict[str, str]:
     """sd-scripts' metadata of an extracted LoRA (+ ModelSpec)."""
     from library import metadata_format as md
 
     args = {"conv_dim": str(opts.conv_dim), "conv_alpha": str(float(opts.conv_dim))} if opts.conv_dim else None
     meta = {
-        "ss_v2": str(family.name == "sd2"),
+        "ss_v2": str(family.ss_v2),
         "ss_base_model_version": family.base_model_version(prediction),
         "ss_network_module": "networks.lora",
         "ss_network_dim": str(opts.dim),

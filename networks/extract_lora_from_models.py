@@ -81,7 +81,7 @@ def load_pair(args: argparse.Namespace):
         problems.append(f"--model_org {e}")
         fam_org = detect_family(args.model_org)
     fam_tuned = detect_family(args.model_tuned)
-    if fam_org.name != fam_tuned.name:
+    if fam_org is not fam_tuned:
         problems.append(f"--model_org is {fam_org.name} but --model_tuned is {fam_tuned.name}: extract needs two "
                         "models of the same family")  # fmt: skip
     if problems:

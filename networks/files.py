@@ -12,15 +12,11 @@ from collections.abc import Mapping, Sequence
 
 from torch import Tensor
 
+from library.families import adapter_family_label
+
 from .algos import ALGOS, NOT_SUPPORTED, detect_algo
 from .layers import AdapterLayer, NormAdapterLayer, weight_kind
 from .targets import Root, Target, kohya_name
-
-_FAMILY_HINTS = {
-    "lora_te1": "SDXL (two text encoders: lora_te1, lora_te2)",
-    "lora_te2": "SDXL (two text encoders: lora_te1, lora_te2)",
-    "lora_te": "SD1/SD2 (one text encoder: lora_te)",
-}
 
 
 def group_by_module(state_dict: Mapping[str, Tensor]) -> dict[str, dict[str, Tensor]]:
@@ -76,7 +72,8 @@ def explain_unmatched(names: Sequence[str], roots: Sequence[Root], source: str) 
     for prefix, count in by_prefix.items():
         examples = ", ".join([n for n in names if prefix_of(n) == prefix][:3])
         if prefix not in model_prefixes:
-            hint = _FAMILY_HINTS.get(prefix, "not a kohya-format adapter for SD1/SD2/SDXL")
+            label = adapter_family_label([prefix])
+            hint = f"{label} (prefix {prefix})" if label else "not a kohya-format adapter for SD1/SD2/SDXL"
             lines.append(
                 f"{count} module(s) with prefix {prefix!r}, which this model does not have (its prefixes: "
                 f"{', '.join(model_prefixes)}); the file looks made for {hint}. Examples: {examples}"

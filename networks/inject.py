@@ -16,13 +16,16 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
+from library.families import block_layout, block_layout_title
+from library.families.blocks import BlockLayout
+
 from . import files
 from .algos import ALGOS, dora
 from .algos import norm as norm_algo
 from .config import NetworkConfig
 from .layers import AdapterLayer, AdapterWeights, NormAdapterLayer, NormWeights, max_rank
 from .network import AdapterNetwork, Slot
-from .targets import CONV_BLOCKS, PRESETS, BlockLayout, Preset, Root, Target, block_index, block_layout, find_targets
+from .targets import CONV_BLOCKS, PRESETS, Preset, Root, Target, find_targets
 
 logger = logging.getLogger(__name__)
 
@@ -129,7 +132,7 @@ def _block_tables(cfg: NetworkConfig, layout: BlockLayout, lr_weights, errors: l
         values = getattr(cfg, name)
         if values is not None and len(values) != n:
             errors.append(f"--network_args {name}: {len(values)} values given, this model's UNet has {n} blocks "
-                          f"({'SDXL' if n == 23 else 'SD1/SD2'} numbering)")  # fmt: skip
+                          f"({block_layout_title(layout)} numbering)")  # fmt: skip
     if errors:
         return None
     conv_dim, conv_alpha = cfg.resolved_conv()
@@ -147,14 +150,14 @@ def _block_tables(cfg: NetworkConfig, layout: BlockLayout, lr_weights, errors: l
     return tables
 
 
-def _rank_for(cfg: NetworkConfig, target: Target, tables) -> tuple[int, float, str]:
+def _rank_for(cfg: NetworkConfig, target: Target, tables, layout: BlockLayout) -> tuple[int, float, str]:
     """(rank, alpha, the argument that set them) for one target; rank 0 = no adapter."""
     conv_dim, conv_alpha = cfg.resolved_conv()
     if target.kind == "linear":
         rank, alpha, arg = cfg.dim, cfg.alpha, "--network_dim"
     else:
         rank, alpha, arg = conv_dim, conv_alpha, "conv_dim"
-    idx = block_index(target.name) if target.is_unet else -1
+    idx = layout.index(target.name) if target.is_unet else -1
     if tables is not None and idx >= 0:
         if target.kind == "linear":
             return tables["dims"][idx], tables["alphas"][idx], f"block_dims[{idx}]"
@@ -237,7 +240,7 @@ def inject(cfg: NetworkConfig, roots: Sequence[Root]) -> AdapterNetwork:
         if t.kind == "norm":
             plan.append((t, None))
             continue
-        rank, alpha, arg = _rank_for(cfg, t, tables)
+        rank, alpha, arg = _rank_for(cfg, t, tables, layout)
         shape = tuple(t.module.weight.shape)
         if rank and cfg.algo != "lokr" and rank > max_rank(shape):  # LoKr switches to full factors by itself
             wide.setdefault((arg, rank), []).append((max_rank(shape), t.name, shape))

@@ -19,10 +19,12 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import Tensor
+
+from library.families import adapter_family_label
+from library.families.base import ModelFamily, Parts
 
 from . import files
 from .deltas import AdapterFile, file_deltas, fits, resolve_index, shape_from_tensors
@@ -32,16 +34,13 @@ from .tool_common import progress
 
 
 def check_same_family(files_: Sequence[AdapterFile]) -> list[str]:
-    """Problems when adapter files cannot belong to one model: SD1/SD2 vs SDXL text-encoder prefixes, different
+    """Problems when adapter files cannot belong to one model: kohya prefixes of different families, different
     ``ss_base_model_version``."""
     problems = []
-    kinds = {}
-    for f in files_:
-        prefixes = {files.prefix_of(n) for n in f.modules}
-        kinds[f.source] = "sdxl" if prefixes & {"lora_te1", "lora_te2"} else "sd" if "lora_te" in prefixes else None
+    kinds = {f.source: adapter_family_label(files.prefix_of(n) for n in f.modules) for f in files_}
     named = {k: v for k, v in kinds.items() if v}
     if len(set(named.values())) > 1:
-        listing = ", ".join(f"{k} ({'SDXL' if v == 'sdxl' else 'SD1/SD2'})" for k, v in named.items())
+        listing = ", ".join(f"{k} ({v})" for k, v in named.items())
         problems.append(f"the adapters are for different model families: {listing}")
     versions = {
         f.source: f.metadata["ss_base_model_version"] for f in files_ if f.metadata.get("ss_base_model_version")
@@ -194,7 +193,7 @@ def _summed_deltas(files_, ratios, base_index) -> tuple[dict[str, Delta], dict[s
 
 
 # ------------------------------------------------------------------------------------------------ into a model
-def merge_into_model(family: Any, parts: Any, files_: Sequence[AdapterFile], ratios: Sequence[float]) -> None:
+def merge_into_model(family: ModelFamily, parts: Parts, files_: Sequence[AdapterFile], ratios: Sequence[float]) -> None:
     """Bake every file (at its ratio, in order) into ``parts``' weights. Every file is checked against the model
     first (another family, other shapes: one ``ValueError`` naming each file and module)."""
     from .inject import network_from_state_dict

@@ -14,9 +14,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from library.families import block_layout
+
 from . import files
 from .layers import AdapterLayer, AdapterWeights, NormAdapterLayer
-from .targets import Root, Target, block_index
+from .targets import Root, Target
 
 logger = logging.getLogger(__name__)
 
@@ -138,8 +140,9 @@ class AdapterNetwork(nn.Module):
             groups += self._assemble(unet_slots, base_lr, ratio_unet, "unet")
         else:
             by_block: dict[int, list[Slot]] = {}
+            layout = block_layout(s.target.name for s in unet_slots)
             for s in unet_slots:
-                by_block.setdefault(block_index(s.target.name), []).append(s)
+                by_block.setdefault(layout.index(s.target.name), []).append(s)
             for idx, slots in by_block.items():
                 weight = self.block_lr_weight[idx] if 0 <= idx < len(self.block_lr_weight) else 1.0
                 lr = None if base_lr is None else base_lr * weight

@@ -1,4 +1,5 @@
-"""Which modules get an adapter, under which kohya name, and which UNet block each belongs to.
+"""Which modules get an adapter and under which kohya name (the UNet block numbering is the family's:
+``library.families.blocks``).
 
 Targets are chosen the way sd-scripts (``networks.lora``) and LyCORIS (``lycoris.kohya`` presets) choose them: every
 Linear / Conv2d (and, with ``train_norm``, GroupNorm / LayerNorm) inside a module of a target *class*, plus modules
@@ -129,57 +130,3 @@ def find_targets(roots: Sequence[Root], preset: Preset, *, conv: bool, train_nor
                 if kind in wanted and name not in targets and not excluded:
                     targets[name] = Target(name, child, index, child_path, kind)
     return list(targets.values())
-
-
-# ----------------------------------------------------------------------------------------------------- UNet blocks
-_RE_SD = re.compile(r"lora_unet_(up|down)_blocks_(\d+)_(resnets|upsamplers|downsamplers|attentions)_(\d+)_")
-_RE_SGM = re.compile(r"lora_unet_(input_blocks|middle_block|output_blocks)_(\d+)_")
-
-
-@dataclass(frozen=True)
-class BlockLayout:
-    """sd-scripts' block numbering for ``block_dims`` / ``*_lr_weight``: SD1/SD2 (diffusers names) use 25 blocks
-    (IN00-IN11, MID, OUT00-OUT11), SDXL (sgm names) 23 (embeddings, input_blocks 0-8, middle 0-2, output 0-8, out).
-    ``down``/``mid``/``up``: how many values ``down_lr_weight`` / ``mid_lr_weight`` / ``up_lr_weight`` take.
-    """
-
-    name: str
-    num_blocks: int
-    down: int
-    mid: int
-    up: int
-
-    def lr_weights(self, down: list[float], mid: list[float], up: list[float]) -> list[float]:
-        """One weight per block from the three lists (SDXL: 1.0 for the embedding and out blocks)."""
-        if self.name == "sgm":
-            return [1.0, *down, *mid, *up, 1.0]
-        return [*down, *mid, *up]
-
-
-SD_BLOCKS = BlockLayout("diffusers", 25, 12, 1, 12)
-SGM_BLOCKS = BlockLayout("sgm", 23, 9, 3, 9)
-
-
-def block_layout(names: Sequence[str]) -> BlockLayout:
-    """The numbering that fits a network's UNet module names (sgm names mean the SDXL numbering)."""
-    return SGM_BLOCKS if any(_RE_SGM.match(n) for n in names) else SD_BLOCKS
-
-
-def block_index(name: str) -> int:
-    """sd-scripts' ``get_block_index`` for a kohya UNet module name; -1 for modules outside the numbered blocks."""
-    m = _RE_SD.match(name)
-    if m:
-        side, i, kind, j = m.group(1), int(m.group(2)), m.group(3), int(m.group(4))
-        idx = 3 * i + (2 if kind in ("upsamplers", "downsamplers") else j)
-        return 1 + idx if side == "down" else 13 + idx
-    if name.startswith("lora_unet_mid_block_"):
-        return 12
-    m = _RE_SGM.match(name)
-    if m:
-        offset = {"input_blocks": 1, "middle_block": 10, "output_blocks": 13}[m.group(1)]
-        return offset + int(m.group(2))
-    if name.startswith(("lora_unet_time_embed_", "lora_unet_label_emb_")):
-        return 0
-    if name.startswith("lora_unet_out_"):
-        return 22
-    return -1

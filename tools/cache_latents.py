@@ -23,7 +23,7 @@ if __package__ in (None, ""):  # run as a script: import the repository, not thi
 
 from library import train_setup
 from library.config import parse_args
-from library.families import detect_family
+from library.families import family_group
 from library.runtime import make_accelerator
 from networks.tool_common import main_guard
 
@@ -40,9 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def family_names(args: argparse.Namespace) -> tuple[str, ...]:
-    path = args.pretrained_model_name_or_path
-    detected = detect_family(path).name if path and Path(path).exists() else None
-    return ("sdxl",) if args.sdxl or detected == "sdxl" else ("sd1", "sd2")
+    return family_group(args.pretrained_model_name_or_path, sdxl=args.sdxl)
 
 
 def run(argv: Sequence[str] | None = None) -> train_setup.Run | None:

@@ -110,7 +110,7 @@ def stored_dtype(path: Path) -> torch.dtype | None:
 
 def run(argv: Sequence[str] | None = None) -> Path:
     """Convert; returns the path written."""
-    from library.families import detect_family
+    from library.families import detect_family, family_flags
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -127,7 +127,7 @@ def run(argv: Sequence[str] | None = None) -> Path:
     if problems:
         raise ConfigError(problems)
     family = detect_family(src)
-    want = "sd1" if args.v1 else "sd2" if args.v2 else "sdxl" if args.sdxl else None
+    want = next((name for flag, name in family_flags().items() if getattr(args, flag, False)), None)
     if want and want != family.name:
         raise ConfigError([f"{src} is an {family.name} model, not {want}; remove --v1 / --v2 / --sdxl (the family "
                            "is read from the file)"])  # fmt: skip

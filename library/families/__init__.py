@@ -13,22 +13,31 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .base import Cond, ModelFamily, Parts
+from .base import EPSILON, FLOW_MATCHING, OBJECTIVES, V_PREDICTION, Cond, ModelFamily, Parts
+from .registry import (
+    FAMILIES,
+    adapter_family_label,
+    block_layout,
+    block_layout_title,
+    family_flags,
+    family_title,
+    get_family,
+    register_family,
+    ti_keys_of_other_families,
+    trained_together,
+    unregister_family,
+)
 from .sd import SD1, SD2, SDFamily
 from .sdxl import SDXL, SDXLFamily
 
-FAMILIES: dict[str, Any] = {"sd1": SD1, "sd2": SD2, "sdxl": SDXL}
+for _family in (SD1, SD2, SDXL):
+    register_family(_family)
 
 __all__ = ["SD1", "SD2", "SDXL", "FAMILIES", "Cond", "ModelFamily", "Parts", "SDFamily", "SDXLFamily"]
-__all__ += ["get_family", "detect_family", "select_family", "family_as_flagged"]
-
-
-def get_family(name: str) -> Any:
-    """The family object for "sd1" | "sd2" | "sdxl" (case-insensitive)."""
-    family = FAMILIES.get(str(name).lower())
-    if family is None:
-        raise ValueError(f"unknown model family {name!r}; expected one of {', '.join(FAMILIES)}")
-    return family
+__all__ += ["EPSILON", "V_PREDICTION", "FLOW_MATCHING", "OBJECTIVES"]
+__all__ += ["get_family", "detect_family", "select_family", "family_as_flagged", "family_group", "register_family"]
+__all__ += ["unregister_family", "trained_together", "family_title", "block_layout", "block_layout_title"]
+__all__ += ["adapter_family_label", "ti_keys_of_other_families", "family_flags"]
 
 
 class _Shape:
@@ -38,7 +47,7 @@ class _Shape:
         self.shape = tuple(shape)
 
 
-def detect_family(source: str | os.PathLike | Mapping[str, Any]) -> Any:
+def detect_family(source: str | os.PathLike | Mapping[str, Any]) -> ModelFamily:
     """The family of a single-file state dict, a weight file or a diffusers folder (reads only keys and shapes
     of .safetensors files). Raises ``ValueError`` when it is no Stable Diffusion model."""
     from .loading import check_model_path, family_of_folder, family_of_state_dict
@@ -70,10 +79,7 @@ def _peek(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
         raise ValueError(f"{path}: not a valid safetensors file ({e})") from e
 
 
-SCRIPTS = {"sd1": "train_network.py", "sd2": "train_network.py", "sdxl": "sdxl_train_network.py"}
-
-
-def select_family(path: str | os.PathLike | None, allowed: tuple[str, ...], *, v2: bool = False) -> Any:
+def select_family(path: str | os.PathLike | None, allowed: tuple[str, ...], *, v2: bool = False) -> ModelFamily:
     """The family a training script works on: SD1/SD2 scripts take SD2 with ``--v2`` or when the file is SD2
     (sd-scripts needs --v2 for that), SDXL scripts take SDXL. Raises ``ValueError`` naming the file and the script to
     use when the model is of another family, or when ``--v2`` contradicts the file."""
@@ -89,11 +95,12 @@ def select_family(path: str | os.PathLike | None, allowed: tuple[str, ...], *, v
         raise ValueError(f"--v2 is set but {path} is an SD 1.x model; remove --v2")
     name = "sd2" if v2 else (detected if detected in allowed else allowed[0])
     if detected is not None and detected != name:
-        raise ValueError(f"{path} is an {detected} model but this script trains {name}; use {SCRIPTS[detected]}")
+        raise ValueError(f"{path} is an {detected} model but this script trains {name}; use "
+                         f"{get_family(detected).spec.training_script}")  # fmt: skip
     return get_family(name)
 
 
-def family_as_flagged(path: str | os.PathLike, *, v2: bool = False, sdxl: bool = False, flag: str = "") -> Any:
+def family_as_flagged(path: str | os.PathLike, *, v2: bool = False, sdxl: bool = False, flag: str = "") -> ModelFamily:
     """The family of the model at ``path`` (read from the file); ``--v2`` / ``--sdxl`` given for sd-scripts
     compatibility must agree with it. Raises ``ValueError`` naming the file, the flag and the fix."""
     if v2 and sdxl:
@@ -105,3 +112,10 @@ def family_as_flagged(path: str | os.PathLike, *, v2: bool = False, sdxl: bool =
         raise ValueError(f"{path} is an {family.name} model but {given} says {want}; remove the flag (the family is "
                          "read from the file)")  # fmt: skip
     return family
+
+
+def family_group(path: str | os.PathLike | None, *, sdxl: bool = False) -> tuple[str, ...]:
+    """The families the training script for the model at ``path`` takes (see :func:`trained_together`): read from
+    the file when it exists, ``--sdxl`` for sd-scripts' tools that have the flag, else the first family's group."""
+    detected = detect_family(path).name if path and Path(path).exists() else None
+    return trained_together("sdxl" if sdxl else detected or next(iter(FAMILIES)))

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor, nn
+
+from .blocks import BlockLayout
 
 
 @dataclass
@@ -25,7 +28,7 @@ class Parts:
     hold (SD2's 24th block, ``logit_scale``...), written back unchanged when the model is saved as a single file.
     """
 
-    unet: nn.Module
+    denoiser: nn.Module
     vae: nn.Module
     text_encoders: list[nn.Module]
     tokenizers: list[Any]
@@ -83,6 +86,11 @@ class FamilySpec:
 
     ``configs``: prediction type -> shipped config file stem (``configs/<stem>.json``). ``guess_prediction``: a
     last-resort detector of the prediction type from single-file weights (returns None when it cannot tell).
+    ``training_script``: the sd-scripts script that trains it (families with the same one are trained together,
+    e.g. SD1 and SD2 by train_network.py). ``load_hint``: how a user loads it, for "wrong family" errors.
+    ``flag``: the sd-scripts flag that names it where tools take one (``--v1`` / ``--v2`` / ``--sdxl``), without
+    the dashes. ``detect``: whether a single-file state dict (keys -> tensors, or objects with ``.shape``) and its metadata are
+    this family's, for files without our ``sdtrain.family`` metadata; None: the built-in SD1/SD2/SDXL rules.
     """
 
     name: str
@@ -91,38 +99,133 @@ class FamilySpec:
     configs: Mapping[str, str]
     pipeline_class: str
     guess_prediction: Callable[[Mapping[str, Tensor]], str | None] | None = None
+    training_script: str = "train_network.py"
+    load_hint: str = ""
+    flag: str = ""
+    detect: Callable[[Mapping[str, Any], Mapping[str, str]], bool] | None = None
 
 
+# The training objectives a family can state (``ModelFamily.objective``): what the denoiser is trained to predict.
+EPSILON = "epsilon"  # the noise (DDPM)
+V_PREDICTION = "v_prediction"  # v = sqrt(a_t) noise - sqrt(1 - a_t) x0 (Salimans & Ho 2022)
+FLOW_MATCHING = "flow_matching"  # the velocity noise - x0 of a rectified flow (SD3, Flux; no family yet)
+OBJECTIVES = (EPSILON, V_PREDICTION, FLOW_MATCHING)
+
+Root = tuple[str, nn.Module, Callable[[str], str]]  # (kohya prefix, module, rename): see ModelFamily.adapter_roots
+
+
+@runtime_checkable
 class ModelFamily(Protocol):
-    """The interface each of ``library.families.SD1 / SD2 / SDXL`` satisfies (by composition, no shared base class)."""
+    """What every family (``library.families.SD1 / SD2 / SDXL``, or one registered with ``register_family``)
+    provides. Families satisfy it by composition, with no shared base class; code outside ``library/families/``
+    uses only these members (tests/test_families.py checks each family against this list, signatures included).
+    """
 
-    name: str  # "sd1" | "sd2" | "sdxl"
+    name: str
+    """Registry key and ``sdtrain.family`` metadata value: "sd1" | "sd2" | "sdxl"."""
+    spec: FamilySpec
+    """The data the shared loading / saving code reads (text encoders, shipped configs, pipeline class...)."""
     vae_scale: float
-    resolution: int  # native resolution of the flagship release (512 / 768 / 1024)
+    """Latents = VAE sample times this (0.18215 for SD1/SD2, 0.13025 for SDXL)."""
+    size_multiple: int
+    """Image sides (buckets) are multiples of this (sd-scripts' ``bucket_reso_steps`` rule)."""
     num_text_encoders: int
     ti_embedding_keys: tuple[str, ...]
+    """Textual-inversion file keys, one per text encoder (from ``spec.text_encoders[i].ti_key``)."""
+    ss_v2: bool
+    """What sd-scripts' ``ss_v2`` metadata says for this family (True for SD 2.x only)."""
+    adapter_prefixes: tuple[str, ...]
+    """The kohya prefixes of ``adapter_roots``, known without a model (which family an adapter file is for)."""
+    blocks: BlockLayout
+    """sd-scripts' UNet block numbering for ``block_dims`` / ``*_lr_weight`` of adapters on this family."""
+    denoiser_name: str
+    """What the denoiser (``Parts.denoiser``) is called in messages: "UNet" (a transformer for DiT families)."""
 
-    def load(self, path: str, **options: Any) -> Parts: ...
+    def load(self, path: str | Path, **options: Any) -> Parts:
+        """A diffusers folder or a single file -> frozen modules in eval mode (options: dtype, vae,
+        v_parameterization, tokenizer_cache_dir, device)."""
+        ...
 
-    def save(self, parts: Parts, path: str, **options: Any) -> Any: ...
+    def save(self, parts: Parts, path: str | Path, **options: Any) -> Path:
+        """The full model as a single file (``*.safetensors`` / ``*.ckpt``) or a diffusers folder (options: dtype,
+        metadata); returns the path written."""
+        ...
 
-    def tokenize(self, parts: Parts, captions: list[str], max_token_length: int | None = None) -> list[Tensor]: ...
+    def reference_parts(self) -> Parts:
+        """The released architecture (denoiser and text encoders from the shipped configs) on the meta device:
+        module names and shapes without weights; ``vae`` is None."""
+        ...
 
-    def encode_tokens(self, parts: Parts, tokens: list[Tensor], clip_skip: int | None = None) -> Cond: ...
+    def tokenize(self, parts: Parts, captions: list[str], max_token_length: int | None = None) -> list[Tensor]:
+        """One (B, 77·k) id tensor per text encoder (k = 1, 2, 3 for ``--max_token_length`` None/75, 150, 225)."""
+        ...
 
-    def encode_prompt(self, parts: Parts, captions: list[str], **options: Any) -> Cond: ...
+    def encode_tokens(self, parts: Parts, tokens: list[Tensor], clip_skip: int | None = None) -> Cond:
+        """Ids from :meth:`tokenize` -> the conditioning the denoiser takes."""
+        ...
 
-    def predict(self, unet: nn.Module, noisy: Tensor, t: Tensor, cond: Cond, **options: Any) -> Tensor: ...
+    def encode_prompt(
+        self, parts: Parts, captions: list[str], clip_skip: int | None = None, max_token_length: int | None = None
+    ) -> Cond:
+        """:meth:`tokenize` then :meth:`encode_tokens`."""
+        ...
 
-    def encode_latents(self, parts: Parts, pixels: Tensor, generator: torch.Generator | None = None) -> Tensor: ...
+    def size_conditioning(self, original_sizes: Any, crop_top_lefts: Any, target_sizes: Any) -> Tensor | None:
+        """Per-sample size/crop conditioning for :meth:`predict` (``time_ids``), or None when the family has none."""
+        ...
 
-    def decode_latents(self, parts: Parts, latents: Tensor) -> Tensor: ...
+    def predict(self, denoiser: nn.Module, noisy: Tensor, t: Tensor, cond: Cond, **options: Any) -> Tensor:
+        """The denoiser's output for noisy latents at timesteps t (options: ``time_ids`` from
+        :meth:`size_conditioning`); what it predicts is :meth:`objective`."""
+        ...
 
-    def adapter_roots(self, parts: Parts) -> list[tuple[str, nn.Module, Callable[[str], str]]]: ...
+    def objective(self, parts: Parts) -> str:
+        """What the loaded model is trained to predict: one of :data:`OBJECTIVES` (the loss target follows it)."""
+        ...
 
-    def base_model_version(self, prediction_type: str = "epsilon") -> str: ...
+    def encode_latents(self, parts: Parts, pixels: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        """(B, 3, H, W) pixels in [-1, 1] -> scaled latents."""
+        ...
 
-    def modelspec_architecture(self, kind: str = "", prediction_type: str = "epsilon") -> str: ...
+    def decode_latents(self, parts: Parts, latents: Tensor) -> Tensor:
+        """Scaled latents -> (B, 3, H, W) pixels in [-1, 1]."""
+        ...
+
+    def adapter_roots(self, parts: Parts) -> list[Root]:
+        """(kohya prefix, module, rename) per adaptable module tree: how adapter keys name the modules."""
+        ...
+
+    def base_model_version(self, prediction_type: str = "epsilon") -> str:
+        """``ss_base_model_version`` metadata."""
+        ...
+
+    def modelspec_architecture(self, kind: str = "", prediction_type: str = "epsilon") -> str:
+        """``modelspec.architecture`` for a checkpoint (``kind`` "") or an adapter ("lora", "textual-inversion")."""
+        ...
+
+    def modelspec_implementation(self, kind: str = "") -> str:
+        """``modelspec.implementation`` metadata."""
+        ...
+
+    def pipeline(self, parts: Parts, scheduler: Any) -> Any:
+        """A diffusers pipeline over ``parts`` (the same modules) with ``scheduler``, for sampling."""
+        ...
+
+    def default_resolution(self, prediction_type: str = "epsilon") -> int:
+        """The native resolution of the released model with this prediction type (the training default without
+        ``--resolution``, ``modelspec.resolution``, the sampling default)."""
+        ...
+
+
+def family_members() -> tuple[str, ...]:
+    """The names of every :class:`ModelFamily` member (attributes, then methods), in declaration order."""
+    methods = [k for k, v in vars(ModelFamily).items() if callable(v) and not k.startswith("_")]
+    return (*ModelFamily.__annotations__, *methods)
+
+
+def missing_members(family: object) -> list[str]:
+    """The :class:`ModelFamily` members ``family`` lacks (empty: it satisfies the Protocol's member list)."""
+    return [m for m in family_members() if not hasattr(family, m)]
 
 
 def module_device(module: nn.Module) -> torch.device:

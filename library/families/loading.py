@@ -34,6 +34,7 @@ from .convert import (
     vae_from_ldm,
     vae_ldm_keys,
 )
+from .registry import FAMILIES, family_title, get_family
 from .tokenizers import load_tokenizers
 
 log = logging.getLogger(__name__)
@@ -42,12 +43,6 @@ CONFIG_DIR = Path(__file__).parent / "configs"
 META_CONFIGS = "sdtrain.configs"
 META_FAMILY = "sdtrain.family"
 WEIGHT_SUFFIXES = SAFETENSORS_SUFFIXES + PICKLE_SUFFIXES
-TITLES = {"sd1": "SD1.x", "sd2": "SD2.x", "sdxl": "SDXL"}
-HINTS = {
-    "sd1": "the SD 1.x scripts without --v2",
-    "sd2": "--v2",
-    "sdxl": "the sdxl_* scripts, e.g. sdxl_train_network.py",
-}
 
 
 @cache
@@ -62,11 +57,15 @@ def shipped_configs(stem: str) -> dict:
 
 # ------------------------------------------------------------------------------------------------ detection
 def family_of_state_dict(sd: Mapping[str, Any], metadata: Mapping[str, str] | None = None) -> str | None:
-    """The family name "sd1" | "sd2" | "sdxl" of a single-file state dict, "sdxl-refiner", or None if it is no SD
-    model. Our metadata decides first, then the text encoder keys, then the UNet (SDXL's ``label_emb``, else the
-    context width 1024 of SD2, as diffusers' ``infer_diffusers_model_type``)."""
-    if metadata and metadata.get(META_FAMILY) in TITLES:
+    """The registered family name ("sd1" | "sd2" | "sdxl" | ...) of a single-file state dict, "sdxl-refiner", or
+    None if it is no model of a registered family. Our metadata decides first, then the families' own ``detect``,
+    then, for SD1/SD2/SDXL, the text encoder keys, then the UNet (SDXL's ``label_emb``, else the context width 1024
+    of SD2, as diffusers' ``infer_diffusers_model_type``)."""
+    if metadata and metadata.get(META_FAMILY) in FAMILIES:
         return metadata[META_FAMILY]
+    for name, family in FAMILIES.items():
+        if family.spec.detect is not None and family.spec.detect(sd, metadata or {}):
+            return name
     keys = sd.keys()
     if any(k.startswith("conditioner.embedders.0.model.") for k in keys):
         return "sdxl-refiner"  # OpenCLIP-bigG alone: not supported, but named in the error
@@ -125,8 +124,8 @@ def wrong_family(spec: FamilySpec, path: Path, found: str | None) -> ValueError:
             f"/ conditioner.* keys); expected a {spec.title} checkpoint"
         )
     return ValueError(
-        f"{path}: this is an {TITLES[found]} model, but an {spec.title} model was expected; load it as "
-        f"{TITLES[found]} ({HINTS[found]})"
+        f"{path}: this is an {family_title(found)} model, but an {spec.title} model was expected; load it as "
+        f"{family_title(found)} ({get_family(found).spec.load_hint})"
     )
 
 
@@ -382,7 +381,7 @@ def load_vae(path: str | Path, config: Mapping, dtype: Any) -> nn.Module:
 
 def finish(parts: Parts, device: Any) -> Parts:
     """Move to ``device``, set eval mode and freeze every module (trainers unfreeze what they train)."""
-    for module in (parts.unet, parts.vae, *parts.text_encoders):
+    for module in (parts.denoiser, parts.vae, *parts.text_encoders):
         module.to(device).eval().requires_grad_(False)
     parts.extra["text_encoder_extras"] = [
         {k: v.to(device) for k, v in extra.items()} for extra in parts.extra.get("text_encoder_extras", [])
@@ -410,3 +409,17 @@ def load_model(
         parts = load_single_file(spec, path, dtype, v_parameterization, vae)
     parts.tokenizers = load_tokenizers(spec.text_encoders, path if path.is_dir() else None, tokenizer_cache_dir)
     return finish(parts, device)
+
+
+def reference_parts(spec: FamilySpec) -> Parts:
+    """The released architecture of ``spec`` (denoiser and text encoders from its first shipped config) on the meta
+    device: module names and shapes without weights or memory; ``vae`` is None (``ModelFamily.reference_parts``)."""
+    from accelerate import init_empty_weights
+    from diffusers import UNet2DConditionModel
+
+    configs = shipped_configs(next(iter(spec.configs.values())))
+    with init_empty_weights():
+        unet = UNet2DConditionModel.from_config(configs["unet"])
+        tes = [text_encoder_factory(c, s.with_projection)() for c, s in zip(configs["text_encoders"],
+                                                                              spec.text_encoders)]  # fmt: skip
+    return Parts(unet, None, tes, [], configs["scheduler"], spec.name)

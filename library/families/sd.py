@@ -14,7 +14,7 @@ passes --v_parameterization); the flag always wins here too.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +22,11 @@ import torch
 from torch import Tensor, nn
 
 from . import text
-from .base import Cond, FamilySpec, Parts, TextEncoderSpec, module_device
+from .base import Cond, FamilySpec, Parts, Root, TextEncoderSpec, module_device
+from .blocks import DIFFUSERS_BLOCKS
 from .convert import UNET_PREFIX, hf_module_path
 from .latents import decode_latents, encode_latents
-from .loading import load_model
+from .loading import load_model, reference_parts
 from .saving import IMPL_SGM, make_pipeline, save_family_model, with_kind
 from .tokenizers import PAD_CLIP_L, PAD_OPEN_CLIP
 
@@ -51,6 +52,8 @@ SD1_SPEC = FamilySpec(
     ),
     configs={"epsilon": "sd15", "v_prediction": "sd15"},
     pipeline_class="StableDiffusionPipeline",
+    load_hint="the SD 1.x scripts without --v2",
+    flag="v1",
 )
 SD2_SPEC = FamilySpec(
     name="sd2",
@@ -69,6 +72,8 @@ SD2_SPEC = FamilySpec(
     configs={"epsilon": "sd2-512", "v_prediction": "sd2-768-v"},
     pipeline_class="StableDiffusionPipeline",
     guess_prediction=guess_sd2_prediction,
+    load_hint="--v2",
+    flag="v2",
 )
 
 
@@ -78,7 +83,9 @@ class SDFamily:
     vae_scale = 0.18215
     size_multiple = 64  # image sides are multiples of this (sd-scripts' bucket_reso_steps rule for SD1/2)
     num_text_encoders = 1
-    ti_embedding_keys = ("emb_params",)
+    adapter_prefixes = ("lora_unet", "lora_te")
+    blocks = DIFFUSERS_BLOCKS
+    denoiser_name = "UNet"
 
     def __init__(
         self,
@@ -88,14 +95,16 @@ class SDFamily:
         architectures: Mapping[str, str],
         resolutions: Mapping[str, int],
         warn_clip_skip: bool,
+        ss_v2: bool = False,
     ) -> None:
         self.spec = spec
         self.name = spec.name
         self._version = version  # ss_base_model_version without the "_v" suffix
         self._architectures = architectures  # prediction type -> modelspec architecture
         self._resolutions = resolutions  # prediction type -> native resolution
-        self.resolution = max(resolutions.values())
         self._warn_clip_skip = warn_clip_skip
+        self.ss_v2 = ss_v2  # sd-scripts' ss_v2 metadata (--v2)
+        self.ti_embedding_keys = tuple(te.ti_key for te in spec.text_encoders)
 
     def __repr__(self) -> str:
         return f"<model family {self.name}>"
@@ -168,12 +177,16 @@ class SDFamily:
 
     # ------------------------------------------------------------------------------------------- denoising
     def predict(
-        self, unet: nn.Module, noisy: Tensor, t: Tensor, cond: Cond, *, time_ids: Tensor | None = None
+        self, denoiser: nn.Module, noisy: Tensor, t: Tensor, cond: Cond, *, time_ids: Tensor | None = None
     ) -> Tensor:
         """UNet output (B, 4, h, w) for noisy latents (B, 4, h, w) at timesteps t (B,): epsilon or v, per the model."""
         if time_ids is not None:
             raise ValueError(f"{self.name} takes no size/crop time_ids (only SDXL does)")
-        return unet(noisy, t, encoder_hidden_states=cond.hidden_states).sample
+        return denoiser(noisy, t, encoder_hidden_states=cond.hidden_states).sample
+
+    def objective(self, parts: Parts) -> str:
+        """The loaded model's prediction type: "epsilon" or "v_prediction" (SD2 768-v, v-pred fine-tunes)."""
+        return parts.prediction_type
 
     def size_conditioning(self, original_sizes: Any, crop_top_lefts: Any, target_sizes: Any) -> None:
         """SD 1.x / 2.x take no size/crop conditioning (see SDXL.size_conditioning)."""
@@ -188,11 +201,11 @@ class SDFamily:
         return decode_latents(parts.vae, latents, self.vae_scale)
 
     # ------------------------------------------------------------------------------------------- names
-    def adapter_roots(self, parts: Parts) -> list[tuple[str, nn.Module, Callable[[str], str]]]:
+    def adapter_roots(self, parts: Parts) -> list[Root]:
         """(kohya prefix, module, rename): UNet paths are kept (diffusers names, as sd-scripts' SD1/2 UNet), text
         encoder paths get the ``text_model.`` level."""
         te = parts.text_encoders[0]
-        return [("lora_unet", parts.unet, _identity), ("lora_te", te, hf_module_path(te))]
+        return [("lora_unet", parts.denoiser, _identity), ("lora_te", te, hf_module_path(te))]
 
     def base_model_version(self, prediction_type: str = "epsilon") -> str:
         """``ss_base_model_version``: sd_v1 / sd_v1_v / sd_v2 / sd_v2_v."""
@@ -215,6 +228,10 @@ class SDFamily:
         """Native resolution: 768 for SD2 v-prediction (768-v), else 512."""
         return self._resolutions[prediction_type]
 
+    def reference_parts(self) -> Parts:
+        """The released architecture on the meta device (see ``ModelFamily.reference_parts``)."""
+        return reference_parts(self.spec)
+
 
 def _identity(path: str) -> str:
     return path
@@ -233,4 +250,5 @@ SD2 = SDFamily(
     architectures={"epsilon": "stable-diffusion-v2-512", "v_prediction": "stable-diffusion-v2-768-v"},
     resolutions={"epsilon": 512, "v_prediction": 768},
     warn_clip_skip=True,
+    ss_v2=True,
 )

@@ -14,7 +14,7 @@ through ``unet_keys.py``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +22,11 @@ import torch
 from torch import Tensor, nn
 
 from . import text
-from .base import Cond, FamilySpec, Parts, TextEncoderSpec, module_device
+from .base import Cond, FamilySpec, Parts, Root, TextEncoderSpec, module_device
+from .blocks import SGM_BLOCKS
 from .convert import hf_module_path
 from .latents import decode_latents, encode_latents
-from .loading import load_model
+from .loading import load_model, reference_parts
 from .saving import IMPL_SGM, make_pipeline, save_family_model, with_kind
 from .tokenizers import PAD_CLIP_L, PAD_OPEN_CLIP
 from .unet_keys import block_map, diffusers_to_ldm
@@ -50,6 +51,9 @@ SDXL_SPEC = FamilySpec(
     ),  # fmt: skip
     configs={"epsilon": "sdxl-base", "v_prediction": "sdxl-base"},
     pipeline_class="StableDiffusionXLPipeline",
+    training_script="sdxl_train_network.py",
+    load_hint="the sdxl_* scripts, e.g. sdxl_train_network.py",
+    flag="sdxl",
 )
 
 
@@ -60,9 +64,12 @@ class SDXLFamily:
     spec = SDXL_SPEC
     vae_scale = 0.13025
     size_multiple = 32  # sd-scripts allows bucket steps of 32 for SDXL
-    resolution = 1024
     num_text_encoders = 2
-    ti_embedding_keys = ("clip_l", "clip_g")
+    ti_embedding_keys = tuple(te.ti_key for te in SDXL_SPEC.text_encoders)  # ("clip_l", "clip_g")
+    ss_v2 = False
+    adapter_prefixes = ("lora_unet", "lora_te1", "lora_te2")
+    blocks = SGM_BLOCKS
+    denoiser_name = "UNet"
 
     def __init__(self) -> None:
         self._warned_clip_skip = False
@@ -140,13 +147,17 @@ class SDXLFamily:
         return torch.tensor(rows, dtype=torch.float32)
 
     def predict(
-        self, unet: nn.Module, noisy: Tensor, t: Tensor, cond: Cond, *, time_ids: Tensor | None = None
+        self, denoiser: nn.Module, noisy: Tensor, t: Tensor, cond: Cond, *, time_ids: Tensor | None = None
     ) -> Tensor:
         """UNet output (B, 4, h, w); needs ``cond.pooled`` (B, P) and ``time_ids`` (B, 6) from :meth:`time_ids`."""
         if time_ids is None or cond.pooled is None:
             raise ValueError("SDXL needs the pooled text embedding and time_ids (SDXL.time_ids(...)) to predict")
         added = {"text_embeds": cond.pooled, "time_ids": time_ids.to(noisy.device)}
-        return unet(noisy, t, encoder_hidden_states=cond.hidden_states, added_cond_kwargs=added).sample
+        return denoiser(noisy, t, encoder_hidden_states=cond.hidden_states, added_cond_kwargs=added).sample
+
+    def objective(self, parts: Parts) -> str:
+        """The loaded model's prediction type: "epsilon" (SDXL base) or "v_prediction" (v-pred fine-tunes)."""
+        return parts.prediction_type
 
     def size_conditioning(self, original_sizes: Any, crop_top_lefts: Any, target_sizes: Any) -> Tensor:
         """(B, 6) ``time_ids`` from per-sample (h, w) sizes / (top, left) crops (tensors (B, 2) or lists)."""
@@ -162,10 +173,10 @@ class SDXLFamily:
         return decode_latents(parts.vae, latents, self.vae_scale)
 
     # ------------------------------------------------------------------------------------------- names
-    def adapter_roots(self, parts: Parts) -> list[tuple[str, nn.Module, Callable[[str], str]]]:
+    def adapter_roots(self, parts: Parts) -> list[Root]:
         """(kohya prefix, module, rename): UNet paths -> sgm names (``input_blocks.4.1...``; KeyError for modules
         with no sgm name, e.g. ``time_proj``), text encoder paths with the ``text_model.`` level."""
-        unet = parts.unet
+        unet = parts.denoiser
         table = block_map(unet.config)
         te1, te2 = parts.text_encoders
         return [
@@ -192,7 +203,12 @@ class SDXLFamily:
         return make_pipeline(self.spec, parts, scheduler)
 
     def default_resolution(self, prediction_type: str = "epsilon") -> int:
+        """Native resolution: 1024."""
         return 1024
+
+    def reference_parts(self) -> Parts:
+        """The released architecture on the meta device (see ``ModelFamily.reference_parts``)."""
+        return reference_parts(self.spec)
 
 
 SDXL = SDXLFamily()

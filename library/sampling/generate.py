@@ -26,6 +26,7 @@ import torch
 from PIL import Image
 from torch import Tensor
 
+from library.families.base import ModelFamily, Parts
 from library.prompt_weighting import encode_weighted
 
 from .config import DEFAULT_MAX_EMBEDDINGS_MULTIPLES, DEFAULT_SAMPLE_STEPS, DEFAULT_SCALE
@@ -42,7 +43,9 @@ def random_seed() -> int:
     return random.SystemRandom().randrange(_SEED_RANGE)
 
 
-def resolve(spec: PromptSpec, family: Any, parts: Any, *, sampler: str = "ddim", **defaults: Any) -> PromptSpec:
+def resolve(
+    spec: PromptSpec, family: ModelFamily, parts: Parts, *, sampler: str = "ddim", **defaults: Any
+) -> PromptSpec:
     """``spec`` with every unset setting filled: ``defaults`` first, then the family's native size for the model's
     prediction type, 30 steps, scale 7.5 and ``sampler``."""
     size = family.default_resolution(parts.prediction_type)
@@ -57,8 +60,8 @@ def same_settings(a: PromptSpec, b: PromptSpec) -> bool:
 
 @torch.no_grad()
 def generate_batch(
-    family: Any,
-    parts: Any,
+    family: ModelFamily,
+    parts: Parts,
     specs: Sequence[PromptSpec],
     generators: Sequence[torch.Generator],
     *,
@@ -125,8 +128,8 @@ def _condition_kwargs(pipe: Any, cond: Any, n: int, spec: PromptSpec) -> dict[st
 
 
 def generate(
-    family: Any,
-    parts: Any,
+    family: ModelFamily,
+    parts: Parts,
     spec: PromptSpec,
     *,
     generator: torch.Generator | None = None,

@@ -15,13 +15,13 @@ from pathlib import Path
 import torch
 
 from library.config import ConfigError, add_unsupported
+from library.families import family_flags
 
 from .config import DEFAULT_MAX_EMBEDDINGS_MULTIPLES
 from .prompts import PromptSpec, parse_prompt_line, read_prompt_file
 from .schedulers import SAMPLER_NAMES
 
 NETWORK_MODULES = ("networks.lora", "lycoris.kohya")
-FAMILY_FLAGS = {"v1": "sd1", "v2": "sd2", "sdxl": "sdxl"}
 _UNSUPPORTED_STORE = {
     "--from_module": "prompter modules",
     "--prompter_module_args": "prompter modules",
@@ -185,7 +185,7 @@ class GenImgConfig:
         if problems:
             raise ConfigError(problems)
         dtype = torch.float16 if args.fp16 else torch.bfloat16 if args.bf16 else torch.float32
-        families = [name for flag, name in FAMILY_FLAGS.items() if getattr(args, flag)]
+        families = [name for flag, name in family_flags().items() if getattr(args, flag, False)]
         defaults = dict(
             width=args.W, height=args.H, steps=args.steps, scale=args.scale, sampler=args.sampler,
             original_width=args.original_width, original_height=args.original_height,
@@ -261,7 +261,7 @@ def _check_model(args: argparse.Namespace, problems: list[str]) -> None:
         problems.append("--ckpt is required: a diffusers folder or a .safetensors / .ckpt model file")
     elif not Path(args.ckpt).exists():
         problems.append(f"--ckpt {args.ckpt}: no such file or folder")
-    if sum(bool(getattr(args, f)) for f in FAMILY_FLAGS) > 1:
+    if sum(bool(getattr(args, f, False)) for f in family_flags()) > 1:
         problems.append("give at most one of --v1, --v2, --sdxl (or none: the family is detected from --ckpt)")
     if args.fp16 and args.bf16:
         problems.append("give one of --fp16 / --bf16")

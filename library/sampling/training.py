@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from library.config import ConfigError
+from library.families.base import ModelFamily, Parts
 from library.runtime import capture_rng, restore_rng
 
 from .config import SampleConfig
@@ -30,8 +31,8 @@ log = logging.getLogger(__name__)
 
 def sample_during_training(
     cfg: SampleConfig,
-    family: Any,
-    parts: Any,
+    family: ModelFamily,
+    parts: Parts,
     *,
     output_dir: str | Path,
     output_name: str | None,
@@ -70,7 +71,7 @@ def sample_during_training(
     return _save_and_log(results, cfg, parts, output_dir, output_name, step, epoch, accelerator, trackers)
 
 
-def _one(cfg: SampleConfig, family: Any, parts: Any, spec: Any, autocast: Any) -> tuple[Any, int, Any]:
+def _one(cfg: SampleConfig, family: ModelFamily, parts: Parts, spec: Any, autocast: Any) -> tuple[Any, int, Any]:
     spec = resolve(spec, family, parts, sampler=cfg.sampler, steps=cfg.default_steps, scale=cfg.default_scale)
     seed = spec.seed if spec.seed is not None else random_seed()
     if spec.network_multipliers:
@@ -88,7 +89,9 @@ def _one(cfg: SampleConfig, family: Any, parts: Any, spec: Any, autocast: Any) -
     return spec, seed, image
 
 
-def _save_and_log(results, cfg, parts, output_dir, output_name, step, epoch, accelerator, trackers) -> list[Path]:
+def _save_and_log(
+    results, cfg, parts: Parts, output_dir, output_name, step, epoch, accelerator, trackers
+) -> list[Path]:
     folder = Path(output_dir) / "sample"
     stamp = timestamp()
     paths, tagged = [], {}
@@ -108,11 +111,11 @@ def _save_and_log(results, cfg, parts, output_dir, output_name, step, epoch, acc
     return paths
 
 
-def _modules(parts: Any) -> list[nn.Module]:
-    return [m for m in (parts.unet, parts.vae, *parts.text_encoders) if isinstance(m, nn.Module)]
+def _modules(parts: Parts) -> list[nn.Module]:
+    return [m for m in (parts.denoiser, parts.vae, *parts.text_encoders) if isinstance(m, nn.Module)]
 
 
-def _enter_eval(parts: Any) -> dict[nn.Module, bool]:
+def _enter_eval(parts: Parts) -> dict[nn.Module, bool]:
     """Put every module of ``parts`` in eval mode; returns each submodule's previous ``training`` flag."""
     modes = {m: m.training for root in _modules(parts) for m in root.modules()}
     for root in _modules(parts):

@@ -1,0 +1,95 @@
+"""The registered model families, and the questions answered by looking at all of them.
+
+``library.families`` registers SD1, SD2 and SDXL on import; a new family calls :func:`register_family` once (see
+docs/architecture.md, "Adding a model family"). Everything that picks or recognises a family (the entry scripts'
+family selection, model-file detection, adapter-file and TI-file checks, the block numbering of adapter names)
+asks this registry, so it needs no edit when a family is added.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from .base import ModelFamily, missing_members
+from .blocks import BlockLayout
+
+FAMILIES: dict[str, ModelFamily] = {}
+
+
+def register_family(family: ModelFamily, *, replace: bool = False) -> ModelFamily:
+    """Add ``family`` under ``family.name``; ``TypeError`` when it lacks a member of :class:`ModelFamily`,
+    ``ValueError`` when the name is taken (unless ``replace``). Returns the family."""
+    missing = missing_members(family)
+    if missing:
+        raise TypeError(f"{family!r} is no ModelFamily: it lacks {', '.join(missing)}")
+    if family.name in FAMILIES and not replace and FAMILIES[family.name] is not family:
+        raise ValueError(f"a model family named {family.name!r} is already registered")
+    FAMILIES[family.name] = family
+    return family
+
+
+def unregister_family(name: str) -> None:
+    """Remove a registered family (tests that register a toy family clean up with this)."""
+    FAMILIES.pop(name, None)
+
+
+def get_family(name: str) -> ModelFamily:
+    """The family object for a registered name ("sd1" | "sd2" | "sdxl" | ..., case-insensitive)."""
+    family = FAMILIES.get(str(name).lower())
+    if family is None:
+        raise ValueError(f"unknown model family {name!r}; expected one of {', '.join(FAMILIES)}")
+    return family
+
+
+def family_title(name: str) -> str:
+    """The family's display name ("SD1.x", "SDXL"...), or ``name`` itself when it is not registered."""
+    family = FAMILIES.get(name)
+    return family.spec.title if family is not None else name
+
+
+def trained_together(name: str) -> tuple[str, ...]:
+    """The families one training script takes together with ``name`` (same ``spec.training_script``): ("sd1",
+    "sd2") for SD1 or SD2, ("sdxl",) for SDXL; the registration order is kept (the first is the default)."""
+    script = get_family(name).spec.training_script
+    return tuple(n for n, f in FAMILIES.items() if f.spec.training_script == script)
+
+
+def family_flags() -> dict[str, str]:
+    """sd-scripts' family flags (without dashes) -> family name: {"v1": "sd1", "v2": "sd2", "sdxl": "sdxl"}."""
+    return {f.spec.flag: name for name, f in FAMILIES.items() if f.spec.flag}
+
+
+def block_layout(names: Iterable[str]) -> BlockLayout:
+    """The block numbering of a network whose UNet module names are ``names`` (kohya names): the registered
+    families' numberings that name a block of it, else the first family's."""
+    names = list(names)
+    layouts = list(dict.fromkeys(f.blocks for f in FAMILIES.values()))
+    for layout in layouts:
+        if any(layout.names_match(n) for n in names):
+            return layout
+    return layouts[0]
+
+
+def block_layout_title(layout: BlockLayout) -> str:
+    """ "SD1/SD2" or "SDXL": the families that number blocks this way, for messages."""
+    return _short_titles(f for f in FAMILIES.values() if f.blocks == layout)
+
+
+def adapter_family_label(prefixes: Iterable[str]) -> str | None:
+    """Which families an adapter file with these kohya prefixes can be for, for messages ("SD1/SD2", "SDXL"), or
+    None when the prefixes tell nothing (every family has them, e.g. a UNet-only file, or no family has them)."""
+    prefixes = set(prefixes)
+    fitting = [f for f in FAMILIES.values() if prefixes <= set(f.adapter_prefixes)]
+    if not prefixes or not fitting or len(fitting) == len(FAMILIES):
+        return None
+    return _short_titles(fitting)
+
+
+def ti_keys_of_other_families(family: ModelFamily) -> set[str]:
+    """Textual-inversion file keys that belong to other families' layouts (a file holding them is not for
+    ``family``)."""
+    return {k for f in FAMILIES.values() for k in f.ti_embedding_keys} - set(family.ti_embedding_keys)
+
+
+def _short_titles(families: Iterable[ModelFamily]) -> str:
+    return "/".join(dict.fromkeys(f.spec.title.removesuffix(".x") for f in families))
