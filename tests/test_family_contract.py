@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import train_network
-from library.checkpoints import load_state_dict, read_metadata
+from library.weight_files import load_state_dict, read_metadata
 from library.families import (
     FAMILIES,
     OBJECTIVES,
