@@ -124,7 +124,7 @@ def _train(model, dataset, out, names, *extra):
         "--seed", "1",
         *extra,
     ]  # fmt: skip
-    return train_network.main(argv, family_names=names)
+    return train_network.run(argv, family_names=names)
 
 
 @pytest.mark.parametrize(
@@ -159,7 +159,7 @@ TOY_SPEC = FamilySpec(
     configs={"epsilon": "sd15", "v_prediction": "sd15"},
     pipeline_class="StableDiffusionPipeline",
     training_script="toy_train_network.py",
-    load_hint="train_network.main(argv, family_names=('toy',))",
+    load_hint="train_network.run(argv, family_names=('toy',))",
 )
 
 
