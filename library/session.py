@@ -148,7 +148,7 @@ class TrainConfig:
     console_log_level: str | None = None
     console_log_file: str | None = None
     console_log_simple: bool = False
-    args: dict = field(default_factory=dict)  # the effective arguments, for metadata / --log_config
+    args: dict = field(default_factory=dict)  # the arguments as given: what --log_config sends, read nowhere else
 
     @property
     def train_text_encoder(self) -> bool:
