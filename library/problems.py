@@ -31,20 +31,23 @@ def first(items: Sequence[str], limit: int | None, sep: str = "\n", more: str = 
     return sep.join(items[:limit]) + more.format(n=len(items) - limit)
 
 
-def format_problems(problems: Sequence[str], what: str = "configuration", limit: int | None = None) -> str:
-    """``N problem(s) in the <what>:`` and one indented line per problem (after ``limit``: ``... and N more``)."""
+def format_problems(
+    problems: Sequence[str], what: str = "configuration", limit: int | None = None, hint: str = ""
+) -> str:
+    """``N problem(s) in the <what>:``, one indented line per problem (after ``limit``: ``... and N more``), then
+    ``hint`` (advice for all of them) on a line of its own."""
     n, lines = len(problems), first(problems, limit, "\n  ", "\n  ... and {n} more")
-    return f"{n} problem{'s' if n != 1 else ''} in the {what}:\n  {lines}"
+    return f"{n} problem{'s' if n != 1 else ''} in the {what}:\n  {lines}" + (f"\n{hint}" if hint else "")
 
 
 class ConfigError(ValueError):
     """One or more problems with the user's input; ``.problems`` holds one line each, ``str()`` lists them under a
-    header naming ``what`` was read (``limit``: show at most that many lines)."""
+    header naming ``what`` was read (``limit``: show at most that many lines; ``hint``: advice for all of them)."""
 
-    def __init__(self, problems: Sequence[str], what: str = "configuration", limit: int | None = None):
+    def __init__(self, problems: Sequence[str], what: str = "configuration", limit: int | None = None, hint: str = ""):
         self.problems = list(problems)
         self.what = what
-        super().__init__(format_problems(self.problems, what, limit))
+        super().__init__(format_problems(self.problems, what, limit, hint))
 
 
 def problems_of(error: ValueError) -> list[str]:

@@ -104,7 +104,7 @@ def concat_merge(files_: Sequence[AdapterFile], ratios: Sequence[float]) -> dict
     if problems:
         hint = ("concatenating ranks merges plain LoRA / LoCon only; use svd_merge_lora.py (any algorithm, a chosen "
                 "rank) or merge into a checkpoint with --sd_model")  # fmt: skip
-        raise ConfigError([*problems, hint], "adapter files")
+        raise ConfigError(problems, "adapter files", hint=hint)
     return out
 
 

@@ -26,6 +26,9 @@ def test_format_cut_and_suggestions():
     assert str(e) == "7 problems in the adapter file:\n  p0\n  p1\n  p2\n  p3\n  p4\n  ... and 2 more"
     assert e.problems == [f"p{i}" for i in range(7)]  # the cut is only in the text
     assert str(ConfigError(["only"])) == "1 problem in the configuration:\n  only"
+    assert str(ConfigError(["a"], "adapter files", hint="use svd_merge_lora.py")) == (
+        "1 problem in the adapter files:\n  a\nuse svd_merge_lora.py"
+    )
     assert first(["a.png", "b.png", "c.png"], 2, ", ", " and {n} more") == "a.png, b.png and 1 more"
     assert first(["a", "b"], 2, ", ") == "a, b"
     assert did_you_mean("learnig_rate", ["learning_rate", "seed"]) == "; did you mean 'learning_rate'?"
