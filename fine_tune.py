@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from library import args as arg_groups
-from library import session
+from library import train_setup
 from library.config import parse_args
 from library.model_trainable import ModelTrainable, ModelTrainingConfig
 from library.trainer import Result
@@ -55,8 +55,8 @@ def main(
         return None
     args.save_model_as = output_format(args)
     args.xformers = args.xformers or getattr(args, "diffusers_xformers", False)
-    cfg = session.read_config(args, tuple(family_names), ModelTrainingConfig.from_args, MODEL_FORMATS)  # all errors
-    run = session.start(cfg)  # accelerator, seed, dataset plan + bucket report, model, caches
+    cfg = train_setup.read_config(args, tuple(family_names), ModelTrainingConfig.from_args, MODEL_FORMATS)  # all errors
+    run = train_setup.start(cfg)  # accelerator, seed, dataset plan + bucket report, model, caches
     if cfg.noise.zero_terminal_snr:  # the trained model's files and samples carry its schedule (the ztsnr marker)
         run.parts.scheduler_config = {**run.parts.scheduler_config, "rescale_betas_zero_snr": True}
     model = ModelTrainable(run.family, run.parts, cfg.method, run.step_models)  # UNet (+ text encoders) trained

@@ -7,8 +7,7 @@ import pytest
 import torch
 
 from library.config import ConfigError
-from library.runtime import capture_rng, restore_rng
-from library.saving import (
+from library.run_files import (
     SaveConfig,
     add_save_args,
     add_state_args,
@@ -21,6 +20,7 @@ from library.saving import (
     save_train_state,
     state_dir,
 )
+from library.runtime import capture_rng, restore_rng
 
 
 def _cfg(tmp_path, *argv):
