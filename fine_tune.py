@@ -21,10 +21,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from library import args as arg_groups
-from library import sampling, train_setup
-from library.config import add_config_args, parse_args
-from library.model_trainable import ModelTrainable, ModelTrainingConfig, add_model_training_args
-from library.optim import add_optim_args
+from library import train_setup
+from library.config import parse_args
+from library.model_trainable import ModelTrainable, ModelTrainingConfig
 from library.trainer import Result
 from networks.tool_common import main_guard
 from train_network import train
@@ -35,14 +34,7 @@ MODEL_FORMATS = ("safetensors", "ckpt", "diffusers", "diffusers_safetensors")
 def build_parser(script: str = "fine_tune") -> argparse.ArgumentParser:
     """sd-scripts' flags of ``script``: "fine_tune", "sdxl_train" or "train_db"."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    arg_groups.add_run_groups(parser, default_format=None, deepspeed=True)  # None: the input model's format
-    for add in (
-        add_optim_args,
-        lambda p: add_model_training_args(p, script=script),
-        sampling.add_sample_args,
-        add_config_args,
-    ):
-        add(parser)
+    arg_groups.add_model_training_groups(parser, script)
     return parser
 
 

@@ -23,9 +23,9 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from library.args import add_logging_args
 from library.config import add_config_args, parse_args
 from library.families.base import ModelFamily, Parts
+from library.logs import add_logging_args
 from library.runtime import console_logging
 from library.sampling.generate import generate_batch, resolve, same_settings
 from library.sampling.images import png_info, save_png

@@ -16,16 +16,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from library import args as arg_groups
-from library import demo, resume, sampling, train_setup
-from library.config import ConfigError, add_config_args, parse_args
+from library import demo, resume, train_setup
+from library.config import parse_args
 from library.logs import print_error
-from library.optim import add_optim_args, add_part_lr_args, effective_lrs, make_optimizer, make_scheduler
+from library.optim import effective_lrs, make_optimizer, make_scheduler
+from library.problems import Problems
 from library.token_embeddings import EmbeddingsConfig, add_embeddings
 from library.train_step import Interrupt, LossTracker, NonFiniteLoss, batch_loss, check_finite
 from library.trainable import prepare_for_training
 from library.trainer import Result, Trainer
 from library.weight_files import SaveError
-from networks.config import NetworkConfig, add_network_args
+from networks.config import NetworkConfig
 from networks.inject import prepare_network
 from networks.tool_common import main_guard
 
@@ -33,16 +34,7 @@ from networks.tool_common import main_guard
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     demo.add_demo_args(parser)
-    arg_groups.add_run_groups(parser)  # logging, model, data, run, save, state, trackers, validation, EMA, noise, loss
-    for add in (
-        add_optim_args,
-        add_part_lr_args,
-        add_network_args,
-        arg_groups.add_embedding_args,
-        sampling.add_sample_args,
-        add_config_args,
-    ):
-        add(parser)
+    arg_groups.add_network_training_groups(parser)  # run groups, optimizer, network, embeddings, sampling, config
     return parser
 
 
@@ -59,14 +51,9 @@ class AdapterMethod:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> AdapterMethod:
-        values, problems = [], []
-        for reader in (NetworkConfig.from_args, EmbeddingsConfig.from_args):
-            try:
-                values.append(reader(args))
-            except ValueError as e:  # "<header>:\n  problem\n  problem"
-                problems += [line.strip() for line in str(e).splitlines()[1:] if line.strip()]
-        if problems:
-            raise ConfigError(problems)
+        problems = Problems()
+        values = [problems.read(reader, args) for reader in (NetworkConfig.from_args, EmbeddingsConfig.from_args)]
+        problems.raise_if_any()
         return cls(*values)
 
 

@@ -17,9 +17,8 @@ import sys
 from collections.abc import Sequence
 
 from library import args as arg_groups
-from library import resume, sampling, train_setup
-from library.config import add_config_args, parse_args
-from library.optim import add_optim_args
+from library import resume, train_setup
+from library.config import parse_args
 from library.token_embeddings import TextualInversionConfig, TokenEmbeddings, caption_rewriter, init_vectors
 from library.trainer import Result
 from networks.tool_common import main_guard
@@ -28,14 +27,7 @@ from train_network import train
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    arg_groups.add_run_groups(parser, default_format="pt")  # sd-scripts' TI saves .pt unless told otherwise
-    for add in (
-        add_optim_args,
-        arg_groups.add_textual_inversion_args,
-        sampling.add_sample_args,
-        add_config_args,
-    ):
-        add(parser)
+    arg_groups.add_textual_inversion_groups(parser)
     return parser
 
 

@@ -1,4 +1,4 @@
-"""Command line + ``--config_file`` TOML -> one validated Namespace; problems reported all at once.
+"""Command line + ``--config_file`` TOML -> one validated Namespace; problems reported all at once (library.problems).
 
 sd-scripts semantics: the TOML holds flag names (without ``--``) as keys, optionally inside sections (sections are
 flattened); values on the command line win over the file. ``--output_config`` writes the effective arguments to the
@@ -11,7 +11,6 @@ using one is an error that says so, never a silent no-op.
 from __future__ import annotations
 
 import argparse
-import difflib
 import os
 import shlex
 from collections.abc import Sequence
@@ -20,16 +19,9 @@ from typing import Any
 
 import toml
 
+from library.problems import ConfigError, did_you_mean
+
 _CONFIG_DESTS = ("config_file", "output_config")
-
-
-class ConfigError(ValueError):
-    """Several configuration problems at once; ``str()`` lists each on its own line."""
-
-    def __init__(self, problems: Sequence[str]):
-        self.problems = list(problems)
-        n = len(self.problems)
-        super().__init__(f"{n} problem{'s' if n > 1 else ''} in the configuration:\n  " + "\n  ".join(self.problems))
 
 
 def add_config_args(parser: argparse.ArgumentParser) -> None:
@@ -121,9 +113,7 @@ def read_config_file(parser: argparse.ArgumentParser, path: str | os.PathLike) -
         if key in _CONFIG_DESTS:
             continue
         if key not in actions:
-            close = difflib.get_close_matches(key, actions, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            problems.append(f"{path.name}: unknown argument {key!r}{hint}")
+            problems.append(f"{path.name}: unknown argument {key!r}{did_you_mean(key, actions)}")
             continue
         try:
             values[key] = _convert(actions[key], value)

@@ -10,11 +10,16 @@ regular weights.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+
+from library.config import from_namespace
+from library.problems import ConfigError
 
 
 class EMA:
@@ -82,3 +87,32 @@ class EMA:
                 raise ValueError(f"EMA state tensor {i}: shape {tuple(src.shape)} != parameter {tuple(s.shape)}")
             s.copy_(src)
         self.num_updates = int(state["num_updates"])
+
+
+def add_ema_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("ema")
+    g.add_argument("--ema", action="store_true", help="keep an EMA of the trained weights (samples + saved file)")
+    g.add_argument("--ema_decay", type=float, default=0.999)
+    g.add_argument("--ema_update_every", type=int, default=1, help="update the EMA every N optimizer steps")
+    g.add_argument("--ema_device", type=str, default="same", choices=["same", "cpu"], help="where the EMA lives")
+
+
+@dataclass(frozen=True)
+class EMAConfig:
+    ema: bool = False
+    ema_decay: float = 0.999
+    ema_update_every: int = 1
+    ema_device: str = "same"
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> EMAConfig:
+        """Read the flags of :func:`add_ema_args`; ``ConfigError`` listing every problem."""
+        cfg = from_namespace(cls, args)
+        problems = []
+        if cfg.ema and not 0 < cfg.ema_decay < 1:
+            problems.append(f"--ema_decay must be in (0, 1), got {cfg.ema_decay}")
+        if cfg.ema and cfg.ema_update_every < 1:
+            problems.append(f"--ema_update_every must be >= 1, got {cfg.ema_update_every}")
+        if problems:
+            raise ConfigError(problems)
+        return cfg

@@ -2,16 +2,24 @@
 
 The console and the trackers: third-party notices that tell a user nothing are silenced once, log lines are
 written above the progress bar (never glued onto it), only the main process logs under ``accelerate launch``, and
-each run logs to its own TensorBoard run folder (a resumed run continues its run's step axis).
+each run logs to its own TensorBoard run folder (a resumed run continues its run's step axis). The console-logging
+and tracker flags are defined here too, with their reader :class:`TrackerConfig`.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from library.config import from_namespace
+from library.problems import ConfigError
+
+logger = logging.getLogger("sdtrain")
 
 
 class _DropNotices(logging.Filter):
@@ -134,3 +142,89 @@ def init_trackers(
         init_kwargs.setdefault("tensorboard", {}).setdefault("purge_step", purge_step)
     accelerator.init_trackers(name, config=config, init_kwargs=init_kwargs)
     return run
+
+
+def add_logging_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("console logging")
+    g.add_argument(
+        "--console_log_level",
+        type=str,
+        default=None,
+        choices=["CRITICAL", "DEBUG", "ERROR", "INFO", "WARNING"],
+        help="logging level (default INFO)",
+    )
+    g.add_argument("--console_log_file", type=str, default=None, help="log to this file instead of stderr")
+    g.add_argument("--console_log_simple", action="store_true", help="plain log lines")
+
+
+def add_tracker_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("trackers")
+    g.add_argument("--logging_dir", type=str, default=None, help="TensorBoard log folder")
+    g.add_argument("--log_with", type=str, default=None, choices=["tensorboard", "wandb", "all"])
+    g.add_argument("--log_prefix", type=str, default=None, help="prefix of the run's log folder")
+    g.add_argument("--log_tracker_name", type=str, default=None)
+    g.add_argument("--log_tracker_config", type=str, default=None, help="TOML of per-tracker init kwargs")
+    g.add_argument("--wandb_run_name", type=str, default=None)
+    g.add_argument("--wandb_api_key", type=str, default=None)
+    g.add_argument("--log_config", action="store_true", help="log the (sanitised) arguments to the trackers")
+
+
+@dataclass(frozen=True)
+class TrackerConfig:
+    logging_dir: str | None = None
+    log_with: str | None = None
+    log_prefix: str | None = None
+    log_tracker_name: str | None = None
+    log_tracker_config: str | None = None
+    wandb_run_name: str | None = None
+    wandb_api_key: str | None = None
+    log_config: bool = False
+
+    @property
+    def trackers(self) -> list[str]:
+        if self.log_with == "all":
+            return ["tensorboard", "wandb"]
+        if self.log_with:
+            return [self.log_with]
+        return ["tensorboard"] if self.logging_dir else []
+
+    def login(self) -> None:
+        """``--wandb_api_key``: log in to wandb before its run starts (as sd-scripts), when wandb is used."""
+        if not self.wandb_api_key:
+            return
+        if "wandb" not in self.trackers:
+            logger.warning("--wandb_api_key is not used: wandb logging is off (add --log_with wandb or all)")
+            return
+        import wandb
+
+        wandb.login(key=self.wandb_api_key)
+
+    def unused(self) -> list[str]:
+        """Notes on tracker flags that are set but have nothing to act on (sd-scripts ignores them silently)."""
+        names = ("log_prefix", "log_tracker_name", "log_tracker_config", "log_config")
+        out = []
+        if not self.trackers:
+            out += [f"--{n} is not used: no tracker logs this run (add --logging_dir or --log_with)"
+                    for n in names if getattr(self, n)]  # fmt: skip
+        if self.wandb_run_name and "wandb" not in self.trackers:
+            out.append("--wandb_run_name is not used: wandb logging is off (add --log_with wandb or all)")
+        return out
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> TrackerConfig:
+        """Read the flags of :func:`add_tracker_args`; flags with nothing to act on are noted in the log."""
+        cfg = from_namespace(cls, args)
+        problems = cfg.problems()
+        if problems:
+            raise ConfigError(problems)
+        for note in cfg.unused():
+            logger.warning(note)
+        return cfg
+
+    def problems(self) -> list[str]:
+        """The wandb package must be installed when wandb logging is asked for (found before training)."""
+        import importlib.util
+
+        if "wandb" in self.trackers and importlib.util.find_spec("wandb") is None:
+            return [f"--log_with {self.log_with} needs the wandb package: pip install wandb (or sdtrain[wandb])"]
+        return []

@@ -20,6 +20,7 @@ SNR the weights equal sd-scripts' exactly.
 
 from __future__ import annotations
 
+import argparse
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -28,12 +29,32 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from library.problems import ConfigError
+
 if TYPE_CHECKING:  # type hints only: losses.py needs any object with ``alphas_cumprod`` and ``snr(t)``
     from library.noising import NoiseSchedule
 
 LOSS_TYPES = ("l2", "l1", "huber", "smooth_l1")
 HUBER_SCHEDULES = ("constant", "exponential", "snr")
 SNR_MIN, SNR_MAX = 1e-3, 1e3  # clamp of SNR' (sd-scripts: upper bound 1000 only)
+
+
+def add_loss_args(parser: argparse.ArgumentParser) -> None:
+    """Loss flags; read into ``library.losses.LossConfig`` (same field names)."""
+    g = parser.add_argument_group("loss")
+    g.add_argument("--loss_type", type=str, default="l2", choices=["l1", "l2", "huber", "smooth_l1"])
+    g.add_argument("--huber_schedule", type=str, default="snr", choices=["constant", "exponential", "snr"])
+    g.add_argument("--huber_c", type=float, default=0.1)
+    g.add_argument("--huber_scale", type=float, default=1.0)
+    g.add_argument("--min_snr_gamma", type=float, default=None, help="Min-SNR weighting gamma (5 is usual)")
+    g.add_argument("--scale_v_pred_loss_like_noise_pred", action="store_true")
+    g.add_argument("--v_pred_like_loss", type=float, default=None)
+    g.add_argument("--debiased_estimation_loss", action="store_true")
+    g.add_argument("--unmasked_probability", type=float, default=0.0, help="masked loss: chance to ignore the mask")
+    g.add_argument("--unmasked_weight", type=float, default=0.0, help="masked loss: weight outside the mask")
+    g.add_argument(
+        "--normalize_masked_area_loss", action="store_true", help="masked loss: divide by the mask's mean area"
+    )
 
 
 @dataclass(frozen=True)
@@ -67,7 +88,7 @@ class LossConfig:
     def __post_init__(self) -> None:
         errors = _loss_config_errors(self)
         if errors:
-            raise ValueError("invalid loss settings:\n  " + "\n  ".join(errors))
+            raise ConfigError(errors, "loss settings")
 
 
 def _loss_config_errors(cfg: LossConfig) -> list[str]:

@@ -22,11 +22,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from library.config import ConfigError
 from library.engines import DeepSpeedConfig, launch_problems
 from library.families.base import ModelFamily, Parts
 from library.families.unet_keys import block_map, diffusers_to_ldm
 from library.optim.fused import FusedStep, chunk_parameters
+from library.problems import ConfigError
 
 logger = logging.getLogger("sdtrain")
 

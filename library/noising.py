@@ -20,6 +20,7 @@ float32 whatever the latents' dtype; the noisy latents come back in the latents'
 
 from __future__ import annotations
 
+import argparse
 import math
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -28,6 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from library.problems import ConfigError
+
 TIMESTEP_SAMPLINGS = ("uniform", "logit_normal", "sigmoid")
 BETA_SCHEDULES = ("linear", "scaled_linear", "squaredcos_cap_v2")
 DEFAULT_NUM_TRAIN_TIMESTEPS = 1000  # every released SD 1.x / 2.x / SDXL model
@@ -35,6 +38,32 @@ DEFAULT_NUM_TRAIN_TIMESTEPS = 1000  # every released SD 1.x / 2.x / SDXL model
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def add_noise_args(parser: argparse.ArgumentParser) -> None:
+    """Noise and timestep flags; read into ``library.noising.NoiseConfig`` (same field names)."""
+    g = parser.add_argument_group("noise")
+    g.add_argument("--noise_offset", type=float, default=None, help="offset noise strength (around 0.1 is usual)")
+    g.add_argument("--noise_offset_random_strength", action="store_true", help="offset strength ~ U(0, offset)")
+    g.add_argument("--adaptive_noise_scale", type=float, default=None, help="add |latent mean| x this to the offset")
+    g.add_argument("--multires_noise_iterations", type=int, default=None, help="pyramid noise levels (6-10 usual)")
+    g.add_argument("--multires_noise_discount", type=float, default=0.3, help="pyramid noise discount per level")
+    g.add_argument("--ip_noise_gamma", type=float, default=None, help="input perturbation noise (around 0.1)")
+    g.add_argument("--ip_noise_gamma_random_strength", action="store_true", help="gamma ~ U(0, ip_noise_gamma)")
+    g.add_argument("--zero_terminal_snr", action="store_true", help="rescale betas to zero terminal SNR")
+    g.add_argument("--min_timestep", type=int, default=None, help="lowest training timestep (0-999)")
+    g.add_argument("--max_timestep", type=int, default=None, help="highest training timestep, exclusive (1-1000)")
+    g.add_argument(
+        "--timestep_sampling",
+        type=str,
+        default="uniform",
+        choices=["uniform", "logit_normal", "sigmoid"],
+        help="timestep distribution (uniform = sd-scripts)",
+    )
+    g.add_argument("--logit_mean", type=float, default=0.0, help="logit_normal: mean")
+    g.add_argument("--logit_std", type=float, default=1.0, help="logit_normal: standard deviation")
+    g.add_argument("--sigmoid_scale", type=float, default=1.0, help="sigmoid: scale")
+    g.add_argument("--timestep_shift", type=float, default=1.0, help="SD3-style shift; > 1 trains more at high noise")
 
 
 @dataclass(frozen=True)
@@ -72,7 +101,7 @@ class NoiseConfig:
     def __post_init__(self) -> None:
         errors = _noise_config_errors(self)
         if errors:
-            raise ValueError("invalid noise/timestep settings:\n  " + "\n  ".join(errors))
+            raise ConfigError(errors, "noise/timestep settings")
 
 
 def _noise_config_errors(cfg: NoiseConfig) -> list[str]:

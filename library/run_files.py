@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from library.config import add_unsupported
+from library.problems import ConfigError
 from library.resume import REQUIRED_FILES, find_state, read_counters
 from library.weight_files import is_write_failure, load_state_dict, read_metadata, save_error, save_state_dict
 
@@ -46,6 +48,55 @@ METADATA_NAMES = (
 PRECISIONS = {None: None, "float": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
+def add_save_args(parser: argparse.ArgumentParser, default_format: str | None = "safetensors") -> None:
+    g = parser.add_argument_group("saving")
+    g.add_argument("--output_dir", type=str, default=None, help="folder for the trained files")
+    g.add_argument("--output_name", type=str, default=None, help="file stem of the trained files")
+    g.add_argument(
+        "--save_model_as",
+        type=str,
+        default=default_format,
+        choices=[None, "ckpt", "pt", "safetensors", "diffusers", "diffusers_safetensors"],
+    )
+    g.add_argument("--save_precision", type=str, default=None, choices=[None, "float", "fp16", "bf16"])
+    g.add_argument("--save_every_n_epochs", type=int, default=None)
+    g.add_argument("--save_every_n_steps", type=int, default=None)
+    g.add_argument("--save_n_epoch_ratio", type=int, default=None, help="save at least N files over the run")
+    g.add_argument("--save_last_n_epochs", type=int, default=None, help="keep only the last N epoch files")
+    g.add_argument("--save_last_n_steps", type=int, default=None, help="keep only files of the last N steps")
+    g.add_argument("--no_metadata", action="store_true", help="write only the minimal metadata")
+    g.add_argument("--training_comment", type=str, default=None, help="stored as ss_training_comment")
+    reason = "upload the files yourself, e.g. with `huggingface-cli upload`"
+    for flag in (
+        "--huggingface_repo_id",
+        "--huggingface_repo_type",
+        "--huggingface_path_in_repo",
+        "--huggingface_token",
+        "--huggingface_repo_visibility",
+    ):
+        add_unsupported(g, flag, reason, type=str, default=None)
+    add_unsupported(g, "--async_upload", reason, action="store_true")
+    m = parser.add_argument_group("metadata")
+    for name in METADATA_NAMES:
+        m.add_argument(f"--metadata_{name}", type=str, default=None, help=f"modelspec.{name}")
+
+
+def add_state_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("state")
+    g.add_argument("--save_state", action="store_true", help="also save a resumable state with every model file")
+    g.add_argument("--save_state_on_train_end", action="store_true", help="save a resumable state at the end")
+    g.add_argument("--save_last_n_epochs_state", type=int, default=None)
+    g.add_argument("--save_last_n_steps_state", type=int, default=None)
+    g.add_argument("--resume", type=str, default=None, help="state folder to resume from")
+    reason = "download the state folder and pass it to --resume"
+    add_unsupported(g, "--save_state_to_huggingface", reason, action="store_true")
+    add_unsupported(g, "--resume_from_huggingface", reason, action="store_true")
+    reason = "use --resume <state folder>: it restores the exact position, scheduler and RNG"
+    add_unsupported(g, "--initial_epoch", reason, type=int, default=None)
+    add_unsupported(g, "--initial_step", reason, type=int, default=None)
+    add_unsupported(g, "--skip_until_initial_step", reason, action="store_true")
+
+
 @dataclass(frozen=True)
 class SaveConfig:
     output_dir: str
@@ -61,7 +112,8 @@ class SaveConfig:
     save_state_on_train_end: bool = False
     save_last_n_epochs_state: int | None = None
     save_last_n_steps_state: int | None = None
-    resume: str | None = None
+    resume: str | None = None  # the state folder a run continues from (the newest one under --resume's folder)
+    resume_given: str | None = None  # --resume as the user gave it
     no_metadata: bool = False
     training_comment: str | None = None
     metadata: dict = field(default_factory=dict)  # --metadata_* values by name
@@ -89,8 +141,6 @@ class SaveConfig:
         if args.output_dir:
             problems += output_dir_problems(Path(args.output_dir))
         if problems:
-            from library.config import ConfigError
-
             raise ConfigError(problems)
         return cls(
             output_dir=args.output_dir,
@@ -107,6 +157,7 @@ class SaveConfig:
             save_last_n_epochs_state=args.save_last_n_epochs_state,
             save_last_n_steps_state=args.save_last_n_steps_state,
             resume=resume,
+            resume_given=args.resume,
             no_metadata=args.no_metadata,
             training_comment=args.training_comment,
             metadata={

@@ -56,7 +56,6 @@ def _bucket_info(plan: Any) -> dict:
 
 
 def _training_keys(cfg: Any, run: Any) -> dict[str, Any]:
-    a = cfg.args
     opt = cfg.optim
     from library.optim import optimizer_metadata
 
@@ -72,8 +71,8 @@ def _training_keys(cfg: Any, run: Any) -> dict[str, Any]:
         "ss_num_batches_per_epoch": report.batches_per_process,
         "ss_gradient_checkpointing": cfg.run.gradient_checkpointing,
         "ss_gradient_accumulation_steps": cfg.run.gradient_accumulation_steps,
-        "ss_lr_warmup_steps": a.get("lr_warmup_steps"),
-        "ss_lr_scheduler": a.get("lr_scheduler"),
+        "ss_lr_warmup_steps": opt.lr_warmup_steps,
+        "ss_lr_scheduler": opt.lr_scheduler,
         "ss_mixed_precision": cfg.run.mixed_precision,
         "ss_full_fp16": cfg.run.full_fp16,
         "ss_clip_skip": cfg.model.clip_skip,

@@ -13,7 +13,55 @@ from typing import Any
 import torch
 from torch import nn
 
+from library.config import add_unsupported
+from library.problems import ConfigError
+
 DTYPES = {"no": torch.float32, "float": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def add_run_args(parser: argparse.ArgumentParser, deepspeed: bool = False) -> None:
+    """Run length, batching, data loading, seed, precision, attention and distributed settings."""
+    g = parser.add_argument_group("run")
+    g.add_argument("--max_train_steps", type=int, default=1600, help="training steps")
+    g.add_argument("--max_train_epochs", type=int, default=None, help="training epochs (overrides --max_train_steps)")
+    g.add_argument("--gradient_accumulation_steps", type=int, default=1, help="micro-batches per optimizer step")
+    g.add_argument("--max_data_loader_n_workers", type=int, default=8, help="DataLoader workers (capped at CPUs)")
+    g.add_argument("--persistent_data_loader_workers", action="store_true", help="keep workers between epochs")
+    g.add_argument("--seed", type=int, default=None, help="random seed (random if omitted; stored as ss_seed)")
+    g.add_argument("--mixed_precision", type=str, default="no", choices=["no", "fp16", "bf16"])
+    g.add_argument("--full_fp16", action="store_true", help="fp16 trained weights and gradients")
+    g.add_argument("--full_bf16", action="store_true", help="bf16 trained weights and gradients")
+    g.add_argument("--fp8_base", action="store_true", help="store the frozen base model in float8 (e4m3fn)")
+    g.add_argument("--fp8_base_unet", action="store_true", help="store only the frozen UNet in float8")
+    g.add_argument("--gradient_checkpointing", action="store_true")
+    add_unsupported(
+        g,
+        "--cpu_offload_checkpointing",
+        "diffusers' SD/SDXL UNets cannot offload checkpointed activations; use --gradient_checkpointing",
+        action="store_true",
+    )
+    g.add_argument("--mem_eff_attn", action="store_true", help="memory-efficient attention (torch SDPA kernel)")
+    g.add_argument("--xformers", action="store_true", help="xformers attention (needs the xformers package + CUDA)")
+    g.add_argument("--sdpa", action="store_true", help="torch scaled_dot_product_attention (the default)")
+    g.add_argument("--torch_compile", action="store_true", help="torch.compile the UNet")
+    g.add_argument("--dynamo_backend", type=str, default="inductor", help="torch.compile backend")
+    g.add_argument("--ddp_timeout", type=int, default=None, help="DDP timeout in minutes")
+    g.add_argument("--ddp_gradient_as_bucket_view", action="store_true")
+    g.add_argument("--ddp_static_graph", action="store_true")
+    if deepspeed:  # full-model trainers: the real flags (library/engines.py)
+        from library.engines import add_deepspeed_args
+
+        add_deepspeed_args(parser)
+        return
+    reason = "multi-GPU runs use accelerate's DDP (accelerate config / --multi_gpu)"
+    add_unsupported(g, "--deepspeed", reason, action="store_true")
+    add_unsupported(g, "--zero_stage", reason, type=int, default=2, choices=[0, 1, 2, 3])
+    for flag in ("--offload_optimizer_device", "--offload_param_device"):
+        add_unsupported(g, flag, reason, type=str, default=None, choices=[None, "cpu", "nvme"])
+    for flag in ("--offload_optimizer_nvme_path", "--offload_param_nvme_path"):
+        add_unsupported(g, flag, reason, type=str, default=None)
+    for flag in ("--zero3_init_flag", "--zero3_save_16bit_model", "--fp16_master_weights_and_gradients"):
+        add_unsupported(g, flag, reason, action="store_true")
 
 
 @dataclass(frozen=True)
@@ -59,8 +107,6 @@ class RunConfig:
         if args.xformers:
             problems.extend(_xformers_problems())
         if problems:
-            from library.config import ConfigError
-
             raise ConfigError(problems)
         return cls(
             max_train_steps=args.max_train_steps,

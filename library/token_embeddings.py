@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from library.families.base import ModelFamily, Parts
+from library.problems import ConfigError
 from library.textual_inversion import EXPANSIONS_KEY, read_embedding
 
 # The textual-inversion paper's caption templates (sd-scripts' --use_object_template / --use_style_template).
@@ -51,6 +52,17 @@ STYLE_TEMPLATES = tuple(
         "large painting",
     )
 )  # fmt: skip
+
+
+def add_textual_inversion_args(parser: argparse.ArgumentParser) -> None:
+    """sd-scripts' train_textual_inversion.py flags (same names, defaults and meaning)."""
+    g = parser.add_argument_group("textual inversion")
+    g.add_argument("--token_string", type=str, default=None, help="the new token trained (must not be a known word)")
+    g.add_argument("--init_word", type=str, default=None, help="word(s) whose vectors initialise the token (cycled)")
+    g.add_argument("--num_vectors_per_token", type=int, default=1, help="vectors per token (tok, tok1, ...)")
+    g.add_argument("--weights", type=str, default=None, help="embedding file to continue from (instead of init_word)")
+    g.add_argument("--use_object_template", action="store_true", help="ignore captions; use 27 object templates")
+    g.add_argument("--use_style_template", action="store_true", help="ignore captions; use 19 style templates")
 
 
 @dataclass(frozen=True)
@@ -85,7 +97,7 @@ class TextualInversionConfig:
                 "every step to train the new token"
             )
         if problems:
-            raise ValueError("invalid textual-inversion options:\n  " + "\n  ".join(problems))
+            raise ConfigError(problems, "textual-inversion options")
         templates = OBJECT_TEMPLATES if args.use_object_template else STYLE_TEMPLATES if args.use_style_template else ()
         return cls(token, args.init_word, n, args.weights, templates)
 
@@ -95,6 +107,29 @@ class EmbeddingSpec:
     token: str
     init_word: str
     num_vectors: int = 1
+
+
+def add_embedding_args(parser: argparse.ArgumentParser) -> None:
+    """Pivotal tuning in the adapter scripts: new token embeddings trained in the same run."""
+    g = parser.add_argument_group("new token embeddings (pivotal tuning)")
+    g.add_argument(
+        "--embedding",
+        action="append",
+        default=None,
+        metavar="TOKEN=INIT_WORD[:VECTORS]",
+        help="also train a new token (repeatable), e.g. sks_cat=cat:2; file <output_name>_embeddings/<token>.<ext>",
+    )
+    g.add_argument(
+        "--embedding_lr", type=float, default=None, help="lr of the new embeddings (default --learning_rate)"
+    )
+    g.add_argument(
+        "--stop_embedding_training", type=int, default=None, help="keep the embeddings as they are after step N"
+    )
+    g.add_argument(
+        "--bundle_embeddings",
+        action="store_true",
+        help="also write the embeddings into the adapter file as A1111 bundle_emb.* keys (diffusers rejects those)",
+    )
 
 
 @dataclass(frozen=True)
@@ -133,7 +168,7 @@ class EmbeddingsConfig:
             problems.append("--cache_text_encoder_outputs cannot be used with --embedding (the new tokens are "
                             "trained through the text encoders)")  # fmt: skip
         if problems:
-            raise ValueError("invalid embedding options:\n  " + "\n  ".join(problems))
+            raise ConfigError(problems, "embedding options")
         return cls(tuple(specs), lr, stop, bool(bundle))
 
     def build(self, family: ModelFamily, parts: Parts) -> list[TokenEmbeddings]:

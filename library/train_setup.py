@@ -22,12 +22,15 @@ from typing import Any
 import torch
 
 from library import data, resume
-from library.config import ConfigError, from_namespace
+from library.config import from_namespace
+from library.ema import EMAConfig
 from library.families import select_family
 from library.families.base import ModelFamily, Parts
+from library.logs import TrackerConfig
 from library.losses import LossConfig
 from library.noising import NoiseConfig, NoiseSchedule
 from library.optim import OptimConfig
+from library.problems import ConfigError, Problems
 from library.run_files import SaveConfig
 from library.runtime import (
     RunConfig,
@@ -46,6 +49,36 @@ from library.weight_files import without_mmap
 logger = logging.getLogger("sdtrain")
 
 
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("model")
+    g.add_argument(
+        "--pretrained_model_name_or_path",
+        type=str,
+        default=None,
+        help="base model: a diffusers folder or a single-file checkpoint (.safetensors / .ckpt)",
+    )
+    g.add_argument("--v2", action="store_true", help="the base model is Stable Diffusion 2.x")
+    g.add_argument("--v_parameterization", action="store_true", help="train with v-prediction (SD2 768-v, v-pred SDXL)")
+    g.add_argument("--vae", type=str, default=None, help="replace the model's VAE (diffusers folder or VAE file)")
+    g.add_argument("--tokenizer_cache_dir", type=str, default=None, help="folder with tokenizers (offline use)")
+    g.add_argument(
+        "--disable_mmap_load_safetensors",
+        action="store_true",
+        help="read model safetensors files into memory whole instead of memory-mapping them",
+    )
+    g.add_argument("--clip_skip", type=int, default=None, help="use the n-th last text-encoder layer (n >= 1)")
+    g.add_argument(
+        "--max_token_length", type=int, default=None, choices=[None, 150, 225], help="75 (default), 150 or 225 tokens"
+    )
+    g.add_argument("--no_half_vae", action="store_true", help="keep the VAE in fp32 under mixed precision")
+    g.add_argument("--lowram", action="store_true", help="load models straight to the GPU")
+    g.add_argument(
+        "--highvram",
+        action="store_true",
+        help="accepted for sd-scripts: sdtrain never empties the CUDA cache between caching batches (always on)",
+    )
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     path: str
@@ -57,55 +90,32 @@ class ModelConfig:
     max_token_length: int | None = None
     disable_mmap_load_safetensors: bool = False
 
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ModelConfig:
+        """Read the flags of :func:`add_model_args` (``--lowram`` / ``--no_half_vae``: ``RunConfig``)."""
+        problems, path = [], args.pretrained_model_name_or_path
+        if not path:
+            problems.append("--pretrained_model_name_or_path is required: a diffusers folder or a .safetensors/.ckpt "
+                            "file")  # fmt: skip
+        elif not Path(path).exists():
+            problems.append(f"--pretrained_model_name_or_path {path}: no such file or folder (models are never "
+                            "downloaded: give a local diffusers folder or a .safetensors/.ckpt file)")  # fmt: skip
+        if args.clip_skip is not None and args.clip_skip < 1:
+            problems.append(f"--clip_skip must be >= 1, got {args.clip_skip}")
+        if problems:
+            raise ConfigError(problems)
+        if getattr(args, "highvram", False):
+            logger.info("--highvram: sdtrain never empties the CUDA cache between caching batches (always 'high VRAM')")
+        return from_namespace(cls, args, path=path)
 
-@dataclass(frozen=True)
-class TrackerConfig:
-    logging_dir: str | None = None
-    log_with: str | None = None
-    log_prefix: str | None = None
-    log_tracker_name: str | None = None
-    log_tracker_config: str | None = None
-    wandb_run_name: str | None = None
-    wandb_api_key: str | None = None
-    log_config: bool = False
 
-    @property
-    def trackers(self) -> list[str]:
-        if self.log_with == "all":
-            return ["tensorboard", "wandb"]
-        if self.log_with:
-            return [self.log_with]
-        return ["tensorboard"] if self.logging_dir else []
-
-    def login(self) -> None:
-        """``--wandb_api_key``: log in to wandb before its run starts (as sd-scripts), when wandb is used."""
-        if not self.wandb_api_key:
-            return
-        if "wandb" not in self.trackers:
-            logger.warning("--wandb_api_key is not used: wandb logging is off (add --log_with wandb or all)")
-            return
-        import wandb
-
-        wandb.login(key=self.wandb_api_key)
-
-    def unused(self) -> list[str]:
-        """Notes on tracker flags that are set but have nothing to act on (sd-scripts ignores them silently)."""
-        names = ("log_prefix", "log_tracker_name", "log_tracker_config", "log_config")
-        out = []
-        if not self.trackers:
-            out += [f"--{n} is not used: no tracker logs this run (add --logging_dir or --log_with)"
-                    for n in names if getattr(self, n)]  # fmt: skip
-        if self.wandb_run_name and "wandb" not in self.trackers:
-            out.append("--wandb_run_name is not used: wandb logging is off (add --log_with wandb or all)")
-        return out
-
-    def problems(self) -> list[str]:
-        """The wandb package must be installed when wandb logging is asked for (found before training)."""
-        import importlib.util
-
-        if "wandb" in self.trackers and importlib.util.find_spec("wandb") is None:
-            return [f"--log_with {self.log_with} needs the wandb package: pip install wandb (or sdtrain[wandb])"]
-        return []
+def add_validation_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("validation")
+    g.add_argument("--validation_split", type=float, default=0.0, help="fraction of training images held out")
+    g.add_argument("--validation_seed", type=int, default=None, help="seed of the split and of the fixed noise")
+    g.add_argument("--validate_every_n_steps", type=int, default=None)
+    g.add_argument("--validate_every_n_epochs", type=int, default=None)
+    g.add_argument("--max_validation_steps", type=int, default=None)
 
 
 @dataclass(frozen=True)
@@ -116,13 +126,11 @@ class ValidationConfig:
     validate_every_n_epochs: int | None = None
     max_validation_steps: int | None = None
 
-
-@dataclass(frozen=True)
-class EMAConfig:
-    ema: bool = False
-    ema_decay: float = 0.999
-    ema_update_every: int = 1
-    ema_device: str = "same"
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ValidationConfig:
+        if args.validation_split and not 0 < args.validation_split < 1:
+            raise ConfigError([f"--validation_split must be in (0, 1), got {args.validation_split}"])
+        return from_namespace(cls, args)
 
 
 @dataclass(frozen=True)
@@ -143,7 +151,7 @@ class TrainConfig:
     console_log_level: str | None = None
     console_log_file: str | None = None
     console_log_simple: bool = False
-    args: dict = field(default_factory=dict)  # the effective arguments, for metadata / --log_config
+    args: dict = field(default_factory=dict)  # the arguments as given: what --log_config sends, read nowhere else
 
     @property
     def train_text_encoder(self) -> bool:
@@ -171,28 +179,12 @@ def read_config(
     with the others. Its result is ``cfg.method``; its ``trains_text_encoder`` says whether the text encoders run
     with autograd. ``save_formats``: the ``--save_model_as`` values the recipe writes (the first is the default).
     """
-    problems: list[str] = []
-
-    def read(reader, *a, **kw):
-        try:
-            return reader(*a, **kw)
-        except ConfigError as e:
-            problems.extend(e.problems)
-        except ValueError as e:  # "<header>:\n  problem\n  problem" from the groups' own checks -> the problems
-            lines = [line.strip().removeprefix("- ") for line in str(e).splitlines() if line.strip()]
-            problems.extend(lines[1:] if len(lines) > 1 and lines[0].endswith(":") else lines)
-        return None
-
-    if not args.pretrained_model_name_or_path:
-        problems.append("--pretrained_model_name_or_path is required: a diffusers folder or a .safetensors/.ckpt file")
-    elif not Path(args.pretrained_model_name_or_path).exists():
-        problems.append(
-            f"--pretrained_model_name_or_path {args.pretrained_model_name_or_path}: no such file or folder (models "
-            "are never downloaded: give a local diffusers folder or a .safetensors/.ckpt file)"
-        )
+    problems = Problems()
+    read = problems.read  # each reader raises a ConfigError; its problems join the others
+    model = read(ModelConfig.from_args, args)
     family = read(choose_family, args, tuple(family_names))
     values = dict(
-        model=from_namespace(ModelConfig, args, path=args.pretrained_model_name_or_path or ""),
+        model=model,
         run=read(RunConfig.from_args, args),
         data=read(data.DataArgs.from_args, args),
         noise=read(from_namespace, NoiseConfig, args),
@@ -201,19 +193,16 @@ def read_config(
         method=read(method, args) if method is not None else None,
         save=read(SaveConfig.from_args, args, save_formats),
         sample=read(SampleConfig.from_args, args),
-        trackers=from_namespace(TrackerConfig, args),
-        validation=from_namespace(ValidationConfig, args),
-        ema=read(_ema_config, args),
+        trackers=read(TrackerConfig.from_args, args),
+        validation=read(ValidationConfig.from_args, args),
+        ema=read(EMAConfig.from_args, args),
     )
     given = args.dataset_config or args.train_data_dir or args.in_json  # (none given: a cross-check says so)
     if values["data"] is not None and family is not None and given:  # the dataset file and folders, same round
         data_args = with_native_resolution(values["data"], family, args.v_parameterization)
         read(data.load_dataset_configs, data_args, size_multiple=family.size_multiple)
-    problems += _cross_checks(args, values) + values["trackers"].problems()
-    for note in values["trackers"].unused():
-        logger.warning(note)
-    if problems:
-        raise ConfigError(problems)
+    problems.extend(_cross_checks(args, values))
+    problems.raise_if_any()
     return TrainConfig(
         family=family,
         console_log_level=args.console_log_level,
@@ -224,24 +213,11 @@ def read_config(
     )
 
 
-def _ema_config(args: argparse.Namespace) -> EMAConfig:
-    cfg = from_namespace(EMAConfig, args)
-    if cfg.ema and not 0 < cfg.ema_decay < 1:
-        raise ConfigError([f"--ema_decay must be in (0, 1), got {cfg.ema_decay}"])
-    if cfg.ema and cfg.ema_update_every < 1:
-        raise ConfigError([f"--ema_update_every must be >= 1, got {cfg.ema_update_every}"])
-    return cfg
-
-
 def _cross_checks(args: argparse.Namespace, values: dict) -> list[str]:
     problems = []
     if not (args.dataset_config or args.train_data_dir or args.in_json):
         problems.append("no dataset given; pass --dataset_config (a dataset TOML), --train_data_dir (the parent of "
                         "<repeats>_<class tokens> image folders) or --in_json (a metadata file)")  # fmt: skip
-    if args.clip_skip is not None and args.clip_skip < 1:
-        problems.append(f"--clip_skip must be >= 1, got {args.clip_skip}")
-    if args.validation_split and not 0 < args.validation_split < 1:
-        problems.append(f"--validation_split must be in (0, 1), got {args.validation_split}")
     save, optim, method = values.get("save"), values.get("optim"), values.get("method")
     if (
         getattr(args, "fused_backward_pass", False)
@@ -305,8 +281,6 @@ def start(cfg: TrainConfig) -> Run:
             "--disable_mmap_load_safetensors: sdtrain reads .safetensors tensor by tensor with safe_open; the weights "
             "are the same either way (sd-scripts' flag only changes how files on slow drives are read)"
         )
-    if cfg.args.get("highvram"):
-        logger.info("--highvram: sdtrain never empties the CUDA cache between caching batches (always 'high VRAM')")
     trackers = cfg.trackers
     engine = getattr(cfg.method, "deepspeed_plugin", None)  # full models: --deepspeed (library/engines.py)
     accelerator = make_accelerator(

@@ -343,7 +343,7 @@ class Trainer:
         self.current_epoch, self.batches_in_epoch = counters["epoch"], counters["batches_in_epoch"]
         self.epoch_batches = self.loader.num_batches(self.current_epoch)
         self.progress.update(self.step)
-        given = Path(self.cfg.args.get("resume", folder)).resolve()
+        given = Path(self.cfg.save.resume_given or folder).resolve()
         picked = "" if given == Path(folder).resolve() else f" (the newest state in {given})"
         logger.info("resumed from %s%s at step %d (epoch %d)", folder, picked, self.step, self.epoch + 1)
 

@@ -10,12 +10,13 @@ any other unknown key is an error with a "did you mean".
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
 import logging
 import os
 from dataclasses import dataclass, field
 from typing import Any
+
+from library.problems import ConfigError, did_you_mean
 
 from .algos import NOT_SUPPORTED
 from .targets import PRESETS
@@ -211,7 +212,7 @@ class NetworkConfig:
                 "train text-encoder adapters)"
             )
         if errors:
-            raise ValueError("invalid network options:\n  " + "\n  ".join(errors))
+            raise ConfigError(errors, "network options")
         return cfg
 
     def metadata(self) -> dict[str, str]:
@@ -225,11 +226,6 @@ class NetworkConfig:
         }
 
 
-def _did_you_mean(word: str, options: list[str] | tuple[str, ...]) -> str:
-    close = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
-    return f"; did you mean {close[0]!r}?" if close else ""
-
-
 def _check_module(module: str | None, errors: list[str]) -> str:
     if module in MODULES:
         return module
@@ -238,7 +234,7 @@ def _check_module(module: str | None, errors: list[str]) -> str:
     elif module in LATER_MODULES:
         errors.append(f"--network_module {module} is not supported yet; supported: {', '.join(MODULES)}")
     else:
-        errors.append(f"--network_module {module!r} is unknown{_did_you_mean(module, MODULES)} (supported: "
+        errors.append(f"--network_module {module!r} is unknown{did_you_mean(module, MODULES)} (supported: "
                       f"{', '.join(MODULES)})")  # fmt: skip
     return "networks.lora"
 
@@ -266,7 +262,7 @@ def _read_network_args(raw: dict[str, str], module: str, values: dict, errors: l
             continue
         spec = _COMMON.get(key) or _KOHYA.get(key)
         if spec is None:
-            errors.append(f"--network_args {key}: unknown argument{_did_you_mean(key, known)}")
+            errors.append(f"--network_args {key}: unknown argument{did_you_mean(key, known)}")
             continue
         parse, name = spec
         try:
@@ -302,7 +298,7 @@ def _validate(cfg: NetworkConfig, errors: list[str]) -> None:
         if cfg.algo in NOT_SUPPORTED:
             errors.append(f"--network_args algo={cfg.algo} is not supported yet; supported: {', '.join(ALGO_NAMES)}")
         else:
-            errors.append(f"--network_args algo={cfg.algo}: unknown algorithm{_did_you_mean(cfg.algo, ALGO_NAMES)}")
+            errors.append(f"--network_args algo={cfg.algo}: unknown algorithm{did_you_mean(cfg.algo, ALGO_NAMES)}")
     if cfg.dim < 1:
         errors.append(f"--network_dim {cfg.dim}: the rank must be at least 1")
     if cfg.alpha < 0:
@@ -339,7 +335,7 @@ def _validate_blocks(cfg: NetworkConfig, errors: list[str]) -> None:
         if values is not None and any(v < 0 for v in values):
             errors.append(f"--network_args {name}: values must not be negative")
     if cfg.preset is not None and cfg.preset not in PRESETS and not cfg.preset.endswith(".toml"):
-        errors.append(f"--network_args preset={cfg.preset}: unknown preset{_did_you_mean(cfg.preset, list(PRESETS))} "
+        errors.append(f"--network_args preset={cfg.preset}: unknown preset{did_you_mean(cfg.preset, list(PRESETS))} "
                       f"(built-in: {', '.join(PRESETS)}, or a LyCORIS preset .toml file)")  # fmt: skip
     elif cfg.preset is not None and cfg.preset.endswith(".toml") and not os.path.isfile(cfg.preset):
         errors.append(f"--network_args preset={cfg.preset}: no such file")

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from library.families.base import ModelFamily, Parts
+from library.problems import ConfigError, problems_of
 
 from . import files
 from .algos import ALGOS
@@ -92,7 +93,7 @@ def load_adapter(path: str | os.PathLike) -> AdapterFile:
         try:
             algos[name] = files.algo_of(name, tensors, str(path))
         except ValueError as e:
-            errors.append(str(e))
+            errors += problems_of(e)
             continue
         missing = missing_tensors(algos[name], tensors)
         if missing:
@@ -103,8 +104,7 @@ def load_adapter(path: str | os.PathLike) -> AdapterFile:
         raise ValueError(f"{path}: none of its {len(state_dict)} tensors belongs to a LoRA/LoHa/LoKr/DoRA module "
                          f"(e.g. {example}); is it a model checkpoint? Pass an adapter file")  # fmt: skip
     if errors:
-        more = f"\n... and {len(errors) - 5} more like these" if len(errors) > 5 else ""
-        raise ValueError("\n".join(errors[:5]) + more)
+        raise ConfigError(errors, "adapter file", limit=5)
     return AdapterFile(path, modules, metadata, algos)
 
 
@@ -125,15 +125,17 @@ def missing_tensors(algo: str, tensors: Mapping[str, Tensor]) -> list[str]:
 
 
 def load_adapters(paths: Sequence[str | os.PathLike]) -> list[AdapterFile]:
-    """:func:`load_adapter` for each path; the problems of every file in one ``ValueError``."""
+    """:func:`load_adapter` for each path; the problems of every file in one ``ConfigError``."""
     out, errors = [], []
     for p in paths:
         try:
             out.append(load_adapter(p))
-        except (ValueError, FileNotFoundError) as e:
+        except ValueError as e:
+            errors += problems_of(e)
+        except FileNotFoundError as e:
             errors.append(str(e))
     if errors:
-        raise ValueError("\n".join(errors))
+        raise ConfigError(errors, "adapter files")
     return out
 
 
@@ -214,8 +216,7 @@ def resolve_index(file: AdapterFile, base_index: Mapping[str, Target] | None) ->
     if base_index is not None:
         problems = fits(file, base_index)
         if problems:
-            more = f"\n... and {len(problems) - 5} more like these" if len(problems) > 5 else ""
-            raise ValueError("\n".join(problems[:5]) + more)
+            raise ConfigError(problems, "adapter file", limit=5)
         return base_index
     dora = [n for n, t in file.modules.items() if "dora_scale" in t]
     if dora:
@@ -284,8 +285,7 @@ def file_deltas(
         else:
             deltas[name] = d
     if errors:
-        more = f"\n... and {len(errors) - 5} more like these" if len(errors) > 5 else ""
-        raise ValueError("\n".join(errors[:5]) + more)
+        raise ConfigError(errors, "adapter file", limit=5)
     return deltas, norms
 
 

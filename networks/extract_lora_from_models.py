@@ -22,7 +22,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: import the repository, not this folder
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from library.config import ConfigError
+from library.problems import ConfigError
 from networks.extract import ExtractOptions, extract, extract_metadata
 from networks.tool_common import check_adapter_path, dtype_of, main_guard, save_adapter
 

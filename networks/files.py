@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from torch import Tensor
 
 from library.families import adapter_family_label
+from library.problems import first
 
 from .algos import ALGOS, NOT_SUPPORTED, detect_algo
 from .layers import AdapterLayer, NormAdapterLayer, weight_kind
@@ -92,7 +93,7 @@ def algo_of(name: str, tensors: Mapping[str, Tensor], source: str) -> str:
     if algo in ALGOS or algo == "norm":
         return algo
     names = sorted(tensors)
-    keys = ", ".join(f"{name}.{s}" for s in names[:3]) + (f" (and {len(names) - 3} more)" if len(names) > 3 else "")
+    keys = first([f"{name}.{s}" for s in names], 3, ", ", " (and {n} more)")
     if algo == "peft":
         raise ValueError(f"{source}: {keys} are PEFT/diffusers-format LoRA keys; convert the file to kohya format")
     if algo in NOT_SUPPORTED:

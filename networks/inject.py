@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from library.families import block_layout, block_layout_title
 from library.families.blocks import BlockLayout
+from library.problems import ConfigError
 
 from . import files
 from .algos import ALGOS, dora
@@ -234,7 +235,7 @@ def inject(cfg: NetworkConfig, roots: Sequence[Root]) -> AdapterNetwork:
     lr_weights = block_lr_weights(cfg, layout)
     tables = _block_tables(cfg, layout, lr_weights, errors)
     if errors:
-        raise ValueError("invalid network for this model:\n  " + "\n  ".join(errors))
+        raise ConfigError(errors, "network for this model")
     plan, wide = [], {}
     for t in targets:
         if t.kind == "norm":
@@ -294,8 +295,7 @@ def network_from_state_dict(
             adapter = AdapterWeights.from_file(tensors, algo, name)
         built.append((target, adapter))
     if errors:
-        more = f"\n... and {len(errors) - 5} more like these" if len(errors) > 5 else ""
-        raise ValueError("\n".join(errors[:5]) + more)
+        raise ConfigError(errors, "adapter file", limit=5)
     slots = [_install(active, t, _wrap(cfg, t, adapter.to(t.module.weight.device))) for t, adapter in built]
     layout = block_layout([t.name for t, _ in built if t.is_unet])
     block_lr = block_lr_weights(cfg, layout) if cfg is not None else None

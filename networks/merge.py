@@ -25,6 +25,7 @@ from torch import Tensor
 
 from library.families import adapter_family_label
 from library.families.base import ModelFamily, Parts
+from library.problems import ConfigError, problems_of
 
 from . import files
 from .deltas import AdapterFile, file_deltas, fits, resolve_index, shape_from_tensors
@@ -103,7 +104,7 @@ def concat_merge(files_: Sequence[AdapterFile], ratios: Sequence[float]) -> dict
     if problems:
         hint = ("concatenating ranks merges plain LoRA / LoCon only; use svd_merge_lora.py (any algorithm, a chosen "
                 "rank) or merge into a checkpoint with --sd_model")  # fmt: skip
-        raise ValueError("\n".join(problems) + "\n" + hint)
+        raise ConfigError(problems, "adapter files", hint=hint)
     return out
 
 
@@ -173,9 +174,9 @@ def _summed_deltas(files_, ratios, base_index) -> tuple[dict[str, Delta], dict[s
         try:
             per_file.append(file_deltas(f, resolve_index(f, base_index), multiplier=r))
         except ValueError as e:
-            errors.append(str(e))
+            errors += problems_of(e)
     if errors:
-        raise ValueError("\n".join(errors))
+        raise ConfigError(errors, "adapter files")
     summed, norms = {}, {}
     for name in _all_modules(files_):
         parts = [d[name] for d, _ in per_file if name in d]
@@ -188,7 +189,7 @@ def _summed_deltas(files_, ratios, base_index) -> tuple[dict[str, Delta], dict[s
         if norm_parts:
             norms[name] = {s: sum(p[s] for p in norm_parts if s in p) for s in norm_parts[0]}
     if errors:
-        raise ValueError("\n".join(errors[:8]))
+        raise ConfigError(errors, "adapter files", limit=8)
     return summed, norms
 
 
@@ -202,8 +203,7 @@ def merge_into_model(family: ModelFamily, parts: Parts, files_: Sequence[Adapter
     index = files.module_index(roots)
     problems = [p for f in files_ for p in fits(f, index)]
     if problems:
-        more = f"\n... and {len(problems) - 8} more" if len(problems) > 8 else ""
-        raise ValueError("\n".join(problems[:8]) + more)
+        raise ConfigError(problems, "adapter files", limit=8)
     for f, ratio in zip(files_, ratios):
         network = network_from_state_dict(f.state_dict(), roots, source=f.source)
         network.set_multiplier(ratio)

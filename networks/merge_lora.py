@@ -27,7 +27,8 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: import the repository, not this folder
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from library.config import ConfigError, add_unsupported, unsupported_problems
+from library.config import add_unsupported, unsupported_problems
+from library.problems import ConfigError
 from networks import deltas as dl
 from networks import merge
 from networks.tool_common import check_adapter_path, check_inputs, dtype_of, main_guard, ratios_for, save_adapter
@@ -106,7 +107,7 @@ def run(argv: Sequence[str] | None = None, sdxl: bool = False) -> Path:
     else:
         problems = merge.check_same_family(files)
         if problems:
-            raise ValueError("\n".join(problems))
+            raise ConfigError(problems, "adapter files")
         state = merge.concat_merge(files, ratios)
         meta = merge.lora_metadata(files, ratios, state, "merged by concatenating ranks (exact)", args.save_to)
         path = save_adapter(state, args.save_to, meta, dtype_of(args.save_precision or args.precision),

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from library.families import block_layout
+from library.problems import ConfigError
 
 from . import files
 from .layers import AdapterLayer, AdapterWeights, NormAdapterLayer
@@ -264,8 +265,7 @@ class AdapterNetwork(nn.Module):
                           f"{', '.join(report.missing[:3])}; pass --dim_from_weights to build the network from the "
                           "file")  # fmt: skip
         if errors:
-            more = f"\n... and {len(errors) - 5} more like these" if len(errors) > 5 else ""
-            raise ValueError("\n".join(errors[:5]) + more)
+            raise ConfigError(errors, "adapter file", limit=5)
         for slot, tensors in pending:
             _copy_into(slot.layer.adapter, tensors)
         if report.unexpected or report.missing:

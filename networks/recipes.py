@@ -29,6 +29,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from library.problems import ConfigError
+
 from .lowrank import SVD
 
 SCORE_KEYS = ("spn_ckpt", "spn_lora", "fro_ckpt", "fro_lora", "subspace", "params")
@@ -108,7 +110,7 @@ def parse_recipe(text: str) -> Recipe:
 
 
 def parse_recipes(text: str) -> list[Recipe]:
-    """``recipe:recipe:...`` -> recipes; every recipe's problems in one ``ValueError``."""
+    """``recipe:recipe:...`` -> recipes; every recipe's problems in one ``ConfigError``."""
     out, problems = [], []
     for part in text.split(":"):
         try:
@@ -116,7 +118,7 @@ def parse_recipes(text: str) -> list[Recipe]:
         except ValueError as e:
             problems.append(str(e))
     if problems:
-        raise ValueError("\n".join(problems))
+        raise ConfigError(problems, "--score_recipes")
     return out
 
 

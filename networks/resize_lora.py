@@ -26,7 +26,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: import the repository, not this folder
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from library.config import ConfigError
+from library.problems import ConfigError, problems_of
 from networks import deltas as dl
 from networks.lowrank import DYNAMIC_METHODS
 from networks.recipes import Recipe, fmt, parse_recipes
@@ -90,7 +90,7 @@ def check(args: argparse.Namespace) -> tuple[list[Recipe], Path | None, list[str
         try:
             recipes = parse_recipes(text)
         except ValueError as e:
-            problems.append(str(e))
+            problems += problems_of(e)
     if recipes and args.dynamic_method:
         problems.append("--dynamic_method and -r recipes are two ways to choose ranks; give one")
     if len(recipes) > 1 and not elias:

@@ -22,7 +22,8 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: import the repository, not this folder
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from library.config import ConfigError, add_unsupported, unsupported_problems
+from library.config import add_unsupported, unsupported_problems
+from library.problems import ConfigError
 from networks import deltas as dl
 from networks import merge
 from networks.tool_common import check_adapter_path, check_inputs, dtype_of, main_guard, ratios_for, save_adapter
@@ -68,7 +69,7 @@ def run(argv: Sequence[str] | None = None) -> Path:
     files = dl.load_adapters(args.models)
     problems = merge.check_same_family(files)
     if problems:
-        raise ValueError("\n".join(problems))
+        raise ConfigError(problems, "adapter files")
     index = dl.base_model_index(args.base_model)[2] if args.base_model else None
     state = merge.svd_merge(files, ratios, new_rank=args.new_rank, new_conv_rank=args.new_conv_rank,
                             base_index=index, device=args.device, clamp_quantile=args.clamp_quantile)  # fmt: skip

@@ -9,8 +9,8 @@ import os
 import numpy as np
 from PIL import Image
 
-from library.args import add_dataset_args
 from library.data import DataArgs
+from library.data.data_args import add_dataset_args
 
 
 def make_png(path, width: int, height: int, seed: int = 0, alpha: bool = False) -> str:

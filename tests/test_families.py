@@ -312,7 +312,9 @@ def test_vae_override(kind, tiny_parts, single_files, tmp_path):
     loaded = SD1.load(single_files["sd1", ".safetensors"], vae=source)
     ours, theirs = loaded.vae.state_dict(), other.state_dict()
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
-    assert torch.equal(loaded.denoiser.conv_in.weight, tiny_parts["sd1"].denoiser.conv_in.weight)  # the rest is the model's
+    assert torch.equal(
+        loaded.denoiser.conv_in.weight, tiny_parts["sd1"].denoiser.conv_in.weight
+    )  # the rest is the model's
     if kind == "ldm_vae_file":  # a checkpoint without a VAE needs --vae, and says so
         sd, meta = load_state_dict(single_files["sd1", ".safetensors"])
         no_vae = save_state_dict(

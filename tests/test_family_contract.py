@@ -12,7 +12,6 @@ import pytest
 import torch
 
 import train_network
-from library.weight_files import load_state_dict, read_metadata
 from library.families import (
     FAMILIES,
     OBJECTIVES,
@@ -26,6 +25,7 @@ from library.families import (
     unregister_family,
 )
 from library.families.base import FamilySpec, family_members, missing_members
+from library.weight_files import load_state_dict, read_metadata
 from networks.inject import network_from_file
 from networks.targets import PRESETS, find_targets
 

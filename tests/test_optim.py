@@ -21,7 +21,6 @@ from library.optim import (
     OPTIMIZERS,
     SCHEDULERS,
     OptimConfig,
-    OptimConfigError,
     add_optim_args,
     effective_lrs,
     make_optimizer,
@@ -32,6 +31,7 @@ from library.optim import (
     resolve_optimizer,
     set_train_mode,
 )
+from library.problems import ConfigError
 
 pytestmark = pytest.mark.filterwarnings("ignore:Paged optimizers are not supported on CPU")
 
@@ -47,7 +47,7 @@ def config(*argv: str) -> OptimConfig:
 
 
 def problems_of(*argv: str) -> list[str]:
-    with pytest.raises(OptimConfigError) as info:
+    with pytest.raises(ConfigError) as info:
         config(*argv)
     return info.value.problems
 
@@ -109,7 +109,7 @@ def test_config_file_values_are_normalised_like_the_command_line():
     cfg = OptimConfig.from_args(args)
     assert (cfg.lr_warmup_steps, cfg.lr_decay_steps, cfg.optimizer_kwargs) == (0.1, 0.2, {"weight_decay": 0.1})
     bad = argparse.Namespace(lr_scheduler="cosine", lr_warmup_steps=100.0, learning_rate="fast")
-    with pytest.raises(OptimConfigError) as info:
+    with pytest.raises(ConfigError) as info:
         OptimConfig.from_args(bad)
     warmup, lr = info.value.problems
     assert warmup.startswith("--lr_warmup_steps: 100.0 is not") and lr == "--learning_rate: 'fast' is not a number"
@@ -186,7 +186,7 @@ def test_fused_backward_pass_needs_adafactor_without_accumulation():
     args = parse("--optimizer_type", "Adafactor", "--fused_backward_pass")
     assert OptimConfig.from_args(args).fused_backward_pass
     args.gradient_accumulation_steps = 4
-    with pytest.raises(OptimConfigError, match="gradient_accumulation_steps > 1"):
+    with pytest.raises(ConfigError, match="gradient_accumulation_steps > 1"):
         OptimConfig.from_args(args)
 
 

@@ -6,10 +6,11 @@ import random
 import pytest
 import torch
 
-from library.args import add_save_args, add_state_args
 from library.config import ConfigError
 from library.run_files import (
     SaveConfig,
+    add_save_args,
+    add_state_args,
     embeddings_dir,
     load_train_state,
     model_file,

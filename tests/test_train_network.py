@@ -78,6 +78,7 @@ def test_lora_loads_in_diffusers_and_changes_the_output(tiny_dir, dataset, tmp_p
     meta = read_metadata(result.output)
     assert meta["ss_network_module"] == "networks.lora" and meta["ss_steps"] == "3"
     assert meta["ss_base_model_version"] == fam.base_model_version("epsilon")
+    assert meta["ss_lr_scheduler"] == "constant" and meta["ss_lr_warmup_steps"] == "0"  # read from OptimConfig
     assert meta["modelspec.architecture"].endswith("/lora") and len(meta["sshs_model_hash"]) == 64
 
 

@@ -22,6 +22,7 @@ if __package__ in (None, ""):  # run as a script: import the repository, not thi
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 from library import train_setup
+from library.args import add_network_training_groups
 from library.config import parse_args
 from library.families import family_group
 from library.runtime import make_accelerator
@@ -29,10 +30,11 @@ from networks.tool_common import main_guard
 
 
 def build_parser() -> argparse.ArgumentParser:
-    import train_network
-
-    parser = train_network.build_parser()
-    parser.description = __doc__
+    """train_network.py's groups (a training command line works) with caching on: latents always, on disk in
+    --cache_dir or next to the images; --output_dir is not needed (caching writes nothing there)."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_network_training_groups(parser)
+    parser.set_defaults(cache_latents=True, cache_latents_to_disk=True, output_dir=".")
     extra = parser.add_argument_group("cache_latents")
     extra.add_argument("--sdxl", action="store_true", help="accepted: the family is read from the model")
     extra.add_argument("--skip_existing", action="store_true", help="accepted (sd-scripts: deprecated, no effect)")
@@ -48,9 +50,6 @@ def run(argv: Sequence[str] | None = None) -> train_setup.Run | None:
     args = parse_args(build_parser(), argv)
     if args is None:  # --output_config wrote the file
         return None
-    args.cache_latents = True
-    args.cache_latents_to_disk = args.cache_latents_to_disk or not args.cache_dir
-    args.output_dir = args.output_dir or "."  # read_config requires it; caching writes nothing there
     cfg = train_setup.read_config(args, family_names(args))  # every dataset / model problem at once
     train_setup.setup_logging(cfg)
     accelerator = make_accelerator(cfg.run)

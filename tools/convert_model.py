@@ -28,7 +28,8 @@ if __package__ in (None, ""):  # run as a script: import the repository, not thi
 
 import torch
 
-from library.config import ConfigError, add_unsupported, unsupported_problems
+from library.config import add_unsupported, unsupported_problems
+from library.problems import ConfigError
 from networks.tool_common import main_guard
 
 logger = logging.getLogger(__name__)

@@ -24,8 +24,8 @@ if __package__ in (None, ""):  # run as a script: import the repository, not thi
 
 from PIL import Image
 
-from library.config import ConfigError
 from library.data.images import load_image, resample_filter
+from library.problems import ConfigError
 from networks.tool_common import main_guard
 
 logger = logging.getLogger(__name__)

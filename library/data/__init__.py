@@ -5,7 +5,7 @@ report -> latent / text-encoder caches -> batches.
 
 Typical use by a training script::
 
-    data_args = DataArgs.from_args(args)                      # flags from library.args.add_dataset_args
+    data_args = DataArgs.from_args(args)                      # flags of library.data.data_args.add_dataset_args
     plan = build_datasets(data_args, grad_accum=..., num_processes=..., seed=..., size_multiple=64)
     latents = cache_latents(plan, encode_fn, vae_id) if data_args.cache_latents else None
     loader = make_loader(plan, rank=..., latent_cache=latents)

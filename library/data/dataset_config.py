@@ -14,11 +14,13 @@ import json
 import os
 from dataclasses import dataclass, field
 
+from library.problems import ConfigError, Problems
+
 from .buckets import BucketSpec
 from .captions import CaptionConfig
 from .data_args import DataArgs
 from .resolution import Size, format_size, parse_resolutions
-from .schema import Problems, show, validate_document
+from .schema import show, validate_document
 from .sources import has_images, list_images
 
 try:  # Python 3.11+
@@ -94,15 +96,15 @@ def read_dataset_file(path: str) -> dict:
     """Parse a ``.toml`` or ``.json`` dataset file; syntax errors name the file and the line."""
     ext = os.path.splitext(path)[1].lower()
     if ext not in (".toml", ".json"):
-        raise ValueError(f"--dataset_config {path}: expected a .toml or .json file, got {ext or 'no extension'}")
+        raise ConfigError([f"--dataset_config {path}: expected a .toml or .json file, got {ext or 'no extension'}"])
     if not os.path.isfile(path):
-        raise ValueError(f"--dataset_config {path}: file not found")
+        raise ConfigError([f"--dataset_config {path}: file not found"])
     with open(path, encoding="utf-8") as f:
         text = f.read()
     try:
         return _toml_loads(text) if ext == ".toml" else json.loads(text)
     except (_TomlError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: not valid {ext[1:].upper()}: {e}{bom_hint(text)}") from None
+        raise ConfigError([f"{path}: not valid {ext[1:].upper()}: {e}{bom_hint(text)}"]) from None
 
 
 def bom_hint(text: str) -> str:
@@ -321,9 +323,9 @@ def load_dataset_configs(args: DataArgs, *, size_multiple: int = 64) -> tuple[li
     """Build every ``DatasetConfig`` from the flags (and the dataset file, when given).
 
     ``size_multiple``: what the model needs image sides to be a multiple of (SD1/SD2: 64, SDXL: 32; ask the family).
-    Returns (datasets, warnings). Raises one ``ValueError`` listing every problem found.
+    Returns (datasets, warnings). Raises one ``ConfigError`` listing every problem found.
     """
-    problems = Problems()
+    problems = Problems("dataset configuration")
     if args.dataset_config:
         ignored = [f"--{n}" for n in ("train_data_dir", "reg_data_dir", "in_json") if getattr(args, n)]
         if ignored:

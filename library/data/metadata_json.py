@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from library.data.sources import list_images
+from library.problems import ConfigError
 
 
 def find_images(folder: str | os.PathLike, recursive: bool = False) -> list[Path]:
@@ -33,9 +34,9 @@ def read_metadata_json(path: str | os.PathLike | None) -> dict:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
-        raise ValueError(f"--in_json {path}: not valid JSON ({e})") from e
+        raise ConfigError([f"--in_json {path}: not valid JSON ({e})"]) from e
     if not isinstance(data, dict):
-        raise ValueError(f"--in_json {path}: expected an object {{image_key: {{caption, tags, ...}}}}")
+        raise ConfigError([f"--in_json {path}: expected an object {{image_key: {{caption, tags, ...}}}}"])
     return data
 
 

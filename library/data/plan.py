@@ -14,11 +14,12 @@ import math
 import os
 from dataclasses import dataclass, replace
 
+from library.problems import Problems
+
 from .buckets import Assignment, predefined_buckets, select_bucket
 from .data_args import DataArgs
 from .dataset_config import DatasetConfig, SubsetConfig, load_dataset_configs
 from .report import BucketReport, build_report
-from .schema import Problems
 from .sources import (
     IMAGE_EXTENSIONS,
     ImageRecord,
@@ -266,7 +267,7 @@ def build_datasets(
     if grad_accum < 1 or num_processes < 1:
         raise ValueError(f"grad_accum ({grad_accum}) and num_processes ({num_processes}) must be >= 1")
     configs, config_warnings = load_dataset_configs(args, size_multiple=size_multiple)
-    problems = Problems()
+    problems = Problems("dataset configuration")
     problems.warnings += config_warnings
     for config in configs:
         _check_caching(config, args, problems)

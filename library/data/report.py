@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
+from library.problems import first
+
 from .batching import epoch_batches, per_process
 from .resolution import format_size
 
@@ -107,8 +109,7 @@ def _rows(d: int, plan: DatasetPlan) -> tuple[list[BucketRow], list[str]]:
 
 def _named(paths: list[str], shown: int = 3) -> str:
     """The first few file names, then how many more."""
-    names = ", ".join(os.path.basename(p) for p in paths[:shown])
-    return names + (f" and {len(paths) - shown} more" if len(paths) > shown else "")
+    return first([os.path.basename(p) for p in paths], shown, ", ", " and {n} more")
 
 
 def _warnings(report: BucketReport, multires: bool, saved_to: str | None = None) -> list[str]:

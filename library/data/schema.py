@@ -10,10 +10,11 @@ validator collects every problem instead of stopping at the first.
 
 from __future__ import annotations
 
-import difflib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from library.problems import Problems, did_you_mean
 
 from .resolution import parse_resolutions
 
@@ -181,29 +182,10 @@ _LEVEL_HOME = {
 def _unknown_key_message(key: str) -> str:
     if key in CLI_ONLY:
         return f"not a dataset-file key; {CLI_ONLY[key]}"
-    close = difflib.get_close_matches(key, list(KEYS) + list(CLI_ONLY), n=1, cutoff=0.6)
-    hint = f'; did you mean "{close[0]}"?' if close else "; the keys are listed in docs/data.md (Dataset file keys)"
+    hint = did_you_mean(
+        key, [*KEYS, *CLI_ONLY], show='"{}"'.format, otherwise="the keys are listed in docs/data.md (Dataset file keys)"
+    )
     return "unknown key" + hint
-
-
-class Problems:
-    """Collects error and warning texts; ``raise_if_any`` raises one ValueError listing every error."""
-
-    def __init__(self) -> None:
-        self.errors: list[str] = []
-        self.warnings: list[str] = []
-
-    def error(self, where: str, text: str) -> None:
-        self.errors.append(f"{where}: {text}")
-
-    def warn(self, where: str, text: str) -> None:
-        self.warnings.append(f"{where}: {text}")
-
-    def raise_if_any(self, what: str = "dataset configuration") -> None:
-        if self.errors:
-            n = len(self.errors)
-            lines = "\n".join(f"  - {e}" for e in self.errors)
-            raise ValueError(f"{n} problem{'s' if n > 1 else ''} in the {what}:\n{lines}")
 
 
 def validate_table(table: dict, level: str, where: str, problems: Problems) -> None:
@@ -230,9 +212,9 @@ def validate_document(doc: object, source: str, problems: Problems) -> None:
         return
     for key in doc:
         if key not in ("general", "datasets"):
-            close = difflib.get_close_matches(key, ["general", "datasets"], n=1)
-            hint = f'did you mean "{close[0]}"?' if close else "the top level holds only [general] and [[datasets]]"
-            problems.error(f"{source}: {key}", f"unknown top-level key; {hint}")
+            hint = did_you_mean(key, ["general", "datasets"], show='"{}"'.format,
+                                otherwise="the top level holds only [general] and [[datasets]]")  # fmt: skip
+            problems.error(f"{source}: {key}", f"unknown top-level key{hint}")
     general = doc.get("general", {})
     if not isinstance(general, dict):
         problems.error(f"{source}: general", f"expected a table ([general]), got {show(general)}")

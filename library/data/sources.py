@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 from PIL import Image, UnidentifiedImageError
 
+from library.problems import Problems
+
 from .captions import finetune_caption
-from .schema import Problems
 
 # The types sd-scripts trains on (library/train_util.py IMAGE_EXTENSIONS), compared case-insensitively.
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp")

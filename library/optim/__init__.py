@@ -17,7 +17,6 @@ step counts), ``config`` (flags and :class:`OptimConfig`).
 
 from library.optim.config import (
     OptimConfig,
-    OptimConfigError,
     add_optim_args,
     add_part_lr_args,
     parse_key_values,
@@ -47,7 +46,6 @@ __all__ = [
     "OPTIMIZERS",
     "SCHEDULERS",
     "OptimConfig",
-    "OptimConfigError",
     "OptimizerSpec",
     "SchedulerSpec",
     "add_optim_args",

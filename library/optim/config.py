@@ -28,6 +28,7 @@ from library.optim.optimizers import (
     resolve_optimizer_kwargs,
 )
 from library.optim.schedulers import scheduler_problems
+from library.problems import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -194,18 +195,12 @@ def _optimizer_name(raw: dict[str, Any], problems: list[str]) -> str:
     return legacy[0] if legacy else name or "AdamW"
 
 
-class OptimConfigError(ValueError):
-    """All problems found in the optimizer / scheduler settings, in one message."""
-
-    def __init__(self, problems: list[str]):
-        self.problems = list(problems)
-        lines = "\n".join(f"  - {p}" for p in self.problems)
-        super().__init__(f"optimizer / LR scheduler settings: {len(self.problems)} problem(s):\n{lines}")
+WHAT = "optimizer / LR scheduler settings"  # the header of their problems
 
 
 @dataclass(frozen=True)
 class OptimConfig:
-    """Optimizer and LR-schedule settings, validated on construction (raises :class:`OptimConfigError`).
+    """Optimizer and LR-schedule settings, validated on construction (raises :class:`~library.problems.ConfigError`).
 
     ``lr_warmup_steps`` / ``lr_decay_steps``: an int is a number of optimizer steps, a float in [0, 1] a fraction
     of the run. ``lr_scheduler`` is stored lower-case (``"adafactor:<lr>"`` becomes ``"adafactor"``).
@@ -233,7 +228,7 @@ class OptimConfig:
         object.__setattr__(self, "lr_scheduler", "adafactor" if name.startswith("adafactor:") else name)
         problems = self.problems()
         if problems:
-            raise OptimConfigError(problems)
+            raise ConfigError(problems, WHAT)
 
     @property
     def optimizer_spec(self) -> OptimizerSpec | None:
@@ -289,7 +284,7 @@ class OptimConfig:
 
         Missing attributes take sd-scripts' defaults. With Adafactor and relative_step=True the scheduler is forced
         to ``adafactor`` as in sd-scripts (logged). ``--fused_backward_pass`` also reads
-        ``args.gradient_accumulation_steps`` (must be 1). Raises one :class:`OptimConfigError` (a ``ValueError``)
+        ``args.gradient_accumulation_steps`` (must be 1). Raises one :class:`~library.problems.ConfigError` (a ``ValueError``)
         listing every problem.
         """
         raw = {flag.name: getattr(args, flag.name, flag.default) for flag in _FLAGS}
@@ -315,10 +310,10 @@ class OptimConfig:
         values["lr_scheduler"] = _forced_scheduler(values)
         try:
             cfg = cls(**values)
-        except OptimConfigError as e:
-            raise OptimConfigError(problems + e.problems) from None
+        except ConfigError as e:
+            raise ConfigError(problems + e.problems, WHAT) from None
         if problems:
-            raise OptimConfigError(problems)
+            raise ConfigError(problems, WHAT)
         _log_notes(cfg, requested)
         return cfg
 

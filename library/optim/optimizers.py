@@ -14,7 +14,6 @@ matters to the user who asks for it) and what sd-scripts does around it (train_u
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import inspect
 import logging
@@ -24,6 +23,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
+
+from library.problems import did_you_mean as suggest
 
 if TYPE_CHECKING:
     from library.optim.config import OptimConfig
@@ -125,10 +126,8 @@ def known_optimizer_names() -> list[str]:
 
 
 def did_you_mean(word: str, candidates: Iterable[str]) -> str:
-    """`` (did you mean 'x'?)`` for the closest candidates (case-insensitive), or ``""``."""
-    by_lower = {c.lower(): c for c in candidates}
-    close = difflib.get_close_matches(word.lower(), list(by_lower), n=3, cutoff=0.6)
-    return f" (did you mean {' or '.join(repr(by_lower[c]) for c in close)}?)" if close else ""
+    """`` (did you mean 'x'?)`` for the up to three closest candidates (case-insensitive), or ``""``."""
+    return suggest(word, candidates, form=" ({})", n=3, ignore_case=True)
 
 
 def resolve_optimizer(optimizer_type: str) -> tuple[OptimizerSpec, type]:

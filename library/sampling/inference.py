@@ -14,8 +14,9 @@ from pathlib import Path
 
 import torch
 
-from library.config import ConfigError, add_unsupported
+from library.config import add_unsupported
 from library.families import family_flags
+from library.problems import ConfigError
 
 from .config import DEFAULT_MAX_EMBEDDINGS_MULTIPLES
 from .prompts import PromptSpec, parse_prompt_line, read_prompt_file

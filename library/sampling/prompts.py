@@ -35,7 +35,6 @@ prompt lines and/or tables. Table keys are sd-scripts' (``prompt``, ``negative_p
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import logging
 from collections.abc import Callable, Mapping
@@ -43,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from library.config import ConfigError
+from library.problems import ConfigError, did_you_mean
 
 from .schedulers import ALL_SAMPLER_NAMES
 
@@ -140,8 +139,7 @@ def _seeds(text: Any) -> tuple[int, ...]:
 def _sampler(text: str) -> str:
     name = str(text).strip().lower()
     if name not in ALL_SAMPLER_NAMES:
-        close = difflib.get_close_matches(name, ALL_SAMPLER_NAMES, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else f"; use one of {', '.join(ALL_SAMPLER_NAMES)}"
+        hint = did_you_mean(name, ALL_SAMPLER_NAMES, otherwise=f"use one of {', '.join(ALL_SAMPLER_NAMES)}")
         raise ValueError(f"unknown sampler {name!r}{hint}")
     return name
 
@@ -240,8 +238,8 @@ def parse_prompt_line(line: str, *, where: str = "prompt", index: int = 0) -> Pr
             problems.append(f"{where}: {UNSUPPORTED_OPTIONS[key]}; remove --{name}")
             continue
         if key not in OPTIONS:
-            close = difflib.get_close_matches(key, [*OPTIONS, *UNSUPPORTED_OPTIONS], n=1)
-            hint = f"; did you mean --{close[0]}?" if close else f"; known options: --{', --'.join(OPTIONS)}"
+            hint = did_you_mean(key, [*OPTIONS, *UNSUPPORTED_OPTIONS], show="--{}".format,
+                                otherwise=f"known options: --{', --'.join(OPTIONS)}")  # fmt: skip
             problems.append(f"{where}: unknown option --{name}{hint}")
             continue
         field, convert = OPTIONS[key]
@@ -265,8 +263,7 @@ def parse_prompt_table(table: Mapping[str, Any], *, where: str, index: int = 0) 
         if key in IGNORED_KEYS:
             continue
         if key not in TABLE_KEYS:
-            close = difflib.get_close_matches(key, TABLE_KEYS, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(TABLE_KEYS)}"
+            hint = did_you_mean(key, TABLE_KEYS, otherwise=f"known keys: {', '.join(TABLE_KEYS)}")
             problems.append(f"{where}: unknown key {key!r}{hint}")
             continue
         field, convert = TABLE_KEYS[key]

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from library.config import ConfigError
 from library.families.base import ModelFamily, Parts
+from library.problems import ConfigError
 from library.runtime import capture_rng, restore_rng
 
 from .config import SampleConfig
