@@ -621,3 +621,26 @@ def test_bitsandbytes_8bit_optimizers_train_on_cuda(name):
         optimizer.step()
     assert torch.nn.functional.mse_loss(model(x), y).item() < 0.6 * first
     assert optimizer.state[model.weight]["state1"].dtype == torch.uint8
+
+
+@pytest.mark.parametrize("warmup", [0, 7])
+def test_constant_schedules_equal_transformers_without_importing_it(warmup):
+    """constant / constant_with_warmup are built here (transformers.optimization imports its trainer and peft, seconds
+    of start-up); their factors are exactly transformers' and reading a plain config does not import it."""
+    import subprocess
+
+    from transformers.optimization import get_constant_schedule_with_warmup as reference
+
+    from library.optim.schedulers import get_constant_schedule_with_warmup
+
+    ours, theirs = (torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.3) for _ in range(2))
+    ours_s, theirs_s = get_constant_schedule_with_warmup(ours, warmup), reference(theirs, warmup)
+    for _ in range(20):
+        assert ours_s.get_last_lr() == theirs_s.get_last_lr()
+        ours.step(), theirs.step(), ours_s.step(), theirs_s.step()
+    code = ("import sys; from library.optim.config import OptimConfig; import argparse; "
+            "from library.optim import add_optim_args; p = argparse.ArgumentParser(); add_optim_args(p); "
+            "OptimConfig.from_args(p.parse_args(['--lr_scheduler', 'constant_with_warmup', '--lr_warmup_steps', '5'])); "
+            "print('transformers.optimization' in sys.modules)")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stderr
