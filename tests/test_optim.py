@@ -644,3 +644,36 @@ def test_constant_schedules_equal_transformers_without_importing_it(warmup):
             "print('transformers.optimization' in sys.modules)")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False", out.stderr
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ("--optimizer_type", "AdamW", "--optimizer_args", "weight_decay=0.1"),
+        ("--optimizer_type", "AdamW", "--optimizer_args", "amsgrad=True"),
+        ("--optimizer_type", "SGDNesterov", "--optimizer_args", "weight_decay=0.01"),
+    ],
+)
+def test_cpu_runs_take_the_foreach_path_with_bitwise_the_same_weights(flags):
+    """make_optimizer asks torch's optimizers for their multi-tensor path on the CPU (no per-tensor Python loop); the
+    weights after several steps equal the per-tensor path's exactly."""
+
+    def train(foreach: str | None) -> tuple[list[torch.Tensor], torch.optim.Optimizer]:
+        torch.manual_seed(0)
+        params = [torch.nn.Parameter(torch.randn(s)) for s in ((8, 4), (3,), (5, 5, 2))]
+        args = flags if foreach is None else (*flags, f"foreach={foreach}")
+        groups = [{"params": params[:2], "lr": 1e-2}, {"params": params[2:], "lr": 3e-3}]
+        opt = make_optimizer(config(*args, "--learning_rate", "1e-2"), groups)
+        gen = torch.Generator().manual_seed(1)
+        for _ in range(6):
+            for p in params:
+                p.grad = torch.randn(p.shape, generator=gen)
+            opt.step()
+        return params, opt
+
+    fast, opt = train(None)
+    slow, slow_opt = train("False")
+    assert all(g["foreach"] is True for g in opt.param_groups)
+    assert all(g["foreach"] is False for g in slow_opt.param_groups)
+    for a, b in zip(fast, slow):
+        assert torch.equal(a, b)
