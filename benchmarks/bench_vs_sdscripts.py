@@ -41,7 +41,7 @@ PEER = HERE / "peer"
 sys.path.insert(0, str(PEER))
 from pairs import fmt, safetensors_summary, summarize  # noqa: E402
 
-HOOK = r'''
+HOOK = r"""
 import os, time
 _f = os.environ.get("BENCH_STAMPS")
 if _f:
@@ -60,15 +60,20 @@ if _f:
         _t.tqdm.update = _update
     except Exception:
         pass
-'''
+"""
 
 # name: (entry script, model, extra flags, resolution, batch)
 CASES = {
     "sd1": ("train_network.py", "tiny-sd1-real", [], 64, 2),
     "sdxl": ("sdxl_train_network.py", "tiny-sdxl-real", [], 64, 2),
     "sd1_cache_unet": ("train_network.py", "tiny-sd1-real", ["--cache_latents", "--network_train_unet_only"], 64, 2),
-    "sdxl_cache_unet": ("sdxl_train_network.py", "tiny-sdxl-real", ["--cache_latents", "--network_train_unet_only"],
-                        64, 2),  # fmt: skip
+    "sdxl_cache_unet": (
+        "sdxl_train_network.py",
+        "tiny-sdxl-real",
+        ["--cache_latents", "--network_train_unet_only"],
+        64,
+        2,
+    ),  # fmt: skip
     "sd1_real": ("train_network.py", "real-sd1", ["--cache_latents", "--network_train_unet_only"], 512, 1),
 }
 
@@ -256,7 +261,11 @@ def run_one(a: argparse.Namespace, side: Side, case: str, steps: int, pair: int,
     rec = {"case": case, "side": side.label, "steps": steps, "pair": pair, "rc": p.returncode, "wall_s": wall,
            "threads": a.threads, "log": str(log)}  # fmt: skip
     rec.update(parse_time_v(timef))
-    st = [tuple(map(float, ln.split())) for ln in stamps.read_text().splitlines() if ln.strip()] if stamps.exists() else []
+    st = (
+        [tuple(map(float, ln.split())) for ln in stamps.read_text().splitlines() if ln.strip()]
+        if stamps.exists()
+        else []
+    )
     rec["stamped_steps"] = len(st)
     if st:
         rec["ttfs_s"] = st[0][0] - t0
@@ -275,6 +284,15 @@ def run_one(a: argparse.Namespace, side: Side, case: str, steps: int, pair: int,
     return rec
 
 
+def commit_of(checkout: Path) -> str:
+    """The checkout's short commit, or the one recorded next to an exported tree (``<checkout>.commit``)."""
+    out = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], text=True, capture_output=True)
+    if out.returncode == 0:
+        return out.stdout.strip()
+    note = checkout.with_name(checkout.name + ".commit")
+    return note.read_text().strip()[:9] if note.exists() else "unknown"
+
+
 def main(argv=None) -> None:
     a = parse_args(argv)
     if a.summarize:
@@ -290,8 +308,7 @@ def main(argv=None) -> None:
     out = a.out or a.assets / "results" / time.strftime("%Y%m%d-%H%M%S")
     (out / "_hook").mkdir(parents=True, exist_ok=True)
     (out / "_hook" / "sitecustomize.py").write_text(HOOK)
-    commits = {s.label: subprocess.run(["git", "-C", str(s.checkout), "rev-parse", "--short", "HEAD"], text=True,
-                                       capture_output=True).stdout.strip() for s in sides}  # fmt: skip
+    commits = {s.label: commit_of(s.checkout) for s in sides}
     (out / "invocation.json").write_text(json.dumps(
         {"argv": sys.argv, "sides": [s.label for s in sides], "steps": steps, "commits": commits,
          "paths": {s.label: str(s.checkout) for s in sides}, "start": time.strftime("%Y-%m-%d %H:%M:%S"),

@@ -115,7 +115,9 @@ def key_check(recs: list[dict], case: str, sides: list[str]) -> str:
             parts.append(f"{side}: no output file")
             continue
         o = r.get("output", {})
-        facts = f"{side} {o.get('keys')} keys / {o.get('modules')} modules {o.get('modules_by_prefix')} {o.get('dtypes')}"
+        facts = (
+            f"{side} {o.get('keys')} keys / {o.get('modules')} modules {o.get('modules_by_prefix')} {o.get('dtypes')}"
+        )
         if side != ref_side:
             a, b = ref["keys"], r["keys"]
             if a == b:
