@@ -155,8 +155,9 @@ def summarize(recs: list[dict], sides: list[str], steps: list[int]) -> str:
             lines.append(f"| {c} | {s} | {vals} | {rss12} | {len(m['runs'])} |")
     text = "\n".join(lines) + "\n"
     for num, den in comparisons(sides):
+        titles = [re.sub(r" (s|MB)$", "", t) for _, t, _ in cols]  # ratios have no unit
         text += (f"\nRatios {num} / {den} (median of pair-by-pair ratios; < 1 = {num} faster/smaller):\n\n"
-                 "| case | " + " | ".join(t for _, t, _ in cols) + " |\n|---|" + "---|" * len(cols) + "\n")  # fmt: skip
+                 "| case | " + " | ".join(titles) + " |\n|---|" + "---|" * len(cols) + "\n")  # fmt: skip
         for c in cases:
             text += f"| {c} | " + " | ".join(fmt(paired_ratio(per[(c, num)][k], per[(c, den)][k]), 2)
                                             for k, _, _ in cols) + " |\n"  # fmt: skip
