@@ -126,8 +126,9 @@ def get_constant_schedule_with_warmup(
     optimizer: torch.optim.Optimizer, num_warmup_steps: int = 0, last_epoch: int = -1
 ) -> LambdaLR:
     """The lr rises linearly from 0 over ``num_warmup_steps`` scheduler steps, then stays (factor 1; no warmup: the
-    constant schedule). The same factors as transformers' ``get_constant_schedule[_with_warmup]``, without importing
-    transformers.optimization, which pulls in transformers' trainer and peft (seconds of start-up)."""
+    constant schedule). The same factors as transformers' ``get_constant_schedule[_with_warmup]`` (tested), without
+    importing transformers.optimization: its trainer utilities pull in peft and bitsandbytes, and reading the flags
+    (where a bad one is reported) should not wait for that (~2 s instead of ~7 s of CPU to the error message)."""
 
     def factor(step: int) -> float:
         return step / max(1.0, num_warmup_steps) if step < num_warmup_steps else 1.0
