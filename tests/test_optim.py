@@ -677,3 +677,14 @@ def test_cpu_runs_take_the_foreach_path_with_bitwise_the_same_weights(flags):
     assert all(g["foreach"] is False for g in slow_opt.param_groups)
     for a, b in zip(fast, slow):
         assert torch.equal(a, b)
+
+
+def test_foreach_is_not_asked_for_a_full_model_on_the_cpu(monkeypatch):
+    """Above the size limit (a full model) the per-tensor path stays: foreach temporaries span all parameters."""
+    import library.optim.optimizers as optimizers
+
+    params = [torch.nn.Parameter(torch.zeros(10, 10)) for _ in range(3)]
+    monkeypatch.setattr(optimizers, "FOREACH_MAX_CPU_PARAMS", 299)
+    assert make_optimizer(config("--optimizer_type", "AdamW"), params).param_groups[0]["foreach"] is None
+    monkeypatch.setattr(optimizers, "FOREACH_MAX_CPU_PARAMS", 300)
+    assert make_optimizer(config("--optimizer_type", "AdamW"), params).param_groups[0]["foreach"] is True
