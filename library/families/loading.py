@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..checkpoints import PICKLE_SUFFIXES, SAFETENSORS_SUFFIXES, load_state_dict, mmap_disabled
+from ..weight_files import PICKLE_SUFFIXES, SAFETENSORS_SUFFIXES, load_state_dict, mmap_disabled
 from .base import FamilySpec, Parts
 from .convert import (
     UNET_PREFIX,
