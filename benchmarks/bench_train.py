@@ -57,7 +57,7 @@ def child(family: str, steps: int, workdir: Path) -> dict:
         "--max_train_steps", str(steps), "--max_data_loader_n_workers", "0", "--seed", "0",
     ]  # fmt: skip
     scripts = {"sd1": ("sd1", "sd2"), "sdxl": ("sdxl",)}
-    train_network.main(argv, family_names=scripts[family])
+    train_network.run(argv, family_names=scripts[family])
     per_step = [b - a for a, b in zip(stamps, stamps[1:])]
     return {
         "family": family,
