@@ -152,6 +152,9 @@ class AdapterLayer(nn.Module):
         self.module_dropout = module_dropout or None
         self.rank_dropout_scale = rank_dropout_scale
         self._backup: Tensor | None = None  # original base weight while merged
+        b = base_layer  # the conv arguments of the adapter's own ops (None: Linear), fixed with the base layer
+        self._conv_args = None if isinstance(b, nn.Linear) else {"stride": b.stride, "padding": b.padding,
+                                                                  "dilation": b.dilation}  # fmt: skip
 
     @property
     def merged(self) -> bool:
@@ -162,10 +165,7 @@ class AdapterLayer(nn.Module):
         return tuple(self.base_layer.weight.shape)
 
     def _conv(self) -> dict | None:
-        b = self.base_layer
-        if isinstance(b, nn.Conv2d):
-            return {"stride": b.stride, "padding": b.padding, "dilation": b.dilation}
-        return None
+        return self._conv_args
 
     def _op(self, x: Tensor, weight: Tensor) -> Tensor:
         conv = self._conv()
@@ -192,12 +192,14 @@ class AdapterLayer(nn.Module):
             delta = dora.dora_weight(weight, delta, self.adapter.magnitude) - weight.to(delta.dtype)
         return delta
 
-    def _lora_forward(self, x: Tensor) -> Tensor:
-        algo, params = self.adapter.algo, self.adapter.params
-        h = algo.project_down(x, params, self._conv())
+    def _lora_forward(self, x: Tensor, adapter: AdapterWeights) -> Tensor:
+        # one step runs this for every adapted module (~1,000 for SDXL): attribute look-ups are kept few, and no op
+        # that changes nothing (x 1.0, a cast to the same dtype) is dispatched; the result is bitwise the same
+        algo, params = adapter.algo, adapter.params
+        h = algo.project_down(x, params, self._conv_args)
         if self.training and self.dropout:
             h = F.dropout(h, p=self.dropout)
-        scale = self.adapter.scale()
+        scale = adapter.scale()
         if self.training and self.rank_dropout:
             mask = torch.rand((h.shape[0], h.shape[1] if h.dim() == 4 else h.shape[-1]), device=h.device)
             mask = (mask > self.rank_dropout).to(h.dtype)
@@ -205,18 +207,20 @@ class AdapterLayer(nn.Module):
             h = h * mask
             scale = scale / (1.0 - self.rank_dropout)
         out = algo.project_up(h, params)
-        if self.adapter.scalar is not None:
-            scale = scale * self.adapter.scalar
-        return out * (scale * self.multiplier)
+        if adapter.scalar is not None:
+            scale = scale * adapter.scalar
+        return out * (scale if self.multiplier == 1.0 else scale * self.multiplier)
 
     def forward(self, x: Tensor) -> Tensor:
         out = self.base_layer(x)
-        if self.merged or self.multiplier == 0:
+        if self._backup is not None or self.multiplier == 0:  # merged, or switched off
             return out
         if self.training and self.module_dropout and torch.rand(()) < self.module_dropout:
             return out
-        if self.adapter.algo.project_down is not None and self.adapter.magnitude is None:
-            return out + self._lora_forward(x).to(out.dtype)
+        adapter = self.adapter
+        if adapter.algo.project_down is not None and adapter.magnitude is None:
+            delta = self._lora_forward(x, adapter)
+            return out + (delta if delta.dtype == out.dtype else delta.to(out.dtype))
         delta = self._op(x, self._train_delta().to(x.dtype))
         if self.training and self.dropout:
             delta = F.dropout(delta, p=self.dropout)

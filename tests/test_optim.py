@@ -621,3 +621,70 @@ def test_bitsandbytes_8bit_optimizers_train_on_cuda(name):
         optimizer.step()
     assert torch.nn.functional.mse_loss(model(x), y).item() < 0.6 * first
     assert optimizer.state[model.weight]["state1"].dtype == torch.uint8
+
+
+@pytest.mark.parametrize("warmup", [0, 7])
+def test_constant_schedules_equal_transformers_without_importing_it(warmup):
+    """constant / constant_with_warmup are built here (transformers.optimization imports its trainer and peft, seconds
+    of start-up); their factors are exactly transformers' and reading a plain config does not import it."""
+    import subprocess
+
+    from transformers.optimization import get_constant_schedule_with_warmup as reference
+
+    from library.optim.schedulers import get_constant_schedule_with_warmup
+
+    ours, theirs = (torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.3) for _ in range(2))
+    ours_s, theirs_s = get_constant_schedule_with_warmup(ours, warmup), reference(theirs, warmup)
+    for _ in range(20):
+        assert ours_s.get_last_lr() == theirs_s.get_last_lr()
+        ours.step(), theirs.step(), ours_s.step(), theirs_s.step()
+    code = ("import sys; from library.optim.config import OptimConfig; import argparse; "
+            "from library.optim import add_optim_args; p = argparse.ArgumentParser(); add_optim_args(p); "
+            "OptimConfig.from_args(p.parse_args(['--lr_scheduler', 'constant_with_warmup', '--lr_warmup_steps', '5'])); "
+            "print('transformers.optimization' in sys.modules)")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stderr
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ("--optimizer_type", "AdamW", "--optimizer_args", "weight_decay=0.1"),
+        ("--optimizer_type", "AdamW", "--optimizer_args", "amsgrad=True"),
+        ("--optimizer_type", "SGDNesterov", "--optimizer_args", "weight_decay=0.01"),
+    ],
+)
+def test_cpu_runs_take_the_foreach_path_with_bitwise_the_same_weights(flags):
+    """make_optimizer asks torch's optimizers for their multi-tensor path on the CPU (no per-tensor Python loop); the
+    weights after several steps equal the per-tensor path's exactly."""
+
+    def train(foreach: str | None) -> tuple[list[torch.Tensor], torch.optim.Optimizer]:
+        torch.manual_seed(0)
+        params = [torch.nn.Parameter(torch.randn(s)) for s in ((8, 4), (3,), (5, 5, 2))]
+        args = flags if foreach is None else (*flags, f"foreach={foreach}")
+        groups = [{"params": params[:2], "lr": 1e-2}, {"params": params[2:], "lr": 3e-3}]
+        opt = make_optimizer(config(*args, "--learning_rate", "1e-2"), groups)
+        gen = torch.Generator().manual_seed(1)
+        for _ in range(6):
+            for p in params:
+                p.grad = torch.randn(p.shape, generator=gen)
+            opt.step()
+        return params, opt
+
+    fast, opt = train(None)
+    slow, slow_opt = train("False")
+    assert all(g["foreach"] is True for g in opt.param_groups)
+    assert all(g["foreach"] is False for g in slow_opt.param_groups)
+    for a, b in zip(fast, slow):
+        assert torch.equal(a, b)
+
+
+def test_foreach_is_not_asked_for_a_full_model_on_the_cpu(monkeypatch):
+    """Above the size limit (a full model) the per-tensor path stays: foreach temporaries span all parameters."""
+    import library.optim.optimizers as optimizers
+
+    params = [torch.nn.Parameter(torch.zeros(10, 10)) for _ in range(3)]
+    monkeypatch.setattr(optimizers, "FOREACH_MAX_CPU_PARAMS", 299)
+    assert make_optimizer(config("--optimizer_type", "AdamW"), params).param_groups[0]["foreach"] is None
+    monkeypatch.setattr(optimizers, "FOREACH_MAX_CPU_PARAMS", 300)
+    assert make_optimizer(config("--optimizer_type", "AdamW"), params).param_groups[0]["foreach"] is True

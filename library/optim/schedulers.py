@@ -122,12 +122,31 @@ def _scaled_step_rules(rules: str, factor: int) -> str:
 Builder = Callable[[torch.optim.Optimizer, "OptimConfig", ScheduleSteps, dict[str, Any]], LRScheduler]
 
 
+def get_constant_schedule_with_warmup(
+    optimizer: torch.optim.Optimizer, num_warmup_steps: int = 0, last_epoch: int = -1
+) -> LambdaLR:
+    """The lr rises linearly from 0 over ``num_warmup_steps`` scheduler steps, then stays (factor 1; no warmup: the
+    constant schedule). The same factors as transformers' ``get_constant_schedule[_with_warmup]`` (tested), without
+    importing transformers.optimization: its trainer utilities pull in peft and bitsandbytes, and reading the flags
+    (where a bad one is reported) should not wait for that (~2 s instead of ~7 s of CPU to the error message)."""
+
+    def factor(step: int) -> float:
+        return step / max(1.0, num_warmup_steps) if step < num_warmup_steps else 1.0
+
+    return LambdaLR(optimizer, factor, last_epoch)
+
+
+def get_constant_schedule(optimizer: torch.optim.Optimizer, last_epoch: int = -1) -> LambdaLR:
+    """Factor 1 at every step (transformers' ``get_constant_schedule``)."""
+    return get_constant_schedule_with_warmup(optimizer, 0, last_epoch)
+
+
 def _constant(opt, cfg, s, kw):
-    return hf_optim.get_constant_schedule(opt, **kw)
+    return get_constant_schedule(opt, **kw)
 
 
 def _constant_with_warmup(opt, cfg, s, kw):
-    return hf_optim.get_constant_schedule_with_warmup(opt, s.warmup, **kw)
+    return get_constant_schedule_with_warmup(opt, s.warmup, **kw)
 
 
 def _linear(opt, cfg, s, kw):
@@ -211,8 +230,8 @@ _MIN = {**_WT, "num_cycles": "--lr_scheduler_num_cycles", "min_lr_rate": "--lr_s
 _WSD = {"num_decay_steps": "--lr_decay_steps", "num_stable_steps": "--max_train_steps and the warmup/decay steps"}
 
 SCHEDULERS: dict[str, SchedulerSpec] = {
-    "constant": SchedulerSpec(_constant, "get_constant_schedule", {}, warmup=False),
-    "constant_with_warmup": SchedulerSpec(_constant_with_warmup, "get_constant_schedule_with_warmup", _W),
+    "constant": SchedulerSpec(_constant, get_constant_schedule, {}, warmup=False),
+    "constant_with_warmup": SchedulerSpec(_constant_with_warmup, get_constant_schedule_with_warmup, _W),
     "linear": SchedulerSpec(_linear, "get_linear_schedule_with_warmup", _WT),
     "cosine": SchedulerSpec(_cosine, "get_cosine_schedule_with_warmup", _WT),
     "cosine_with_restarts": SchedulerSpec(
@@ -387,8 +406,9 @@ def scheduler_problems(cfg: OptimConfig) -> list[str]:
             "relative_step=False and use constant_with_warmup",
         }.get(name, "set --lr_warmup_steps 0")
         problems.append(f"--lr_scheduler {name} does not use --lr_warmup_steps (as in sd-scripts); {fix}")
-    fn = getattr(hf_optim, spec.fn) if isinstance(spec.fn, str) else spec.fn
-    problems += _kwarg_problems(f"--lr_scheduler {name}", fn, spec.managed, cfg.lr_scheduler_kwargs)
+    if cfg.lr_scheduler_kwargs or not isinstance(spec.fn, str):  # transformers' functions need no other argument
+        fn = getattr(hf_optim, spec.fn) if isinstance(spec.fn, str) else spec.fn
+        problems += _kwarg_problems(f"--lr_scheduler {name}", fn, spec.managed, cfg.lr_scheduler_kwargs)
     return problems + _CHECKS.get(name, lambda _: [])(cfg)
 
 

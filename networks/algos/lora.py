@@ -98,7 +98,7 @@ def project_down(x: Tensor, params: Mapping[str, Tensor], conv: dict | None) -> 
     """The rank-r activation ``down(x)`` (tucker: ``mid(down(x))``) in the base layer's own op."""
     down, mid = params["lora_down"], params.get("lora_mid")
     if conv is None:
-        return F.linear(x, down.to(x.dtype))
+        return F.linear(x, down if down.dtype == x.dtype else down.to(x.dtype))
     if mid is None:
         return F.conv2d(x, down.to(x.dtype), None, **conv)
     return F.conv2d(F.conv2d(x, down.to(x.dtype)), mid.to(x.dtype), None, **conv)
@@ -106,7 +106,8 @@ def project_down(x: Tensor, params: Mapping[str, Tensor], conv: dict | None) -> 
 
 def project_up(h: Tensor, params: Mapping[str, Tensor]) -> Tensor:
     """``up(h)``: Linear or 1x1 conv back to the base layer's output width (unscaled)."""
-    up = params["lora_up"].to(h.dtype)
+    up = params["lora_up"]
+    up = up if up.dtype == h.dtype else up.to(h.dtype)
     return F.linear(h, up) if up.dim() == 2 else F.conv2d(h, up)
 
 

@@ -1,0 +1,96 @@
+"""The paired benchmark's table code (benchmarks/peer/pairs.py) and argument checks, without sd-scripts."""
+
+from __future__ import annotations
+
+import json
+import struct
+import sys
+from pathlib import Path
+
+import pytest
+
+PEER = Path(__file__).resolve().parents[1] / "benchmarks" / "peer"
+sys.path.insert(0, str(PEER))
+sys.path.insert(0, str(PEER.parent))
+import bench_vs_sdscripts  # noqa: E402
+import pairs  # noqa: E402
+
+KEYS = {"lora_unet_a.lora_down.weight": [8, 32], "lora_unet_a.lora_up.weight": [32, 8], "lora_unet_a.alpha": []}
+
+
+def rec(side, pair, steps, wall, cpu, sps, ttfs, rss, keys=KEYS):
+    return {"case": "sd1", "side": side, "pair": pair, "steps": steps, "rc": 0, "wall_s": wall, "cpu_s": cpu,
+            "s_per_step": sps, "ttfs_s": ttfs, "peak_rss_mb": rss, "keys": keys,
+            "output": {"keys": len(keys), "modules": 1, "modules_by_prefix": {"lora_unet": 1}, "dtypes": ["F32"]}}  # fmt: skip
+
+
+def records():
+    # sd-scripts: per-step wall 0.2 s (pair 0) and 0.3 s (pair 1); sdtrain: 0.1 s and 0.3 s -> ratios 0.5 and 1.0
+    out = []
+    for p, (a_step, b_step) in enumerate(((0.2, 0.1), (0.3, 0.3))):
+        for n in (10, 40):
+            out.append(rec("sd-scripts", p, n, 10 + a_step * n, 20 + 2 * a_step * n, a_step, 8.0, 500.0))
+            out.append(rec("sdtrain", p, n, 10 + b_step * n, 20 + 2 * b_step * n, b_step, 4.0 + p, 450.0))
+    return out
+
+
+def test_paired_ratios_are_medians_of_per_pair_ratios():
+    recs = records()
+    a = pairs.side_metrics(recs, "sd1", "sd-scripts", 10, 40)
+    b = pairs.side_metrics(recs, "sd1", "sdtrain", 10, 40)
+    assert a["diff"] == pytest.approx({0: 0.2, 1: 0.3})
+    assert b["cdiff"] == pytest.approx({0: 0.2, 1: 0.6})
+    assert pairs.paired_ratio(b["diff"], a["diff"]) == pytest.approx(0.75)  # median of 0.5 and 1.0
+    assert pairs.paired_ratio(b["ttfs"], a["ttfs"]) == pytest.approx(0.5625)  # 4/8, 4/8, 5/8, 5/8
+    assert pairs.paired_ratio(b["rss"], a["rss"]) == pytest.approx(0.9)
+    text = pairs.summarize(recs, ["sd-scripts", "sdtrain"], [10, 40])
+    row = next(line for line in text.splitlines() if line.startswith("| sd1 |") and "sdtrain" not in line
+               and "sd-scripts" not in line)  # fmt: skip
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    cols = [t for _, t, _ in pairs._metric_keys(10, 40)]
+    got = dict(zip(cols, cells[1:]))
+    assert got["s/step (wall40-wall10)/30"] == "0.75" and got["time to 1st step s"] == "0.56"
+    assert got["peak RSS MB"] == "0.90" and got["CPU s/step (cpu40-cpu10)/30"] == "0.75"
+    assert "IDENTICAL key+shape set to sd-scripts" in text and "Problems" not in text
+
+
+def test_three_sides_give_after_over_before_and_key_differences_are_reported():
+    recs = records()
+    other = dict(KEYS, **{"lora_te_b.lora_down.weight": [8, 32]})
+    recs += [dict(r, side="before", keys=other if r["pair"] == 0 else KEYS, wall_s=r["wall_s"] * 2)
+             for r in recs if r["side"] == "sdtrain"]  # fmt: skip
+    recs.append(dict(recs[0], pair=2, rc=1, log="x/log.txt"))  # a failed run is listed, not averaged
+    text = pairs.summarize(recs, ["sd-scripts", "before", "sdtrain"], [10, 40])
+    assert "Ratios sdtrain / before" in text and "Ratios before / sd-scripts" in text
+    after_before = text.split("Ratios sdtrain / before")[1].splitlines()[4]
+    assert after_before.split("|")[2].strip() == "0.50"  # wall N=10 halved
+    assert "DIFFERENT from sd-scripts: 0 keys only in sd-scripts, 1 only in before" in text
+    assert "rc=1" in text and "x/log.txt" in text
+
+
+def test_one_step_count_drops_the_difference_columns():
+    recs = [r for r in records() if r["steps"] == 40]
+    text = pairs.summarize(recs, ["sd-scripts", "sdtrain"], [40])
+    assert "wall40-wall" not in text and "s/step stamps N=40" in text
+
+
+def test_safetensors_summary_counts_modules_per_prefix(tmp_path):
+    header = {"lora_te1_x.lora_down.weight": {"dtype": "F32", "shape": [2, 4], "data_offsets": [0, 32]},
+              "lora_unet_y.lora_down.weight": {"dtype": "F32", "shape": [2, 4], "data_offsets": [32, 64]},
+              "__metadata__": {"ss_network_dim": "2"}}  # fmt: skip
+    raw = json.dumps(header).encode()
+    (tmp_path / "f.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(64))
+    s = pairs.safetensors_summary(str(tmp_path / "f.safetensors"))
+    assert s["modules_by_prefix"] == {"lora_te1": 1, "lora_unet": 1} and s["keys"] == 2
+
+
+def test_arguments_name_what_is_missing(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        bench_vs_sdscripts.parse_args(["--cases", "sd1"])
+    assert "--sdscripts" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench_vs_sdscripts.parse_args(["--sdscripts", str(tmp_path), "--cases", "sd3"])
+    assert "unknown case 'sd3'" in capsys.readouterr().err
+    a = bench_vs_sdscripts.parse_args(["--sdscripts", str(tmp_path)])
+    with pytest.raises(SystemExit, match="not an sd-scripts checkout"):
+        bench_vs_sdscripts.make_sides(a)
