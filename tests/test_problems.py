@@ -87,7 +87,7 @@ def test_one_message_lists_every_group_s_problems(tiny_dir, dataset, tmp_path):
 def test_the_entry_script_prints_one_error_and_exits_2(tiny_dir, tmp_path, capsys):
     argv = ["--pretrained_model_name_or_path", str(tiny_dir / "sd1"), "--network_module", "networks.lora",
             "--output_dir", str(tmp_path), "--noise_offset", "-1", "--clip_skip", "0"]  # fmt: skip
-    assert train_network.run_cli(entry=lambda family_names: train_network.run(argv, family_names)) == 2
+    assert train_network.main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: 3 problems in the configuration:") and "Traceback" not in err
     assert "--noise_offset must be >= 0" in err and "--clip_skip must be >= 1" in err and "no dataset" in err
