@@ -26,7 +26,7 @@ from library.train_step import Interrupt, LossTracker, NonFiniteLoss, batch_loss
 from library.trainable import prepare_for_training
 from library.trainer import Result, Trainer
 from library.weight_files import SaveError
-from networks.config import NetworkConfig
+from networks.config import NetworkConfig, add_network_args
 from networks.inject import prepare_network
 from networks.tool_common import main_guard
 
@@ -34,7 +34,8 @@ from networks.tool_common import main_guard
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     demo.add_demo_args(parser)
-    arg_groups.add_network_training_groups(parser)  # run groups, optimizer, network, embeddings, sampling, config
+    # run groups, optimizer, network, embeddings, sampling, config
+    arg_groups.add_network_training_groups(parser, add_network_args)
     return parser
 
 

@@ -12,6 +12,7 @@ not support yet are added with :func:`library.config.add_unsupported`: using one
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 from library import sampling
 from library.config import add_config_args
@@ -26,7 +27,6 @@ from library.run_files import add_save_args, add_state_args
 from library.runtime import add_run_args
 from library.token_embeddings import add_embedding_args, add_textual_inversion_args
 from library.train_setup import add_model_args, add_validation_args
-from networks.config import add_network_args
 
 
 def add_run_groups(
@@ -44,9 +44,12 @@ def add_run_groups(
         add(parser)
 
 
-def add_network_training_groups(parser: argparse.ArgumentParser) -> None:
+def add_network_training_groups(
+    parser: argparse.ArgumentParser, add_network_args: Callable[[argparse.ArgumentParser], object]
+) -> None:
     """train_network.py / sdxl_train_network.py (and tools/cache_latents.py, which takes their command lines):
-    the run groups, optimizer, per-part learning rates, network, new token embeddings, sampling, --config_file."""
+    the run groups, optimizer, per-part learning rates, network (``add_network_args``: the adapter flags, which
+    ``networks.config`` defines; library/ does not import networks/), new token embeddings, sampling, --config_file."""
     add_run_groups(parser)
     for add in (add_optim_args, add_part_lr_args, add_network_args, add_embedding_args, sampling.add_sample_args):
         add(parser)

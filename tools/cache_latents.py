@@ -26,6 +26,7 @@ from library.args import add_network_training_groups
 from library.config import parse_args
 from library.families import family_group
 from library.runtime import make_accelerator
+from networks.config import add_network_args
 from networks.tool_common import main_guard
 
 
@@ -33,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     """train_network.py's groups (a training command line works) with caching on: latents always, on disk in
     --cache_dir or next to the images; --output_dir is not needed (caching writes nothing there)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_network_training_groups(parser)
+    add_network_training_groups(parser, add_network_args)
     parser.set_defaults(cache_latents=True, cache_latents_to_disk=True, output_dir=".")
     extra = parser.add_argument_group("cache_latents")
     extra.add_argument("--sdxl", action="store_true", help="accepted: the family is read from the model")
