@@ -14,6 +14,7 @@ import hashlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -391,19 +392,32 @@ def load_model(cfg: TrainConfig, accelerator: Any) -> Any:
     for module in (parts.unet, *parts.text_encoders, parts.vae):
         module.to(accelerator.device)
     set_attention([parts.unet, parts.vae], run.attention)
-    if run.fp8_base or run.fp8_base_unet:
+    fp8 = run.fp8_base or run.fp8_base_unet
+    if fp8:
         parts.unet.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=run.weight_dtype)
         if run.fp8_base and not run.fp8_base_unet:
+            from diffusers.hooks import apply_layerwise_casting  # transformers' encoders lack the method
+
             for te in parts.text_encoders:
-                te.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=run.weight_dtype)
+                apply_layerwise_casting(te, storage_dtype=torch.float8_e4m3fn, compute_dtype=run.weight_dtype)
     if run.gradient_checkpointing:
-        parts.unet.enable_gradient_checkpointing()
+        # fp8 layer-wise casting swaps a weight back to fp8 after its layer ran, so torch's recompute check sees
+        # fp8 where the forward saw the compute dtype; the recomputed values are the same (tested), skip the check
+        kwargs = {"use_reentrant": False} | ({"determinism_check": "none"} if fp8 else {})
+        parts.unet.enable_gradient_checkpointing(partial(_checkpoint, kwargs) if fp8 else None)
         if cfg.train_text_encoder:
             for te in parts.text_encoders:
-                te.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+                te.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     if run.torch_compile:
         parts.unet = torch.compile(parts.unet, backend=run.dynamo_backend)
     return parts
+
+
+def _checkpoint(kwargs: dict, module: Any, *args: Any) -> Any:
+    """diffusers' gradient checkpointing call, with our ``torch.utils.checkpoint.checkpoint`` keyword arguments."""
+    from torch.utils.checkpoint import checkpoint
+
+    return checkpoint(module.__call__, *args, **kwargs)
 
 
 def module_identity(module: torch.nn.Module, extra: str = "") -> str:
@@ -454,3 +468,41 @@ def fill_caches(run: Run) -> None:
             run.validation_text_cache = data.cache_text_encoder_outputs(run.plan.validation, encode_text, te_id)
         for te in parts.text_encoders:
             te.to("cpu")
+
+
+def release_unused_parts(run: Run) -> list[str]:
+    """Free the frozen weights no later step reads; returns what was freed (for the log).
+
+    The VAE once every latent is cached; the text encoders once every caption's outputs are cached (they are not
+    trained then). Both stay when training samples images. For recipes that train adapters or embeddings: a
+    recipe that saves the whole model (fine-tuning) keeps every part. A freed module keeps its structure (its
+    weights become meta tensors) and refuses to run, with a message that says why.
+    """
+    cfg, parts = run.cfg, run.parts
+    if cfg.sample.enabled:
+        return []
+    freed = []
+    if cfg.data.cache_latents:
+        _release(parts.vae, "the VAE", "--cache_latents")
+        freed.append("VAE")
+    if cfg.data.cache_text_encoder_outputs and not cfg.train_text_encoder:
+        for te in parts.text_encoders:
+            _release(te, "the text encoder", "--cache_text_encoder_outputs")
+        freed.append("text encoders")
+    if freed:
+        import gc
+
+        gc.collect()
+        logger.info("freed the %s: cached outputs replace them and nothing samples images", " and ".join(freed))
+    return freed
+
+
+def _release(module: torch.nn.Module, what: str, flag: str) -> None:
+    module.to("meta")  # the weights' memory is given back; names and shapes stay
+
+    def refuse(*_: Any) -> None:
+        raise RuntimeError(f"{what} was freed after {flag} cached its outputs (training needs only the cache); "
+                           "nothing should run it afterwards")  # fmt: skip
+
+    module.register_forward_pre_hook(refuse)
+
