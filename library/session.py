@@ -33,6 +33,7 @@ from library.runtime import (
     console_logging,
     make_accelerator,
     num_workers,
+    return_freed_memory,
     seed_everything,
     set_attention,
     total_steps,
@@ -314,6 +315,7 @@ def start(cfg: TrainConfig) -> Run:
         deepspeed_plugin=engine(cfg) if engine is not None else None,
     )
     seed_everything(cfg.run.seed)
+    return_freed_memory(accelerator.device)  # CPU: freed activations leave the process at once
     family = cfg.family
     data_args = cfg.data
     plan = build_plan(cfg, accelerator)
@@ -401,16 +403,22 @@ def load_model(cfg: TrainConfig, accelerator: Any) -> Any:
             for te in parts.text_encoders:
                 apply_layerwise_casting(te, storage_dtype=torch.float8_e4m3fn, compute_dtype=run.weight_dtype)
     if run.gradient_checkpointing:
-        # fp8 layer-wise casting swaps a weight back to fp8 after its layer ran, so torch's recompute check sees
-        # fp8 where the forward saw the compute dtype; the recomputed values are the same (tested), skip the check
-        kwargs = {"use_reentrant": False} | ({"determinism_check": "none"} if fp8 else {})
-        parts.unet.enable_gradient_checkpointing(partial(_checkpoint, kwargs) if fp8 else None)
-        if cfg.train_text_encoder:
-            for te in parts.text_encoders:
-                te.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        enable_checkpointing(parts.unet, parts.text_encoders if cfg.train_text_encoder else [], fp8)
     if run.torch_compile:
         parts.unet = torch.compile(parts.unet, backend=run.dynamo_backend)
     return parts
+
+
+def enable_checkpointing(unet: torch.nn.Module, text_encoders: list[torch.nn.Module], fp8: bool) -> None:
+    """--gradient_checkpointing on the UNet and the given (trained) text encoders.
+
+    fp8 layer-wise casting swaps a weight back to fp8 after its layer ran, so torch's recompute check sees fp8
+    where the forward saw the compute dtype; the recomputed values are the same (tested), so the check is skipped.
+    """
+    kwargs = {"use_reentrant": False} | ({"determinism_check": "none"} if fp8 else {})
+    unet.enable_gradient_checkpointing(partial(_checkpoint, kwargs) if fp8 else None)
+    for te in text_encoders:
+        te.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def _checkpoint(kwargs: dict, module: Any, *args: Any) -> Any:
