@@ -190,7 +190,7 @@ def real_child(family: str, steps: int, workdir: Path, tiny: bool, extra: list[s
         "s_per_step": round(s_per_step, 4),
         "steps_max_allocated_mib": round(torch.cuda.max_memory_allocated() / 2**20, 1) if cuda else None,
         **counted,
-        "tflop_per_step": round(flops / 1e12, 3),
+        "gflop_per_step": round(flops / 1e9, 3),
         "achieved_tflops": round(flops / s_per_step / 1e12, 2),
         "mfu": round(flops / s_per_step / (peak * 1e12), 4) if peak else None,
         "peak_bf16_tflops": peak,

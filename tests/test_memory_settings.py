@@ -6,6 +6,10 @@ the frozen weights (UNet and text encoders) in float8 and trains the same with `
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -81,3 +85,31 @@ def test_fp8_base_stores_fp8_and_checkpointing_trains_the_same(tiny_dir, dataset
     assert ckpt.losses == plain.losses  # the recomputed forward is the same forward
     a, b = load_state_dict(plain.output)[0], load_state_dict(ckpt.output)[0]
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+FREED = """
+import sys, torch
+from library.runtime import return_freed_memory
+if sys.argv[1] == "on":
+    assert return_freed_memory(torch.device("cpu"))
+def rss():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096
+del_first = torch.ones(1 << 22)  # 16 MiB freed: glibc's default now keeps smaller blocks in its heap
+del del_first
+blocks = [torch.ones(1 << 18) for _ in range(200)]  # 200 x 1 MiB, touched
+keep = torch.ones(1 << 18)  # above them in the heap: no trimming from the top
+before = rss()
+del blocks
+print((before - rss()) / 2**20)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
+def test_freed_activations_leave_the_process_on_cpu():
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"}
+    given_back = {
+        mode: float(subprocess.run([sys.executable, "-c", FREED, mode], capture_output=True, text=True, env=env,
+                                   check=True).stdout)  # fmt: skip
+        for mode in ("off", "on")
+    }
+    assert given_back["on"] > 190 and given_back["off"] < 20, given_back  # MiB of the 200 freed
