@@ -223,6 +223,7 @@ def prepare_inputs(args: argparse.Namespace) -> None:
 
 
 def table(results: dict[str, dict]) -> str:
+    """Markdown: each setting's peaks and what it saves against ``plain`` (MiB; negative = uses more)."""
     base = results.get("plain")
     lines = [
         "| setting | peak RSS MiB | saves | tensor peak MiB (in a step) | saves | of it above step start MiB | s/step |",
@@ -231,9 +232,8 @@ def table(results: dict[str, dict]) -> str:
     for name, r in results.items():
         flags = " ".join(SETTINGS[name]) or "(LoRA, UNet only, fp32)"
 
-        def saved(key):
-            return "" if base is None or name == "plain" else f"{base[key] - r[key]:+.0f}".replace("+", "-", 1) \
-                if base[key] >= r[key] else f"+{r[key] - base[key]:.0f}"
+        def saved(key: str) -> str:
+            return "" if base is None or name == "plain" else f"{base[key] - r[key]:.0f}"
 
         lines.append(
             f"| `{flags}` | {r['peak_rss_mib']:.0f} | {saved('peak_rss_mib')} | {r['tensor_peak_mib']:.0f} "

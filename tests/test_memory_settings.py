@@ -113,3 +113,21 @@ def test_freed_activations_leave_the_process_on_cpu():
         for mode in ("off", "on")
     }
     assert given_back["on"] > 190 and given_back["off"] < 20, given_back  # MiB of the 200 freed
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_diffusers_folder_read_tensor_by_tensor_equals_diffusers(tiny_dir, dtype):
+    from diffusers import AutoencoderKL, UNet2DConditionModel
+
+    from library.checkpoints import SafetensorsReader
+    from library.families import get_family
+
+    parts = get_family("sd1").load(tiny_dir / "sd1", dtype=dtype)
+    for module, cls, sub in ((parts.unet, UNet2DConditionModel, "unet"), (parts.vae, AutoencoderKL, "vae")):
+        ref = cls.from_pretrained(tiny_dir / "sd1", subfolder=sub, torch_dtype=dtype).state_dict()
+        ours = module.state_dict()
+        assert ours.keys() == ref.keys()
+        assert all(ours[k].dtype == ref[k].dtype and torch.equal(ours[k], ref[k]) for k in ref)
+    reader = SafetensorsReader(next((tiny_dir / "sd1" / "unet").glob("*.safetensors")))
+    key = "conv_in.weight"
+    assert reader.shape(key) == reader[key].shape and len(reader) == len(list(reader))
