@@ -340,13 +340,17 @@ def load_diffusers(spec: FamilySpec, folder: Path, dtype: Any, v_parameterizatio
 
 
 def _read_component(sub: Path, build: Callable, dtype: Any) -> nn.Module | None:
-    """A diffusers component whose weights are one safetensors file, read and cast tensor by tensor (the peak is
-    the model in ``dtype`` plus one tensor as stored; diffusers' loader holds the stored copy whole while it casts).
-    None for other layouts (sharded, variants, .bin, old key names): diffusers loads those."""
+    """A diffusers component stored in another dtype than ``dtype`` as one safetensors file, read and cast tensor by
+    tensor (the peak is the model in ``dtype`` plus one tensor as stored; diffusers' loader holds the stored copy
+    whole while it casts). None when no cast is needed (diffusers' memory map is the lighter way then: the kernel
+    may drop clean pages) and for other layouts (sharded, variants, .bin, old key names): diffusers loads those."""
     files = list(sub.glob("*.safetensors"))
     if len(files) != 1 or not (sub / "config.json").is_file() or ".fp16." in files[0].name:
         return None
     reader = SafetensorsReader(files[0])
+    stored = {reader.DTYPES.get(e["dtype"]) for e in reader.entries.values()}
+    if stored <= {dtype} or not any(t is not None and t.is_floating_point for t in stored):
+        return None
     config = json.loads((sub / "config.json").read_text())
     try:
         return build(config, reader, sub, f"{sub / 'config.json'}", dtype)
