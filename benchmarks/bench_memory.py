@@ -82,9 +82,10 @@ def child(argv: list[str], family: str) -> dict:
     sys.path.insert(0, str(ROOT))
     import resource
 
+    from step_probe import run_training
+
     from library import session
     from library.tensor_memory import TensorMemory
-    from step_probe import run_training
 
     sampler = RssSampler()
     sampler.start()
@@ -140,6 +141,7 @@ def meta_step(family_name: str, resolution: int, fp8: bool = True, checkpointing
     sys.path.insert(0, str(ROOT))
     import torch
     from diffusers import AutoencoderKL, UNet2DConditionModel
+    from real_size_model import CONFIGS
     from transformers import CLIPTextConfig
 
     import train_network
@@ -151,7 +153,6 @@ def meta_step(family_name: str, resolution: int, fp8: bool = True, checkpointing
     from library.tensor_memory import TensorMemory
     from networks.config import NetworkConfig
     from networks.inject import prepare_network
-    from real_size_model import CONFIGS
 
     family, configs, bf16 = get_family(family_name), shipped_configs(CONFIGS[family_name]), torch.bfloat16
     with torch.device("meta"):
@@ -232,7 +233,7 @@ def table(results: dict[str, dict]) -> str:
     for name, r in results.items():
         flags = " ".join(SETTINGS[name]) or "(LoRA, UNet only, fp32)"
 
-        def saved(key: str) -> str:
+        def saved(key: str, r: dict = r, name: str = name) -> str:
             return "" if base is None or name == "plain" else f"{base[key] - r[key]:.0f}"
 
         lines.append(

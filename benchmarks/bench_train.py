@@ -143,11 +143,11 @@ def real_child(family: str, steps: int, workdir: Path, tiny: bool, extra: list[s
     """LoRA training at real size (or tiny) with per-step time, CUDA memory and the FLOPs of one step."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import torch
+    from real_size_model import build
+    from step_probe import run_training
     from torch.utils.flop_counter import FlopCounterMode
 
     from library.demo import make_example_dataset, make_tiny_model
-    from real_size_model import build
-    from step_probe import run_training
 
     resolution = 64 if tiny else {"sd1": 512, "sdxl": 1024}[family]
     model = make_tiny_model(workdir / "models", family) if tiny else build(family, workdir / f"real-{family}", "bf16")
@@ -204,8 +204,13 @@ def main() -> None:
     parser.add_argument("--families", nargs="*", default=["sd1", "sdxl"])
     parser.add_argument("--full_finetune", action="store_true", help="real-size SD1.5 UNet: plain vs fused step")
     parser.add_argument("--resolution", type=int, default=512, help="--full_finetune: image side in pixels")
-    parser.add_argument("--real", nargs="*", choices=["sd1", "sdxl"], default=None,
-                        help="LoRA at real size (SD1.5 512 px, SDXL 1024 px) with random weights; GPU figures")
+    parser.add_argument(
+        "--real",
+        nargs="*",
+        choices=["sd1", "sdxl"],
+        default=None,
+        help="LoRA at real size (SD1.5 512 px, SDXL 1024 px) with random weights; GPU figures",
+    )
     parser.add_argument("--tiny", action="store_true", help="--real: the tiny models instead (a dry run)")
     parser.add_argument("--extra", default="", help="--real: flags added to the training command line (one string)")
     parser.add_argument("--peak_tflops", type=float, default=None, help="--real: the GPU's dense bf16 peak")

@@ -513,4 +513,3 @@ def _release(module: torch.nn.Module, what: str, flag: str) -> None:
                            "nothing should run it afterwards")  # fmt: skip
 
     module.register_forward_pre_hook(refuse)
-

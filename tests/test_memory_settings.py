@@ -108,8 +108,11 @@ print((before - rss()) / 2**20)
 def test_freed_activations_leave_the_process_on_cpu():
     env = {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"}
     given_back = {
-        mode: float(subprocess.run([sys.executable, "-c", FREED, mode], capture_output=True, text=True, env=env,
-                                   check=True).stdout)  # fmt: skip
+        mode: float(
+            subprocess.run(
+                [sys.executable, "-c", FREED, mode], capture_output=True, text=True, env=env, check=True
+            ).stdout
+        )  # fmt: skip
         for mode in ("off", "on")
     }
     assert given_back["on"] > 190 and given_back["off"] < 20, given_back  # MiB of the 200 freed
