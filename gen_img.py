@@ -82,9 +82,9 @@ def load_model(cfg: GenImgConfig) -> tuple[Any, Any]:
         tokenizer_cache_dir=cfg.tokenizer_cache_dir, device=cfg.device,
     )  # fmt: skip
     parts.vae.to(dtype=cfg.vae_dtype)
-    set_attention([parts.unet, parts.vae], cfg.attention)
+    set_attention([parts.denoiser, parts.vae], cfg.attention)
     if cfg.channels_last:
-        parts.unet.to(memory_format=torch.channels_last)
+        parts.denoiser.to(memory_format=torch.channels_last)
     return family, parts
 
 

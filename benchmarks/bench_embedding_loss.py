@@ -71,7 +71,7 @@ def _measured(module, argv: list[str], references: dict) -> dict:
 
     def train(run, trainable, groups):
         trained = {id(p) for p in trainable.parameters()}
-        unet = {k: p.detach().clone() for k, p in run.parts.unet.named_parameters() if id(p) not in trained}
+        unet = {k: p.detach().clone() for k, p in run.parts.denoiser.named_parameters() if id(p) not in trained}
         tables = [te.get_input_embeddings().weight.detach().clone() for te in run.parts.text_encoders]
         out["before"] = _fixed_noise_loss(run)
         out["references_before"] = _reference_losses(run, references)
@@ -81,7 +81,7 @@ def _measured(module, argv: list[str], references: dict) -> dict:
         out["after"] = _fixed_noise_loss(run)
         out["references_after"] = _reference_losses(run, references)
         out["change_percent"] = round(100 * (out["after"] / out["before"] - 1), 1)
-        now = dict(run.parts.unet.named_parameters())
+        now = dict(run.parts.denoiser.named_parameters())
         out["untrained_unet_weights_unchanged"] = all(torch.equal(v, now[k]) for k, v in unet.items())
         out["old_token_rows_unchanged"] = all(
             torch.equal(t, te.get_input_embeddings().weight[: t.shape[0]])

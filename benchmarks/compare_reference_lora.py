@@ -103,7 +103,7 @@ def make_base_model(folder: Path, steps: int, seed: int = 0) -> Path:
 
     torch.manual_seed(seed)
     parts = build_tiny("sd1")
-    unet, te, vae, tok = parts.unet, parts.text_encoders[0], parts.vae, parts.tokenizers[0]
+    unet, te, vae, tok = parts.denoiser, parts.text_encoders[0], parts.vae, parts.tokenizers[0]
     from diffusers import DDPMScheduler
 
     sharpen_vae(vae, torch.stack([i for _, i in make_probe_images()]))

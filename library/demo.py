@@ -194,7 +194,7 @@ def _lycoris_outputs(lora: Path, model: str, family):
     def predict(parts):
         with torch.no_grad():
             cond = family.encode_prompt(parts, ["sks shape"])
-            return family.predict(parts.unet, sample, t, cond, time_ids=time_ids)
+            return family.predict(parts.denoiser, sample, t, cond, time_ids=time_ids)
 
     theirs, ours = family.load(model), family.load(model)
     before = predict(theirs)

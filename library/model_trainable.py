@@ -207,7 +207,7 @@ class ModelTrainable(nn.Module):
     def __init__(self, family: Any, parts: Any, cfg: ModelTrainingConfig, step_models: Any = None):
         super().__init__()
         self.family, self.parts, self.cfg, self.step_models = family, parts, cfg, step_models
-        self.unet = parts.unet
+        self.unet = parts.denoiser
         lrs = cfg.text_encoder_lrs or ()
         self.te_indices = [i for i, lr in enumerate(lrs) if lr != 0 and i < len(parts.text_encoders)]
         self.text_encoders = nn.ModuleList([parts.text_encoders[i] for i in self.te_indices])
@@ -286,10 +286,10 @@ class ModelTrainable(nn.Module):
 
     def prepare_with_optimizer(self, accelerator: Any, optimizer: Any, scheduler: Any) -> tuple[Any, Any]:
         """Model, optimizer and scheduler prepared in one call (DeepSpeed and FSDP need them together); the loop
-        then calls the prepared model in place of the UNet (``step_models.unet``)."""
+        then calls the prepared model in place of the UNet (``step_models.denoiser``)."""
         wrapped, optimizer, scheduler = accelerator.prepare(self, optimizer, scheduler)
         if self.step_models is not None:
-            self.step_models.unet = wrapped
+            self.step_models.denoiser = wrapped
         if self.cfg.fused_backward_pass or self.cfg.fused_optimizer_groups:
             params = [p for g in optimizer.param_groups for p in g["params"]]
             chunks = chunk_parameters(params, self.cfg.fused_optimizer_groups)

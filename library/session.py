@@ -320,7 +320,7 @@ def start(cfg: TrainConfig) -> Run:
     data_args = cfg.data
     plan = build_plan(cfg, accelerator)
     parts = load_model(cfg, accelerator)
-    unet_params = sum(p.numel() for p in parts.unet.parameters())
+    unet_params = sum(p.numel() for p in parts.denoiser.parameters())
     logger.info(choose_cpu_threads(accelerator.device, unet_params, accelerator.num_processes))
     v_pred = parts.prediction_type == "v_prediction"
     noise = dataclasses.replace(cfg.noise, v_parameterization=v_pred)
@@ -332,7 +332,7 @@ def start(cfg: TrainConfig) -> Run:
         schedule=schedule,
         noise=noise,
         loss=loss,
-        unet=parts.unet,
+        denoiser=parts.denoiser,
         clip_skip=cfg.model.clip_skip,
         max_token_length=cfg.model.max_token_length,
         pad_tokens=not getattr(cfg.method, "no_token_padding", False),  # train_db.py's --no_token_padding
@@ -391,21 +391,21 @@ def load_model(cfg: TrainConfig, accelerator: Any) -> Any:
         )
     if run.no_half_vae:
         parts.vae.to(torch.float32)
-    for module in (parts.unet, *parts.text_encoders, parts.vae):
+    for module in (parts.denoiser, *parts.text_encoders, parts.vae):
         module.to(accelerator.device)
-    set_attention([parts.unet, parts.vae], run.attention)
+    set_attention([parts.denoiser, parts.vae], run.attention)
     fp8 = run.fp8_base or run.fp8_base_unet
     if fp8:
-        parts.unet.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=run.weight_dtype)
+        parts.denoiser.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=run.weight_dtype)
         if run.fp8_base and not run.fp8_base_unet:
             from diffusers.hooks import apply_layerwise_casting  # transformers' encoders lack the method
 
             for te in parts.text_encoders:
                 apply_layerwise_casting(te, storage_dtype=torch.float8_e4m3fn, compute_dtype=run.weight_dtype)
     if run.gradient_checkpointing:
-        enable_checkpointing(parts.unet, parts.text_encoders if cfg.train_text_encoder else [], fp8)
+        enable_checkpointing(parts.denoiser, parts.text_encoders if cfg.train_text_encoder else [], fp8)
     if run.torch_compile:
-        parts.unet = torch.compile(parts.unet, backend=run.dynamo_backend)
+        parts.denoiser = torch.compile(parts.denoiser, backend=run.dynamo_backend)
     return parts
 
 

@@ -26,14 +26,14 @@ class NonFiniteLoss(RuntimeError):
 
 @dataclass
 class StepModels:
-    """What one training step needs (``unet`` may differ from ``parts.unet``, e.g. a torch.compile'd one)."""
+    """What one training step needs (``unet`` may differ from ``parts.denoiser``, e.g. a torch.compile'd one)."""
 
     family: Any
     parts: Parts
     schedule: NoiseSchedule
     noise: NoiseConfig
     loss: LossConfig
-    unet: nn.Module
+    denoiser: nn.Module
     clip_skip: int | None = None
     max_token_length: int | None = None
     pad_tokens: bool = True  # False: train_db.py's --no_token_padding (captions padded to the batch's longest only)
@@ -120,7 +120,7 @@ def batch_loss(
         timesteps = timesteps.to(latents.device)
     noisy, target, t, _ = make_example(m.noise, latents, m.schedule, generator, timesteps=timesteps)
     time_ids = m.family.size_conditioning(batch.original_sizes, batch.crop_top_lefts, batch.target_sizes)
-    pred = m.family.predict(m.unet, noisy.to(m.weight_dtype), t, cond, time_ids=time_ids)
+    pred = m.family.predict(m.denoiser, noisy.to(m.weight_dtype), t, cond, time_ids=time_ids)
     masks = batch.masks.to(m.device) if batch.masks is not None else None
     return diffusion_loss_per_sample(
         pred.float(),

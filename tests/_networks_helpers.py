@@ -35,7 +35,7 @@ def te_rename(path: str) -> str:
 
 
 def adapter_roots(parts) -> list:
-    unet = parts.unet
+    unet = parts.denoiser
     if len(parts.text_encoders) == 2:
         table = block_map(unet.config)
 
@@ -51,7 +51,7 @@ def adapter_roots(parts) -> list:
 def unet_inputs(parts, seed: int = 0, batch: int = 2) -> dict:
     """Deterministic UNet inputs for a tiny model (SDXL: with its text_time conditioning)."""
     g = torch.Generator().manual_seed(seed)
-    cfg = parts.unet.config
+    cfg = parts.denoiser.config
     size = cfg.sample_size
     inputs = {
         "sample": torch.randn(batch, cfg.in_channels, size, size, generator=g),
@@ -212,7 +212,7 @@ def make_config(*network_args: str, module: str = "networks.lora", dim: int = 4,
 
 def outputs(parts, inputs: dict) -> list[torch.Tensor]:
     """UNet output and every text encoder's last hidden state."""
-    return [run_unet(parts.unet, inputs), *[run_te(te) for te in parts.text_encoders]]
+    return [run_unet(parts.denoiser, inputs), *[run_te(te) for te in parts.text_encoders]]
 
 
 def assert_outputs_close(a: list, b: list, atol: float = 1e-5) -> None:
@@ -280,4 +280,4 @@ def real_parts(family: str):
         for i, te in enumerate(spec["text_encoders"]):
             cls = CLIPTextModelWithProjection if i == 1 else CLIPTextModel
             tes.append(cls(CLIPTextConfig(**te)))
-    return SimpleNamespace(unet=unet, text_encoders=tes)
+    return SimpleNamespace(denoiser=unet, text_encoders=tes)

@@ -26,7 +26,7 @@ FAMILIES = ["sd1", "sd2", "sdxl"]
 
 def modules(parts_or_pipe) -> list[torch.nn.Module]:
     if hasattr(parts_or_pipe, "text_encoders"):
-        return [parts_or_pipe.unet, parts_or_pipe.vae, *parts_or_pipe.text_encoders]
+        return [parts_or_pipe.denoiser, parts_or_pipe.vae, *parts_or_pipe.text_encoders]
     pipe = parts_or_pipe
     return [pipe.unet, pipe.vae, pipe.text_encoder] + ([pipe.text_encoder_2] if hasattr(pipe, "text_encoder_2") else [])
 
@@ -78,7 +78,7 @@ def test_we_load_diffusers_save_and_our_single_file(family, tiny_parts, tiny_dir
         loaded = F.load(single_files[family, suffix])
         assert_same_weights(tiny_parts[family], loaded)
         assert loaded.prediction_type == tiny_parts[family].prediction_type
-        assert public(loaded.unet.config) == public(tiny_parts[family].unet.config)
+        assert public(loaded.denoiser.config) == public(tiny_parts[family].denoiser.config)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -150,8 +150,8 @@ def test_save_precision_and_load_dtype(tiny_parts, tmp_path):
     assert {v.dtype for v in sd.values() if v.is_floating_point()} == {torch.float16} and meta["k"] == "v"
     loaded = SD1.load(path, dtype=torch.bfloat16)
     assert {p.dtype for m in modules(loaded) for p in m.parameters()} == {torch.bfloat16}
-    expected = tiny_parts["sd1"].unet.conv_in.weight.half().to(torch.bfloat16)
-    assert torch.equal(loaded.unet.conv_in.weight, expected)
+    expected = tiny_parts["sd1"].denoiser.conv_in.weight.half().to(torch.bfloat16)
+    assert torch.equal(loaded.denoiser.conv_in.weight, expected)
     folder = SD1.save(tiny_parts["sd1"], tmp_path / "half_folder", dtype=torch.float16)
     assert (
         load_state_dict(folder / "unet" / "diffusion_pytorch_model.safetensors")[0]["conv_in.weight"].dtype
@@ -281,7 +281,7 @@ def test_released_layout_at_full_size_on_meta(stem):
     for a, b in zip(modules(parts), modules(loaded)):
         assert {k: v.shape for k, v in a.state_dict().items()} == {k: v.shape for k, v in b.state_dict().items()}
         assert {p.dtype for p in b.parameters()} == {torch.float16}
-    assert public(loaded.unet.config) == public(unet.config)
+    assert public(loaded.denoiser.config) == public(unet.config)
 
 
 def test_foreign_file_uses_shipped_config_and_reports_mismatch(tiny_parts, tmp_path):
@@ -312,7 +312,7 @@ def test_vae_override(kind, tiny_parts, single_files, tmp_path):
     loaded = SD1.load(single_files["sd1", ".safetensors"], vae=source)
     ours, theirs = loaded.vae.state_dict(), other.state_dict()
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
-    assert torch.equal(loaded.unet.conv_in.weight, tiny_parts["sd1"].unet.conv_in.weight)  # the rest is the model's
+    assert torch.equal(loaded.denoiser.conv_in.weight, tiny_parts["sd1"].denoiser.conv_in.weight)  # the rest is the model's
     if kind == "ldm_vae_file":  # a checkpoint without a VAE needs --vae, and says so
         sd, meta = load_state_dict(single_files["sd1", ".safetensors"])
         no_vae = save_state_dict(

@@ -21,7 +21,7 @@ def test_half_precision_on_gpu_matches_fp32_cpu(dtype, tiny_parts, tmp_path):
     parts = tiny_parts["sdxl"]
     path = SDXL.save(parts, tmp_path / "m.safetensors")
     gpu = SDXL.load(path, dtype=dtype, device="cuda")
-    assert {p.device.type for p in gpu.unet.parameters()} == {"cuda"} and gpu.unet.dtype == dtype
+    assert {p.device.type for p in gpu.denoiser.parameters()} == {"cuda"} and gpu.denoiser.dtype == dtype
     captions = ["a photo of a cat", "a red house under a blue sky"]
     cond, ref_cond = (
         SDXL.encode_prompt(gpu, captions, max_token_length=150),
@@ -31,8 +31,8 @@ def test_half_precision_on_gpu_matches_fp32_cpu(dtype, tiny_parts, tmp_path):
     time_ids = SDXL.time_ids([(64, 64)] * 2, [(0, 0)] * 2, [(64, 64)] * 2)
     noisy = torch.randn(2, 4, 8, 8, generator=torch.Generator().manual_seed(0))
     t = torch.tensor([10, 900])
-    pred = SDXL.predict(gpu.unet, noisy.to("cuda", dtype), t.cuda(), cond, time_ids=time_ids)
-    ref = SDXL.predict(parts.unet, noisy, t, ref_cond, time_ids=time_ids)
+    pred = SDXL.predict(gpu.denoiser, noisy.to("cuda", dtype), t.cuda(), cond, time_ids=time_ids)
+    ref = SDXL.predict(parts.denoiser, noisy, t, ref_cond, time_ids=time_ids)
     torch.testing.assert_close(pred.float().cpu(), ref, rtol=0.05, atol=0.05)
     pixels = torch.rand(1, 3, 32, 32, device="cuda", dtype=dtype) * 2 - 1
     latents = SDXL.encode_latents(gpu, pixels, generator=torch.Generator("cuda").manual_seed(0))
@@ -84,9 +84,9 @@ def check_full_size(stem: str, tmp_path, init_device: str) -> None:
     pipe = cls.from_single_file(str(path), config=str(config_dir), local_files_only=True, torch_dtype=torch.float16)
     ours = family.load(path, dtype=torch.float16)
     assert ours.prediction_type == parts.prediction_type  # SD2 768-v: from the v_pred marker
-    expected = [parts.unet, parts.vae, *parts.text_encoders]
+    expected = [parts.denoiser, parts.vae, *parts.text_encoders]
     theirs = [pipe.unet, pipe.vae, pipe.text_encoder] + ([pipe.text_encoder_2] if family is SDXL else [])
-    for a, b, c in zip(expected, theirs, [ours.unet, ours.vae, *ours.text_encoders]):
+    for a, b, c in zip(expected, theirs, [ours.denoiser, ours.vae, *ours.text_encoders]):
         sa, sb, sc = a.state_dict(), b.state_dict(), c.state_dict()
         assert sa.keys() == sb.keys() == sc.keys()
         assert all(torch.equal(sa[k], sb[k]) and torch.equal(sa[k], sc[k]) for k in sa), type(a).__name__

@@ -25,7 +25,7 @@ def sd_pipe(parts) -> StableDiffusionPipeline:
         te = copy.deepcopy(te)
         object.__setattr__(te, "text_model", SimpleNamespace(final_layer_norm=te.final_layer_norm))
     return StableDiffusionPipeline(
-        vae=parts.vae, text_encoder=te, tokenizer=parts.tokenizers[0], unet=parts.unet, scheduler=DDIMScheduler(),
+        vae=parts.vae, text_encoder=te, tokenizer=parts.tokenizers[0], unet=parts.denoiser, scheduler=DDIMScheduler(),
         safety_checker=None, feature_extractor=None, requires_safety_checker=False,
     )  # fmt: skip
 
@@ -34,7 +34,7 @@ def sdxl_pipe(parts) -> StableDiffusionXLPipeline:
     te1, te2 = parts.text_encoders
     tok1, tok2 = parts.tokenizers
     return StableDiffusionXLPipeline(
-        vae=parts.vae, text_encoder=te1, text_encoder_2=te2, tokenizer=tok1, tokenizer_2=tok2, unet=parts.unet,
+        vae=parts.vae, text_encoder=te1, text_encoder_2=te2, tokenizer=tok1, tokenizer_2=tok2, unet=parts.denoiser,
         scheduler=EulerDiscreteScheduler(), add_watermarker=False,
     )  # fmt: skip
 
@@ -67,10 +67,10 @@ def test_sdxl_encode_prompt_and_unet_call_equal_diffusers(tiny_parts):
     time_ids = SDXL.time_ids(*zip(*sizes))
     torch.testing.assert_close(time_ids, theirs, rtol=0, atol=0)
     noisy, t = torch.randn(2, 4, 8, 8, generator=torch.Generator().manual_seed(0)), torch.tensor([10, 500])
-    expected = parts.unet(noisy, t, embeds, added_cond_kwargs={"text_embeds": pooled, "time_ids": theirs}).sample
-    torch.testing.assert_close(SDXL.predict(parts.unet, noisy, t, ours, time_ids=time_ids), expected, rtol=0, atol=0)
+    expected = parts.denoiser(noisy, t, embeds, added_cond_kwargs={"text_embeds": pooled, "time_ids": theirs}).sample
+    torch.testing.assert_close(SDXL.predict(parts.denoiser, noisy, t, ours, time_ids=time_ids), expected, rtol=0, atol=0)
     with pytest.raises(ValueError, match="time_ids"):
-        SDXL.predict(parts.unet, noisy, t, ours)
+        SDXL.predict(parts.denoiser, noisy, t, ours)
 
 
 # ------------------------------------------------------------------------------------------------ long prompts
@@ -217,7 +217,7 @@ def test_sdxl_adapter_names_are_the_single_file_names(tiny_parts, tmp_path):
 def test_sd_adapter_names_and_metadata_strings(tiny_parts):
     roots = SD1.adapter_roots(tiny_parts["sd1"])
     assert [(p, m) for p, m, _ in roots] == [
-        ("lora_unet", tiny_parts["sd1"].unet),
+        ("lora_unet", tiny_parts["sd1"].denoiser),
         ("lora_te", tiny_parts["sd1"].text_encoders[0]),
     ]
     assert roots[0][2]("down_blocks.0.attentions.0.proj_in") == "down_blocks.0.attentions.0.proj_in"

@@ -93,7 +93,7 @@ def fixed_loss(family_name: str, model_path, dataset) -> float:
     cond = family.encode_prompt(parts, captions)
     sizes = [[64, 64]] * len(paths)
     time_ids = family.size_conditioning(sizes, [[0, 0]] * len(paths), sizes)
-    pred = family.predict(parts.unet, noisy, t, cond, time_ids=time_ids)
+    pred = family.predict(parts.denoiser, noisy, t, cond, time_ids=time_ids)
     return float(torch.nn.functional.mse_loss(pred, target))
 
 
@@ -212,12 +212,12 @@ def test_block_lr_zero_freezes_the_block(tiny_dir, dataset, tmp_path, tiny_parts
     from library.families.loading import shipped_configs
 
     assert lr_block_count(shipped_configs("sdxl-base")["unet"]) == 23  # sd-scripts' 23 SDXL blocks
-    unet = tiny_parts["sdxl"].unet
+    unet = tiny_parts["sdxl"].denoiser
     n = lr_block_count(unet.config)
     lrs = ["0"] + ["1e-3"] * (n - 2) + ["0"]  # embeddings and the output layer frozen
     result = train("sdxl", *args_for(tiny_dir / "sdxl", dataset, tmp_path, "--save_model_as", "safetensors",
                                      "--block_lr", ",".join(lrs)))  # fmt: skip
-    trained = get_family("sdxl").load(result.output).unet.state_dict()
+    trained = get_family("sdxl").load(result.output).denoiser.state_dict()
     base = unet.state_dict()
     for k in base:
         same = torch.equal(trained[k], base[k])
@@ -304,7 +304,7 @@ def test_prior_preservation_loss_is_the_hand_computed_formula(tiny_dir, dataset,
         latents = batch_latents(m, batch, gen)
         cond = batch_cond(m, batch, gen)
         noisy, target, tt, _ = make_example(m.noise, latents, m.schedule, gen, timesteps=t)
-        pred = m.family.predict(m.unet, noisy, tt, cond)
+        pred = m.family.predict(m.denoiser, noisy, tt, cond)
     w = torch.where(batch.is_reg, 0.3, 1.0)
     expected = (w * ((pred - target) ** 2).mean(dim=(1, 2, 3))).mean()
     torch.testing.assert_close(loss, expected, rtol=1e-6, atol=0)
@@ -340,7 +340,7 @@ def test_fused_steps_equal_the_ordinary_step(optimizer, fused, chunks, tiny_dir,
     # encoder's unused last layer, is left to the ordinary step)
     assert sum(stepped) >= 3 * n_params * 0.6
     assert len(stepped) <= 3 * chunks if chunks else max(stepped) == 1  # 3 groups, or one parameter at a time
-    base = {f"unet.{k}": v for k, v in tiny_parts["sdxl"].unet.state_dict().items()}
+    base = {f"unet.{k}": v for k, v in tiny_parts["sdxl"].denoiser.state_dict().items()}
     changed = 0
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-7)

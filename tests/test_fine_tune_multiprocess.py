@@ -86,7 +86,7 @@ def test_two_processes_agree_and_equal_one_process_with_the_total_batch(tmp_path
     from library.families import get_family
 
     base = get_family("sd1").load(model)
-    start = [*base.unet.parameters(), *base.text_encoders[0].parameters()]  # the trainable's parameter order
+    start = [*base.denoiser.parameters(), *base.text_encoders[0].parameters()]  # the trainable's parameter order
     assert len(start) == len(one) and sum(not torch.equal(a, b) for a, b in zip(start, one)) > len(one) // 2
     for a, b in zip(two[0], one):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)

@@ -78,7 +78,7 @@ def test_fp8_base_stores_fp8_and_checkpointing_trains_the_same(tiny_dir, dataset
     plain, run = run_keeping(monkeypatch, "sd1", args_for(tiny_dir / "sd1", dataset, tmp_path / "a", *fp8))
     te_linear = next(m for m in run.parts.text_encoders[0].modules() if isinstance(m, torch.nn.Linear))
     assert te_linear.weight.dtype == torch.float8_e4m3fn  # the text encoder is cast too, not only the UNet
-    assert run.parts.unet.conv_in.weight.dtype == torch.float8_e4m3fn
+    assert run.parts.denoiser.conv_in.weight.dtype == torch.float8_e4m3fn
     ckpt, _ = run_keeping(
         monkeypatch, "sd1", args_for(tiny_dir / "sd1", dataset, tmp_path / "b", *fp8, "--gradient_checkpointing")
     )
@@ -126,7 +126,7 @@ def test_diffusers_folder_read_tensor_by_tensor_equals_diffusers(tiny_dir, dtype
     from library.families import get_family
 
     parts = get_family("sd1").load(tiny_dir / "sd1", dtype=dtype)
-    for module, cls, sub in ((parts.unet, UNet2DConditionModel, "unet"), (parts.vae, AutoencoderKL, "vae")):
+    for module, cls, sub in ((parts.denoiser, UNet2DConditionModel, "unet"), (parts.vae, AutoencoderKL, "vae")):
         ref = cls.from_pretrained(tiny_dir / "sd1", subfolder=sub, torch_dtype=dtype).state_dict()
         ours = module.state_dict()
         assert ours.keys() == ref.keys()

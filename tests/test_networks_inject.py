@@ -73,7 +73,7 @@ def test_forward_equals_merged_equals_independent_formula(fresh, family, algo, t
     assert_outputs_close(outputs(oracle, inputs), adapted)
 
     network.eject()
-    assert not any(isinstance(m, (AdapterLayer, NormAdapterLayer)) for m in parts.unet.modules())
+    assert not any(isinstance(m, (AdapterLayer, NormAdapterLayer)) for m in parts.denoiser.modules())
     assert_outputs_close(outputs(parts, inputs), base)
 
 
@@ -292,7 +292,7 @@ def test_base_weights_are_merged_with_their_multiplier(fresh, tmp_path):
     path = _saved(network, tmp_path / "a.safetensors")
     target = fresh("sd1")
     merge_files_into_base([path], [0.5], adapter_roots(target))
-    assert not any(isinstance(m, AdapterLayer) for m in target.unet.modules())
+    assert not any(isinstance(m, AdapterLayer) for m in target.denoiser.modules())
     oracle = fresh("sd1")
     patch_with_oracle(adapter_roots(oracle), load_state_dict(path)[0], 0.5)
     assert_outputs_close(outputs(target, inputs), outputs(oracle, inputs))
@@ -357,10 +357,10 @@ def test_only_adapter_tensors_in_network_state(fresh):
     network = inject(make_config("algo=dora"), adapter_roots(parts))
     keys = list(network.state_dict())
     assert keys and not any("base_layer" in k for k in keys)
-    n_base = sum(p.numel() for p in parts.unet.parameters())
+    n_base = sum(p.numel() for p in parts.denoiser.parameters())
     assert sum(p.numel() for p in network.parameters()) < n_base / 5
-    assert isinstance(parts.unet.down_blocks[0].attentions[0].proj_in, AdapterLayer)
-    assert isinstance(parts.unet.down_blocks[0].attentions[0].proj_in.base_layer, nn.Conv2d)
+    assert isinstance(parts.denoiser.down_blocks[0].attentions[0].proj_in, AdapterLayer)
+    assert isinstance(parts.denoiser.down_blocks[0].attentions[0].proj_in.base_layer, nn.Conv2d)
 
 
 def test_old_per_input_dora_files_round_trip(fresh, tmp_path):
@@ -419,11 +419,11 @@ def test_training_steps_with_dropouts_reach_every_adapter_and_fit_a_target(fresh
     network = inject(cfg, adapter_roots(parts))
     target = torch.randn_like(outputs(parts, inputs)[0])
     optimizer = torch.optim.AdamW(network.param_groups(1e-3, 1e-3, 1e-3))
-    parts.unet.train()
+    parts.denoiser.train()
     losses = []
     for step in range(8):
         torch.manual_seed(step)
-        loss = torch.nn.functional.mse_loss(parts.unet(**inputs).sample, target)
+        loss = torch.nn.functional.mse_loss(parts.denoiser(**inputs).sample, target)
         optimizer.zero_grad()
         loss.backward()
         if step == 0:
@@ -431,5 +431,5 @@ def test_training_steps_with_dropouts_reach_every_adapter_and_fit_a_target(fresh
             assert all(p.grad is not None for p in unet_params)
         optimizer.step()
         losses.append(loss.item())
-    assert all(p.grad is None for p in parts.unet.parameters() if not p.requires_grad)
+    assert all(p.grad is None for p in parts.denoiser.parameters() if not p.requires_grad)
     assert losses[-1] < losses[0]

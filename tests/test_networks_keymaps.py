@@ -47,10 +47,10 @@ LORA_CLIP_MAP = ["mlp_fc1", "mlp_fc2", "self_attn_k_proj", "self_attn_q_proj", "
 
 def comfy_key_map(parts, family: str) -> set[str]:
     keys = set()
-    for k in _ldm_unet_keys(parts.unet):  # lora_unet_<ldm path>
+    for k in _ldm_unet_keys(parts.denoiser):  # lora_unet_<ldm path>
         if k.endswith(".weight"):
             keys.add("lora_unet_" + k[: -len(".weight")].replace(".", "_"))
-    for k in parts.unet.state_dict():  # lora_unet_<diffusers path> via utils.unet_to_diffusers
+    for k in parts.denoiser.state_dict():  # lora_unet_<diffusers path> via utils.unet_to_diffusers
         if k.endswith(".weight"):
             keys.add("lora_unet_" + k[: -len(".weight")].replace(".", "_"))
     if family == "sdxl":  # clip_l -> lora_te1 (and lora_te), clip_g -> lora_te2
@@ -117,7 +117,7 @@ def _open_clip_modules(prefix: str, layers: int) -> set[str]:
 def a1111_modules(parts, family: str) -> set[str]:
     """A1111's ``network_layer_mapping`` names for the ldm model (UNet modules and the wrapped text encoders)."""
     names = set()
-    for k in _ldm_unet_keys(parts.unet):
+    for k in _ldm_unet_keys(parts.denoiser):
         parts_ = k.split(".")[:-1]
         for i in range(1, len(parts_) + 1):
             names.add("diffusion_model_" + "_".join(parts_[:i]))

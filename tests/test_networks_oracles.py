@@ -33,7 +33,7 @@ lycoris_kohya = pytest.importorskip("lycoris.kohya")
 def _pipeline(parts):
     from diffusers import DDIMScheduler, StableDiffusionPipeline, StableDiffusionXLPipeline
 
-    common = dict(vae=parts.vae, unet=parts.unet, scheduler=DDIMScheduler())
+    common = dict(vae=parts.vae, unet=parts.denoiser, scheduler=DDIMScheduler())
     if len(parts.text_encoders) == 2:
         return StableDiffusionXLPipeline(
             text_encoder=parts.text_encoders[0],
@@ -73,7 +73,7 @@ def test_diffusers_load_lora_weights_reproduces_our_forward(tiny_parts, family, 
     pipe = _pipeline(theirs)
     pipe.load_lora_weights(str(tmp_path / "a.safetensors"), adapter_name="ours")
     pipe.set_adapters(["ours"], adapter_weights=[0.7])
-    loaded = _peft_layers(theirs.unet) + sum(_peft_layers(te) for te in theirs.text_encoders)
+    loaded = _peft_layers(theirs.denoiser) + sum(_peft_layers(te) for te in theirs.text_encoders)
     assert loaded == len(network)  # every module arrived (diffusers drops some TE layouts silently)
     assert_outputs_close(outputs(theirs, inputs), expected, atol=1e-5)
 
@@ -111,7 +111,7 @@ def _lycoris_te(te: nn.Module) -> nn.Module:
 def _lycoris_forward(lycoris, parts, path, multiplier: float, inputs) -> list[torch.Tensor]:
     theirs = copy.deepcopy(parts)
     tes = [_lycoris_te(te) for te in theirs.text_encoders]
-    unet = theirs.unet
+    unet = theirs.denoiser
     if len(tes) == 2:
         unet = renamed_view(unet, adapter_roots(theirs)[0][2])  # SDXL's sgm names
     te_arg = tes if len(tes) == 2 else tes[0]
@@ -158,7 +158,7 @@ def test_lycoris_kohya_writes_lycoris_modules_keys_and_shapes(lycoris, tiny_part
     """``--network_module lycoris.kohya``: the same modules, tensor keys and shapes as LyCORIS' create_network."""
     parts = copy.deepcopy(tiny_parts["sd1"])
     kwargs = dict(a.split("=", 1) for a in args)
-    theirs = lycoris.create_network(1.0, 4, 2.0, None, _lycoris_te(parts.text_encoders[0]), parts.unet, **kwargs)
+    theirs = lycoris.create_network(1.0, 4, 2.0, None, _lycoris_te(parts.text_encoders[0]), parts.denoiser, **kwargs)
     their_keys = {
         f"{lora.lora_name}.{k}": tuple(v.shape)
         for lora in theirs.unet_loras + theirs.text_encoder_loras

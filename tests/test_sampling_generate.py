@@ -122,7 +122,7 @@ def test_half_precision_on_gpu(tiny_parts, monkeypatch, dtype):
     import copy
 
     family, parts = _family("sdxl"), copy.deepcopy(tiny_parts["sdxl"])
-    for module in (parts.unet, parts.vae, *parts.text_encoders):
+    for module in (parts.denoiser, parts.vae, *parts.text_encoders):
         module.to("cuda", dtype)
     seen = []
     decode = family.decode_latents

@@ -72,10 +72,10 @@ def test_only_main_process_samples(tiny_parts, tmp_path):
 @pytest.mark.parametrize("family_name", ["sd1", "sdxl"])
 def test_rng_states_and_train_modes_are_restored(tiny_parts, tmp_path, family_name):
     family, parts = _family(family_name), copy.deepcopy(tiny_parts[family_name])
-    parts.unet.train()
-    parts.unet.conv_in.eval()  # a mixed state must come back exactly
+    parts.denoiser.train()
+    parts.denoiser.conv_in.eval()  # a mixed state must come back exactly
     parts.text_encoders[0].train()
-    modes = {name: m.training for name, m in parts.unet.named_modules()}
+    modes = {name: m.training for name, m in parts.denoiser.named_modules()}
 
     def draws():
         return torch.rand(4), random.random(), torch.randint(0, 1000, (3,))
@@ -88,7 +88,7 @@ def test_rng_states_and_train_modes_are_restored(tiny_parts, tmp_path, family_na
     sample_during_training(_cfg(tmp_path), family, parts, output_dir=tmp_path, output_name=None, step=5)
     got = draws()
     assert torch.equal(got[0], expected[0]) and got[1] == expected[1] and torch.equal(got[2], expected[2])
-    assert {name: m.training for name, m in parts.unet.named_modules()} == modes
+    assert {name: m.training for name, m in parts.denoiser.named_modules()} == modes
     assert parts.text_encoders[0].training and not parts.vae.training
 
 
@@ -96,7 +96,7 @@ def _train(parts, family, steps, sample_cfg=None, out=None):
     """A tiny fine-tune of the UNet's output conv that draws from the global RNG, as a trainer does."""
     torch.manual_seed(0)
     random.seed(0)
-    unet = parts.unet
+    unet = parts.denoiser
     unet.train()
     params = list(unet.conv_out.parameters())
     for p in params:
@@ -134,7 +134,7 @@ def test_ema_weights_are_used_and_restored(tiny_parts, tmp_path):
     from library.ema import EMA
 
     family, parts = _family("sd1"), copy.deepcopy(tiny_parts["sd1"])
-    params = list(parts.unet.conv_out.parameters())
+    params = list(parts.denoiser.conv_out.parameters())
     before = [p.detach().clone() for p in params]
     ema = EMA(params, decay=0.5)
     for s in ema.shadow:

@@ -13,13 +13,13 @@ def test_real_clip_vocabulary(tiny_parts):
 
 
 def test_module_names_match_real_layout(tiny_parts):
-    sd1 = dict(tiny_parts["sd1"].unet.named_modules())
+    sd1 = dict(tiny_parts["sd1"].denoiser.named_modules())
     assert "down_blocks.0.attentions.1.transformer_blocks.0.attn2.to_k" in sd1
     assert "down_blocks.3.resnets.1.conv2" in sd1 and "down_blocks.3.attentions" not in sd1
     assert isinstance(sd1["down_blocks.0.attentions.0.proj_in"], torch.nn.Conv2d)
-    sd2 = dict(tiny_parts["sd2"].unet.named_modules())
+    sd2 = dict(tiny_parts["sd2"].denoiser.named_modules())
     assert isinstance(sd2["down_blocks.0.attentions.0.proj_in"], torch.nn.Linear)
-    xl = dict(tiny_parts["sdxl"].unet.named_modules())
+    xl = dict(tiny_parts["sdxl"].denoiser.named_modules())
     assert "down_blocks.2.attentions.1.transformer_blocks.1.attn1.to_out.0" in xl
     assert "down_blocks.0.attentions" not in xl and "add_embedding.linear_1" in xl
 
@@ -29,5 +29,5 @@ def test_tiny_unet_runs(tiny_parts):
     x = torch.randn(1, 4, 8, 8)
     ctx = torch.randn(1, 77, 80)
     added = {"text_embeds": torch.randn(1, 48), "time_ids": torch.tensor([[64.0, 64, 0, 0, 64, 64]])}
-    out = parts.unet(x, torch.tensor([10]), ctx, added_cond_kwargs=added).sample
+    out = parts.denoiser(x, torch.tensor([10]), ctx, added_cond_kwargs=added).sample
     assert out.shape == x.shape and torch.isfinite(out).all()

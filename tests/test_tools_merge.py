@@ -41,7 +41,7 @@ def _fused_by_diffusers(parts, files_and_ratios):
 
 
 def _assert_same_weights(a, b, atol=2e-6):
-    for ma, mb in [(a.unet, b.unet), *zip(a.text_encoders, b.text_encoders)]:
+    for ma, mb in [(a.denoiser, b.denoiser), *zip(a.text_encoders, b.text_encoders)]:
         sa, sb = ma.state_dict(), mb.state_dict()
         assert sa.keys() == sb.keys()
         for k in sa:
@@ -61,7 +61,7 @@ def test_merge_into_checkpoint_equals_diffusers_fuse_lora(tiny_parts, tiny_dir, 
     ours = fam.load(tmp_path / out_name)
     theirs = _fused_by_diffusers(parts, [(a, 0.7), (b, -0.4)])
     _assert_same_weights(ours, theirs)
-    assert (ours.unet.state_dict()["conv_in.weight"] == parts.unet.state_dict()["conv_in.weight"]).all()
+    assert (ours.denoiser.state_dict()["conv_in.weight"] == parts.denoiser.state_dict()["conv_in.weight"]).all()
     if out_name.endswith(".safetensors"):
         meta = load_state_dict(tmp_path / out_name)[1]
         assert meta["modelspec.merged_from"] == f"{family}, a, b"

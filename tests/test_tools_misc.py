@@ -64,7 +64,7 @@ def test_show_metadata_prints_sorted_json(tiny_parts, tmp_path, capsys):
 
 # ------------------------------------------------------------------------------------------------------ convert
 def _same_model(a, b, dtype=None):
-    for ma, mb in [(a.unet, b.unet), (a.vae, b.vae), *zip(a.text_encoders, b.text_encoders)]:
+    for ma, mb in [(a.denoiser, b.denoiser), (a.vae, b.vae), *zip(a.text_encoders, b.text_encoders)]:
         sa, sb = ma.state_dict(), mb.state_dict()
         assert sa.keys() == sb.keys()
         for k in sa:

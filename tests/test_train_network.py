@@ -74,7 +74,7 @@ def test_lora_loads_in_diffusers_and_changes_the_output(tiny_dir, dataset, tmp_p
     fam = get_family(family)
     parts = fam.load(tiny_dir / family)
     network_from_file(result.output, fam.adapter_roots(parts))
-    torch.testing.assert_close(_unet_out(parts.unet, parts), after, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(_unet_out(parts.denoiser, parts), after, atol=1e-5, rtol=1e-4)
     meta = read_metadata(result.output)
     assert meta["ss_network_module"] == "networks.lora" and meta["ss_steps"] == "3"
     assert meta["ss_base_model_version"] == fam.base_model_version("epsilon")
@@ -104,20 +104,20 @@ def test_lycoris_algorithms_reload_through_lycoris(tiny_dir, dataset, tmp_path, 
 
     fam = get_family(family)
     parts = fam.load(tiny_dir / family)
-    base = _unet_out(parts.unet, parts)
+    base = _unet_out(parts.denoiser, parts)
     ours = copy.deepcopy(parts)
     from networks.inject import network_from_file
 
     network_from_file(result.output, fam.adapter_roots(ours))
-    expected = _unet_out(ours.unet, ours)
+    expected = _unet_out(ours.denoiser, ours)
     assert (expected - base).abs().max() > 1e-5
     for cls in ("TimestepEmbedding",):  # lycoris 4.1.3 bug: duplicated names on diffusers UNets (FORMATS.md 2.5)
         for lst in (kohya.LycorisNetworkKohya.UNET_TARGET_REPLACE_MODULE,):
             if cls in lst:
                 lst.remove(cls)
-    network, _ = kohya.create_network_from_weights(1.0, str(result.output), parts.vae, [], parts.unet)
-    network.apply_to([], parts.unet, apply_text_encoder=False, apply_unet=True)
-    torch.testing.assert_close(_unet_out(parts.unet, parts), expected, atol=2e-5, rtol=1e-4)
+    network, _ = kohya.create_network_from_weights(1.0, str(result.output), parts.vae, [], parts.denoiser)
+    network.apply_to([], parts.denoiser, apply_text_encoder=False, apply_unet=True)
+    torch.testing.assert_close(_unet_out(parts.denoiser, parts), expected, atol=2e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("extra", [[], ["--gradient_accumulation_steps", "2", "--ema", "--network_dropout", "0.1"]])

@@ -103,7 +103,7 @@ def test_only_new_rows_train_and_diffusers_reads_the_file(tiny_dir, dataset, tmp
 
     # every weight but the new rows is bit-identical to a fresh load of the model
     parts, fresh = runs[0].parts, family.load(tiny_dir / family_name)
-    for module, original in [(parts.unet, fresh.unet), (parts.vae, fresh.vae),
+    for module, original in [(parts.denoiser, fresh.denoiser), (parts.vae, fresh.vae),
                              *zip(parts.text_encoders, fresh.text_encoders)]:  # fmt: skip
         ours, theirs = module.state_dict(), original.state_dict()
         for key, value in theirs.items():
@@ -238,9 +238,9 @@ def test_fixed_noise_loss_on_the_training_images_falls(tiny_dir, dataset, tmp_pa
         run.step_models.caption_rewrite = lambda captions, generator: ["" for _ in captions]
         measured["blank"] = fixed_noise_loss(run)
         run.step_models.caption_rewrite = rewrite
-        unet = {k: v.clone() for k, v in run.parts.unet.state_dict().items()}
+        unet = {k: v.clone() for k, v in run.parts.denoiser.state_dict().items()}
         result = original(run, trainable, groups)
-        assert all(torch.equal(v, run.parts.unet.state_dict()[k]) for k, v in unet.items())
+        assert all(torch.equal(v, run.parts.denoiser.state_dict()[k]) for k, v in unet.items())
         return result
 
     monkeypatch.setattr(train_textual_inversion, "train", measure_then_train)

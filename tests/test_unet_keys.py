@@ -9,7 +9,7 @@ from library.families.unet_keys import diffusers_to_ldm, unet_state_dict_from_ld
 
 @pytest.mark.parametrize("family", ["sd1", "sd2", "sdxl"])
 def test_our_ldm_names_read_back_by_diffusers(tiny_parts, family):
-    unet = tiny_parts[family].unet
+    unet = tiny_parts[family].denoiser
     sd = unet.state_dict()
     ldm = unet_state_dict_to_ldm(sd, unet.config)
     back = convert_ldm_unet_checkpoint(ldm, dict(unet.config))  # diffusers' converter is the oracle
@@ -21,7 +21,7 @@ def test_our_ldm_names_read_back_by_diffusers(tiny_parts, family):
 
 
 def test_known_sdxl_names(tiny_parts):
-    cfg = tiny_parts["sdxl"].unet.config
+    cfg = tiny_parts["sdxl"].denoiser.config
     assert diffusers_to_ldm("down_blocks.1.attentions.0.transformer_blocks.0.attn1.to_q", cfg) == (
         "input_blocks.4.1.transformer_blocks.0.attn1.to_q"
     )
@@ -30,6 +30,6 @@ def test_known_sdxl_names(tiny_parts):
     assert diffusers_to_ldm("mid_block.attentions.0.proj_in", cfg) == "middle_block.1.proj_in"
     assert diffusers_to_ldm("up_blocks.2.resnets.0.conv_shortcut", cfg) == "output_blocks.6.0.skip_connection"
     assert diffusers_to_ldm("down_blocks.2.resnets.1.time_emb_proj", cfg) == "input_blocks.8.0.emb_layers.1"
-    sd1 = tiny_parts["sd1"].unet.config
+    sd1 = tiny_parts["sd1"].denoiser.config
     assert diffusers_to_ldm("up_blocks.0.upsamplers.0.conv", sd1) == "output_blocks.2.1.conv"
     assert diffusers_to_ldm("up_blocks.1.upsamplers.0.conv", sd1) == "output_blocks.5.2.conv"

@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> list[Path]:
         parts = build_tiny(name, seed=args.seed)
         folder = family.save(parts, out / name)
         single = family.save(parts, out / f"{name}.safetensors")
-        params = sum(p.numel() for m in (parts.unet, parts.vae, *parts.text_encoders) for p in m.parameters())
+        params = sum(p.numel() for m in (parts.denoiser, parts.vae, *parts.text_encoders) for p in m.parameters())
         print(f"{name}: {folder}/ and {single} ({params:,} parameters, {parts.prediction_type}) "
               f"in {time.perf_counter() - start:.1f}s")  # fmt: skip
         written += [folder, single]

@@ -25,7 +25,7 @@ class Parts:
     hold (SD2's 24th block, ``logit_scale``...), written back unchanged when the model is saved as a single file.
     """
 
-    unet: nn.Module
+    denoiser: nn.Module
     vae: nn.Module
     text_encoders: list[nn.Module]
     tokenizers: list[Any]

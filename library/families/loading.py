@@ -409,7 +409,7 @@ def load_vae(path: str | Path, config: Mapping, dtype: Any) -> nn.Module:
 
 def finish(parts: Parts, device: Any) -> Parts:
     """Move to ``device``, set eval mode and freeze every module (trainers unfreeze what they train)."""
-    for module in (parts.unet, parts.vae, *parts.text_encoders):
+    for module in (parts.denoiser, parts.vae, *parts.text_encoders):
         module.to(device).eval().requires_grad_(False)
     parts.extra["text_encoder_extras"] = [
         {k: v.to(device) for k, v in extra.items()} for extra in parts.extra.get("text_encoder_extras", [])

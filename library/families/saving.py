@@ -46,7 +46,7 @@ def model_configs(parts: Parts) -> dict:
     """The component configs of ``parts`` as JSON-able data (what ``sdtrain.configs`` stores)."""
     return {
         "family": parts.family,
-        "unet": clean_config(parts.unet.config),
+        "unet": clean_config(parts.denoiser.config),
         "vae": clean_config(parts.vae.config),
         "text_encoders": [clean_config(te.config.to_dict()) for te in parts.text_encoders],
         "scheduler": dict(parts.scheduler_config),
@@ -68,7 +68,7 @@ def modelspec(architecture: str, resolution: int, prediction_type: str, title: s
 
 def single_file_state_dict(spec: FamilySpec, parts: Parts) -> dict[str, Tensor]:
     """All weights of ``parts`` under single-file keys (UNet, VAE, text encoders, v-prediction markers)."""
-    sd = unet_to_ldm(parts.unet)
+    sd = unet_to_ldm(parts.denoiser)
     sd.update({VAE_PREFIX + k: v for k, v in vae_to_ldm(parts.vae.state_dict(), parts.vae.config).items()})
     extras = parts.extra.get("text_encoder_extras") or [{} for _ in parts.text_encoders]
     for te, te_spec, extra in zip(parts.text_encoders, spec.text_encoders, extras):
@@ -113,7 +113,7 @@ def save_diffusers(spec: FamilySpec, parts: Parts, folder: Path, dtype: torch.dt
     """Write ``parts`` as a diffusers pipeline folder loadable by ``DiffusionPipeline.from_pretrained``."""
     with atomic_dir(folder) as tmp:
         make_pipeline(spec, parts).save_config(tmp)  # model_index.json, exactly as diffusers writes it
-        for name, module in (("unet", parts.unet), ("vae", parts.vae)):
+        for name, module in (("unet", parts.denoiser), ("vae", parts.vae)):
             module.save_config(tmp / name)
             _save_weights(module.state_dict(), tmp / name / "diffusion_pytorch_model.safetensors", dtype)
         for i, (te, tok) in enumerate(zip(parts.text_encoders, parts.tokenizers)):
@@ -147,7 +147,7 @@ def make_pipeline(spec: FamilySpec, parts: Parts, scheduler: Any = None) -> Any:
     """
     import diffusers
 
-    components: dict[str, Any] = {"unet": parts.unet, "vae": parts.vae}
+    components: dict[str, Any] = {"unet": parts.denoiser, "vae": parts.vae}
     components["scheduler"] = scheduler if scheduler is not None else _scheduler(spec, parts.scheduler_config)
     for i, (te, tok) in enumerate(zip(parts.text_encoders, parts.tokenizers)):
         components[subfolder(i)] = te

@@ -192,7 +192,7 @@ class SDFamily:
         """(kohya prefix, module, rename): UNet paths are kept (diffusers names, as sd-scripts' SD1/2 UNet), text
         encoder paths get the ``text_model.`` level."""
         te = parts.text_encoders[0]
-        return [("lora_unet", parts.unet, _identity), ("lora_te", te, hf_module_path(te))]
+        return [("lora_unet", parts.denoiser, _identity), ("lora_te", te, hf_module_path(te))]
 
     def base_model_version(self, prediction_type: str = "epsilon") -> str:
         """``ss_base_model_version``: sd_v1 / sd_v1_v / sd_v2 / sd_v2_v."""

@@ -165,7 +165,7 @@ class SDXLFamily:
     def adapter_roots(self, parts: Parts) -> list[tuple[str, nn.Module, Callable[[str], str]]]:
         """(kohya prefix, module, rename): UNet paths -> sgm names (``input_blocks.4.1...``; KeyError for modules
         with no sgm name, e.g. ``time_proj``), text encoder paths with the ``text_model.`` level."""
-        unet = parts.unet
+        unet = parts.denoiser
         table = block_map(unet.config)
         te1, te2 = parts.text_encoders
         return [

@@ -165,7 +165,7 @@ def save_diffusers(parts: Parts, folder: str | Path) -> Path:
             text_encoder_2=parts.text_encoders[1],
             tokenizer=parts.tokenizers[0],
             tokenizer_2=parts.tokenizers[1],
-            unet=parts.unet,
+            unet=parts.denoiser,
             scheduler=EulerDiscreteScheduler.from_config(_scheduler_kwargs(parts.scheduler_config)),
         )
     else:
@@ -173,7 +173,7 @@ def save_diffusers(parts: Parts, folder: str | Path) -> Path:
             vae=parts.vae,
             text_encoder=parts.text_encoders[0],
             tokenizer=parts.tokenizers[0],
-            unet=parts.unet,
+            unet=parts.denoiser,
             scheduler=DDIMScheduler.from_config(_scheduler_kwargs(parts.scheduler_config)),
             safety_checker=None,
             feature_extractor=None,

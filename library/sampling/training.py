@@ -109,7 +109,7 @@ def _save_and_log(results, cfg, parts, output_dir, output_name, step, epoch, acc
 
 
 def _modules(parts: Any) -> list[nn.Module]:
-    return [m for m in (parts.unet, parts.vae, *parts.text_encoders) if isinstance(m, nn.Module)]
+    return [m for m in (parts.denoiser, parts.vae, *parts.text_encoders) if isinstance(m, nn.Module)]
 
 
 def _enter_eval(parts: Any) -> dict[nn.Module, bool]:
