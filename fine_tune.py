@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from library import args as arg_groups
-from library import sampling, session
+from library import sampling, train_setup
 from library.config import add_config_args, parse_args
 from library.model_trainable import ModelTrainable, ModelTrainingConfig, add_model_training_args
 from library.optim import add_optim_args
@@ -63,8 +63,8 @@ def main(
         return None
     args.save_model_as = output_format(args)
     args.xformers = args.xformers or getattr(args, "diffusers_xformers", False)
-    cfg = session.read_config(args, tuple(family_names), ModelTrainingConfig.from_args, MODEL_FORMATS)  # all errors
-    run = session.start(cfg)  # accelerator, seed, dataset plan + bucket report, model, caches
+    cfg = train_setup.read_config(args, tuple(family_names), ModelTrainingConfig.from_args, MODEL_FORMATS)  # all errors
+    run = train_setup.start(cfg)  # accelerator, seed, dataset plan + bucket report, model, caches
     if cfg.noise.zero_terminal_snr:  # the trained model's files and samples carry its schedule (the ztsnr marker)
         run.parts.scheduler_config = {**run.parts.scheduler_config, "rescale_betas_zero_snr": True}
     model = ModelTrainable(run.family, run.parts, cfg.method, run.step_models)  # UNet (+ text encoders) trained

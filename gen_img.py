@@ -95,7 +95,7 @@ def load_networks(cfg: GenImgConfig, family: Any, parts: Any) -> list[Any]:
     if not cfg.networks:
         return []
     import networks as adapters
-    from library.checkpoints import read_metadata
+    from library.weight_files import read_metadata
 
     if cfg.network_show_meta:
         for net in cfg.networks:

@@ -16,15 +16,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from library import args as arg_groups
-from library import demo, resume, sampling, session
-from library.checkpoints import SaveError
+from library import demo, resume, sampling, train_setup
 from library.config import ConfigError, add_config_args, parse_args
 from library.logs import print_error
 from library.optim import add_optim_args, add_part_lr_args, effective_lrs, make_optimizer, make_scheduler
 from library.token_embeddings import EmbeddingsConfig, add_embeddings
+from library.train_step import Interrupt, LossTracker, NonFiniteLoss, batch_loss, check_finite
 from library.trainable import prepare_for_training
 from library.trainer import Result, Trainer
-from library.training import Interrupt, LossTracker, NonFiniteLoss, batch_loss, check_finite
+from library.weight_files import SaveError
 from networks.config import NetworkConfig, add_network_args
 from networks.inject import prepare_network
 
@@ -73,11 +73,11 @@ def main(argv: Sequence[str] | None = None, family_names: Sequence[str] = ("sd1"
     args = parse_args(build_parser(), demo.expand(argv, family_names))  # --config_file merged; --demo filled in
     if args is None:  # --output_config wrote the file
         return None
-    cfg = session.read_config(args, tuple(family_names), AdapterMethod.from_args)  # all errors at once
+    cfg = train_setup.read_config(args, tuple(family_names), AdapterMethod.from_args)  # all errors at once
     if resume.nothing_left(cfg.save, cfg.run):  # --resume of a finished run: say so, write nothing
         return None
-    run = session.start(cfg)  # accelerator, seed, dataset plan + bucket report, model, caches
-    session.release_unused_parts(run)  # the VAE / text encoders whose outputs are all cached
+    run = train_setup.start(cfg)  # accelerator, seed, dataset plan + bucket report, model, caches
+    train_setup.release_unused_parts(run)  # the VAE / text encoders whose outputs are all cached
     network = prepare_network(cfg.method.network, run.family.adapter_roots(run.parts))
     network.to(device=run.accelerator.device, dtype=cfg.run.train_dtype)
     groups = network.param_groups(cfg.optim.unet_lr, cfg.optim.text_encoder_lr, cfg.optim.learning_rate)
@@ -88,7 +88,7 @@ def main(argv: Sequence[str] | None = None, family_names: Sequence[str] = ("sd1"
     return result
 
 
-def train(run: session.Run, trainable: Any, groups: list[dict]) -> Result:
+def train(run: train_setup.Run, trainable: Any, groups: list[dict]) -> Result:
     """The loop around a Trainable (any recipe's: adapters here, token embeddings in train_textual_inversion.py)."""
     cfg = run.cfg
     trainable = trainable.prepare(run.accelerator)  # adapters / embeddings: themselves (gradients averaged by hand)

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 
 from library import args as arg_groups
-from library import resume, sampling, session
+from library import resume, sampling, train_setup
 from library.config import add_config_args, parse_args
 from library.optim import add_optim_args
 from library.token_embeddings import TextualInversionConfig, TokenEmbeddings, caption_rewriter, init_vectors
@@ -43,11 +43,11 @@ def main(argv: Sequence[str] | None = None, family_names: Sequence[str] = ("sd1"
     if args is None:  # --output_config wrote the file
         return None
     args.output_name = args.output_name or args.token_string  # sd-scripts: files are named after the token
-    cfg = session.read_config(args, tuple(family_names), TextualInversionConfig.from_args)  # all errors at once
+    cfg = train_setup.read_config(args, tuple(family_names), TextualInversionConfig.from_args)  # all errors at once
     if resume.nothing_left(cfg.save, cfg.run):  # --resume of a finished run: say so, write nothing
         return None
-    run = session.start(cfg)  # accelerator, seed, dataset plan + bucket report, model, caches
-    session.release_unused_parts(run)  # the VAE when every latent is cached
+    run = train_setup.start(cfg)  # accelerator, seed, dataset plan + bucket report, model, caches
+    train_setup.release_unused_parts(run)  # the VAE when every latent is cached
     ti = cfg.method
     vectors = init_vectors(run.family, run.parts, ti.token_string, ti.num_vectors_per_token, ti.init_word, ti.weights)
     embedding = TokenEmbeddings(run.family, run.parts, ti.token_string, vectors, ti.init_word)  # tokens added

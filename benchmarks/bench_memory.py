@@ -84,14 +84,14 @@ def child(argv: list[str], family: str) -> dict:
 
     from step_probe import run_training
 
-    from library import session
+    from library import train_setup
     from library.tensor_memory import TensorMemory
 
     sampler = RssSampler()
     sampler.start()
     marks: dict[str, float] = {"start": time.time()}
     for name, label in (("load_model", "loaded"), ("fill_caches", "cached")):
-        setattr(session, name, _marked(getattr(session, name), label, marks))
+        setattr(train_setup, name, _marked(getattr(session, name), label, marks))
     mem, steps = TensorMemory(), []
 
     def on_start(i: int) -> None:
@@ -149,8 +149,8 @@ def meta_step(family_name: str, resolution: int, fp8: bool = True, checkpointing
     from library.families.base import Cond, Parts
     from library.families.loading import shipped_configs, text_encoder_class
     from library.runtime import set_attention
-    from library.session import enable_checkpointing
     from library.tensor_memory import TensorMemory
+    from library.train_setup import enable_checkpointing
     from networks.config import NetworkConfig
     from networks.inject import prepare_network
 

@@ -11,7 +11,7 @@ import argparse
 
 from library.config import add_unsupported
 from library.data.schema import INTERPOLATIONS
-from library.saving import METADATA_NAMES
+from library.run_files import METADATA_NAMES
 
 
 def add_run_groups(

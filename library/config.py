@@ -158,7 +158,7 @@ def _one(convert: Any, value: Any, action: argparse.Action) -> Any:
 
 def write_config_file(parser: argparse.ArgumentParser, args: argparse.Namespace, path: str | os.PathLike) -> None:
     """Write every argument that differs from its default, grouped by argparse group, as TOML (atomic)."""
-    from library.checkpoints import atomic_path
+    from library.weight_files import atomic_path
 
     sections: dict[str, dict[str, Any]] = {}
     for group in parser._action_groups:

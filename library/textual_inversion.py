@@ -60,7 +60,7 @@ def _load(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"--textual_inversion_embeddings {path}: no such file")
     if path.suffix.lower() == ".safetensors":
-        from library.checkpoints import load_state_dict
+        from library.weight_files import load_state_dict
 
         return load_state_dict(path)[0]
     try:

@@ -313,7 +313,7 @@ class TokenEmbeddings(nn.Module):
 
     def save(self, path: str | os.PathLike, metadata: dict[str, str] | None = None, dtype: Any = None) -> None:
         """The embedding file (.safetensors with metadata, or a plain-dict .pt / .ckpt), atomically."""
-        from library.checkpoints import save_state_dict
+        from library.weight_files import save_state_dict
 
         meta = {**self.metadata(), **(metadata or {})}
         save_state_dict(self.state_dict_for_file(dtype), path, metadata=meta, wrap_ckpt=False)
@@ -321,7 +321,7 @@ class TokenEmbeddings(nn.Module):
     def save_extra(self, path: str | os.PathLike, metadata: dict[str, str] | None = None, dtype: Any = None) -> Path:
         """Pivotal tuning: this token's file for the adapter file ``path``: ``<stem>_embeddings/<token>.<ext>`` (named
         after the token, which A1111, ComfyUI and gen_img take from the file name)."""
-        from library.saving import embeddings_dir
+        from library.run_files import embeddings_dir
 
         path = Path(path)
         out = embeddings_dir(path) / f"{self.token}{path.suffix}"

@@ -101,7 +101,7 @@ class TrainableSet(nn.Module):
 
     def save(self, path: str | os.PathLike, metadata: dict[str, str] | None = None, dtype: Any = None) -> None:
         """The primary's file (with the bundled tensors when asked), then each other member's own file."""
-        from library.checkpoints import save_state_dict
+        from library.weight_files import save_state_dict
 
         if self.bundle:
             meta = {**self.metadata(), **(metadata or {})}

@@ -20,13 +20,13 @@ from typing import Any
 
 import torch
 
-from library import logs, resume, saving
-from library import metadata as md
-from library.checkpoints import SaveError, is_state_file
+from library import logs, resume, run_files
+from library import metadata_format as md
 from library.ema import EMA
 from library.optim import set_train_mode
 from library.runtime import capture_rng, restore_rng
-from library.training import validation_loss, validation_timesteps
+from library.train_step import validation_loss, validation_timesteps
+from library.weight_files import SaveError, is_state_file
 
 logger = logging.getLogger("sdtrain")
 _TRACKER_NAMES = {"network": "network_train", "embedding": "textual_inversion"}  # sd-scripts' default run names
@@ -175,11 +175,11 @@ class Trainer:
 
     def after_step(self) -> None:
         save = self.cfg.save
-        if saving.save_step_now(save, self.step, self.max_steps):
-            self.save_model(saving.model_file(save, step=self.step), step=self.step)
-            saving.rotate(save, step=self.step) if self.acc.is_main_process else None
+        if run_files.save_step_now(save, self.step, self.max_steps):
+            self.save_model(run_files.model_file(save, step=self.step), step=self.step)
+            run_files.rotate(save, step=self.step) if self.acc.is_main_process else None
             if save.save_state:
-                self.save_state(saving.state_dir(save, step=self.step))
+                self.save_state(run_files.state_dir(save, step=self.step))
         self.sample(step=self.step)
         v = self.cfg.validation
         if v.validate_every_n_steps and self.step % v.validate_every_n_steps == 0:
@@ -189,12 +189,12 @@ class Trainer:
         """``epoch_number`` is 1-based (the epoch just finished)."""
         self.epoch = epoch_number
         save = self.cfg.save
-        if saving.save_epoch_now(save, epoch_number, self.num_epochs):
-            self.save_model(saving.model_file(save, epoch=epoch_number), epoch=epoch_number)
+        if run_files.save_epoch_now(save, epoch_number, self.num_epochs):
+            self.save_model(run_files.model_file(save, epoch=epoch_number), epoch=epoch_number)
             if self.acc.is_main_process:
-                saving.rotate(save, epoch=epoch_number, num_epochs=self.num_epochs)
+                run_files.rotate(save, epoch=epoch_number, num_epochs=self.num_epochs)
             if save.save_state:
-                self.save_state(saving.state_dir(save, epoch=epoch_number))
+                self.save_state(run_files.state_dir(save, epoch=epoch_number))
         self.sample(epoch=epoch_number)
         v = self.cfg.validation
         if self.run.validation_loader is not None and (
@@ -287,7 +287,7 @@ class Trainer:
         """Every process contributes its RNG states; the main process writes the folder atomically."""
         save = self.cfg.save
         if folder is None:
-            folder = saving.state_dir(save, step=self.step) if interrupted else saving.state_dir(save)
+            folder = run_files.state_dir(save, step=self.step) if interrupted else run_files.state_dir(save)
         rng = capture_rng({"generator": self.generator})
         rngs = self.acc.gather_for_metrics([rng], use_gather_object=True) if self.acc.num_processes > 1 else [rng]
         if self.acc.is_main_process:
@@ -302,7 +302,7 @@ class Trainer:
                 "log_run": self.log_run,
             }
             scaler = getattr(self.acc, "scaler", None)
-            saving.save_train_state(
+            run_files.save_train_state(
                 folder,
                 trained=self.unwrapped().state_dict(),
                 optimizer=self.optimizer,
@@ -313,7 +313,7 @@ class Trainer:
                 scaler=scaler,
             )
             if save.save_last_n_steps_state and not interrupted:
-                saving.rotate(save, step=self.step)
+                run_files.rotate(save, step=self.step)
             logger.info(
                 "saved state %s%s", folder, " (resume with --resume " + str(folder) + ")" if interrupted else ""
             )
@@ -324,7 +324,7 @@ class Trainer:
         folder = self.cfg.save.resume
         if not folder:
             return
-        state = saving.load_train_state(folder, self.acc.process_index)  # ValueError naming a damaged file
+        state = run_files.load_train_state(folder, self.acc.process_index)  # ValueError naming a damaged file
         counters = state["counters"]
         if counters.get("num_processes", 1) != self.acc.num_processes:
             raise ValueError(
@@ -361,12 +361,12 @@ class Trainer:
     def finish(self) -> Result:
         self.check_processes_agree()
         save = self.cfg.save
-        path = saving.model_file(save)
+        path = run_files.model_file(save)
         state = None
         try:
             self.save_model(path, step=self.step, epoch=self.epoch)
             if save.save_state or save.save_state_on_train_end:
-                state = self.save_state(saving.state_dir(save))
+                state = self.save_state(run_files.state_dir(save))
         except SaveError as e:
             return self.stop_after_save_error(e)
         self.acc.end_training()

@@ -102,7 +102,7 @@ def extract(family: Any, org: Any, tuned: Any, opts: ExtractOptions) -> tuple[di
 
 def extract_metadata(family: Any, parts: Any, opts: ExtractOptions, title: str, prediction: str) -> dict[str, str]:
     """sd-scripts' metadata of an extracted LoRA (+ ModelSpec)."""
-    from library import metadata as md
+    from library import metadata_format as md
 
     args = {"conv_dim": str(opts.conv_dim), "conv_alpha": str(float(opts.conv_dim))} if opts.conv_dim else None
     meta = {

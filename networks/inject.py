@@ -299,7 +299,7 @@ def network_from_state_dict(
 
 def network_from_file(path: str | os.PathLike, roots: Sequence[Root], cfg: NetworkConfig | None = None):
     """:func:`network_from_state_dict` for a file (safetensors or a safe pickle)."""
-    from library.checkpoints import load_state_dict
+    from library.weight_files import load_state_dict
 
     state_dict, _ = load_state_dict(path)
     return network_from_state_dict(state_dict, roots, cfg, source=str(path))

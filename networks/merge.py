@@ -231,7 +231,7 @@ def lora_metadata(
 ) -> dict[str, str]:
     """Metadata of a merged LoRA: ss_network_* from the result (``Dynamic`` when ranks differ), the base-model keys
     and ModelSpec of the first input that has them, ``modelspec.merged_from`` and a training comment."""
-    from library import metadata as md
+    from library import metadata_format as md
 
     meta: dict[str, str] = {}
     for key in ("ss_v2", "ss_base_model_version", "ss_sd_model_name"):

@@ -214,7 +214,7 @@ class AdapterNetwork(nn.Module):
 
     def save(self, path: str | os.PathLike, metadata: dict[str, str] | None = None, dtype=None) -> None:
         """Write the adapter file atomically (``--save_precision`` as ``dtype``; metadata = ``metadata()`` + yours)."""
-        from library.checkpoints import save_state_dict
+        from library.weight_files import save_state_dict
 
         meta = {**self.metadata(), **(metadata or {})}
         save_state_dict(self.state_dict_for_file(dtype), path, metadata=meta, wrap_ckpt=False)
@@ -222,7 +222,7 @@ class AdapterNetwork(nn.Module):
     # ------------------------------------------------------------------------------------------------- file input
     def load_file(self, path: str | os.PathLike, strict: bool = True) -> LoadReport:
         """Load an adapter file into this network (``--network_weights``); see :meth:`load_kohya_state_dict`."""
-        from library.checkpoints import load_state_dict
+        from library.weight_files import load_state_dict
 
         state_dict, _ = load_state_dict(path)
         return self.load_kohya_state_dict(state_dict, strict=strict, source=str(path))

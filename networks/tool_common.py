@@ -66,9 +66,9 @@ def save_adapter(
     no_metadata: bool = False,
 ) -> Path:
     """Cast, hash (``sshs_model_hash`` / ``sshs_legacy_hash`` over the tensors as written) and write atomically.
-    ``no_metadata``: only the minimal ss_* keys and ModelSpec (``library.metadata.minimal``)."""
-    from library import metadata as md
-    from library.checkpoints import save_state_dict
+    ``no_metadata``: only the minimal ss_* keys and ModelSpec (``library.metadata_format.minimal``)."""
+    from library import metadata_format as md
+    from library.weight_files import save_state_dict
 
     tensors = cast(state_dict, dtype)
     meta = md.to_str_values(dict(metadata))

@@ -8,8 +8,8 @@ import copy
 import torch
 from _networks_helpers import make_config, oracle_delta, oracle_weight, perturb
 
-from library.checkpoints import load_state_dict
 from library.families import get_family
+from library.weight_files import load_state_dict
 from networks import inject
 from networks.files import group_by_module, module_index
 

@@ -6,7 +6,7 @@ import pickle
 import pytest
 import torch
 
-from library.checkpoints import atomic_path, load_state_dict, read_metadata, save_state_dict
+from library.weight_files import atomic_path, load_state_dict, read_metadata, save_state_dict
 
 
 def test_round_trip_each_format(tmp_path):

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import train_network
-from library.checkpoints import read_metadata
 from library.demo import make_example_dataset
+from library.weight_files import read_metadata
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
 SIZE_FLAGS = ("resolution", "min_bucket_reso", "max_bucket_reso", "skip_image_resolution")

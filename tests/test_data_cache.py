@@ -12,7 +12,7 @@ import torch
 from _data_utils import make_png, parse, small_args, tree_digest
 
 from library.data import build_datasets, cache_latents, cache_text_encoder_outputs, make_loader
-from library.data.cache import latent_key, text_key
+from library.data.cache_store import latent_key, text_key
 
 BASE = dict(
     image_digest="a" * 64,

@@ -9,9 +9,9 @@ import pytest
 import torch
 from diffusers import DDIMScheduler, EulerDiscreteScheduler, StableDiffusionPipeline, StableDiffusionXLPipeline
 
-from library.checkpoints import load_state_dict
 from library.families import SD1, SD2, SDXL
 from library.families.convert import hf_state_dict
+from library.weight_files import load_state_dict
 
 CAPTIONS = ["a photo of an astronaut riding a horse on mars", "a red cat"]
 WORDS = ["a", "photo", "of", "red", "cat", "dog", "blue", "sky", "tree", "house"]  # one CLIP token each

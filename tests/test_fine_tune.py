@@ -17,11 +17,11 @@ from diffusers import DDPMScheduler, DiffusionPipeline, StableDiffusionPipeline,
 import fine_tune
 import sdxl_train
 import train_db
-from library.checkpoints import load_state_dict, read_metadata
 from library.config import ConfigError
 from library.demo import make_example_dataset
 from library.families import get_family
 from library.model_trainable import lr_block_count
+from library.weight_files import load_state_dict, read_metadata
 
 FAMILIES = ["sd1", "sd2", "sdxl"]
 
@@ -179,14 +179,14 @@ def test_no_token_padding_trains_on_unpadded_captions(tiny_dir, dataset, tmp_pat
     """train_db.py --no_token_padding: the UNet sees the captions' tokens padded only to the batch's longest caption
     (<BOS> tokens <EOS>), which changes what is trained: the same seeded run gives other losses than the padded one.
     With --cache_text_encoder_outputs the losses are those of the run that encodes every step."""
-    from library import session
+    from library import train_setup
     from library.model_trainable import ModelTrainingConfig
-    from library.training import batch_cond
+    from library.train_step import batch_cond
 
     argv = args_for(tiny_dir / "sd1", dataset, tmp_path / "probe", "--no_token_padding")
     args = fine_tune.build_parser("train_db").parse_args(argv)
-    cfg = session.read_config(args, ("sd1", "sd2"), ModelTrainingConfig.from_args, fine_tune.MODEL_FORMATS)
-    run = session.start(cfg)
+    cfg = train_setup.read_config(args, ("sd1", "sd2"), ModelTrainingConfig.from_args, fine_tune.MODEL_FORMATS)
+    run = train_setup.start(cfg)
     batch = next(iter(run.make_loader().epoch(0)))
     tok = run.parts.tokenizers[0]
     longest = max(len(tok(c).input_ids) for c in batch.captions)  # with <BOS> and <EOS>
@@ -281,18 +281,18 @@ def test_prior_preservation_loss_is_the_hand_computed_formula(tiny_dir, dataset,
     """train_db.py with class images: regularisation samples are balanced to the instance samples (sd-scripts'
     rule), and a mixed batch's loss is mean_i(w_i * mean((pred_i - target_i)^2)), w = --prior_loss_weight for class
     images, 1 for instance images."""
-    from library import session
+    from library import train_setup
     from library.model_trainable import ModelTrainingConfig
     from library.noising import make_example
-    from library.training import batch_cond, batch_latents, batch_loss
+    from library.train_step import batch_cond, batch_latents, batch_loss
 
     reg = make_example_dataset(tmp_path / "reg")
     (reg / "10_sks shape").rename(reg / "1_shape")
     argv = args_for(tiny_dir / "sd1", dataset, tmp_path / "out", "--reg_data_dir", str(reg), "--prior_loss_weight",
                     "0.3", "--train_batch_size", "4", "--save_model_as", "safetensors")  # fmt: skip
     args = fine_tune.build_parser("train_db").parse_args(argv)
-    cfg = session.read_config(args, ("sd1", "sd2"), ModelTrainingConfig.from_args, fine_tune.MODEL_FORMATS)
-    run = session.start(cfg)
+    cfg = train_setup.read_config(args, ("sd1", "sd2"), ModelTrainingConfig.from_args, fine_tune.MODEL_FORMATS)
+    run = train_setup.start(cfg)
     batches = list(run.make_loader().epoch(0))
     flags = torch.cat([b.is_reg for b in batches])
     assert int(flags.sum()) == int((~flags).sum()) == 40  # 4 images x 10 repeats; the 4 class images repeat to 40

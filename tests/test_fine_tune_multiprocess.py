@@ -20,7 +20,7 @@ _WRAPPER = """
 import sys, zlib, torch
 sys.path.insert(0, {root!r})
 import fine_tune, train_network
-import library.training as T
+import library.train_step as T
 from library.trainer import Trainer
 
 noise_now = {{}}

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import train_network
-from library import checkpoints
+from library import weight_files
 from library.config import ConfigError, parse_args
-from library.session import TrackerConfig, read_config
-from library.training import encode_captions
+from library.train_setup import TrackerConfig, read_config
+from library.train_step import encode_captions
 
 
 def _argv(model, dataset, out, *extra):
@@ -51,22 +51,22 @@ def test_weighted_captions_reach_the_training_step(tiny_dir, dataset, tmp_path):
 
 def test_disable_mmap_reads_the_whole_file(tmp_path, monkeypatch):
     path = tmp_path / "w.safetensors"
-    checkpoints.save_state_dict({"a": torch.arange(6.0).reshape(2, 3)}, path, {"k": "v"})
+    weight_files.save_state_dict({"a": torch.arange(6.0).reshape(2, 3)}, path, {"k": "v"})
     read = []
     real = type(path).read_bytes
     monkeypatch.setattr(type(path), "read_bytes", lambda self: read.append(self) or real(self))
-    mapped = checkpoints.load_state_dict(path)
+    mapped = weight_files.load_state_dict(path)
     assert not read
-    with checkpoints.without_mmap():
-        whole = checkpoints.load_state_dict(path)
+    with weight_files.without_mmap():
+        whole = weight_files.load_state_dict(path)
     assert read == [path] and whole[1] == mapped[1] == {"k": "v"}
     torch.testing.assert_close(whole[0]["a"], mapped[0]["a"])
 
 
 def test_disable_mmap_flag_loads_the_model_without_mmap(tiny_parts, dataset, tmp_path, monkeypatch):
     seen = []
-    real = checkpoints._read_whole_safetensors
-    monkeypatch.setattr(checkpoints, "_read_whole_safetensors", lambda p, d: seen.append(p) or real(p, d))
+    real = weight_files._read_whole_safetensors
+    monkeypatch.setattr(weight_files, "_read_whole_safetensors", lambda p, d: seen.append(p) or real(p, d))
     from library.families import get_family
 
     model = tmp_path / "sd1.safetensors"

@@ -150,7 +150,7 @@ def run_config(tiny_dir, tmp_path_factory):
     import gen_img
     from library.demo import make_example_dataset
     from library.sampling.inference import GenImgConfig
-    from library.session import read_config
+    from library.train_setup import read_config
 
     data = make_example_dataset(tmp_path_factory.mktemp("flags_data"))
     (data / "p.txt").write_text("a prompt\n")

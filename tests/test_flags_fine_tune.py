@@ -40,7 +40,7 @@ def _default_ok(expected, actual) -> bool:
 
 @pytest.mark.parametrize("script", COUNTS)
 def test_flags_exist_with_sd_scripts_defaults_and_are_read_or_refused(script):
-    from library.saving import METADATA_NAMES
+    from library.run_files import METADATA_NAMES
 
     flags, actions, source = FLAGS[script], _actions(script), _source_text()
     assert len(flags) == COUNTS[script]

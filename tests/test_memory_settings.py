@@ -1,6 +1,6 @@
 """The low-memory settings on the tiny models.
 
-Frozen parts whose outputs are all cached are freed before training (library/session.py release_unused_parts): the
+Frozen parts whose outputs are all cached are freed before training (library/train_setup.py release_unused_parts): the
 run trains exactly as with them kept, and a freed part refuses to run with a clear message. ``--fp8_base`` stores
 the frozen weights (UNet and text encoders) in float8 and trains the same with ``--gradient_checkpointing``."""
 
@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import train_network
-from library import session
-from library.checkpoints import load_state_dict
+from library import train_setup
+from library.weight_files import load_state_dict
 
 CACHED = ["--cache_latents", "--cache_text_encoder_outputs", "--network_train_unet_only"]
 
@@ -32,12 +32,12 @@ def args_for(model, dataset, out, *extra):
 def run_keeping(monkeypatch, family, argv, release=True):
     """Train; returns (result, run) with ``run`` the session's Run (its parts as training left them)."""
     runs = []
-    start = session.start
+    start = train_setup.start
     names = ("sdxl",) if family == "sdxl" else ("sd1", "sd2")
     with monkeypatch.context() as m:
-        m.setattr(session, "start", lambda cfg: runs.append(start(cfg)) or runs[-1])
+        m.setattr(train_setup, "start", lambda cfg: runs.append(start(cfg)) or runs[-1])
         if not release:
-            m.setattr(session, "release_unused_parts", lambda run: [])
+            m.setattr(train_setup, "release_unused_parts", lambda run: [])
         return train_network.main(argv, family_names=names), runs[-1]
 
 
@@ -122,8 +122,8 @@ def test_freed_activations_leave_the_process_on_cpu():
 def test_diffusers_folder_read_tensor_by_tensor_equals_diffusers(tiny_dir, dtype):
     from diffusers import AutoencoderKL, UNet2DConditionModel
 
-    from library.checkpoints import SafetensorsReader
     from library.families import get_family
+    from library.weight_files import SafetensorsReader
 
     parts = get_family("sd1").load(tiny_dir / "sd1", dtype=dtype)
     for module, cls, sub in ((parts.denoiser, UNet2DConditionModel, "unet"), (parts.vae, AutoencoderKL, "vae")):

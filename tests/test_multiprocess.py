@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from library.checkpoints import load_state_dict
+from library.weight_files import load_state_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 

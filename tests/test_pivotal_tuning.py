@@ -14,8 +14,8 @@ from PIL import Image
 
 import gen_img
 import train_network
-from library.checkpoints import load_state_dict
 from library.config import ConfigError
+from library.weight_files import load_state_dict
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,8 @@ import torch
 from test_train_network import args_for, train
 
 import train_network
-from library import session
-from library.checkpoints import load_state_dict, save_state_dict
+from library import train_setup
+from library.weight_files import load_state_dict, save_state_dict
 
 
 def snapshot(folder):
@@ -43,7 +43,7 @@ def no_model_load(monkeypatch):
     def refuse(*a, **kw):
         raise AssertionError("the model was loaded before the problem was reported")
 
-    monkeypatch.setattr(session, "load_model", refuse)
+    monkeypatch.setattr(train_setup, "load_model", refuse)
 
 
 def one_error_line(err: str) -> str:
@@ -186,7 +186,7 @@ def test_an_output_folder_that_cannot_be_written_is_refused(tiny_dir, dataset, t
     def read_only(*a, **kw):  # what a read-only folder does (the tests may run as root, who can write anyway)
         raise PermissionError(errno.EACCES, "Permission denied")
 
-    monkeypatch.setattr("library.saving.tempfile.TemporaryFile", read_only)
+    monkeypatch.setattr("library.run_files.tempfile.TemporaryFile", read_only)
     code, _, err = cli(monkeypatch, capsys, args_for(tiny_dir / "sd1", dataset, tmp_path / "ro"))
     assert code == 2 and "cannot write in" in one_error_line(err) and "Permission denied" in err
 
@@ -242,7 +242,7 @@ def test_a_failed_state_save_is_named_too(tiny_dir, dataset, tmp_path, monkeypat
             raise RuntimeError("[enforce fail at inline_container.cc:626] . unexpected pos 64 vs 0")
         return real(obj, f, *a, **kw)
 
-    monkeypatch.setattr("library.saving.torch.save", disk_full)
+    monkeypatch.setattr("library.run_files.torch.save", disk_full)
     code, _, err = cli(monkeypatch, capsys, argv)
     assert code == 1 and "optimizer.pt could not be written" in one_error_line(err)
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["t-step00000002.safetensors"]  # no .partial

@@ -184,8 +184,8 @@ def test_train_network_with_sampling_trains_identically(tiny_dir, tmp_path):
     RNG) writes the same LoRA as the run without samples."""
     pytest.importorskip("networks.inject", reason="needs the networks package (networks branch)")
     import train_network
-    from library.checkpoints import load_state_dict
     from library.demo import make_example_dataset
+    from library.weight_files import load_state_dict
 
     data = make_example_dataset(tmp_path / "data")
     prompts = tmp_path / "p.txt"

@@ -8,8 +8,7 @@ import torch
 
 from library.args import add_save_args, add_state_args
 from library.config import ConfigError
-from library.runtime import capture_rng, restore_rng
-from library.saving import (
+from library.run_files import (
     SaveConfig,
     embeddings_dir,
     load_train_state,
@@ -20,6 +19,7 @@ from library.saving import (
     save_train_state,
     state_dir,
 )
+from library.runtime import capture_rng, restore_rng
 
 
 def _cfg(tmp_path, *argv):

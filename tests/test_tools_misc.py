@@ -13,9 +13,9 @@ from PIL import Image
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from library.checkpoints import load_state_dict
 from library.config import ConfigError
 from library.families import SD1, get_family
+from library.weight_files import load_state_dict
 from networks import check_lora_weights
 from tools import (
     cache_latents,

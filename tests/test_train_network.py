@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import train_network
-from library.checkpoints import load_state_dict, read_metadata
 from library.config import ConfigError
+from library.weight_files import load_state_dict, read_metadata
 
 
 def args_for(model, dataset, out, *extra, steps=3):
@@ -207,7 +207,7 @@ def test_bad_flags_are_reported_together(tiny_dir, dataset, tmp_path):
 def test_loss_on_the_training_images_falls(tiny_dir, dataset, tmp_path, monkeypatch):
     """200 steps on the 4 example images at 64 px: the fixed-noise denoising loss on those images (5 fixed timesteps,
     fixed seed) falls by far more than noise could explain (measured: 1.13 -> 0.45 with these settings)."""
-    from library.training import validation_loss
+    from library.train_step import validation_loss
 
     measured = {}
     original = train_network.Trainer.__init__

@@ -17,10 +17,10 @@ from PIL import Image
 
 import gen_img
 import train_textual_inversion
-from library import session
-from library.checkpoints import load_state_dict, read_metadata
+from library import train_setup
 from library.config import ConfigError
 from library.families import get_family
+from library.weight_files import load_state_dict, read_metadata
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +50,8 @@ def args_for(model, dataset, out, *extra, steps=3):
 def train(family, *argv, runs=None, monkeypatch=None):
     """Run the recipe in-process; with ``runs`` (a list) and ``monkeypatch``, the session's Run is appended to it."""
     if runs is not None:
-        start = session.start
-        monkeypatch.setattr(session, "start", lambda cfg: runs.append(start(cfg)) or runs[-1])
+        start = train_setup.start
+        monkeypatch.setattr(train_setup, "start", lambda cfg: runs.append(start(cfg)) or runs[-1])
     names = ("sdxl",) if family == "sdxl" else ("sd1", "sd2")
     return train_textual_inversion.main(list(argv), family_names=names)
 
@@ -223,7 +223,7 @@ def test_fixed_noise_loss_on_the_training_images_falls(tiny_dir, dataset, tmp_pa
     caption changes it: the freshly built tiny model's text path moves the loss only that much (~1.5 %), and the new
     rows use it fully. On a text-dependent base (fine-tuned first; ~2 min, too slow for a test) the drop is large
     and reaches the true caption's loss: benchmarks/bench_embedding_loss.py, docs/training.md."""
-    from library.training import validation_loss
+    from library.train_step import validation_loss
 
     runs = []
     measured = {}

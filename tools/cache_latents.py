@@ -22,7 +22,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: import the repository, not this folder
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from library import session
+from library import train_setup
 from library.config import parse_args
 from library.families import detect_family
 from library.runtime import make_accelerator
@@ -46,7 +46,7 @@ def family_names(args: argparse.Namespace) -> tuple[str, ...]:
     return ("sdxl",) if args.sdxl or detected == "sdxl" else ("sd1", "sd2")
 
 
-def main(argv: Sequence[str] | None = None) -> session.Run | None:
+def main(argv: Sequence[str] | None = None) -> train_setup.Run | None:
     """Fill the caches; returns the run (plan, caches) for inspection."""
     args = parse_args(build_parser(), argv)
     if args is None:  # --output_config wrote the file
@@ -54,13 +54,13 @@ def main(argv: Sequence[str] | None = None) -> session.Run | None:
     args.cache_latents = True
     args.cache_latents_to_disk = args.cache_latents_to_disk or not args.cache_dir
     args.output_dir = args.output_dir or "."  # read_config requires it; caching writes nothing there
-    cfg = session.read_config(args, family_names(args))  # every dataset / model problem at once
-    session.setup_logging(cfg)
+    cfg = train_setup.read_config(args, family_names(args))  # every dataset / model problem at once
+    train_setup.setup_logging(cfg)
     accelerator = make_accelerator(cfg.run)
-    plan = session.build_plan(cfg, accelerator)
-    parts = session.load_model(cfg, accelerator)
-    run = session.Run(cfg, accelerator, cfg.family, parts, plan, schedule=None, step_models=None)
-    session.fill_caches(run)
+    plan = train_setup.build_plan(cfg, accelerator)
+    parts = train_setup.load_model(cfg, accelerator)
+    run = train_setup.Run(cfg, accelerator, cfg.family, parts, plan, schedule=None, step_models=None)
+    train_setup.fill_caches(run)
     where = cfg.data.cache_dir or "next to the images"
     entries = len(set(run.latent_cache.keys.values()))
     print(f"latent cache: {entries} entries for {sum(len(d.records) for d in plan.datasets)} images in {where}")

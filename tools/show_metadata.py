@@ -17,7 +17,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: import the repository, not this folder
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from library.checkpoints import PICKLE_SUFFIXES, load_state_dict, read_metadata
+from library.weight_files import PICKLE_SUFFIXES, load_state_dict, read_metadata
 from networks.tool_common import main_guard
 
 

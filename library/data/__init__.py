@@ -10,12 +10,12 @@ Typical use by a training script::
     for batch in loader.epoch(epoch, skip=k): ...
 """
 
-from .caching import LatentCache, TextCache, cache_latents, cache_text_encoder_outputs
 from .captions import CaptionConfig, compose_caption
 from .data_args import DataArgs
 from .dataset_config import DatasetConfig, SubsetConfig, load_dataset_configs
 from .loader import Batch, Loader, make_loader
 from .plan import DatasetPlan, Plan, build_datasets
+from .precompute import LatentCache, TextCache, cache_latents, cache_text_encoder_outputs
 from .report import BucketReport
 
 __all__ = [

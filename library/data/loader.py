@@ -18,10 +18,10 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from .batching import BatchSpec, epoch_batches, shard
-from .caching import LatentCache, TextCache
 from .captions import compose_caption, resolve_warmup_steps
 from .images import render_sample
 from .plan import Plan
+from .precompute import LatentCache, TextCache
 from .seeding import rng_for
 
 

@@ -57,7 +57,7 @@ def detect_family(source: str | os.PathLike | Mapping[str, Any]) -> Any:
 
 
 def _peek(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
-    from ..checkpoints import load_state_dict
+    from ..weight_files import load_state_dict
 
     if path.suffix.lower() != ".safetensors":
         return load_state_dict(path)

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..checkpoints import (
+from ..weight_files import (
     PICKLE_SUFFIXES,
     SAFETENSORS_SUFFIXES,
     SafetensorsReader,

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..checkpoints import save_state_dict
+from ..weight_files import save_state_dict
 from .base import FamilySpec, Parts
 from .convert import VAE_PREFIX, hf_state_dict, text_encoder_to_ldm, unet_to_ldm, vae_to_ldm
 from .loading import META_CONFIGS, META_FAMILY, shipped_configs, subfolder

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 
-from .cache import CacheStore, Tensors, file_digest, latent_key, text_key
+from .cache_store import CacheStore, Tensors, file_digest, latent_key, text_key
 from .captions import possible_captions
 from .images import render_sample
 from .plan import Plan

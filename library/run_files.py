@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from library.checkpoints import is_write_failure, load_state_dict, read_metadata, save_error, save_state_dict
 from library.resume import REQUIRED_FILES, find_state, read_counters
+from library.weight_files import is_write_failure, load_state_dict, read_metadata, save_error, save_state_dict
 
 EXTENSIONS = {"safetensors": ".safetensors", "ckpt": ".ckpt", "pt": ".pt"}
 # --metadata_<name> flags, written as modelspec.<name>

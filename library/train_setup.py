@@ -21,12 +21,12 @@ from typing import Any
 import torch
 
 from library import data, resume
-from library.checkpoints import without_mmap
 from library.config import ConfigError, from_namespace
 from library.families import select_family
 from library.losses import LossConfig
 from library.noising import NoiseConfig, NoiseSchedule
 from library.optim import OptimConfig
+from library.run_files import SaveConfig
 from library.runtime import (
     RunConfig,
     choose_cpu_threads,
@@ -39,8 +39,8 @@ from library.runtime import (
     total_steps,
 )
 from library.sampling import SampleConfig
-from library.saving import SaveConfig
-from library.training import StepModels, encode_captions, text_cache_entry
+from library.train_step import StepModels, encode_captions, text_cache_entry
+from library.weight_files import without_mmap
 
 logger = logging.getLogger("sdtrain")
 
