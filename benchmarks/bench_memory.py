@@ -4,7 +4,7 @@ docs/training.md).
     python benchmarks/bench_memory.py --model MODEL --data TRAIN_DIR [--family sd1] [--resolution 512] [--steps 3]
         [--settings plain,gradient_checkpointing,...] [--threads 2] [--base "..."]
 
-Each setting runs ``train_network.main`` (SDXL: with the SDXL family) in a fresh process: LoRA dim 8 on the UNet
+Each setting runs ``train_network.run`` (SDXL: with the SDXL family) in a fresh process: LoRA dim 8 on the UNet
 only (``--network_train_unet_only``, so that ``--cache_text_encoder_outputs`` is allowed), batch 1, AdamW, fp32
 unless the setting says otherwise, sdpa attention. Per run it reports
 

@@ -6,7 +6,7 @@ straightforward per-module SVD of the (out, in) matrix ΔW = up @ down (what sd-
 
 The LoRA has every module sd-scripts' networks.lora trains on SDXL base 1.0 (722 UNet + 264 text-encoder modules,
 module shapes from the released architecture on the meta device), random factors, alpha = rank / 2, saved as fp16.
-Timed: (1) ``resize_lora.main`` end to end (read, SVDs, write) and its SVD stage alone; (2) the baseline's SVDs:
+Timed: (1) ``resize_lora.run`` end to end (read, SVDs, write) and its SVD stage alone; (2) the baseline's SVDs:
 ``torch.linalg.svd(up @ down)`` per module. By default the baseline runs one module of each distinct shape and
 multiplies by the number of modules of that shape (its time depends only on the shape); --full_baseline runs them
 all. Both results are checked to have the same singular values.
@@ -54,7 +54,7 @@ def time_ours(path: Path, out: Path, new_rank: int) -> dict:
     from networks import deltas, lowrank, resize_lora
 
     start = time.perf_counter()
-    resize_lora.main(["--model", str(path), "--save_to", str(out), "--new_rank", str(new_rank),
+    resize_lora.run(["--model", str(path), "--save_to", str(out), "--new_rank", str(new_rank),
                       "--save_precision", "fp16"])  # fmt: skip
     total = time.perf_counter() - start
     file = deltas.load_adapter(path)

@@ -15,7 +15,7 @@ peak resident memory and seconds per step with the ordinary optimizer step and w
 
     python benchmarks/bench_train.py --real sd1 sdxl [--steps 20] [--extra "--gradient_checkpointing"] [--tiny]
 
-LoRA training (train_network.main) of a random-weight real-size SD1.5 at 512 px and SDXL at 1024 px
+LoRA training (train_network.run) of a random-weight real-size SD1.5 at 512 px and SDXL at 1024 px
 (benchmarks/real_size_model.py), batch 1, on CUDA when there is one: bf16 mixed precision, sdpa, UNet-only LoRA
 dim 8, cached latents and text-encoder outputs (so a step is the UNet's forward and backward). Reports seconds per
 step (median, the FLOP-counted step left out), ``torch.cuda.max_memory_allocated`` during the steps and over the
@@ -67,7 +67,7 @@ def child(family: str, steps: int, workdir: Path) -> dict:
         "--max_train_steps", str(steps), "--max_data_loader_n_workers", "0", "--seed", "0",
     ]  # fmt: skip
     scripts = {"sd1": ("sd1", "sd2"), "sdxl": ("sdxl",)}
-    train_network.main(argv, family_names=scripts[family])
+    train_network.run(argv, family_names=scripts[family])
     per_step = [b - a for a, b in zip(stamps, stamps[1:])]
     return {
         "family": family,

@@ -4,7 +4,7 @@
         [--variants matched attn_only ...]
 
 The base model is the tiny SD1 with its VAE made deterministic and unit-scale (see ``sharpen_vae``) and its UNet
-first trained on eight pattern images, so that it has something to forget. For each seed, ``train_network.main``
+first trained on eight pattern images, so that it has something to forget. For each seed, ``train_network.run``
 trains a LoRA in-process on the four example images while hooks record every step's draws (latents, noise,
 timesteps, captions), the initial adapter weights and the adapter weights after every optimizer step. A plain loop
 then trains with peft (``inject_adapter_in_model``) on diffusers' UNet and CLIP text encoder from the same initial
@@ -186,7 +186,7 @@ class Evaluator:
 
 # ---------------------------------------------------------------------------------------------------- our run
 def run_ours(model_dir: Path, data_dir: Path, out_dir: Path, seed: int, a) -> dict:
-    """train_network.main in-process; returns targets, initial params, per-step draws and per-step params."""
+    """train_network.run in-process; returns targets, initial params, per-step draws and per-step params."""
     import library.train_step as training
     import train_network
 
@@ -237,7 +237,7 @@ def run_ours(model_dir: Path, data_dir: Path, out_dir: Path, seed: int, a) -> di
     train_network.Trainer.sync_gradients = sync
     training.make_example, training.batch_cond = make_example, batch_cond
     try:
-        train_network.main(argv, family_names=("sd1", "sd2"))
+        train_network.run(argv, family_names=("sd1", "sd2"))
     finally:
         train_network.Trainer.__init__, train_network.Trainer.step_done = orig_init, orig_step
         train_network.Trainer.sync_gradients = orig_sync

@@ -1,4 +1,4 @@
-"""Run train_network.main in this process and call back at the start and end of every training step.
+"""Run train_network.run in this process and call back at the start and end of every training step.
 
 Used by bench_memory.py (tensor memory per step) and bench_train.py (time, CUDA memory and FLOPs per step). A step
 starts when the loop asks for its first batch loss and ends at ``Trainer.step_done`` (after the optimizer step).
@@ -41,7 +41,7 @@ def run_training(argv: Sequence[str], family: str, on_start: Hook | None = None,
 
     train_network.batch_loss, Trainer.step_done = batch_loss, step_done
     try:
-        train_network.main(list(argv), family_names=("sdxl",) if family == "sdxl" else ("sd1", "sd2"))
+        train_network.run(list(argv), family_names=("sdxl",) if family == "sdxl" else ("sd1", "sd2"))
     finally:
         train_network.batch_loss, Trainer.step_done = original_loss, original_done
     return [tuple(t) for t in times]

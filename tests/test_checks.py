@@ -14,7 +14,7 @@ def test_a_missing_dataset_is_reported_with_the_other_problems(tiny_dir, tmp_pat
     argv = ["--pretrained_model_name_or_path", str(tiny_dir / "sd1"), "--network_module", "networks.lora",
             "--output_dir", str(tmp_path), "--clip_skip", "0"]  # fmt: skip
     with pytest.raises(ConfigError) as e:
-        train_network.main(argv)
+        train_network.run(argv)
     text = str(e.value)
     assert "2 problems" in text and "--clip_skip must be >= 1" in text and "no dataset given" in text
     assert "[[datasets" not in text
@@ -85,5 +85,5 @@ def test_dataset_problems_come_with_the_flag_problems(tiny_dir, tmp_path):
     argv = ["--pretrained_model_name_or_path", str(tiny_dir / "sd1"), "--network_module", "networks.lora",
             "--output_dir", str(tmp_path), "--clip_skip", "0", "--train_data_dir", str(tmp_path / "nope")]  # fmt: skip
     with pytest.raises(ConfigError) as e:
-        train_network.main(argv)
+        train_network.run(argv)
     assert "--clip_skip must be >= 1" in str(e.value) and "nope: folder not found" in str(e.value)

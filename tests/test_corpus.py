@@ -102,7 +102,7 @@ def corpus_data(tmp_path_factory):
 
 def _run(script: str, argv: list[str]):
     families = ("sdxl",) if script.startswith("sdxl_") else ("sd1", "sd2")
-    result = train_network.main(argv, family_names=families)
+    result = train_network.run(argv, family_names=families)
     assert result is not None and result.output.exists() and result.steps == 1 and not result.failed
     assert all(torch.isfinite(torch.tensor(result.losses)))
     return read_metadata(result.output)

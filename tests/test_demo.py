@@ -16,7 +16,7 @@ def demo_dir(tmp_path_factory):
 
 def _demo(demo_dir, families, *extra):
     argv = ["--demo", "--demo_dir", str(demo_dir), "--max_train_steps", "2", *extra]
-    return train_network.main(argv, family_names=families)
+    return train_network.run(argv, family_names=families)
 
 
 @pytest.mark.parametrize(

@@ -393,7 +393,7 @@ def test_detect_family(single_files, tiny_dir, tiny_parts):
 
 
 def test_make_tiny_model_cli(tmp_path, tiny_parts, capsys):
-    from tools.make_tiny_model import main
+    from tools.make_tiny_model import run as main
 
     written = main(["--out", str(tmp_path), "--family", "sd1", "sdxl"])
     assert [p.name for p in written] == ["sd1", "sd1.safetensors", "sdxl", "sdxl.safetensors"]

@@ -45,8 +45,8 @@ def args_for(model, dataset, out, *extra, steps=3):
 
 def train(family, *argv, script="fine_tune"):
     if family == "sdxl":
-        return sdxl_train.main(list(argv))
-    return (train_db.main if script == "train_db" else fine_tune.main)(list(argv))
+        return sdxl_train.run(list(argv))
+    return (train_db.run if script == "train_db" else fine_tune.run)(list(argv))
 
 
 def trained_state(result) -> dict[str, torch.Tensor]:

@@ -46,7 +46,7 @@ def finish_and_dump(self):
     return finish(self)
 
 Trainer.finish = finish_and_dump
-sys.exit(0 if fine_tune.main(sys.argv[1:]).output else 1)
+sys.exit(0 if fine_tune.run(sys.argv[1:]).output else 1)
 """
 
 
@@ -116,7 +116,7 @@ def _error(tmp_path, *extra) -> str:
 
     model, data = make_tiny_model(tmp_path / "model", "sd1"), make_example_dataset(tmp_path / "data")
     with pytest.raises(ValueError) as e:
-        fine_tune.main(["--pretrained_model_name_or_path", str(model), "--train_data_dir", str(data),
+        fine_tune.run(["--pretrained_model_name_or_path", str(model), "--train_data_dir", str(data),
                         "--output_dir", str(tmp_path / "out"), *extra])  # fmt: skip
     return str(e.value)
 
@@ -138,7 +138,7 @@ def test_deepspeed_zero2_trains_on_a_gpu(tmp_path):
     model, data = make_tiny_model(tmp_path / "model", "sd1"), make_example_dataset(tmp_path / "data")
     env = {"WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29512"}
     os.environ.update(env)
-    result = fine_tune.main(["--pretrained_model_name_or_path", str(model), "--train_data_dir", str(data),
+    result = fine_tune.run(["--pretrained_model_name_or_path", str(model), "--train_data_dir", str(data),
                              "--caption_extension", ".txt", "--resolution", "64", "--output_dir", str(tmp_path / "o"),
                              "--save_model_as", "safetensors", "--max_train_steps", "2", "--deepspeed",
                              "--zero_stage", "2", "--mixed_precision", "bf16", "--max_data_loader_n_workers", "0"])  # fmt: skip

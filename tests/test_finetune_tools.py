@@ -26,16 +26,16 @@ def images(tmp_path):
 
 def test_merge_captions_then_tags_then_fine_tune_reads_them(images, tmp_path, tiny_dir):
     cap = tmp_path / "meta_cap.json"
-    merge_captions_to_metadata.main([str(images), str(cap)])
+    merge_captions_to_metadata.run([str(images), str(cap)])
     both = tmp_path / "meta_cap_dd.json"
     (images / "extra.png").write_bytes((sorted(images.glob("*.png"))[0]).read_bytes())  # no tag file: left out
-    merge_dd_tags_to_metadata.main([str(images), str(both), "--in_json", str(cap)])
+    merge_dd_tags_to_metadata.run([str(images), str(both), "--in_json", str(cap)])
     meta = json.loads(both.read_text())
     stems = sorted(p.stem for p in images.glob("*.png") if p.stem != "extra")
     assert sorted(k for k in meta if "tags" in meta[k]) == stems
     first = meta[stems[0]]
     assert first["caption"] == "a drawing" and first["tags"] == (images / f"{stems[0]}.txt").read_text().strip()
-    result = fine_tune.main([
+    result = fine_tune.run([
         "--pretrained_model_name_or_path", str(tiny_dir / "sd1"), "--in_json", str(both), "--train_data_dir",
         str(images), "--resolution", "64", "--output_dir", str(tmp_path / "out"), "--save_model_as", "safetensors",
         "--max_train_steps", "2", "--max_data_loader_n_workers", "0", "--seed", "1",
@@ -46,13 +46,13 @@ def test_merge_captions_then_tags_then_fine_tune_reads_them(images, tmp_path, ti
 
 
 def test_full_path_keys_and_bad_input(images, tmp_path):
-    meta = merge_captions_to_metadata.main([str(images), str(tmp_path / "m.json"), "--full_path"])
+    meta = merge_captions_to_metadata.run([str(images), str(tmp_path / "m.json"), "--full_path"])
     assert all(key.startswith(str(images)) for key in meta)
     with pytest.raises(FileNotFoundError, match="no such folder"):
-        merge_captions_to_metadata.main([str(tmp_path / "missing"), str(tmp_path / "m.json")])
+        merge_captions_to_metadata.run([str(tmp_path / "missing"), str(tmp_path / "m.json")])
     (tmp_path / "bad.json").write_text("[1, 2]")
     with pytest.raises(ValueError, match="expected an object"):
-        merge_dd_tags_to_metadata.main([str(images), str(tmp_path / "m.json"), "--in_json", str(tmp_path / "bad.json")])
+        merge_dd_tags_to_metadata.run([str(images), str(tmp_path / "m.json"), "--in_json", str(tmp_path / "bad.json")])
 
 
 @pytest.mark.parametrize(
@@ -77,10 +77,10 @@ def test_clean_captions_and_tags_tool(tmp_path):
     meta = {"a": {"caption": "a cartoon drawing of a young anime woman", "tags": "1girl, shirt, blue_shirt"},
             "b": {"caption": "people in a park"}}  # fmt: skip
     (tmp_path / "in.json").write_text(json.dumps(meta))
-    out = clean_captions_and_tags.main([str(tmp_path / "in.json"), str(tmp_path / "out.json")])
+    out = clean_captions_and_tags.run([str(tmp_path / "in.json"), str(tmp_path / "out.json")])
     assert out["a"] == {"caption": "a drawing of a girl", "tags": "1girl, blue shirt"}
     assert out["b"] == {"caption": "girls in a park"} == json.loads((tmp_path / "out.json").read_text())["b"]
-    legacy = clean_captions_and_tags.main([str(tmp_path), str(tmp_path / "in.json"), str(tmp_path / "out2.json")])
+    legacy = clean_captions_and_tags.run([str(tmp_path), str(tmp_path / "in.json"), str(tmp_path / "out2.json")])
     assert legacy == out
 
 
@@ -88,13 +88,13 @@ def test_prepare_buckets_latents_caches_what_fine_tune_reads(images, tmp_path, t
     from finetune import prepare_buckets_latents
 
     cap = tmp_path / "meta_cap.json"
-    merge_captions_to_metadata.main([str(images), str(cap)])
+    merge_captions_to_metadata.run([str(images), str(cap)])
     out = tmp_path / "meta_lat.json"
-    meta = prepare_buckets_latents.main([str(images), str(cap), str(out), str(tiny_dir / "sd1"),
+    meta = prepare_buckets_latents.run([str(images), str(cap), str(out), str(tiny_dir / "sd1"),
                                          "--max_resolution", "64,64", "--min_bucket_reso", "64",
                                          "--max_bucket_reso", "128"])  # fmt: skip
     assert all(entry["train_resolution"] == [64, 64] for entry in meta.values())
     cached = sorted(p.name for p in images.iterdir() if p.suffix not in (".png", ".txt", ".caption"))
     assert len(cached) >= 4, cached  # one latent file per image, next to it
     with pytest.raises(ValueError, match="--recursive without --full_path"):
-        prepare_buckets_latents.main([str(images), str(cap), str(out), str(tiny_dir / "sd1"), "--recursive"])
+        prepare_buckets_latents.run([str(images), str(cap), str(out), str(tiny_dir / "sd1"), "--recursive"])

@@ -44,8 +44,8 @@ def test_weighted_captions_reach_the_training_step(tiny_dir, dataset, tmp_path):
     for sub in dataset.iterdir():
         for txt in sub.glob("*.txt"):
             txt.write_text("(sks shape:1.4), " + txt.read_text().split(", ", 1)[1])
-    a = train_network.main(_argv(tiny_dir / "sd1", dataset, tmp_path / "a"))
-    b = train_network.main(_argv(tiny_dir / "sd1", dataset, tmp_path / "b", "--weighted_captions"))
+    a = train_network.run(_argv(tiny_dir / "sd1", dataset, tmp_path / "a"))
+    b = train_network.run(_argv(tiny_dir / "sd1", dataset, tmp_path / "b", "--weighted_captions"))
     assert a.losses != b.losses
 
 
@@ -71,7 +71,7 @@ def test_disable_mmap_flag_loads_the_model_without_mmap(tiny_parts, dataset, tmp
 
     model = tmp_path / "sd1.safetensors"
     get_family("sd1").save(tiny_parts["sd1"], model)
-    train_network.main(_argv(model, dataset, tmp_path, "--disable_mmap_load_safetensors"))
+    train_network.run(_argv(model, dataset, tmp_path, "--disable_mmap_load_safetensors"))
     assert seen == [model]
 
 
@@ -127,7 +127,7 @@ def test_the_run_says_how_many_cpu_threads(tiny_dir, dataset, tmp_path, monkeypa
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     torch.set_num_threads(2)
     with caplog.at_level("INFO"):
-        train_network.main(_argv(tiny_dir / "sd1", dataset, tmp_path))
+        train_network.run(_argv(tiny_dir / "sd1", dataset, tmp_path))
     assert "CPU threads: 1 (a tiny model" in caplog.text and torch.get_num_threads() == 1
 
 

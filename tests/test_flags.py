@@ -175,7 +175,7 @@ def run_config(tiny_dir, tmp_path_factory):
         from library.token_embeddings import TextualInversionConfig
 
         args = parse_args(train_textual_inversion.build_parser(), argv)
-        args.output_name = args.output_name or args.token_string  # as train_textual_inversion.main
+        args.output_name = args.output_name or args.token_string  # as train_textual_inversion.run
         cfg = read_config(args, ("sd1", "sd2"), TextualInversionConfig.from_args)
         return dataclasses.replace(cfg, args={})
 
@@ -224,7 +224,7 @@ def test_gen_img_console_log_flags(tiny_dir, tmp_path):
     import gen_img
 
     log = tmp_path / "gen.log"
-    gen_img.main(["--ckpt", str(tiny_dir / "sd1"), "--outdir", str(tmp_path), "--prompt", "a cat", "--steps", "2",
+    gen_img.run(["--ckpt", str(tiny_dir / "sd1"), "--outdir", str(tmp_path), "--prompt", "a cat", "--steps", "2",
                   "--W", "64", "--H", "64", "--console_log_file", str(log), "--console_log_simple",
                   "--console_log_level", "INFO"])  # fmt: skip
     lines = log.read_text().splitlines()

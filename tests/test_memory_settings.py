@@ -38,7 +38,7 @@ def run_keeping(monkeypatch, family, argv, release=True):
         m.setattr(train_setup, "start", lambda cfg: runs.append(start(cfg)) or runs[-1])
         if not release:
             m.setattr(train_setup, "release_unused_parts", lambda run: [])
-        return train_network.main(argv, family_names=names), runs[-1]
+        return train_network.run(argv, family_names=names), runs[-1]
 
 
 @pytest.mark.parametrize("family", ["sd1", "sdxl"])

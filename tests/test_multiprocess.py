@@ -53,7 +53,7 @@ def finish_and_dump(self):
     return finish(self)
 
 Trainer.finish = finish_and_dump
-sys.exit(0 if train_textual_inversion.main(sys.argv[1:]).output else 1)
+sys.exit(0 if train_textual_inversion.run(sys.argv[1:]).output else 1)
 """
 
 

@@ -56,7 +56,7 @@ def test_lora_and_embedding_files_samples_and_diffusers(tiny_dir, dataset, tmp_p
     argv = args_for(tiny_dir / "sd1", dataset, tmp_path, "--save_every_n_steps", "2", "--stop_embedding_training",
                     "2", "--bundle_embeddings", "--sample_prompts", str(prompts), "--sample_every_n_steps", "4",
                     "--sample_sampler", "ddim")  # fmt: skip
-    result = train_network.main(argv)
+    result = train_network.run(argv)
     emb_file = tmp_path / "pv_embeddings" / f"{TOKEN}.safetensors"
     rows = load_state_dict(emb_file)[0]["emb_params"]
     at_2 = load_state_dict(tmp_path / "pv-step00000002_embeddings" / f"{TOKEN}.safetensors")[0]["emb_params"]
@@ -69,7 +69,7 @@ def test_lora_and_embedding_files_samples_and_diffusers(tiny_dir, dataset, tmp_p
 
     # our sample during training == gen_img with the two files == diffusers with the two files
     sample = next((tmp_path / "sample").glob("pv_000004_00_*.png"))
-    ours = gen_img.main(["--ckpt", str(tiny_dir / "sd1"), "--prompt", f"a photo of {TOKEN} --d 4 --n bad",
+    ours = gen_img.run(["--ckpt", str(tiny_dir / "sd1"), "--prompt", f"a photo of {TOKEN} --d 4 --n bad",
                          "--network_module", "networks.lora", "--network_weights", str(result.output),
                          "--textual_inversion_embeddings", str(emb_file), "--outdir", str(tmp_path / "img"),
                          "--steps", "3", "--W", "64", "--H", "64", "--scale", "6", "--sampler", "ddim"])  # fmt: skip
@@ -85,15 +85,15 @@ def test_lora_and_embedding_files_samples_and_diffusers(tiny_dir, dataset, tmp_p
 
 def test_resume_with_embeddings_is_exact_and_sdxl_writes_both_encoders(tiny_dir, dataset, tmp_path):
     common = ["--save_every_n_steps", "2", "--save_state", "--stop_embedding_training", "3", "--ema"]
-    full = train_network.main(args_for(tiny_dir / "sd1", dataset, tmp_path / "a", *common))
+    full = train_network.run(args_for(tiny_dir / "sd1", dataset, tmp_path / "a", *common))
     state = tmp_path / "a" / "pv-step00000002-state"
-    resumed = train_network.main(args_for(tiny_dir / "sd1", dataset, tmp_path / "b", *common, "--resume", str(state)))
+    resumed = train_network.run(args_for(tiny_dir / "sd1", dataset, tmp_path / "b", *common, "--resume", str(state)))
     assert resumed.losses == full.losses
     for name in ("pv.safetensors", f"pv_embeddings/{TOKEN}.safetensors", f"pv-ema_embeddings/{TOKEN}.safetensors"):
         a, b = load_state_dict(tmp_path / "a" / name)[0], load_state_dict(tmp_path / "b" / name)[0]
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
 
-    xl = train_network.main(args_for(tiny_dir / "sdxl", dataset, tmp_path / "xl", steps=2), family_names=("sdxl",))
+    xl = train_network.run(args_for(tiny_dir / "sdxl", dataset, tmp_path / "xl", steps=2), family_names=("sdxl",))
     tensors = load_state_dict(tmp_path / "xl" / "pv_embeddings" / f"{TOKEN}.safetensors")[0]
     assert {k: v.shape[0] for k, v in tensors.items()} == {"clip_l": 2, "clip_g": 2} and xl.steps == 2
     assert not any(k.startswith("bundle_emb") for k in load_state_dict(xl.output)[0])  # only with --bundle_embeddings
@@ -102,7 +102,7 @@ def test_resume_with_embeddings_is_exact_and_sdxl_writes_both_encoders(tiny_dir,
 def test_rotation_removes_the_embeddings_of_removed_adapter_files(tiny_dir, dataset, tmp_path):
     """--save_last_n_steps deletes an old adapter file together with its _embeddings folder (epochs: test_saving)."""
     rotating = ["--save_every_n_steps", "1", "--save_last_n_steps", "2"]
-    train_network.main(args_for(tiny_dir / "sd1", dataset, tmp_path, *rotating, steps=6))
+    train_network.run(args_for(tiny_dir / "sd1", dataset, tmp_path, *rotating, steps=6))
     adapters = sorted(p.stem for p in tmp_path.glob("pv-*.safetensors"))
     folders = sorted(p.name.removesuffix("_embeddings") for p in tmp_path.glob("pv-*_embeddings"))
     assert adapters == ["pv-step00000003", "pv-step00000004", "pv-step00000005"], adapters
@@ -112,7 +112,7 @@ def test_rotation_removes_the_embeddings_of_removed_adapter_files(tiny_dir, data
 
 def test_bad_embedding_flags(tiny_dir, dataset, tmp_path):
     with pytest.raises(ConfigError) as e:
-        train_network.main(
+        train_network.run(
             args_for(
                 tiny_dir / "sd1",
                 dataset,
@@ -131,4 +131,4 @@ def test_bad_embedding_flags(tiny_dir, dataset, tmp_path):
     assert "--embedding 'nope'" in msg and "'x=y:0'" in msg and "--stop_embedding_training must be >= 1" in msg
     assert "lorra" in msg  # the network's problems are reported with them
     with pytest.raises(ValueError, match="already in the tokenizer's vocabulary"):
-        train_network.main(args_for(tiny_dir / "sd1", dataset, tmp_path, "--embedding", "photo=cat"))
+        train_network.run(args_for(tiny_dir / "sd1", dataset, tmp_path, "--embedding", "photo=cat"))

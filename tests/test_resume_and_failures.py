@@ -32,7 +32,7 @@ def snapshot(folder):
 def cli(monkeypatch, capsys, argv):
     """train_network.py from the command line: (exit code, stdout, stderr)."""
     monkeypatch.setattr("sys.argv", ["train_network.py", *argv])
-    code = train_network.run_cli()
+    code = train_network.main()
     out = capsys.readouterr()
     return code, out.out, out.err
 

@@ -32,7 +32,7 @@ def test_prompt_file_images_and_chunks(tiny_dir, tmp_path):
     prompts = tmp_path / "p.txt"
     prompts.write_text("# two prompts\na red cat --d 11 --n blurry\na (dog:1.3) --w 72 --ss euler_a --f dog.png\n")
     out = tmp_path / "out"
-    paths = gen_img.main(["--ckpt", str(tiny_dir / "sd1"), "--from_file", str(prompts), "--outdir", str(out), *BASE])
+    paths = gen_img.run(["--ckpt", str(tiny_dir / "sd1"), "--from_file", str(prompts), "--outdir", str(out), *BASE])
     assert [p.parent for p in paths] == [out, out] and paths[1].name == "dog.png"
     assert re.fullmatch(r"im_\d{14}_000_11\.png", paths[0].name)
     cat, dog = Image.open(paths[0]), Image.open(paths[1])
@@ -40,7 +40,7 @@ def test_prompt_file_images_and_chunks(tiny_dir, tmp_path):
     assert cat.text["prompt"] == "a red cat" and cat.text["negative-prompt"] == "blurry" and cat.text["seed"] == "11"
     assert cat.text["steps"] == "3" and cat.text["scale"] == "6.0" and cat.text["sampler"] == "ddim"
     assert dog.text["sampler"] == "euler_a" and dog.text["model"] == "sd1"
-    again = gen_img.main(["--ckpt", str(tiny_dir / "sd1"), "--prompt", "a red cat --d 11 --n blurry",
+    again = gen_img.run(["--ckpt", str(tiny_dir / "sd1"), "--prompt", "a red cat --d 11 --n blurry",
                           "--outdir", str(out), *BASE])  # fmt: skip
     assert np.array_equal(np.asarray(Image.open(again[0])), np.asarray(cat))  # same seed: same pixels
 
@@ -48,13 +48,13 @@ def test_prompt_file_images_and_chunks(tiny_dir, tmp_path):
 def test_seeds_images_per_prompt_and_batches(tiny_dir, tmp_path):
     argv = ["--ckpt", str(tiny_dir / "sd1"), "--prompt", "a cat", "--seed", "9", "--images_per_prompt", "3",
             "--sequential_file_name", *BASE]  # fmt: skip
-    one = gen_img.main([*argv, "--outdir", str(tmp_path / "a")])
-    batched = gen_img.main([*argv, "--outdir", str(tmp_path / "b"), "--batch_size", "2"])
+    one = gen_img.run([*argv, "--outdir", str(tmp_path / "a")])
+    batched = gen_img.run([*argv, "--outdir", str(tmp_path / "b"), "--batch_size", "2"])
     assert [p.name for p in one] == ["im_000000.png", "im_000001.png", "im_000002.png"]
     seeds = [Image.open(p).text["seed"] for p in one]
     assert len(set(seeds)) == 3 and seeds == [Image.open(p).text["seed"] for p in batched]
     assert all(_max_diff(Image.open(a), Image.open(b)) <= 1 for a, b in zip(one, batched))
-    single = gen_img.main(["--ckpt", str(tiny_dir / "sd1"), "--prompt", "a cat", "--seed", "9",
+    single = gen_img.run(["--ckpt", str(tiny_dir / "sd1"), "--prompt", "a cat", "--seed", "9",
                            "--outdir", str(tmp_path / "c"), *BASE])  # fmt: skip
     assert Image.open(single[0]).text["seed"] == "9"  # one image: the seed itself, as sd-scripts
 
@@ -89,14 +89,14 @@ def test_textual_inversion_image_equals_diffusers(tiny_dir, tmp_path):
     """A1111 .pt embedding used in a prompt: gen_img vs diffusers with load_textual_inversion, same seed."""
     path = tmp_path / "mychar.pt"
     torch.save({"string_to_param": {"*": torch.randn(3, 32) * 0.5}, "name": "mychar", "step": 100}, path)
-    out = gen_img.main(["--ckpt", str(tiny_dir / "sd1"), "--prompt", "a photo of mychar --d 4 --n bad",
+    out = gen_img.run(["--ckpt", str(tiny_dir / "sd1"), "--prompt", "a photo of mychar --d 4 --n bad",
                         "--textual_inversion_embeddings", str(path), "--outdir", str(tmp_path), *BASE])  # fmt: skip
     pipe = _pipe(tiny_dir, "sd1")
     pipe.load_textual_inversion(str(path))
     theirs = pipe("a photo of mychar", negative_prompt="bad", height=64, width=64, num_inference_steps=3,
                   guidance_scale=6.0, generator=torch.Generator().manual_seed(4)).images[0]  # fmt: skip
     assert _max_diff(Image.open(out[0]), theirs) <= 1
-    plain = gen_img.main(["--ckpt", str(tiny_dir / "sd1"), "--prompt", "a photo of mychar --d 4 --n bad",
+    plain = gen_img.run(["--ckpt", str(tiny_dir / "sd1"), "--prompt", "a photo of mychar --d 4 --n bad",
                           "--outdir", str(tmp_path / "plain"), *BASE])  # fmt: skip
     assert _max_diff(Image.open(out[0]), Image.open(plain[0])) > 0  # the embedding changed the image
 
@@ -117,12 +117,12 @@ def test_embedding_errors(tiny_parts, tmp_path):
 
 def test_bad_flags_reported_at_once(tiny_dir, tmp_path):
     with pytest.raises(ConfigError) as e:
-        gen_img.main(["--ckpt", str(tmp_path / "missing"), "--prompt", "a --w 50", "--W", "100",
+        gen_img.run(["--ckpt", str(tmp_path / "missing"), "--prompt", "a --w 50", "--W", "100",
                       "--network_module", "networks.lora", "--textual_inversion_embeddings", "nope.pt"])  # fmt: skip
     text = str(e.value)
     assert "--ckpt" in text and "--prompt: --w: 50 must be a multiple of 8" in text and "--W 100" in text
     assert "--network_module has 1 value(s) but --network_weights has 0" in text and "nope.pt: no such file" in text
     with pytest.raises(ConfigError, match="--highres_fix_scale is not supported"):
-        gen_img.main(["--ckpt", str(tiny_dir / "sd1"), "--prompt", "a", "--highres_fix_scale", "1.5"])
+        gen_img.run(["--ckpt", str(tiny_dir / "sd1"), "--prompt", "a", "--highres_fix_scale", "1.5"])
     with pytest.raises(ConfigError, match="exactly one of them"):
-        gen_img.main(["--ckpt", str(tiny_dir / "sd1")])
+        gen_img.run(["--ckpt", str(tiny_dir / "sd1")])

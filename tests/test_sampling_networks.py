@@ -60,9 +60,9 @@ def test_lora_equals_diffusers_load_lora_weights(tiny_parts, tiny_dir, tmp_path,
 
     lora = _kohya_lora(tiny_parts[family_name], get_family(family_name), tmp_path / "lora.safetensors", seed=1)
     argv = ["--ckpt", str(tiny_dir / family_name), "--prompt", PROMPT, *BASE]
-    ours = gen_img.main([*argv, "--outdir", str(tmp_path / "a"), "--network_module", "networks.lora",
+    ours = gen_img.run([*argv, "--outdir", str(tmp_path / "a"), "--network_module", "networks.lora",
                          "--network_weights", str(lora), "--network_mul", "1.0"])  # fmt: skip
-    base = gen_img.main([*argv, "--outdir", str(tmp_path / "b")])
+    base = gen_img.run([*argv, "--outdir", str(tmp_path / "b")])
     pipe = _pipe(tiny_dir, family_name)
     pipe.load_lora_weights(str(lora))
     theirs = _theirs(pipe)
@@ -76,7 +76,7 @@ def test_several_loras_equal_diffusers_set_adapters(tiny_parts, tiny_dir, tmp_pa
     family, parts = get_family("sd1"), tiny_parts["sd1"]
     a = _kohya_lora(parts, family, tmp_path / "a.safetensors", seed=2)
     b = _kohya_lora(parts, family, tmp_path / "b.safetensors", seed=3, rank=2, alpha=1.0)
-    ours = gen_img.main(["--ckpt", str(tiny_dir / "sd1"), "--prompt", PROMPT, *BASE, "--outdir", str(tmp_path),
+    ours = gen_img.run(["--ckpt", str(tiny_dir / "sd1"), "--prompt", PROMPT, *BASE, "--outdir", str(tmp_path),
                          "--network_module", "networks.lora", "lycoris.kohya", "--network_weights", str(a), str(b),
                          "--network_mul", "0.5", "0.8"])  # fmt: skip
     pipe = _pipe(tiny_dir, "sd1")
@@ -121,9 +121,9 @@ def test_other_algorithms_live_equal_merged(tiny_parts, tiny_dir, tmp_path, algo
     path = _our_network_file(tiny_parts, "sd1", algo, tmp_path / f"{algo}.safetensors")
     argv = ["--ckpt", str(tiny_dir / "sd1"), "--prompt", PROMPT, *BASE, "--network_module", "lycoris.kohya",
             "--network_weights", str(path), "--network_mul", "0.7"]  # fmt: skip
-    live = gen_img.main([*argv, "--outdir", str(tmp_path / "live")])
-    merged = gen_img.main([*argv, "--outdir", str(tmp_path / "merged"), "--network_merge"])
-    base = gen_img.main(["--ckpt", str(tiny_dir / "sd1"), "--prompt", PROMPT, *BASE, "--outdir", str(tmp_path / "b")])
+    live = gen_img.run([*argv, "--outdir", str(tmp_path / "live")])
+    merged = gen_img.run([*argv, "--outdir", str(tmp_path / "merged"), "--network_merge"])
+    base = gen_img.run(["--ckpt", str(tiny_dir / "sd1"), "--prompt", PROMPT, *BASE, "--outdir", str(tmp_path / "b")])
     assert _max_diff(Image.open(live[0]), Image.open(merged[0])) <= 1
     assert _max_diff(Image.open(live[0]), Image.open(base[0])) > 0
 
@@ -134,17 +134,17 @@ def test_per_prompt_multiplier(tiny_parts, tiny_dir, tmp_path):
     lora = _kohya_lora(tiny_parts["sd1"], get_family("sd1"), tmp_path / "l.safetensors", seed=4)
     prompts = tmp_path / "p.txt"
     prompts.write_text(f"{PROMPT} --am 0\n{PROMPT}\n{PROMPT} --am 0.5\n")
-    paths = gen_img.main(["--ckpt", str(tiny_dir / "sd1"), "--from_file", str(prompts), *BASE,
+    paths = gen_img.run(["--ckpt", str(tiny_dir / "sd1"), "--from_file", str(prompts), *BASE,
                           "--outdir", str(tmp_path / "o"), "--network_module", "networks.lora",
                           "--network_weights", str(lora), "--batch_size", "3"])  # fmt: skip
-    base = gen_img.main(["--ckpt", str(tiny_dir / "sd1"), "--prompt", PROMPT, *BASE, "--outdir", str(tmp_path / "b")])
-    half = gen_img.main(["--ckpt", str(tiny_dir / "sd1"), "--prompt", PROMPT, *BASE, "--outdir", str(tmp_path / "h"),
+    base = gen_img.run(["--ckpt", str(tiny_dir / "sd1"), "--prompt", PROMPT, *BASE, "--outdir", str(tmp_path / "b")])
+    half = gen_img.run(["--ckpt", str(tiny_dir / "sd1"), "--prompt", PROMPT, *BASE, "--outdir", str(tmp_path / "h"),
                          "--network_module", "networks.lora", "--network_weights", str(lora), "--network_mul", "0.5"])  # fmt: skip
     images = [Image.open(p) for p in paths]
     assert _max_diff(images[0], Image.open(base[0])) <= 1  # --am 0: the base model
     assert _max_diff(images[2], Image.open(half[0])) <= 1
     assert _max_diff(images[1], images[0]) > 0 and images[2].text["network-multipliers"] == "0.5"
     with pytest.raises(ValueError, match="needs a single unmerged network"):
-        gen_img.main(["--ckpt", str(tiny_dir / "sd1"), "--from_file", str(prompts), *BASE, "--network_merge",
+        gen_img.run(["--ckpt", str(tiny_dir / "sd1"), "--from_file", str(prompts), *BASE, "--network_merge",
                       "--outdir", str(tmp_path / "x"), "--network_module", "networks.lora",
                       "--network_weights", str(lora)])  # fmt: skip

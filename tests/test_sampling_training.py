@@ -192,7 +192,7 @@ def test_train_network_with_sampling_trains_identically(tiny_dir, tmp_path):
     prompts.write_text("a red cat --w 64 --h 64 --s 2\na dog --w 64 --h 64 --s 2 --ss euler_a --d 3\n")
 
     def run(out, *extra):
-        train_network.main([
+        train_network.run([
             "--pretrained_model_name_or_path", str(tiny_dir / "sd1"), "--train_data_dir", str(data),
             "--caption_extension", ".txt", "--resolution", "64", "--output_dir", str(out), "--output_name", "t",
             "--network_module", "networks.lora", "--network_dim", "4", "--network_alpha", "4",

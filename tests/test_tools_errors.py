@@ -31,13 +31,13 @@ def assert_one_error(err: str) -> None:
 
 
 def test_gen_img_input_problems_exit_2(tiny_dir, tmp_path, capsys):
-    code, err = guarded(capsys, gen_img.main, "--ckpt", tmp_path / "nope", "--prompt", "x", "--outdir", tmp_path / "o")
+    code, err = guarded(capsys, gen_img.run, "--ckpt", tmp_path / "nope", "--prompt", "x", "--outdir", tmp_path / "o")
     assert code == 2 and "nope: no such file or folder" in err
     assert_one_error(err)
-    code, err = guarded(capsys, gen_img.main, "--ckpt", tiny_dir / "sd1", "--prompt", "x", "--outdir", tmp_path / "o",
+    code, err = guarded(capsys, gen_img.run, "--ckpt", tiny_dir / "sd1", "--prompt", "x", "--outdir", tmp_path / "o",
                         "--vae_batch_size", "2")  # fmt: skip
     assert code == 2 and "--vae_batch_size is not supported yet (the VAE decodes each batch at once)" in err
-    code, err = guarded(capsys, gen_img.main, "--ckpt", tiny_dir / "sd1", "--prompt", "x", "--outdir", tmp_path / "o",
+    code, err = guarded(capsys, gen_img.run, "--ckpt", tiny_dir / "sd1", "--prompt", "x", "--outdir", tmp_path / "o",
                         "--strength", "0.5")  # fmt: skip
     assert code == 2 and "(img2img is not available in gen_img.py)" in err
     assert not (tmp_path / "o").exists()
@@ -45,13 +45,13 @@ def test_gen_img_input_problems_exit_2(tiny_dir, tmp_path, capsys):
 
 def test_check_lora_weights_counts_modules_and_keeps_lines_short(tiny_parts, tiny_dir, tmp_path, capsys):
     path = write_adapter(tiny_parts["sd1"], tmp_path / "a.safetensors", dim=2)
-    assert check_lora_weights.main([str(path)]) is True
+    assert check_lora_weights.run([str(path)]) is True
     out = capsys.readouterr().out
     modules = len({k.split(".")[0] for k in check_lora_weights.dl.load_adapter(path).state_dict()})
     assert out.startswith(f"number of LoRA modules: {modules} (")
     # a model checkpoint instead of an adapter: a short message, not every key of the model on one line
     model = tiny_dir / "sd1" / "unet" / "diffusion_pytorch_model.safetensors"
-    code, err = guarded(capsys, check_lora_weights.main, model)
+    code, err = guarded(capsys, check_lora_weights.run, model)
     assert code == 2 and "is it a model checkpoint?" in err and max(len(line) for line in err.splitlines()) < 1000
     assert_one_error(err)
 
@@ -66,7 +66,7 @@ def test_a_full_disk_while_merging_is_one_message(tiny_parts, tmp_path, capsys, 
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(safetensors.torch, "save_file", disk_full)
-    code, err = guarded(capsys, merge_lora.main, "--models", a, a, "--save_to", tmp_path / "m.safetensors")
+    code, err = guarded(capsys, merge_lora.run, "--models", a, a, "--save_to", tmp_path / "m.safetensors")
     assert code == 2 and f"{tmp_path / 'm.safetensors'} could not be written (No space left on device)" in err
     assert_one_error(err)
     assert (tmp_path / "m.safetensors").read_bytes() == b"earlier file"
@@ -75,7 +75,7 @@ def test_a_full_disk_while_merging_is_one_message(tiny_parts, tmp_path, capsys, 
 
 def test_sdxl_merge_lora_given_an_sd1_model_points_to_merge_lora(tiny_parts, tiny_dir, tmp_path, capsys):
     a = write_adapter(tiny_parts["sd1"], tmp_path / "a.safetensors", dim=2)
-    code, err = guarded(capsys, sdxl_merge_lora.main, "--sd_model", tiny_dir / "sd1", "--models", a, "--save_to",
+    code, err = guarded(capsys, sdxl_merge_lora.run, "--sd_model", tiny_dir / "sd1", "--models", a, "--save_to",
                         tmp_path / "m.safetensors")  # fmt: skip
     assert code == 2 and "use networks/merge_lora.py" in err and not (tmp_path / "m.safetensors").exists()
 

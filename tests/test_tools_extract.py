@@ -53,7 +53,7 @@ def test_extract_recovers_a_known_low_rank_delta(tiny_parts, tiny_dir, tmp_path,
     parts = tiny_parts[family]
     added = tuned_model(parts, tmp_path / "tuned.safetensors", low_rank)
     out = tmp_path / "x.safetensors"
-    run(extract_lora_from_models.main, "--model_org", tiny_dir / family, "--model_tuned", tmp_path / "tuned.safetensors",
+    run(extract_lora_from_models.run, "--model_org", tiny_dir / family, "--model_tuned", tmp_path / "tuned.safetensors",
         "--save_to", out, "--dim", 2, "--conv_dim", 2, "--clamp_quantile", 1.0)  # fmt: skip
     got = file_deltas(out, base_weights(parts))
     assert got.keys() == added.keys()
@@ -73,9 +73,9 @@ def test_extract_then_merge_gives_the_tuned_model_within_the_svd_error(tiny_part
         return torch.randn(shape, generator=torch.Generator().manual_seed(i)) * 0.02
 
     added = tuned_model(parts, tmp_path / "tuned.safetensors", noise)
-    run(extract_lora_from_models.main, "--model_org", tiny_dir / "sd1", "--model_tuned", tmp_path / "tuned.safetensors",
+    run(extract_lora_from_models.run, "--model_org", tiny_dir / "sd1", "--model_tuned", tmp_path / "tuned.safetensors",
         "--save_to", tmp_path / "x.safetensors", "--dim", 3, "--conv_dim", 2, "--clamp_quantile", 1.0)  # fmt: skip
-    run(merge_lora.main, "--sd_model", tiny_dir / "sd1", "--models", tmp_path / "x.safetensors", "--save_to",
+    run(merge_lora.run, "--sd_model", tiny_dir / "sd1", "--models", tmp_path / "x.safetensors", "--save_to",
         tmp_path / "merged.safetensors")  # fmt: skip
     family = get_family("sd1")
     merged = base_weights(family.load(tmp_path / "merged.safetensors"))
@@ -95,7 +95,7 @@ def test_extract_then_merge_gives_the_tuned_model_within_the_svd_error(tiny_part
 def test_text_encoders_are_left_out_when_unchanged(tiny_parts, tiny_dir, tmp_path):
     tuned_model(tiny_parts["sd1"], tmp_path / "tuned.safetensors", low_rank, unet_only=True)
     out = tmp_path / "x.safetensors"
-    run(extract_lora_from_models.main, "--model_org", tiny_dir / "sd1", "--model_tuned", tmp_path / "tuned.safetensors",
+    run(extract_lora_from_models.run, "--model_org", tiny_dir / "sd1", "--model_tuned", tmp_path / "tuned.safetensors",
         "--save_to", out, "--dim", 2, "--save_precision", "fp16")  # fmt: skip
     tensors, meta = load_state_dict(out)
     assert tensors and not [k for k in tensors if k.startswith("lora_te")]
@@ -105,9 +105,9 @@ def test_text_encoders_are_left_out_when_unchanged(tiny_parts, tiny_dir, tmp_pat
 
 def test_models_of_different_families_are_refused(tiny_dir, tmp_path):
     with pytest.raises(ConfigError, match="--model_org is sd1 but --model_tuned is sdxl"):
-        run(extract_lora_from_models.main, "--model_org", tiny_dir / "sd1", "--model_tuned", tiny_dir / "sdxl",
+        run(extract_lora_from_models.run, "--model_org", tiny_dir / "sd1", "--model_tuned", tiny_dir / "sdxl",
             "--save_to", tmp_path / "x.safetensors")  # fmt: skip
     with pytest.raises(ConfigError) as e:
-        run(extract_lora_from_models.main, "--model_org", tmp_path / "nope", "--save_to", tmp_path / "x.txt",
+        run(extract_lora_from_models.run, "--model_org", tmp_path / "nope", "--save_to", tmp_path / "x.txt",
             "--clamp_quantile", 2)  # fmt: skip
     assert all(s in str(e.value) for s in ("--model_org", "--model_tuned is required", "--save_to", "--clamp_quantile"))

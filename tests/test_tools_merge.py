@@ -54,7 +54,7 @@ def test_merge_into_checkpoint_equals_diffusers_fuse_lora(tiny_parts, tiny_dir, 
     parts = tiny_parts[family]
     a = write_adapter(parts, tmp_path / "a.safetensors", dim=4, alpha=2.0, seed=1)
     b = write_adapter(parts, tmp_path / "b.safetensors", "conv_dim=4", "conv_alpha=1", dim=8, alpha=8.0, seed=2)
-    main = sdxl_merge_lora.main if family == "sdxl" else merge_lora.main
+    main = sdxl_merge_lora.run if family == "sdxl" else merge_lora.run
     run(main, "--sd_model", tiny_dir / family, "--models", a, b, "--ratios", 0.7, -0.4, "--save_to",
         tmp_path / out_name)  # fmt: skip
     fam = get_family(family)
@@ -82,7 +82,7 @@ def test_merging_lycoris_algorithms_equals_the_lycoris_forward(tiny_parts, tiny_
     parts = tiny_parts[family]
     src = write_adapter(parts, tmp_path / "l.safetensors", *args, dim=4, alpha=2.0, module="lycoris.kohya")
     out = tmp_path / "merged.safetensors"
-    run(merge_lora.main, "--sd_model", tiny_dir / family, "--models", src, "--ratios", ratio, "--save_to", out)
+    run(merge_lora.run, "--sd_model", tiny_dir / family, "--models", src, "--ratios", ratio, "--save_to", out)
     inputs = unet_inputs(parts)
     expected, count = _lycoris_forward(lycoris_kohya, parts, src, ratio, inputs)
     assert count > 50
@@ -97,7 +97,7 @@ def test_lora_merge_concatenates_ranks_exactly(tiny_parts, tmp_path):
     a = write_adapter(parts, tmp_path / "a.safetensors", "conv_dim=2", "conv_alpha=1", dim=4, alpha=2.0, seed=1)
     b = write_adapter(parts, tmp_path / "b.safetensors", dim=8, alpha=4.0, seed=2)
     out = tmp_path / "ab.safetensors"
-    run(merge_lora.main, "--models", a, b, "--ratios", 0.8, -1.5, "--save_to", out, "--concat")
+    run(merge_lora.run, "--models", a, b, "--ratios", 0.8, -1.5, "--save_to", out, "--concat")
     weights = base_weights(parts)
     da, db, dm = file_deltas(a, weights), file_deltas(b, weights), file_deltas(out, weights)
     assert dm.keys() == da.keys() | db.keys()
@@ -117,7 +117,7 @@ def test_svd_merge_is_the_best_rank_r_approximation_of_the_sum(tiny_parts, tiny_
     h = write_adapter(parts, tmp_path / "h.safetensors", "algo=loha", "conv_dim=2", dim=2, alpha=1.0, seed=2,
                       module="lycoris.kohya")  # fmt: skip
     out = tmp_path / "svd.safetensors"
-    run(svd_merge_lora.main, "--models", a, h, "--ratios", 1.0, 0.5, "--new_rank", 3, "--new_conv_rank", 2,
+    run(svd_merge_lora.run, "--models", a, h, "--ratios", 1.0, 0.5, "--new_rank", 3, "--new_conv_rank", 2,
         "--save_to", out, "--base_model", tiny_dir / "sd1")  # fmt: skip
     weights = base_weights(parts)
     da, dh, dm = file_deltas(a, weights), file_deltas(h, weights), file_deltas(out, weights)
@@ -136,25 +136,25 @@ def test_svd_merge_is_the_best_rank_r_approximation_of_the_sum(tiny_parts, tiny_
 def test_bad_command_lines_are_reported_together(tiny_parts, tmp_path):
     a = write_adapter(tiny_parts["sd1"], tmp_path / "a.safetensors", dim=2)
     with pytest.raises(ConfigError) as e:
-        run(merge_lora.main, "--models", a, tmp_path / "missing.safetensors", "--ratios", 0.5, "--save_to",
+        run(merge_lora.run, "--models", a, tmp_path / "missing.safetensors", "--ratios", 0.5, "--save_to",
             tmp_path / "o.txt")  # fmt: skip
     text = str(e.value)
     assert "--ratios has 1 value(s) for 2" in text and "missing.safetensors: no such file" in text
     assert "--save_to" in text
     with pytest.raises(ConfigError, match="--lbws is not supported"):
-        run(svd_merge_lora.main, "--models", a, "--save_to", tmp_path / "o.safetensors", "--lbws", "[1]")
+        run(svd_merge_lora.run, "--models", a, "--save_to", tmp_path / "o.safetensors", "--lbws", "[1]")
 
 
 def test_an_adapter_for_another_family_is_refused(tiny_parts, tiny_dir, tmp_path):
     xl = write_adapter(tiny_parts["sdxl"], tmp_path / "xl.safetensors", dim=2)
     sd = write_adapter(tiny_parts["sd1"], tmp_path / "sd.safetensors", dim=2)
     with pytest.raises(ValueError, match=r"lora_te1.*SDXL"):
-        run(merge_lora.main, "--sd_model", tiny_dir / "sd1", "--models", xl, "--save_to", tmp_path / "m.safetensors")
+        run(merge_lora.run, "--sd_model", tiny_dir / "sd1", "--models", xl, "--save_to", tmp_path / "m.safetensors")
     with pytest.raises(ValueError, match="different model families"):
-        run(merge_lora.main, "--models", sd, xl, "--save_to", tmp_path / "m.safetensors")
+        run(merge_lora.run, "--models", sd, xl, "--save_to", tmp_path / "m.safetensors")
     with pytest.raises(ConfigError, match=r"is an SD1 model; sdxl_merge_lora.py merges into SDXL models only: use "
                        r"networks/merge_lora.py"):  # fmt: skip
-        run(sdxl_merge_lora.main, "--sd_model", tiny_dir / "sd1", "--models", sd, "--save_to",
+        run(sdxl_merge_lora.run, "--sd_model", tiny_dir / "sd1", "--models", sd, "--save_to",
             tmp_path / "m.safetensors")  # fmt: skip
     assert not (tmp_path / "m.safetensors").exists()
 
@@ -168,14 +168,14 @@ def test_mismatched_shapes_are_named(tiny_parts, tiny_dir, tmp_path):
     state[key] = torch.zeros(2, 5)
     save_file(state, str(tmp_path / "bad.safetensors"))
     with pytest.raises(ValueError, match=r"attn1_to_q: tensors .*do not fit the model's weight of shape \(16, 16\)"):
-        run(merge_lora.main, "--sd_model", tiny_dir / "sd1", "--models", tmp_path / "bad.safetensors", "--save_to",
+        run(merge_lora.run, "--sd_model", tiny_dir / "sd1", "--models", tmp_path / "bad.safetensors", "--save_to",
             tmp_path / "m.safetensors")  # fmt: skip
     with pytest.raises(ValueError, match="different models"):
-        run(merge_lora.main, "--models", path, tmp_path / "bad.safetensors", "--save_to", tmp_path / "m.safetensors")
+        run(merge_lora.run, "--models", path, tmp_path / "bad.safetensors", "--save_to", tmp_path / "m.safetensors")
 
 
 def test_concat_of_non_lora_algorithms_points_to_svd_merge(tiny_parts, tmp_path):
     a = write_adapter(tiny_parts["sd1"], tmp_path / "a.safetensors", dim=2)
     h = write_adapter(tiny_parts["sd1"], tmp_path / "h.safetensors", "algo=loha", dim=2, module="lycoris.kohya")
     with pytest.raises(ValueError, match=r"(?s)module\(s\) hold loha.*svd_merge_lora.py"):
-        run(merge_lora.main, "--models", a, h, "--save_to", tmp_path / "m.safetensors")
+        run(merge_lora.run, "--models", a, h, "--save_to", tmp_path / "m.safetensors")

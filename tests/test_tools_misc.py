@@ -33,7 +33,7 @@ def run(main, *argv):
 # ---------------------------------------------------------------------------------------------- check / metadata
 def test_check_lora_weights_lists_tensors_and_finds_problems(tiny_parts, tmp_path, capsys):
     path = write_adapter(tiny_parts["sd1"], tmp_path / "a.safetensors", dim=2)
-    assert run(check_lora_weights.main, path) is True
+    assert run(check_lora_weights.run, path) is True
     out = capsys.readouterr().out
     state = load_state_dict(path)[0]
     key = next(k for k in state if k.endswith("lora_up.weight"))
@@ -46,20 +46,20 @@ def test_check_lora_weights_lists_tensors_and_finds_problems(tiny_parts, tmp_pat
     other = next(k for k in state if k.endswith("lora_up.weight") and k != key)
     state[other] = torch.zeros_like(state[other])
     save_file(state, str(tmp_path / "bad.safetensors"))
-    assert run(check_lora_weights.main, tmp_path / "bad.safetensors") is False
+    assert run(check_lora_weights.run, tmp_path / "bad.safetensors") is False
     out = capsys.readouterr().out
     assert f"problem: {key}: contains NaN or Inf" in out and "1 module(s) have ΔW = 0" in out
 
 
 def test_show_metadata_prints_sorted_json(tiny_parts, tmp_path, capsys):
     path = write_adapter(tiny_parts["sd1"], tmp_path / "a.safetensors", dim=2, metadata={"ss_tag_frequency": "{}"})
-    assert run(show_metadata.main, "--model", path) is True
+    assert run(show_metadata.run, "--model", path) is True
     printed = json.loads(capsys.readouterr().out)
     assert printed == load_state_dict(path)[1] and list(printed) == sorted(printed)
     save_file({"x": torch.zeros(1)}, str(tmp_path / "bare.safetensors"))
-    assert run(show_metadata.main, "--model", tmp_path / "bare.safetensors") is False
+    assert run(show_metadata.run, "--model", tmp_path / "bare.safetensors") is False
     with pytest.raises(FileNotFoundError, match="no such file"):
-        run(show_metadata.main, "--model", tmp_path / "nope.safetensors")
+        run(show_metadata.run, "--model", tmp_path / "nope.safetensors")
 
 
 # ------------------------------------------------------------------------------------------------------ convert
@@ -76,23 +76,23 @@ def test_convert_keeps_the_model_and_its_v_prediction(tiny_dir, tmp_path):
     sd2 = get_family("sd2")
     original = sd2.load(tiny_dir / "sd2")
     assert original.prediction_type == "v_prediction"
-    single = run(convert_model.main, tiny_dir / "sd2", tmp_path / "sd2.safetensors")
+    single = run(convert_model.run, tiny_dir / "sd2", tmp_path / "sd2.safetensors")
     with safe_open(str(single), framework="pt") as f:
         assert "v_pred" in f.keys() and f.metadata()["modelspec.prediction_type"] == "v"
     _same_model(original, sd2.load(single))
-    folder = run(convert_diffusers20_original_sd.main, single, tmp_path / "sd2_fp16", "--fp16")
+    folder = run(convert_diffusers20_original_sd.run, single, tmp_path / "sd2_fp16", "--fp16")
     back = sd2.load(folder, dtype=torch.float16)
     assert back.prediction_type == "v_prediction"
     with safe_open(str(folder / "unet" / "diffusion_pytorch_model.safetensors"), framework="pt") as f:
         assert f.get_slice(next(iter(f.keys()))).get_dtype() == "F16"
     _same_model(original, back, torch.float16)
-    again = run(convert_model.main, folder, tmp_path / "again.ckpt", "--epoch", 3)  # fp16 in, fp16 out (no up-cast)
+    again = run(convert_model.run, folder, tmp_path / "again.ckpt", "--epoch", 3)  # fp16 in, fp16 out (no up-cast)
     state, meta = load_state_dict(again)
     assert meta["epoch"] == "3" and state["model.diffusion_model.input_blocks.0.0.weight"].dtype == torch.float16
 
 
 def test_convert_marks_sdxl_v_prediction_on_request(tiny_dir, tmp_path):
-    out = run(convert_model.main, tiny_dir / "sdxl", tmp_path / "xl.safetensors", "--v_parameterization", "--bf16")
+    out = run(convert_model.run, tiny_dir / "sdxl", tmp_path / "xl.safetensors", "--v_parameterization", "--bf16")
     loaded = get_family("sdxl").load(out)
     assert loaded.prediction_type == "v_prediction"
     assert load_state_dict(out)[0]["model.diffusion_model.out.2.weight"].dtype == torch.bfloat16
@@ -100,10 +100,10 @@ def test_convert_marks_sdxl_v_prediction_on_request(tiny_dir, tmp_path):
 
 def test_convert_refuses_contradictions(tiny_dir, tmp_path):
     with pytest.raises(ConfigError) as e:
-        run(convert_model.main, tiny_dir / "sd1", tmp_path / "x.safetensors", "--fp16", "--bf16", "--variant", "fp16")
+        run(convert_model.run, tiny_dir / "sd1", tmp_path / "x.safetensors", "--fp16", "--bf16", "--variant", "fp16")
     assert "choose one save precision" in str(e.value) and "--variant is not supported" in str(e.value)
     with pytest.raises(ConfigError, match="is an sd1 model, not sd2"):
-        run(convert_model.main, tiny_dir / "sd1", tmp_path / "x.safetensors", "--v2")
+        run(convert_model.run, tiny_dir / "sd1", tmp_path / "x.safetensors", "--v2")
 
 
 # ------------------------------------------------------------------------------------------------ resize images
@@ -112,7 +112,7 @@ def test_resize_images_to_resolution(tmp_path):
     make_png(src / "a.png", 300, 200)
     make_png(src / "small.png", 40, 30, seed=1)
     (src / "a.txt").write_text("a caption")
-    written = run(resize_images_to_resolution.main, src, dst, "--max_resolution", "100x100,64x64", "--divisible_by", 8,
+    written = run(resize_images_to_resolution.run, src, dst, "--max_resolution", "100x100,64x64", "--divisible_by", 8,
                   "--copy_associated_files", "--save_as_png")  # fmt: skip
     sizes = {p.name: Image.open(p).size for p in written}
     s = (10000 / 60000) ** 0.5
@@ -124,7 +124,7 @@ def test_resize_images_to_resolution(tmp_path):
     assert sizes["small+100x100.png"] == (40, 24)  # never enlarged, only cropped to multiples of 8
     assert (dst / "a.txt").read_text() == "a caption" and (dst / "a+64x64.txt").read_text() == "a caption"
     with pytest.raises(ConfigError, match="'100by100' is not WIDTHxHEIGHT"):
-        run(resize_images_to_resolution.main, src, dst, "--max_resolution", "100by100")
+        run(resize_images_to_resolution.run, src, dst, "--max_resolution", "100by100")
 
 
 # ------------------------------------------------------------------------------------------------- cache latents
@@ -143,11 +143,11 @@ def test_cache_latents_fills_the_cache_training_reads(tiny_dir, tmp_path, monkey
         return original(self, parts, pixels, generator)
 
     monkeypatch.setattr(type(SD1), "encode_latents", counting)
-    run_ = run(cache_latents.main, *flags)
+    run_ = run(cache_latents.run, *flags)
     images = sum(len(d.records) for d in run_.plan.datasets)
     assert sum(calls) == 2 * images  # every image, flipped and not
     assert len(list((tmp_path / "cache").rglob("*.safetensors"))) == 2 * images
     calls.clear()
-    run(train_network.main, *flags, "--cache_latents", "--output_dir", tmp_path / "out", "--network_module",
+    run(train_network.run, *flags, "--cache_latents", "--output_dir", tmp_path / "out", "--network_module",
         "networks.lora", "--max_train_steps", 1, "--max_data_loader_n_workers", 0, "--seed", 1)  # fmt: skip
     assert calls == []  # training found every latent in the cache

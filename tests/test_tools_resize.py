@@ -15,7 +15,7 @@ from networks import resize_lora
 
 
 def resize(*argv):
-    return resize_lora.main([str(a) for a in argv])
+    return resize_lora.run([str(a) for a in argv])
 
 
 @pytest.fixture(scope="module")

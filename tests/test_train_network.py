@@ -40,7 +40,7 @@ def args_for(model, dataset, out, *extra, steps=3):
 
 def train(family, *argv):
     names = ("sdxl",) if family == "sdxl" else ("sd1", "sd2")
-    return train_network.main(list(argv), family_names=names)
+    return train_network.run(list(argv), family_names=names)
 
 
 def _unet_out(unet, family_parts, seed=0):
@@ -251,6 +251,6 @@ def test_ckpt_output_and_tensorboard_log(tiny_dir, dataset, tmp_path):
 
 def test_command_line_errors_exit_2_without_traceback(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr("sys.argv", ["train_network.py", "--pretrained_model_name_or_path", str(tmp_path / "nope")])
-    assert train_network.run_cli() == 2
+    assert train_network.main() == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "nope: no such file or folder" in err and "Traceback" not in err

@@ -53,7 +53,7 @@ def train(family, *argv, runs=None, monkeypatch=None):
         start = train_setup.start
         monkeypatch.setattr(train_setup, "start", lambda cfg: runs.append(start(cfg)) or runs[-1])
     names = ("sdxl",) if family == "sdxl" else ("sd1", "sd2")
-    return train_textual_inversion.main(list(argv), family_names=names)
+    return train_textual_inversion.run(list(argv), family_names=names)
 
 
 def _max_diff(a: Image.Image, b: Image.Image) -> int:
@@ -127,7 +127,7 @@ def test_only_new_rows_train_and_diffusers_reads_the_file(tiny_dir, dataset, tmp
     assert (ours.hidden_states - plain.hidden_states).abs().max() > 1e-4  # the trained rows are used
 
     # our sampler (gen_img) with the file gives diffusers' pixels for the same seed and scheduler
-    out = gen_img.main(["--ckpt", str(tiny_dir / family_name), "--prompt", f"{prompt} --d 4 --n bad",
+    out = gen_img.run(["--ckpt", str(tiny_dir / family_name), "--prompt", f"{prompt} --d 4 --n bad",
                         "--textual_inversion_embeddings", str(result.output), "--outdir", str(tmp_path / "img"),
                         "--steps", "3", "--W", "64", "--H", "64", "--scale", "6"])  # fmt: skip
     theirs_img = pipe(prompt, negative_prompt="bad", height=64, width=64, num_inference_steps=3, guidance_scale=6.0,
@@ -156,7 +156,7 @@ def test_samples_during_training_use_the_embedding(tiny_dir, dataset, tmp_path):
     samples = sorted((tmp_path / "run" / "sample").glob(f"{TOKEN}_*_00_*.png"))
     first, last = [s for s in samples if "_e000000_" in s.name], [s for s in samples if "_000003_" in s.name]
     assert first and last
-    again = gen_img.main(["--ckpt", str(tiny_dir / "sd1"), "--prompt", f"a photo of {TOKEN} --d 4 --n bad",
+    again = gen_img.run(["--ckpt", str(tiny_dir / "sd1"), "--prompt", f"a photo of {TOKEN} --d 4 --n bad",
                           "--textual_inversion_embeddings", str(result.output), "--outdir", str(tmp_path / "img"),
                           "--steps", "3", "--W", "64", "--H", "64", "--scale", "6", "--sampler", "ddim"])  # fmt: skip
     assert _max_diff(Image.open(last[0]), Image.open(again[0])) <= 1  # the sample used the trained rows
