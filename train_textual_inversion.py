@@ -40,6 +40,7 @@ def run(argv: Sequence[str] | None = None, family_names: Sequence[str] = ("sd1",
     if resume.nothing_left(cfg.save, cfg.run):  # --resume of a finished run: say so, write nothing
         return None
     run = train_setup.start(cfg)  # accelerator, seed, dataset plan + bucket report, model, caches
+    train_setup.release_unused_parts(run)  # the VAE when every latent is cached
     ti = cfg.method
     vectors = init_vectors(run.family, run.parts, ti.token_string, ti.num_vectors_per_token, ti.init_word, ti.weights)
     embedding = TokenEmbeddings(run.family, run.parts, ti.token_string, vectors, ti.init_word)  # tokens added

@@ -16,6 +16,7 @@ import hashlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ from library.runtime import (
     console_logging,
     make_accelerator,
     num_workers,
+    return_freed_memory,
     seed_everything,
     set_attention,
     total_steps,
@@ -290,6 +292,7 @@ def start(cfg: TrainConfig) -> Run:
         deepspeed_plugin=engine(cfg) if engine is not None else None,
     )
     seed_everything(cfg.run.seed)
+    return_freed_memory(accelerator.device)  # CPU: freed activations leave the process at once
     family = cfg.family
     data_args = cfg.data
     plan = build_plan(cfg, accelerator)
@@ -373,19 +376,38 @@ def load_model(cfg: TrainConfig, accelerator: Any) -> Parts:
     for module in (parts.denoiser, *parts.text_encoders, parts.vae):
         module.to(accelerator.device)
     set_attention([parts.denoiser, parts.vae], run.attention)
-    if run.fp8_base or run.fp8_base_unet:
+    fp8 = run.fp8_base or run.fp8_base_unet
+    if fp8:
         parts.denoiser.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=run.weight_dtype)
         if run.fp8_base and not run.fp8_base_unet:
+            from diffusers.hooks import apply_layerwise_casting  # transformers' encoders lack the method
+
             for te in parts.text_encoders:
-                te.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=run.weight_dtype)
+                apply_layerwise_casting(te, storage_dtype=torch.float8_e4m3fn, compute_dtype=run.weight_dtype)
     if run.gradient_checkpointing:
-        parts.denoiser.enable_gradient_checkpointing()
-        if cfg.train_text_encoder:
-            for te in parts.text_encoders:
-                te.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(parts.denoiser, parts.text_encoders if cfg.train_text_encoder else [], fp8)
     if run.torch_compile:
         parts.denoiser = torch.compile(parts.denoiser, backend=run.dynamo_backend)
     return parts
+
+
+def enable_checkpointing(unet: torch.nn.Module, text_encoders: list[torch.nn.Module], fp8: bool) -> None:
+    """--gradient_checkpointing on the UNet and the given (trained) text encoders.
+
+    fp8 layer-wise casting swaps a weight back to fp8 after its layer ran, so torch's recompute check sees fp8
+    where the forward saw the compute dtype; the recomputed values are the same (tested), so the check is skipped.
+    """
+    kwargs = {"use_reentrant": False} | ({"determinism_check": "none"} if fp8 else {})
+    unet.enable_gradient_checkpointing(partial(_checkpoint, kwargs) if fp8 else None)
+    for te in text_encoders:
+        te.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def _checkpoint(kwargs: dict, module: Any, *args: Any) -> Any:
+    """diffusers' gradient checkpointing call, with our ``torch.utils.checkpoint.checkpoint`` keyword arguments."""
+    from torch.utils.checkpoint import checkpoint
+
+    return checkpoint(module.__call__, *args, **kwargs)
 
 
 def module_identity(module: torch.nn.Module, extra: str = "") -> str:
@@ -436,3 +458,40 @@ def fill_caches(run: Run) -> None:
             run.validation_text_cache = data.cache_text_encoder_outputs(run.plan.validation, encode_text, te_id)
         for te in parts.text_encoders:
             te.to("cpu")
+
+
+def release_unused_parts(run: Run) -> list[str]:
+    """Free the frozen weights no later step reads; returns what was freed (for the log).
+
+    The VAE once every latent is cached; the text encoders once every caption's outputs are cached (they are not
+    trained then). Both stay when training samples images. For recipes that train adapters or embeddings: a
+    recipe that saves the whole model (fine-tuning) keeps every part. A freed module keeps its structure (its
+    weights become meta tensors) and refuses to run, with a message that says why.
+    """
+    cfg, parts = run.cfg, run.parts
+    if cfg.sample.enabled:
+        return []
+    freed = []
+    if cfg.data.cache_latents:
+        _release(parts.vae, "the VAE", "--cache_latents")
+        freed.append("VAE")
+    if cfg.data.cache_text_encoder_outputs and not cfg.train_text_encoder:
+        for te in parts.text_encoders:
+            _release(te, "the text encoder", "--cache_text_encoder_outputs")
+        freed.append("text encoders")
+    if freed:
+        import gc
+
+        gc.collect()
+        logger.info("freed the %s: cached outputs replace them and nothing samples images", " and ".join(freed))
+    return freed
+
+
+def _release(module: torch.nn.Module, what: str, flag: str) -> None:
+    module.to("meta")  # the weights' memory is given back; names and shapes stay
+
+    def refuse(*_: Any) -> None:
+        raise RuntimeError(f"{what} was freed after {flag} cached its outputs (training needs only the cache); "
+                           "nothing should run it afterwards")  # fmt: skip
+
+    module.register_forward_pre_hook(refuse)

@@ -13,7 +13,7 @@ import json
 import os
 import pickle
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from pathlib import Path
 
@@ -139,6 +139,45 @@ def load_state_dict(path: str | os.PathLike, device: str = "cpu") -> tuple[dict[
         f"{path}: unsupported weight file type {suffix!r}; expected .safetensors or a pickle checkpoint "
         f"({', '.join(PICKLE_SUFFIXES)})"
     )
+
+
+class SafetensorsReader(Mapping):
+    """A safetensors file as a read-only mapping that reads a tensor when it is asked for, with ordinary reads (no
+    memory map, whose touched pages would stay resident until the whole file is closed). Loading a model into
+    another dtype then holds one source tensor at a time, never a second copy of the model."""
+
+    DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+              "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "I64": torch.int64, "I32": torch.int32,
+              "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}  # fmt: skip
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        with open(self.path, "rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(size))
+        self.metadata: dict[str, str] = header.pop("__metadata__", None) or {}
+        self.entries, self.start = header, 8 + size
+
+    def shape(self, key: str) -> torch.Size:
+        return torch.Size(self.entries[key]["shape"])
+
+    def __getitem__(self, key: str) -> Tensor:
+        entry = self.entries[key]
+        begin, end = entry["data_offsets"]
+        dtype = self.DTYPES[entry["dtype"]]
+        if end == begin:
+            return torch.empty(entry["shape"], dtype=dtype)
+        data = bytearray(end - begin)
+        with open(self.path, "rb") as f:
+            f.seek(self.start + begin)
+            f.readinto(data)
+        return torch.frombuffer(data, dtype=dtype).reshape(entry["shape"])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
 
 
 def _load_pickle(path: Path, device: str) -> tuple[dict[str, Tensor], dict[str, str]]:

@@ -22,7 +22,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..weight_files import PICKLE_SUFFIXES, SAFETENSORS_SUFFIXES, load_state_dict, mmap_disabled
+from ..weight_files import (
+    PICKLE_SUFFIXES,
+    SAFETENSORS_SUFFIXES,
+    SafetensorsReader,
+    load_state_dict,
+    mmap_disabled,
+)
 from .base import FamilySpec, Parts
 from .convert import (
     UNET_PREFIX,
@@ -180,8 +186,9 @@ def instantiate(
     expected = model.state_dict()
     missing = [k for k in expected if k not in state]
     unexpected = [k for k in state if k not in expected]
-    wrong = [f"{k}: file {tuple(state[k].shape)} vs model {tuple(v.shape)}" for k, v in expected.items()
-             if k in state and state[k].shape != v.shape]  # fmt: skip
+    shape = state.shape if isinstance(state, SafetensorsReader) else lambda k: state[k].shape  # without reading
+    wrong = [f"{k}: file {tuple(shape(k))} vs model {tuple(v.shape)}" for k, v in expected.items()
+             if k in state and shape(k) != v.shape]  # fmt: skip
     if missing or unexpected or wrong:
         details = "; ".join(
             f"{label} {len(items)} (e.g. {', '.join(items[:3])})"
@@ -192,7 +199,8 @@ def instantiate(
             f"{path}: the {what} weights do not fit the architecture of {source}: {details}. Is this the right "
             "model family and a complete checkpoint?"
         )
-    # cast before assigning: no second copy of the model, and no diffusers ``ModelMixin.to`` warnings
+    # cast before assigning, one tensor at a time: no second copy of the model, and no diffusers ``ModelMixin.to``
+    # warnings
     state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
     model.load_state_dict(state, strict=True, assign=True)
     return model
@@ -309,10 +317,10 @@ def load_diffusers(spec: FamilySpec, folder: Path, dtype: Any, v_parameterizatio
     if missing:
         raise ValueError(f"{folder}: the diffusers model lacks {', '.join(f'{m}/config.json' for m in missing)}")
     no_mmap = {"disable_mmap": True} if mmap_disabled() else {}  # --disable_mmap_load_safetensors
-    unet = UNet2DConditionModel.from_pretrained(
+    unet = _read_component(folder / "unet", build_unet, dtype) or UNet2DConditionModel.from_pretrained(
         folder, subfolder="unet", torch_dtype=dtype, variant=_variant(folder / "unet"), **no_mmap
     )
-    vae = AutoencoderKL.from_pretrained(
+    vae = _read_component(folder / "vae", build_vae, dtype) or AutoencoderKL.from_pretrained(
         folder, subfolder="vae", torch_dtype=dtype, variant=_variant(folder / "vae"), **no_mmap
     )
     text_encoders = []
@@ -328,6 +336,25 @@ def load_diffusers(spec: FamilySpec, folder: Path, dtype: Any, v_parameterizatio
     scheduler.setdefault("prediction_type", "epsilon")
     log.info("%s: prediction type %s", folder, scheduler["prediction_type"])
     return Parts(unet, vae, text_encoders, [], scheduler, spec.name, str(folder), {})
+
+
+def _read_component(sub: Path, build: Callable, dtype: Any) -> nn.Module | None:
+    """A diffusers component stored in another dtype than ``dtype`` as one safetensors file, read and cast tensor by
+    tensor (the peak is the model in ``dtype`` plus one tensor as stored; diffusers' loader holds the stored copy
+    whole while it casts). None when no cast is needed (diffusers' memory map is the lighter way then: the kernel
+    may drop clean pages) and for other layouts (sharded, variants, .bin, old key names): diffusers loads those."""
+    files = list(sub.glob("*.safetensors"))
+    if len(files) != 1 or not (sub / "config.json").is_file() or ".fp16." in files[0].name:
+        return None
+    reader = SafetensorsReader(files[0])
+    stored = {reader.DTYPES.get(e["dtype"]) for e in reader.entries.values()}
+    if stored <= {dtype} or not any(t is not None and t.is_floating_point for t in stored):
+        return None
+    config = json.loads((sub / "config.json").read_text())
+    try:
+        return build(config, reader, sub, f"{sub / 'config.json'}", dtype)
+    except ValueError:  # keys of an older diffusers layout: diffusers' own loader renames them
+        return None
 
 
 def _tf_dtype(dtype: Any) -> dict:
