@@ -6,6 +6,9 @@ import logging
 # never uses 4-bit CPU matmuls, so the advice ("pip install kernels") would only mislead.
 logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
+from library import deferred_imports  # noqa: E402
 from library.logs import quiet_libraries  # noqa: E402
+
+deferred_imports.install()  # diffusers' model subpackages import only the classes a run uses
 
 quiet_libraries()  # transformers' torchvision notices, diffusers' float32 note: nothing a user can act on
