@@ -57,6 +57,11 @@ class SampleConfig:
     default_steps: int = DEFAULT_SAMPLE_STEPS
     default_scale: float = DEFAULT_SCALE
 
+    @property
+    def enabled(self) -> bool:
+        """Whether the run samples at all (then the VAE and text encoders must stay loaded)."""
+        return self.prompts_file is not None and bool(self.every_n_steps or self.every_n_epochs or self.at_first)
+
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> SampleConfig:
         """Validate the sampling flags; the prompt file must exist and parse (every bad line reported at once)."""
