@@ -148,8 +148,9 @@ def real_child(family: str, steps: int, workdir: Path, tiny: bool, extra: list[s
     from torch.utils.flop_counter import FlopCounterMode
 
     from library.demo import make_example_dataset, make_tiny_model
+    from library.families import get_family
 
-    resolution = 64 if tiny else {"sd1": 512, "sdxl": 1024}[family]
+    resolution = 64 if tiny else get_family(family).default_resolution()
     model = make_tiny_model(workdir / "models", family) if tiny else build(family, workdir / f"real-{family}", "bf16")
     data = make_example_dataset(workdir / f"data{resolution}", size=resolution)
     cuda = torch.cuda.is_available()

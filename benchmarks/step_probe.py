@@ -21,6 +21,7 @@ def run_training(argv: Sequence[str], family: str, on_start: Hook | None = None,
     called around step ``i`` (0-based). Returns the (start, end) wall times of the steps."""
     sys.path.insert(0, str(ROOT))
     import train_network
+    from library.families import trained_together
     from library.trainer import Trainer
 
     times: list[list[float]] = []
@@ -41,7 +42,7 @@ def run_training(argv: Sequence[str], family: str, on_start: Hook | None = None,
 
     train_network.batch_loss, Trainer.step_done = batch_loss, step_done
     try:
-        train_network.run(list(argv), family_names=("sdxl",) if family == "sdxl" else ("sd1", "sd2"))
+        train_network.run(list(argv), family_names=trained_together(family))
     finally:
         train_network.batch_loss, Trainer.step_done = original_loss, original_done
     return [tuple(t) for t in times]
