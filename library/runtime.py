@@ -252,25 +252,46 @@ def console_logging(level: str | None, file: str | None, simple: bool) -> None:
 TINY_MODEL_PARAMS = 50_000_000  # tiny test/demo models have a few million; SD1's UNet alone has 860 million
 
 
-MMAP_THRESHOLD = 128 * 1024  # glibc's own starting value
+MMAP_THRESHOLD = 128 * 1024  # glibc's own starting value: blocks this large or larger get their own mapping
+TRIM_THRESHOLD = 64 << 20  # the heap's top is given back only past 64 MiB: small blocks are not faulted in each step
+HEAP_REUSE_THRESHOLD = 32 << 20  # glibc's ceiling for its moving threshold: blocks below it are reused from the heap
+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # malloc.h
 
 
-def return_freed_memory(device: torch.device) -> bool:
-    """On CPU with glibc: serve every allocation of 128 KiB or more from its own mapping, so that a freed activation
-    goes back to the system at once. glibc's default raises this threshold (up to 32 MiB) each time such a block is
-    freed and then keeps later blocks in its heap, where they stay resident: about 0.6 GiB of a real-size SD1.5
-    step's peak RSS (benchmarks/bench_memory.py). The numbers computed do not change. ``MALLOC_MMAP_THRESHOLD_`` in
-    the environment wins. Returns whether the setting was made."""
-    if device.type != "cpu" or "MALLOC_MMAP_THRESHOLD_" in os.environ:
-        return False
+def _mallopt(*settings: tuple[int, int]) -> bool:
     import ctypes
     import ctypes.util
 
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.mallopt(-3, MMAP_THRESHOLD))  # M_MMAP_THRESHOLD = -3 (malloc.h); 1 on success
+        return all(libc.mallopt(option, value) == 1 for option, value in settings)  # 1 on success
     except (OSError, AttributeError):  # not glibc (musl, macOS, Windows): nothing to set
         return False
+
+
+def return_freed_memory(device: torch.device) -> bool:
+    """On CPU with glibc: serve every allocation of 128 KiB or more from its own mapping, so that a freed activation
+    goes back to the system at once. glibc's default raises this threshold (up to 32 MiB) each time such a block is
+    freed and then keeps later blocks in its heap, where they stay resident: about 1.5 GiB of a real-size SD1.5
+    step's peak RSS. The heap's top is trimmed only past 64 MiB, so the small blocks a step frees and takes again are
+    not faulted in every step. The numbers computed do not change; the price is that the next step faults the large
+    blocks in again (docs/training.md, "The price of the lower peak on CPU"). Called before the model loads (the load
+    peaks too); :func:`reuse_heap_for_small_models` undoes it for tiny models. ``MALLOC_MMAP_THRESHOLD_`` in the
+    environment wins. Returns whether the setting was made."""
+    if device.type != "cpu" or "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        return False
+    return _mallopt((M_MMAP_THRESHOLD, MMAP_THRESHOLD), (M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+
+
+def reuse_heap_for_small_models(device: torch.device, model_params: int) -> bool:
+    """After :func:`return_freed_memory`, for a tiny model (under ``TINY_MODEL_PARAMS``): serve blocks under 32 MiB
+    from the heap again, as glibc's default does once it has warmed up. A tiny model's blocks are small, so returning
+    them saves nothing, and mapping each one anew costs ~15 % of its step (measured on the tiny SD1 model). Returns
+    whether the setting was made."""
+    if device.type != "cpu" or "MALLOC_MMAP_THRESHOLD_" in os.environ or model_params >= TINY_MODEL_PARAMS:
+        return False
+    return _mallopt((M_MMAP_THRESHOLD, HEAP_REUSE_THRESHOLD))
 
 
 def choose_cpu_threads(device: torch.device, model_params: int, num_processes: int = 1) -> str:
