@@ -40,3 +40,38 @@ def test_diffusers_model_packages_load_lazily_and_completely():
     ]  # not unet_3d_condition, autoencoder_tiny, ... (the package __init__s import ~60 modules)
     assert got["same_class"] and got["after_3d"]
     assert got["names"] == ["UNet3DConditionModel", "AutoencoderTiny", "AutoencoderKL"]
+
+
+WHOLE = r"""
+import json, sys
+import library  # installs the hook
+from diffusers import AutoencoderKL, UNet2DConditionModel
+import diffusers.loaders.single_file_model  # what the families' single-file loading imports
+from library.deferred_imports import DeferredPackage
+waiting = {name: isinstance(sys.modules.get(name), DeferredPackage) for name in ("bitsandbytes", "scipy.stats")}
+skipped = [name for name in ("diffusers.hooks.layerwise_casting", "diffusers.hooks.faster_cache") if name in sys.modules]
+out = {"waiting": waiting, "skipped": skipped}
+if sys.argv[1] == "submodule":  # importing a submodule runs the package's __init__ first, as without the hook
+    from bitsandbytes.optim import AdamW8bit
+    import bitsandbytes, torch
+    out["ran"] = hasattr(bitsandbytes, "__version__") and hasattr(torch.ops, "bitsandbytes")
+    out["name"] = AdamW8bit.__name__
+else:  # a name looked up on the package runs it
+    import scipy.stats, bitsandbytes
+    from diffusers import DPMSolverMultistepScheduler
+    from diffusers.hooks import apply_layerwise_casting
+    s = DPMSolverMultistepScheduler(use_beta_sigmas=True)  # reads scipy.stats.beta
+    s.set_timesteps(4)
+    out["ran"] = scipy.stats.beta.ppf(0.5, 2, 2) == 0.5 and bitsandbytes.optim.AdamW8bit.__name__ == "AdamW8bit"
+    out["name"] = apply_layerwise_casting.__name__
+print(json.dumps(out))
+"""
+
+
+def test_optional_packages_wait_for_their_first_use():
+    for mode in ("submodule", "name"):
+        out = subprocess.run([sys.executable, "-c", WHOLE, mode], cwd=ROOT, capture_output=True, text=True, check=True)
+        got = json.loads(out.stdout.strip().splitlines()[-1])
+        # importing the UNet and VAE no longer runs the __init__ of bitsandbytes, scipy.stats or diffusers.hooks
+        assert got["waiting"] == {"bitsandbytes": True, "scipy.stats": True} and got["skipped"] == [], (mode, got)
+        assert got["ran"] and got["name"] in ("AdamW8bit", "apply_layerwise_casting"), (mode, got)
