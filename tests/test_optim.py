@@ -646,45 +646,62 @@ def test_constant_schedules_equal_transformers_without_importing_it(warmup):
     assert out.stdout.strip() == "False", out.stderr
 
 
+def _train_six_steps(*flags: str) -> tuple[list[torch.Tensor], torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(s)) for s in ((8, 4), (3,), (5, 5, 2))]
+    groups = [{"params": params[:2], "lr": 1e-2}, {"params": params[2:], "lr": 3e-3}]
+    opt = make_optimizer(config(*flags, "--learning_rate", "1e-2"), groups)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(6):
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=gen)
+        opt.step()
+    return params, opt
+
+
 @pytest.mark.parametrize(
     "flags",
     [
         ("--optimizer_type", "AdamW", "--optimizer_args", "weight_decay=0.1"),
         ("--optimizer_type", "AdamW", "--optimizer_args", "amsgrad=True"),
         ("--optimizer_type", "SGDNesterov", "--optimizer_args", "weight_decay=0.01"),
+        ("--optimizer_type", "Adagrad"),
     ],
 )
-def test_cpu_runs_take_the_foreach_path_with_bitwise_the_same_weights(flags):
-    """make_optimizer asks torch's optimizers for their multi-tensor path on the CPU (no per-tensor Python loop); the
-    weights after several steps equal the per-tensor path's exactly."""
+def test_cpu_runs_take_the_fused_path_with_the_same_weights(flags):
+    """make_optimizer asks torch's optimizers that have a fused CPU kernel for it (one C++ call per step); the weights
+    after several steps equal the per-tensor path's up to the last bit."""
+    fast, opt = _train_six_steps(*flags)
+    slow, slow_opt = _train_six_steps(*flags[:2], "--optimizer_args", *flags[3:], "foreach=False")
+    assert all(g["fused"] is True for g in opt.param_groups)
+    assert all(not g["fused"] and g["foreach"] is False for g in slow_opt.param_groups)
+    for a, b in zip(fast, slow):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
 
-    def train(foreach: str | None) -> tuple[list[torch.Tensor], torch.optim.Optimizer]:
-        torch.manual_seed(0)
-        params = [torch.nn.Parameter(torch.randn(s)) for s in ((8, 4), (3,), (5, 5, 2))]
-        args = flags if foreach is None else (*flags, f"foreach={foreach}")
-        groups = [{"params": params[:2], "lr": 1e-2}, {"params": params[2:], "lr": 3e-3}]
-        opt = make_optimizer(config(*args, "--learning_rate", "1e-2"), groups)
-        gen = torch.Generator().manual_seed(1)
-        for _ in range(6):
-            for p in params:
-                p.grad = torch.randn(p.shape, generator=gen)
-            opt.step()
-        return params, opt
 
-    fast, opt = train(None)
-    slow, slow_opt = train("False")
+@pytest.mark.parametrize("name", ["Adamax", "RMSprop", "RAdam"])
+def test_cpu_runs_without_a_fused_kernel_take_the_foreach_path_with_the_same_weights(name):
+    """Optimizers without a fused kernel get torch's multi-tensor path: the same weights (exactly, but for RAdam,
+    whose multi-tensor path rounds differently in the last bit)."""
+    fast, opt = _train_six_steps("--optimizer_type", name)
+    slow, slow_opt = _train_six_steps("--optimizer_type", name, "--optimizer_args", "foreach=False")
     assert all(g["foreach"] is True for g in opt.param_groups)
     assert all(g["foreach"] is False for g in slow_opt.param_groups)
     for a, b in zip(fast, slow):
-        assert torch.equal(a, b)
+        if name == "RAdam":
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+        else:
+            assert torch.equal(a, b)
 
 
 def test_foreach_is_not_asked_for_a_full_model_on_the_cpu(monkeypatch):
-    """Above the size limit (a full model) the per-tensor path stays: foreach temporaries span all parameters."""
+    """Above the size limit (a full model) the per-tensor path stays: foreach temporaries span all parameters. The
+    fused kernel has no such temporaries and is taken at any size."""
     import library.optim.optimizers as optimizers
 
     params = [torch.nn.Parameter(torch.zeros(10, 10)) for _ in range(3)]
     monkeypatch.setattr(optimizers, "FOREACH_MAX_CPU_PARAMS", 299)
-    assert make_optimizer(config("--optimizer_type", "AdamW"), params).param_groups[0]["foreach"] is None
+    assert make_optimizer(config("--optimizer_type", "RAdam"), params).param_groups[0]["foreach"] is None
+    assert make_optimizer(config("--optimizer_type", "AdamW"), params).param_groups[0]["fused"] is True
     monkeypatch.setattr(optimizers, "FOREACH_MAX_CPU_PARAMS", 300)
-    assert make_optimizer(config("--optimizer_type", "AdamW"), params).param_groups[0]["foreach"] is True
+    assert make_optimizer(config("--optimizer_type", "RAdam"), params).param_groups[0]["foreach"] is True

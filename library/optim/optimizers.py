@@ -311,29 +311,36 @@ def make_optimizer(cfg: OptimConfig, param_groups: Iterable[Any]) -> torch.optim
     kwargs = resolve_optimizer_kwargs(spec, cfg.optimizer_kwargs)
     lr = _PREPARE[spec.kind](cfg, spec, groups, kwargs)
     logger.info(f"optimizer: {cls.__module__}.{cls.__name__} lr={lr} {kwargs}")
-    optimizer = cls(groups, lr=lr, **kwargs, **cpu_foreach(cls, groups, kwargs))
+    optimizer = cls(groups, lr=lr, **kwargs, **cpu_fast_path(cls, groups, kwargs))
     set_train_mode(optimizer, True)
     return optimizer
 
 
 FOREACH_MAX_CPU_PARAMS = 2**25  # 128 MiB of fp32 temporaries per foreach op at most
+FUSED_CPU_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def cpu_foreach(cls: type, groups: list[dict[str, Any]], kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """``{"foreach": True}`` for torch's own optimizers when every parameter is on the CPU, else ``{}``.
+def cpu_fast_path(cls: type, groups: list[dict[str, Any]], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """torch's fused or multi-tensor (foreach) optimizer step when every parameter is on the CPU, else ``{}``.
 
-    torch takes the multi-tensor (foreach) path by default on GPUs only; on the CPU it loops over the parameters in
-    Python, several calls per tensor (~1,000 adapter tensors for an SDXL LoRA). Both paths apply the same per-element
-    operations in the same order, so the weights are bitwise the same (tests/test_optim.py); only the Python loop
-    goes. The foreach path holds temporaries the size of all parameters at once, so it is used only up to
+    On the CPU torch loops over the parameters in Python by default, several calls per tensor (~1,000-2,000 adapter
+    tensors for an SDXL LoRA). Where the class has a fused CPU kernel (Adam, AdamW, SGD, Adagrad) it is asked for:
+    one C++ call updates every tensor, with no temporaries beyond the tensor in hand, so it is used at any size. One
+    AdamW step over the tiny SDXL LoRA's 1,972 tensors: 37 ms per-tensor, 35 ms foreach, 9.5 ms fused (1 thread).
+    The fused kernel's rounding differs from the per-tensor path in the last bit (~1e-8 after a few steps; tested).
+    Other torch optimizers get the foreach path: the same per-element operations, bitwise the same weights for most
+    (Adamax, RMSprop, Adadelta, Rprop; RAdam, NAdam and ASGD round differently in the last bit); it holds temporaries the size of all parameters at once, so it is used only up to
     ``FOREACH_MAX_CPU_PARAMS`` parameters (adapters; a full model keeps the per-tensor path and its memory).
-    ``--optimizer_args foreach=...`` or ``fused=True`` is left as given."""
-    if not cls.__module__.startswith("torch.") or "foreach" in kwargs or kwargs.get("fused"):
-        return {}
-    if "foreach" not in inspect.signature(cls).parameters:
+    ``--optimizer_args foreach=...`` or ``fused=...`` is left as given."""
+    if not cls.__module__.startswith("torch.") or "foreach" in kwargs or "fused" in kwargs:
         return {}
     params = [p for g in groups for p in g["params"]]
     if not params or any(p.device.type != "cpu" for p in params):
+        return {}
+    accepted = inspect.signature(cls).parameters
+    if "fused" in accepted and not kwargs.get("differentiable") and all(p.dtype in FUSED_CPU_DTYPES for p in params):
+        return {"fused": True}
+    if "foreach" not in accepted:
         return {}
     return {"foreach": True} if sum(p.numel() for p in params) <= FOREACH_MAX_CPU_PARAMS else {}
 
