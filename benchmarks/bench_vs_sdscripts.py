@@ -141,14 +141,14 @@ def make_sides(a: argparse.Namespace) -> list[Side]:
 
 
 def ensure_assets(a: argparse.Namespace, sds: Side, cases: list[str]) -> None:
-    """Tiny models, dataset and tokenizer cache under ASSETS, built with sd-scripts' python where missing."""
+    """Tiny models, dataset and tokenizer cache under ASSETS, built where missing (models with this python and
+    sdtrain's library; the dataset with sd-scripts' python)."""
     py = str(sds.venv / "bin" / "python")
     models = a.assets / "models"
-    bpe = ROOT / "library" / "families" / "data" / "bpe_simple_vocab_16e6.txt.gz"
     for kind in ("sd1", "sdxl"):
         if any(CASES[c][1] == f"tiny-{kind}-real" for c in cases) and not (models / f"tiny-{kind}-real").exists():
-            subprocess.run([py, str(PEER / "tiny_models.py"), str(models), "--layout", "real", "--only", kind,
-                            "--bpe", str(bpe)], check=True)  # fmt: skip
+            subprocess.run([sys.executable, str(PEER / "tiny_models.py"), str(models), "--layout", "real", "--only",
+                            kind], check=True)  # fmt: skip
     tok = a.assets / "tokcache"
     for src, dst in (("tiny-sd1-real/tokenizer", "openai_clip-vit-large-patch14"),
                      ("tiny-sdxl-real/tokenizer_2", "laion_CLIP-ViT-bigG-14-laion2B-39B-b160k"),
@@ -157,9 +157,11 @@ def ensure_assets(a: argparse.Namespace, sds: Side, cases: list[str]) -> None:
             shutil.copytree(models / src, tok / dst)
     if not (a.assets / "data" / "train").exists():
         subprocess.run([py, str(PEER / "make_dataset.py"), str(a.assets / "data" / "train")], check=True)
-    if "sd1_real" in cases and not (models / "real-sd1").exists():
-        subprocess.run([py, str(PEER / "full_size_sd1.py"), str(models / "real-sd1"), "--tokenizer",
-                        str(models / "tiny-sd1-real" / "tokenizer")], check=True)  # fmt: skip
+    if "sd1_real" in cases:
+        sys.path.insert(0, str(HERE))
+        from real_size_model import build  # the released SD1.5 architecture, random weights
+
+        build("sd1", models / "real-sd1")  # nothing is written when the folder already holds a model
     if "sd1_real" in cases and not (a.assets / "data512" / "train").exists():
         subprocess.run([py, str(PEER / "make_dataset.py"), str(a.assets / "data512" / "train"), "--n", "2", "--res",
                         "512"], check=True)  # fmt: skip
