@@ -42,6 +42,25 @@ class Parts:
         return self.scheduler_config.get("prediction_type", "epsilon")
 
 
+@dataclass(frozen=True)
+class PartDtypes:
+    """The dtype each part is loaded in (``ModelFamily.load(dtype=...)`` takes one of these or one dtype for all).
+
+    A training run loads what it trains in the training dtype and what stays frozen in the mixed-precision dtype,
+    each straight from the file's values (never through a half-precision copy first)."""
+
+    denoiser: torch.dtype = torch.float32
+    vae: torch.dtype = torch.float32
+    text_encoders: torch.dtype = torch.float32
+
+    @classmethod
+    def of(cls, dtype: torch.dtype | PartDtypes | None) -> PartDtypes:
+        if isinstance(dtype, PartDtypes):
+            return dtype
+        dtype = dtype or torch.float32
+        return cls(dtype, dtype, dtype)
+
+
 @dataclass
 class Cond:
     """Prompt conditioning for the UNet.
@@ -142,8 +161,9 @@ class ModelFamily(Protocol):
     """What the denoiser (``Parts.denoiser``) is called in messages: "UNet" (a transformer for DiT families)."""
 
     def load(self, path: str | Path, **options: Any) -> Parts:
-        """A diffusers folder or a single file -> frozen modules in eval mode (options: dtype, vae,
-        v_parameterization, tokenizer_cache_dir, device)."""
+        """A diffusers folder or a single file -> frozen modules in eval mode (options: dtype (one dtype, or
+        :class:`PartDtypes` per part), vae, v_parameterization, tokenizer_cache_dir, device: where each weight goes
+        as it is read)."""
         ...
 
     def save(self, parts: Parts, path: str | Path, **options: Any) -> Path:

@@ -29,7 +29,7 @@ from ..weight_files import (
     load_state_dict,
     mmap_disabled,
 )
-from .base import FamilySpec, Parts
+from .base import FamilySpec, PartDtypes, Parts
 from .convert import (
     UNET_PREFIX,
     hf_for_model,
@@ -171,8 +171,10 @@ def instantiate(
     source: str,
     dtype: Any,
     adapt: Callable[[Mapping[str, Tensor], nn.Module], Mapping[str, Tensor]] | None = None,
+    device: Any = None,
 ) -> nn.Module:
-    """Build ``factory()`` without allocating weights, check ``state`` fits it, then load ``state`` into it.
+    """Build ``factory()`` without allocating weights, check ``state`` fits it, then load ``state`` into it, each
+    tensor cast to ``dtype`` (floating point only) and placed on ``device`` (None: where it is) as it is read.
 
     ``adapt(state, model)`` renames ``state`` for the built model first (HF text encoders: see ``hf_for_model``).
     Raises ``ValueError`` naming ``path``, the component and the config ``source`` when keys or shapes differ.
@@ -199,23 +201,30 @@ def instantiate(
             f"{path}: the {what} weights do not fit the architecture of {source}: {details}. Is this the right "
             "model family and a complete checkpoint?"
         )
-    # cast before assigning, one tensor at a time: no second copy of the model, and no diffusers ``ModelMixin.to``
-    # warnings
-    state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+    # cast and place before assigning, one tensor at a time: no second copy of the model (on the device: the host
+    # holds one tensor at a time), and no diffusers ``ModelMixin.to`` warnings
+    state = {k: v.to(device=device, dtype=dtype) if v.is_floating_point() else v.to(device=device)
+             for k, v in state.items()}  # fmt: skip
     model.load_state_dict(state, strict=True, assign=True)
     return model
 
 
-def build_unet(config: Mapping, state: Mapping[str, Tensor], path: Path, source: str, dtype: Any) -> nn.Module:
+def build_unet(
+    config: Mapping, state: Mapping[str, Tensor], path: Path, source: str, dtype: Any, device: Any = None
+) -> nn.Module:
     from diffusers import UNet2DConditionModel
 
-    return instantiate(lambda: UNet2DConditionModel.from_config(dict(config)), state, "UNet", path, source, dtype)
+    factory = lambda: UNet2DConditionModel.from_config(dict(config))  # noqa: E731
+    return instantiate(factory, state, "UNet", path, source, dtype, device=device)
 
 
-def build_vae(config: Mapping, state: Mapping[str, Tensor], path: Path, source: str, dtype: Any) -> nn.Module:
+def build_vae(
+    config: Mapping, state: Mapping[str, Tensor], path: Path, source: str, dtype: Any, device: Any = None
+) -> nn.Module:
     from diffusers import AutoencoderKL
 
-    return instantiate(lambda: AutoencoderKL.from_config(dict(config)), state, "VAE", path, source, dtype)
+    factory = lambda: AutoencoderKL.from_config(dict(config))  # noqa: E731
+    return instantiate(factory, state, "VAE", path, source, dtype, device=device)
 
 
 def text_encoder_class(with_projection: bool) -> type:
@@ -233,11 +242,16 @@ def text_encoder_factory(config: Mapping, with_projection: bool) -> Callable[[],
 
 # ------------------------------------------------------------------------------------------------ single files
 def load_single_file(
-    spec: FamilySpec, path: Path, dtype: Any, v_parameterization: bool | None, vae: str | Path | None = None
+    spec: FamilySpec,
+    path: Path,
+    dtype: Any,
+    v_parameterization: bool | None,
+    vae: str | Path | None = None,
+    device: Any = None,
 ) -> Parts:
     """Read ``path`` and build the family's modules from it (tokenizers are added by the caller)."""
     sd, metadata = load_state_dict(path)
-    return parts_from_single_file(spec, sd, metadata, path, dtype, v_parameterization, vae)
+    return parts_from_single_file(spec, sd, metadata, path, dtype, v_parameterization, vae, device)
 
 
 def parts_from_single_file(
@@ -248,8 +262,11 @@ def parts_from_single_file(
     dtype: Any,
     v_parameterization: bool | None,
     vae_override: str | Path | None = None,
+    device: Any = None,
 ) -> Parts:
-    """Build the modules from a single-file state dict (``path`` only names it in messages)."""
+    """Build the modules from a single-file state dict (``path`` only names it in messages); ``dtype``: one dtype
+    or a :class:`PartDtypes`; each tensor goes to ``device`` as it is read."""
+    dtypes = PartDtypes.of(dtype)
     found = family_of_state_dict(sd, metadata)
     if found == "sdxl-refiner":
         raise ValueError(f"{path}: SDXL refiner checkpoints are not supported (only SDXL base and its fine-tunes)")
@@ -267,8 +284,8 @@ def parts_from_single_file(
         unet_state = unet_from_ldm(sd, configs["unet"])
     except KeyError as e:
         raise ValueError(f"{path}: UNet key {UNET_PREFIX}{e.args[0]} does not exist in {source}") from e
-    unet = build_unet(configs["unet"], unet_state, path, source, dtype)
-    vae = _vae(sd, configs["vae"], path, source, dtype, vae_override)
+    unet = build_unet(configs["unet"], unet_state, path, source, dtypes.denoiser, device)
+    vae = _vae(sd, configs["vae"], path, source, dtypes.vae, vae_override, device)
     text_encoders, extras = [], []
     for te_spec, te_config in zip(spec.text_encoders, configs["text_encoders"]):
         state, extra = text_encoder_from_ldm(
@@ -276,8 +293,11 @@ def parts_from_single_file(
         )
         factory = text_encoder_factory(te_config, te_spec.with_projection)
         what = f"text encoder ({te_spec.prefix}*)"
-        text_encoders.append(instantiate(factory, state, what, path, source, dtype, adapt=hf_for_model))
-        extras.append({k: v.to(dtype) if v.is_floating_point() else v for k, v in extra.items()})
+        te_dtype = dtypes.text_encoders
+        text_encoders.append(
+            instantiate(factory, state, what, path, source, te_dtype, adapt=hf_for_model, device=device)
+        )
+        extras.append({k: v.to(te_dtype) if v.is_floating_point() else v for k, v in extra.items()})
     scheduler = dict(configs["scheduler"], prediction_type=pred)
     if ztsnr:
         scheduler["rescale_betas_zero_snr"] = True
@@ -285,28 +305,40 @@ def parts_from_single_file(
 
 
 def _vae(
-    sd: Mapping[str, Tensor], config: Mapping, path: Path, source: str, dtype: Any, override: str | Path | None
+    sd: Mapping[str, Tensor],
+    config: Mapping,
+    path: Path,
+    source: str,
+    dtype: Any,
+    override: str | Path | None,
+    device: Any = None,
 ) -> nn.Module:
     if override is not None:  # the file's own VAE is not even converted
-        return load_vae(override, config, dtype)
+        return load_vae(override, config, dtype, device)
     ldm = vae_ldm_keys(sd)
     if not ldm:
         raise ValueError(f"{path}: the checkpoint has no VAE (no first_stage_model.* keys); pass one with --vae")
-    return _vae_from_ldm_file(ldm, config, path, source, dtype)
+    return _vae_from_ldm_file(ldm, config, path, source, dtype, device)
 
 
-def _vae_from_ldm_file(ldm: Mapping[str, Tensor], config: Mapping, path: Path, source: str, dtype: Any) -> nn.Module:
+def _vae_from_ldm_file(
+    ldm: Mapping[str, Tensor], config: Mapping, path: Path, source: str, dtype: Any, device: Any = None
+) -> nn.Module:
     from accelerate import init_empty_weights
     from diffusers import AutoencoderKL
 
     with init_empty_weights():
         keys = list(AutoencoderKL.from_config(dict(config)).state_dict())
-    return build_vae(config, vae_from_ldm(ldm, config, keys), path, source, dtype)
+    return build_vae(config, vae_from_ldm(ldm, config, keys), path, source, dtype, device)
 
 
 # ------------------------------------------------------------------------------------------------ diffusers folders
-def load_diffusers(spec: FamilySpec, folder: Path, dtype: Any, v_parameterization: bool | None) -> Parts:
-    """Load a diffusers folder with diffusers / transformers (tokenizers are added by the caller)."""
+def load_diffusers(
+    spec: FamilySpec, folder: Path, dtype: Any, v_parameterization: bool | None, device: Any = None
+) -> Parts:
+    """Load a diffusers folder with diffusers / transformers (tokenizers are added by the caller); ``dtype``: one
+    dtype or a :class:`PartDtypes`; each component goes to ``device`` as soon as it is read."""
+    dtypes = PartDtypes.of(dtype)
     from diffusers import AutoencoderKL, UNet2DConditionModel
 
     found = family_of_folder(folder)
@@ -317,17 +349,20 @@ def load_diffusers(spec: FamilySpec, folder: Path, dtype: Any, v_parameterizatio
     if missing:
         raise ValueError(f"{folder}: the diffusers model lacks {', '.join(f'{m}/config.json' for m in missing)}")
     no_mmap = {"disable_mmap": True} if mmap_disabled() else {}  # --disable_mmap_load_safetensors
-    unet = _read_component(folder / "unet", build_unet, dtype) or UNet2DConditionModel.from_pretrained(
-        folder, subfolder="unet", torch_dtype=dtype, variant=_variant(folder / "unet"), **no_mmap
-    )
-    vae = _read_component(folder / "vae", build_vae, dtype) or AutoencoderKL.from_pretrained(
-        folder, subfolder="vae", torch_dtype=dtype, variant=_variant(folder / "vae"), **no_mmap
-    )
+    unet = _read_component(
+        folder / "unet", build_unet, dtypes.denoiser, device
+    ) or UNet2DConditionModel.from_pretrained(
+        folder, subfolder="unet", torch_dtype=dtypes.denoiser, variant=_variant(folder / "unet"), **no_mmap
+    ).to(device)
+    vae = _read_component(folder / "vae", build_vae, dtypes.vae, device) or AutoencoderKL.from_pretrained(
+        folder, subfolder="vae", torch_dtype=dtypes.vae, variant=_variant(folder / "vae"), **no_mmap
+    ).to(device)
     text_encoders = []
     for i, te_spec in enumerate(spec.text_encoders):
         cls = text_encoder_class(te_spec.with_projection)
         sub = subfolder(i)
-        text_encoders.append(cls.from_pretrained(folder / sub, variant=_variant(folder / sub), **_tf_dtype(dtype)))
+        te = cls.from_pretrained(folder / sub, variant=_variant(folder / sub), **_tf_dtype(dtypes.text_encoders))
+        text_encoders.append(te.to(device))
     scheduler = _read_json(folder / "scheduler" / "scheduler_config.json")
     if scheduler is None:
         scheduler = shipped_configs(next(iter(spec.configs.values())))["scheduler"]
@@ -338,7 +373,7 @@ def load_diffusers(spec: FamilySpec, folder: Path, dtype: Any, v_parameterizatio
     return Parts(unet, vae, text_encoders, [], scheduler, spec.name, str(folder), {})
 
 
-def _read_component(sub: Path, build: Callable, dtype: Any) -> nn.Module | None:
+def _read_component(sub: Path, build: Callable, dtype: Any, device: Any = None) -> nn.Module | None:
     """A diffusers component stored in another dtype than ``dtype`` as one safetensors file, read and cast tensor by
     tensor (the peak is the model in ``dtype`` plus one tensor as stored; diffusers' loader holds the stored copy
     whole while it casts). None when no cast is needed (diffusers' memory map is the lighter way then: the kernel
@@ -348,11 +383,12 @@ def _read_component(sub: Path, build: Callable, dtype: Any) -> nn.Module | None:
         return None
     reader = SafetensorsReader(files[0])
     stored = {reader.DTYPES.get(e["dtype"]) for e in reader.entries.values()}
-    if stored <= {dtype} or not any(t is not None and t.is_floating_point for t in stored):
+    on_host = device is None or torch.device(device).type == "cpu"
+    if (stored <= {dtype} and on_host) or not any(t is not None and t.is_floating_point for t in stored):
         return None
     config = json.loads((sub / "config.json").read_text())
     try:
-        return build(config, reader, sub, f"{sub / 'config.json'}", dtype)
+        return build(config, reader, sub, f"{sub / 'config.json'}", dtype, device)
     except ValueError:  # keys of an older diffusers layout: diffusers' own loader renames them
         return None
 
@@ -377,7 +413,7 @@ def _variant(folder: Path) -> str | None:
 
 
 # ------------------------------------------------------------------------------------------------ --vae
-def load_vae(path: str | Path, config: Mapping, dtype: Any) -> nn.Module:
+def load_vae(path: str | Path, config: Mapping, dtype: Any, device: Any = None) -> nn.Module:
     """A replacement VAE (``--vae``): a diffusers VAE folder (or a model folder with ``vae/``), a single file with
     ldm keys (``first_stage_model.*`` or bare ``encoder.down.*``), or a diffusers-format VAE weight file. Files are
     built with ``config``, the VAE architecture of the model being loaded."""
@@ -390,20 +426,20 @@ def load_vae(path: str | Path, config: Mapping, dtype: Any) -> nn.Module:
         sub = path / "vae" if (path / "vae" / "config.json").is_file() else path
         if not (sub / "config.json").is_file():
             raise ValueError(f"--vae {path}: not a diffusers VAE folder (no config.json or vae/config.json)")
-        return AutoencoderKL.from_pretrained(sub, torch_dtype=dtype, variant=_variant(sub))
+        return AutoencoderKL.from_pretrained(sub, torch_dtype=dtype, variant=_variant(sub)).to(device)
     sd, _ = load_state_dict(path)
     config = dict(config)
     source = "the model's VAE config"
     ldm = vae_ldm_keys(sd)
     if ldm:
-        return _vae_from_ldm_file(ldm, config, path, source, dtype)
+        return _vae_from_ldm_file(ldm, config, path, source, dtype, device)
     state = vae_diffusers_rename_old(strip_prefix(sd, "vae.") or sd)
     if not any(k.startswith("encoder.down_blocks.") for k in state):
         raise ValueError(
             f"--vae {path}: no VAE weights found; expected ldm keys (first_stage_model.encoder.down.*, or "
             "encoder.down.* in a VAE-only file) or diffusers keys (encoder.down_blocks.*)"
         )
-    return build_vae(config, state, path, source, dtype)
+    return build_vae(config, state, path, source, dtype, device)
 
 
 def finish(parts: Parts, device: Any) -> Parts:
@@ -426,14 +462,15 @@ def load_model(
     tokenizer_cache_dir: str | None = None,
     device: Any = "cpu",
 ) -> Parts:
-    """Load a model of family ``spec`` from a diffusers folder or a single file (see ``ModelFamily.load``)."""
+    """Load a model of family ``spec`` from a diffusers folder or a single file (see ``ModelFamily.load``);
+    ``dtype``: one dtype or a :class:`PartDtypes`; weights go to ``device`` as they are read."""
     path = check_model_path(path)
     if path.is_dir():
-        parts = load_diffusers(spec, path, dtype, v_parameterization)
+        parts = load_diffusers(spec, path, dtype, v_parameterization, device)
         if vae is not None:
-            parts.vae = load_vae(vae, parts.vae.config, dtype)
+            parts.vae = load_vae(vae, parts.vae.config, PartDtypes.of(dtype).vae, device)
     else:
-        parts = load_single_file(spec, path, dtype, v_parameterization, vae)
+        parts = load_single_file(spec, path, dtype, v_parameterization, vae, device)
     parts.tokenizers = load_tokenizers(spec.text_encoders, path if path.is_dir() else None, tokenizer_cache_dir)
     return finish(parts, device)
 

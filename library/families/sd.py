@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from . import text
-from .base import Cond, FamilySpec, Parts, Root, TextEncoderSpec, module_device
+from .base import Cond, FamilySpec, PartDtypes, Parts, Root, TextEncoderSpec, module_device
 from .blocks import DIFFUSERS_BLOCKS
 from .convert import UNET_PREFIX, hf_module_path
 from .latents import decode_latents, encode_latents
@@ -114,7 +114,7 @@ class SDFamily:
         self,
         path: str | Path,
         *,
-        dtype: torch.dtype = torch.float32,
+        dtype: torch.dtype | PartDtypes = torch.float32,
         vae: str | Path | None = None,
         v_parameterization: bool | None = None,
         tokenizer_cache_dir: str | None = None,
@@ -122,8 +122,9 @@ class SDFamily:
     ) -> Parts:
         """Load a diffusers folder or a single file (.safetensors / .ckpt). Modules come back frozen, in eval mode.
 
-        ``vae``: replacement VAE (``--vae``). ``v_parameterization``: None detects from the file, True/False forces.
-        ``tokenizer_cache_dir``: sd-scripts' ``--tokenizer_cache_dir`` (else the bundled offline tokenizer).
+        ``dtype``: one dtype, or a :class:`PartDtypes` per part. ``device``: where each weight goes as it is read (the
+        host holds one tensor at a time). ``vae``: replacement VAE (``--vae``). ``v_parameterization``: None detects
+        from the file, True/False forces. ``tokenizer_cache_dir``: sd-scripts' ``--tokenizer_cache_dir`` (else the bundled offline tokenizer).
         Raises ``FileNotFoundError`` / ``ValueError`` naming the path and what was expected.
         """
         return load_model(

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from . import text
-from .base import Cond, FamilySpec, Parts, Root, TextEncoderSpec, module_device
+from .base import Cond, FamilySpec, PartDtypes, Parts, Root, TextEncoderSpec, module_device
 from .blocks import SGM_BLOCKS
 from .convert import hf_module_path
 from .latents import decode_latents, encode_latents
@@ -82,7 +82,7 @@ class SDXLFamily:
         self,
         path: str | Path,
         *,
-        dtype: torch.dtype = torch.float32,
+        dtype: torch.dtype | PartDtypes = torch.float32,
         vae: str | Path | None = None,
         v_parameterization: bool | None = None,
         tokenizer_cache_dir: str | None = None,
