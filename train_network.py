@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from library import args as arg_groups
 from library import demo, resume, train_setup
 from library.config import parse_args
@@ -81,6 +83,8 @@ def train(run: train_setup.Run, trainable: Any, groups: list[dict]) -> Result:
     """The loop around a Trainable (any recipe's: adapters here, token embeddings in train_textual_inversion.py)."""
     cfg = run.cfg
     trainable = trainable.prepare(run.accelerator)  # adapters / embeddings: themselves (gradients averaged by hand)
+    if cfg.run.torch_compile and trainable.gradient_sync == "manual":  # after injection: module names unchanged
+        run.step_models.denoiser = torch.compile(run.parts.denoiser, backend=cfg.run.dynamo_backend)
     optimizer = make_optimizer(cfg.optim, groups)
     loader = run.make_loader()
     max_steps, num_epochs = run.step_budget(loader)
@@ -91,6 +95,7 @@ def train(run: train_setup.Run, trainable: Any, groups: list[dict]) -> Result:
     trainer.sample(at_first=True)
     tracker = LossTracker(window=loader.num_batches(0))
 
+    stop = False  # Ctrl-C / SIGTERM on any process
     with Interrupt() as interrupt:
         try:
             for epoch in range(trainer.epoch, num_epochs):
@@ -98,31 +103,39 @@ def train(run: train_setup.Run, trainable: Any, groups: list[dict]) -> Result:
                     break
                 trainer.begin_epoch(epoch)
                 for batch in loader.epoch(epoch, skip=trainer.skip_batches(epoch)):
-                    loss = batch_loss(run.step_models, batch, trainer.generator).mean()
-                    check_finite(loss, trainer.step + 1, epoch + 1)
-                    run.accelerator.backward(loss * trainer.loss_scale())
+                    with trainer.micro_batch():  # DDP-wrapped models sync gradients at the window's end only
+                        loss = batch_loss(run.step_models, batch, trainer.generator).mean()
+                        if trainer.steps_in_backward:  # --fused_backward_pass: check before the weights change
+                            check_finite(loss, trainer.step + 1, epoch + 1)
+                        run.accelerator.backward(loss * trainer.loss_scale())  # 1 / window: a mean over it
+                    trainer.add_loss(loss)
                     if not trainer.batch_done():  # still accumulating gradients
                         continue
+                    status = trainer.window_status(interrupt.requested)  # the same on every process
+                    trainer.check_finite(status)  # NaN / inf anywhere: every process stops before stepping
                     trainer.sync_gradients()  # average over processes, clip to --max_grad_norm
                     optimizer.step()
                     scheduler.step()
                     optimizer.zero_grad(set_to_none=True)
-                    tracker.add(run.accelerator.reduce(loss.detach(), "mean").item())
-                    trainer.step_done(tracker.recent[-1])  # counters, EMA, --scale_weight_norms
-                    trainer.log({"loss/current": tracker.recent[-1], "loss/average": tracker.average,
+                    tracker.add(status.loss)
+                    trainer.step_done(status.loss)  # counters, EMA, --scale_weight_norms
+                    trainer.log({"loss/current": status.loss, "loss/average": tracker.average,
                                  **effective_lrs(optimizer)})  # fmt: skip
                     trainer.after_step()  # step saves, samples, validation
-                    if interrupt.requested or trainer.step >= max_steps:
+                    # one process stops at once; several decide together at their next step (window_status)
+                    stop = status.stop or (interrupt.requested and run.accelerator.num_processes == 1)
+                    if stop or trainer.step >= max_steps:
                         break
-                if interrupt.requested and trainer.step < max_steps:  # at the last step: finish normally
+                if stop and trainer.step < max_steps:  # at the last step: finish normally
                     trainer.save_state(interrupted=True)
                     return trainer.result(interrupted=True)
                 trainer.log({"loss/epoch_average": tracker.end_epoch()})
                 trainer.end_epoch(epoch + 1)  # epoch saves, samples, validation
                 if trainer.step >= max_steps:
                     break
-        except NonFiniteLoss as e:
-            print_error(e)
+        except NonFiniteLoss as e:  # raised on every process together (trainer.check_finite)
+            if run.accelerator.is_main_process:
+                print_error(e)
             return trainer.result(failed=str(e))
         except SaveError as e:  # disk full / I/O error: the file is named, earlier files stand
             return trainer.stop_after_save_error(e)

@@ -148,6 +148,7 @@ def meta_step(family_name: str, resolution: int, fp8: bool = True, checkpointing
     from library.families import get_family
     from library.families.base import Cond, Parts
     from library.families.loading import shipped_configs, text_encoder_class
+    from library.fp8 import store_in_fp8
     from library.runtime import set_attention
     from library.tensor_memory import TensorMemory
     from library.train_setup import enable_checkpointing
@@ -163,9 +164,9 @@ def meta_step(family_name: str, resolution: int, fp8: bool = True, checkpointing
     unet.requires_grad_(False)
     set_attention([unet], "sdpa")
     if fp8:
-        unet.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=bf16)
+        store_in_fp8(unet, bf16)
     if checkpointing:
-        enable_checkpointing(unet, [], fp8)
+        enable_checkpointing(unet, [])
     parts = Parts(unet, vae, encoders, [], configs["scheduler"], family=family_name)
     flags = ["--network_module", "networks.lora", "--network_dim", "8", "--network_alpha", "8",
              "--network_train_unet_only"]  # fmt: skip

@@ -7,7 +7,7 @@ hook that creates these three packages without running their ``__init__``; a sub
 (``diffusers.models.unets.unet_2d_condition``, what ``from diffusers import UNet2DConditionModel`` resolves to) loads
 alone, and the first lookup of any other name on the package (``from diffusers.models.unets import X``) runs the
 real ``__init__`` then, so every name is still there. ``diffusers.hooks`` is treated the same way (its ``__init__``
-imports peft for layerwise casting, which only ``--fp8_base`` uses).
+imports peft; a run needs none of its hooks: ``--fp8_base`` uses library/fp8.py).
 
 ``WHOLE_PACKAGES`` (bitsandbytes, scipy.stats) are imported by diffusers at start-up for features a run rarely uses
 (8-bit loading, beta sigmas): their ``__init__`` runs at the first name looked up on them or the first import of one
@@ -27,7 +27,7 @@ EAGER_PACKAGES = (
     "diffusers.models.unets",
     "diffusers.models.autoencoders",
     "diffusers.models.transformers",
-    "diffusers.hooks",  # its __init__ imports peft (and bitsandbytes through it), ~1.4 s, for layerwise casting only
+    "diffusers.hooks",  # its __init__ imports peft (and bitsandbytes through it), ~1.4 s; training uses no diffusers hook
 )
 # Packages whose whole ``__init__`` waits for the first name looked up on them or the first of their submodules
 # imported: diffusers imports bitsandbytes (~0.7 s: its backends pull torch._inductor) for its 8-bit loaders only, and

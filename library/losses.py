@@ -134,10 +134,10 @@ def huber_c_for(timesteps: Tensor, cfg: LossConfig, schedule: NoiseSchedule) -> 
     finite (= huber_c) at a_t = 0.
     """
     if cfg.huber_schedule == "constant":
-        c = torch.full(timesteps.shape, cfg.huber_c * cfg.huber_scale, dtype=torch.float64)
+        c = torch.full(timesteps.shape, cfg.huber_c * cfg.huber_scale, dtype=torch.float64, device=timesteps.device)
     elif cfg.huber_schedule == "exponential":
         k = -math.log(cfg.huber_c) / schedule.num_train_timesteps
-        c = torch.exp(-k * timesteps.detach().to("cpu", torch.float64)) * cfg.huber_scale
+        c = torch.exp(-k * timesteps.detach().to(torch.float64)) * cfg.huber_scale
     else:
         a = schedule.gather(timesteps)
         c = (1.0 - cfg.huber_c) * a / (a.sqrt() + (1.0 - a).sqrt()) ** 2 + cfg.huber_c

@@ -82,6 +82,11 @@ class ModelTrainingConfig:
     def trains_text_encoder(self) -> bool:
         return self.text_encoder_lrs is not None and any(lr != 0 for lr in self.text_encoder_lrs)
 
+    @property
+    def trained_parts(self) -> tuple[str, ...]:
+        """The parts whose weights are trained: loaded in the training dtype, never stored in float8."""
+        return ("denoiser", "text_encoders") if self.trains_text_encoder else ("denoiser",)
+
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ModelTrainingConfig:
         problems = []

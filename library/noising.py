@@ -196,8 +196,10 @@ def rescale_zero_terminal_snr(alphas_cumprod: Tensor) -> Tensor:
 class NoiseSchedule:
     """The discrete DDPM forward process ``x_t = sqrt(a_t) x0 + sqrt(1 - a_t) eps`` (Ho et al. 2020, arXiv:2006.11239).
 
-    ``alphas_cumprod`` is a (T,) float64 CPU tensor (computed in float64, so it matches diffusers' float32 table to
-    ~1e-7). Coefficients are gathered in float64 and cast to float32 on the data's device.
+    ``alphas_cumprod`` is a (T,) float64 tensor (computed in float64 on the CPU, so it matches diffusers' float32
+    table to ~1e-7); :meth:`to` puts a copy on the training device, so that a step gathers its coefficients there
+    without a round trip through the host. Coefficients are gathered in float64 and cast to float32 on the data's
+    device.
     """
 
     alphas_cumprod: Tensor
@@ -215,20 +217,30 @@ class NoiseSchedule:
             alphas_cumprod = rescale_zero_terminal_snr(alphas_cumprod)
         return cls(alphas_cumprod)
 
+    def to(self, device: torch.device | str) -> NoiseSchedule:
+        """The same schedule with its table on ``device`` (itself when it is there already)."""
+        device = torch.device(device)
+        if self.alphas_cumprod.device == device:
+            return self
+        return NoiseSchedule(self.alphas_cumprod.to(device))
+
     @property
     def num_train_timesteps(self) -> int:
         return int(self.alphas_cumprod.shape[0])
 
     def gather(self, timesteps: Tensor) -> Tensor:
-        """``a_t`` for integer timesteps (B,) -> (B,) float64 on the CPU; raises ValueError when out of range."""
-        t = timesteps.detach().to("cpu", torch.long)
-        if t.numel() and (int(t.min()) < 0 or int(t.max()) >= self.num_train_timesteps):
+        """``a_t`` for integer timesteps (B,) -> (B,) float64 on the table's device. Timesteps given on the host are
+        range-checked (ValueError); on a device they are the loop's own draws, which lie in range by construction,
+        and checking them would make the host wait for the device at every step."""
+        t = timesteps.detach()
+        if t.device.type == "cpu" and t.numel() and (int(t.min()) < 0 or int(t.max()) >= self.num_train_timesteps):
             raise ValueError(f"timesteps must lie in [0, {self.num_train_timesteps - 1}], got {t.tolist()}")
-        return self.alphas_cumprod[t]
+        return self.alphas_cumprod[t.to(self.alphas_cumprod.device, torch.long)]
 
     def snr(self, timesteps: Tensor) -> Tensor:
         """Signal-to-noise ratio ``a_t / (1 - a_t)`` of the schedule actually used (after any zero-terminal-SNR
-        rescale), (B,) float64 on the CPU; exactly 0 at the terminal step of a zero-terminal-SNR schedule."""
+        rescale), (B,) float64 on the table's device; exactly 0 at the terminal step of a zero-terminal-SNR
+        schedule."""
         a = self.gather(timesteps)
         return a / (1.0 - a)
 
@@ -260,14 +272,20 @@ def _draw_device(generator: torch.Generator | None, fallback: torch.device) -> t
     return generator.device if generator is not None else fallback
 
 
+def _to(tensor: Tensor, device: torch.device | str) -> Tensor:
+    """A draw moved to the training device; host -> GPU copies do not wait for the device's queue."""
+    device = torch.device(device)
+    return tensor.to(device, non_blocking=tensor.device.type == "cpu" and device.type == "cuda")
+
+
 def _randn(shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device) -> Tensor:
     out = torch.randn(shape, generator=generator, device=_draw_device(generator, device), dtype=torch.float32)
-    return out.to(device)
+    return _to(out, device)
 
 
 def _rand(shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device) -> Tensor:
     out = torch.rand(shape, generator=generator, device=_draw_device(generator, device), dtype=torch.float32)
-    return out.to(device)
+    return _to(out, device)
 
 
 def _random_strength(value: float, random_strength: bool, generator: torch.Generator | None, device) -> Tensor | float:
@@ -384,7 +402,7 @@ def sample_timesteps(
     draw_device = _draw_device(generator, torch.device("cpu"))
     if cfg.timestep_sampling == "uniform" and cfg.timestep_shift == 1.0:
         t = torch.randint(low, high, (batch_size,), generator=generator, device=draw_device)
-        return t.to(device)
+        return _to(t, device)
     if cfg.timestep_sampling == "uniform":
         u = torch.rand((batch_size,), generator=generator, device=draw_device, dtype=torch.float64)
     else:
@@ -395,7 +413,7 @@ def sample_timesteps(
         u = torch.sigmoid(mean + std * z)
     u = shift_unit(u, cfg.timestep_shift)
     t = (low + torch.floor(u * (high - low))).long().clamp(low, high - 1)
-    return t.to(device)
+    return _to(t, device)
 
 
 # ----------------------------------------------------------------------------------------------------------------------

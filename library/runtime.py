@@ -183,7 +183,9 @@ def make_accelerator(
         AcceleratorState._reset_state(reset_partial_state=True)
     return Accelerator(
         cpu=cpu_processes,
-        gradient_accumulation_steps=cfg.gradient_accumulation_steps,
+        # the loop counts accumulation itself and scales each micro-batch's loss by 1/window (library/trainer.py);
+        # accelerate's own count would divide the loss a second time in ``backward``
+        gradient_accumulation_steps=1,
         mixed_precision=cfg.mixed_precision,
         log_with=log_with or None,
         project_config=ProjectConfiguration(project_dir=logging_dir or ".", logging_dir=logging_dir),
@@ -191,6 +193,34 @@ def make_accelerator(
         dynamo_backend=cfg.dynamo_backend.upper() if cfg.torch_compile else None,
         deepspeed_plugin=deepspeed_plugin,
     )
+
+
+def allow_fp16_gradients(accelerator: Any) -> bool:
+    """``--full_fp16``: let accelerate's GradScaler unscale float16 gradients (torch refuses, "Attempting to unscale
+    FP16 gradients", because fp16 master weights lose small updates; training fp16 weights is what the flag asks
+    for). sd-scripts patches the scaler the same way (``patch_accelerator_for_fp16_training``). Returns whether a
+    scaler was patched (there is none without fp16 mixed precision, or under DeepSpeed, which scales by itself)."""
+    scaler = getattr(accelerator, "scaler", None)
+    if scaler is None or getattr(scaler, "_sdtrain_allows_fp16", False):
+        return False
+    unscale = scaler._unscale_grads_
+
+    def unscale_allowing_fp16(optimizer: Any, inv_scale: Any, found_inf: Any, allow_fp16: bool) -> Any:
+        return unscale(optimizer, inv_scale, found_inf, True)
+
+    scaler._unscale_grads_ = unscale_allowing_fp16
+    scaler._sdtrain_allows_fp16 = True
+    return True
+
+
+def shared_seed(seed: int, accelerator: Any) -> int:
+    """Rank 0's seed on every process: without ``--seed`` each process drew its own, and the validation split, the
+    bucket order and (with several resolutions) the number of batches per epoch would differ between them."""
+    if accelerator.num_processes == 1:
+        return seed
+    from accelerate.utils import broadcast_object_list
+
+    return int(broadcast_object_list([seed], from_process=0)[0])
 
 
 def seed_everything(seed: int) -> None:

@@ -16,7 +16,6 @@ import hashlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +23,11 @@ import torch
 
 from library import data, resume
 from library.config import from_namespace
+from library.devices import on_device, to_device
 from library.ema import EMAConfig
 from library.families import select_family
-from library.families.base import ModelFamily, Parts
+from library.families.base import ModelFamily, PartDtypes, Parts
+from library.fp8 import store_in_fp8
 from library.logs import TrackerConfig
 from library.losses import LossConfig
 from library.noising import NoiseConfig, NoiseSchedule
@@ -35,6 +36,7 @@ from library.problems import ConfigError, Problems
 from library.run_files import SaveConfig
 from library.runtime import (
     RunConfig,
+    allow_fp16_gradients,
     choose_cpu_threads,
     console_logging,
     make_accelerator,
@@ -43,6 +45,7 @@ from library.runtime import (
     reuse_heap_for_small_models,
     seed_everything,
     set_attention,
+    shared_seed,
     total_steps,
 )
 from library.sampling import SampleConfig
@@ -161,6 +164,12 @@ class TrainConfig:
         """Whether the text encoders run with autograd (the method config's ``trains_text_encoder``)."""
         return bool(getattr(self.method, "trains_text_encoder", False))
 
+    @property
+    def trained_parts(self) -> tuple[str, ...]:
+        """The parts whose own weights the recipe trains ("denoiser", "text_encoders"): the method config's
+        ``trained_parts`` (full fine-tuning); none for adapters and embeddings, which train tensors of their own."""
+        return tuple(getattr(self.method, "trained_parts", ()))
+
 
 def choose_family(args: argparse.Namespace, family_names: tuple[str, ...]) -> ModelFamily:
     """The family this script trains, from the model file, ``--v2`` and the families the script allows."""
@@ -277,7 +286,7 @@ class Run:
 
 
 def start(cfg: TrainConfig) -> Run:
-    """Accelerator, seed, datasets (bucket report), model in the right precision, caches."""
+    """Accelerator, seed, datasets (bucket report), model in the right precision, caches, parts on their devices."""
     setup_logging(cfg)
     if cfg.model.disable_mmap_load_safetensors:
         logger.info(
@@ -292,7 +301,11 @@ def start(cfg: TrainConfig) -> Run:
         logging_dir=trackers.logging_dir,
         deepspeed_plugin=engine(cfg) if engine is not None else None,
     )
-    seed_everything(cfg.run.seed)
+    allow_fp16_gradients(accelerator)  # --full_fp16: the GradScaler unscales fp16 gradients
+    seed = shared_seed(cfg.run.seed, accelerator)  # without --seed: rank 0's draw on every process
+    if seed != cfg.run.seed:
+        cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, seed=seed))
+    seed_everything(seed)
     return_freed_memory(accelerator.device)  # CPU: freed activations leave the process at once
     family = cfg.family
     data_args = cfg.data
@@ -313,7 +326,7 @@ def start(cfg: TrainConfig) -> Run:
     step_models = StepModels(
         family=family,
         parts=parts,
-        schedule=schedule,
+        schedule=schedule.to(accelerator.device),
         noise=noise,
         loss=loss,
         denoiser=parts.denoiser,
@@ -326,7 +339,8 @@ def start(cfg: TrainConfig) -> Run:
         weight_dtype=cfg.run.weight_dtype,
     )
     run = Run(cfg, accelerator, family, parts, plan, schedule, step_models)
-    fill_caches(run)
+    fill_caches(run)  # the VAE, then the text encoders, alone on the device
+    place_for_training(run)  # the denoiser and what the step still runs
     if plan.validation is not None:
         run.validation_loader = run.make_loader(validation=True)
     return run
@@ -361,55 +375,108 @@ def setup_logging(cfg: TrainConfig) -> None:
     console_logging(cfg.console_log_level, cfg.console_log_file, cfg.console_log_simple)
 
 
-def load_model(cfg: TrainConfig, accelerator: Any) -> Parts:
-    """Load the base model; frozen weights in the mixed-precision dtype (VAE fp32 with --no_half_vae)."""
-    run = cfg.run
-    with without_mmap(cfg.model.disable_mmap_load_safetensors):
-        parts = cfg.family.load(
-            cfg.model.path,
-            dtype=run.weight_dtype,
-            vae=cfg.model.vae,
-            v_parameterization=True if cfg.model.v_parameterization else None,
-            tokenizer_cache_dir=cfg.model.tokenizer_cache_dir,
-            device=accelerator.device if run.lowram else "cpu",
-        )
-    if run.no_half_vae:
-        parts.vae.to(torch.float32)
-    for module in (parts.denoiser, *parts.text_encoders, parts.vae):
-        module.to(accelerator.device)
-    set_attention([parts.denoiser, parts.vae], run.attention)
-    fp8 = run.fp8_base or run.fp8_base_unet
-    if fp8:
-        parts.denoiser.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=run.weight_dtype)
-        if run.fp8_base and not run.fp8_base_unet:
-            from diffusers.hooks import apply_layerwise_casting  # transformers' encoders lack the method
+def part_dtypes(cfg: TrainConfig) -> PartDtypes:
+    """What each part is loaded in: trained parts in the training dtype (fp32 unless --full_fp16 / --full_bf16),
+    frozen ones in the mixed-precision dtype, the VAE in fp32 with --no_half_vae; each straight from the file."""
+    run, trained = cfg.run, cfg.trained_parts
+    return PartDtypes(
+        denoiser=run.train_dtype if "denoiser" in trained else run.weight_dtype,
+        vae=torch.float32 if run.no_half_vae else run.weight_dtype,
+        text_encoders=run.train_dtype if "text_encoders" in trained else run.weight_dtype,
+    )
 
-            for te in parts.text_encoders:
-                apply_layerwise_casting(te, storage_dtype=torch.float8_e4m3fn, compute_dtype=run.weight_dtype)
+
+def load_model(cfg: TrainConfig, accelerator: Any) -> Parts:
+    """Load the base model onto the host (``--lowram``: each weight straight onto the device, as sd-scripts' help
+    says), every part in its own precision (:func:`part_dtypes`); frozen weights asked for in float8 are cast there,
+    before anything reaches the device. The processes of one machine load one after another, as sd-scripts does,
+    so the host never holds several half-built copies at once. Nothing else goes to the device here: the caches
+    and :func:`place_for_training` move each part when it is needed."""
+    run = cfg.run
+    device = accelerator.device if run.lowram else torch.device("cpu")
+    parts = None
+    for turn in range(accelerator.num_processes):
+        if turn == accelerator.local_process_index:
+            if accelerator.num_processes > 1:
+                logger.info("loading the model for process %d", accelerator.process_index)
+            with without_mmap(cfg.model.disable_mmap_load_safetensors):
+                parts = cfg.family.load(
+                    cfg.model.path,
+                    dtype=part_dtypes(cfg),
+                    vae=cfg.model.vae,
+                    v_parameterization=True if cfg.model.v_parameterization else None,
+                    tokenizer_cache_dir=cfg.model.tokenizer_cache_dir,
+                    device=device,
+                )
+        if accelerator.num_processes > 1:
+            accelerator.wait_for_everyone()
+    set_attention([parts.denoiser, parts.vae], run.attention)
+    store_frozen_in_fp8(cfg, parts)
     if run.gradient_checkpointing:
-        enable_checkpointing(parts.denoiser, parts.text_encoders if cfg.train_text_encoder else [], fp8)
-    if run.torch_compile:
-        parts.denoiser = torch.compile(parts.denoiser, backend=run.dynamo_backend)
+        enable_checkpointing(parts.denoiser, parts.text_encoders if cfg.train_text_encoder else [])
     return parts
 
 
-def enable_checkpointing(unet: torch.nn.Module, text_encoders: list[torch.nn.Module], fp8: bool) -> None:
+def store_frozen_in_fp8(cfg: TrainConfig, parts: Parts) -> list[str]:
+    """``--fp8_base`` (denoiser and text encoders) / ``--fp8_base_unet`` (denoiser only): frozen weights only.
+
+    A part this script trains keeps its training dtype (fine_tune.py's UNet; sd-scripts reads --fp8_base only in
+    its adapter scripts), and says so. Returns what was stored in float8."""
+    run = cfg.run
+    if not (run.fp8_base or run.fp8_base_unet):
+        return []
+    trained, stored = cfg.trained_parts, []
+    name = cfg.family.denoiser_name
+    if "denoiser" in trained:
+        logger.warning("--fp8_base%s: this script trains the %s, which stays in %s (float8 stores frozen weights "
+                       "only)", "_unet" if run.fp8_base_unet else "", name, str(run.train_dtype).replace("torch.", ""))  # fmt: skip
+    else:
+        store_in_fp8(parts.denoiser, run.weight_dtype)
+        stored.append(name)
+    if run.fp8_base and not run.fp8_base_unet:
+        if "text_encoders" in trained:
+            logger.warning("--fp8_base: this script trains the text encoders, which stay in %s",
+                           str(run.train_dtype).replace("torch.", ""))  # fmt: skip
+        else:
+            for te in parts.text_encoders:
+                store_in_fp8(te, run.weight_dtype)
+            stored.append("text encoders")
+    if stored:
+        logger.info("stored the frozen %s weights in float8 (computed in %s)", " and ".join(stored),
+                    str(run.weight_dtype).replace("torch.", ""))  # fmt: skip
+    return stored
+
+
+def enable_checkpointing(unet: torch.nn.Module, text_encoders: list[torch.nn.Module]) -> None:
     """--gradient_checkpointing on the UNet and the given (trained) text encoders.
 
-    fp8 layer-wise casting swaps a weight back to fp8 after its layer ran, so torch's recompute check sees fp8
-    where the forward saw the compute dtype; the recomputed values are the same (tested), so the check is skipped.
+    transformers checkpoints an encoder's layers only in training mode, so the trained encoders are put in it
+    (their dropout rates are 0 in every released SD text encoder; sd-scripts does the same); sampling and
+    validation switch them to eval mode and back.
     """
-    kwargs = {"use_reentrant": False} | ({"determinism_check": "none"} if fp8 else {})
-    unet.enable_gradient_checkpointing(partial(_checkpoint, kwargs) if fp8 else None)
+    kwargs = {"use_reentrant": False}
+    unet.enable_gradient_checkpointing()
     for te in text_encoders:
-        te.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        if hasattr(te, "activation_checkpointing_enable"):  # transformers >= 5.24 (the older name warns there)
+            te.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            te.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        te.train()
 
 
-def _checkpoint(kwargs: dict, module: Any, *args: Any) -> Any:
-    """diffusers' gradient checkpointing call, with our ``torch.utils.checkpoint.checkpoint`` keyword arguments."""
-    from torch.utils.checkpoint import checkpoint
-
-    return checkpoint(module.__call__, *args, **kwargs)
+def place_for_training(run: Run) -> None:
+    """Put on the device what the training step runs: the denoiser, the VAE unless every latent is cached, the text
+    encoders unless their outputs are cached (or they are trained). The rest stays on the host; a sampling round
+    brings it in for the round (library/sampling/training.py)."""
+    cfg, parts, device = run.cfg, run.parts, run.accelerator.device
+    parts.denoiser.to(device)
+    if not cfg.data.cache_latents:
+        parts.vae.to(device)
+    if not cfg.data.cache_text_encoder_outputs or cfg.train_text_encoder:
+        for te in parts.text_encoders:
+            te.to(device)
+    parts.extra["text_encoder_extras"] = [{k: v.to(device) for k, v in extra.items()}
+                                          for extra in parts.extra.get("text_encoder_extras", [])]  # fmt: skip
 
 
 def module_identity(module: torch.nn.Module, extra: str = "") -> str:
@@ -424,42 +491,52 @@ def module_identity(module: torch.nn.Module, extra: str = "") -> str:
 
 
 def fill_caches(run: Run) -> None:
-    """``--cache_latents(_to_disk)`` and ``--cache_text_encoder_outputs(_to_disk)``; the VAE leaves the GPU after."""
+    """``--cache_latents(_to_disk)`` with the VAE alone on the device, then ``--cache_text_encoder_outputs(_to_disk)``
+    with the text encoders alone on it; each goes back to where it was after (sd-scripts' order)."""
+    if run.cfg.data.cache_latents:
+        fill_latent_cache(run)
+    if run.cfg.data.cache_text_encoder_outputs:
+        fill_text_cache(run)
+
+
+def fill_latent_cache(run: Run) -> None:
+    """Every image's latents (and the held-out images'), encoded with the VAE on the device."""
     cfg, acc, parts, family = run.cfg, run.accelerator, run.parts, run.family
-    if cfg.data.cache_latents:
-        gen = torch.Generator().manual_seed(cfg.run.seed)
-        vae_dtype = next(parts.vae.parameters()).dtype
+    gen = torch.Generator().manual_seed(cfg.run.seed)
+    vae_dtype = next(parts.vae.parameters()).dtype
 
-        def encode(pixels: torch.Tensor) -> torch.Tensor:
-            with torch.no_grad():
-                return family.encode_latents(parts, pixels.to(acc.device, vae_dtype), gen).float().cpu()
+    def encode(pixels: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return family.encode_latents(parts, to_device(pixels, acc.device, vae_dtype), gen).float().cpu()
 
-        vae_id = module_identity(parts.vae, f"{family.name}/{vae_dtype}")
-        run.latent_cache = data.cache_latents(
-            run.plan, encode, vae_id, rank=acc.process_index, world_size=acc.num_processes
-        )
+    vae_id = module_identity(parts.vae, f"{family.name}/{vae_dtype}")
+    with on_device([parts.vae], acc.device):
+        run.latent_cache = data.cache_latents(run.plan, encode, vae_id, rank=acc.process_index,
+                                              world_size=acc.num_processes)  # fmt: skip
         if run.plan.validation is not None:
             run.validation_latent_cache = data.cache_latents(
                 run.plan.validation, encode, vae_id, rank=acc.process_index, world_size=acc.num_processes
             )
-        acc.wait_for_everyone()
-        parts.vae.to("cpu")
-    if cfg.data.cache_text_encoder_outputs:
+    acc.wait_for_everyone()
 
-        def encode_text(captions: list[str]) -> dict[str, torch.Tensor]:
-            with torch.no_grad():
-                cond = encode_captions(family, parts, captions, cfg.model.clip_skip, cfg.model.max_token_length,
-                                       cfg.data.weighted_captions)  # fmt: skip
-            return {k: v.float().cpu() for k, v in text_cache_entry(cond).items()}
 
-        te_id = "+".join(module_identity(te) for te in parts.text_encoders)
-        te_id += f"/clip_skip={cfg.model.clip_skip}/max_len={cfg.model.max_token_length}"
-        te_id += "/weighted" if cfg.data.weighted_captions else ""  # --no_token_padding: the same padded outputs
+def fill_text_cache(run: Run) -> None:
+    """Every caption's text-encoder outputs (and the held-out images'), with the encoders on the device."""
+    cfg, acc, parts, family = run.cfg, run.accelerator, run.parts, run.family
+
+    def encode_text(captions: list[str]) -> dict[str, torch.Tensor]:
+        with torch.no_grad():
+            cond = encode_captions(family, parts, captions, cfg.model.clip_skip, cfg.model.max_token_length,
+                                   cfg.data.weighted_captions)  # fmt: skip
+        return {k: v.float().cpu() for k, v in text_cache_entry(cond).items()}
+
+    te_id = "+".join(module_identity(te) for te in parts.text_encoders)
+    te_id += f"/clip_skip={cfg.model.clip_skip}/max_len={cfg.model.max_token_length}"
+    te_id += "/weighted" if cfg.data.weighted_captions else ""  # --no_token_padding: the same padded outputs
+    with on_device(parts.text_encoders, acc.device):
         run.text_cache = data.cache_text_encoder_outputs(run.plan, encode_text, te_id)
         if run.plan.validation is not None:
             run.validation_text_cache = data.cache_text_encoder_outputs(run.plan.validation, encode_text, te_id)
-        for te in parts.text_encoders:
-            te.to("cpu")
 
 
 def release_unused_parts(run: Run) -> list[str]:

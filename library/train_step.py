@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from library.devices import to_device
 from library.families.base import EPSILON, V_PREDICTION, Cond, ModelFamily, Parts
 from library.losses import LossConfig, diffusion_loss_per_sample
 from library.noising import NoiseConfig, NoiseSchedule, make_example
@@ -61,10 +62,10 @@ def predicts_v(family: ModelFamily, parts: Parts) -> bool:
 def batch_latents(m: StepModels, batch: Any, generator: torch.Generator | None) -> Tensor:
     """Cached latents, or the VAE encoding of the batch's pixels (B, 4, H/8, W/8), on the training device."""
     if batch.latents is not None:
-        return batch.latents.to(m.device)
+        return to_device(batch.latents, m.device)
     vae = m.parts.vae
     with torch.no_grad():
-        pixels = batch.pixels.to(m.device, next(vae.parameters()).dtype)
+        pixels = to_device(batch.pixels, m.device, next(vae.parameters()).dtype)
         return m.family.encode_latents(m.parts, pixels, generator).to(torch.float32)
 
 
@@ -75,7 +76,8 @@ def batch_cond(m: StepModels, batch: Any, generator: torch.Generator | None = No
         hidden = out["hidden_states"]
         if not m.pad_tokens:  # --no_token_padding: the causal encoder's padded outputs, cut after the longest caption
             hidden = hidden[:, : m.family.tokenize(m.parts, list(batch.captions), pad=False)[0].shape[1]]
-        return Cond(hidden, out.get("pooled")).to(m.device)
+        pooled = out.get("pooled")
+        return Cond(to_device(hidden, m.device), None if pooled is None else to_device(pooled, m.device))
     captions = list(batch.captions)
     if m.caption_rewrite is not None:
         captions = m.caption_rewrite(captions, generator)
@@ -133,28 +135,34 @@ def batch_loss(
     noisy, target, t, _ = make_example(m.noise, latents, m.schedule, generator, timesteps=timesteps)
     time_ids = m.family.size_conditioning(batch.original_sizes, batch.crop_top_lefts, batch.target_sizes)
     pred = m.family.predict(m.denoiser, noisy.to(m.weight_dtype), t, cond, time_ids=time_ids)
-    masks = batch.masks.to(m.device) if batch.masks is not None else None
+    masks = to_device(batch.masks, m.device) if batch.masks is not None else None
     return diffusion_loss_per_sample(
         pred.float(),
         target.to(pred.device),
         t,
         m.loss,
         m.schedule,
-        loss_weights=batch.loss_weights.to(pred.device),
+        loss_weights=to_device(batch.loss_weights, pred.device),
         mask=masks,
         generator=generator,
     )
 
 
+def non_finite_message(value: float, step: int, epoch: int) -> str:
+    """What to say when the loss became NaN / inf at ``step`` (1-based) of ``epoch`` (1-based), and what to try."""
+    return (
+        f"the loss became {value} at step {step} (epoch {epoch}); training stopped and the files saved so far "
+        "were left as they are. Usual causes: a learning rate that is too high, fp16 overflow (try "
+        "--mixed_precision bf16, or --no_half_vae for SDXL's VAE), or a corrupt image."
+    )
+
+
 def check_finite(loss: Tensor, step: int, epoch: int) -> None:
-    """Raise :class:`NonFiniteLoss` with a message that says what to try when ``loss`` is NaN / inf."""
+    """Raise :class:`NonFiniteLoss` when ``loss`` is NaN / inf (a host read: the loop uses the trainer's per-window
+    check instead, library/trainer.py ``window_status``)."""
     value = float(loss.detach())
     if not math.isfinite(value):
-        raise NonFiniteLoss(
-            f"the loss became {value} at step {step} (epoch {epoch}); training stopped and the files saved so far "
-            "were left as they are. Usual causes: a learning rate that is too high, fp16 overflow (try "
-            "--mixed_precision bf16, or --no_half_vae for SDXL's VAE), or a corrupt image."
-        )
+        raise NonFiniteLoss(non_finite_message(value, step, epoch))
 
 
 def validation_timesteps(noise: NoiseConfig, schedule: NoiseSchedule) -> list[int]:

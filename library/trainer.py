@@ -9,6 +9,7 @@ step, so every accumulation window is known exactly (needed for bitwise-exact re
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
@@ -24,7 +25,7 @@ from library import metadata_format as md
 from library.ema import EMA
 from library.optim import set_train_mode
 from library.runtime import capture_rng, restore_rng
-from library.train_step import validation_loss, validation_timesteps
+from library.train_step import NonFiniteLoss, non_finite_message, validation_loss, validation_timesteps
 from library.weight_files import SaveError, is_state_file
 
 logger = logging.getLogger("sdtrain")
@@ -46,6 +47,15 @@ class Result:
     validation: list[tuple[int, float]] | None = None
 
 
+@dataclass(frozen=True)
+class WindowStatus:
+    """What every process knows at an optimizer step (:meth:`Trainer.window_status`)."""
+
+    loss: float  # the window's mean loss, averaged over processes
+    non_finite: bool  # some process saw a NaN / inf loss in the window
+    stop: bool  # some process was asked to stop (Ctrl-C / SIGTERM)
+
+
 class Trainer:
     def __init__(
         self, run: Any, trainable: Any, optimizer: Any, scheduler: Any, loader: Any, max_steps: int, num_epochs: int
@@ -54,11 +64,15 @@ class Trainer:
         self.trainable, self.optimizer, self.scheduler, self.loader = trainable, optimizer, scheduler, loader
         self.max_steps, self.num_epochs = max_steps, num_epochs
         self.params = [p for p in trainable.parameters() if p.requires_grad]
+        # --fused_backward_pass / --fused_optimizer_groups: the optimizer steps inside backward
+        self.steps_in_backward = getattr(trainable, "fused", None) is not None
         self.generator = torch.Generator().manual_seed(self.cfg.run.seed + 1009 * self.acc.process_index)
         self.epoch = 0  # epoch index (0-based) the loop starts at
         self.step = 0  # optimizer steps done
         self.batches_in_epoch = 0  # batches consumed in the current epoch (this process)
         self.window = 0  # batches in the current accumulation window
+        self._window_loss: torch.Tensor | None = None  # sum of the window's batch losses, on the device
+        self._window_batches = 0
         self.current_epoch, self.epoch_batches = 0, loader.num_batches(0)  # set by begin_epoch / resume_if_asked
         self.log_run: str | None = None  # this run's folder under --logging_dir (kept in the state)
         self._resume_skip: tuple[int, int] | None = None
@@ -134,6 +148,46 @@ class Trainer:
         accum = self.cfg.run.gradient_accumulation_steps
         start = (self.batches_in_epoch // accum) * accum
         return 1.0 / min(accum, self.epoch_batches - start)
+
+    def closes_window(self) -> bool:
+        """Whether the next batch closes its accumulation window (its backward is followed by an optimizer step)."""
+        accum = self.cfg.run.gradient_accumulation_steps
+        return self.window + 1 >= accum or self.batches_in_epoch + 1 >= self.epoch_batches
+
+    def micro_batch(self) -> contextlib.AbstractContextManager:
+        """The context of one batch's forward and backward: for a model DDP wraps (full fine-tuning on several
+        processes), gradients are not all-reduced for batches inside an accumulation window, only at its end."""
+        model = self.run.step_models.denoiser
+        if self.trainable.gradient_sync == "accelerate" and self.acc.num_processes > 1 and not self.closes_window():
+            return self.acc.no_sync(model)
+        return contextlib.nullcontext()
+
+    def add_loss(self, loss: torch.Tensor) -> None:
+        """Count one batch's mean loss into its window, on the device (no host read)."""
+        value = loss.detach().float()
+        self._window_loss = value if self._window_loss is None else self._window_loss + value
+        self._window_batches += 1
+
+    def window_status(self, interrupted: bool) -> WindowStatus:
+        """At an optimizer step: the window's mean loss, whether any process saw a non-finite loss, whether any was
+        interrupted, in one reduction over the processes and one read on the host (the step's only one). Every
+        process gets the same answer, so all of them step, stop or fail together instead of one waiting for the
+        others in the next collective."""
+        mean = self._window_loss / max(1, self._window_batches)
+        values = torch.stack([mean, (~torch.isfinite(mean)).float(), mean.new_full((), float(interrupted))])
+        if self.acc.num_processes > 1:
+            values = self.acc.reduce(values, reduction="sum")
+        total, non_finite, stop = values.tolist()
+        self._window_loss, self._window_batches = None, 0
+        if stop and not interrupted and self.acc.is_main_process:
+            print("\nanother process was interrupted: saving a resumable state after this step")
+        return WindowStatus(total / self.acc.num_processes, non_finite > 0, stop > 0)
+
+    def check_finite(self, status: WindowStatus) -> None:
+        """Raise :class:`NonFiniteLoss` (on every process) when a process saw a NaN / inf loss in the window; the
+        optimizer has not stepped, so the weights and every file saved so far are the last good ones."""
+        if status.non_finite:
+            raise NonFiniteLoss(non_finite_message(status.loss, self.step + 1, self.current_epoch + 1))
 
     def batch_done(self) -> bool:
         """Count the batch; True when it closes an accumulation window (time for the optimizer step)."""
@@ -222,7 +276,7 @@ class Trainer:
         if not sampling.should_sample(self.cfg.sample, step=step, epoch=epoch):
             return
         cfg = self.cfg.sample
-        with self._eval_context():
+        with self._eval_context():  # every process generates its share of the prompts (library/sampling/training.py)
             sampling.sample_during_training(
                 cfg,
                 self.run.family,
@@ -254,10 +308,32 @@ class Trainer:
         return self.acc.unwrap_model(self.trainable)
 
     def save_model(self, path: Path, *, step: int | None = None, epoch: int | None = None) -> Path | None:
-        """Write the trained file (and ``<stem>-ema`` with EMA) on the main process, atomically, with metadata."""
+        """Write the trained file (and ``<stem>-ema`` with EMA) on the main process, atomically, with metadata. A
+        failed write raises :class:`SaveError` on every process (they stop together)."""
         self.acc.wait_for_everyone()
-        if not self.acc.is_main_process:
-            return None
+        error = None
+        if self.acc.is_main_process:
+            try:
+                self._write_model(path, step=step, epoch=epoch)
+            except SaveError as e:
+                error = e
+        self._raise_everywhere(error)
+        return path if self.acc.is_main_process else None
+
+    def _raise_everywhere(self, error: SaveError | None) -> None:
+        """The main process's save outcome on every process: raise its SaveError everywhere, or nothing."""
+        if self.acc.num_processes > 1:
+            from accelerate.utils import broadcast_object_list
+
+            sent = [None if error is None else (str(error), str(getattr(error, "path", "")))]
+            message = broadcast_object_list(sent, from_process=0)[0]
+            if message is not None and error is None:
+                error = SaveError(message[0])
+                error.path = Path(message[1]) if message[1] else None
+        if error is not None:
+            raise error
+
+    def _write_model(self, path: Path, *, step: int | None = None, epoch: int | None = None) -> None:
         set_train_mode(self.optimizer, False)
         try:
             trained = self.unwrapped()
@@ -275,7 +351,6 @@ class Trainer:
                     )
         finally:
             set_train_mode(self.optimizer, True)
-        return path
 
     def file_metadata(self, *, step: int | None = None, epoch: int | None = None) -> dict[str, str]:
         from library.run_metadata import file_metadata
@@ -289,35 +364,42 @@ class Trainer:
             folder = run_files.state_dir(save, step=self.step) if interrupted else run_files.state_dir(save)
         rng = capture_rng({"generator": self.generator})
         rngs = self.acc.gather_for_metrics([rng], use_gather_object=True) if self.acc.num_processes > 1 else [rng]
-        if self.acc.is_main_process:
-            counters = {
-                "epoch": self.current_epoch if self.batches_in_epoch < self.epoch_batches else self.current_epoch + 1,
-                "batches_in_epoch": self.batches_in_epoch if self.batches_in_epoch < self.epoch_batches else 0,
-                "step": self.step,
-                "seed": self.cfg.run.seed,
-                "num_processes": self.acc.num_processes,
-                "losses": self.losses,
-                "settings": resume.settings_of(self.cfg.method, self.cfg.optim.optimizer_type),
-                "log_run": self.log_run,
-            }
-            scaler = getattr(self.acc, "scaler", None)
-            run_files.save_train_state(
-                folder,
-                trained=self.unwrapped().state_dict(),
-                optimizer=self.optimizer,
-                scheduler=self.scheduler,
-                counters=counters,
-                rngs=rngs,
-                ema=self.ema,
-                scaler=scaler,
-            )
-            if save.save_last_n_steps_state and not interrupted:
-                run_files.rotate(save, step=self.step)
-            logger.info(
-                "saved state %s%s", folder, " (resume with --resume " + str(folder) + ")" if interrupted else ""
-            )
-        self.acc.wait_for_everyone()
+        error = None
+        try:
+            if self.acc.is_main_process:
+                self._write_state(folder, rngs, interrupted)
+        except SaveError as e:
+            error = e
+        self._raise_everywhere(error)  # every process stops when the main one could not write
         return folder
+
+    def _write_state(self, folder: Path, rngs: list, interrupted: bool) -> None:
+        """The state folder, atomically (main process)."""
+        save = self.cfg.save
+        counters = {
+            "epoch": self.current_epoch if self.batches_in_epoch < self.epoch_batches else self.current_epoch + 1,
+            "batches_in_epoch": self.batches_in_epoch if self.batches_in_epoch < self.epoch_batches else 0,
+            "step": self.step,
+            "seed": self.cfg.run.seed,
+            "num_processes": self.acc.num_processes,
+            "losses": self.losses,
+            "settings": resume.settings_of(self.cfg.method, self.cfg.optim.optimizer_type),
+            "log_run": self.log_run,
+        }
+        scaler = getattr(self.acc, "scaler", None)
+        run_files.save_train_state(
+            folder,
+            trained=self.unwrapped().state_dict(),
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            counters=counters,
+            rngs=rngs,
+            ema=self.ema,
+            scaler=scaler,
+        )
+        if save.save_last_n_steps_state and not interrupted:
+            run_files.rotate(save, step=self.step)
+        logger.info("saved state %s%s", folder, " (resume with --resume " + str(folder) + ")" if interrupted else "")
 
     def resume_if_asked(self) -> None:
         folder = self.cfg.save.resume
@@ -385,10 +467,12 @@ class Trainer:
     def stop_after_save_error(self, error: SaveError) -> Result:
         """A save failed (disk full, I/O error): say which file, then leave a resumable state if one can still be
         written (not when the state itself was what failed)."""
-        logs.print_error(error)
-        if self.acc.is_main_process and not is_state_file(error):
+        if self.acc.is_main_process:
+            logs.print_error(error)
+        if not is_state_file(error):  # every process takes part (the state gathers their RNG states)
             try:
                 self.save_state(interrupted=True)
             except SaveError as e:
-                print(f"no resumable state could be written either: {e}", file=sys.stderr)
+                if self.acc.is_main_process:
+                    print(f"no resumable state could be written either: {e}", file=sys.stderr)
         return self.result(failed=str(error))

@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from library.fp8 import compute_weight
+
 from .algos import ALGOS, dora
 from .algos import norm as norm_algo
 from .algos.base import Algorithm
@@ -176,7 +178,7 @@ class AdapterLayer(nn.Module):
         m = self.multiplier if multiplier is None else multiplier
         delta = self.adapter.delta_weight(self.weight_shape)
         if self.adapter.magnitude is not None:
-            weight = self._backup if self._backup is not None else self.base_layer.weight
+            weight = self._backup if self._backup is not None else compute_weight(self.base_layer, delta.dtype)
             delta = dora.dora_weight(weight, delta, self.adapter.magnitude) - weight.to(delta.dtype)
         return delta * m
 
@@ -188,7 +190,7 @@ class AdapterLayer(nn.Module):
                 keep = keep / keep.mean().clamp_min(1e-6)
             delta = delta * keep.reshape(-1, *[1] * (delta.dim() - 1))
         if self.adapter.magnitude is not None:
-            weight = self.base_layer.weight
+            weight = compute_weight(self.base_layer, delta.dtype)  # float8 storage (--fp8_base): cast
             delta = dora.dora_weight(weight, delta, self.adapter.magnitude) - weight.to(delta.dtype)
         return delta
 

@@ -339,26 +339,30 @@ class AdapterNetwork(nn.Module):
     def apply_max_norm(self, max_norm: float, device: torch.device | str | None = None) -> tuple[int, float, float]:
         """sd-scripts' ``--scale_weight_norms`` for every algorithm: per module n = max(‖ΔW‖_F, c/2); if n > c, ΔW is
         scaled by c/n by scaling each of its k factors by (c/n)^(1/k) (LoRA: up and down by √(c/n)).
-        Returns (modules scaled, mean and max of the resulting norms)."""
-        keys_scaled, norms = 0, []
-        for s in self._slots.values():
-            if not isinstance(s.layer, AdapterLayer):
-                continue
-            adapter = s.layer.adapter
-            delta = adapter.delta_weight(s.layer.weight_shape)
-            norm = delta.norm().clamp(min=max_norm / 2)
-            ratio = float(norm.clamp(max=max_norm) / norm)
-            if ratio != 1.0:
-                keys_scaled += 1
+        Returns (modules scaled, mean and max of the resulting norms). The scaling stays on the device (a module
+        under the cap is multiplied by exactly 1); the three numbers are read back once, not per module."""
+        scaled, norms = [], []
+        with torch.no_grad():
+            for s in self._slots.values():
+                if not isinstance(s.layer, AdapterLayer):
+                    continue
+                adapter = s.layer.adapter
+                delta = adapter.delta_weight(s.layer.weight_shape)
+                norm = delta.norm().clamp(min=max_norm / 2)
+                ratio = norm.clamp(max=max_norm) / norm
                 if adapter.scalar is not None:
                     adapter.scalar.mul_(ratio)
                 else:
+                    factor = ratio ** (1.0 / len(adapter.params))
                     for p in adapter.params.values():
-                        p.mul_(ratio ** (1.0 / len(adapter.params)))
-            norms.append(float(delta.norm()) * ratio)
+                        p.mul_(factor.to(p.dtype))
+                scaled.append(ratio < 1.0)
+                norms.append(delta.norm().float() * ratio)
         if not norms:
             return 0, 0.0, 0.0
-        return keys_scaled, sum(norms) / len(norms), max(norms)
+        norms_t = torch.stack(norms)
+        count, mean, largest = torch.stack([torch.stack(scaled).sum().float(), norms_t.mean(), norms_t.max()]).tolist()
+        return int(count), mean, largest
 
 
 def _copy_into(adapter: nn.Module, tensors: dict[str, Tensor]) -> None:

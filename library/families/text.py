@@ -105,4 +105,6 @@ def eos_pooled(text_encoder: nn.Module, last_hidden: Tensor, ids: Tensor, eos_to
     index = (ids == eos_token_id).int().argmax(dim=1).to(last_hidden.device)
     pooled = last_hidden[torch.arange(last_hidden.shape[0], device=last_hidden.device), index]
     projection = text_encoder.text_projection
-    return projection(pooled.to(projection.weight.dtype)).to(last_hidden.dtype)
+    weight = projection.weight  # float8 storage (--fp8_base) computes in the hidden states' dtype
+    dtype = last_hidden.dtype if weight.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else weight.dtype
+    return projection(pooled.to(dtype)).to(last_hidden.dtype)

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from library.devices import on_device
 from library.families.base import ModelFamily, Parts
 from library.problems import ConfigError
 from library.runtime import capture_rng, restore_rng
@@ -47,27 +48,38 @@ def sample_during_training(
 
     Files: ``<output_dir>/sample/<name>.png`` (:func:`sample_file_name`) and ``<output_name>_<step>_grid_<time>.png`` with all images of
     the round; each PNG carries the prompt and settings as text chunks. Images are logged to ``trackers`` (default:
-    ``accelerator.trackers``) as ``sample_<i>`` and ``sample_grid``. Runs on the main process only (others return
-    ``[]`` at once). A prompt file that became unreadable is reported and the round skipped (training goes on).
-    Returns the paths of the images written (grid last).
+    ``accelerator.trackers``) as ``sample_<i>`` and ``sample_grid``. A prompt file that became unreadable is reported
+    and the round skipped (training goes on). Returns the paths of the images written (grid last; ``[]`` on the
+    other processes).
+
+    Where it runs: on the training device (``accelerator.device``, else the denoiser's); parts that training keeps
+    on the host (the VAE under ``--cache_latents``, the text encoders under ``--cache_text_encoder_outputs``) come
+    to it for the round and go back after. With several processes each generates every n-th prompt (as
+    sd-scripts does) and the main process saves them all, so no process waits for one that samples alone.
     """
-    if accelerator is not None and not accelerator.is_main_process:
-        return []
     try:
         specs = read_prompt_file(cfg.prompts_file)
     except (FileNotFoundError, ConfigError) as e:
         log.error("sampling at step %d skipped: %s", step, e)
         return []
+    rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator is not None else (0, 1)
     log.info("generating %d sample image(s) at step %d", len(specs), step)
+    device = accelerator.device if accelerator is not None else next(parts.denoiser.parameters()).device
     rng = capture_rng()
     modes = _enter_eval(parts)
     autocast = accelerator.autocast if accelerator is not None else None
     try:
-        with ema_context or contextlib.nullcontext():
-            results = [_one(cfg, family, parts, spec, autocast) for spec in specs]
+        with ema_context or contextlib.nullcontext(), on_device(_modules(parts), device):
+            results = [_one(cfg, family, parts, spec, autocast) for spec in specs[rank::world]]
     finally:
         _restore_modes(modes)
         restore_rng(rng)
+    if world > 1:
+        from accelerate.utils import gather_object
+
+        results = sorted(gather_object(results), key=lambda r: r[0].index)
+    if accelerator is not None and not accelerator.is_main_process:
+        return []
     return _save_and_log(results, cfg, parts, output_dir, output_name, step, epoch, accelerator, trackers)
 
 

@@ -1,0 +1,130 @@
+"""``--fp8_base``: frozen Linear / Conv2d weights stored in float8 (e4m3fn), computed in the mixed-precision dtype.
+
+Each stored layer keeps its weight as a float8 parameter. For the length of one forward call a forward pre-hook puts
+a *new* tensor in its place, the weight cast to the compute dtype, and the forward hook puts the float8 parameter
+back. What autograd saves for backward is therefore that compute-dtype copy, never float8: cuDNN's convolution
+backward refuses a weight whose dtype differs from the gradient's. (diffusers' layer-wise casting changes the dtype
+of the parameter itself in place, so the weight a convolution saved turns back into float8 after the forward;
+CPU kernels accept that, CUDA's do not.) Under ``--gradient_checkpointing`` the recomputed forward makes its own
+copy in the same way.
+
+A copy does not wait for backward in memory: when autograd saves it (or a view of it) the layer's saved-tensor hook
+keeps a note instead (the float8 parameter, the dtype and the view's geometry) and backward casts it again, which
+gives the same tensor bit for bit. So the device holds the float8 weights, not a second copy per layer (with
+sd-scripts' autocast a layer on the gradient's path keeps its cast weight until backward: more than bf16 weights
+alone, without gradient checkpointing). Inside a gradient-checkpointed block, torch's own saved-tensor hooks are in
+charge and the copy is made again at the recompute, so the note is not needed there.
+Biases and norm layers stay in the compute dtype (small, and sensitive to rounding). Embeddings are never stored in
+float8 (token embeddings are trained by textual inversion and pivotal tuning, and lookups have no float8 kernel).
+
+sd-scripts casts the whole model with ``.to(torch.float8_e4m3fn)`` and relies on autocast; this is the same storage
+with an explicit compute dtype, so it runs the same without autocast (CPU) and under fp16 as under bf16.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+FP8 = torch.float8_e4m3fn
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+STORED = (nn.Linear, nn.Conv2d)
+
+
+def is_fp8(tensor: Tensor) -> bool:
+    return tensor.dtype in FP8_DTYPES
+
+
+class _Recast(NamedTuple):
+    """What autograd keeps of a saved compute-dtype weight (or a view of it): enough to make it again."""
+
+    stored: Tensor
+    dtype: torch.dtype
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+
+
+def _unpack(saved: object) -> object:
+    if isinstance(saved, _Recast):
+        return saved.stored.to(saved.dtype).as_strided(saved.size, saved.stride, saved.offset)
+    return saved
+
+
+def _others_hook_saved_tensors() -> bool:
+    """Whether saved-tensor hooks are active already (torch.utils.checkpoint's, or a caller's): ours stand aside."""
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    return top is None or top(False) is not None
+
+
+class _Fp8Weight:
+    """The hooks of one layer: swap the float8 parameter for a compute-dtype copy during its forward."""
+
+    def __init__(self, compute_dtype: torch.dtype) -> None:
+        self.compute_dtype = compute_dtype
+        self.stored: nn.Parameter | None = None
+        self.saving: torch.autograd.graph.saved_tensors_hooks | None = None
+
+    def before(self, module: nn.Module, args: tuple) -> None:
+        self.stored = stored = module._parameters["weight"]  # the float8 parameter (wherever .to() has moved it)
+        copy = stored.to(self.compute_dtype)  # a new tensor: what autograd may save
+        module._parameters["weight"] = copy
+        if not torch.is_grad_enabled() or torch.compiler.is_compiling() or _others_hook_saved_tensors():
+            return
+        key, dtype = copy.untyped_storage()._cdata, self.compute_dtype
+
+        def pack(tensor: Tensor) -> object:
+            if tensor.untyped_storage()._cdata != key:
+                return tensor
+            return _Recast(stored, dtype, tuple(tensor.size()), tuple(tensor.stride()), tensor.storage_offset())
+
+        self.saving = torch.autograd.graph.saved_tensors_hooks(pack, _unpack)
+        self.saving.__enter__()
+
+    def after(self, module: nn.Module, args: tuple, output: object) -> None:
+        if self.saving is not None:
+            self.saving.__exit__(None, None, None)
+            self.saving = None
+        module._parameters["weight"] = self.stored
+        self.stored = None  # no reference between calls: a later .to() may replace the parameter object
+
+
+def store_in_fp8(model: nn.Module, compute_dtype: torch.dtype, skip: tuple[str, ...] = ("norm",)) -> int:
+    """Store the weights of ``model``'s frozen Linear / Conv2d layers in float8; returns how many were stored.
+
+    Layers whose path contains one of ``skip`` stay as they are (diffusers' rule for UNets: "norm"), as do layers
+    with a trainable weight and layers stored already. Cast where the model is (on the CPU before the move to the
+    device, so the device never holds the half-precision copy); the weights move with ``model.to(device)``.
+    """
+    count = 0
+    for name, module in model.named_modules():
+        if not isinstance(module, STORED) or any(s in name for s in skip) or hasattr(module, "_sdtrain_fp8"):
+            continue
+        weight = module.weight
+        if weight.requires_grad or not weight.is_floating_point():
+            continue
+        with torch.no_grad():
+            weight.data = weight.data.to(FP8)
+        if module.bias is not None:
+            module.bias.data = module.bias.data.to(compute_dtype)
+        hooks = _Fp8Weight(compute_dtype)
+        module._sdtrain_fp8 = hooks
+        module.register_forward_pre_hook(hooks.before)
+        module.register_forward_hook(hooks.after, always_call=True)
+        count += 1
+    return count
+
+
+def stored_in_fp8(module: nn.Module) -> bool:
+    return hasattr(module, "_sdtrain_fp8")
+
+
+def compute_weight(module: nn.Module, dtype: torch.dtype | None = None) -> Tensor:
+    """``module.weight`` as its forward computes with it: float8 storage cast to the compute dtype (or ``dtype``)."""
+    weight = module.weight
+    if is_fp8(weight):
+        hooks = getattr(module, "_sdtrain_fp8", None)
+        return weight.to(dtype or (hooks.compute_dtype if hooks is not None else torch.bfloat16))
+    return weight
