@@ -25,6 +25,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _cpu_unless_marked_gpu(request, monkeypatch):
+    """On a machine with a GPU, the tests not marked ``gpu`` still train on the CPU: they check logic bit for bit
+    (exact resume, processes that agree), which CUDA's non-deterministic kernels break, and their two-process
+    launches (gloo) would ask a one-GPU machine for a second GPU."""
+    if torch.cuda.is_available() and "gpu" not in request.keywords:
+        monkeypatch.setenv("ACCELERATE_USE_CPU", "true")  # accelerate's own switch: Accelerator(cpu=True)
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # launched processes see no GPU
+
+
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
     """Folder with tiny diffusers models: <dir>/sd1, <dir>/sd2, <dir>/sdxl."""

@@ -129,7 +129,7 @@ def test_engines_that_cannot_run_here_say_so(tmp_path, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_deepspeed_zero2_trains_on_a_gpu(tmp_path):
+def test_deepspeed_zero2_trains_on_a_gpu(tmp_path, monkeypatch):
     """One CUDA process with --deepspeed --zero_stage 2 (needs the deepspeed package): trains and saves."""
     pytest.importorskip("deepspeed")
     import fine_tune
@@ -137,7 +137,8 @@ def test_deepspeed_zero2_trains_on_a_gpu(tmp_path):
 
     model, data = make_tiny_model(tmp_path / "model", "sd1"), make_example_dataset(tmp_path / "data")
     env = {"WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29512"}
-    os.environ.update(env)
+    for name, value in env.items():  # undone after the test: later tests are single-process runs
+        monkeypatch.setenv(name, value)
     result = fine_tune.run(["--pretrained_model_name_or_path", str(model), "--train_data_dir", str(data),
                              "--caption_extension", ".txt", "--resolution", "64", "--output_dir", str(tmp_path / "o"),
                              "--save_model_as", "safetensors", "--max_train_steps", "2", "--deepspeed",

@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 import random
 import re
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -60,13 +59,6 @@ def test_prompt_file_reread_and_bad_edit_skips_round(tiny_parts, tmp_path, caplo
     cfg.prompts_file.write_text("one --w 65\n")
     assert sample_during_training(cfg, family, parts, output_dir=tmp_path, output_name=None, step=3) == []
     assert f"{cfg.prompts_file}:1" in caplog.text and "sampling at step 3 skipped" in caplog.text
-
-
-def test_only_main_process_samples(tiny_parts, tmp_path):
-    worker = SimpleNamespace(is_main_process=False)
-    out = sample_during_training(_cfg(tmp_path), _family("sd1"), tiny_parts["sd1"], output_dir=tmp_path / "o",
-                                 output_name=None, step=1, accelerator=worker)  # fmt: skip
-    assert out == [] and not (tmp_path / "o").exists()
 
 
 @pytest.mark.parametrize("family_name", ["sd1", "sdxl"])

@@ -1,0 +1,218 @@
+"""A stand-in for the GPU on a machine without one: the ``meta`` device as the accelerator's device.
+
+A training run under :func:`simulated_device` runs unchanged (load -> latent caching -> text caching -> steps ->
+sampling -> save), except that ``accelerator.device`` is ``meta``: everything the run puts on the device has real
+shapes, dtypes and lifetimes but no values, so a real-size SDXL step at 1024 px costs no memory and no time here.
+On top of that the mode enforces what CUDA enforces and counts what the device would hold:
+
+* an operator whose tensors are on different devices fails, as on CUDA (0-dim CPU scalars and copies between
+  devices are allowed, as there). Meta kernels alone do not check this (``conv2d`` of a meta input with CPU
+  weights quietly gives a meta output);
+* heavy compute (matmul, convolution, attention) on host tensors while a device phase runs fails: a module left on
+  the CPU would compute there (tens of seconds per SDXL sample), which no error on a real GPU reveals either;
+* device-resident bytes (the storages on ``meta``) are counted per phase: ``load``, ``latent caching``,
+  ``text caching``, ``step``, ``sampling``, ``save`` (:attr:`SimulatedDevice.phase_peak_bytes`);
+* values the host reads from the device (``.item()``, ``.cpu()``, ``.tolist()``) come back as zeros (True for a
+  boolean), so the code around them runs: losses read 0, samples are black, saved tensors are zeros; ``nonzero``
+  answers "the first element" (samplers look their timestep up with it).
+
+With ``--mixed_precision fp16`` the accelerator gets a GradScaler on the simulated device, as accelerate makes one
+on CUDA (it makes none on the CPU), so the fp16 paths (``--full_fp16``) run as on a GPU.
+
+Used by tests/test_simulated_device.py and benchmarks/bench_device_memory.py (the device-memory table of
+docs/training.md). Nothing in a normal run imports this module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_leaves
+
+from library.phases import PhasePeaks, instrumented
+from library.tensor_memory import TensorMemory
+
+DEVICE = torch.device("meta")
+HOST_PHASES = ("load", "save")  # the phases that compute on the host by design (building the model, writing files)
+
+_aten = torch.ops.aten
+# operators that move data between devices (CUDA allows mixed devices for them)
+_COPIES = {
+    _aten._to_copy.default,
+    _aten.copy_.default,
+    _aten._copy_from.default,
+    _aten._copy_from_and_resize.default,
+    _aten.lift_fresh.default,
+    _aten.set_.source_Storage_storage_offset,
+    _aten.set_.source_Tensor,
+    _aten.detach.default,
+    _aten.alias.default,
+}
+# the operators that make a module's forward expensive: on host tensors during a device phase they mean a module
+# was left on the CPU
+_HEAVY = {
+    _aten.mm.default,
+    _aten.addmm.default,
+    _aten.bmm.default,
+    _aten.baddbmm.default,
+    _aten.convolution.default,
+    _aten._scaled_dot_product_flash_attention_for_cpu.default,
+    _aten._scaled_dot_product_efficient_attention.default,
+}
+# host reads of device values: answered with zeros
+_LOCAL_SCALAR = _aten._local_scalar_dense.default
+
+
+class DeviceMismatch(RuntimeError):
+    """What CUDA raises when an operator gets tensors on different devices, raised here for the meta device."""
+
+
+class SimulatedDevice(TensorMemory):
+    """The dispatch mode of :func:`simulated_device` (counts bytes per device type as :class:`TensorMemory`).
+
+    ``strict=False`` keeps the byte count and drops the two checks (to measure a run that would fail them)."""
+
+    def __init__(self, strict: bool = True) -> None:
+        super().__init__()
+        self.strict = strict
+        self.phases = PhasePeaks(lambda: self.peak_bytes[DEVICE.type], self.reset_peak)
+        self.phases.listeners.append(self._entered)
+        self.host_compute_allowed = True  # loading and file writing compute on the host by design
+        self.host_reads = 0  # values the host read from the device (each one a device sync on a GPU)
+        self.host_reads_by_phase: dict[str, int] = defaultdict(int)
+
+    @property
+    def phase(self) -> str:
+        return self.phases.phase
+
+    def _entered(self, phase: str) -> None:
+        self.host_compute_allowed = phase in HOST_PHASES
+
+    def phase_table(self) -> dict[str, float]:
+        """Peak device-resident MiB per phase, in run order."""
+        return self.phases.table()
+
+    # ------------------------------------------------------------------------------------------------ dispatch
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        on_device = any(t.device.type == DEVICE.type for t in tensors)
+        if func is _LOCAL_SCALAR and on_device:
+            self._host_read()
+            return True if args[0].dtype == torch.bool else 0
+        if func is _aten.nonzero.default and on_device:  # a data-dependent shape: the host waits for it on a GPU
+            self._host_read()
+            return torch.zeros((1, args[0].dim()), dtype=torch.long, device=DEVICE)
+        target = _target_device(args, kwargs)
+        if func is _aten._to_copy.default and on_device and target not in (None, DEVICE.type):
+            self._host_read()
+            source = args[0]
+            return torch.zeros(source.shape, dtype=kwargs.get("dtype") or source.dtype, device=target)
+        if self.strict and func not in _COPIES:
+            self._check_devices(func, tensors)
+        if self.strict and func in _HEAVY and not on_device and not self.host_compute_allowed:
+            raise DeviceMismatch(
+                f"{func} computed on the host during the {self.phase!r} phase: a module that should be on the "
+                f"accelerator was left on the CPU (shapes {[tuple(t.shape) for t in tensors]})"
+            )
+        if on_device and func in _META_FALLBACKS:
+            return _META_FALLBACKS[func](*args, **kwargs)
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+    def forget(self, module: torch.nn.Module) -> None:
+        """Stop counting a module's tensors: a part freed with ``module.to("meta")`` (library/train_setup.py
+        ``release_unused_parts``) holds no memory on a real run, though meta is the simulated device here."""
+        for tensor in (*module.parameters(), *module.buffers()):
+            entry = self._live.pop(tensor.untyped_storage()._cdata, None)
+            if entry is not None:
+                self.live_bytes[entry[0]] -= entry[1]
+
+    def _host_read(self) -> None:
+        self.host_reads += 1
+        self.host_reads_by_phase[self.phase] += 1
+
+    def _check_devices(self, func: Any, tensors: list[torch.Tensor]) -> None:
+        devices = {t.device.type for t in tensors if not (t.device.type == "cpu" and t.dim() == 0)}
+        if len(devices) > 1:
+            raise DeviceMismatch(
+                f"Expected all tensors to be on the same device, but found at least two devices, {sorted(devices)} "
+                f"({func}, in the {self.phase!r} phase; shapes {[(t.device.type, tuple(t.shape)) for t in tensors]})"
+            )
+
+
+def _target_device(args: tuple, kwargs: dict) -> str | None:
+    device = kwargs.get("device")
+    return torch.device(device).type if device is not None else None
+
+
+def _unscale_and_check(grads: list, found_inf: torch.Tensor, inv_scale: torch.Tensor) -> None:
+    """``_amp_foreach_non_finite_check_and_unscale_`` on meta: the gradients are scaled in place, nothing is found."""
+    for g in grads:
+        g.mul_(inv_scale)
+
+
+def _update_scale(scale: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    return scale
+
+
+# operators without a meta kernel that the run's device side calls (GradScaler's)
+_META_FALLBACKS = {
+    _aten._amp_foreach_non_finite_check_and_unscale_.default: _unscale_and_check,
+    _aten._amp_update_scale_.default: _update_scale,
+}
+
+
+def make_simulated(accelerator: Any) -> Any:
+    """Turn an ``accelerate.Accelerator`` made for the CPU into one whose device is meta; with fp16 mixed precision
+    give it the GradScaler accelerate gives CUDA runs."""
+    cls = type(accelerator)
+    members = {
+        "device": property(lambda self: DEVICE),
+        # CUDA's autocast acts on CUDA tensors only; accelerate's would be the CPU's here, and CPU autocast acts on
+        # the host tensors a GPU run leaves alone (meta tensors it ignores either way)
+        "autocast": lambda self, *args, **kwargs: contextlib.nullcontext(),
+    }
+    accelerator.__class__ = type("SimulatedAccelerator", (cls,), members)
+    if accelerator.mixed_precision == "fp16" and accelerator.scaler is None:
+        accelerator.scaler = torch.amp.GradScaler(DEVICE.type)
+        accelerator.native_amp = True
+    return accelerator
+
+
+@contextlib.contextmanager
+def simulated_device(strict: bool = True) -> Iterator[SimulatedDevice]:
+    """Run training scripts in-process with the meta device as the accelerator (see the module docstring).
+
+    Yields the :class:`SimulatedDevice` whose ``phase_table()`` gives the device-resident peak per phase.
+    """
+    from library import train_setup
+
+    sim = SimulatedDevice(strict)
+    make_accelerator, load_model, release = train_setup.make_accelerator, train_setup.load_model, train_setup._release
+
+    def simulated_accelerator(*args: Any, **kwargs: Any) -> Any:
+        return make_simulated(make_accelerator(*args, **kwargs))
+
+    def loaded(*args: Any, **kwargs: Any) -> Any:
+        parts = load_model(*args, **kwargs)
+        gc.collect()  # loaders build their skeletons on meta too: the phase holds what stays on the device
+        sim.reset_peak()
+        return parts
+
+    def released(module: Any, *args: Any) -> Any:
+        out = release(module, *args)
+        sim.forget(module)
+        return out
+
+    train_setup.make_accelerator, train_setup.load_model, train_setup._release = simulated_accelerator, loaded, released
+    try:
+        with instrumented(sim.phases), sim:
+            yield sim
+    finally:
+        train_setup.make_accelerator, train_setup.load_model = make_accelerator, load_model
+        train_setup._release = release
