@@ -115,8 +115,11 @@ def main() -> None:
     parser.add_argument("--no_sample", action="store_true", help="skip the sampling round")
     parser.add_argument("--steps", type=int, default=1, help="cuda: > 2 also gives s/step, FLOPs per step and MFU")
     parser.add_argument("--plain", action="store_true", help="without the low-VRAM flags (bf16, sdpa, cached)")
-    parser.add_argument("--without", default="", help="low-VRAM flags to leave out, without dashes, comma-separated "
-                        "(e.g. fp8_base,gradient_checkpointing)")
+    parser.add_argument(
+        "--without",
+        default="",
+        help="low-VRAM flags to leave out, without dashes, comma-separated (e.g. fp8_base,gradient_checkpointing)",
+    )
     parser.add_argument("--workdir", default=None)
     args = parser.parse_args()
     repo = Path(args.repo).resolve()

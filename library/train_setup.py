@@ -77,7 +77,8 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
         "--max_token_length", type=int, default=None, choices=[None, 150, 225], help="75 (default), 150 or 225 tokens"
     )
     g.add_argument("--no_half_vae", action="store_true", help="keep the VAE in fp32 under mixed precision")
-    g.add_argument("--lowram", action="store_true", help="load models straight to the GPU")
+    g.add_argument("--lowram", action="store_true", help="load each weight straight onto the GPU as it is read "
+                   "(for machines with more VRAM than RAM)")  # fmt: skip
     g.add_argument(
         "--highvram",
         action="store_true",
