@@ -71,7 +71,11 @@ def real_size_loader(family, device: str):
                 if device == "cuda":  # random weights, made on the GPU (fast), then where the run wants them
                     with torch.device("cuda"):
                         module = factory()
-                    return module.to(target).eval().requires_grad_(False)
+                    module = module.to(target).eval().requires_grad_(False)
+                    torch.cuda.synchronize()
+                    torch.cuda.empty_cache()
+                    torch.cuda.reset_peak_memory_stats()  # making the weights is not part of the run's load
+                    return module
                 with init_empty_weights():
                     module = factory()
                 return module.to_empty(device=target).eval().requires_grad_(False)

@@ -82,7 +82,8 @@ def pytest_counts(name):
 
 
 results = {
-    "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
+    "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+    "torch": torch.__version__, "cuda": torch.version.cuda,
     "steps": steps, "failures": sum(s["exit"] != 0 for s in steps),
     "pytest_gpu": pytest_counts("pytest_gpu"), "pytest_gpu_slow": pytest_counts("pytest_gpu_slow"),
     "tiny_runs": json_lines("gpu_runs"),

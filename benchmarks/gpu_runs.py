@@ -40,6 +40,8 @@ RUNS = {
 def one(family: str, name: str, flags: list[str], steps: int, work: Path) -> dict:
     import torch
 
+    cuda = torch.cuda.is_available()  # False only in a --cpu dry run
+
     import train_network
 
     if name == "xformers":
@@ -52,7 +54,8 @@ def one(family: str, name: str, flags: list[str], steps: int, work: Path) -> dic
 
     def stamped(self, loss):
         step_done(self, loss)
-        torch.cuda.synchronize()
+        if cuda:
+            torch.cuda.synchronize()
         stamps.append(time.time())
 
     train_network.Trainer.step_done = stamped
@@ -62,7 +65,8 @@ def one(family: str, name: str, flags: list[str], steps: int, work: Path) -> dic
             "--max_train_steps", str(steps), "--seed", "0", "--max_data_loader_n_workers", "0", *flags]  # fmt: skip
     if "--sample_every_n_steps" in flags:
         argv += ["--sample_prompts", str(prompts)]
-    torch.cuda.reset_peak_memory_stats()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     try:
         result = train_network.run(argv, family_names=("sdxl",) if family == "sdxl" else ("sd1", "sd2"))
     except Exception as e:  # noqa: BLE001 - a failing run is a result, and the next one still runs
@@ -79,7 +83,7 @@ def one(family: str, name: str, flags: list[str], steps: int, work: Path) -> dic
         "failed": None if result is None else result.failed,
         "steps": None if result is None else result.steps,
         "s_per_step": round(statistics.median(per_step), 4) if per_step else None,
-        "max_memory_allocated_mib": round(torch.cuda.max_memory_allocated() / 2**20, 1),
+        "max_memory_allocated_mib": round(torch.cuda.max_memory_allocated() / 2**20, 1) if cuda else None,
         "last_loss": round(result.losses[-1], 5) if result is not None and result.losses else None,
     }
 
@@ -89,13 +93,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--runs", default=",".join(RUNS), help=f"comma list of {', '.join(RUNS)}")
+    parser.add_argument("--cpu", action="store_true", help="a dry run of this script on the CPU (no GPU figures)")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     import torch
 
-    if not torch.cuda.is_available():
-        raise SystemExit("gpu_runs.py: no CUDA GPU visible to torch")
+    if not torch.cuda.is_available() and not args.cpu:
+        raise SystemExit("gpu_runs.py: no CUDA GPU visible to torch (--cpu: a dry run on the CPU)")
     work = Path(args.workdir or tempfile.mkdtemp(prefix="gpu-runs-"))
+    work.mkdir(parents=True, exist_ok=True)
     failures = 0
     for family in ("sd1", "sdxl"):
         for name in args.runs.split(","):

@@ -476,8 +476,6 @@ def place_for_training(run: Run) -> None:
     if not cfg.data.cache_text_encoder_outputs or cfg.train_text_encoder:
         for te in parts.text_encoders:
             te.to(device)
-    parts.extra["text_encoder_extras"] = [{k: v.to(device) for k, v in extra.items()}
-                                          for extra in parts.extra.get("text_encoder_extras", [])]  # fmt: skip
 
 
 def module_identity(module: torch.nn.Module, extra: str = "") -> str:

@@ -23,6 +23,9 @@ import train_network
 from library.demo import make_tiny_model
 from library.weight_files import load_state_dict
 
+# one script of each trainable kind also shows that the comparison notices a step of half the length
+SENSITIVITY = ("sdxl_train_network", "train_textual_inversion", "fine_tune")
+
 
 @pytest.fixture(scope="module")
 def two_images(tmp_path_factory):
@@ -81,12 +84,12 @@ def test_accumulating_two_batches_of_one_equals_one_batch_of_two(script, models,
     per_sample_draws(monkeypatch)
     one_batch = trained_after(script, models, two_images, tmp_path / "b2", 2, 1, "--max_grad_norm", "0")
     accumulated = trained_after(script, models, two_images, tmp_path / "a2", 1, 2, "--max_grad_norm", "0")
-    half = trained_after(script, models, two_images, tmp_path / "half", 2, 1, "--max_grad_norm", "0",
-                         "--learning_rate", "0.025")  # fmt: skip
     floats = [k for k, v in one_batch.items() if v.is_floating_point()]
-    # the tolerance below sees a step half as long (what a double division gives): the comparison can fail
-    apart = sum(not torch.allclose(half[k], one_batch[k], rtol=1e-4, atol=1e-6) for k in floats)
-    assert apart >= max(1, len(floats) // 4), "the runs barely trained: the comparison would prove nothing"
+    if script in SENSITIVITY:  # the tolerance below sees a step half as long (a double division): it can fail
+        half = trained_after(script, models, two_images, tmp_path / "half", 2, 1, "--max_grad_norm", "0",
+                             "--learning_rate", "0.025")  # fmt: skip
+        apart = sum(not torch.allclose(half[k], one_batch[k], rtol=1e-4, atol=1e-6) for k in floats)
+        assert apart >= max(1, len(floats) // 4), "the runs barely trained: the comparison would prove nothing"
     for key in floats:
         torch.testing.assert_close(accumulated[key], one_batch[key], rtol=1e-4, atol=1e-6, msg=key)
 
