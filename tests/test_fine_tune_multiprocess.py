@@ -1,7 +1,8 @@
-"""fine_tune.py under two processes on CPU (accelerate launch --multi_gpu, gloo): the model goes through
-accelerate's DDP, so both processes end with identical weights, and two processes with batch 1 train the same
-model as one process with batch 2 (fp32 tolerance) when each sample's noise and timestep depend only on the
-sample (a wrapper makes them so; the VAE latents are the distribution's mean)."""
+"""Two processes on CPU (accelerate launch --multi_gpu, gloo) against one: fine_tune.py's model goes through
+accelerate's DDP, train_network.py's adapters and train_textual_inversion.py's rows average their gradients by
+hand; either way both processes end with identical weights, and two processes with batch 1 train what one process
+with batch 2 trains (fp32 tolerance) when each sample's noise and timestep depend only on the sample (a wrapper
+makes them so; the VAE latents are the distribution's mean)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 _WRAPPER = """
 import sys, zlib, torch
 sys.path.insert(0, {root!r})
-import fine_tune, train_network
+import {script}, train_network
 import library.train_step as T
 from library.trainer import Trainer
 
@@ -46,48 +47,76 @@ def finish_and_dump(self):
     return finish(self)
 
 Trainer.finish = finish_and_dump
-sys.exit(0 if fine_tune.run(sys.argv[1:]).output else 1)
+sys.exit(0 if {script}.run(sys.argv[1:]).output else 1)
 """
 
+# what each script trains, on top of the common flags
+TRAINS = {
+    "fine_tune": ["--train_text_encoder", "--learning_rate", "0.05"],
+    "train_network": ["--network_module", "networks.lora", "--network_dim", "4", "--network_alpha", "2",
+                      "--learning_rate", "0.5"],
+    "train_textual_inversion": ["--token_string", "shapetok", "--init_word", "shape", "--num_vectors_per_token", "2",
+                                "--learning_rate", "0.5"],
+}  # fmt: skip
 
-def _run(tmp: Path, name: str, data: Path, model: Path, processes: int, batch: int) -> list[list[torch.Tensor]]:
+
+def _run(tmp: Path, name: str, data: Path, model: Path, processes: int, batch: int, script: str = "fine_tune",
+         *extra: str):  # fmt: skip
     out = tmp / name
     out.mkdir()
     wrapper = tmp / f"{name}.py"
-    wrapper.write_text(_WRAPPER.format(root=str(ROOT), out=str(out)))
+    wrapper.write_text(_WRAPPER.format(root=str(ROOT), out=str(out), script=script))
     launch = [str(Path(sys.executable).with_name("accelerate")), "launch", "--multi_gpu", "--num_processes", "2",
               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]  # fmt: skip
     cmd = (launch if processes == 2 else [sys.executable]) + [
         str(wrapper), "--pretrained_model_name_or_path", str(model), "--train_data_dir", str(data),
         "--caption_extension", ".txt", "--resolution", "64", "--output_dir", str(out), "--output_name", "m",
-        "--save_model_as", "safetensors", "--optimizer_type", "SGDNesterov", "--learning_rate", "0.05",
-        "--train_text_encoder", "--train_batch_size", str(batch), "--max_train_steps", "3",
-        "--max_data_loader_n_workers", "0", "--seed", "3",
+        "--save_model_as", "safetensors", "--optimizer_type", "SGDNesterov", *TRAINS[script],
+        "--train_batch_size", str(batch), "--max_train_steps", "3", "--max_data_loader_n_workers", "0", "--seed", "3",
+        *extra,
     ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1", "CUDA_VISIBLE_DEVICES": ""}
     result = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     return [torch.load(out / f"params_{i}.pt", weights_only=True) for i in range(processes)]
 
 
-def test_two_processes_agree_and_equal_one_process_with_the_total_batch(tmp_path):
+@pytest.fixture(scope="module")
+def two_images(tmp_path_factory):
+    """Two different images, one repeat, a new token in the captions: every step sees both."""
     from library.demo import make_example_dataset, make_tiny_model
 
-    model = make_tiny_model(tmp_path / "model", "sd1")
-    four = make_example_dataset(tmp_path / "four")
-    data = tmp_path / "data" / "1_sks shape"  # two different images, one repeat: every step sees both
+    root = tmp_path_factory.mktemp("two")
+    model = make_tiny_model(root / "model", "sd1")
+    four = make_example_dataset(root / "four")
+    data = root / "data" / "1_sks shape"
     data.mkdir(parents=True)
     for p in sorted((four / "10_sks shape").glob("*.png"))[:2]:
         shutil.copy(p, data / p.name)
-        shutil.copy(p.with_suffix(".txt"), data / p.with_suffix(".txt").name)
-    two = _run(tmp_path, "two", data.parent, model, processes=2, batch=1)
-    one = _run(tmp_path, "one", data.parent, model, processes=1, batch=2)[0]
-    assert all(torch.equal(a, b) for a, b in zip(two[0], two[1]))  # DDP kept the processes identical
-    from library.families import get_family
+        (data / p.with_suffix(".txt").name).write_text(p.with_suffix(".txt").read_text().replace("sks", "shapetok"))
+    return model, data.parent
 
-    base = get_family("sd1").load(model)
-    start = [*base.denoiser.parameters(), *base.text_encoders[0].parameters()]  # the trainable's parameter order
-    assert len(start) == len(one) and sum(not torch.equal(a, b) for a, b in zip(start, one)) > len(one) // 2
+
+@pytest.mark.parametrize("script", ["fine_tune", "train_network", "train_textual_inversion"])
+def test_two_processes_agree_and_equal_one_process_with_the_total_batch(tmp_path, two_images, script):
+    """Full models go through accelerate's DDP; adapters and embeddings average their gradients by hand: either
+    way two processes with batch 1 train what one process with batch 2 trains (a sum instead of the mean would
+    double every step)."""
+    model, data = two_images
+    two = _run(tmp_path, "two", data, model, processes=2, batch=1, script=script)
+    one = _run(tmp_path, "one", data, model, processes=1, batch=2, script=script)[0]
+    assert all(torch.equal(a, b) for a, b in zip(two[0], two[1]))  # the processes hold the same weights
+    if script == "fine_tune":
+        from library.families import get_family
+
+        base = get_family("sd1").load(model)
+        start = [*base.denoiser.parameters(), *base.text_encoders[0].parameters()]  # the trainable's order
+        assert len(start) == len(one) and sum(not torch.equal(a, b) for a, b in zip(start, one)) > len(one) // 2
+    else:  # summed instead of averaged gradients: the same as twice the learning rate (SGD): outside the tolerance
+        lr = TRAINS[script][TRAINS[script].index("--learning_rate") + 1]
+        doubled = _run(tmp_path, "doubled", data, model, 1, 2, script, "--learning_rate", str(2 * float(lr)))[0]
+        apart = sum(not torch.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(doubled, one))
+        assert apart >= max(1, len(one) // 4), "the runs barely trained: the comparison would prove nothing"
     for a, b in zip(two[0], one):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
