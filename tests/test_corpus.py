@@ -7,6 +7,7 @@ batches; DataLoader workers 0 (in-process); ``--xformers`` -> ``--sdpa`` on a ma
 from __future__ import annotations
 
 import json
+import math
 import re
 import shlex
 from pathlib import Path
@@ -16,7 +17,7 @@ import torch
 
 import train_network
 from library.demo import make_example_dataset
-from library.weight_files import read_metadata
+from library.weight_files import load_state_dict, read_metadata
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
 SIZE_FLAGS = ("resolution", "min_bucket_reso", "max_bucket_reso", "skip_image_resolution")
@@ -100,11 +101,13 @@ def corpus_data(tmp_path_factory):
     return root, folders
 
 
-def _run(script: str, argv: list[str]):
+def _run(script: str, argv: list[str], files: list | None = None):
     families = ("sdxl",) if script.startswith("sdxl_") else ("sd1", "sd2")
     result = train_network.run(argv, family_names=families)
     assert result is not None and result.output.exists() and result.steps == 1 and not result.failed
     assert all(torch.isfinite(torch.tensor(result.losses)))
+    if files is not None:
+        files.append(load_state_dict(result.output)[0])
     return read_metadata(result.output)
 
 
@@ -156,13 +159,99 @@ def test_train_network_readme_command_with_config_readme_datasets(tiny_dir, corp
 NETWORK_ARGS = [line for line in (CORPUS / "network_args_readme.txt").read_text().splitlines() if line.strip()]
 
 
+# sd-scripts' networks/lora.py, typed in: the block of an SD 1.x UNet module (get_block_index: IN01-IN11 = 1-11,
+# MID = 12, OUT00-OUT11 = 13-24) and the lr-weight presets (get_block_lr_weight)
+RE_UPDOWN = re.compile(r"(up|down)_blocks_(\d+)_(resnets|upsamplers|downsamplers|attentions)_(\d+)_")
+
+
+def sd_scripts_block(name: str) -> int:
+    m = RE_UPDOWN.search(name)
+    if m:
+        kind, i, part, j = m.group(1), int(m.group(2)), m.group(3), int(m.group(4))
+        idx = 3 * i + 2 if part in ("upsamplers", "downsamplers") else 3 * i + j
+        return 1 + idx if kind == "down" else 13 + idx
+    return 12 if "mid_block_" in name else -1
+
+
+def lr_preset(text: str) -> list[float]:
+    name, _, base = text.partition("+")
+    base, n = float(base or 0), 12
+    curve = {"sine": [math.sin(math.pi * (i / (n - 1)) / 2) for i in range(n)],
+             "cosine": [math.sin(math.pi * (i / (n - 1)) / 2) for i in reversed(range(n))]}[name]  # fmt: skip
+    return [v + base for v in curve]
+
+
+def expected_effects(network_args: list[str]) -> dict:
+    """What sd-scripts' README says each argument does to the trained file (network_dim 4, alpha 1: the command's
+    defaults; conv_alpha defaults to 1; block_alphas to network_alpha)."""
+    kw = dict(a.split("=", 1) for a in network_args)
+    floats = lambda v: [float(x) for x in v.split(",")]  # noqa: E731
+    weights = None
+    if any(k.endswith("_lr_weight") for k in kw):
+        down = kw.get("down_lr_weight", "1" + ",1" * 11)
+        up = kw.get("up_lr_weight", "1" + ",1" * 11)
+        down = lr_preset(down) if "," not in down else floats(down)
+        up = lr_preset(up) if "," not in up else floats(up)
+        mid = floats(kw.get("mid_lr_weight", "1"))
+        threshold = float(kw.get("block_lr_zero_threshold", 0))
+        weights = [w if w > threshold else 0.0 for w in down + mid + up]  # IN00-IN11, MID, OUT00-OUT11
+    return {
+        "conv_dim": int(kw["conv_dim"]) if "conv_dim" in kw else None,
+        "conv_alpha": float(kw.get("conv_alpha", 1)),
+        "block_dims": [0] + [int(v) for v in kw["block_dims"].split(",")][1:] if "block_dims" in kw else None,
+        "block_alphas": [0] + floats(kw["block_alphas"])[1:] if "block_alphas" in kw else None,
+        "conv_block_dims": [0] + [int(v) for v in kw["conv_block_dims"].split(",")][1:]
+        if "conv_block_dims" in kw
+        else None,  # fmt: skip
+        "lr_weights": weights,
+    }
+
+
+def check_effects(sd: dict, network_args: list[str], base_lr: float = 1e-4) -> None:
+    e = expected_effects(network_args)
+    modules = {k.rsplit(".", 2)[0] for k in sd if k.endswith("lora_down.weight")}
+    unet = {m for m in modules if m.startswith("lora_unet_")}
+    conv3 = {m for m in unet if sd[f"{m}.lora_down.weight"].dim() == 4 and sd[f"{m}.lora_down.weight"].shape[-1] == 3}
+    if e["conv_dim"] is None and e["conv_block_dims"] is None:
+        assert not conv3, sorted(conv3)[:3]  # no 3x3 convolutions without conv_dim
+    else:
+        assert any("resnets" in m for m in conv3) and any("samplers" in m for m in conv3)
+    for m in unet:
+        rank, alpha = sd[f"{m}.lora_down.weight"].shape[0], float(sd[f"{m}.alpha"])
+        block = sd_scripts_block(m)
+        if m in conv3:
+            dims = e["conv_block_dims"]
+            assert rank == (dims[block] if dims else e["conv_dim"]), m
+            assert alpha == (e["block_alphas"][block] if dims and e["block_alphas"] else e["conv_alpha"]), m
+        else:
+            assert rank == (e["block_dims"][block] if e["block_dims"] else 4), m
+            assert alpha == pytest.approx(e["block_alphas"][block] if e["block_alphas"] else 1.0), m
+    if e["lr_weights"] is not None:  # one AdamW step moves a zero-initialised lora_up by about its learning rate
+        moved: dict[int, float] = {}
+        for m in unet:
+            b = sd_scripts_block(m)
+            moved[b] = max(moved.get(b, 0.0), float(sd[f"{m}.lora_up.weight"].float().abs().max()))
+        assert all(e["lr_weights"][b] > 0 for b in moved)  # blocks at learning rate 0 get no module
+        for b, largest in moved.items():
+            assert largest == pytest.approx(base_lr * e["lr_weights"][b], rel=0.05), (b, largest)
+        assert len({round(v / base_lr, 2) for v in moved.values()}) > 1  # the blocks did move at different rates
+
+
 @pytest.mark.parametrize("line", NETWORK_ARGS, ids=[f"network_args{i}" for i in range(len(NETWORK_ARGS))])
 def test_train_network_readme_network_args(tiny_dir, corpus_data, tmp_path, line):
+    """Each README line does what the README says to the trained file: conv modules and their ranks/alphas, ranks
+    and alphas per block, learning rates per block (one AdamW step moves each block by its rate)."""
     script, argv = _readme_command(tiny_dir, corpus_data, tmp_path)
-    _run(script, argv + shlex.split(line))
+    files: list = []
+    _run(script, argv + shlex.split(line), files)
+    check_effects(files[0], shlex.split(line)[1:])
 
 
 @pytest.mark.parametrize("toml", ["network_args_readme.toml", "network_args_block_dims_readme.toml"])
 def test_train_network_readme_network_args_in_a_config_file(tiny_dir, corpus_data, tmp_path, toml):
+    import toml as toml_reader
+
     script, argv = _readme_command(tiny_dir, corpus_data, tmp_path)
-    _run(script, argv + ["--config_file", str(CORPUS / toml)])
+    files: list = []
+    _run(script, argv + ["--config_file", str(CORPUS / toml)], files)
+    check_effects(files[0], toml_reader.load(CORPUS / toml)["network_args"])

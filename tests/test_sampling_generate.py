@@ -19,18 +19,48 @@ def _family(name):
     return get_family(name)
 
 
+# sd-scripts' sampler names and the diffusers scheduler each one means (train_util.get_my_scheduler), typed in from
+# sd-scripts rather than read from library/sampling/schedulers.py; the extra options are the ones the module
+# docstring gives for diffusers' SD configs and today's diffusers
+SD_SCRIPTS_SAMPLERS = {
+    "ddim": ("DDIMScheduler", {}), "pndm": ("PNDMScheduler", {"skip_prk_steps": True}),
+    "lms": ("LMSDiscreteScheduler", {}), "k_lms": ("LMSDiscreteScheduler", {}),
+    "euler": ("EulerDiscreteScheduler", {}), "k_euler": ("EulerDiscreteScheduler", {}),
+    "euler_a": ("EulerAncestralDiscreteScheduler", {}), "k_euler_a": ("EulerAncestralDiscreteScheduler", {}),
+    "heun": ("HeunDiscreteScheduler", {}), "dpm_2": ("KDPM2DiscreteScheduler", {}),
+    "k_dpm_2": ("KDPM2DiscreteScheduler", {}), "dpm_2_a": ("KDPM2AncestralDiscreteScheduler", {}),
+    "k_dpm_2_a": ("KDPM2AncestralDiscreteScheduler", {}),
+    "dpmsolver": ("DPMSolverMultistepScheduler", {"algorithm_type": "dpmsolver", "final_sigmas_type": "sigma_min"}),
+    "dpmsolver++": ("DPMSolverMultistepScheduler", {"algorithm_type": "dpmsolver++"}),
+    "dpmsingle": ("DPMSolverSinglestepScheduler", {"lower_order_final": True}),
+}  # fmt: skip
+
+
 @pytest.mark.parametrize("family_name", FAMILIES)
 @pytest.mark.parametrize("sampler", SAMPLER_NAMES)
-def test_every_sampler_gives_a_finite_image_of_the_right_size(tiny_parts, monkeypatch, family_name, sampler):
+def test_every_sampler_equals_diffusers_scheduler_of_that_name(tiny_parts, monkeypatch, family_name, sampler):
+    """Oracle: the diffusers pipeline with the scheduler class sd-scripts names for the sampler, swapped in the way
+    diffusers documents (``Class.from_config(the model's scheduler config)``), the pipeline encoding the prompts
+    itself, same seed: the same pixels (±1), a non-square image of the right size, finite latents."""
+    import diffusers
+
     family, parts = _family(family_name), tiny_parts[family_name]
     seen = []
     decode = family.decode_latents
     monkeypatch.setattr(family, "decode_latents", lambda p, lat: seen.append(lat) or decode(p, lat))
-    spec = PromptSpec("a cat --n dog", "dog", width=72, height=64, steps=2, sampler=sampler, seeds=(1,))
+    spec = PromptSpec("a red cat", "blurry", width=72, height=64, steps=3, scale=6.0, sampler=sampler, seeds=(1,))
     image = generate(family, parts, spec)
     assert image.size == (72, 64) and image.mode == "RGB"
     (latents,) = seen
     assert latents.shape == (1, 4, 8, 9) and torch.isfinite(latents).all()
+    class_name, extra = SD_SCRIPTS_SAMPLERS[sampler]
+    scheduler = getattr(diffusers, class_name).from_config(parts.scheduler_config, **extra)
+    pipe = family.pipeline(parts, scheduler)
+    pipe.set_progress_bar_config(disable=True)
+    theirs = pipe("a red cat", negative_prompt="blurry", height=64, width=72, num_inference_steps=3, guidance_scale=6.0,
+                  generator=torch.Generator().manual_seed(1)).images[0]  # fmt: skip
+    diff = np.abs(np.asarray(image, np.int16) - np.asarray(theirs, np.int16)).max()
+    assert diff <= 1, (sampler, diff)
 
 
 def test_schedulers_follow_the_model(tiny_parts):
