@@ -104,8 +104,9 @@ class RunConfig:
             problems.append("--fp8_base / --fp8_base_unet compute in fp16/bf16: add --mixed_precision bf16 (or fp16)")
         if args.xformers and (args.sdpa or args.mem_eff_attn):
             problems.append("choose one attention backend: --xformers or --sdpa / --mem_eff_attn")
-        if args.xformers:
-            problems.extend(_xformers_problems())
+        if args.xformers:  # fine_tune.py / sdxl_train.py: --diffusers_xformers asks for the same
+            named = "--diffusers_xformers" if getattr(args, "diffusers_xformers", False) else "--xformers"
+            problems.extend(p.replace("--xformers", named, 1) for p in _xformers_problems())
         if problems:
             raise ConfigError(problems)
         return cls(

@@ -1,11 +1,11 @@
 """Every one of sd-scripts' fine_tune.py (167), sdxl_train.py (176) and train_db.py (169) flags (its
-argparse parsers) is accepted by our script of the same name with sd-scripts' default, and is either read by the toolkit
-or refused with "not supported yet" when used."""
+argparse parsers) is accepted by our script of the same name with sd-scripts' default, and a value other than the
+default changes the typed configuration the run uses, or is refused with a message naming the flag (as
+tests/test_flags.py does for train_network.py)."""
 
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import pytest
@@ -24,12 +24,6 @@ def _actions(script: str) -> dict:
     return {opt: a for a in fine_tune.build_parser(script)._actions for opt in a.option_strings}
 
 
-def _source_text() -> str:
-    files = [p for p in (ROOT / "library").rglob("*.py") if p.name != "args.py"]
-    files += list((ROOT / "networks").rglob("*.py")) + [ROOT / "train_network.py", ROOT / "fine_tune.py"]
-    return "\n".join(p.read_text() for p in files)
-
-
 def _default_ok(expected, actual) -> bool:
     if isinstance(actual, (int, float)) and not isinstance(actual, bool) and isinstance(expected, (int, float)):
         return float(actual) == float(expected)
@@ -39,24 +33,114 @@ def _default_ok(expected, actual) -> bool:
 
 
 @pytest.mark.parametrize("script", COUNTS)
-def test_flags_exist_with_sd_scripts_defaults_and_are_read_or_refused(script):
-    from library.run_files import METADATA_NAMES
-
-    flags, actions, source = FLAGS[script], _actions(script), _source_text()
+def test_flags_exist_with_sd_scripts_defaults(script):
+    flags, actions = FLAGS[script], _actions(script)
     assert len(flags) == COUNTS[script]
     missing = sorted(set(flags) - set(actions))
     assert not missing, f"flags of sd-scripts' {script}.py missing here: {missing}"
     wrong = {f: (i["default"], actions[f].default) for f, i in flags.items()
              if not _default_ok(_expected(i["default"]), actions[f].default)}  # fmt: skip
     assert not wrong, f"defaults that differ from sd-scripts' {script}.py (flag: (sd-scripts, ours)): {wrong}"
-    unread = []
-    for flag in flags:
-        action = actions[flag]
-        read = re.search(rf"\b{action.dest}\b", source) is not None
-        read = read or action.dest in {f"metadata_{n}" for n in METADATA_NAMES}
-        if not (read or hasattr(action, "unsupported_reason")):
-            unread.append(flag)
-    assert not unread, f"flags accepted but neither read nor refused: {unread}"
+
+
+# values for flags of the full trainers whose type alone gives none that means something here
+FT_VALUES = {
+    "--block_lr": [",".join(["1e-5"] * 23)],
+    "--learning_rate_te": ["1e-5"],
+    "--learning_rate_te1": ["1e-5"],
+    "--learning_rate_te2": ["1e-5"],
+    "--stop_text_encoder_training": ["5"],
+    "--fused_optimizer_groups": ["2"],
+    "--cache_text_encoder_outputs": ["--stop_text_encoder_training", "-1"],
+    "--cache_text_encoder_outputs_to_disk": ["--stop_text_encoder_training", "-1"],
+}
+DEEPSPEED_FLAGS = {"--zero_stage", "--offload_optimizer_device", "--offload_optimizer_nvme_path",
+                   "--offload_param_device", "--offload_param_nvme_path", "--zero3_init_flag", "--zero3_save_16bit_model",
+                   "--fp16_master_weights_and_gradients"}  # fmt: skip
+# flags that act only together with another one: flag -> arguments given to both runs compared
+FT_CONTEXT = {"--learning_rate_te": ["--train_text_encoder"], "--learning_rate_te1": ["--train_text_encoder"],
+              "--learning_rate_te2": ["--train_text_encoder"]}  # fmt: skip
+FT_BASE = {"sdxl_train": "sdxl"}  # the tiny model each script reads (sd1 otherwise)
+# train_db.py trains the text encoder unless told -1; fine_tune.py / sdxl_train.py only with --train_text_encoder
+FT_SCRIPT_VALUES = {("fine_tune", "--cache_text_encoder_outputs"): [],
+                    ("fine_tune", "--cache_text_encoder_outputs_to_disk"): [],
+                    ("sdxl_train", "--cache_text_encoder_outputs"): [],
+                    ("sdxl_train", "--cache_text_encoder_outputs_to_disk"): []}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def ft_config(tiny_dir, tmp_path_factory):
+    """script -> the typed configuration fine_tune.run reads for some extra flags (read_config, every group)."""
+    import dataclasses
+
+    from library.demo import make_example_dataset
+    from library.train_setup import read_config
+
+    data = make_example_dataset(tmp_path_factory.mktemp("ft_flags_data"))
+    (data / "p.txt").write_text("a prompt\n")
+
+    def read(script: str, *extra: str):
+        model = tiny_dir / FT_BASE.get(script, "sd1")
+        argv = ["--pretrained_model_name_or_path", str(model), "--train_data_dir", str(data), "--output_dir",
+                str(data / "out"), "--seed", "1", *[e.replace("{data}", str(data)) for e in extra]]  # fmt: skip
+        args = parse_args(fine_tune.build_parser(script), argv)
+        args.save_model_as = fine_tune.output_format(args)  # as fine_tune.run
+        args.xformers = args.xformers or getattr(args, "diffusers_xformers", False)
+        names = ("sdxl",) if script == "sdxl_train" else ("sd1", "sd2")
+        cfg = read_config(args, names, ModelTrainingConfig.from_args, fine_tune.MODEL_FORMATS)
+        return dataclasses.replace(cfg, args={})  # compare what the run reads, not the raw flag list
+
+    return read
+
+
+def _ft_flags():
+    """Every flag of fine_tune.py, and the flags sdxl_train.py / train_db.py add (the others share its readers)."""
+    from test_flags import NOT_A_RUN_SETTING
+
+    out, seen = [], set()
+    for script in COUNTS:
+        for a in fine_tune.build_parser(script)._actions:
+            if a.option_strings and a.dest not in NOT_A_RUN_SETTING and a.option_strings[0] not in seen:
+                out.append((script, a))
+                seen.add(a.option_strings[0])
+    return out
+
+
+@pytest.mark.parametrize("script,action", _ft_flags(), ids=lambda x: x if isinstance(x, str) else x.option_strings[0])
+def test_every_flag_changes_the_run_or_is_refused(ft_config, script, action, caplog):
+    """Setting the flag to a value other than its default either changes the typed configuration the run uses, or
+    the run refuses it with a message that names the flag (flags that ask for what sdtrain always does say so)."""
+    from test_flags import ALWAYS_ON, VALUES, _value
+
+    flag = action.option_strings[0]
+    if flag in DEEPSPEED_FLAGS:  # read with --deepspeed only, which needs CUDA: the DeepSpeed configuration it makes
+        from library.engines import DeepSpeedConfig
+
+        def ds(*extra: str):
+            args = fine_tune.build_parser(script).parse_args(["--deepspeed", *extra])
+            return DeepSpeedConfig.from_args(args, [])
+
+        assert ds(flag, *_value(action)) != ds(), f"{flag} changes nothing DeepSpeed is given"
+        return
+    if (script, flag) in FT_SCRIPT_VALUES:
+        value = FT_SCRIPT_VALUES[script, flag]
+    elif flag in FT_VALUES:
+        value = FT_VALUES[flag]
+    else:
+        value = VALUES.get(flag) or _value(action)
+    context = FT_CONTEXT.get(flag, [])
+    base = ft_config(script, *context)
+    try:
+        with caplog.at_level("INFO"):
+            changed = ft_config(script, *context, flag, *value)
+    except ConfigError as e:
+        assert flag in str(e), f"{flag}: refused with a message that does not name it: {e}"
+        return
+    if flag in ALWAYS_ON:
+        assert changed == base
+        assert ALWAYS_ON[flag] in caplog.text + (action.help or ""), f"{flag}: says nothing about being the default"
+        return
+    assert changed != base, f"{script} {flag} is accepted but changes nothing the run reads (a silent no-op)"
 
 
 REFUSED = sorted(
