@@ -24,7 +24,7 @@ def args_for(model, dataset, out, *extra):
     return [
         "--pretrained_model_name_or_path", str(model), "--train_data_dir", str(dataset), "--caption_extension", ".txt",
         "--resolution", "64", "--output_dir", str(out), "--output_name", "t", "--network_module", "networks.lora",
-        "--network_dim", "4", "--network_alpha", "4", "--learning_rate", "1e-3", "--train_batch_size", "2",
+        "--network_dim", "4", "--network_alpha", "2", "--learning_rate", "1e-3", "--train_batch_size", "2",
         "--max_train_steps", "3", "--max_data_loader_n_workers", "0", "--seed", "1", *extra,
     ]  # fmt: skip
 

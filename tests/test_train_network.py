@@ -28,7 +28,7 @@ def args_for(model, dataset, out, *extra, steps=3):
         "--output_name", "t",
         "--network_module", "networks.lora",
         "--network_dim", "4",
-        "--network_alpha", "4",
+        "--network_alpha", "2",  # not the rank: the scale alpha / rank is part of every check
         "--learning_rate", "1e-3",
         "--train_batch_size", "2",
         "--max_train_steps", str(steps),
