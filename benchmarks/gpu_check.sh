@@ -11,9 +11,11 @@
 #    made on the GPU), LoRA with --fp8_base --cache_latents --cache_text_encoder_outputs --gradient_checkpointing:
 #    torch.cuda.max_memory_allocated per phase (load, caching, step, sampling, save)                  ~1.5 min
 # 4. the same runs, 20 steps, bf16 without the low-VRAM flags and with them: s/step, FLOPs per step, MFU  ~2 min
+#    (each family's pair only while 3 minutes of the 9-minute budget are left)
 # 5. pytest -m "gpu and slow", if time is left (the budget below)
 # Each step's output goes to OUT_DIR (default gpu_check_out/); OUT_DIR/results.json gathers every result (one JSON
 # object); the summary is printed. A failing step is recorded and the script goes on; exit code = failures.
+# Every step has a timeout and the optional ones start only while the budget lasts: 9 minutes at the very worst.
 set -u
 cd "$(dirname "$0")/.."
 if [ -z "${PYTHON:-}" ] && [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=${PYTHON:-python}; fi
@@ -42,17 +44,17 @@ if ! $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
     exit 2
 fi
 
-check pytest_gpu 240 $PY -m pytest -m "gpu and not slow" -p no:cacheprovider -q -rs
-check gpu_runs 240 $PY benchmarks/gpu_runs.py --steps 30 --workdir "$OUT/gpu_runs"
+check pytest_gpu 180 $PY -m pytest -m "gpu and not slow" -p no:cacheprovider -q -rs
+check gpu_runs 180 $PY benchmarks/gpu_runs.py --steps 30 --workdir "$OUT/gpu_runs"
 for family in sd1 sdxl; do
-    check "memory_$family" 150 $PY benchmarks/bench_device_memory.py --family "$family" --device cuda \
+    check "memory_$family" 90 $PY benchmarks/bench_device_memory.py --family "$family" --device cuda \
         --workdir "$OUT/memory_$family"
 done
 for family in sd1 sdxl; do
-    if [ "$(left)" -gt 60 ]; then
-        check "speed_${family}_plain" 120 $PY benchmarks/bench_device_memory.py --family "$family" --device cuda \
+    if [ "$(left)" -gt 180 ]; then  # both runs fit in what is left
+        check "speed_${family}_plain" 90 $PY benchmarks/bench_device_memory.py --family "$family" --device cuda \
             --steps 20 --no_sample --plain --workdir "$OUT/speed_${family}_plain"
-        check "speed_${family}_low_vram" 120 $PY benchmarks/bench_device_memory.py --family "$family" --device cuda \
+        check "speed_${family}_low_vram" 90 $PY benchmarks/bench_device_memory.py --family "$family" --device cuda \
             --steps 20 --no_sample --workdir "$OUT/speed_${family}_low_vram"
     fi
 done
