@@ -56,16 +56,26 @@ def _unet_out(unet, family_parts, seed=0):
 
 
 @pytest.mark.parametrize("family", ["sd1", "sdxl"])
-def test_lora_loads_in_diffusers_and_changes_the_output(tiny_dir, dataset, tmp_path, family):
+def test_lora_loads_in_diffusers_and_changes_the_output(tiny_dir, dataset, tmp_path, family, monkeypatch):
+    """diffusers' load_lora_weights on our file gives the UNet the trained network gave at the end of the run (alpha
+    2, rank 4: the scale travels through the file), and our own reader agrees."""
     from diffusers import DiffusionPipeline
 
+    from library import train_setup
+
+    runs = []
+    start = train_setup.start
+    monkeypatch.setattr(train_setup, "start", lambda cfg: runs.append(start(cfg)) or runs[-1])
     result = train(family, *args_for(tiny_dir / family, dataset, tmp_path, "--learning_rate", "1e-2"))
     assert result.output.exists() and result.steps == 3 and all(torch.isfinite(torch.tensor(result.losses)))
+    trained_unet = runs[0].parts.denoiser.eval()
+    as_trained = _unet_out(trained_unet, runs[0].parts)  # the run's own network, in memory, after the last step
     pipe = DiffusionPipeline.from_pretrained(tiny_dir / family, local_files_only=True)
     before = _unet_out(pipe.unet, pipe)
     pipe.load_lora_weights(str(result.output), adapter_name="t")
     after = _unet_out(pipe.unet, pipe)
     assert (after - before).abs().max() > 1e-4  # the trained LoRA changes the UNet
+    torch.testing.assert_close(after, as_trained, atol=1e-5, rtol=1e-4)
 
     # diffusers' reading equals ours: our network rebuilt from the file gives the same UNet output
     from library.families import get_family
