@@ -138,9 +138,10 @@ def main() -> None:
     import train_network
     from library.demo import make_example_dataset, make_tiny_model
     from library.families import get_family
+    from library.families.registry import trained_together
 
     family = get_family(args.family)
-    resolution = args.resolution or (1024 if args.family == "sdxl" else 512)
+    resolution = args.resolution or family.default_resolution()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="devmem-"))
     data = work / "data"
     if not data.exists():
@@ -164,7 +165,7 @@ def main() -> None:
             *args.extra.split()]  # fmt: skip
     if not args.no_sample:
         argv += ["--sample_prompts", str(prompts), "--sample_every_n_steps", str(args.steps)]
-    names = ("sdxl",) if args.family == "sdxl" else ("sd1", "sd2")
+    names = trained_together(args.family)
     speed = speed_probe() if args.device == "cuda" and args.steps > 2 else None
     start = time.time()
     if args.device == "meta":

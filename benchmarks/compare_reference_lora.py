@@ -278,10 +278,29 @@ def reference_targets(ours: dict, v: dict) -> dict[str, tuple[int, str]]:
     return out
 
 
+def attach_peft_lora(model, paths: dict[str, str], dim: int, alpha: float, init) -> dict:
+    """peft's LoRA on ``model`` at ``paths`` (our module name -> module path); ``init``: our initial tensors per name
+    ({"lora_down", "lora_up"}, copied into lora_A / lora_B), or peft's ``init_lora_weights`` value. Returns our name ->
+    the peft layer, its lora_A / lora_B trainable."""
+    from peft import LoraConfig, inject_adapter_in_model
+
+    config = LoraConfig(r=dim, lora_alpha=alpha, target_modules=sorted(set(paths.values())), lora_dropout=0.0,
+                        init_lora_weights=init if not isinstance(init, dict) else True)  # fmt: skip
+    inject_adapter_in_model(config, model)
+    modules = {n: model.get_submodule(p) for n, p in paths.items()}
+    with torch.no_grad():
+        for n, m in modules.items():
+            if isinstance(init, dict):
+                m.lora_A["default"].weight.copy_(init[n]["lora_down"])
+                m.lora_B["default"].weight.copy_(init[n]["lora_up"])
+            m.lora_A["default"].weight.requires_grad_(True)
+            m.lora_B["default"].weight.requires_grad_(True)
+    return modules
+
+
 def run_reference(model_dir: Path, ours: dict, a, variant: str, seed: int) -> dict:
     """A plain diffusers + peft loop on our draws, from our initial weights, with ``VARIANTS[variant]`` changed."""
     from diffusers import DDPMScheduler, UNet2DConditionModel
-    from peft import LoraConfig, inject_adapter_in_model
     from transformers import CLIPTextModel, CLIPTokenizer
 
     v = {**MATCHED, **VARIANTS[variant]}
@@ -293,23 +312,14 @@ def run_reference(model_dir: Path, ours: dict, a, variant: str, seed: int) -> di
     sched = DDPMScheduler.from_pretrained(model_dir, subfolder="scheduler")
     roots = [unet, te]
     targets = reference_targets(ours, v)
-    init = True if v["init"] == "ours" else v["init"]
+    modules: dict = {}
     for root, model in enumerate(roots):
         model.requires_grad_(False)
-        paths = [p for (r, p) in targets.values() if r == root]
+        paths = {n: p for n, (r, p) in targets.items() if r == root}
         if paths:
-            config = LoraConfig(r=a.dim, lora_alpha=a.alpha, target_modules=paths, lora_dropout=0.0,
-                                init_lora_weights=init)  # fmt: skip
-            inject_adapter_in_model(config, model)
-    modules = {n: roots[r].get_submodule(p) for n, (r, p) in targets.items()}
-    if v["init"] == "ours":
-        with torch.no_grad():
-            for n, m in modules.items():
-                m.lora_A["default"].weight.copy_(ours["init"][n]["lora_down"])
-                m.lora_B["default"].weight.copy_(ours["init"][n]["lora_up"])
+            init = ours["init"] if v["init"] == "ours" else v["init"]
+            modules.update(attach_peft_lora(model, paths, a.dim, a.alpha, init))
     params = [p for m in modules.values() for p in (m.lora_A["default"].weight, m.lora_B["default"].weight)]
-    for p in params:
-        p.requires_grad_(True)
     opt = torch.optim.AdamW(params, lr=a.lr, **v["adamw"])
     unet.train(), te.train()
     snapshot = lambda: {n: {"lora_down": m.lora_A["default"].weight.detach().clone(),  # noqa: E731

@@ -43,6 +43,7 @@ def one(family: str, name: str, flags: list[str], steps: int, work: Path) -> dic
     cuda = torch.cuda.is_available()  # False only in a --cpu dry run
 
     import train_network
+    from library.families.registry import trained_together
 
     if name == "xformers":
         try:
@@ -68,7 +69,7 @@ def one(family: str, name: str, flags: list[str], steps: int, work: Path) -> dic
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     try:
-        result = train_network.run(argv, family_names=("sdxl",) if family == "sdxl" else ("sd1", "sd2"))
+        result = train_network.run(argv, family_names=trained_together(family))
     except Exception as e:  # noqa: BLE001 - a failing run is a result, and the next one still runs
         return {"family": family, "run": name, "status": "error", "error": f"{type(e).__name__}: {e}"[:400],
                 "where": traceback.format_exc().splitlines()[-3:]}  # fmt: skip

@@ -17,18 +17,16 @@ from collections.abc import Iterable, Iterator
 import torch
 from torch import Tensor, nn
 
+from library.families.base import module_device
 
-def module_device(module: nn.Module) -> torch.device | None:
-    """The device of the module's first parameter (None for a module without parameters)."""
-    for p in module.parameters():
-        return p.device
-    return None
+
+def _has_parameters(module: nn.Module) -> bool:
+    return next(module.parameters(), None) is not None
 
 
 def is_freed(module: nn.Module) -> bool:
     """A part whose weights were given back (library/train_setup.py ``release_unused_parts``): it stays where it is."""
-    device = module_device(module)
-    return device is not None and device.type == "meta"
+    return _has_parameters(module) and module_device(module).type == "meta"
 
 
 @contextlib.contextmanager
@@ -38,10 +36,10 @@ def on_device(modules: Iterable[nn.Module | None], device: torch.device | str) -
     device = torch.device(device)
     moved: list[tuple[nn.Module, torch.device]] = []
     for module in modules:
-        if module is None or is_freed(module):
+        if module is None or not _has_parameters(module) or is_freed(module):
             continue
         where = module_device(module)
-        if where is not None and where != device:
+        if where != device:
             module.to(device)
             moved.append((module, where))
     try:

@@ -205,11 +205,19 @@ def test_every_flag_changes_the_run_or_is_refused(run_config, script, action, ca
     the run refuses it with a message that names the flag. Flags that ask for what sdtrain always does are listed
     in ALWAYS_ON and must say so."""
     flag = action.option_strings[0]
-    context = CONTEXT.get((script, flag), [])
-    base = run_config(script, *context)
+    assert_flag_acts(lambda *extra: run_config(script, *extra), script, action, _value(action, script),
+                     CONTEXT.get((script, flag), []), caplog)  # fmt: skip
+
+
+def assert_flag_acts(read, script: str, action, value: list[str], context: list[str], caplog) -> None:
+    """``read(*flags)`` (the typed configuration a run uses) changes when the flag is set to ``value``, or raises a
+    ConfigError that names the flag; a flag in ALWAYS_ON leaves it unchanged and says why. ``context``: flags given
+    to both reads."""
+    flag = action.option_strings[0]
+    base = read(*context)
     try:
         with caplog.at_level("INFO"):
-            changed = run_config(script, *context, flag, *_value(action, script))
+            changed = read(*context, flag, *value)
     except ConfigError as e:
         assert flag in str(e), f"{flag}: refused with a message that does not name it: {e}"
         return

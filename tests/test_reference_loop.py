@@ -61,7 +61,7 @@ def test_lora_steps_equal_a_plain_peft_loop(bench, tiny_dir, tmp_path):
     assert worst < 1e-3, worst
 
 
-def test_sdxl_lora_steps_equal_a_plain_peft_loop(tmp_path, monkeypatch):
+def test_sdxl_lora_steps_equal_a_plain_peft_loop(bench, tmp_path, monkeypatch):
     """SDXL: our UNet LoRA (alpha 2, rank 4) against diffusers + peft on the same draws, step by step. The reference
     conditions the UNet with diffusers' own StableDiffusionXLPipeline.encode_prompt (both encoders' penultimate
     states, the second's pooled projection) and _get_add_time_ids for the batch's sizes; peft's LoRA layers, from
@@ -69,7 +69,6 @@ def test_sdxl_lora_steps_equal_a_plain_peft_loop(tmp_path, monkeypatch):
     import torch
     import torch.nn.functional as F
     from diffusers import DDPMScheduler, StableDiffusionXLPipeline
-    from peft import LoraConfig, inject_adapter_in_model
 
     import library.train_step as T
     import sdxl_train_network
@@ -123,16 +122,8 @@ def test_sdxl_lora_steps_equal_a_plain_peft_loop(tmp_path, monkeypatch):
     unet, scheduler = pipe.unet, DDPMScheduler.from_pretrained(model, subfolder="scheduler")
     for module in (unet, pipe.text_encoder, pipe.text_encoder_2, pipe.vae):
         module.requires_grad_(False)
-    paths = sorted(set(rec["targets"].values()))
-    inject_adapter_in_model(LoraConfig(r=dim, lora_alpha=alpha, target_modules=paths, lora_dropout=0.0), unet)
-    modules = {n: unet.get_submodule(p) for n, p in rec["targets"].items()}
-    with torch.no_grad():
-        for n, m in modules.items():
-            m.lora_A["default"].weight.copy_(rec["init"][n]["lora_down"])
-            m.lora_B["default"].weight.copy_(rec["init"][n]["lora_up"])
+    modules = bench.attach_peft_lora(unet, rec["targets"], dim, alpha, rec["init"])  # peft's layers, our init
     params = [p for m in modules.values() for p in (m.lora_A["default"].weight, m.lora_B["default"].weight)]
-    for p in params:
-        p.requires_grad_(True)
     optimizer = torch.optim.AdamW(params, lr=lr, foreach=False)
     projection = pipe.text_encoder_2.config.projection_dim
     ratios = []

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from library.devices import on_device
-from library.families.base import ModelFamily, Parts
+from library.families.base import ModelFamily, Parts, module_device
 from library.problems import ConfigError
 from library.runtime import capture_rng, restore_rng
 
@@ -64,7 +64,7 @@ def sample_during_training(
         return []
     rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator is not None else (0, 1)
     log.info("generating %d sample image(s) at step %d", len(specs), step)
-    device = accelerator.device if accelerator is not None else next(parts.denoiser.parameters()).device
+    device = accelerator.device if accelerator is not None else module_device(parts.denoiser)
     rng = capture_rng()
     modes = _enter_eval(parts)
     autocast = accelerator.autocast if accelerator is not None else None
