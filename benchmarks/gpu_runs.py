@@ -24,7 +24,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = {
     "fp16": ["--mixed_precision", "fp16"],
-    "full_fp16": ["--mixed_precision", "fp16", "--full_fp16"],
+    "full_fp16": ["--mixed_precision", "fp16", "--full_fp16", "--optimizer_type", "AdamW8bit"],  # AdamW: refused
+    "full_fp16_adafactor": ["--mixed_precision", "fp16", "--full_fp16", "--optimizer_type", "Adafactor",
+                            "--optimizer_args", "relative_step=False", "scale_parameter=False", "warmup_init=False"],
     "bf16": ["--mixed_precision", "bf16"],
     "full_bf16": ["--mixed_precision", "bf16", "--full_bf16"],
     "fp8_base": ["--mixed_precision", "bf16", "--fp8_base"],
@@ -94,6 +96,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--runs", default=",".join(RUNS), help=f"comma list of {', '.join(RUNS)}")
+    parser.add_argument("--families", default="sd1,sdxl", help="comma list of sd1, sdxl")
     parser.add_argument("--cpu", action="store_true", help="a dry run of this script on the CPU (no GPU figures)")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
@@ -104,7 +107,7 @@ def main() -> None:
     work = Path(args.workdir or tempfile.mkdtemp(prefix="gpu-runs-"))
     work.mkdir(parents=True, exist_ok=True)
     failures = 0
-    for family in ("sd1", "sdxl"):
+    for family in args.families.split(","):
         for name in args.runs.split(","):
             row = one(family, name, RUNS[name], args.steps, work)
             failures += row["status"] in ("fail", "error")

@@ -32,6 +32,7 @@ from library.logs import TrackerConfig
 from library.losses import LossConfig
 from library.noising import NoiseConfig, NoiseSchedule
 from library.optim import OptimConfig
+from library.optim.optimizers import full_fp16_problem
 from library.problems import ConfigError, Problems
 from library.run_files import SaveConfig
 from library.runtime import (
@@ -240,6 +241,9 @@ def _cross_checks(args: argparse.Namespace, values: dict) -> list[str]:
         problems.append("--fused_backward_pass steps the optimizer inside the backward pass of the model's own weights: "
                         "it works for full fine-tuning (fine_tune.py, sdxl_train.py, train_db.py), not for adapters "
                         "or embeddings; remove it")  # fmt: skip
+    run = values.get("run")
+    if run is not None and run.full_fp16 and optim is not None:
+        problems += [p for p in [full_fp16_problem(optim.optimizer_type)] if p]
     if save is not None and save.resume and method is not None and optim is not None:  # before any model loads
         settings = resume.settings_of(method, optim.optimizer_type)
         problems += resume.setting_problems(Path(save.resume), resume.read_counters(Path(save.resume)), settings)

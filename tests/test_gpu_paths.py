@@ -15,8 +15,11 @@ from _scripts import SCRIPTS, family_of, run_script, script_args
 from _token_helpers import token_dataset
 from torch.utils._pytree import tree_leaves
 
+import train_network
 from library import train_setup
+from library.config import parse_args
 from library.demo import make_tiny_model
+from library.problems import ConfigError
 from library.weight_files import load_state_dict
 
 FLOAT8 = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -60,7 +63,8 @@ def test_full_fp16_steps_through_a_grad_scaler(script, models, data, tmp_path, m
     monkeypatch.setattr(torch.amp.GradScaler, "step", lambda self, *a, **k: steps.append(1) or step(self, *a, **k))
     runs = capture_runs(monkeypatch)
     argv = script_args(script, models[family_of(script)], data, tmp_path, "--mixed_precision", "fp16", "--full_fp16",
-                       "--max_grad_norm", "1.0", "--save_model_as", "safetensors", "--save_state", steps=2)  # fmt: skip
+                       "--optimizer_type", "Lion", "--max_grad_norm", "1.0", "--save_model_as", "safetensors",
+                       "--save_state", steps=2)  # fmt: skip
     result = run_script(script, argv)
     assert result.failed is None and result.steps == 2 and len(steps) == 2
     trained = load_state_dict(result.state / "trained.safetensors")[0]
@@ -69,6 +73,27 @@ def test_full_fp16_steps_through_a_grad_scaler(script, models, data, tmp_path, m
     assert all(torch.isfinite(t).all() for t in floats)
     assert scalers[0].get_scale() > 0 and all(torch.isfinite(torch.tensor(x)) for x in result.losses)
     assert runs
+
+
+def test_full_fp16_refuses_adam_state_in_float16_before_loading(models, data, tmp_path):
+    """torch's AdamW on float16 weights (its per-tensor and multi-tensor paths, CUDA's default) turns a zero gradient
+    into 0/0 on its first step: the NaN the H200 run met at step 2. --full_fp16 with such an optimizer stops before
+    any model loads and names the optimizers that work; AdamW8bit passes the check."""
+    for foreach in (False, True):  # the premise, as torch computes it today
+        weight = torch.nn.Parameter(torch.zeros(3, dtype=torch.float16))
+        weight.grad = torch.tensor([1e-4, 0.0, 0.0], dtype=torch.float16)
+        torch.optim.AdamW([weight], lr=1e-3, foreach=foreach).step()
+        assert not torch.isfinite(weight).all()
+    argv = script_args("train_network", models["sd1"], data, tmp_path, "--mixed_precision", "fp16", "--full_fp16")
+
+    def read(extra):
+        args = parse_args(train_network.build_parser(), [*argv, *extra])
+        return train_setup.read_config(args, ("sd1", "sd2"), train_network.AdapterMethod.from_args)
+
+    with pytest.raises(ConfigError, match=r"--full_fp16 with --optimizer_type AdamW: .*AdamW8bit"):
+        read([])
+    for fine in ("AdamW8bit", "Adafactor", "Lion", "SGDNesterov"):
+        assert read(["--optimizer_type", fine]).run.full_fp16
 
 
 # ------------------------------------------------------------------------------------------------- --fp8_base

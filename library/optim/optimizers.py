@@ -157,6 +157,36 @@ def resolve_optimizer(optimizer_type: str) -> tuple[OptimizerSpec, type]:
     return spec, _load_class(spec, optimizer_type)
 
 
+# Optimizers that divide by a running root mean square (Adam-like) and keep it in the parameters' dtype. Under
+# --full_fp16 that state is float16: eps 1e-8 and squared gradients below ~6e-8 round to 0, so torch's AdamW turns a
+# zero gradient into 0/0 = NaN on its first step (seen on an H200 at step 2, as sd-scripts' users report), and
+# where the state survives, a history that underflowed makes later updates too large. bitsandbytes' optimizers
+# and Adafactor compute in float32; SGD and Lion divide by nothing.
+_FP16_STATE_UNSAFE = {
+    "adam", "adamw", "nadam", "radam", "adamax", "adagrad", "adadelta", "rmsprop", "prodigy", "came",
+    "dadaptadampreprint", "dadaptadagrad", "dadaptadam", "dadaptadan", "dadaptadanip",
+    "adamwschedulefree", "radamschedulefree",
+}  # fmt: skip
+
+
+def full_fp16_problem(optimizer_type: str) -> str | None:
+    """Why ``--optimizer_type`` cannot train the float16 weights of ``--full_fp16``, or None (also when unknown)."""
+    try:
+        spec, cls = resolve_optimizer(optimizer_type)
+    except ValueError:
+        return None  # the optimizer's own check reports it
+    if spec.package == "bitsandbytes" or cls.__name__.lower() not in _FP16_STATE_UNSAFE:
+        return None
+    return (
+        f"--full_fp16 with --optimizer_type {optimizer_type}: {cls.__name__} keeps its moment estimates in the "
+        "weights' dtype, float16 here, where its eps and small squared gradients round to 0; the first update "
+        "divides 0 by 0 and the loss is NaN from step 2 (sd-scripts fails the same way). Use an optimizer that "
+        "keeps float32 state or divides by nothing: AdamW8bit (the usual pairing) or another bitsandbytes "
+        "optimizer, Adafactor, Lion or SGDNesterov; or --mixed_precision bf16 --full_bf16; or drop --full_fp16 "
+        "(fp32 weights, fp16 compute)"
+    )
+
+
 def _load_class(spec: OptimizerSpec, flag_value: str) -> type:
     try:
         module = importlib.import_module(spec.module)
