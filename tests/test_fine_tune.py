@@ -159,6 +159,33 @@ def test_sdxl_text_encoder_lr_zero_keeps_that_encoder(tiny_dir, dataset, tmp_pat
     assert not te_changed(result, tiny_parts["sdxl"], 0) and te_changed(result, tiny_parts["sdxl"], 1)
 
 
+def test_sdxl_learning_rate_zero_trains_the_text_encoders_only(tiny_dir, dataset, tmp_path, tiny_parts, monkeypatch):
+    """sdxl_train.py --learning_rate 0 leaves the UNet out of training (sd-scripts: "train text encoders only"):
+    not in the optimizer, not a tensor changed, even with Adafactor's relative step (which ignores the lr and so
+    changed every UNet tensor); the encoders, at their own --learning_rate_te1 / _te2, do change."""
+    import train_network
+
+    groups_seen: list[list[str]] = []
+    make = train_network.make_optimizer
+    monkeypatch.setattr(train_network, "make_optimizer",
+                        lambda cfg, groups: (groups_seen.append([g["name"] for g in groups]), make(cfg, groups))[1])  # fmt: skip
+    result = train("sdxl", *args_for(tiny_dir / "sdxl", dataset, tmp_path, "--save_model_as", "safetensors",
+                                     "--optimizer_type", "adafactor", "--train_text_encoder", "--learning_rate_te1",
+                                     "1e-3", "--learning_rate_te2", "1e-3", "--learning_rate", "0", steps=1))  # fmt: skip
+    assert groups_seen == [["textencoder1", "textencoder2"]]
+    loaded, base = get_family("sdxl").load(result.output), tiny_parts["sdxl"]
+    unet, base_unet = loaded.denoiser.state_dict(), base.denoiser.state_dict()
+    assert all(torch.equal(unet[k], base_unet[k]) for k in base_unet)
+    assert te_changed(result, base, 0) and te_changed(result, base, 1)
+
+
+def test_sdxl_learning_rate_zero_without_a_trained_encoder_is_refused(tiny_dir, dataset, tmp_path):
+    """sd-scripts' rule: a text encoder whose lr (its own, else --learning_rate) is 0 is not trained either."""
+    for extra in ([], ["--train_text_encoder"], ["--train_text_encoder", "--learning_rate_te1", "0"]):
+        text = train_args_error(tiny_dir, dataset, tmp_path, "--learning_rate", "0", *extra)
+        assert "--learning_rate 0" in text and "trains nothing" in text
+
+
 def test_stop_text_encoder_training(tiny_dir, dataset, tmp_path):
     """train_db.py trains the text encoder until the given step: after 4 steps with a stop at 2, the encoder equals
     the one of a 2-step run, while the UNet kept training."""
