@@ -373,3 +373,20 @@ def test_fused_steps_equal_the_ordinary_step(optimizer, fused, chunks, tiny_dir,
         torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-7)
         changed += k in base and not torch.equal(a[k], base[k])
     assert changed > len(base) // 2
+
+
+def test_fused_optimizer_groups_clip_each_parameter_on_its_own():
+    """--fused_optimizer_groups with --max_grad_norm clips each parameter's gradient to the norm on its own, as
+    sd-scripts' per-parameter hook does, not the chunk's joint norm: two parameters in one chunk, one gradient
+    above the limit and one below, give the update of a hand-clipped reference (the small one left as it is)."""
+    from library.optim.fused import FusedStep
+
+    a, b = torch.nn.Parameter(torch.zeros(4)), torch.nn.Parameter(torch.zeros(3))
+    optimizer = torch.optim.SGD([a, b], lr=1.0)
+    fused = FusedStep(optimizer, [[a, b]], max_grad_norm=1.0)
+    ga, gb = torch.tensor([3.0, 0.0, 4.0, 0.0]), torch.tensor([0.1, -0.2, 0.2])  # norms 5 and 0.3
+    ((a * ga).sum() + (b * gb).sum()).backward()  # the chunk steps inside backward
+    fused.remove()
+    expected = [-g * min(1.0, 1.0 / (g.norm() + 1e-6)) for g in (ga, gb)]  # torch's clip rule, per parameter
+    torch.testing.assert_close(a.detach(), expected[0])
+    torch.testing.assert_close(b.detach(), expected[1])
