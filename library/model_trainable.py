@@ -54,7 +54,8 @@ def add_model_training_args(parser: argparse.ArgumentParser, *, script: str) -> 
         )  # fmt: skip
         g.add_argument("--no_token_padding", action="store_true", help="pad captions only to the batch's longest, "
                        "not to 77 tokens (diffusers' DreamBooth)")  # fmt: skip
-    g.add_argument("--use_safetensors", action="store_true", help="without --save_model_as: save as safetensors")
+    g.add_argument("--use_safetensors", action="store_true", help="save in safetensors (with --save_model_as ckpt: "
+                   "a .safetensors file; diffusers: safetensors weights), as sd-scripts")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -222,9 +223,17 @@ class ModelTrainable(nn.Module):
     modelspec_kind = ""
     gradient_sync = "accelerate"
 
-    def __init__(self, family: ModelFamily, parts: Parts, cfg: ModelTrainingConfig, step_models: Any = None):
+    def __init__(
+        self,
+        family: ModelFamily,
+        parts: Parts,
+        cfg: ModelTrainingConfig,
+        step_models: Any = None,
+        save_model_as: str | None = None,
+    ):
         super().__init__()
         self.family, self.parts, self.cfg, self.step_models = family, parts, cfg, step_models
+        self.save_model_as = save_model_as  # "diffusers": a folder of .bin weights (sd-scripts); else by the suffix
         self.unet = parts.denoiser
         lrs = cfg.text_encoder_lrs or ()
         self.te_indices = [i for i, lr in enumerate(lrs) if lr != 0 and i < len(parts.text_encoders)]
@@ -329,4 +338,5 @@ class ModelTrainable(nn.Module):
     def save(self, path: str | os.PathLike, metadata: dict[str, str] | None = None, dtype: Any = None) -> None:
         """The whole model (single file or diffusers folder, by the path's suffix), atomically, by the family."""
         meta = {k: v for k, v in (metadata or {}).items() if isinstance(v, str)}
-        self.family.save(self.parts, path, dtype=dtype, metadata=meta)
+        safetensors = self.save_model_as != "diffusers"  # a diffusers folder's weights; single files: the suffix
+        self.family.save(self.parts, path, dtype=dtype, metadata=meta, safetensors=safetensors)

@@ -116,15 +116,54 @@ def pipe_prediction(pipe) -> str:
     return pipe.scheduler.config.prediction_type
 
 
-@pytest.mark.parametrize("family", ["sd1", "sdxl"])
-def test_diffusers_folder_loads_with_from_pretrained(family, tiny_dir, dataset, tmp_path):
-    result = train(family, *args_for(tiny_dir / family, dataset, tmp_path, "--save_model_as", "diffusers",
-                                     "--save_state_on_train_end", "--train_text_encoder", steps=2))  # fmt: skip
+@pytest.mark.parametrize(
+    "family, flags, weights",
+    [("sd1", ["--save_model_as", "diffusers"], ".bin"), ("sdxl", ["--save_model_as", "diffusers_safetensors"],
+     ".safetensors")],
+)  # fmt: skip
+def test_diffusers_folder_loads_with_from_pretrained(family, flags, weights, tiny_dir, dataset, tmp_path):
+    """sd-scripts' diffusers formats: ``diffusers`` writes pickled ``.bin`` weights (diffusers' save_pretrained
+    with safe_serialization=False), ``diffusers_safetensors`` safetensors; both read back by from_pretrained."""
+    result = train(family, *args_for(tiny_dir / family, dataset, tmp_path, *flags, "--save_state_on_train_end",
+                                     "--train_text_encoder", steps=2))  # fmt: skip
     assert result.output.is_dir()
+    files = {p.relative_to(result.output).as_posix() for p in result.output.rglob("*") if p.suffix in WEIGHT_SUFFIXES}
+    te = [f"{name}/{'model' if weights == '.safetensors' else 'pytorch_model'}{weights}"
+          for name in ("text_encoder", "text_encoder_2")[: len(get_family(family).spec.text_encoders)]]  # fmt: skip
+    assert files == {f"{c}/diffusion_pytorch_model{weights}" for c in ("unet", "vae")} | set(te)
     pipe = DiffusionPipeline.from_pretrained(result.output, local_files_only=True)
     state = trained_state(result)
     assert_equal_state(prefixed(state, "unet."), pipe.unet)
     assert_equal_state(prefixed(state, "text_encoders.0."), pipe.text_encoder)
+
+
+WEIGHT_SUFFIXES = (".bin", ".safetensors", ".ckpt", ".pt")
+
+
+@pytest.mark.parametrize(
+    "source, flags, expected",
+    [
+        ("folder", [], "diffusers"),
+        ("folder", ["--use_safetensors"], "diffusers_safetensors"),
+        ("m.ckpt", [], "ckpt"),
+        ("m.ckpt", ["--use_safetensors"], "safetensors"),
+        ("m.safetensors", [], "safetensors"),  # sd-scripts would write .ckpt here (docs/training.md)
+        ("folder", ["--save_model_as", "ckpt"], "ckpt"),
+        ("folder", ["--save_model_as", "ckpt", "--use_safetensors"], "safetensors"),
+        ("m.ckpt", ["--save_model_as", "safetensors"], "safetensors"),
+        ("m.ckpt", ["--save_model_as", "diffusers"], "diffusers"),
+        ("m.ckpt", ["--save_model_as", "diffusers", "--use_safetensors"], "diffusers_safetensors"),
+        ("m.ckpt", ["--save_model_as", "diffusers_safetensors"], "diffusers_safetensors"),
+    ],
+)
+def test_output_format_follows_sd_scripts(source, flags, expected, tmp_path):
+    """sd-scripts' fine_tune.py / sdxl_train.py / train_db.py: single file for ckpt / safetensors, else a diffusers
+    folder; safetensors when --use_safetensors or the format's name says so (--save_model_as ckpt
+    --use_safetensors writes a .safetensors file); without --save_model_as, the input's kind."""
+    model = tmp_path / source
+    model.mkdir() if source == "folder" else model.write_bytes(b"")
+    args = fine_tune.build_parser().parse_args(["--pretrained_model_name_or_path", str(model), *flags])
+    assert fine_tune.output_format(args) == expected
 
 
 def test_default_format_is_the_input_format_and_precision_is_applied(tiny_dir, dataset, tmp_path):
