@@ -53,15 +53,24 @@ def output_format(args: argparse.Namespace) -> str | None:
     return fmt
 
 
-def run(
-    argv: Sequence[str] | None = None, family_names: Sequence[str] = ("sd1", "sd2"), script: str = "fine_tune"
-) -> Result | None:
+def read_config(
+    argv: Sequence[str] | None, family_names: Sequence[str] = ("sd1", "sd2"), script: str = "fine_tune"
+) -> train_setup.TrainConfig | None:
+    """The typed configuration the run uses, every problem reported at once; None after --output_config."""
     args = parse_args(build_parser(script), argv)  # --config_file merged
     if args is None:  # --output_config wrote the file
         return None
     args.save_model_as = output_format(args)
     args.xformers = args.xformers or getattr(args, "diffusers_xformers", False)
-    cfg = train_setup.read_config(args, tuple(family_names), ModelTrainingConfig.from_args, MODEL_FORMATS)  # all errors
+    return train_setup.read_config(args, tuple(family_names), ModelTrainingConfig.from_args, MODEL_FORMATS)
+
+
+def run(
+    argv: Sequence[str] | None = None, family_names: Sequence[str] = ("sd1", "sd2"), script: str = "fine_tune"
+) -> Result | None:
+    cfg = read_config(argv, family_names, script)
+    if cfg is None:
+        return None
     run = train_setup.start(cfg)  # accelerator, seed, dataset plan + bucket report, model, caches
     if cfg.noise.zero_terminal_snr:  # the trained model's files and samples carry its schedule (the ztsnr marker)
         run.parts.scheduler_config = {**run.parts.scheduler_config, "rescale_betas_zero_snr": True}
