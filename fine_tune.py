@@ -8,8 +8,8 @@ DreamBooth with class images: train_db.py.
 Takes sd-scripts' flags with the same meaning (``--config_file`` TOML too) and its datasets: ``--in_json`` metadata
 (made with finetune/merge_captions_to_metadata.py ...), ``--dataset_config`` TOML, or ``<repeats>_<tokens>`` folders.
 The output is the whole model: a single file (``--save_model_as safetensors`` / ``ckpt``) that A1111, ComfyUI and
-diffusers' ``from_single_file`` read, or a diffusers folder (``diffusers`` / ``diffusers_safetensors``); without
-``--save_model_as`` the format of the input model. ``accelerate launch`` with an accelerate config gives DDP,
+diffusers' ``from_single_file`` read, or a diffusers folder (``diffusers``: .bin weights / ``diffusers_safetensors``);
+without ``--save_model_as`` the format of the input model (``--use_safetensors``: in safetensors). ``accelerate launch`` with an accelerate config gives DDP,
 FSDP or DeepSpeed (docs/training.md).
 """
 
@@ -39,28 +39,42 @@ def build_parser(script: str = "fine_tune") -> argparse.ArgumentParser:
 
 
 def output_format(args: argparse.Namespace) -> str | None:
-    """sd-scripts: without --save_model_as, the input's format (--use_safetensors: its safetensors variant)."""
-    if args.save_model_as or not args.pretrained_model_name_or_path:
-        return args.save_model_as
-    source = Path(args.pretrained_model_name_or_path)
-    if source.is_dir():
-        return "diffusers_safetensors" if args.use_safetensors else "diffusers"
-    return "safetensors" if args.use_safetensors or source.suffix.lower() == ".safetensors" else "ckpt"
+    """sd-scripts' rule: ``ckpt`` / ``safetensors`` write one file, ``diffusers`` / ``diffusers_safetensors`` a
+    folder (without --save_model_as: the input's kind), in safetensors when --use_safetensors is given or the
+    format's name says so (``--save_model_as ckpt --use_safetensors`` writes a .safetensors file; ``diffusers``
+    alone writes .bin weights). One difference: a .safetensors input without either flag gives a .safetensors file
+    (sd-scripts writes a .ckpt pickle there)."""
+    fmt = args.save_model_as
+    if not fmt and args.pretrained_model_name_or_path:
+        source = Path(args.pretrained_model_name_or_path)
+        fmt = "diffusers" if source.is_dir() else "safetensors" if source.suffix.lower() == ".safetensors" else "ckpt"
+    if fmt and args.use_safetensors:
+        fmt = {"ckpt": "safetensors", "diffusers": "diffusers_safetensors"}.get(fmt, fmt)
+    return fmt
 
 
-def run(
-    argv: Sequence[str] | None = None, family_names: Sequence[str] = ("sd1", "sd2"), script: str = "fine_tune"
-) -> Result | None:
+def read_config(
+    argv: Sequence[str] | None, family_names: Sequence[str] = ("sd1", "sd2"), script: str = "fine_tune"
+) -> train_setup.TrainConfig | None:
+    """The typed configuration the run uses, every problem reported at once; None after --output_config."""
     args = parse_args(build_parser(script), argv)  # --config_file merged
     if args is None:  # --output_config wrote the file
         return None
     args.save_model_as = output_format(args)
     args.xformers = args.xformers or getattr(args, "diffusers_xformers", False)
-    cfg = train_setup.read_config(args, tuple(family_names), ModelTrainingConfig.from_args, MODEL_FORMATS)  # all errors
+    return train_setup.read_config(args, tuple(family_names), ModelTrainingConfig.from_args, MODEL_FORMATS)
+
+
+def run(
+    argv: Sequence[str] | None = None, family_names: Sequence[str] = ("sd1", "sd2"), script: str = "fine_tune"
+) -> Result | None:
+    cfg = read_config(argv, family_names, script)
+    if cfg is None:
+        return None
     run = train_setup.start(cfg)  # accelerator, seed, dataset plan + bucket report, model, caches
     if cfg.noise.zero_terminal_snr:  # the trained model's files and samples carry its schedule (the ztsnr marker)
         run.parts.scheduler_config = {**run.parts.scheduler_config, "rescale_betas_zero_snr": True}
-    model = ModelTrainable(run.family, run.parts, cfg.method, run.step_models)  # UNet (+ text encoders) trained
+    model = ModelTrainable(run.family, run.parts, cfg.method, run.step_models, cfg.save.save_model_as)
     model.to(device=run.accelerator.device, dtype=cfg.run.train_dtype)
     groups = model.param_groups(cfg.optim.learning_rate)
     return train(run, model, groups)  # accelerate prepares model + optimizer: DDP / FSDP / DeepSpeed wrap the UNet

@@ -5,12 +5,14 @@ flattened); values on the command line win over the file. ``--output_config`` wr
 ``--config_file`` path and exits, and reading that file back gives the same arguments.
 
 This module also keeps the list of sd-scripts flags that are accepted for compatibility but not supported yet:
-using one is an error that says so, never a silent no-op.
+using one is an error that says so, never a silent no-op; and of those that have nothing to act on in a script:
+using one is said in the log.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import shlex
 from collections.abc import Sequence
@@ -22,6 +24,7 @@ import toml
 from library.problems import ConfigError, did_you_mean
 
 _CONFIG_DESTS = ("config_file", "output_config")
+logger = logging.getLogger("sdtrain")
 
 
 def add_config_args(parser: argparse.ArgumentParser) -> None:
@@ -48,6 +51,22 @@ def unsupported_problems(parser: argparse.ArgumentParser, args: argparse.Namespa
                 "remove it from the command line / config file"
             )
     return problems
+
+
+def add_no_effect(group: Any, flag: str, reason: str, **kwargs: Any) -> None:
+    """Add an sd-scripts flag that has nothing to act on in this script: accepted, said in the log when given (with
+    ``reason``), and reset to its default, so the run's configuration is the same with or without it."""
+    action = group.add_argument(flag, help=f"accepted for sd-scripts, no effect here: {reason}", **kwargs)
+    action.no_effect_reason = reason  # read by reset_no_effect_flags
+
+
+def reset_no_effect_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Say which given flags have no effect here (:func:`add_no_effect`) and set them back to their defaults."""
+    for action in parser._actions:
+        reason = getattr(action, "no_effect_reason", None)
+        if reason is not None and _is_set(getattr(args, action.dest, None), action.default):
+            logger.warning("%s has no effect here: %s; flag ignored", action.option_strings[0], reason)
+            setattr(args, action.dest, action.default)
 
 
 def _is_set(value: Any, default: Any) -> bool:
@@ -77,6 +96,7 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = Non
     problems = unsupported_problems(parser, args)
     if problems:
         raise ConfigError(problems)
+    reset_no_effect_flags(parser, args)
     return args
 
 

@@ -1,9 +1,10 @@
 """The whole model as a Trainable: full fine-tuning and DreamBooth (fine_tune.py, sdxl_train.py, train_db.py).
 
-The UNet is always trained; the text encoders too with ``--train_text_encoder`` (fine_tune.py / sdxl_train.py) or
-by default in train_db.py (``--stop_text_encoder_training -1`` there means never). Each trained part has its own
-learning rate (``--learning_rate_te``, SDXL ``--learning_rate_te1`` / ``--learning_rate_te2``; 0 = keep that
-encoder frozen), and ``--block_lr`` gives each of the UNet's blocks its own (sd-scripts' order: time/label
+The UNet is trained (sdxl_train.py: unless ``--learning_rate 0``, sd-scripts' "train the text encoders only"); the
+text encoders too with ``--train_text_encoder`` (fine_tune.py / sdxl_train.py) or by default in train_db.py
+(``--stop_text_encoder_training -1`` there means never). Each trained part has its own learning rate
+(``--learning_rate_te``, SDXL ``--learning_rate_te1`` / ``--learning_rate_te2``, else ``--learning_rate``; 0 = keep
+that encoder frozen), and ``--block_lr`` gives each of the UNet's blocks its own (sd-scripts' order: time/label
 embeddings, ``input_blocks.*``, ``middle_block.*``, ``output_blocks.*``, ``out``; 0 = freeze the block).
 
 The trainable is handed to ``accelerate.prepare`` (``gradient_sync == "accelerate"``): the loop calls the prepared
@@ -53,7 +54,8 @@ def add_model_training_args(parser: argparse.ArgumentParser, *, script: str) -> 
         )  # fmt: skip
         g.add_argument("--no_token_padding", action="store_true", help="pad captions only to the batch's longest, "
                        "not to 77 tokens (diffusers' DreamBooth)")  # fmt: skip
-    g.add_argument("--use_safetensors", action="store_true", help="without --save_model_as: save as safetensors")
+    g.add_argument("--use_safetensors", action="store_true", help="save in safetensors (with --save_model_as ckpt: "
+                   "a .safetensors file; diffusers: safetensors weights), as sd-scripts")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -66,8 +68,9 @@ class ModelTrainingConfig:
     deepspeed: DeepSpeedConfig | None = None
     fused_backward_pass: bool = False
     fused_optimizer_groups: int | None = None
-    max_grad_norm: float = 0.0  # clips each fused chunk on its own
+    max_grad_norm: float = 0.0  # fused steps clip each parameter on its own (sd-scripts)
     no_token_padding: bool = False  # train_db.py: captions padded to the batch's longest caption, not to 77
+    train_unet: bool = True  # sdxl_train.py --learning_rate 0: False (only the text encoders train)
 
     def deepspeed_plugin(self, cfg: Any) -> Any:
         """accelerate's DeepSpeed plugin for ``--deepspeed`` (None without it); ``cfg``: the run's TrainConfig."""
@@ -85,7 +88,8 @@ class ModelTrainingConfig:
     @property
     def trained_parts(self) -> tuple[str, ...]:
         """The parts whose weights are trained: loaded in the training dtype, never stored in float8."""
-        return ("denoiser", "text_encoders") if self.trains_text_encoder else ("denoiser",)
+        parts = (("denoiser", self.train_unet), ("text_encoders", self.trains_text_encoder))
+        return tuple(name for name, trained in parts if trained)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ModelTrainingConfig:
@@ -95,8 +99,18 @@ class ModelTrainingConfig:
             train_te = stop is None or stop >= 0
         else:
             train_te = bool(args.train_text_encoder)
-        if hasattr(args, "learning_rate_te1"):
-            lrs: tuple[float | None, ...] = (args.learning_rate_te1, args.learning_rate_te2)
+        train_unet = True
+        if hasattr(args, "learning_rate_te1"):  # sdxl_train.py: a part whose lr is 0 is left out of training
+            lrs: tuple[float | None, ...] = tuple(
+                args.learning_rate if lr is None else lr for lr in (args.learning_rate_te1, args.learning_rate_te2)
+            )
+            train_unet = args.learning_rate != 0
+            if not train_unet and not (train_te and any(lrs)):
+                problems.append("--learning_rate 0 leaves the UNet out of training and no text encoder is trained, "
+                                "so this run trains nothing; add --train_text_encoder (with a non-zero "
+                                "--learning_rate_te1 / --learning_rate_te2) to train the text encoders only")  # fmt: skip
+            elif not train_unet and getattr(args, "block_lr", None):
+                logger.warning("--block_lr is ignored: --learning_rate 0 leaves the UNet out of training")
         else:
             lrs = (args.learning_rate_te,)
         if any(lr is not None and lr < 0 for lr in lrs):
@@ -120,7 +134,7 @@ class ModelTrainingConfig:
             raise ConfigError(problems)
         return cls(
             lrs if train_te else None, stop, block_lr, deepspeed, args.fused_backward_pass, groups, args.max_grad_norm,
-            no_padding,
+            no_padding, train_unet,
         )  # fmt: skip
 
 
@@ -209,19 +223,27 @@ class ModelTrainable(nn.Module):
     modelspec_kind = ""
     gradient_sync = "accelerate"
 
-    def __init__(self, family: ModelFamily, parts: Parts, cfg: ModelTrainingConfig, step_models: Any = None):
+    def __init__(
+        self,
+        family: ModelFamily,
+        parts: Parts,
+        cfg: ModelTrainingConfig,
+        step_models: Any = None,
+        save_model_as: str | None = None,
+    ):
         super().__init__()
         self.family, self.parts, self.cfg, self.step_models = family, parts, cfg, step_models
+        self.save_model_as = save_model_as  # "diffusers": a folder of .bin weights (sd-scripts); else by the suffix
         self.unet = parts.denoiser
         lrs = cfg.text_encoder_lrs or ()
         self.te_indices = [i for i, lr in enumerate(lrs) if lr != 0 and i < len(parts.text_encoders)]
         self.text_encoders = nn.ModuleList([parts.text_encoders[i] for i in self.te_indices])
         self.register_buffer("steps_done", torch.zeros((), dtype=torch.long))
-        self.unet.requires_grad_(True)
+        self.unet.requires_grad_(cfg.train_unet)
         for te in self.text_encoders:
             te.requires_grad_(True)
         self.fused: FusedStep | None = None  # --fused_backward_pass / --fused_optimizer_groups hooks
-        if cfg.block_lr is not None:
+        if cfg.block_lr is not None and cfg.train_unet:
             expected = lr_block_count(self.unet.config)
             if len(cfg.block_lr) != expected:
                 raise ConfigError([f"--block_lr has {len(cfg.block_lr)} values; this UNet has {expected} blocks"])
@@ -235,10 +257,12 @@ class ModelTrainable(nn.Module):
 
     # ------------------------------------------------------------------------------------------ optimizer groups
     def param_groups(self, lr: float) -> list[dict]:
-        """UNet group(s) (one per ``--block_lr`` block when given) then one group per trained text encoder."""
+        """UNet group(s) (one per ``--block_lr`` block when given; none when the UNet is not trained) then one
+        group per trained text encoder."""
         groups = []
         if self.cfg.block_lr is None:
-            groups.append({"params": [p for p in self.unet.parameters() if p.requires_grad], "lr": lr, "name": "unet"})
+            unet = [p for p in self.unet.parameters() if p.requires_grad]
+            groups += [{"params": unet, "lr": lr, "name": "unet"}] if unet else []
         else:
             blocks: dict[int, list[nn.Parameter]] = {}
             for name, p in self.unet.named_parameters():
@@ -314,4 +338,5 @@ class ModelTrainable(nn.Module):
     def save(self, path: str | os.PathLike, metadata: dict[str, str] | None = None, dtype: Any = None) -> None:
         """The whole model (single file or diffusers folder, by the path's suffix), atomically, by the family."""
         meta = {k: v for k, v in (metadata or {}).items() if isinstance(v, str)}
-        self.family.save(self.parts, path, dtype=dtype, metadata=meta)
+        safetensors = self.save_model_as != "diffusers"  # a diffusers folder's weights; single files: the suffix
+        self.family.save(self.parts, path, dtype=dtype, metadata=meta, safetensors=safetensors)

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from library.config import add_unsupported
+from library.config import add_no_effect, add_unsupported
 from library.problems import ConfigError
 
 DTYPES = {"no": torch.float32, "float": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -46,13 +46,17 @@ def add_run_args(parser: argparse.ArgumentParser, deepspeed: bool = False) -> No
     g.add_argument("--torch_compile", action="store_true", help="torch.compile the UNet")
     g.add_argument("--dynamo_backend", type=str, default="inductor", help="torch.compile backend")
     g.add_argument("--ddp_timeout", type=int, default=None, help="DDP timeout in minutes")
-    g.add_argument("--ddp_gradient_as_bucket_view", action="store_true")
-    g.add_argument("--ddp_static_graph", action="store_true")
-    if deepspeed:  # full-model trainers: the real flags (library/engines.py)
+    if deepspeed:  # full-model trainers: accelerate wraps the model in DDP; the DeepSpeed flags are real ones
         from library.engines import add_deepspeed_args
 
+        g.add_argument("--ddp_gradient_as_bucket_view", action="store_true", help="DDP: gradients as bucket views")
+        g.add_argument("--ddp_static_graph", action="store_true", help="DDP: the graph is the same every step")
         add_deepspeed_args(parser)
         return
+    # adapters / embeddings run inside the frozen model DDP cannot see: the trainer averages their gradients itself
+    reason = "what this script trains is never wrapped in DDP (sdtrain averages its gradients itself)"
+    for flag in ("--ddp_gradient_as_bucket_view", "--ddp_static_graph"):
+        add_no_effect(g, flag, reason, action="store_true")
     reason = "multi-GPU runs use accelerate's DDP (accelerate config / --multi_gpu)"
     add_unsupported(g, "--deepspeed", reason, action="store_true")
     add_unsupported(g, "--zero_stage", reason, type=int, default=2, choices=[0, 1, 2, 3])

@@ -116,15 +116,54 @@ def pipe_prediction(pipe) -> str:
     return pipe.scheduler.config.prediction_type
 
 
-@pytest.mark.parametrize("family", ["sd1", "sdxl"])
-def test_diffusers_folder_loads_with_from_pretrained(family, tiny_dir, dataset, tmp_path):
-    result = train(family, *args_for(tiny_dir / family, dataset, tmp_path, "--save_model_as", "diffusers",
-                                     "--save_state_on_train_end", "--train_text_encoder", steps=2))  # fmt: skip
+@pytest.mark.parametrize(
+    "family, flags, weights",
+    [("sd1", ["--save_model_as", "diffusers"], ".bin"), ("sdxl", ["--save_model_as", "diffusers_safetensors"],
+     ".safetensors")],
+)  # fmt: skip
+def test_diffusers_folder_loads_with_from_pretrained(family, flags, weights, tiny_dir, dataset, tmp_path):
+    """sd-scripts' diffusers formats: ``diffusers`` writes pickled ``.bin`` weights (diffusers' save_pretrained
+    with safe_serialization=False), ``diffusers_safetensors`` safetensors; both read back by from_pretrained."""
+    result = train(family, *args_for(tiny_dir / family, dataset, tmp_path, *flags, "--save_state_on_train_end",
+                                     "--train_text_encoder", steps=2))  # fmt: skip
     assert result.output.is_dir()
+    files = {p.relative_to(result.output).as_posix() for p in result.output.rglob("*") if p.suffix in WEIGHT_SUFFIXES}
+    te = [f"{name}/{'model' if weights == '.safetensors' else 'pytorch_model'}{weights}"
+          for name in ("text_encoder", "text_encoder_2")[: len(get_family(family).spec.text_encoders)]]  # fmt: skip
+    assert files == {f"{c}/diffusion_pytorch_model{weights}" for c in ("unet", "vae")} | set(te)
     pipe = DiffusionPipeline.from_pretrained(result.output, local_files_only=True)
     state = trained_state(result)
     assert_equal_state(prefixed(state, "unet."), pipe.unet)
     assert_equal_state(prefixed(state, "text_encoders.0."), pipe.text_encoder)
+
+
+WEIGHT_SUFFIXES = (".bin", ".safetensors", ".ckpt", ".pt")
+
+
+@pytest.mark.parametrize(
+    "source, flags, expected",
+    [
+        ("folder", [], "diffusers"),
+        ("folder", ["--use_safetensors"], "diffusers_safetensors"),
+        ("m.ckpt", [], "ckpt"),
+        ("m.ckpt", ["--use_safetensors"], "safetensors"),
+        ("m.safetensors", [], "safetensors"),  # sd-scripts would write .ckpt here (docs/training.md)
+        ("folder", ["--save_model_as", "ckpt"], "ckpt"),
+        ("folder", ["--save_model_as", "ckpt", "--use_safetensors"], "safetensors"),
+        ("m.ckpt", ["--save_model_as", "safetensors"], "safetensors"),
+        ("m.ckpt", ["--save_model_as", "diffusers"], "diffusers"),
+        ("m.ckpt", ["--save_model_as", "diffusers", "--use_safetensors"], "diffusers_safetensors"),
+        ("m.ckpt", ["--save_model_as", "diffusers_safetensors"], "diffusers_safetensors"),
+    ],
+)
+def test_output_format_follows_sd_scripts(source, flags, expected, tmp_path):
+    """sd-scripts' fine_tune.py / sdxl_train.py / train_db.py: single file for ckpt / safetensors, else a diffusers
+    folder; safetensors when --use_safetensors or the format's name says so (--save_model_as ckpt
+    --use_safetensors writes a .safetensors file); without --save_model_as, the input's kind."""
+    model = tmp_path / source
+    model.mkdir() if source == "folder" else model.write_bytes(b"")
+    args = fine_tune.build_parser().parse_args(["--pretrained_model_name_or_path", str(model), *flags])
+    assert fine_tune.output_format(args) == expected
 
 
 def test_default_format_is_the_input_format_and_precision_is_applied(tiny_dir, dataset, tmp_path):
@@ -157,6 +196,33 @@ def test_sdxl_text_encoder_lr_zero_keeps_that_encoder(tiny_dir, dataset, tmp_pat
     result = train("sdxl", *args_for(tiny_dir / "sdxl", dataset, tmp_path, "--save_model_as", "safetensors",
                                      "--train_text_encoder", "--learning_rate_te1", "0", "--learning_rate_te2", "1e-3"))  # fmt: skip
     assert not te_changed(result, tiny_parts["sdxl"], 0) and te_changed(result, tiny_parts["sdxl"], 1)
+
+
+def test_sdxl_learning_rate_zero_trains_the_text_encoders_only(tiny_dir, dataset, tmp_path, tiny_parts, monkeypatch):
+    """sdxl_train.py --learning_rate 0 leaves the UNet out of training (sd-scripts: "train text encoders only"):
+    not in the optimizer, not a tensor changed, even with Adafactor's relative step (which ignores the lr and so
+    changed every UNet tensor); the encoders, at their own --learning_rate_te1 / _te2, do change."""
+    import train_network
+
+    groups_seen: list[list[str]] = []
+    make = train_network.make_optimizer
+    monkeypatch.setattr(train_network, "make_optimizer",
+                        lambda cfg, groups: (groups_seen.append([g["name"] for g in groups]), make(cfg, groups))[1])  # fmt: skip
+    result = train("sdxl", *args_for(tiny_dir / "sdxl", dataset, tmp_path, "--save_model_as", "safetensors",
+                                     "--optimizer_type", "adafactor", "--train_text_encoder", "--learning_rate_te1",
+                                     "1e-3", "--learning_rate_te2", "1e-3", "--learning_rate", "0", steps=1))  # fmt: skip
+    assert groups_seen == [["textencoder1", "textencoder2"]]
+    loaded, base = get_family("sdxl").load(result.output), tiny_parts["sdxl"]
+    unet, base_unet = loaded.denoiser.state_dict(), base.denoiser.state_dict()
+    assert all(torch.equal(unet[k], base_unet[k]) for k in base_unet)
+    assert te_changed(result, base, 0) and te_changed(result, base, 1)
+
+
+def test_sdxl_learning_rate_zero_without_a_trained_encoder_is_refused(tiny_dir, dataset, tmp_path):
+    """sd-scripts' rule: a text encoder whose lr (its own, else --learning_rate) is 0 is not trained either."""
+    for extra in ([], ["--train_text_encoder"], ["--train_text_encoder", "--learning_rate_te1", "0"]):
+        text = train_args_error(tiny_dir, dataset, tmp_path, "--learning_rate", "0", *extra)
+        assert "--learning_rate 0" in text and "trains nothing" in text
 
 
 def test_stop_text_encoder_training(tiny_dir, dataset, tmp_path):
@@ -346,3 +412,20 @@ def test_fused_steps_equal_the_ordinary_step(optimizer, fused, chunks, tiny_dir,
         torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-7)
         changed += k in base and not torch.equal(a[k], base[k])
     assert changed > len(base) // 2
+
+
+def test_fused_optimizer_groups_clip_each_parameter_on_its_own():
+    """--fused_optimizer_groups with --max_grad_norm clips each parameter's gradient to the norm on its own, as
+    sd-scripts' per-parameter hook does, not the chunk's joint norm: two parameters in one chunk, one gradient
+    above the limit and one below, give the update of a hand-clipped reference (the small one left as it is)."""
+    from library.optim.fused import FusedStep
+
+    a, b = torch.nn.Parameter(torch.zeros(4)), torch.nn.Parameter(torch.zeros(3))
+    optimizer = torch.optim.SGD([a, b], lr=1.0)
+    fused = FusedStep(optimizer, [[a, b]], max_grad_norm=1.0)
+    ga, gb = torch.tensor([3.0, 0.0, 4.0, 0.0]), torch.tensor([0.1, -0.2, 0.2])  # norms 5 and 0.3
+    ((a * ga).sum() + (b * gb).sum()).backward()  # the chunk steps inside backward
+    fused.remove()
+    expected = [-g * min(1.0, 1.0 / (g.norm() + 1e-6)) for g in (ga, gb)]  # torch's clip rule, per parameter
+    torch.testing.assert_close(a.detach(), expected[0])
+    torch.testing.assert_close(b.detach(), expected[1])

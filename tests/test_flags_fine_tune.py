@@ -1,7 +1,9 @@
 """Every one of sd-scripts' fine_tune.py (167), sdxl_train.py (176) and train_db.py (169) flags (its
-argparse parsers) is accepted by our script of the same name with sd-scripts' default, and a value other than the
-default changes the typed configuration the run uses, or is refused with a message naming the flag (as
-tests/test_flags.py does for train_network.py)."""
+argparse parsers) is accepted by our script of the same name with sd-scripts' default, and in each of the three
+scripts a value other than the default changes the typed configuration that script's run uses
+(``fine_tune.read_config``), or is refused with a message naming the flag (as tests/test_flags.py does for
+train_network.py). The scripts share readers but not their rules (train_db.py trains the text encoder by default,
+sdxl_train.py leaves the UNet out at --learning_rate 0), so a flag is checked in every script that has it."""
 
 from __future__ import annotations
 
@@ -57,9 +59,11 @@ FT_VALUES = {
 DEEPSPEED_FLAGS = {"--zero_stage", "--offload_optimizer_device", "--offload_optimizer_nvme_path",
                    "--offload_param_device", "--offload_param_nvme_path", "--zero3_init_flag", "--zero3_save_16bit_model",
                    "--fp16_master_weights_and_gradients"}  # fmt: skip
-# flags that act only together with another one: flag -> arguments given to both runs compared
+# flags that act only together with another one: flag -> arguments given to both runs compared (train_db.py
+# trains the text encoder without being asked and has no --train_text_encoder)
 FT_CONTEXT = {"--learning_rate_te": ["--train_text_encoder"], "--learning_rate_te1": ["--train_text_encoder"],
               "--learning_rate_te2": ["--train_text_encoder"]}  # fmt: skip
+FT_SCRIPT_CONTEXT = {("train_db", "--learning_rate_te"): []}
 FT_BASE = {"sdxl_train": "sdxl"}  # the tiny model each script reads (sd1 otherwise)
 # train_db.py trains the text encoder unless told -1; fine_tune.py / sdxl_train.py only with --train_text_encoder
 FT_SCRIPT_VALUES = {("fine_tune", "--cache_text_encoder_outputs"): [],
@@ -70,11 +74,11 @@ FT_SCRIPT_VALUES = {("fine_tune", "--cache_text_encoder_outputs"): [],
 
 @pytest.fixture(scope="module")
 def ft_config(tiny_dir, tmp_path_factory):
-    """script -> the typed configuration fine_tune.run reads for some extra flags (read_config, every group)."""
+    """script -> the typed configuration its run reads for some extra flags (fine_tune.read_config: the
+    script's parser, every group's reader and every cross-check)."""
     import dataclasses
 
     from library.demo import make_example_dataset
-    from library.train_setup import read_config
 
     data = make_example_dataset(tmp_path_factory.mktemp("ft_flags_data"))
     (data / "p.txt").write_text("a prompt\n")
@@ -83,27 +87,23 @@ def ft_config(tiny_dir, tmp_path_factory):
         model = tiny_dir / FT_BASE.get(script, "sd1")
         argv = ["--pretrained_model_name_or_path", str(model), "--train_data_dir", str(data), "--output_dir",
                 str(data / "out"), "--seed", "1", *[e.replace("{data}", str(data)) for e in extra]]  # fmt: skip
-        args = parse_args(fine_tune.build_parser(script), argv)
-        args.save_model_as = fine_tune.output_format(args)  # as fine_tune.run
-        args.xformers = args.xformers or getattr(args, "diffusers_xformers", False)
-        names = ("sdxl",) if script == "sdxl_train" else ("sd1", "sd2")
-        cfg = read_config(args, names, ModelTrainingConfig.from_args, fine_tune.MODEL_FORMATS)
+        names = ("sdxl",) if script == "sdxl_train" else ("sd1", "sd2")  # as sdxl_train.run / train_db.run
+        cfg = fine_tune.read_config(argv, names, script)
         return dataclasses.replace(cfg, args={})  # compare what the run reads, not the raw flag list
 
     return read
 
 
 def _ft_flags():
-    """Every flag of fine_tune.py, and the flags sdxl_train.py / train_db.py add (the others share its readers)."""
+    """Every flag of each of the three scripts."""
     from test_flags import NOT_A_RUN_SETTING
 
-    out, seen = [], set()
-    for script in COUNTS:
-        for a in fine_tune.build_parser(script)._actions:
-            if a.option_strings and a.dest not in NOT_A_RUN_SETTING and a.option_strings[0] not in seen:
-                out.append((script, a))
-                seen.add(a.option_strings[0])
-    return out
+    return [
+        (script, a)
+        for script in COUNTS
+        for a in fine_tune.build_parser(script)._actions
+        if a.option_strings and a.dest not in NOT_A_RUN_SETTING
+    ]
 
 
 @pytest.mark.parametrize("script,action", _ft_flags(), ids=lambda x: x if isinstance(x, str) else x.option_strings[0])
@@ -128,8 +128,28 @@ def test_every_flag_changes_the_run_or_is_refused(ft_config, script, action, cap
         value = FT_VALUES[flag]
     else:
         value = VALUES.get(flag) or _value(action)
-    assert_flag_acts(lambda *extra: ft_config(script, *extra), script, action, value, FT_CONTEXT.get(flag, []),
-                     caplog)  # fmt: skip
+    context = FT_SCRIPT_CONTEXT.get((script, flag), FT_CONTEXT.get(flag, []))
+    assert_flag_acts(lambda *extra: ft_config(script, *extra), script, action, value, context, caplog)
+
+
+@pytest.mark.parametrize(
+    "script, flags, trained",
+    [
+        ("sdxl_train", [], ("denoiser",)),
+        ("sdxl_train", ["--learning_rate", "0", "--train_text_encoder", "--learning_rate_te2", "1e-5"],
+         ("text_encoders",)),
+        ("sdxl_train", ["--train_text_encoder", "--learning_rate_te1", "0", "--learning_rate_te2", "0"],
+         ("denoiser",)),
+        ("fine_tune", ["--learning_rate", "0"], ("denoiser",)),
+        ("train_db", ["--learning_rate", "0"], ("denoiser", "text_encoders")),
+        ("train_db", ["--stop_text_encoder_training", "-1"], ("denoiser",)),
+    ],
+)  # fmt: skip
+def test_learning_rates_of_zero_pick_the_trained_parts_as_sd_scripts(ft_config, script, flags, trained):
+    """sd-scripts' rules per script: sdxl_train.py trains a part only when its lr is not 0 (the UNet:
+    --learning_rate; an encoder: its own lr, else --learning_rate); fine_tune.py / train_db.py always train the UNet
+    (at lr 0 if asked), train_db.py the text encoder too unless --stop_text_encoder_training -1."""
+    assert ft_config(script, *flags).trained_parts == trained
 
 
 REFUSED = sorted(

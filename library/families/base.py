@@ -168,7 +168,7 @@ class ModelFamily(Protocol):
 
     def save(self, parts: Parts, path: str | Path, **options: Any) -> Path:
         """The full model as a single file (``*.safetensors`` / ``*.ckpt``) or a diffusers folder (options: dtype,
-        metadata); returns the path written."""
+        metadata, safetensors: the folder's weights as .safetensors, else .bin); returns the path written."""
         ...
 
     def reference_parts(self) -> Parts:

@@ -7,7 +7,8 @@ non-standard models reload exactly). A v-prediction model also gets the ``v_pred
 zero-terminal-SNR), the convention ComfyUI and Forge read for SDXL; other readers ignore unknown top-level keys.
 
 Diffusers folders are written component by component (so ``dtype`` can differ from the modules' dtype without a
-copy of the model): ``model_index.json`` as diffusers writes it, weights as safetensors, text-encoder weights with
+copy of the model): ``model_index.json`` as diffusers writes it, weights as safetensors (or ``.bin`` pickles under
+diffusers' and transformers' names, as ``save_pretrained(safe_serialization=False)``), text-encoder weights with
 the ``text_model.`` level and tokenizers with ``vocab.json`` / ``merges.txt`` so that transformers 4 reads them too.
 """
 
@@ -109,16 +110,21 @@ def atomic_dir(folder: Path) -> Iterator[Path]:
             shutil.rmtree(tmp)
 
 
-def save_diffusers(spec: FamilySpec, parts: Parts, folder: Path, dtype: torch.dtype | None) -> Path:
-    """Write ``parts`` as a diffusers pipeline folder loadable by ``DiffusionPipeline.from_pretrained``."""
+def save_diffusers(
+    spec: FamilySpec, parts: Parts, folder: Path, dtype: torch.dtype | None, safetensors: bool = True
+) -> Path:
+    """Write ``parts`` as a diffusers pipeline folder loadable by ``DiffusionPipeline.from_pretrained``; the
+    weights as safetensors, or (``safetensors=False``) as the ``.bin`` pickles diffusers and transformers write."""
+    suffix = ".safetensors" if safetensors else ".bin"
+    model, text_model = "diffusion_pytorch_model" + suffix, ("model" if safetensors else "pytorch_model") + suffix
     with atomic_dir(folder) as tmp:
         make_pipeline(spec, parts).save_config(tmp)  # model_index.json, exactly as diffusers writes it
         for name, module in (("unet", parts.denoiser), ("vae", parts.vae)):
             module.save_config(tmp / name)
-            _save_weights(module.state_dict(), tmp / name / "diffusion_pytorch_model.safetensors", dtype)
+            _save_weights(module.state_dict(), tmp / name / model, dtype)
         for i, (te, tok) in enumerate(zip(parts.text_encoders, parts.tokenizers)):
             te.config.save_pretrained(tmp / subfolder(i))
-            _save_weights(hf_state_dict(te), tmp / subfolder(i) / "model.safetensors", dtype)
+            _save_weights(hf_state_dict(te), tmp / subfolder(i) / text_model, dtype)
             tok.save_pretrained(tmp / subfolder(i, "tokenizer"))
             if len(tok) == 49408 and not (tmp / subfolder(i, "tokenizer") / "vocab.json").exists():
                 write_vocab_files(tmp / subfolder(i, "tokenizer"))
@@ -166,15 +172,17 @@ def save_model(
     *,
     dtype: torch.dtype | None,
     metadata: Mapping[str, str],
+    safetensors: bool = True,
 ) -> Path:
-    """``path`` ending in .safetensors / .ckpt: a single file; anything else: a diffusers folder."""
+    """``path`` ending in .safetensors / .ckpt: a single file; anything else: a diffusers folder (its weights in
+    safetensors, or ``.bin`` with ``safetensors=False``)."""
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix in (".safetensors", ".ckpt"):
         return save_single_file(spec, parts, path, dtype, metadata)
     if suffix in (".pt", ".pth", ".bin"):
         raise ValueError(f"{path}: save a full model as .safetensors or .ckpt (or a folder name for diffusers)")
-    return save_diffusers(spec, parts, path, dtype)
+    return save_diffusers(spec, parts, path, dtype, safetensors)
 
 
 def with_kind(architecture: str, kind: str) -> str:
@@ -190,6 +198,7 @@ def save_family_model(
     path: str | os.PathLike,
     dtype: torch.dtype | None,
     metadata: Mapping[str, str] | None,
+    safetensors: bool = True,
 ) -> Path:
     """``family.save``: modelspec for the family and prediction type, then :func:`save_model`."""
     if parts.family != family.name:
@@ -197,4 +206,5 @@ def save_family_model(
     pred = parts.prediction_type
     arch = family.modelspec_architecture("", pred)
     meta = modelspec(arch, family.default_resolution(pred), pred, Path(path).stem)
-    return save_model(family.spec, parts, path, dtype=dtype, metadata={**meta, **(metadata or {})})
+    meta = {**meta, **(metadata or {})}
+    return save_model(family.spec, parts, path, dtype=dtype, metadata=meta, safetensors=safetensors)

@@ -139,9 +139,10 @@ class SDFamily:
         *,
         dtype: torch.dtype | None = None,
         metadata: Mapping[str, str] | None = None,
+        safetensors: bool = True,
     ) -> Path:
         """Save the full model: ``*.safetensors`` / ``*.ckpt`` single file, else a diffusers folder (atomic)."""
-        return save_family_model(self, parts, path, dtype, metadata)
+        return save_family_model(self, parts, path, dtype, metadata, safetensors)
 
     # ------------------------------------------------------------------------------------------- prompts
     def tokenize(

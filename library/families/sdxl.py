@@ -101,9 +101,10 @@ class SDXLFamily:
         *,
         dtype: torch.dtype | None = None,
         metadata: Mapping[str, str] | None = None,
+        safetensors: bool = True,
     ) -> Path:
         """Save the full model: ``*.safetensors`` / ``*.ckpt`` single file (sgm keys), else a diffusers folder."""
-        return save_family_model(self, parts, path, dtype, metadata)
+        return save_family_model(self, parts, path, dtype, metadata, safetensors)
 
     # ------------------------------------------------------------------------------------------- prompts
     def tokenize(self, parts: Parts, captions: list[str], max_token_length: int | None = None) -> list[Tensor]:

@@ -8,8 +8,8 @@ freed at once, so the gradients of the whole model never sit in memory together:
 * ``--fused_optimizer_groups N``: N chunks of about equal size, any per-parameter optimizer.
 
 For optimizers whose update of a parameter depends only on that parameter (Adafactor, AdamW, Lion, SGD...) the
-result equals the ordinary step. ``--max_grad_norm`` then clips each chunk on its own (as sd-scripts does), not the
-global norm. Parameters a chunk waits for but that got no gradient this step are stepped by the loop's ordinary
+result equals the ordinary step. ``--max_grad_norm`` then clips each parameter's gradient on its own (as
+sd-scripts' per-parameter hooks do, for both flags), not the global norm. Parameters a chunk waits for but that got no gradient this step are stepped by the loop's ordinary
 ``optimizer.step()`` afterwards (it skips parameters whose gradient was already used and freed).
 """
 
@@ -59,7 +59,8 @@ class FusedStep:
     @torch.no_grad()
     def step_chunk(self, params: list[nn.Parameter]) -> None:
         if self.max_grad_norm:
-            torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
+            for p in params:  # one norm per parameter, not the chunk's joint norm
+                torch.nn.utils.clip_grad_norm_(p, self.max_grad_norm)
         ids = {id(p) for p in params}
         saved = [group["params"] for group in self.optimizer.param_groups]
         for group in self.optimizer.param_groups:
