@@ -206,18 +206,22 @@ def test_network_weights_missing_a_tensor_names_the_file_and_module(finished, tm
 # ------------------------------------------------------------------------------------------ failing during training
 def test_a_full_disk_while_saving_names_the_file_and_leaves_a_resumable_state(tiny_dir, dataset, tmp_path,
                                                                               monkeypatch, capsys):  # fmt: skip
+    """safetensors' own exception, as a real full disk makes it (not an OSError), raised under its real save_file."""
+    import safetensors
     import safetensors.torch
 
     argv = args_for(tiny_dir / "sd1", dataset, tmp_path / "a", "--save_every_n_steps", "2", steps=6)
     full = train("sd1", *args_for(tiny_dir / "sd1", dataset, tmp_path / "full", "--save_every_n_steps", "2", steps=6))
-    real = safetensors.torch.save_file
+    real = safetensors.torch.serialize_file  # the writer under safetensors.torch.save_file
 
     def disk_full_at_step_4(tensors, filename, metadata=None):
         if ".t-step00000004.safetensors" in str(filename):  # the temporary file of the step-4 save
-            raise OSError(errno.ENOSPC, "No space left on device")
+            raise safetensors.SafetensorError(
+                "Error while serializing: I/O error: No space left on device (os error 28)"
+            )  # safetensors 0.8's text on a full tmpfs (test_a_full_filesystem_is_a_save_error shows the real one)
         return real(tensors, filename, metadata=metadata)
 
-    monkeypatch.setattr(safetensors.torch, "save_file", disk_full_at_step_4)
+    monkeypatch.setattr(safetensors.torch, "serialize_file", disk_full_at_step_4)
     code, stdout, err = cli(monkeypatch, capsys, argv)
     assert code == 1 and "Traceback" not in err
     assert f"error: {tmp_path / 'a' / 't-step00000004.safetensors'} could not be written (No space left" in err
