@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -88,6 +89,7 @@ class Trainer:
             else None
         )
         self._broadcast_initial_weights()
+        self._remove_unfinished_states()
         self._set_training(True)
         self._init_trackers()
         self.progress = self._progress_bar()
@@ -100,6 +102,13 @@ class Trainer:
             with torch.no_grad():
                 for p in self.trainable.parameters():
                     p.copy_(broadcast(p.detach().clone(), from_process=0))
+
+    def _remove_unfinished_states(self) -> None:
+        """State folders a killed process left half-written (``*-state.partial``): never resumed from, so gone."""
+        if self.acc.is_main_process:
+            for folder in run_files.unfinished_states(self.cfg.save):
+                shutil.rmtree(folder, ignore_errors=True)
+                logger.warning("removed %s: an unfinished state folder left by an interrupted save", folder)
 
     def _set_training(self, mode: bool) -> None:
         self.trainable.set_training(mode)
