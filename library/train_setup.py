@@ -311,6 +311,10 @@ def start(cfg: TrainConfig) -> Run:
     family = cfg.family
     data_args = cfg.data
     plan = build_plan(cfg, accelerator)
+    check_plan = getattr(cfg.method, "check_plan", None)  # textual inversion: the captions that hold the token
+    notes = check_plan(plan) if check_plan is not None else []
+    for note in notes if accelerator.is_main_process else []:
+        logger.warning(note)
     parts = load_model(cfg, accelerator)
     native = family.default_resolution(parts.prediction_type)
     if not data_args.resolutions and plan.args.resolutions[0] != (native, native):
