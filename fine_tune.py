@@ -56,7 +56,10 @@ def run(
         return None
     args.save_model_as = output_format(args)
     args.xformers = args.xformers or getattr(args, "diffusers_xformers", False)
-    cfg = train_setup.read_config(args, tuple(family_names), ModelTrainingConfig.from_args, MODEL_FORMATS)  # all errors
+    training = "dreambooth" if script == "train_db" else "fine_tune"  # names the script for another family's model
+    cfg = train_setup.read_config(
+        args, tuple(family_names), ModelTrainingConfig.from_args, MODEL_FORMATS, training=training
+    )  # all errors at once
     run = train_setup.start(cfg)  # accelerator, seed, dataset plan + bucket report, model, caches
     if cfg.noise.zero_terminal_snr:  # the trained model's files and samples carry its schedule (the ztsnr marker)
         run.parts.scheduler_config = {**run.parts.scheduler_config, "rescale_betas_zero_snr": True}
