@@ -62,7 +62,10 @@ def read_config(
         return None
     args.save_model_as = output_format(args)
     args.xformers = args.xformers or getattr(args, "diffusers_xformers", False)
-    return train_setup.read_config(args, tuple(family_names), ModelTrainingConfig.from_args, MODEL_FORMATS)
+    training = "dreambooth" if script == "train_db" else "fine_tune"  # names the script for another family's model
+    return train_setup.read_config(
+        args, tuple(family_names), ModelTrainingConfig.from_args, MODEL_FORMATS, training=training
+    )  # all errors at once
 
 
 def run(

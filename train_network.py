@@ -21,7 +21,7 @@ from library import args as arg_groups
 from library import demo, resume, train_setup
 from library.config import parse_args
 from library.logs import print_error
-from library.optim import effective_lrs, make_optimizer, make_scheduler
+from library.optim import effective_lrs, make_optimizer, make_scheduler, step_without_optimizer
 from library.problems import Problems
 from library.token_embeddings import EmbeddingsConfig, add_embeddings
 from library.train_step import Interrupt, LossTracker, NonFiniteLoss, batch_loss, check_finite
@@ -107,15 +107,19 @@ def train(run: train_setup.Run, trainable: Any, groups: list[dict]) -> Result:
                         loss = batch_loss(run.step_models, batch, trainer.generator).mean()
                         if trainer.steps_in_backward:  # --fused_backward_pass: check before the weights change
                             check_finite(loss, trainer.step + 1, epoch + 1)
-                        run.accelerator.backward(loss * trainer.loss_scale())  # 1 / window: a mean over it
+                        if trainer.reaches_trained(loss):  # not a TI batch without its token (a no-op step)
+                            run.accelerator.backward(loss * trainer.loss_scale())  # 1 / window: a mean over it
                     trainer.add_loss(loss)
                     if not trainer.batch_done():  # still accumulating gradients
                         continue
                     status = trainer.window_status(interrupt.requested)  # the same on every process
                     trainer.check_finite(status)  # NaN / inf anywhere: every process stops before stepping
-                    trainer.sync_gradients()  # average over processes, clip to --max_grad_norm
-                    optimizer.step()
-                    scheduler.step()
+                    if status.trained:
+                        trainer.sync_gradients()  # average over processes, clip to --max_grad_norm
+                        optimizer.step()
+                        scheduler.step()
+                    else:  # no process's window reached the trained tensors (TI: no caption held the token)
+                        step_without_optimizer(scheduler)  # nothing moves; the learning rates follow the step
                     optimizer.zero_grad(set_to_none=True)
                     tracker.add(status.loss)
                     trainer.step_done(status.loss)  # counters, EMA, --scale_weight_norms

@@ -36,7 +36,9 @@ def run(argv: Sequence[str] | None = None, family_names: Sequence[str] = ("sd1",
     if args is None:  # --output_config wrote the file
         return None
     args.output_name = args.output_name or args.token_string  # sd-scripts: files are named after the token
-    cfg = train_setup.read_config(args, tuple(family_names), TextualInversionConfig.from_args)  # all errors at once
+    cfg = train_setup.read_config(
+        args, tuple(family_names), TextualInversionConfig.from_args, training="textual_inversion"
+    )  # all errors at once
     if resume.nothing_left(cfg.save, cfg.run):  # --resume of a finished run: say so, write nothing
         return None
     run = train_setup.start(cfg)  # accelerator, seed, dataset plan + bucket report, model, caches

@@ -59,6 +59,10 @@ def find_state(path: str | os.PathLike) -> Path:
     complete state folder directly inside it (an output folder; newest by the time its state was written).
     Raises ``ValueError`` saying what was found."""
     path = Path(path)
+    if path.name.endswith("-state.partial"):
+        raise ValueError(f"--resume {path}: an unfinished state (its writing was cut short, so it may lack files or "
+                         f"hold a mix of two steps); resume from a *-state folder, e.g. --resume {path.parent}, "
+                         "which picks the newest complete one")  # fmt: skip
     if (path / STATE_FILE).is_file():
         return path
     if not path.is_dir():

@@ -290,22 +290,39 @@ def save_train_state(
         current.write_text(json.dumps(counters, indent=2))
         current = folder
         _replace_dir(work, folder)
-    except Exception as e:
-        shutil.rmtree(work, ignore_errors=True)  # never leave a partial state behind (resume skips it anyway)
-        if is_write_failure(e):
+    except BaseException as e:  # also a second Ctrl-C (KeyboardInterrupt): never leave a partial state behind
+        shutil.rmtree(work, ignore_errors=True)
+        if isinstance(e, Exception) and is_write_failure(e):
             raise save_error(current, e) from e
         raise
     return folder
 
 
 def _replace_dir(src: Path, dst: Path) -> None:
+    """Rename the folder ``src`` onto ``dst``; an existing ``dst`` is put back if the rename is cut short."""
     old = None
-    if dst.exists():
-        old = Path(tempfile.mkdtemp(prefix=dst.name + ".old", dir=dst.parent))
-        os.replace(dst, old / "x")
-    os.replace(src, dst)
-    if old is not None:
-        shutil.rmtree(old)
+    try:
+        if dst.exists():
+            old = Path(tempfile.mkdtemp(prefix=dst.name + ".old", dir=dst.parent))
+            os.replace(dst, old / "x")
+        os.replace(src, dst)
+    except BaseException:
+        if old is not None and (old / "x").exists() and not dst.exists():
+            os.replace(old / "x", dst)
+        raise
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def unfinished_states(cfg: SaveConfig) -> list[Path]:
+    """This run's ``*-state.partial`` folders in ``--output_dir``: states whose writing was cut short (a process
+    killed while saving). They are never resumed from; a new run removes them."""
+    final, step, epoch = stem(cfg), stem(cfg, step=0)[:-8], stem(cfg, epoch=0)[:-6]
+    names = rf"{re.escape(final)}|{re.escape(step)}\d{{8}}|{re.escape(epoch)}\d{{6}}"
+    regex = re.compile(rf"^(?:{names})-state\.partial$")
+    folder = Path(cfg.output_dir)
+    return sorted(p for p in folder.iterdir() if p.is_dir() and regex.match(p.name)) if folder.is_dir() else []
 
 
 def load_train_state(folder: str | os.PathLike, rank: int = 0) -> dict[str, Any]:

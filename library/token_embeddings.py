@@ -6,7 +6,9 @@ OpenCLIP-bigG), initialised from ``--init_word`` (its token vectors, cycled) or 
 tensors are separate parameters that a forward hook puts in place of the new rows' lookups, so the optimizer
 only ever sees the new rows: every other row of the table, and every other weight, stays bit-identical (sd-scripts
 trains the whole table and restores the old rows after each step; the result for the new rows is the same except
-that ``--max_grad_norm`` here measures the new rows' gradient only).
+that ``--max_grad_norm`` here measures the new rows' gradient only, and that a step whose batch holds no caption
+with the token changes nothing here, where sd-scripts' optimizer steps with a zero gradient for the new rows, which
+a momentum optimizer still moves: library/token_captions.py).
 
 Files (docs/formats.md "Textual-inversion embeddings"; sd-scripts' ``train_textual_inversion.py`` and
 ``sdxl_train_textual_inversion.py: save_weights``): ``{"emb_params": (n, dim)}`` for SD1/SD2, ``{"clip_l": (n, 768),
@@ -100,6 +102,13 @@ class TextualInversionConfig:
             raise ConfigError(problems, "textual-inversion options")
         templates = OBJECT_TEMPLATES if args.use_object_template else STYLE_TEMPLATES if args.use_style_template else ()
         return cls(token, args.init_word, n, args.weights, templates)
+
+    def check_plan(self, plan: Any) -> list[str]:
+        """Before the model loads: the notes on captions that lack the token (none with templates, which put it in
+        every caption); raises ``ConfigError`` when no caption holds it (library/token_captions.py)."""
+        from library.token_captions import check_captions
+
+        return [] if self.templates else check_captions(plan, self.token_string)
 
 
 @dataclass(frozen=True)
@@ -237,6 +246,7 @@ class TokenEmbeddings(nn.Module):
     kind = "embedding"
     modelspec_kind = "textual-inversion"
     gradient_sync = "manual"  # the rows are used inside the frozen text encoders: the trainer averages gradients
+    may_sit_out = True  # a batch without the token does not reach the rows: its step changes nothing
 
     def __init__(
         self,

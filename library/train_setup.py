@@ -173,10 +173,11 @@ class TrainConfig:
         return tuple(getattr(self.method, "trained_parts", ()))
 
 
-def choose_family(args: argparse.Namespace, family_names: tuple[str, ...]) -> ModelFamily:
-    """The family this script trains, from the model file, ``--v2`` and the families the script allows."""
+def choose_family(args: argparse.Namespace, family_names: tuple[str, ...], training: str = "network") -> ModelFamily:
+    """The family this script trains, from the model file, ``--v2`` and the families the script allows (a model of
+    another family names that family's script of the same ``training`` type)."""
     try:
-        return select_family(args.pretrained_model_name_or_path, family_names, v2=args.v2)
+        return select_family(args.pretrained_model_name_or_path, family_names, v2=args.v2, training=training)
     except ValueError as e:
         raise ConfigError([str(e)]) from e
 
@@ -186,17 +187,20 @@ def read_config(
     family_names: tuple[str, ...] = ("sd1", "sd2"),
     method: Callable | None = None,
     save_formats: tuple[str, ...] = ("safetensors", "ckpt", "pt"),
+    training: str = "network",
 ) -> TrainConfig:
     """Every group's reader and every cross-check; raises one :class:`ConfigError` listing all problems.
 
     ``method(args)`` reads what the recipe trains (e.g. ``NetworkConfig.from_args``); its problems are reported
     with the others. Its result is ``cfg.method``; its ``trains_text_encoder`` says whether the text encoders run
     with autograd. ``save_formats``: the ``--save_model_as`` values the recipe writes (the first is the default).
+    ``training``: the recipe's training type ("network", "fine_tune", "dreambooth", "textual_inversion"), for the
+    script a model of another family is sent to.
     """
     problems = Problems()
     read = problems.read  # each reader raises a ConfigError; its problems join the others
     model = read(ModelConfig.from_args, args)
-    family = read(choose_family, args, tuple(family_names))
+    family = read(choose_family, args, tuple(family_names), training)
     values = dict(
         model=model,
         run=read(RunConfig.from_args, args),
@@ -315,6 +319,10 @@ def start(cfg: TrainConfig) -> Run:
     family = cfg.family
     data_args = cfg.data
     plan = build_plan(cfg, accelerator)
+    check_plan = getattr(cfg.method, "check_plan", None)  # textual inversion: the captions that hold the token
+    notes = check_plan(plan) if check_plan is not None else []
+    for note in notes if accelerator.is_main_process else []:
+        logger.warning(note)
     parts = load_model(cfg, accelerator)
     native = family.default_resolution(parts.prediction_type)
     if not data_args.resolutions and plan.args.resolutions[0] != (native, native):

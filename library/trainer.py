@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -54,6 +55,7 @@ class WindowStatus:
     loss: float  # the window's mean loss, averaged over processes
     non_finite: bool  # some process saw a NaN / inf loss in the window
     stop: bool  # some process was asked to stop (Ctrl-C / SIGTERM)
+    trained: bool = True  # some process's window reached the trained tensors (else the step changes nothing)
 
 
 class Trainer:
@@ -73,6 +75,7 @@ class Trainer:
         self.window = 0  # batches in the current accumulation window
         self._window_loss: torch.Tensor | None = None  # sum of the window's batch losses, on the device
         self._window_batches = 0
+        self._window_trained = False  # a batch of the window reached the trained tensors (this process)
         self.current_epoch, self.epoch_batches = 0, loader.num_batches(0)  # set by begin_epoch / resume_if_asked
         self.log_run: str | None = None  # this run's folder under --logging_dir (kept in the state)
         self._resume_skip: tuple[int, int] | None = None
@@ -88,6 +91,7 @@ class Trainer:
             else None
         )
         self._broadcast_initial_weights()
+        self._remove_unfinished_states()
         self._set_training(True)
         self._init_trackers()
         self.progress = self._progress_bar()
@@ -100,6 +104,13 @@ class Trainer:
             with torch.no_grad():
                 for p in self.trainable.parameters():
                     p.copy_(broadcast(p.detach().clone(), from_process=0))
+
+    def _remove_unfinished_states(self) -> None:
+        """State folders a killed process left half-written (``*-state.partial``): never resumed from, so gone."""
+        if self.acc.is_main_process:
+            for folder in run_files.unfinished_states(self.cfg.save):
+                shutil.rmtree(folder, ignore_errors=True)
+                logger.warning("removed %s: an unfinished state folder left by an interrupted save", folder)
 
     def _set_training(self, mode: bool) -> None:
         self.trainable.set_training(mode)
@@ -168,20 +179,30 @@ class Trainer:
         self._window_loss = value if self._window_loss is None else self._window_loss + value
         self._window_batches += 1
 
+    def reaches_trained(self, loss: torch.Tensor) -> bool:
+        """Whether the batch's backward pass is needed: ``loss`` depends on the trained tensors. A textual-inversion
+        batch whose captions all lack the token does not (the trainable's ``may_sit_out``): it is counted and makes
+        its random draws like any batch, and trains nothing. For other trainables the backward always runs (a loss
+        without gradient there is a bug, and torch says so)."""
+        reaches = loss.requires_grad or not getattr(self.trainable, "may_sit_out", False)
+        self._window_trained |= reaches
+        return reaches
+
     def window_status(self, interrupted: bool) -> WindowStatus:
         """At an optimizer step: the window's mean loss, whether any process saw a non-finite loss, whether any was
-        interrupted, in one reduction over the processes and one read on the host (the step's only one). Every
-        process gets the same answer, so all of them step, stop or fail together instead of one waiting for the
-        others in the next collective."""
+        interrupted, whether any trained something, in one reduction over the processes and one read on the host
+        (the step's only one). Every process gets the same answer, so all of them step, stop or fail together
+        instead of one waiting for the others in the next collective."""
         mean = self._window_loss / max(1, self._window_batches)
-        values = torch.stack([mean, (~torch.isfinite(mean)).float(), mean.new_full((), float(interrupted))])
+        flags = (float(interrupted), float(self._window_trained))
+        values = torch.stack([mean, (~torch.isfinite(mean)).float(), *(mean.new_full((), f) for f in flags)])
         if self.acc.num_processes > 1:
             values = self.acc.reduce(values, reduction="sum")
-        total, non_finite, stop = values.tolist()
-        self._window_loss, self._window_batches = None, 0
+        total, non_finite, stop, trained = values.tolist()
+        self._window_loss, self._window_batches, self._window_trained = None, 0, False
         if stop and not interrupted and self.acc.is_main_process:
             print("\nanother process was interrupted: saving a resumable state after this step")
-        return WindowStatus(total / self.acc.num_processes, non_finite > 0, stop > 0)
+        return WindowStatus(total / self.acc.num_processes, non_finite > 0, stop > 0, trained > 0)
 
     def check_finite(self, status: WindowStatus) -> None:
         """Raise :class:`NonFiniteLoss` (on every process) when a process saw a NaN / inf loss in the window; the

@@ -9,9 +9,11 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import pickle
+import re
 import tempfile
 from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
@@ -55,10 +57,29 @@ class SaveError(OSError):
     the files written before it are intact: every write is atomic, so no earlier file was touched."""
 
 
+def _os_error_inside(error: BaseException) -> OSError | None:
+    """The operating-system error that safetensors' own ``SafetensorError`` (not an ``OSError``) carries in its text,
+    e.g. 0.8's ``Error while serializing: I/O error: No space left on device (os error 28)`` or older releases'
+    ``IoError(Os { code: 28, ... })``; ``None`` for other errors."""
+    from safetensors import SafetensorError
+
+    if not isinstance(error, SafetensorError):
+        return None
+    text = str(error)
+    code = re.search(r"\(os error (\d+)\)|Os \{ code: (\d+)", text)
+    if code:
+        number = int(code.group(1) or code.group(2))
+        return OSError(number, os.strerror(number))
+    if "I/O error" in text or "IoError" in text:
+        return OSError(errno.EIO, text.split("I/O error: ")[-1].strip() or os.strerror(errno.EIO))
+    return None
+
+
 def save_error(path: str | os.PathLike, error: BaseException) -> SaveError:
     """The :class:`SaveError` for ``error`` while writing ``path`` (an existing SaveError is kept as it is)."""
     if isinstance(error, SaveError):
         return error
+    error = _os_error_inside(error) or error
     reason = getattr(error, "strerror", None) or (str(error).strip().splitlines() or [""])[0]
     out = SaveError(f"{path} could not be written ({reason or type(error).__name__}); the files saved before it "
                     "are intact, and nothing was left half-written under its name")  # fmt: skip
@@ -80,7 +101,7 @@ def is_write_failure(error: BaseException) -> bool:
     torch_write = isinstance(error, RuntimeError) and any(
         m in text for m in ("PytorchStreamWriter failed", "file write failed", "unexpected pos")
     )
-    return torch_write or (type(error).__name__ == "SafetensorError" and "IoError" in text)
+    return torch_write or _os_error_inside(error) is not None
 
 
 @contextlib.contextmanager

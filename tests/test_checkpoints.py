@@ -2,6 +2,10 @@
 
 import os
 import pickle
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -65,3 +69,34 @@ def test_saved_file_has_default_permissions(tmp_path):
     umask = os.umask(0)
     os.umask(umask)
     assert (tmp_path / "p.safetensors").stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+_SAVE_ON_A_FULL_DISK = """
+import os, sys, torch
+from library.weight_files import SaveError, save_state_dict
+try:
+    save_state_dict({"w": torch.zeros(100_000)}, sys.argv[1] + "/m.safetensors")
+except SaveError as e:
+    print("SaveError:", e, "| left:", os.listdir(sys.argv[1]))
+"""
+
+
+def test_a_full_filesystem_is_a_save_error(tmp_path):
+    """A real full disk: a 64 KiB tmpfs, mounted in a user namespace where the system allows one (skipped where it
+    does not). safetensors raises its own SafetensorError there, not an OSError; it must become the SaveError that
+    training stops cleanly on, and leave no temporary file."""
+    small = tmp_path / "small"
+    small.mkdir()
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare command")
+    mount = f"mount -t tmpfs -o size=64k tmpfs {small} || exit 77"
+    root = Path(__file__).resolve().parents[1]
+    run = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
+                          f'{mount}; exec "$0" -c "$1" {small}', sys.executable, _SAVE_ON_A_FULL_DISK],
+                         cwd=root, capture_output=True, text=True, timeout=120)  # fmt: skip
+    if run.returncode == 77 or run.stderr.startswith("unshare:"):  # no user namespaces, or no mount in one
+        pytest.skip(f"cannot mount a small filesystem here: {run.stderr.strip()}")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == (f"SaveError: {small}/m.safetensors could not be written (No space left on device); "
+                                  "the files saved before it are intact, and nothing was left half-written under its "
+                                  "name | left: []")  # fmt: skip

@@ -250,6 +250,18 @@ def test_in_json_fine_tune_mode(tmp_path):
     assert (s.kind, s.num_repeats, s.metadata_file) == ("finetune", 3, str(meta))
 
 
+def test_missing_in_json_and_image_folder_are_named_by_their_flags(tmp_path):
+    """A missing --in_json file (or its --train_data_dir) is named by the flag, as given on the command line (it
+    was "--in_json missing.json.metadata_file", a dataset-file key path glued to the flag)."""
+    missing = tmp_path / "missing.json"
+    with pytest.raises(ValueError) as e:
+        load_dataset_configs(parse(["--in_json", str(missing), "--train_data_dir", str(tmp_path / "no_images"),
+                                    "--resolution", "64"]))  # fmt: skip
+    assert f"--in_json {missing}: file not found" in str(e.value)
+    assert f"--train_data_dir {tmp_path / 'no_images'}: folder not found" in str(e.value)
+    assert ".metadata_file" not in str(e.value) and ".image_dir" not in str(e.value)
+
+
 def test_resolution_forms():
     assert parse_resolutions("512") == ((512, 512),)
     assert parse_resolutions("768,512") == ((768, 512),)

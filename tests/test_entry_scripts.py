@@ -62,6 +62,25 @@ def test_main_returns_the_exit_status_of_bad_input(tmp_path, capsys):
     assert err.count("error: ") == 2 and "Traceback" not in err
 
 
+# script -> the script of the same training type for the other family (sdxl_train.py takes DreamBooth folders too)
+SAME_TYPE = {"train_network": "sdxl_train_network.py", "sdxl_train_network": "train_network.py",
+             "train_textual_inversion": "sdxl_train_textual_inversion.py",
+             "sdxl_train_textual_inversion": "train_textual_inversion.py", "fine_tune": "sdxl_train.py",
+             "sdxl_train": "fine_tune.py", "train_db": "sdxl_train.py"}  # fmt: skip
+
+
+@pytest.mark.parametrize("script", sorted(SAME_TYPE))
+def test_a_model_of_the_other_family_names_the_script_of_the_same_training_type(script, tiny_dir, dataset, tmp_path):
+    from _scripts import family_of, run_script, script_args
+
+    from library.problems import ConfigError
+
+    other = "sd1" if family_of(script) == "sdxl" else "sdxl"
+    with pytest.raises(ConfigError, match=rf"is an {other} model but this script trains \w+; use ") as e:
+        run_script(script, script_args(script, tiny_dir / other, dataset, tmp_path / "o"))
+    assert str(e.value).rstrip().endswith(f"; use {SAME_TYPE[script]}"), str(e.value)
+
+
 def _installed() -> bool:
     try:
         importlib.metadata.distribution("sdtrain")

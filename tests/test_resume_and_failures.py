@@ -206,18 +206,22 @@ def test_network_weights_missing_a_tensor_names_the_file_and_module(finished, tm
 # ------------------------------------------------------------------------------------------ failing during training
 def test_a_full_disk_while_saving_names_the_file_and_leaves_a_resumable_state(tiny_dir, dataset, tmp_path,
                                                                               monkeypatch, capsys):  # fmt: skip
+    """safetensors' own exception, as a real full disk makes it (not an OSError), raised under its real save_file."""
+    import safetensors
     import safetensors.torch
 
     argv = args_for(tiny_dir / "sd1", dataset, tmp_path / "a", "--save_every_n_steps", "2", steps=6)
     full = train("sd1", *args_for(tiny_dir / "sd1", dataset, tmp_path / "full", "--save_every_n_steps", "2", steps=6))
-    real = safetensors.torch.save_file
+    real = safetensors.torch.serialize_file  # the writer under safetensors.torch.save_file
 
     def disk_full_at_step_4(tensors, filename, metadata=None):
         if ".t-step00000004.safetensors" in str(filename):  # the temporary file of the step-4 save
-            raise OSError(errno.ENOSPC, "No space left on device")
+            raise safetensors.SafetensorError(
+                "Error while serializing: I/O error: No space left on device (os error 28)"
+            )  # safetensors 0.8's text on a full tmpfs (test_a_full_filesystem_is_a_save_error shows the real one)
         return real(tensors, filename, metadata=metadata)
 
-    monkeypatch.setattr(safetensors.torch, "save_file", disk_full_at_step_4)
+    monkeypatch.setattr(safetensors.torch, "serialize_file", disk_full_at_step_4)
     code, stdout, err = cli(monkeypatch, capsys, argv)
     assert code == 1 and "Traceback" not in err
     assert f"error: {tmp_path / 'a' / 't-step00000004.safetensors'} could not be written (No space left" in err
@@ -246,6 +250,40 @@ def test_a_failed_state_save_is_named_too(tiny_dir, dataset, tmp_path, monkeypat
     code, _, err = cli(monkeypatch, capsys, argv)
     assert code == 1 and "optimizer.pt could not be written" in one_error_line(err)
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["t-step00000002.safetensors"]  # no .partial
+
+
+def test_ctrl_c_twice_while_a_state_is_written_leaves_no_partial_state(tiny_dir, dataset, tmp_path, monkeypatch,
+                                                                       capsys, caplog):  # fmt: skip
+    """The second Ctrl-C lands while the step-4 state is written: the run quits (130) without a `*-state.partial`
+    folder. One left by a killed process is never resumed from, not even when named, and the next run in that
+    output folder removes it."""
+    import shutil
+
+    argv = args_for(tiny_dir / "sd1", dataset, tmp_path / "a", "--save_every_n_steps", "2", "--save_state", steps=5)
+    real = torch.save
+
+    def second_ctrl_c(obj, f, *a, **kw):  # what train_step.Interrupt raises on a second Ctrl-C
+        if "t-step00000004-state.partial" in str(f):
+            raise KeyboardInterrupt
+        return real(obj, f, *a, **kw)
+
+    monkeypatch.setattr("library.run_files.torch.save", second_ctrl_c)
+    code, _, err = cli(monkeypatch, capsys, argv)
+    assert code == 130 and "Traceback" not in err
+    names = sorted(p.name for p in (tmp_path / "a").iterdir())
+    assert names == ["t-step00000002-state", "t-step00000002.safetensors", "t-step00000004.safetensors"]
+    monkeypatch.undo()
+
+    partial = tmp_path / "a" / "t-step00000004-state.partial"  # as a killed process leaves it: complete, newest
+    shutil.copytree(tmp_path / "a" / "t-step00000002-state", partial)
+    no_model_load(monkeypatch)
+    code, _, err = cli(monkeypatch, capsys, [*argv, "--resume", str(partial)])
+    assert code == 2 and f"--resume {partial}: an unfinished state" in one_error_line(err)
+    monkeypatch.undo()
+    with caplog.at_level("INFO", logger="sdtrain"):
+        resumed = train("sd1", *argv, "--resume", str(tmp_path / "a"))
+    assert f"resumed from {tmp_path / 'a' / 't-step00000002-state'} (the newest state" in caplog.text
+    assert f"removed {partial}" in caplog.text and not partial.exists() and resumed.steps == 5
 
 
 # ------------------------------------------------------------------------------------------ TensorBoard run folders

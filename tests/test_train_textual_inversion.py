@@ -211,7 +211,8 @@ def test_bad_input_is_reported(tiny_dir, dataset, tmp_path):
     assert "--token_string 'two words'" in msg and "--num_vectors_per_token must be >= 1" in msg
     assert "exclude each other" in msg and "missing.pt: no such file" in msg
     with pytest.raises(ValueError, match="already in the tokenizer's vocabulary"):
-        train("sd1", *args_for(tiny_dir / "sd1", dataset, tmp_path, "--token_string", "photo"))
+        train("sd1", *args_for(tiny_dir / "sd1", dataset, tmp_path, "--token_string", "photo", "--caption_prefix",
+                               "photo"))  # fmt: skip
     with pytest.raises(ValueError, match="tokenises to nothing"):
         train("sd1", *args_for(tiny_dir / "sd1", dataset, tmp_path, "--init_word", ""))
     with pytest.raises(ConfigError, match="sdxl_train"):
@@ -248,3 +249,83 @@ def test_fixed_noise_loss_on_the_training_images_falls(tiny_dir, dataset, tmp_pa
     after = fixed_noise_loss(runs[0])
     drop, text_effect = measured["before"] - after, measured["blank"] - measured["before"]
     assert text_effect > 0 and drop > text_effect, (measured, after)
+
+
+# ------------------------------------------------------------------------------------------ batches without the token
+def _record_steps(monkeypatch, records):
+    """After each optimizer step: (rows, Adam's step count, learning rate, training generator state, global RNG)."""
+    from library.trainer import Trainer
+
+    done = Trainer.step_done
+
+    def step_done(self, loss):
+        done(self, loss)
+        state = self.optimizer.optimizer.state.get(self.trainable.rows[0], {})
+        records.append((self.trainable.rows[0].detach().clone(), int(state.get("step", 0)),
+                        self.scheduler.get_last_lr()[0], self.generator.get_state(), torch.get_rng_state()))  # fmt: skip
+
+    monkeypatch.setattr(Trainer, "step_done", step_done)
+
+
+def test_a_batch_without_the_token_is_a_step_that_changes_nothing(tiny_dir, tmp_path, monkeypatch, caplog):
+    """Batch 1 with --caption_dropout_rate 0.5 on captions of which one lacks the token: every step is counted,
+    and a step whose caption lacks the token leaves the rows and the optimizer state as they were (it used to crash
+    with "element 0 of tensors does not require grad"). Oracle for the counters and the random stream: the same run
+    with the rows wired into every batch (a zero gradient there, so an ordinary optimizer step) has the same
+    learning rates and draws the same noise and timesteps, step for step."""
+    from library.token_embeddings import TokenEmbeddings
+
+    data = token_dataset(tmp_path / "data")
+    lacking = next(data.rglob("00_circle.txt"))
+    lacking.write_text(lacking.read_text().replace(f"{TOKEN} ", ""))
+    extra = ["--train_batch_size", "1", "--caption_dropout_rate", "0.5", "--lr_scheduler", "linear"]
+    hook, seen = TokenEmbeddings._hook, []
+
+    def recording(self, index, first):  # whether each batch's captions hold the token
+        inner = hook(self, index, first)
+
+        def record(module, inputs, output):
+            seen.append(bool((inputs[0] >= first).any()))
+            return inner(module, inputs, output)
+
+        return record
+
+    monkeypatch.setattr(TokenEmbeddings, "_hook", recording)
+    steps = []
+    _record_steps(monkeypatch, steps)
+    with caplog.at_level("WARNING", logger="sdtrain"):
+        result = train("sd1", *args_for(tiny_dir / "sd1", data, tmp_path / "a", *extra, steps=8))
+    assert result.steps == 8 and result.output.is_file() and len(seen) == 8
+    assert 0 < seen.count(False) < 8, seen  # some batches lacked the token (dropped or without it), others not
+    assert f"1 of 4 training captions lack the token '{TOKEN}'" in caplog.text
+    assert "caption_dropout_rate can remove the token" in caplog.text
+    adam_steps = [s[1] for s in steps]
+    assert adam_steps == [sum(seen[: i + 1]) for i in range(8)]  # the optimizer stepped only with the token
+    for i in range(1, 8):
+        assert torch.equal(steps[i][0], steps[i - 1][0]) == (not seen[i])  # the rows moved only with it
+
+    def reaching(self, index, first):  # the reference: every batch reaches the rows
+        inner = hook(self, index, first)
+        return lambda module, inputs, output: inner(module, inputs, output) + 0 * self.rows[index].sum()
+
+    monkeypatch.setattr(TokenEmbeddings, "_hook", reaching)
+    train("sd1", *args_for(tiny_dir / "sd1", data, tmp_path / "b", *extra, steps=8))
+    steps, normal = steps[:8], steps[8:]
+    assert [s[1] for s in normal] == list(range(1, 9))  # an optimizer step at every step
+    for (_, _, lr, gen, rng), (_, _, lr_ref, gen_ref, rng_ref) in zip(steps, normal, strict=True):
+        assert lr == lr_ref and torch.equal(gen, gen_ref) and torch.equal(rng, rng_ref)
+
+
+def test_captions_without_the_token_anywhere_are_refused_before_the_model_loads(tiny_dir, tmp_path, monkeypatch):
+    data = token_dataset(tmp_path / "data")
+    for txt in data.rglob("*.txt"):
+        txt.write_text(txt.read_text().replace(f"{TOKEN} ", ""))
+    monkeypatch.setattr(train_setup, "load_model", lambda *a: pytest.fail("the model loaded"))
+    with pytest.raises(ConfigError, match=f"none of the 4 training captions holds the token .*{data.name}") as e:
+        train("sd1", *args_for(tiny_dir / "sd1", data, tmp_path / "o"))
+    assert "--use_object_template" in str(e.value) and f"--caption_prefix {TOKEN}" in str(e.value)
+    with pytest.raises(ConfigError, match="caption dropout removes them all"):
+        train("sd1", *args_for(tiny_dir / "sd1", token_dataset(tmp_path / "d2"), tmp_path / "o",
+                               "--caption_dropout_every_n_epochs", "1"))  # fmt: skip
+    with pytest.raises(pytest.fail.Exception, match="the model loaded"):  # templates hold the token: it goes on
+        train("sd1", *args_for(tiny_dir / "sd1", data, tmp_path / "o", "--use_object_template"))

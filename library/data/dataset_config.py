@@ -184,16 +184,28 @@ def _caption_config(tables: list[dict], cli: dict) -> CaptionConfig:
     return CaptionConfig(**{k: v for k, v in values.items() if v is not None})
 
 
+_SUBSET_FLAGS = {"metadata_file": "--in_json", "image_dir": "--train_data_dir"}  # a command-line subset's keys
+
+
+def _missing(sub: dict, where: str, key: str, what: str, problems: Problems) -> None:
+    """A subset's file or folder ``key`` that does not exist: named by its key path in a dataset file, or by the
+    flag that gave it when the command line made the subset (``where`` is then that flag, e.g. ``--in_json m.json``)."""
+    if where.startswith("--") and key in _SUBSET_FLAGS:
+        problems.error(f"{_SUBSET_FLAGS[key]} {sub[key]}", f"{what} not found")
+    else:
+        problems.error(f"{where}.{key}", f"{what} {show(sub[key])} not found")
+
+
 def _resolve_subset(sub: dict, where: str, kind: str, tables: list[dict], cli: dict, problems: Problems):
     if kind == "dreambooth" and not sub.get("image_dir"):
         problems.error(f"{where}.image_dir", "required for a subset without metadata_file; set the image folder")
         return None
     for key in ("image_dir", "conditioning_data_dir"):
         if sub.get(key) and not os.path.isdir(sub[key]):
-            problems.error(f"{where}.{key}", f"folder {show(sub[key])} not found")
+            _missing(sub, where, key, "folder", problems)
     meta = sub.get("metadata_file")
     if meta and not os.path.isfile(meta):
-        problems.error(f"{where}.metadata_file", f"file {show(meta)} not found")
+        _missing(sub, where, "metadata_file", "file", problems)
     if sub.get("conditioning_data_dir") and not cli.get("masked_loss"):
         problems.error(f"{where}.conditioning_data_dir", "masks need --masked_loss; add the flag or remove the key")
     if _pick("cache_info", tables, {}):

@@ -79,10 +79,13 @@ def _peek(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
         raise ValueError(f"{path}: not a valid safetensors file ({e})") from e
 
 
-def select_family(path: str | os.PathLike | None, allowed: tuple[str, ...], *, v2: bool = False) -> ModelFamily:
+def select_family(
+    path: str | os.PathLike | None, allowed: tuple[str, ...], *, v2: bool = False, training: str = "network"
+) -> ModelFamily:
     """The family a training script works on: SD1/SD2 scripts take SD2 with ``--v2`` or when the file is SD2
     (sd-scripts needs --v2 for that), SDXL scripts take SDXL. Raises ``ValueError`` naming the file and the script to
-    use when the model is of another family, or when ``--v2`` contradicts the file."""
+    use when the model is of another family (the other family's script of the same ``training`` type: "network",
+    "fine_tune", "dreambooth" or "textual_inversion"), or when ``--v2`` contradicts the file."""
     detected = None
     if path and Path(path).exists():
         try:
@@ -95,8 +98,9 @@ def select_family(path: str | os.PathLike | None, allowed: tuple[str, ...], *, v
         raise ValueError(f"--v2 is set but {path} is an SD 1.x model; remove --v2")
     name = "sd2" if v2 else (detected if detected in allowed else allowed[0])
     if detected is not None and detected != name:
+        spec = get_family(detected).spec
         raise ValueError(f"{path} is an {detected} model but this script trains {name}; use "
-                         f"{get_family(detected).spec.training_script}")  # fmt: skip
+                         f"{spec.scripts.get(training, spec.training_script)}")  # fmt: skip
     return get_family(name)
 
 

@@ -106,7 +106,10 @@ class FamilySpec:
     ``configs``: prediction type -> shipped config file stem (``configs/<stem>.json``). ``guess_prediction``: a
     last-resort detector of the prediction type from single-file weights (returns None when it cannot tell).
     ``training_script``: the sd-scripts script that trains it (families with the same one are trained together,
-    e.g. SD1 and SD2 by train_network.py). ``load_hint``: how a user loads it, for "wrong family" errors.
+    e.g. SD1 and SD2 by train_network.py). ``scripts``: the script for each training type ("network",
+    "fine_tune", "dreambooth", "textual_inversion"), named when a script of that type is given another family's
+    model (a type missing here names ``training_script``). ``load_hint``: how a user loads it, for "wrong family"
+    errors.
     ``flag``: the sd-scripts flag that names it where tools take one (``--v1`` / ``--v2`` / ``--sdxl``), without
     the dashes. ``detect``: whether a single-file state dict (keys -> tensors, or objects with ``.shape``) and its metadata are
     this family's, for files without our ``sdtrain.family`` metadata; None: the built-in SD1/SD2/SDXL rules.
@@ -119,6 +122,7 @@ class FamilySpec:
     pipeline_class: str
     guess_prediction: Callable[[Mapping[str, Tensor]], str | None] | None = None
     training_script: str = "train_network.py"
+    scripts: Mapping[str, str] = field(default_factory=dict)
     load_hint: str = ""
     flag: str = ""
     detect: Callable[[Mapping[str, Any], Mapping[str, str]], bool] | None = None

@@ -42,6 +42,10 @@ def guess_sd2_prediction(sd: Mapping[str, Tensor]) -> str | None:
     return "v_prediction" if torch.std(bias.float(), correction=0) > 0.09 else "epsilon"
 
 
+# sd-scripts' scripts for SD 1.x / 2.x, by training type
+SD_SCRIPTS = {"network": "train_network.py", "fine_tune": "fine_tune.py", "dreambooth": "train_db.py",
+              "textual_inversion": "train_textual_inversion.py"}  # fmt: skip
+
 SD1_SPEC = FamilySpec(
     name="sd1",
     title="SD1.x",
@@ -52,6 +56,7 @@ SD1_SPEC = FamilySpec(
     ),
     configs={"epsilon": "sd15", "v_prediction": "sd15"},
     pipeline_class="StableDiffusionPipeline",
+    scripts=SD_SCRIPTS,
     load_hint="the SD 1.x scripts without --v2",
     flag="v1",
 )
@@ -72,6 +77,7 @@ SD2_SPEC = FamilySpec(
     configs={"epsilon": "sd2-512", "v_prediction": "sd2-768-v"},
     pipeline_class="StableDiffusionPipeline",
     guess_prediction=guess_sd2_prediction,
+    scripts=SD_SCRIPTS,
     load_hint="--v2",
     flag="v2",
 )

@@ -52,6 +52,12 @@ SDXL_SPEC = FamilySpec(
     configs={"epsilon": "sdxl-base", "v_prediction": "sdxl-base"},
     pipeline_class="StableDiffusionXLPipeline",
     training_script="sdxl_train_network.py",
+    scripts={
+        "network": "sdxl_train_network.py",
+        "fine_tune": "sdxl_train.py",
+        "dreambooth": "sdxl_train.py",
+        "textual_inversion": "sdxl_train_textual_inversion.py",
+    },  # sdxl_train.py also takes DreamBooth folders
     load_hint="the sdxl_* scripts, e.g. sdxl_train_network.py",
     flag="sdxl",
 )

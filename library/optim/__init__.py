@@ -40,6 +40,7 @@ from library.optim.schedulers import (
     rex_lambda,
     schedule_steps,
     scheduler_names,
+    step_without_optimizer,
 )
 
 __all__ = [
@@ -63,4 +64,5 @@ __all__ = [
     "schedule_steps",
     "scheduler_names",
     "set_train_mode",
+    "step_without_optimizer",
 ]

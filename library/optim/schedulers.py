@@ -454,3 +454,14 @@ def make_scheduler(
     if cfg.lr_scheduler_type:
         return resolve_scheduler_class(cfg.lr_scheduler_type)(optimizer, **kwargs)
     return SCHEDULERS[cfg.lr_scheduler].build(optimizer, cfg, steps, kwargs)
+
+
+def step_without_optimizer(scheduler: Any) -> None:
+    """Step ``scheduler`` at an optimizer step that moved nothing (no trained tensor got a gradient), so the
+    learning rates keep following the step count. torch's warning that the scheduler stepped before the optimizer
+    is meant for a misordered loop; here the order is deliberate, so it is not shown."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
+        scheduler.step()
