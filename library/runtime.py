@@ -262,13 +262,17 @@ def total_steps(cfg: RunConfig, batches_per_epoch: int, num_processes: int) -> t
 
 def console_logging(level: str | None, file: str | None, simple: bool) -> None:
     """``--console_log_level`` / ``--console_log_file`` / ``--console_log_simple`` (sd-scripts' flags): one handler
-    on the root logger, replaced (not added to) when a second run in the same process sets it up again."""
+    on the root logger, replaced (not added to) when a second run in the same process sets it up again. The
+    libraries' own progress bars and notices are off unless the level is DEBUG (:func:`library.logs.library_output`).
+    """
     import logging
 
     fmt = "%(message)s" if simple else "%(asctime)s %(levelname)s %(name)s: %(message)s"
     if not simple and not file:
         fmt = "%(levelname)s %(message)s"
-    from library.logs import console_handler
+    from library.logs import console_handler, library_output
+
+    library_output(show=level == "DEBUG")
 
     handler = console_handler(file)  # the console: above the progress bar, INFO from the main process only
     handler.setFormatter(logging.Formatter(fmt))
