@@ -1,5 +1,4 @@
-"""sdtrain's shared library: flags, configs, families, data, noise, losses, optimizers, sampling, weight files."""
+"""sdtrain's shared library: flags, configs, families, data, noise, losses, optimizers, sampling, weight files.
 
-from library import deferred_imports
-
-deferred_imports.install()  # diffusers' model subpackages import only the classes a run uses
+Importing it changes nothing in the process (no import hooks, no logging or allocator settings): what a run sets,
+its setup sets (library/train_setup.py, library/runtime.py)."""
