@@ -2,7 +2,8 @@
 
     python benchmarks/bench_process.py --case demo --runs 3 --threads 1 --repos . OTHER_CHECKOUT
     python benchmarks/bench_process.py --case real --runs 3 --threads 2 --workdir DIR --repos . OTHER_CHECKOUT
-    python benchmarks/bench_process.py --case real --runs 2 --steps 4 --threads 2 --workdir DIR --variant "" --variant=--lowram
+    python benchmarks/bench_process.py --case real --runs 2 --steps 4 --threads 1 --workdir DIR \
+        --variant "" --variant=--lowram
 
 Each run is a fresh interpreter (this venv's python, ``OMP_NUM_THREADS`` = ``--threads``) that imports
 ``train_network`` from the checkout given and calls its ``main()`` (the command line, as ``python train_network.py``)
@@ -12,9 +13,9 @@ every flag set of ``--variant``) alternate run by run (A B A B ...), so a slow m
 Per run, in seconds from the launch of the process: ``imports`` (``import train_network`` done), ``first_step`` (the
 first step asks for its first batch loss: model loaded, latents cached; with ``--steps 0``, the default, the process
 exits there, so the run measures the start-up alone), ``wall`` (exit); ``s_per_step``, ``cpu_s_per_step`` (all
-threads) and ``page_faults_per_step`` (minor): medians over the intervals between the ends of steps 2..N
-(``--steps`` >= 3); ``cpu_s``: the process's user + system CPU seconds (CPU seconds are the figures to compare on a
-busy machine); ``peak_rss_mib``: the process's maximum resident set.
+threads), ``sys_s_per_step`` (of it, in the kernel) and ``page_faults_per_step`` (minor): medians over the
+intervals between the ends of steps 2..N (``--steps`` >= 3); ``cpu_s``: the process's user + system CPU seconds (CPU
+seconds are the figures to compare on a busy machine); ``peak_rss_mib``: the process's maximum resident set.
 
 Cases: ``demo`` is ``train_network.py --demo`` (tiny SD1, 64 px, batch 2; its files are made once before the timed
 runs); ``real`` is a random-weight real-size SD1.5 (benchmarks/real_size_model.py, fp32, built once under
@@ -52,7 +53,8 @@ def batch_loss(*a, **kw):
     return loss(*a, **kw)
 def step_done(self, value):
     done(self, value)
-    stamps["step_ends"].append((time.time(), time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt))
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    stamps["step_ends"].append((time.time(), time.process_time(), usage.ru_stime, usage.ru_minflt))
 train_network.batch_loss, Trainer.step_done = batch_loss, step_done
 code = train_network.main(sys.argv[3:])
 print("STAMPS " + json.dumps(stamps), flush=True)
@@ -101,7 +103,7 @@ def run_once(repo: Path, argv: list[str], threads: int, log: Path, stop: bool) -
 
     result = {name: round(t - start, 2) for name, t in stamps.items()}
     if len(ends) >= 3:  # steps 2..N: wall s, CPU s (all threads) and minor page faults, medians
-        for k, name in enumerate(("s_per_step", "cpu_s_per_step", "page_faults_per_step")):
+        for k, name in enumerate(("s_per_step", "cpu_s_per_step", "sys_s_per_step", "page_faults_per_step")):
             result[name] = round(statistics.median(b[k] - a[k] for a, b in zip(ends, ends[1:])), 2)
     cpu = field("User time (seconds)") + field("System time (seconds)")
     return {**result, "wall": round(wall, 2), "cpu_s": round(cpu, 2),

@@ -311,9 +311,9 @@ def return_freed_memory(device: torch.device) -> bool:
     freed and then keeps later blocks in its heap, where they stay resident: about 1.5 GiB of a real-size SD1.5
     step's peak RSS. The heap's top is trimmed only past 64 MiB, so the small blocks a step frees and takes again are
     not faulted in every step. The numbers computed do not change; the price is that the next step faults the large
-    blocks in again (docs/training.md, "The price of the lower peak on CPU"). Called before the model loads (the load
-    peaks too); :func:`reuse_heap_for_small_models` undoes it for tiny models. ``MALLOC_MMAP_THRESHOLD_`` in the
-    environment wins. Returns whether the setting was made."""
+    blocks in again (docs/training.md, "The price of the lower peak on CPU"), so only ``--lowram`` asks for it.
+    Called before the model loads (the load peaks too); :func:`reuse_heap_for_small_models` undoes it for tiny
+    models. ``MALLOC_MMAP_THRESHOLD_`` in the environment wins. Returns whether the setting was made."""
     if device.type != "cpu" or "MALLOC_MMAP_THRESHOLD_" in os.environ:
         return False
     return _mallopt((M_MMAP_THRESHOLD, MMAP_THRESHOLD), (M_TRIM_THRESHOLD, TRIM_THRESHOLD))
