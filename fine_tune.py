@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from library import args as arg_groups
-from library import train_setup
+from library import deferred_imports, train_setup
 from library.config import parse_args
 from library.model_trainable import ModelTrainable, ModelTrainingConfig
 from library.trainer import Result
@@ -85,7 +85,8 @@ def run(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line: ``run(argv)`` with its exit status (2 and one ``error:`` line for bad input)."""
-    return main_guard(lambda: run(argv))
+    with deferred_imports.enabled():  # start-up: diffusers imports only the model classes a run uses
+        return main_guard(lambda: run(argv))
 
 
 if __name__ == "__main__":

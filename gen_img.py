@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from library import deferred_imports
 from library.config import add_config_args, parse_args
 from library.families.base import ModelFamily, Parts
 from library.logs import add_logging_args
@@ -157,7 +158,8 @@ def save_image(cfg: GenImgConfig, job: Job, image: Any) -> Path:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line: ``run(argv)`` with its exit status (2 and one ``error:`` line for bad input)."""
-    return main_guard(lambda: run(argv))
+    with deferred_imports.enabled():  # start-up: diffusers imports only the model classes a run uses
+        return main_guard(lambda: run(argv))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 
 import train_textual_inversion
+from library import deferred_imports
 from networks.tool_common import main_guard
 
 run = functools.partial(train_textual_inversion.run, family_names=("sdxl",))
@@ -18,7 +19,8 @@ run = functools.partial(train_textual_inversion.run, family_names=("sdxl",))
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line: ``run(argv)`` with its exit status (2 and one ``error:`` line for bad input)."""
-    return main_guard(lambda: run(argv))
+    with deferred_imports.enabled():  # start-up: diffusers imports only the model classes a run uses
+        return main_guard(lambda: run(argv))
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 import fine_tune
+from library import deferred_imports
 from networks.tool_common import main_guard
 
 run = functools.partial(fine_tune.run, script="train_db")
@@ -20,7 +21,8 @@ run = functools.partial(fine_tune.run, script="train_db")
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line: ``run(argv)`` with its exit status (2 and one ``error:`` line for bad input)."""
-    return main_guard(lambda: run(argv))
+    with deferred_imports.enabled():  # start-up: diffusers imports only the model classes a run uses
+        return main_guard(lambda: run(argv))
 
 
 if __name__ == "__main__":

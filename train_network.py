@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from library import args as arg_groups
-from library import demo, resume, train_setup
+from library import deferred_imports, demo, resume, train_setup
 from library.config import parse_args
 from library.logs import print_error
 from library.optim import effective_lrs, make_optimizer, make_scheduler, step_without_optimizer
@@ -148,7 +148,8 @@ def train(run: train_setup.Run, trainable: Any, groups: list[dict]) -> Result:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line: ``run(argv)`` with its exit status (2 and one ``error:`` line for bad input)."""
-    return main_guard(lambda: run(argv))
+    with deferred_imports.enabled():  # start-up: diffusers imports only the model classes a run uses
+        return main_guard(lambda: run(argv))
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 
 from library import args as arg_groups
-from library import resume, train_setup
+from library import deferred_imports, resume, train_setup
 from library.config import parse_args
 from library.token_embeddings import TextualInversionConfig, TokenEmbeddings, caption_rewriter, init_vectors
 from library.trainer import Result
@@ -53,7 +53,8 @@ def run(argv: Sequence[str] | None = None, family_names: Sequence[str] = ("sd1",
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line: ``run(argv)`` with its exit status (2 and one ``error:`` line for bad input)."""
-    return main_guard(lambda: run(argv))
+    with deferred_imports.enabled():  # start-up: diffusers imports only the model classes a run uses
+        return main_guard(lambda: run(argv))
 
 
 if __name__ == "__main__":

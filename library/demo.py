@@ -97,6 +97,9 @@ def expand(argv: Sequence[str] | None, family_names: Sequence[str]) -> list[str]
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--demo" not in argv:
         return argv
+    from library.logs import console_level_in, library_output
+
+    library_output(show=console_level_in(argv) == "DEBUG")  # before the run's logging setup: the model is written now
     root = Path(argv[argv.index("--demo_dir") + 1]) if "--demo_dir" in argv else DEMO_DIR
     family = family_names[0]  # the script's first family: sd1 for train_network.py, sdxl for sdxl_train_network.py
     model, dataset = root / "models" / family, root / "dataset"

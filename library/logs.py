@@ -1,9 +1,10 @@
 """The console and the trackers: log lines, progress bars, error lines, TensorBoard / wandb runs.
 
-The console and the trackers: third-party notices that tell a user nothing are silenced once, log lines are
-written above the progress bar (never glued onto it), only the main process logs under ``accelerate launch``, and
-each run logs to its own TensorBoard run folder (a resumed run continues its run's step axis). The console-logging
-and tracker flags are defined here too, with their reader :class:`TrackerConfig`.
+The console and the trackers: the libraries' own bars and notices are off during a run (on with
+``--console_log_level DEBUG``), log lines are written above the progress bar (never glued onto it), only the main
+process logs under ``accelerate launch``, and each run logs to its own TensorBoard run folder (a resumed run
+continues its run's step axis). The console-logging and tracker flags are defined here too, with their reader
+:class:`TrackerConfig`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ logger = logging.getLogger("sdtrain")
 
 
 class _DropNotices(logging.Filter):
-    """Drops the library notices that ask nothing of a user."""
+    """Drops the library notices that ask nothing of a user (for the environments where a library's own switch is
+    left to the user: an explicit TRANSFORMERS_VERBOSITY / DIFFUSERS_VERBOSITY; accelerate has no switch)."""
 
     NOTICES = (
         "requires torchvision (not installed)",  # transformers: image processors fall back to PIL (we use none)
@@ -39,15 +41,76 @@ class _DropNotices(logging.Filter):
 _DROP = _DropNotices()
 # the loggers that emit those notices (a filter on the emitting logger applies wherever the record goes)
 _NOTICE_LOGGERS = ("transformers.utils.import_utils", "diffusers.models.modeling_utils", "accelerate.commands.launch")
+# what each library's switches were before a run turned them off: restored by --console_log_level DEBUG
+_SAVED: dict[str, Any] = {}
 
 
-def quiet_libraries() -> None:
-    """Silence the notices of transformers / diffusers / accelerate that ask nothing of a user (every other warning
-    still shows). Called once at start-up (``library/__init__.py``); imports none of those libraries."""
+def library_output(show: bool) -> None:
+    """The progress bars and notices of the libraries sdtrain uses ("Loading weights", "Writing model shards",
+    "Loading pipeline components", bitsandbytes' kernel advice, transformers' torchvision notice): off for a run, so
+    that a user sees our bars and our messages between ours; ``show`` (``--console_log_level DEBUG``) puts back what
+    they were. Each library's own switch is used (transformers' and diffusers' verbosity and progress bars,
+    huggingface_hub's progress bars, the level of the ``bitsandbytes`` logger); their errors always show. A switch
+    the user set in the environment (TRANSFORMERS_VERBOSITY, DIFFUSERS_VERBOSITY, HF_HUB_DISABLE_PROGRESS_BARS) is
+    left as set. Called by the run's logging setup (``runtime.console_logging``), never at import; imports
+    transformers and diffusers (their ``utils`` only), after the ``bitsandbytes`` level is set, since diffusers
+    imports bitsandbytes, which logs at import."""
+    if show:
+        _restore()
+    else:
+        _quiet(save=not _SAVED)  # a second run in the process keeps the first one's record of theirs
+
+
+def _quiet(save: bool) -> None:
+    bnb = logging.getLogger("bitsandbytes")
+    if save:
+        _SAVED["bitsandbytes"] = bnb.level
+    bnb.setLevel(logging.ERROR)
     for name in _NOTICE_LOGGERS:
-        logger = logging.getLogger(name)
-        if _DROP not in logger.filters:
-            logger.addFilter(_DROP)
+        logging.getLogger(name).addFilter(_DROP)  # once: a logger holds a filter once
+    from diffusers.utils import logging as diffusers_logging
+    from huggingface_hub import utils as hub_utils
+    from transformers.utils import logging as transformers_logging
+
+    for name, lib in (("transformers", transformers_logging), ("diffusers", diffusers_logging)):
+        if save:
+            _SAVED[name] = (lib.get_verbosity(), lib.is_progress_bar_enabled())
+        if not os.environ.get(f"{name.upper()}_VERBOSITY"):
+            lib.set_verbosity_error()
+        lib.disable_progress_bar()
+    if os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS") is None:  # else hub's own switch warns and does nothing
+        if save:
+            _SAVED["huggingface_hub"] = hub_utils.are_progress_bars_disabled()
+        hub_utils.disable_progress_bars()
+
+
+def _restore() -> None:
+    if not _SAVED:
+        return
+    from diffusers.utils import logging as diffusers_logging
+    from huggingface_hub import utils as hub_utils
+    from transformers.utils import logging as transformers_logging
+
+    logging.getLogger("bitsandbytes").setLevel(_SAVED.pop("bitsandbytes"))
+    for name in _NOTICE_LOGGERS:
+        logging.getLogger(name).removeFilter(_DROP)
+    for name, lib in (("transformers", transformers_logging), ("diffusers", diffusers_logging)):
+        verbosity, bars = _SAVED.pop(name)
+        lib.set_verbosity(verbosity)
+        if bars:
+            lib.enable_progress_bar()
+    if not _SAVED.pop("huggingface_hub", True):
+        hub_utils.enable_progress_bars()
+
+
+def console_level_in(argv: list[str]) -> str | None:
+    """The value of ``--console_log_level`` in a command line not parsed yet (for what runs before parsing)."""
+    for i, arg in enumerate(argv):
+        if arg.startswith("--console_log_level="):
+            return arg.split("=", 1)[1]
+        if arg == "--console_log_level" and i + 1 < len(argv):
+            return argv[i + 1]
+    return None
 
 
 class TqdmHandler(logging.Handler):

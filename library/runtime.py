@@ -266,13 +266,17 @@ def total_steps(cfg: RunConfig, batches_per_epoch: int, num_processes: int) -> t
 
 def console_logging(level: str | None, file: str | None, simple: bool) -> None:
     """``--console_log_level`` / ``--console_log_file`` / ``--console_log_simple`` (sd-scripts' flags): one handler
-    on the root logger, replaced (not added to) when a second run in the same process sets it up again."""
+    on the root logger, replaced (not added to) when a second run in the same process sets it up again. The
+    libraries' own progress bars and notices are off unless the level is DEBUG (:func:`library.logs.library_output`).
+    """
     import logging
 
     fmt = "%(message)s" if simple else "%(asctime)s %(levelname)s %(name)s: %(message)s"
     if not simple and not file:
         fmt = "%(levelname)s %(message)s"
-    from library.logs import console_handler
+    from library.logs import console_handler, library_output
+
+    library_output(show=level == "DEBUG")
 
     handler = console_handler(file)  # the console: above the progress bar, INFO from the main process only
     handler.setFormatter(logging.Formatter(fmt))
@@ -311,9 +315,9 @@ def return_freed_memory(device: torch.device) -> bool:
     freed and then keeps later blocks in its heap, where they stay resident: about 1.5 GiB of a real-size SD1.5
     step's peak RSS. The heap's top is trimmed only past 64 MiB, so the small blocks a step frees and takes again are
     not faulted in every step. The numbers computed do not change; the price is that the next step faults the large
-    blocks in again (docs/training.md, "The price of the lower peak on CPU"). Called before the model loads (the load
-    peaks too); :func:`reuse_heap_for_small_models` undoes it for tiny models. ``MALLOC_MMAP_THRESHOLD_`` in the
-    environment wins. Returns whether the setting was made."""
+    blocks in again (docs/training.md, "The price of the lower peak on CPU"), so only ``--lowram`` asks for it.
+    Called before the model loads (the load peaks too); :func:`reuse_heap_for_small_models` undoes it for tiny
+    models. ``MALLOC_MMAP_THRESHOLD_`` in the environment wins. Returns whether the setting was made."""
     if device.type != "cpu" or "MALLOC_MMAP_THRESHOLD_" in os.environ:
         return False
     return _mallopt((M_MMAP_THRESHOLD, MMAP_THRESHOLD), (M_TRIM_THRESHOLD, TRIM_THRESHOLD))

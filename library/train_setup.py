@@ -79,7 +79,8 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--no_half_vae", action="store_true", help="keep the VAE in fp32 under mixed precision")
     g.add_argument("--lowram", action="store_true", help="load each weight straight onto the GPU as it is read "
-                   "(for machines with more VRAM than RAM)")  # fmt: skip
+                   "(for machines with more VRAM than RAM); training on the CPU: give freed memory back to the "
+                   "system at once (lower peak RAM, slower steps)")  # fmt: skip
     g.add_argument(
         "--highvram",
         action="store_true",
@@ -315,7 +316,8 @@ def start(cfg: TrainConfig) -> Run:
     if seed != cfg.run.seed:
         cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, seed=seed))
     seed_everything(seed)
-    return_freed_memory(accelerator.device)  # CPU: freed activations leave the process at once
+    # --lowram on CPU: freed activations leave the process at once (a lower peak RSS, a slower step; docs/training.md)
+    freeing = cfg.run.lowram and return_freed_memory(accelerator.device)
     family = cfg.family
     data_args = cfg.data
     plan = build_plan(cfg, accelerator)
@@ -331,7 +333,8 @@ def start(cfg: TrainConfig) -> Run:
                        native, native)  # fmt: skip
     unet_params = sum(p.numel() for p in parts.denoiser.parameters())
     logger.info(choose_cpu_threads(accelerator.device, unet_params, accelerator.num_processes))
-    reuse_heap_for_small_models(accelerator.device, unet_params)  # a tiny model's blocks: faster from the heap
+    if freeing:
+        reuse_heap_for_small_models(accelerator.device, unet_params)  # a tiny model's blocks: faster from the heap
     v_pred = predicts_v(family, parts)  # the loss target and weighting follow the family's objective
     noise = dataclasses.replace(cfg.noise, v_parameterization=v_pred)
     loss = dataclasses.replace(cfg.loss, v_parameterization=v_pred, masked_loss=data_args.masked_loss)

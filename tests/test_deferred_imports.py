@@ -1,4 +1,6 @@
-"""library.deferred_imports: diffusers' eager model subpackages load only what is used, and every name still resolves.
+"""library.deferred_imports: importing sdtrain changes nothing in the import system; inside ``enabled()`` (the entry
+scripts' ``main()``) diffusers' eager model subpackages load only what is used, every name still resolves, and the
+hook is gone afterwards; a diffusers release other than the checked one imports plainly.
 
 Runs in a fresh interpreter (the test session has imported diffusers already, so the hook would not apply here).
 """
@@ -8,19 +10,28 @@ import subprocess
 import sys
 from pathlib import Path
 
+from library import deferred_imports
+
 ROOT = Path(__file__).resolve().parent.parent
 
 PROBE = r"""
-import json, sys
-import library  # installs the hook
-from diffusers import AutoencoderKL, UNet2DConditionModel
-loaded_before = sorted(m for m in sys.modules if m.startswith("diffusers.models.unets.")
-                       or m.startswith("diffusers.models.autoencoders."))
-import diffusers.models.unets as unets
-from diffusers.models.unets import UNet3DConditionModel  # a name only the real __init__ defines
-from diffusers.models.autoencoders import AutoencoderTiny
-from diffusers import UNet2DConditionModel as again
+import json, logging, sys
+before = list(sys.meta_path)
+import library, train_network, sdxl_train_network, train_textual_inversion, fine_tune, train_db, gen_img
+untouched = sys.meta_path == before and logging.getLogger("bitsandbytes").level == logging.NOTSET
+from library import deferred_imports
+with deferred_imports.enabled() as on:
+    from diffusers import AutoencoderKL, UNet2DConditionModel
+    loaded_before = sorted(m for m in sys.modules if m.startswith("diffusers.models.unets.")
+                           or m.startswith("diffusers.models.autoencoders."))
+    import diffusers.models.unets as unets
+    from diffusers.models.unets import UNet3DConditionModel  # a name only the real __init__ defines
+    from diffusers.models.autoencoders import AutoencoderTiny
+    from diffusers import UNet2DConditionModel as again
 print(json.dumps({
+    "untouched": untouched,
+    "on": on,
+    "removed": not any(isinstance(f, deferred_imports._DeferringFinder) for f in sys.meta_path),
     "before": loaded_before,
     "same_class": again is UNet2DConditionModel is unets.UNet2DConditionModel,
     "after_3d": "diffusers.models.unets.unet_3d_condition" in sys.modules,
@@ -32,6 +43,8 @@ print(json.dumps({
 def test_diffusers_model_packages_load_lazily_and_completely():
     out = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, capture_output=True, text=True, check=True)
     got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["untouched"]  # `import library` and the entry modules add no hook and set no logger
+    assert got["on"] and got["removed"]
     assert got["before"] == [
         "diffusers.models.autoencoders.autoencoder_kl",
         "diffusers.models.autoencoders.vae",
@@ -44,17 +57,19 @@ def test_diffusers_model_packages_load_lazily_and_completely():
 
 WHOLE = r"""
 import json, sys
-import library  # installs the hook
-from diffusers import AutoencoderKL, UNet2DConditionModel
-import diffusers.loaders.single_file_model  # what the families' single-file loading imports
+from library import deferred_imports
+with deferred_imports.enabled():
+    from diffusers import AutoencoderKL, UNet2DConditionModel
+    import diffusers.loaders.single_file_model  # what the families' single-file loading imports
 from library.deferred_imports import DeferredPackage
 waiting = {name: isinstance(sys.modules.get(name), DeferredPackage) for name in ("bitsandbytes", "scipy.stats")}
 skipped = [name for name in ("diffusers.hooks.layerwise_casting", "diffusers.hooks.faster_cache") if name in sys.modules]
 out = {"waiting": waiting, "skipped": skipped}
 if sys.argv[1] == "submodule":  # importing a submodule runs the package's __init__ first, as without the hook
     from bitsandbytes.optim import AdamW8bit
-    import bitsandbytes, torch
-    out["ran"] = hasattr(bitsandbytes, "__version__") and hasattr(torch.ops, "bitsandbytes")
+    state = vars(sys.modules["bitsandbytes"])  # read without a lookup that would run the __init__ now
+    import torch
+    out["ran"] = "_deferred_loader" not in state and "__version__" in state and hasattr(torch.ops, "bitsandbytes")
     out["name"] = AdamW8bit.__name__
 else:  # a name looked up on the package runs it
     import scipy.stats, bitsandbytes
@@ -69,9 +84,23 @@ print(json.dumps(out))
 
 
 def test_optional_packages_wait_for_their_first_use():
+    """Both after the hook is removed: the packages it deferred complete themselves without it."""
     for mode in ("submodule", "name"):
         out = subprocess.run([sys.executable, "-c", WHOLE, mode], cwd=ROOT, capture_output=True, text=True, check=True)
         got = json.loads(out.stdout.strip().splitlines()[-1])
         # importing the UNet and VAE no longer runs the __init__ of bitsandbytes, scipy.stats or diffusers.hooks
         assert got["waiting"] == {"bitsandbytes": True, "scipy.stats": True} and got["skipped"] == [], (mode, got)
         assert got["ran"] and got["name"] in ("AdamW8bit", "apply_layerwise_casting"), (mode, got)
+
+
+def test_the_installed_diffusers_is_the_checked_one():
+    """The hook leans on diffusers' package layout: a new diffusers release needs the two tests above to pass with it,
+    then its version in ``deferred_imports.CHECKED``; until then runs import plainly."""
+    assert deferred_imports.mismatch() is None
+
+
+def test_another_diffusers_release_imports_plainly(monkeypatch):
+    monkeypatch.setitem(deferred_imports.CHECKED, "diffusers", "0.1")
+    with deferred_imports.enabled() as on:
+        assert not on and not any(isinstance(f, deferred_imports._DeferringFinder) for f in sys.meta_path)
+    assert "0.1.x" in deferred_imports.mismatch()

@@ -1,6 +1,6 @@
 """``--demo`` for every algorithm: each file is checked by the consumer that reads its format (diffusers for
-LoRA/LoCon, lycoris-lora's loader and forward pass for LoHa/LoKr/DoRA, compared with sdtrain's own reading), and
-the SD1 and SDXL demos write to different files."""
+LoRA/LoCon, lycoris-lora's loader and forward pass for LoHa/LoKr/DoRA, compared with sdtrain's own reading), the
+SD1 and SDXL demos write to different files, and no library's progress bar shows between ours."""
 
 from __future__ import annotations
 
@@ -27,8 +27,11 @@ def _demo(demo_dir, families, *extra):
 def test_demo_exits_cleanly_for_every_algorithm(demo_dir, capsys, algo, reader):
     result = _demo(demo_dir, ("sd1", "sd2"), "--network_args", f"algo={algo}", "conv_dim=4")
     assert result.output.exists() and not result.failed
-    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("demo: the adapter is at"))
+    out, err = capsys.readouterr()
+    line = next(x for x in out.splitlines() if x.startswith("demo: the adapter is at"))
     assert f"{reader} loads it" in line and str(result.output) in line
+    # the demo writes the model and loads the file with diffusers: their bars stay off (tests/test_console.py)
+    assert not any(bar in err for bar in ("Writing model shards", "Loading pipeline components", "Loading weights"))
 
 
 def test_sd1_and_sdxl_demos_write_different_files(demo_dir, capsys):

@@ -49,6 +49,8 @@ def test_every_entry_script_has_main_argv_and_help_exits_0(name, capsys):
     with pytest.raises(SystemExit) as exit_info:
         module.main(["--help"])
     assert exit_info.value.code in (0, None)
+    hooks = [f for f in sys.meta_path if type(f).__module__ == "library.deferred_imports"]
+    assert not hooks  # main()'s start-up import hook is gone again
     assert "usage:" in capsys.readouterr().out
 
 
