@@ -48,8 +48,8 @@ _SAVED: dict[str, Any] = {}
 def library_output(show: bool) -> None:
     """The progress bars and notices of the libraries sdtrain uses ("Loading weights", "Writing model shards",
     "Loading pipeline components", bitsandbytes' kernel advice, transformers' torchvision notice): off for a run, so
-    that a user sees our bars and our messages between ours; ``show`` (``--console_log_level DEBUG``) puts back what
-    they were. Each library's own switch is used (transformers' and diffusers' verbosity and progress bars,
+    that a user sees only our bars and our messages; ``show`` (``--console_log_level DEBUG``) puts back what they
+    were. Each library's own switch is used (transformers' and diffusers' verbosity and progress bars,
     huggingface_hub's progress bars, the level of the ``bitsandbytes`` logger); their errors always show. A switch
     the user set in the environment (TRANSFORMERS_VERBOSITY, DIFFUSERS_VERBOSITY, HF_HUB_DISABLE_PROGRESS_BARS) is
     left as set. Called by the run's logging setup (``runtime.console_logging``), never at import; imports
