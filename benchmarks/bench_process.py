@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -36,6 +35,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from bench_vs_sdscripts import parse_time_v  # noqa: E402
 
 CHILD = r"""
 import json, os, resource, sys, time
@@ -96,18 +97,14 @@ def run_once(repo: Path, argv: list[str], threads: int, log: Path, stop: bool) -
         raise SystemExit(f"{repo}: run failed (exit {out.returncode}), see {log}")
     stamps = json.loads(lines[-1][7:])
     ends = stamps.pop("step_ends")
-    text = timing.read_text()
-
-    def field(label: str) -> float:
-        return float(re.search(re.escape(label) + r": ([\d.]+)", text).group(1))
 
     result = {name: round(t - start, 2) for name, t in stamps.items()}
     if len(ends) >= 3:  # steps 2..N: wall s, CPU s (all threads) and minor page faults, medians
         for k, name in enumerate(("s_per_step", "cpu_s_per_step", "sys_s_per_step", "page_faults_per_step")):
             result[name] = round(statistics.median(b[k] - a[k] for a, b in zip(ends, ends[1:])), 2)
-    cpu = field("User time (seconds)") + field("System time (seconds)")
-    return {**result, "wall": round(wall, 2), "cpu_s": round(cpu, 2),
-            "peak_rss_mib": round(field("Maximum resident set size (kbytes)") / 1024)}  # fmt: skip
+    usage = parse_time_v(timing)  # /usr/bin/time -v's fields, read as the sd-scripts comparison reads them
+    return {**result, "wall": round(wall, 2), "cpu_s": round(usage["cpu_s"], 2),
+            "peak_rss_mib": round(usage["peak_rss_mb"])}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
