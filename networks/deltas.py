@@ -255,10 +255,11 @@ def module_delta(
     files.check_shapes(name, algo, tensors, shape, file.source)
     adapter = AdapterWeights.from_file(tensors, algo, name)
     with torch.no_grad():
-        if adapter.magnitude is not None:
+        if adapter.magnitude is not None or adapter.algo.needs_base:
             if base is None or base.weight.is_meta:
-                raise ValueError(f"{file.source}: {name} is a DoRA module: its ΔW depends on the base weights; pass "
-                                 "the base model it was trained on (--base_model)")  # fmt: skip
+                what = "DoRA" if adapter.magnitude is not None else adapter.algo.name
+                raise ValueError(f"{file.source}: {name} is a {what} module: its ΔW depends on the base weights; "
+                                 "pass the base model it was trained on (--base_model)")  # fmt: skip
             layer = AdapterLayer(base, adapter.to(base.weight.device))
             delta = layer.delta(1.0).detach().float().cpu()
             return Delta(shape, dense=delta.reshape(shape[0], -1) * multiplier)

@@ -87,10 +87,20 @@ class AdapterWeights(nn.Module):
         r = self.rank
         return self.alpha / r if r else 1.0
 
-    def delta_weight(self, shape: tuple[int, ...]) -> Tensor:
-        """ΔW in ``shape`` at multiplier 1 (without DoRA): the algorithm's formula times ``scalar``."""
-        delta = self.algo.delta_weight(self.params, self.scale(), shape)
+    def delta_weight(self, shape: tuple[int, ...], base: Tensor | None = None) -> Tensor:
+        """ΔW in ``shape`` at multiplier 1 (without DoRA): the algorithm's formula times ``scalar``. ``base`` is the
+        base weight W, required by ``needs_base`` algorithms (ΔW depends on W)."""
+        if self.algo.needs_base and base is None:
+            raise ValueError(f"{self.algo.name}: ΔW depends on the base weight; pass base=W")
+        delta = self.algo.delta_weight(self.params, self.scale(), shape, base=base, alpha=self.alpha)
         return delta * self.scalar if self.scalar is not None else delta
+
+    def delta_bias(self) -> Tensor | None:
+        """The bias change at multiplier 1 (LyCORIS full / diff ``diff_b``), or None."""
+        if self.algo.delta_bias is None:
+            return None
+        delta = self.algo.delta_bias(self.params, self.scale())
+        return delta * self.scalar if delta is not None and self.scalar is not None else delta
 
     def factors(self) -> tuple[Tensor, Tensor] | None:
         """(up (out, r), down (r, in·kh·kw)) with ``delta_weight`` = up @ down (reshaped), for algorithms that are a
@@ -154,6 +164,7 @@ class AdapterLayer(nn.Module):
         self.module_dropout = module_dropout or None
         self.rank_dropout_scale = rank_dropout_scale
         self._backup: Tensor | None = None  # original base weight while merged
+        self._bias_backup: Tensor | None = None  # original bias while merged (algorithms with a bias change)
         b = base_layer  # the conv arguments of the adapter's own ops (None: Linear), fixed with the base layer
         self._conv_args = None if isinstance(b, nn.Linear) else {"stride": b.stride, "padding": b.padding,
                                                                   "dilation": b.dilation}  # fmt: skip
@@ -173,17 +184,36 @@ class AdapterLayer(nn.Module):
         conv = self._conv()
         return F.linear(x, weight) if conv is None else F.conv2d(x, weight, None, **conv)
 
+    def _base_weight(self, dtype: torch.dtype | None = None) -> Tensor:
+        """W as the adapter sees it: the weight before merging, float8 storage (--fp8_base) cast to ``dtype``."""
+        if self._backup is not None:
+            return self._backup if dtype is None else self._backup.to(dtype)
+        return compute_weight(self.base_layer, dtype)
+
+    def algo_delta(self) -> Tensor:
+        """ΔW of the algorithm at multiplier 1, before DoRA (the base weight passed where the algorithm needs it)."""
+        adapter = self.adapter
+        if adapter.algo.needs_base:
+            dtype = next(iter(adapter.params.values())).dtype
+            return adapter.delta_weight(self.weight_shape, base=self._base_weight(dtype))
+        return adapter.delta_weight(self.weight_shape)
+
     def delta(self, multiplier: float | None = None) -> Tensor:
         """W_adapted - W at ``multiplier`` (default: the layer's), including DoRA: what merge adds to the weight."""
         m = self.multiplier if multiplier is None else multiplier
-        delta = self.adapter.delta_weight(self.weight_shape)
+        delta = self.algo_delta()
         if self.adapter.magnitude is not None:
             weight = self._backup if self._backup is not None else compute_weight(self.base_layer, delta.dtype)
             delta = dora.dora_weight(weight, delta, self.adapter.magnitude) - weight.to(delta.dtype)
         return delta * m
 
+    def delta_bias(self, multiplier: float | None = None) -> Tensor | None:
+        """The bias change at ``multiplier`` (default: the layer's), or None when the algorithm changes no bias."""
+        delta = self.adapter.delta_bias()
+        return None if delta is None else delta * (self.multiplier if multiplier is None else multiplier)
+
     def _train_delta(self) -> Tensor:
-        delta = self.adapter.delta_weight(self.weight_shape)
+        delta = self.algo_delta()
         if self.training and self.rank_dropout:
             keep = (torch.rand(delta.shape[0], device=delta.device) > self.rank_dropout).to(delta.dtype)
             if self.rank_dropout_scale:
@@ -224,6 +254,9 @@ class AdapterLayer(nn.Module):
             delta = self._lora_forward(x, adapter)
             return out + (delta if delta.dtype == out.dtype else delta.to(out.dtype))
         delta = self._op(x, self._train_delta().to(x.dtype))
+        bias = adapter.delta_bias()
+        if bias is not None:  # (out,) onto the channel axis: last for Linear, 1 for Conv2d (N, C, H, W)
+            delta = delta + (bias[:, None, None] if self._conv_args is not None else bias).to(delta.dtype)
         if self.training and self.dropout:
             delta = F.dropout(delta, p=self.dropout)
         return out + (delta * self.multiplier).to(out.dtype)
@@ -233,10 +266,15 @@ class AdapterLayer(nn.Module):
         """Add the adapter (at the current multiplier) into the base weight; ``unmerge()`` restores it exactly."""
         if self.merged:
             return
-        weight = self.base_layer.weight
-        delta = self.delta()
+        weight, bias = self.base_layer.weight, self.base_layer.bias
+        delta, delta_b = self.delta(), self.delta_bias()
+        if delta_b is not None and bias is None:
+            raise ValueError(f"{self.adapter.algo.name}: the adapter changes a bias the base layer does not have")
         backup = weight.detach().clone()
         weight.copy_((weight.float() + delta.float()).to(weight.dtype))
+        if delta_b is not None:
+            self._bias_backup = bias.detach().clone()
+            bias.copy_((bias.float() + delta_b.float()).to(bias.dtype))
         if keep_backup:
             self._backup = backup
 
@@ -245,6 +283,9 @@ class AdapterLayer(nn.Module):
         if self._backup is not None:
             self.base_layer.weight.copy_(self._backup)
             self._backup = None
+            if self._bias_backup is not None:
+                self.base_layer.bias.copy_(self._bias_backup)
+                self._bias_backup = None
 
 
 class NormWeights(nn.Module):

@@ -347,7 +347,7 @@ class AdapterNetwork(nn.Module):
                 if not isinstance(s.layer, AdapterLayer):
                     continue
                 adapter = s.layer.adapter
-                delta = adapter.delta_weight(s.layer.weight_shape)
+                delta = s.layer.algo_delta()
                 norm = delta.norm().clamp(min=max_norm / 2)
                 ratio = norm.clamp(max=max_norm) / norm
                 if adapter.scalar is not None:

@@ -16,7 +16,9 @@ class Algorithm:
     name: str
     file_keys: Mapping[str, str]
     init_params: Callable[..., dict[str, Tensor]]
-    delta_weight: Callable[[Mapping[str, Tensor], float, tuple[int, ...]], Tensor]
+    # delta_weight(params, scale, shape, *, base=None, alpha=None): ``base`` is W for ``needs_base`` algorithms,
+    # ``alpha`` the module's stored alpha for formats where it is not a LoRA scale (OFT keeps its constraint there).
+    delta_weight: Callable[..., Tensor]
     rank: Callable[[Mapping[str, Tensor]], int | None]
     options: Callable[[Mapping[str, Tensor]], dict[str, Any]]
     plus_params: tuple[str, ...] = ()
@@ -29,6 +31,13 @@ class Algorithm:
     # ΔW = (up @ down) reshaped to the base shape, or None when the tensors are not a plain product. Resize and
     # merge tools use it to work on the rank-r factors instead of the (out, in) matrix.
     factors: Callable[[Mapping[str, Tensor], float], tuple[Tensor, Tensor] | None] | None = None
+    # ΔW depends on the base weight W itself (OFT's R·W − W, (IA)³'s W·s, GLoRA's W·A): ``delta_weight`` is then
+    # called with ``base=W`` (the layer's own weight, fp8 storage cast up), and tools that have only the file refuse
+    # such modules with a message asking for the base model.
+    needs_base: bool = False
+    # Optional bias change (LyCORIS full / "diff" stores ``diff_b``): delta_bias(params, scale) -> Tensor | None,
+    # added to the base layer's bias in the forward pass and by merge.
+    delta_bias: Callable[[Mapping[str, Tensor], float], Tensor | None] | None = None
 
     def param_for_suffix(self, suffix: str) -> str | None:
         """The parameter name stored under a file tensor suffix, or None if the suffix is not this algorithm's."""

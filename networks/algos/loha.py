@@ -77,7 +77,7 @@ def _half(a: Tensor, b: Tensor, t: Tensor | None) -> Tensor:
     return torch.einsum("ab...,ao,bi->oi...", t, a, b)
 
 
-def delta_weight(params: Mapping[str, Tensor], scale: float, shape: tuple[int, ...]) -> Tensor:
+def delta_weight(params: Mapping[str, Tensor], scale: float, shape: tuple[int, ...], **_: Any) -> Tensor:
     """ΔW = scale · (w1_a @ w1_b) ⊙ (w2_a @ w2_b) (each half through its tucker core when present), in ``shape``."""
     w1 = _half(params["hada_w1_a"], params["hada_w1_b"], params.get("hada_t1"))
     w2 = _half(params["hada_w2_a"], params["hada_w2_b"], params.get("hada_t2"))

@@ -110,7 +110,7 @@ def _w2(params: Mapping[str, Tensor], shape: tuple[int, ...], b: int) -> Tensor:
     return flat.reshape(b, -1, *shape[2:])
 
 
-def delta_weight(params: Mapping[str, Tensor], scale: float, shape: tuple[int, ...]) -> Tensor:
+def delta_weight(params: Mapping[str, Tensor], scale: float, shape: tuple[int, ...], **_: Any) -> Tensor:
     """ΔW = scale · kron(W1, W2), each factor rebuilt from its parts first, in the base ``shape``."""
     w1 = _w1(params)
     w2 = _w2(params, tuple(shape), shape[0] // w1.shape[0])
