@@ -28,7 +28,21 @@ LATER_MODULES = (
     "networks.dylora", "networks.lora_fa", "networks.oft", "networks.lora_diffusers", "networks.lora_flux",
     "networks.lora_sd3", "networks.lora_lumina", "networks.lora_hunyuan_image", "networks.lora_anima",
 )  # fmt: skip
-ALGO_NAMES = ("lora", "locon", "loha", "lokr", "dora")
+ALGO_NAMES = ("lora", "locon", "loha", "lokr", "dora", "full", "diff", "ia3", "glora")
+# Options LyCORIS 4.1.3 reads but that do nothing with an algorithm (its module ignores them; GLoRA applies dropouts
+# only in bypass mode, which is not how either side runs it): accepted with a warning and switched off, so the run is
+# the one LyCORIS would do. Fields of NetworkConfig -> why.
+_IGNORED_BY_ALGO: dict[str, dict[str, str]] = {
+    "full": {"dropout": "the full module has no dropout", "use_tucker": "a full ΔW has no factors",
+             "use_scalar": "a full ΔW has no factors", "rs_lora": "full has no rank", "dora": "LyCORIS' full "
+             "module ignores dora_wd", "train_on_input": "only (IA)³ reads it"},
+    "ia3": {"dropout": "(IA)³ has no dropout", "rank_dropout": "(IA)³ has no rank", "use_tucker": "(IA)³ has no "
+            "factors", "use_scalar": "(IA)³ has no factors", "rs_lora": "(IA)³ has no rank", "dora": "LyCORIS' "
+            "(IA)³ module ignores dora_wd"},
+    "glora": {"dropout": "LyCORIS applies it only in bypass mode", "rank_dropout": "LyCORIS applies it only in "
+              "bypass mode", "use_tucker": "LyCORIS 4.1.3 never builds GLoRA's tucker core (its condition cannot "
+              "hold)", "dora": "LyCORIS' GLoRA module ignores dora_wd", "train_on_input": "only (IA)³ reads it"},
+}  # fmt: skip
 LR_WEIGHT_PRESETS = ("cosine", "sine", "linear", "reverse_linear", "zeros")
 
 
@@ -93,6 +107,7 @@ _COMMON: dict[str, tuple[Any, str | None]] = {
     "full_matrix": (_bool, "full_matrix"),
     "unbalanced_factorization": (_bool, "unbalanced_factorization"),
     "preset": (str, "preset"),
+    "train_on_input": (_bool, "train_on_input"),
 }
 # sd-scripts networks.lora only (LyCORIS ignores them).
 _KOHYA: dict[str, tuple[Any, str | None]] = {
@@ -152,6 +167,7 @@ class NetworkConfig:
     decompose_both: bool = False
     full_matrix: bool = False
     unbalanced_factorization: bool = False
+    train_on_input: bool = False  # (IA)³: scale the input channels instead of the output channels
     preset: str | None = None
     network_weights: str | None = None
     dim_from_weights: bool = False
@@ -204,6 +220,9 @@ class NetworkConfig:
         if algo in ("locon", "dora"):
             values["dora"] = values.get("dora", False) or algo == "dora"
             values["algo"] = "lora"
+        if algo == "diff":  # the name of the file format (diff / diff_b): LyCORIS' algo=full
+            values["algo"] = "full"
+        _switch_off_ignored(values)
         cfg = cls(**values)  # holds every value that parsed, so the checks below still report their problems
         _validate(cfg, errors)
         if getattr(args, "cache_text_encoder_outputs", False) and cfg.trains_text_encoder:
@@ -276,6 +295,22 @@ def _read_network_args(raw: dict[str, str], module: str, values: dict, errors: l
         values[name] = parsed
 
 
+def _switch_off_ignored(values: dict) -> None:
+    """Warn about (and switch off) options LyCORIS ignores for the chosen algorithm (``_IGNORED_BY_ALGO``)."""
+    algo = values.get("algo", "lora")
+    if values.get("train_on_input") and algo not in _IGNORED_BY_ALGO:
+        logger.warning("--network_args train_on_input has no effect with algo=%s (only (IA)³ reads it); ignored", algo)
+        values["train_on_input"] = False
+    for name, why in _IGNORED_BY_ALGO.get(algo, {}).items():
+        if values.get(name):
+            flag = {"dora": "dora_wd", "dropout": "dropout / --network_dropout"}.get(name, name)
+            logger.warning("--network_args %s has no effect with algo=%s (%s); ignored", flag, algo, why)
+            values[name] = None if name in ("dropout", "rank_dropout") else False
+    if algo in ("full", "ia3"):
+        logger.info("algo=%s: --network_dim and --network_alpha are not used (as in LyCORIS); conv_dim=0 still "
+                    "leaves convolutions out", algo)  # fmt: skip
+
+
 def _read_flags(args: argparse.Namespace, values: dict, errors: list[str]) -> None:
     dim = getattr(args, "network_dim", None)
     values["dim"] = 4 if dim is None else dim
@@ -317,7 +352,7 @@ def _validate(cfg: NetworkConfig, errors: list[str]) -> None:
         if r is not None and r <= 0:
             errors.append(f"--network_args {name}={r}: must be > 0")
     plus = cfg.loraplus_lr_ratio or cfg.loraplus_unet_lr_ratio or cfg.loraplus_text_encoder_lr_ratio
-    if plus and cfg.algo in ("loha", "lokr"):
+    if plus and cfg.algo != "lora":
         logger.warning("loraplus_*lr_ratio applies to LoRA's lora_up only; with algo=%s it has no effect (as in "
                        "LyCORIS)", cfg.algo)  # fmt: skip
     _validate_blocks(cfg, errors)

@@ -8,7 +8,9 @@ LoRA ``factors``, ``AdapterLayer.delta`` for DoRA), so no formula is written twi
 The base weight shape of a module comes from, in order: the base model when one is given (its modules, as for
 training), the file's own tensors when they determine it (LoRA; LoHa/LoKr with tucker or full factors), or the
 released architecture of the file's model family built on the meta device (LoHa/LoKr store conv kernels
-flattened, so the file alone cannot tell a 3x3 conv from a Linear). DoRA needs the base weights themselves.
+flattened, so the file alone cannot tell a 3x3 conv from a Linear). DoRA, (IA)³ and GLoRA need the base weights
+themselves. ΔW only: a full module's bias change (``diff_b``) is not part of a ``Delta``; the tools that turn ΔW
+into a LoRA drop it with a warning (merging into a model keeps it: that path runs the adapter layer's merge).
 """
 
 from __future__ import annotations
@@ -113,6 +115,9 @@ _REQUIRED = {
     "loha": (("hada_w1_a",), ("hada_w1_b",), ("hada_w2_a",), ("hada_w2_b",)),
     "lokr": (("lokr_w1", "lokr_w1_a"), ("lokr_w2", "lokr_w2_a")),
     "norm": (("w_norm",),),
+    "full": (("diff",),),
+    "ia3": (("weight",), ("on_input",)),
+    "glora": (("a1.weight",), ("a2.weight",), ("b1.weight",), ("b2.weight",)),
 }
 
 
@@ -147,6 +152,12 @@ def shape_from_tensors(algo: str, t: Mapping[str, Tensor]) -> tuple[int, ...] | 
         if mid is not None:
             return (up.shape[0], down.shape[1], *mid.shape[2:])
         return (up.shape[0], *down.shape[1:])
+    if algo == "full":
+        return tuple(t["diff"].shape)
+    if algo == "glora":
+        b1, b2, bm = t["b1.weight"], t["b2.weight"], t.get("bm.weight")
+        kernel = (bm if bm is not None else b2).shape[2:]
+        return (b1.shape[0], b2.shape[1], *kernel)
     if algo == "loha" and "hada_t1" in t:
         return (t["hada_w1_a"].shape[1], t["hada_w1_b"].shape[1], *t["hada_t1"].shape[2:])
     if algo == "lokr":
@@ -203,9 +214,16 @@ def adapter_family(file: AdapterFile) -> str | None:
     return None
 
 
+def _needs_base(file: AdapterFile, name: str) -> bool:
+    """ΔW of the module depends on the base weight W: DoRA, (IA)³, GLoRA."""
+    algo = file.algos[name]
+    return "dora_scale" in file.modules[name] or (algo in ALGOS and ALGOS[algo].needs_base)
+
+
 def needs_model(file: AdapterFile) -> bool:
-    """Whether ΔW of some module needs the model: DoRA (base weights), LoHa / LoKr with flattened kernels (shapes)."""
-    return any("dora_scale" in t or (file.algos[n] != "norm" and shape_from_tensors(file.algos[n], t) is None)
+    """Whether ΔW of some module needs the model: DoRA, (IA)³, GLoRA (base weights), LoHa / LoKr with flattened
+    kernels (shapes)."""
+    return any(_needs_base(file, n) or (file.algos[n] != "norm" and shape_from_tensors(file.algos[n], t) is None)
                for n, t in file.modules.items())  # fmt: skip
 
 
@@ -222,6 +240,11 @@ def resolve_index(file: AdapterFile, base_index: Mapping[str, Target] | None) ->
     if dora:
         raise ValueError(f"{file.source}: {len(dora)} DoRA module(s) (e.g. {dora[0]}): their ΔW depends on the base "
                          "weights; pass the base model they were trained on (--base_model)")  # fmt: skip
+    by_w = [n for n in file.modules if _needs_base(file, n)]
+    if by_w:
+        kinds = ", ".join(sorted({file.algos[n] for n in by_w}))
+        raise ValueError(f"{file.source}: {len(by_w)} {kinds} module(s) (e.g. {by_w[0]}): their ΔW depends on the "
+                         "base weights; pass the base model they were trained on (--base_model)")  # fmt: skip
     needs = [n for n, t in file.modules.items() if file.algos[n] != "norm" and shape_from_tensors(file.algos[n], t)
              is None]  # fmt: skip
     if not needs:
@@ -274,19 +297,26 @@ def file_deltas(
 ) -> tuple[dict[str, Delta], dict[str, dict[str, Tensor]]]:
     """``(deltas, norms)``: ΔW of every weight module and the tensors of norm modules; every module's problem in
     one ``ValueError``."""
-    deltas, norms, errors = {}, {}, []
+    deltas, norms, errors, biased = {}, {}, [], []
     for name in file.modules:
         try:
             d = module_delta(file, name, index, multiplier=multiplier)
         except ValueError as e:
             errors.append(str(e))
             continue
+        bias = file.modules[name].get("diff_b") if file.algos[name] == "full" else None
+        if bias is not None and bool(bias.any()):
+            biased.append(name)
         if d is None:
             norms[name] = {k: v.float() * multiplier for k, v in file.modules[name].items()}
         else:
             deltas[name] = d
     if errors:
         raise ConfigError(errors, "adapter file", limit=5)
+    if biased:
+        logger.warning("%s: the bias changes (diff_b) of %d full module(s), e.g. %s, are dropped: a LoRA has no bias. "
+                       "To keep them, merge the file into the model (merge_lora.py --sd_model)", file.source,
+                       len(biased), biased[0])  # fmt: skip
     return deltas, norms
 
 

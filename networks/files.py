@@ -10,6 +10,7 @@ import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
+import torch
 from torch import Tensor
 
 from library.families import adapter_family_label
@@ -97,11 +98,15 @@ def algo_of(name: str, tensors: Mapping[str, Tensor], source: str) -> str:
     if algo == "peft":
         raise ValueError(f"{source}: {keys} are PEFT/diffusers-format LoRA keys; convert the file to kohya format")
     if algo in NOT_SUPPORTED:
-        raise ValueError(f"{source}: {keys}: LyCORIS algorithm {algo!r} is not supported yet (lora, loha, lokr, dora)")
-    raise ValueError(f"{source}: {keys}: not a LoRA/LoHa/LoKr/DoRA module (unknown tensor names)")
+        raise ValueError(f"{source}: {keys}: LyCORIS algorithm {algo!r} is not supported yet ({_SUPPORTED})")
+    raise ValueError(f"{source}: {keys}: not a LoRA/LoHa/LoKr/DoRA/full/(IA)³/GLoRA module (unknown tensor names)")
 
 
-_FULL_RANK_KEYS = ("lora_down.weight", "lora_up.weight", "lora_mid.weight", "lokr_w2")
+_SUPPORTED = "lora, loha, lokr, dora, full, ia3, glora"
+
+
+_FULL_RANK_KEYS = ("lora_down.weight", "lora_up.weight", "lora_mid.weight", "lokr_w2", "diff", "a1.weight", "a2.weight",
+                   "b1.weight", "b2.weight")  # fmt: skip
 
 
 def fit_to_base(tensors: Mapping[str, Tensor], base_shape: tuple[int, ...]) -> dict[str, Tensor]:
@@ -117,6 +122,10 @@ def fit_to_base(tensors: Mapping[str, Tensor], base_shape: tuple[int, ...]) -> d
             out[key] = t.reshape(t.shape[: len(base_shape)])
         elif t.dim() < len(base_shape) and all(s == 1 for s in base_shape[t.dim() :]):
             out[key] = t.reshape(*t.shape, *[1] * (len(base_shape) - t.dim()))
+    scales = out.get("weight")
+    if "on_input" in out and scales is not None:  # (IA)³: (c,) on a Linear, (1, c, 1, 1) on a conv
+        c = scales.numel()
+        out["weight"] = scales.reshape((1, c, *[1] * (len(base_shape) - 2)) if len(base_shape) > 2 else (c,))
     return out
 
 
@@ -129,11 +138,21 @@ def check_shapes(name: str, algo: str, tensors: Mapping[str, Tensor], base_shape
                              f"{base_shape[0]} channels")  # fmt: skip
         return
     spec = ALGOS[algo]
-    params = {spec.param_for_suffix(s): t.to("meta") for s, t in tensors.items() if spec.param_for_suffix(s)}
+    params = {}
+    for suffix, t in tensors.items():
+        param = spec.param_for_suffix(suffix)
+        if param is not None:  # constants ((IA)³'s on_input) keep their value: the functions read it
+            params[param] = t if param in spec.constants else t.to("meta")
     shapes = ", ".join(f"{s} {tuple(t.shape)}" for s, t in sorted(tensors.items()) if s != "alpha")
+    base = torch.empty(base_shape, device="meta") if spec.needs_base else None
     try:
-        delta = spec.delta_weight(params, 1.0, tuple(base_shape))
-        ok = tuple(delta.shape) == tuple(base_shape)
+        delta = spec.delta_weight(params, 1.0, tuple(base_shape), base=base)
+        if spec.delta_bias is not None:
+            bias = spec.delta_bias(params, 1.0)
+            ok_bias = bias is None or tuple(bias.shape) == (base_shape[0],)
+        else:
+            ok_bias = True
+        ok = tuple(delta.shape) == tuple(base_shape) and ok_bias
     except (RuntimeError, ValueError, KeyError, IndexError):
         ok = False
     if not ok:

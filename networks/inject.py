@@ -169,12 +169,16 @@ def _rank_for(cfg: NetworkConfig, target: Target, tables, layout: BlockLayout) -
 
 
 # ------------------------------------------------------------------------------------------------------ building
-def new_adapter(cfg: NetworkConfig, weight: Tensor, rank: int, alpha: float) -> AdapterWeights:
-    """A fresh adapter of ``cfg.algo`` (+ DoRA) for a base ``weight``; ΔW = 0."""
+def new_adapter(
+    cfg: NetworkConfig, weight: Tensor, rank: int, alpha: float, *, has_bias: bool = False
+) -> AdapterWeights:
+    """A fresh adapter of ``cfg.algo`` (+ DoRA) for a base ``weight`` (``has_bias``: the base layer has a bias, which
+    algo=full trains too); ΔW = 0."""
     algo = ALGOS[cfg.algo]
     options = dict(
         use_tucker=cfg.use_tucker, use_scalar=cfg.use_scalar, factor=cfg.factor, decompose_both=cfg.decompose_both,
         full_matrix=cfg.full_matrix, unbalanced_factorization=cfg.unbalanced_factorization,
+        train_on_input=cfg.train_on_input, has_bias=has_bias,
     )  # fmt: skip
     params = algo.init_params(tuple(weight.shape), rank, device=weight.device, dtype=torch.float32, **options)
     if cfg.rs_lora:  # rank-stabilised: scale alpha/sqrt(r), stored as an ordinary alpha (LyCORIS does the same)
@@ -243,7 +247,8 @@ def inject(cfg: NetworkConfig, roots: Sequence[Root]) -> AdapterNetwork:
             continue
         rank, alpha, arg = _rank_for(cfg, t, tables, layout)
         shape = tuple(t.module.weight.shape)
-        if rank and cfg.algo != "lokr" and rank > max_rank(shape):  # LoKr switches to full factors by itself
+        # LoKr switches to full factors by itself; full and (IA)³ have no rank
+        if rank and cfg.algo not in ("lokr", "full", "ia3") and rank > max_rank(shape):
             wide.setdefault((arg, rank), []).append((max_rank(shape), t.name, shape))
         if rank:
             plan.append((t, (rank, alpha)))
@@ -254,7 +259,7 @@ def inject(cfg: NetworkConfig, roots: Sequence[Root]) -> AdapterNetwork:
             adapter = NormWeights(norm_algo.init_params(t.module.weight.shape[0], has_bias=t.module.bias is not None,
                                                         device=t.module.weight.device))  # fmt: skip
         else:
-            adapter = new_adapter(cfg, t.module.weight, *spec)
+            adapter = new_adapter(cfg, t.module.weight, *spec, has_bias=t.module.bias is not None)
         slots.append(_install(active, t, _wrap(cfg, t, adapter)))
     logger.info("adapters: %d text-encoder and %d UNet modules", sum(not s.target.is_unet for s in slots),
                 sum(s.target.is_unet for s in slots))  # fmt: skip

@@ -72,8 +72,10 @@ class AdapterWeights(nn.Module):
     ) -> None:
         super().__init__()
         self.algo = algo
-        self.params = nn.ParameterDict({k: nn.Parameter(v) for k, v in params.items()})
-        device = next(iter(params.values())).device
+        # fixed settings stored as tensors ((IA)³'s on_input): on the CPU, not trained, not moved by .to()
+        self.constants = {k: v.detach().cpu() for k, v in params.items() if k in algo.constants}
+        self.params = nn.ParameterDict({k: nn.Parameter(v) for k, v in params.items() if k not in algo.constants})
+        device = next(iter(self.params.values())).device
         self.register_buffer("alpha", torch.tensor(float(alpha), device=device))
         self.magnitude = nn.Parameter(magnitude) if magnitude is not None else None
         self.scalar = nn.Parameter(torch.zeros((), device=device)) if use_scalar else None
@@ -81,6 +83,10 @@ class AdapterWeights(nn.Module):
     @property
     def rank(self) -> int | None:
         return self.algo.rank(self.params)
+
+    def tensors(self) -> Mapping[str, Tensor]:
+        """What the algorithm's functions read: the trainable parameters and the constants."""
+        return self.params if not self.constants else {**self.params, **self.constants}
 
     def scale(self) -> Tensor | float:
         """alpha / r (a 0-dim tensor, no host sync), or 1 when the format fixes it (LoKr with full factors)."""
@@ -92,14 +98,14 @@ class AdapterWeights(nn.Module):
         base weight W, required by ``needs_base`` algorithms (ΔW depends on W)."""
         if self.algo.needs_base and base is None:
             raise ValueError(f"{self.algo.name}: ΔW depends on the base weight; pass base=W")
-        delta = self.algo.delta_weight(self.params, self.scale(), shape, base=base, alpha=self.alpha)
+        delta = self.algo.delta_weight(self.tensors(), self.scale(), shape, base=base, alpha=self.alpha)
         return delta * self.scalar if self.scalar is not None else delta
 
     def delta_bias(self) -> Tensor | None:
         """The bias change at multiplier 1 (LyCORIS full / diff ``diff_b``), or None."""
         if self.algo.delta_bias is None:
             return None
-        delta = self.algo.delta_bias(self.params, self.scale())
+        delta = self.algo.delta_bias(self.tensors(), self.scale())
         return delta * self.scalar if delta is not None and self.scalar is not None else delta
 
     def factors(self) -> tuple[Tensor, Tensor] | None:
@@ -114,9 +120,11 @@ class AdapterWeights(nn.Module):
         """Tensor suffix -> tensor, as written in kohya/LyCORIS files (``scalar`` folded in, ``alpha`` 0-dim)."""
         out = {self.algo.file_keys[k]: v.detach() for k, v in self.params.items()}
         if self.scalar is not None:
-            key = next(k for k in self.algo.scalar_params if k in self.params)
-            out[self.algo.file_keys[key]] = (self.params[key] * self.scalar).detach()
-        out["alpha"] = self.alpha.detach()
+            for key in (k for k in self.algo.scalar_params if k in self.params):
+                out[self.algo.file_keys[key]] = (self.params[key] * self.scalar).detach()
+        out.update({self.algo.file_keys[k]: v for k, v in self.constants.items()})
+        if self.algo.has_alpha:
+            out["alpha"] = self.alpha.detach()
         if self.magnitude is not None:
             out["dora_scale"] = self.magnitude.detach()
         return out
@@ -129,7 +137,7 @@ class AdapterWeights(nn.Module):
         for suffix, t in tensors.items():
             param = algo.param_for_suffix(suffix)
             if param is not None:
-                params[param] = t.detach().clone().float()
+                params[param] = t.detach().clone() if param in algo.constants else t.detach().clone().float()
             elif suffix not in ("alpha", "dora_scale"):
                 unknown.append(suffix)
         if unknown:
@@ -212,8 +220,9 @@ class AdapterLayer(nn.Module):
         delta = self.adapter.delta_bias()
         return None if delta is None else delta * (self.multiplier if multiplier is None else multiplier)
 
-    def _train_delta(self) -> Tensor:
-        delta = self.algo_delta()
+    def _train_delta(self) -> tuple[Tensor, Tensor | None]:
+        """(ΔW as the forward pass uses it, the rank-dropout mask of its output rows or None)."""
+        delta, keep = self.algo_delta(), None
         if self.training and self.rank_dropout:
             keep = (torch.rand(delta.shape[0], device=delta.device) > self.rank_dropout).to(delta.dtype)
             if self.rank_dropout_scale:
@@ -222,7 +231,7 @@ class AdapterLayer(nn.Module):
         if self.adapter.magnitude is not None:
             weight = compute_weight(self.base_layer, delta.dtype)  # float8 storage (--fp8_base): cast
             delta = dora.dora_weight(weight, delta, self.adapter.magnitude) - weight.to(delta.dtype)
-        return delta
+        return delta, keep
 
     def _lora_forward(self, x: Tensor, adapter: AdapterWeights) -> Tensor:
         # one step runs this for every adapted module (~1,000 for SDXL): attribute look-ups are kept few, and no op
@@ -253,9 +262,11 @@ class AdapterLayer(nn.Module):
         if adapter.algo.project_down is not None and adapter.magnitude is None:
             delta = self._lora_forward(x, adapter)
             return out + (delta if delta.dtype == out.dtype else delta.to(out.dtype))
-        delta = self._op(x, self._train_delta().to(x.dtype))
+        weight, keep = self._train_delta()
+        delta = self._op(x, weight.to(x.dtype))
         bias = adapter.delta_bias()
         if bias is not None:  # (out,) onto the channel axis: last for Linear, 1 for Conv2d (N, C, H, W)
+            bias = bias if keep is None else bias * keep  # rank dropout drops the output unit's bias change too
             delta = delta + (bias[:, None, None] if self._conv_args is not None else bias).to(delta.dtype)
         if self.training and self.dropout:
             delta = F.dropout(delta, p=self.dropout)

@@ -3,11 +3,12 @@
 Read an adapter file with lycoris-lora's own loader and forward pass: the consumer of LyCORIS formats (LoHa, LoKr,
 DoRA, Tucker) that diffusers cannot read. Used by ``--demo`` and by the tests as an oracle.
 
-lycoris-lora 4.1.3 needs three work-arounds on diffusers models (docs/formats.md "lycoris-lora 4.1.3 on diffusers
+lycoris-lora 4.1.3 needs three work-arounds on diffusers models, and one for (IA)³ files (docs/formats.md "lycoris-lora 4.1.3 on diffusers
 models"): its Anima "TimestepEmbedding" target gives duplicated names on a diffusers UNet (removed while loading), it
 matches text-encoder modules below a ``text_model`` attribute that transformers >= 5.6 no longer has (wrapped), and it
 matches kohya names against the module tree, so a UNet whose kohya names are not its diffusers paths (SDXL's sgm
-names) is shown to it under those names (a view that shares the layer objects).
+names) is shown to it under those names (a view that shares the layer objects). Its (IA)³ loader takes one tensor
+where the file format has two (weight, on_input): it is given one that takes both while a file loads.
 """
 
 from __future__ import annotations
@@ -46,6 +47,27 @@ def _without_anima_target() -> Iterator[object]:
         kohya.PRESET.update(presets)
 
 
+@contextlib.contextmanager
+def _ia3_reads_on_input() -> Iterator[None]:
+    """lycoris-lora 4.1.3 passes an (IA)³ module's two file tensors (weight, on_input) to a loader that takes one
+    (a TypeError: it cannot read any (IA)³ file); for the time of a load, the loader takes both and builds the module
+    with ``train_on_input`` from ``on_input``. Restored after."""
+    from lycoris.modules.ia3 import IA3Module
+
+    original = IA3Module.__dict__["make_module_from_state_dict"]
+
+    def make(cls, lora_name, orig_module, weight, on_input=None):
+        module = cls(lora_name, orig_module, 1, train_on_input=on_input is not None and bool(int(on_input)))
+        module.weight.data.copy_(weight)
+        return module
+
+    IA3Module.make_module_from_state_dict = classmethod(make)
+    try:
+        yield
+    finally:
+        IA3Module.make_module_from_state_dict = original
+
+
 class _TextModel(nn.Module):
     """Gives a flat transformers-5 CLIPTextModel back its ``text_model.`` level for LyCORIS' name matching."""
 
@@ -82,7 +104,7 @@ def apply_with_lycoris(path: str | Path, roots: Sequence[tuple[str, nn.Module, C
     unet_view = renamed_view(unet, rename)
     tes = [te if hasattr(te, "text_model") else _TextModel(te) for _, te, _ in te_roots]
     te_arg = tes if len(tes) > 1 else tes[0] if tes else None  # a list means lora_te1, lora_te2 to LyCORIS
-    with _without_anima_target() as kohya:
+    with _without_anima_target() as kohya, _ia3_reads_on_input():
         network, _ = kohya.create_network_from_weights(multiplier, str(path), None, te_arg, unet_view)
         network.apply_to(te_arg, unet_view, apply_text_encoder=bool(tes), apply_unet=True)
     return network

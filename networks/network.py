@@ -289,6 +289,12 @@ class AdapterNetwork(nn.Module):
             raise ValueError(f"{source}: {file_name} {has} a DoRA magnitude (dora_scale) but the network "
                              f"{'does not use' if has == 'has' else 'uses'} DoRA; match dora_wd or pass "
                              "--dim_from_weights")  # fmt: skip
+        for param, value in adapter.constants.items() if isinstance(adapter, AdapterWeights) else ():
+            suffix = adapter.algo.file_keys[param]
+            if suffix in tensors and int(tensors[suffix]) != int(value):
+                raise ValueError(f"{source}: {file_name}.{suffix} is {int(tensors[suffix])} but the network has "
+                                 f"{int(value)} (another {param.replace('on_input', 'train_on_input')} setting); "
+                                 "match it or pass --dim_from_weights")  # fmt: skip
         missing = [s for s in expected if s not in tensors and s != "alpha"]
         if missing:
             raise ValueError(f"{source}: module {file_name} has no {', '.join(missing)} tensor(s) (the file is "
@@ -353,9 +359,12 @@ class AdapterNetwork(nn.Module):
                 if adapter.scalar is not None:
                     adapter.scalar.mul_(ratio)
                 else:
-                    factor = ratio ** (1.0 / len(adapter.params))
-                    for p in adapter.params.values():
-                        p.mul_(factor.to(p.dtype))
+                    exponents = adapter.algo.norm_exponents
+                    even = dict.fromkeys(adapter.params, 1.0 / len(adapter.params))
+                    powers = exponents(adapter.params) if exponents else even
+                    for name, power in powers.items():
+                        p = adapter.params[name]
+                        p.mul_((ratio**power).to(p.dtype))
                 scaled.append(ratio < 1.0)
                 norms.append(delta.norm().float() * ratio)
         if not norms:

@@ -98,7 +98,7 @@ def test_every_problem_is_reported_at_once_with_did_you_mean():
 @pytest.mark.parametrize(
     "argv,needle",
     [
-        (["--network_args", "algo=ia3"], "algo=ia3 is not supported yet"),
+        (["--network_args", "algo=diag-oft"], "algo=diag-oft is not supported yet"),
         (["--network_args", "algo=boft"], "algo=boft is not supported yet"),
         (["--network_args", "preset=ful"], "did you mean 'full'?"),
         (["--network_args", "block_dims=4,4,4"], "block_dims: 3 values given"),

@@ -318,9 +318,9 @@ def test_load_errors_name_the_problem(fresh, tmp_path):
     msg = _error(lambda: lora.load_file(rank8_file))
     assert "lora_down.weight has shape (8," in msg and "--dim_from_weights" in msg
 
-    diff = tmp_path / "full.safetensors"
-    save_state_dict({"lora_unet_conv_in.diff": torch.zeros(16, 4, 3, 3)}, diff)
-    assert "'full' is not supported yet" in _error(lambda: network_from_file(diff, adapter_roots(fresh("sd1"))))
+    oft = tmp_path / "oft.safetensors"
+    save_state_dict({"lora_unet_conv_in.oft_blocks": torch.zeros(4, 4, 4)}, oft)
+    assert "'diag-oft' is not supported yet" in _error(lambda: network_from_file(oft, adapter_roots(fresh("sd1"))))
 
 
 @pytest.mark.parametrize("algo", ["lora", "loha", "lokr"])

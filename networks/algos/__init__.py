@@ -4,8 +4,9 @@ Every algorithm is an :class:`Algorithm` record of functions:
 
 * ``init_params(base_shape, rank, **options) -> dict[str, Tensor]``: fresh trainable tensors, stored in the exact
   shapes the kohya / LyCORIS file format uses (so saving is a rename, never a reshape). A fresh adapter has ΔW = 0.
-* ``delta_weight(params, scale, shape) -> Tensor``: ΔW with the shape of the base weight. The forward pass, merge,
-  max-norm and every post-training tool (resize, merge, extract) call this one function.
+* ``delta_weight(params, scale, shape, *, base=None, alpha=None) -> Tensor``: ΔW with the shape of the base weight
+  (``base`` = W for ``needs_base`` algorithms: (IA)³, GLoRA). The forward pass, merge, max-norm and every
+  post-training tool (resize, merge, extract) call this one function; ``delta_bias`` (full) adds a bias change.
 * ``rank(params) -> int | None``: the ``r`` in ``scale = alpha / r`` (``None``: the format fixes ``scale = 1``).
 * ``options(params) -> dict``: the construction options recovered from a file's tensors (tucker, decomposed...).
 * ``file_keys``: parameter name -> tensor suffix in files (``lora_down`` -> ``lora_down.weight``).
@@ -18,13 +19,15 @@ DoRA (``dora.py``) is one function applied on top of any algorithm's ΔW. Only t
 
 from __future__ import annotations
 
-from . import loha, lokr, lora
+from . import full, glora, ia3, loha, lokr, lora
 from .base import Algorithm
 
-ALGOS: dict[str, Algorithm] = {a.name: a for a in (lora.ALGORITHM, loha.ALGORITHM, lokr.ALGORITHM)}
+ALGOS: dict[str, Algorithm] = {
+    a.name: a for a in (lora.ALGORITHM, loha.ALGORITHM, lokr.ALGORITHM, full.ALGORITHM, ia3.ALGORITHM, glora.ALGORITHM)
+}
 
 # LyCORIS algorithm names that exist in files and on command lines but are not implemented here yet.
-NOT_SUPPORTED = ("ia3", "full", "diff", "glora", "diag-oft", "boft", "oft", "dylora", "tlora")
+NOT_SUPPORTED = ("diag-oft", "boft", "oft", "dylora", "tlora")
 
 # A file tensor suffix -> the algorithm that owns it (first match wins; "alpha"/"dora_scale" are shared).
 _SIGNATURES: tuple[tuple[str, str], ...] = (
@@ -49,7 +52,7 @@ _SIGNATURES: tuple[tuple[str, str], ...] = (
 def detect_algo(suffixes: set[str]) -> str | None:
     """Name the algorithm of one module's tensors from their file suffixes (``None`` when nothing matches).
 
-    Returns ``"lora" | "loha" | "lokr" | "norm"`` for what this package implements, or the LyCORIS / PEFT name of
+    Returns ``"lora" | "loha" | "lokr" | "full" | "ia3" | "glora" | "norm"`` for what this package implements, or the LyCORIS / PEFT name of
     a format it does not (``"full"``, ``"glora"``, ``"peft"``...), so the caller can say what the file is.
     """
     for suffix, algo in _SIGNATURES:

@@ -22,7 +22,9 @@ class Algorithm:
     rank: Callable[[Mapping[str, Tensor]], int | None]
     options: Callable[[Mapping[str, Tensor]], dict[str, Any]]
     plus_params: tuple[str, ...] = ()
-    scalar_params: tuple[str, ...] = ()  # use_scalar is folded into the first of these present when writing
+    # use_scalar is folded into each of these present when writing (one factor of every term of ΔW: LoRA's lora_up,
+    # GLoRA's a2 and b2)
+    scalar_params: tuple[str, ...] = ()
     # Optional factorised forward (LoRA): x -> rank-r activation -> output, without materialising ΔW.
     # project_down(x, params, conv) with conv = dict(stride, padding, dilation) for a Conv2d base, None for Linear.
     project_down: Callable[..., Tensor] | None = None
@@ -38,6 +40,14 @@ class Algorithm:
     # Optional bias change (LyCORIS full / "diff" stores ``diff_b``): delta_bias(params, scale) -> Tensor | None,
     # added to the base layer's bias in the forward pass and by merge.
     delta_bias: Callable[[Mapping[str, Tensor], float], Tensor | None] | None = None
+    # The file has a per-module ``alpha`` (False: LyCORIS full / (IA)³ write none; the scale is then 1).
+    has_alpha: bool = True
+    # Parameters that are fixed settings stored as tensors, never trained ((IA)³'s ``on_input``): kept on the CPU
+    # beside the trainable tensors and passed to the functions with them, so reading their value costs no sync.
+    constants: tuple[str, ...] = ()
+    # max-norm (--scale_weight_norms) scaling: norm_exponents(params) -> {parameter: p} such that multiplying each
+    # by c**p multiplies ΔW by c. None: ΔW is a product of all parameters, each is multiplied by c**(1/k).
+    norm_exponents: Callable[[Mapping[str, Tensor]], Mapping[str, float]] | None = None
 
     def param_for_suffix(self, suffix: str) -> str | None:
         """The parameter name stored under a file tensor suffix, or None if the suffix is not this algorithm's."""
