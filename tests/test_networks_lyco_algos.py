@@ -1,0 +1,142 @@
+"""LyCORIS full / "diff", (IA)³ and GLoRA: our pure functions and adapter layer against lycoris-lora 4.1.3's own
+module classes (``FullModule``, ``IA3Module``, ``GLoRAModule``) on the same weights, after a few optimizer steps so
+that no tensor is zero; merge == forward; file round trips; network files both ways; the tools' exact paths.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from _networks_helpers import single_thread  # noqa: F401  (autouse fixture: one CPU thread)
+from torch import nn
+
+from networks.algos import ALGOS, detect_algo
+from networks.layers import AdapterLayer, AdapterWeights
+
+pytest.importorskip("lycoris")
+from lycoris.modules.full import FullModule  # noqa: E402
+from lycoris.modules.glora import GLoRAModule  # noqa: E402
+from lycoris.modules.ia3 import IA3Module  # noqa: E402
+
+BASES = {
+    "linear": lambda: nn.Linear(6, 5),
+    "conv3x3": lambda: nn.Conv2d(4, 6, 3, padding=1, stride=2),
+    "conv1x1": lambda: nn.Conv2d(4, 6, 1),
+}
+# (our algo, LyCORIS class, its constructor options)
+CASES = {
+    "full": ("full", FullModule, {}),
+    "ia3": ("ia3", IA3Module, {}),
+    "ia3-input": ("ia3", IA3Module, {"train_on_input": True}),
+    "glora": ("glora", GLoRAModule, {"lora_dim": 2, "alpha": 3.0}),
+    "glora-scalar": ("glora", GLoRAModule, {"lora_dim": 3, "alpha": 1.5, "use_scalar": True}),
+}
+
+
+def _input(kind: str, seed: int = 1) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn((3, 6) if kind == "linear" else (2, 4, 7, 7), generator=g)
+
+
+def _base(kind: str) -> nn.Module:
+    torch.manual_seed(0)
+    return BASES[kind]()
+
+
+def _trained_lycoris(case: str, kind: str, steps: int = 3, multiplier: float = 0.8):
+    """A LyCORIS module on a fresh base layer, trained a few Adam steps toward a random target (nothing stays 0)."""
+    _, cls, opts = CASES[case]
+    base = _base(kind)
+    torch.manual_seed(2)
+    module = cls("lora_unet_x", base, multiplier, **opts)
+    module.apply_to()
+    params = [p for p in module.parameters() if p.requires_grad]
+    opt = torch.optim.Adam(params, lr=0.05)
+    x = _input(kind)
+    target = torch.randn_like(module(x))
+    for _ in range(steps):
+        opt.zero_grad()
+        ((module(x) - target) ** 2).mean().backward()
+        opt.step()
+    return module, base
+
+
+def _their_tensors(module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+@pytest.mark.parametrize("kind", list(BASES))
+@pytest.mark.parametrize("case", list(CASES))
+def test_forward_equals_lycoris_module_on_the_same_weights(case, kind):
+    algo, _, _ = CASES[case]
+    module, base = _trained_lycoris(case, kind)
+    tensors = _their_tensors(module)
+    assert detect_algo(set(tensors)) == algo
+    assert all(bool(t.any()) for k, t in tensors.items() if k not in ("on_input", "alpha"))  # trained: nothing is 0
+    ours_base = _base(kind)  # the same base weights (same seed), without LyCORIS' forward patch
+    layer = AdapterLayer(ours_base, AdapterWeights.from_file(tensors, algo, "lora_unet_x"))
+    layer.multiplier = 0.8
+    x = _input(kind, seed=3)
+    with torch.no_grad():
+        expected = module(x)
+        got = layer(x)
+    assert (got - ours_base(x)).abs().max() > 1e-3  # the adapter changes the output
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", list(BASES))
+@pytest.mark.parametrize("case", list(CASES))
+def test_merge_equals_forward_and_file_round_trip(case, kind):
+    algo, _, _ = CASES[case]
+    module, _ = _trained_lycoris(case, kind)
+    base = _base(kind)
+    layer = AdapterLayer(base, AdapterWeights.from_file(_their_tensors(module), algo, "m"))
+    layer.multiplier = 0.6
+    x = _input(kind, seed=4)
+    with torch.no_grad():
+        unmerged = layer(x)
+        w0, b0 = base.weight.clone(), base.bias.clone()
+        layer.merge()
+        merged = layer(x)
+        layer.unmerge()
+    torch.testing.assert_close(merged, unmerged, atol=1e-5, rtol=1e-5)
+    assert torch.equal(base.weight, w0) and torch.equal(base.bias, b0)  # unmerge restores exactly
+    again = AdapterLayer(copy.deepcopy(base), AdapterWeights.from_file(layer.adapter.file_tensors(), algo, "m"))
+    again.multiplier = 0.6
+    with torch.no_grad():
+        torch.testing.assert_close(again(x), unmerged, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("kind", list(BASES))
+@pytest.mark.parametrize("case", list(CASES))
+def test_lycoris_module_reads_our_tensors(case, kind):
+    """The other direction: our adapter trained a few steps, its file tensors loaded by LyCORIS' loader."""
+    from networks.lycoris_reader import _ia3_reads_on_input
+
+    algo, cls, opts = CASES[case]
+    base = _base(kind)
+    rank = opts.get("lora_dim", 4)
+    init = {"train_on_input": opts.get("train_on_input", False), "use_scalar": opts.get("use_scalar", False),
+            "has_bias": True}  # fmt: skip
+    params = ALGOS[algo].init_params(tuple(base.weight.shape), rank, **init)
+    adapter = AdapterWeights(ALGOS[algo], params, opts.get("alpha", 1.0), use_scalar=init["use_scalar"])
+    layer = AdapterLayer(base, adapter)
+    opt = torch.optim.Adam([p for p in adapter.parameters() if p.requires_grad], lr=0.05)
+    x = _input(kind)
+    target = torch.randn_like(layer(x))
+    for _ in range(3):
+        opt.zero_grad()
+        ((layer(x) - target) ** 2).mean().backward()
+        opt.step()
+    tensors = adapter.file_tensors()
+    assert set(tensors) == set(_their_tensors(cls("m", _base(kind), 1.0, **opts)))  # LyCORIS' own key names
+    theirs_base = _base(kind)
+    with _ia3_reads_on_input(), torch.no_grad():  # as lycoris.modules.make_module calls it
+        args = [tensors.get(k) for k in cls.weight_list]
+        theirs = cls.make_module_from_state_dict("m", theirs_base, *args)
+    theirs.apply_to()
+    with torch.no_grad():
+        x = _input(kind, seed=5)
+        torch.testing.assert_close(theirs(x), layer(x), atol=1e-5, rtol=1e-5)
