@@ -29,6 +29,7 @@ from networks.tool_common import main_guard
 
 _ADAPTER_MARKS = ("lora_up", "lora_down", "lora_mid", "lora_A", "lora_B", "hada_", "lokr_", "oft_", "dora_scale",
                   "w_norm", "b_norm")  # fmt: skip
+_WHOLE_MODULE_ALGOS = ("full", "ia3", "glora")  # suffixes without a mark (diff, weight, a1.weight): list them all
 
 
 @dataclass
@@ -53,7 +54,7 @@ def check_file(path: str | Path) -> Check:
     out = Check()
     file = dl.load_adapter(path)
     for key, value in file.state_dict().items():
-        if any(mark in key for mark in _ADAPTER_MARKS):
+        if any(mark in key for mark in _ADAPTER_MARKS) or file.algos[key.split(".", 1)[0]] in _WHOLE_MODULE_ALGOS:
             out.tensor_lines.append(tensor_line(key, value))
         if value.is_floating_point() and not bool(torch.isfinite(value).all()):
             out.problems.append(f"{key}: contains NaN or Inf values")
@@ -77,8 +78,21 @@ def check_file(path: str | Path) -> Check:
 
 
 def _is_zero(file: dl.AdapterFile, name: str) -> bool:
-    """A zero factor makes ΔW zero for every algorithm (up / w2_a / w2 / ...): any all-zero weight tensor."""
-    tensors = file.modules[name]
+    """Whether ΔW is zero (never trained): any all-zero factor for LoRA / LoHa / LoKr (up / w2_a / w2 / ...); for
+    full both diff and diff_b, for (IA)³ its scales (``on_input`` = 0 is a setting), for GLoRA a factor of each of
+    its two terms W·a1·a2 and b1·b2."""
+    tensors, algo = file.modules[name], file.algos[name]
+
+    def zero(key: str) -> bool:  # a tensor the module lacks changes nothing either
+        return key not in tensors or not bool(tensors[key].any())
+
+    if algo == "full":
+        return zero("diff") and zero("diff_b")
+    if algo == "ia3":
+        return zero("weight")
+    if algo == "glora":
+        b_zero = zero("b1.weight") or zero("b2.weight") or ("bm.weight" in tensors and zero("bm.weight"))
+        return (zero("a1.weight") or zero("a2.weight")) and b_zero
     return any(k not in ("alpha", "dora_scale") and not bool(t.any()) for k, t in tensors.items())
 
 

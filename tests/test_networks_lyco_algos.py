@@ -140,3 +140,80 @@ def test_lycoris_module_reads_our_tensors(case, kind):
     with torch.no_grad():
         x = _input(kind, seed=5)
         torch.testing.assert_close(theirs(x), layer(x), atol=1e-5, rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------- whole networks
+from _networks_helpers import adapter_roots, assert_outputs_close, make_config, outputs, perturb, unet_inputs  # noqa: E402
+from test_networks_oracles import _lycoris_forward, _lycoris_te, lycoris  # noqa: E402, F401  (fixture)
+
+from networks import inject  # noqa: E402
+from networks.inject import network_from_file  # noqa: E402
+
+NETWORK_CASES = [("algo=diff",), ("algo=ia3", "train_on_input=True"), ("algo=glora", "conv_dim=2", "conv_alpha=1")]
+
+
+@pytest.mark.parametrize("args", NETWORK_CASES, ids=lambda a: "-".join(a))
+def test_lycoris_reads_our_network_file(lycoris, tiny_parts, args, tmp_path):
+    """lycoris.kohya on a tiny SD1 model: our file has LyCORIS' modules, keys and shapes, and lycoris-lora's loader
+    (create_network_from_weights + its forward pass) gives our output."""
+    parts = tiny_parts["sd1"]
+    inputs = unet_inputs(parts)
+    ours = copy.deepcopy(parts)
+    network = inject(make_config(*args, module="lycoris.kohya", dim=4, alpha=2.0), adapter_roots(ours))
+    kwargs = dict(a.split("=", 1) for a in args)
+    kwargs["algo"] = kwargs["algo"].replace("diff", "full")
+    fresh = copy.deepcopy(parts)
+    their_net = lycoris.create_network(1.0, 4, 2.0, None, _lycoris_te(fresh.text_encoders[0]), fresh.denoiser,
+                                       **kwargs)  # fmt: skip
+    their_keys = {f"{m.lora_name}.{k}": tuple(v.shape) for m in their_net.unet_loras + their_net.text_encoder_loras
+                  for k, v in m.state_dict().items()}  # fmt: skip
+    if "train_on_input=True" not in args:  # lycoris.kohya does not forward train_on_input to its modules
+        assert {k: tuple(v.shape) for k, v in network.state_dict_for_file().items()} == their_keys
+    perturb(network)
+    network.set_multiplier(0.7)
+    expected = outputs(ours, inputs)
+    assert (expected[0] - outputs(parts, inputs)[0]).abs().max() > 1e-2
+    network.save(tmp_path / "a.safetensors")
+    with _ia3_patch():
+        got, count = _lycoris_forward(lycoris, parts, tmp_path / "a.safetensors", 0.7, inputs)
+    assert count == len(network)
+    assert_outputs_close(got, expected, atol=1e-5)
+
+
+def _ia3_patch():
+    from networks.lycoris_reader import _ia3_reads_on_input
+
+    return _ia3_reads_on_input()
+
+
+@pytest.mark.parametrize("algo", ["full", "ia3", "glora"])
+def test_we_read_a_file_lycoris_wrote(lycoris, tiny_parts, algo, tmp_path):
+    """lycoris-lora's own network (create_network on a tiny SD1 model, tensors made non-zero, save_weights) loads
+    in ours (network_from_file, and --network_weights into a network built from flags) with LyCORIS' output."""
+    parts = tiny_parts["sd1"]
+    inputs = unet_inputs(parts)
+    theirs = copy.deepcopy(parts)
+    te = _lycoris_te(theirs.text_encoders[0])
+    net = lycoris.create_network(1.0, 4, 3.0, None, te, theirs.denoiser, algo=algo, conv_dim=2, conv_alpha=1)
+    net.apply_to(te, theirs.denoiser, apply_text_encoder=True, apply_unet=True)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in net.named_parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    net.save_weights(str(tmp_path / "theirs.safetensors"), torch.float32, None)
+    net.set_multiplier(0.5)
+    expected = outputs(theirs, inputs)
+    assert (expected[0] - outputs(parts, inputs)[0]).abs().max() > 1e-3
+
+    ours = copy.deepcopy(parts)
+    network = network_from_file(tmp_path / "theirs.safetensors", adapter_roots(ours))
+    network.set_multiplier(0.5)
+    assert len(network) == len(net.unet_loras) + len(net.text_encoder_loras)
+    assert_outputs_close(outputs(ours, inputs), expected, atol=1e-5)
+
+    flags = copy.deepcopy(parts)  # --network_weights into a network built from the same flags
+    built = inject(make_config(f"algo={algo}", "conv_dim=2", "conv_alpha=1", module="lycoris.kohya", dim=4, alpha=3.0),
+                   adapter_roots(flags))  # fmt: skip
+    built.load_file(tmp_path / "theirs.safetensors")
+    built.set_multiplier(0.5)
+    assert_outputs_close(outputs(flags, inputs), expected, atol=1e-5)
