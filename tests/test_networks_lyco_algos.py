@@ -9,11 +9,28 @@ import copy
 
 import pytest
 import torch
-from _networks_helpers import single_thread  # noqa: F401  (autouse fixture: one CPU thread)
+from _networks_helpers import (
+    adapter_roots,
+    assert_outputs_close,
+    make_config,
+    outputs,
+    perturb,
+    single_thread,  # noqa: F401  (autouse fixture: one CPU thread)
+    unet_inputs,
+)
+from test_networks_oracles import (
+    _lycoris_forward,
+    _lycoris_te,
+    lycoris,  # noqa: F401  (the fixture: LyCORIS 4.1.3 patched for diffusers UNets)
+    lycoris_kohya,
+)
 from torch import nn
 
+from networks import inject
 from networks.algos import ALGOS, detect_algo
+from networks.inject import network_from_file
 from networks.layers import AdapterLayer, AdapterWeights
+from networks.lycoris_reader import _ia3_reads_on_input
 
 pytest.importorskip("lycoris")
 from lycoris.modules.full import FullModule  # noqa: E402
@@ -113,8 +130,6 @@ def test_merge_equals_forward_and_file_round_trip(case, kind):
 @pytest.mark.parametrize("case", list(CASES))
 def test_lycoris_module_reads_our_tensors(case, kind):
     """The other direction: our adapter trained a few steps, its file tensors loaded by LyCORIS' loader."""
-    from networks.lycoris_reader import _ia3_reads_on_input
-
     algo, cls, opts = CASES[case]
     base = _base(kind)
     rank = opts.get("lora_dim", 4)
@@ -143,17 +158,13 @@ def test_lycoris_module_reads_our_tensors(case, kind):
 
 
 # ---------------------------------------------------------------------------------------------- whole networks
-from _networks_helpers import adapter_roots, assert_outputs_close, make_config, outputs, perturb, unet_inputs  # noqa: E402
-from test_networks_oracles import _lycoris_forward, _lycoris_te, lycoris  # noqa: E402, F401  (fixture)
-
-from networks import inject  # noqa: E402
-from networks.inject import network_from_file  # noqa: E402
 
 NETWORK_CASES = [("algo=diff",), ("algo=ia3", "train_on_input=True"), ("algo=glora", "conv_dim=2", "conv_alpha=1")]
 
 
+@pytest.mark.usefixtures("lycoris")
 @pytest.mark.parametrize("args", NETWORK_CASES, ids=lambda a: "-".join(a))
-def test_lycoris_reads_our_network_file(lycoris, tiny_parts, args, tmp_path):
+def test_lycoris_reads_our_network_file(tiny_parts, args, tmp_path):
     """lycoris.kohya on a tiny SD1 model: our file has LyCORIS' modules, keys and shapes, and lycoris-lora's loader
     (create_network_from_weights + its forward pass) gives our output."""
     parts = tiny_parts["sd1"]
@@ -163,7 +174,7 @@ def test_lycoris_reads_our_network_file(lycoris, tiny_parts, args, tmp_path):
     kwargs = dict(a.split("=", 1) for a in args)
     kwargs["algo"] = kwargs["algo"].replace("diff", "full")
     fresh = copy.deepcopy(parts)
-    their_net = lycoris.create_network(1.0, 4, 2.0, None, _lycoris_te(fresh.text_encoders[0]), fresh.denoiser,
+    their_net = lycoris_kohya.create_network(1.0, 4, 2.0, None, _lycoris_te(fresh.text_encoders[0]), fresh.denoiser,
                                        **kwargs)  # fmt: skip
     their_keys = {f"{m.lora_name}.{k}": tuple(v.shape) for m in their_net.unet_loras + their_net.text_encoder_loras
                   for k, v in m.state_dict().items()}  # fmt: skip
@@ -174,31 +185,26 @@ def test_lycoris_reads_our_network_file(lycoris, tiny_parts, args, tmp_path):
     expected = outputs(ours, inputs)
     assert (expected[0] - outputs(parts, inputs)[0]).abs().max() > 1e-2
     network.save(tmp_path / "a.safetensors")
-    with _ia3_patch():
-        got, count = _lycoris_forward(lycoris, parts, tmp_path / "a.safetensors", 0.7, inputs)
+    with _ia3_reads_on_input():
+        got, count = _lycoris_forward(lycoris_kohya, parts, tmp_path / "a.safetensors", 0.7, inputs)
     assert count == len(network)
     assert_outputs_close(got, expected, atol=1e-5)
 
 
-def _ia3_patch():
-    from networks.lycoris_reader import _ia3_reads_on_input
-
-    return _ia3_reads_on_input()
-
-
+@pytest.mark.usefixtures("lycoris")
 @pytest.mark.parametrize("algo", ["full", "ia3", "glora"])
-def test_we_read_a_file_lycoris_wrote(lycoris, tiny_parts, algo, tmp_path):
+def test_we_read_a_file_lycoris_wrote(tiny_parts, algo, tmp_path):
     """lycoris-lora's own network (create_network on a tiny SD1 model, tensors made non-zero, save_weights) loads
     in ours (network_from_file, and --network_weights into a network built from flags) with LyCORIS' output."""
     parts = tiny_parts["sd1"]
     inputs = unet_inputs(parts)
     theirs = copy.deepcopy(parts)
     te = _lycoris_te(theirs.text_encoders[0])
-    net = lycoris.create_network(1.0, 4, 3.0, None, te, theirs.denoiser, algo=algo, conv_dim=2, conv_alpha=1)
+    net = lycoris_kohya.create_network(1.0, 4, 3.0, None, te, theirs.denoiser, algo=algo, conv_dim=2, conv_alpha=1)
     net.apply_to(te, theirs.denoiser, apply_text_encoder=True, apply_unet=True)
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
-        for name, p in net.named_parameters():
+        for p in net.parameters():
             p.add_(torch.randn(p.shape, generator=g) * 0.05)
     net.save_weights(str(tmp_path / "theirs.safetensors"), torch.float32, None)
     net.set_multiplier(0.5)
@@ -217,3 +223,83 @@ def test_we_read_a_file_lycoris_wrote(lycoris, tiny_parts, algo, tmp_path):
     built.load_file(tmp_path / "theirs.safetensors")
     built.set_multiplier(0.5)
     assert_outputs_close(outputs(flags, inputs), expected, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------ options and flags
+def test_options_lycoris_ignores_are_switched_off_with_a_warning(caplog):
+    with caplog.at_level("WARNING"):
+        cfg = make_config("algo=ia3", "rank_dropout=0.3", "use_scalar=True", "dora_wd=True", module="lycoris.kohya",
+                          flags=("--network_dropout", "0.2"))  # fmt: skip
+    assert (cfg.algo, cfg.dropout, cfg.rank_dropout, cfg.use_scalar, cfg.dora) == ("ia3", None, None, False, False)
+    for what in ("rank_dropout has no effect with algo=ia3", "use_scalar", "dora_wd", "--network_dropout"):
+        assert what in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        cfg = make_config("algo=glora", "use_tucker=True", "train_on_input=True", "rank_dropout=0.1",
+                          module="lycoris.kohya")  # fmt: skip
+    assert (cfg.use_tucker, cfg.train_on_input, cfg.rank_dropout) == (False, False, None)
+    assert "never builds GLoRA's tucker core" in caplog.text and "only (IA)³ reads it" in caplog.text
+    full = make_config("algo=diff", "rank_dropout=0.1", module="lycoris.kohya")  # LyCORIS' full drops diff rows
+    assert (full.algo, full.rank_dropout) == ("full", 0.1)
+    with pytest.raises(ValueError, match="algo=glroa: unknown algorithm.*did you mean 'glora'"):
+        make_config("algo=glroa", module="lycoris.kohya")
+
+
+def test_train_on_input_changes_the_trained_axis(tiny_parts):
+    """The flag test: train_on_input=True gives (IA)³ scales per input channel (on_input = 1), as LyCORIS' module
+    does with it; a square layer (to_q 32x32) tells the two apart only by the flag."""
+    shapes = {}
+    for flag in ("False", "True"):
+        parts = copy.deepcopy(tiny_parts["sd1"])
+        network = inject(make_config("algo=ia3", f"train_on_input={flag}", module="lycoris.kohya"),
+                         adapter_roots(parts))  # fmt: skip
+        state = network.state_dict_for_file()
+        shapes[flag] = (tuple(state["lora_te_text_model_encoder_layers_0_mlp_fc1.weight"].shape),
+                        int(state["lora_te_text_model_encoder_layers_0_mlp_fc1.on_input"]))  # fmt: skip
+        layer = network.layer("lora_unet_down_blocks_0_attentions_0_transformer_blocks_0_attn1_to_q").base_layer
+        assert layer.weight.shape[0] == layer.weight.shape[1]
+    assert shapes == {"False": ((64,), 0), "True": ((32,), 1)}
+
+
+def test_loading_an_ia3_file_of_the_other_axis_is_refused(tiny_parts, tmp_path):
+    parts = copy.deepcopy(tiny_parts["sd1"])
+    inject(make_config("algo=ia3", "train_on_input=True", module="lycoris.kohya"), adapter_roots(parts)).save(
+        tmp_path / "in.safetensors")  # fmt: skip
+    fresh = copy.deepcopy(tiny_parts["sd1"])
+    network = inject(make_config("algo=ia3", module="lycoris.kohya"), adapter_roots(fresh))
+    with pytest.raises(ValueError, match="on_input is 1 but the network has 0.*train_on_input"):
+        network.load_file(tmp_path / "in.safetensors")
+
+
+@pytest.mark.parametrize("args", [("algo=full",), ("algo=ia3",), ("algo=glora", "conv_dim=2")])
+def test_scale_weight_norms_caps_every_module_exactly(tiny_parts, args):
+    """--scale_weight_norms c: a module with ‖ΔW‖ > c ends at ‖ΔW‖ = c (each factor by its own root), the rest are
+    unchanged."""
+    parts = copy.deepcopy(tiny_parts["sd1"])
+    network = inject(make_config(*args, module="lycoris.kohya"), adapter_roots(parts))
+    perturb(network)
+    with torch.no_grad():
+        before = {n: network.layer(n).algo_delta().norm().item() for n in network.names}
+        cap = sorted(before.values())[len(before) // 2]
+        scaled, _, largest = network.apply_max_norm(cap)
+        after = {n: network.layer(n).algo_delta().norm().item() for n in network.names}
+    assert scaled == sum(v > cap for v in before.values()) > 0
+    for name, norm in after.items():
+        assert norm == pytest.approx(min(before[name], cap), rel=1e-4)
+    assert largest == pytest.approx(cap, rel=1e-4)
+
+
+def test_rank_dropout_drops_whole_output_units_of_a_full_module_bias_included():
+    base = nn.Linear(6, 32)
+    params = ALGOS["full"].init_params(tuple(base.weight.shape), None, has_bias=True)
+    params = {k: torch.randn_like(v) for k, v in params.items()}
+    layer = AdapterLayer(base, AdapterWeights(ALGOS["full"], params, 1.0), rank_dropout=0.5)
+    x = _input("linear")
+    torch.manual_seed(3)
+    with torch.no_grad():
+        change = layer.train()(x) - base(x)
+        full_change = layer.eval()(x) - base(x)
+    kept = [bool((change[:, o] != 0).any()) for o in range(change.shape[1])]
+    assert 0 < sum(kept) < len(kept)  # some units dropped, some kept
+    for o, keep in enumerate(kept):
+        torch.testing.assert_close(change[:, o], full_change[:, o] if keep else torch.zeros_like(change[:, o]))

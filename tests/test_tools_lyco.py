@@ -12,7 +12,11 @@ import torch
 from _networks_helpers import outputs, single_thread, unet_inputs  # noqa: F401  (autouse fixture)
 from _tools_helpers import base_weights, ranks, write_adapter
 from _tools_helpers import file_deltas as lora_deltas
-from test_networks_oracles import _lycoris_forward, lycoris, lycoris_kohya  # noqa: F401  (fixture)
+from test_networks_oracles import (
+    _lycoris_forward,
+    lycoris,  # noqa: F401  (the fixture: LyCORIS 4.1.3 patched for diffusers UNets)
+    lycoris_kohya,
+)
 
 from library.config import ConfigError
 from library.families import get_family
@@ -56,14 +60,15 @@ def adapters(tiny_parts, tmp_path_factory):
                              seed=i) for i, (a, args) in enumerate(ARGS.items())}  # fmt: skip
 
 
+@pytest.mark.usefixtures("lycoris")
 @pytest.mark.parametrize("algo", list(ARGS))
-def test_merge_into_a_model_equals_the_lycoris_forward(lycoris, tiny_parts, tiny_dir, adapters, tmp_path, algo):
+def test_merge_into_a_model_equals_the_lycoris_forward(tiny_parts, tiny_dir, adapters, tmp_path, algo):
     """merge_lora.py --sd_model: W ← W + ratio·ΔW (full: and b ← b + ratio·diff_b), exactly LyCORIS' output."""
     parts, src, out = tiny_parts["sd1"], adapters[algo], tmp_path / "merged.safetensors"
     run(merge_lora.run, "--sd_model", tiny_dir / "sd1", "--models", src, "--ratios", 0.6, "--save_to", out)
     inputs = unet_inputs(parts)
     with _ia3_reads_on_input():
-        expected, count = _lycoris_forward(lycoris, parts, src, 0.6, inputs)
+        expected, count = _lycoris_forward(lycoris_kohya, parts, src, 0.6, inputs)
     assert count > 30
     assert float((expected[0] - outputs(parts, inputs)[0]).abs().max()) > 1e-2  # the adapter changes the output
     for got, want in zip(outputs(get_family("sd1").load(out), inputs), expected):
