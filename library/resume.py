@@ -39,6 +39,7 @@ SETTINGS = {
     "factor": "--network_args factor",
     "decompose_both": "--network_args decompose_both",
     "full_matrix": "--network_args full_matrix",
+    "train_on_input": "--network_args train_on_input",
     "train_unet_only": "--network_train_unet_only",
     "train_text_encoder_only": "--network_train_text_encoder_only",
     "optimizer": "--optimizer_type",
