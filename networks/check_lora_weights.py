@@ -67,7 +67,8 @@ def check_file(path: str | Path) -> Check:
     out.summary.append(f"{len(file.modules)} modules: " + ", ".join(f"{a} {c}" for a, c in algos.items())
                        + (f" (DoRA {dora})" if dora else ""))  # fmt: skip
     out.summary.append("prefixes: " + ", ".join(f"{p} {c}" for p, c in sorted(prefixes.items())))
-    out.summary.append("rank / alpha: " + ", ".join(f"{r}/{a:g} x{c}" for (r, a), c in ranks.most_common()))
+    out.summary.append("rank / alpha: " + ", ".join(f"{r}/{a:g} x{c}" if r is not None else f"no rank (scale 1) x{c}"
+                                                   for (r, a), c in ranks.most_common()))  # fmt: skip
     zero = [n for n in file.modules if file.algos[n] != "norm" and _is_zero(file, n)]
     if zero:
         out.problems.append(f"{len(zero)} module(s) have ΔW = 0 (never trained?), e.g. {', '.join(zero[:3])}")
