@@ -303,3 +303,26 @@ def test_rank_dropout_drops_whole_output_units_of_a_full_module_bias_included():
     assert 0 < sum(kept) < len(kept)  # some units dropped, some kept
     for o, keep in enumerate(kept):
         torch.testing.assert_close(change[:, o], full_change[:, o] if keep else torch.zeros_like(change[:, o]))
+
+
+@pytest.mark.parametrize("case", ["full", "ia3-input", "glora"])
+def test_a_1x1_conv_file_loads_on_the_equal_linear(case):
+    """SD2's proj_in / proj_out are 1x1 convs in single-file models and Linear in diffusers: a module trained on the
+    conv (LyCORIS, 4-D tensors) loads on the Linear (fit_to_base drops the 1x1 axes) with the same output."""
+    from networks.files import check_shapes, fit_to_base
+
+    algo = CASES[case][0]
+    module, _ = _trained_lycoris(case, "conv1x1")
+    conv, linear = _base("conv1x1"), nn.Linear(4, 6)  # the same weights as the conv LyCORIS trained on
+    with torch.no_grad():
+        linear.weight.copy_(conv.weight[:, :, 0, 0])
+        linear.bias.copy_(conv.bias)
+    tensors = fit_to_base(_their_tensors(module), tuple(linear.weight.shape))
+    check_shapes("m", algo, tensors, tuple(linear.weight.shape), "file")
+    layer = AdapterLayer(linear, AdapterWeights.from_file(tensors, algo, "m"))
+    layer.multiplier = 0.8
+    x = _input("conv1x1", seed=6)
+    with torch.no_grad():
+        expected = module(x).permute(0, 2, 3, 1)
+        got = layer(x.permute(0, 2, 3, 1))
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
