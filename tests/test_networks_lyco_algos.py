@@ -326,3 +326,22 @@ def test_a_1x1_conv_file_loads_on_the_equal_linear(case):
         expected = module(x).permute(0, 2, 3, 1)
         got = layer(x.permute(0, 2, 3, 1))
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_a_glora_tucker_core_from_a_file_is_read_as_lycoris_defines_it():
+    """LyCORIS 4.1.3 never builds ``bm`` (so no module class can be the oracle), but its ΔW function reads one:
+    ``_glora_weight`` with bm = the tucker chain b1·bm·b2."""
+    from lycoris.modules.glora import _glora_weight
+
+    from networks.files import check_shapes
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(6, 4, 3, 3, generator=g)
+    t = {"a1.weight": torch.randn(4, 2, 1, 1, generator=g), "a2.weight": torch.randn(2, 4, 1, 1, generator=g),
+         "b1.weight": torch.randn(6, 2, 1, 1, generator=g), "b2.weight": torch.randn(2, 4, 1, 1, generator=g),
+         "bm.weight": torch.randn(2, 2, 3, 3, generator=g), "alpha": torch.tensor(3.0)}  # fmt: skip
+    check_shapes("m", "glora", t, (6, 4, 3, 3), "file")
+    adapter = AdapterWeights.from_file(t, "glora", "m")
+    expected = _glora_weight(w, *(t[f"{k}.weight"] for k in ("a1", "a2", "b1", "b2", "bm")), 1.5)
+    torch.testing.assert_close(adapter.delta_weight((6, 4, 3, 3), base=w), expected, atol=1e-5, rtol=1e-5)
+    assert ALGOS["glora"].options(adapter.params) == {"use_tucker": True}
