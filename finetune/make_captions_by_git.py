@@ -47,7 +47,9 @@ HOW_TO_GET = (
 _QUOTED = r"(?:\"[^\"]*\"?|'[^']*'?|\w+)"  # a quoted text (closing quote optional) or one word
 # The phrases GIT uses for text it reads (or imagines) in the image; each is removed with what it quotes.
 READ_TEXT_PATTERNS = [
-    re.compile(rf"\b(?:has|with|and) the (?:words?|letters?|name) ?{_QUOTED}(?: ?(?:is )?(?:on|in) (?:the |her |their |him )?\w+)?"),
+    re.compile(
+        rf"\b(?:has|with|and) the (?:words?|letters?|name) ?{_QUOTED}(?: ?(?:is )?(?:on|in) (?:the |her |their |him )?\w+)?"
+    ),
     re.compile(rf"(?:with a sign )?that says ?(?:the word )?{_QUOTED}?(?: ?on it)?"),
     re.compile(r"with the number \d+ on (?:it|\w+ \w+)"),
     re.compile(r"\bword \w+ on it"),

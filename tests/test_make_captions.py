@@ -29,8 +29,14 @@ def _tokenizer(folder):
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     """Tiny BLIP and GIT models with their processors (PIL image processors, a BERT tokenizer of 26 words)."""
-    from transformers import BlipConfig, BlipForConditionalGeneration, BlipProcessor, GitConfig, GitForCausalLM
-    from transformers import GitProcessor
+    from transformers import (
+        BlipConfig,
+        BlipForConditionalGeneration,
+        BlipProcessor,
+        GitConfig,
+        GitForCausalLM,
+        GitProcessor,
+    )
     from transformers.models.blip.image_processing_pil_blip import BlipImageProcessorPil
     from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
 
@@ -39,7 +45,9 @@ def models(tmp_path_factory):
     small = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
     vision = dict(small, image_size=32, patch_size=16)
     torch.manual_seed(0)
-    text = dict(small, vocab_size=len(WORDS), max_position_embeddings=64, bos_token_id=2, sep_token_id=3, pad_token_id=0)
+    text = dict(
+        small, vocab_size=len(WORDS), max_position_embeddings=64, bos_token_id=2, sep_token_id=3, pad_token_id=0
+    )
     blip = BlipForConditionalGeneration(BlipConfig(text_config=text, vision_config=vision, projection_dim=16))
     BlipProcessor(BlipImageProcessorPil(size={"height": 32, "width": 32}), tokenizer).save_pretrained(root / "blip")
     blip.save_pretrained(root / "blip")
@@ -127,7 +135,9 @@ def test_git_remove_words_changes_the_written_caption(models, images, monkeypatc
 
     def loaded(*args):
         model, processor = real(*args)
-        monkeypatch.setattr(processor, "batch_decode", lambda tokens, **kw: ["a tree with the words hello"] * len(tokens))
+        monkeypatch.setattr(
+            processor, "batch_decode", lambda tokens, **kw: ["a tree with the words hello"] * len(tokens)
+        )
         return model, processor
 
     monkeypatch.setattr(make_captions_by_git, "load_transformers_captioner", loaded)

@@ -113,7 +113,11 @@ def image_batches(
     dataset = _Loaded(paths, load)
     if workers:
         items: Any = torch.utils.data.DataLoader(
-            dataset, batch_size=None, shuffle=False, num_workers=workers, collate_fn=_as_is,
+            dataset,
+            batch_size=None,
+            shuffle=False,
+            num_workers=workers,
+            collate_fn=_as_is,
             generator=torch.Generator(),  # its own: the workers' seeds must not draw from the global RNG
         )
     else:
