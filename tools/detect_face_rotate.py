@@ -194,8 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def run(argv: Sequence[str] | None = None, detector: Callable[[np.ndarray], list[Face]] | None = None) -> list[Path]:
-    """Write the face images; returns their paths. ``detector`` replaces the one the flags choose."""
+def run(argv: Sequence[str] | None = None) -> list[Path]:
+    """Write the face images; returns their paths."""
     args = build_parser().parse_args(argv)
     problems = []
     if args.resize_fit and args.resize_face_size is not None:
@@ -212,7 +212,7 @@ def run(argv: Sequence[str] | None = None, detector: Callable[[np.ndarray], list
         raise ValueError("; ".join(problems))
     cv2 = require("cv2", "canny", "tools/detect_face_rotate.py")
     images = images_or_error(args.src_dir, recursive=False)
-    detect = detector or make_detector(args.yunet_model, args.score_threshold)
+    detect = make_detector(args.yunet_model, args.score_threshold)
     out_dir = Path(args.dst_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
