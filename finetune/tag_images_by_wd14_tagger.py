@@ -18,6 +18,11 @@ Nothing is downloaded: the model folder must hold ``model.onnx`` and ``selected_
 Writes ``<image stem><caption_extension>`` with the chosen tags joined by ``--caption_separator`` (or, with
 ``--output_path``, one JSON / JSONL file instead). The model's input size and a fixed batch size are read from the
 ONNX file.
+
+sd-scripts' second layout, ``--repo_id owner/repo/subfolder`` (e.g. cl_tagger), is read from
+``<model_dir>/<owner_repo>/<subfolder>``: ``model_optimized.onnx`` (NCHW input scaled to -1..1, logits out) and
+``tag_mapping.json`` with the categories Rating, General, Character, Copyright, Meta, Model, Quality and Artist
+(``--copyright_threshold`` etc., ``--use_quality_tags``); its tags are sorted by score.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: import the repository, not this folder
@@ -78,7 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="threshold of character tags (default --thresh; >1: none)",
     )
     for name in CATEGORY_THRESHOLDS:
-        add(f"--{name}_threshold", type=float, default=None, help="tag_mapping.json taggers only (not supported)")
+        add(
+            f"--{name}_threshold",
+            type=float,
+            default=None,
+            help="tag_mapping.json taggers: threshold of this category (default --thresh)",
+        )
     add("--recursive", action="store_true", help="also tag the images in sub-folders")
     add("--remove_underscore", action="store_true", help="underscores to spaces (tags longer than 3 characters)")
     add("--debug", action="store_true", help="print each image's rating, character and general tags")
@@ -88,8 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
     add("--append_tags", action="store_true", help="keep the tags of an existing file, add the new ones after them")
     add("--use_rating_tags", action="store_true", help="put the most probable rating tag first")
     add("--use_rating_tags_as_last_tag", action="store_true", help="put the most probable rating tag last")
-    add("--use_quality_tags", action="store_true", help="tag_mapping.json taggers only (not supported)")
-    add("--use_quality_tags_as_last_tag", action="store_true", help="tag_mapping.json taggers only (not supported)")
+    add("--use_quality_tags", action="store_true", help="tag_mapping.json taggers: the best quality tag first")
+    add(
+        "--use_quality_tags_as_last_tag",
+        action="store_true",
+        help="tag_mapping.json taggers: the best quality tag last",
+    )
     add("--character_tags_first", action="store_true", help="character tags before general tags")
     add("--always_first_tags", type=str, default=None, help="tags moved to the front when present, e.g. 1girl,1boy")
     add("--caption_separator", type=str, default=", ", help="text between tags (include the space)")
@@ -98,25 +113,49 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def check_args(args: argparse.Namespace) -> list[str]:
-    """Every problem of the command line at once (the flags this tagger format cannot honour included)."""
+@dataclass(frozen=True)
+class Layout:
+    """The files and tensors of a tagger: WD14 (selected_tags.csv, NHWC BGR 0..255 in, probabilities out) or
+    sd-scripts' other layout for ``--repo_id owner/repo/subfolder`` (tag_mapping.json, NCHW -1..1 in, logits out)."""
+
+    model_file: str
+    tags_file: str
+    channels_first: bool
+
+    @property
+    def mapping(self) -> bool:
+        return self.channels_first
+
+
+WD14 = Layout(MODEL_FILE, TAGS_FILE, channels_first=False)
+MAPPED = Layout("model_optimized.onnx", "tag_mapping.json", channels_first=True)
+
+
+def layout_of(repo_id: str) -> tuple[Layout, str]:
+    """``(layout, sub-folder)``: an id with more than two parts is owner/repo/sub-folder of a tag_mapping.json tagger."""
+    parts = repo_id.split("/")
+    if len(parts) > 2:
+        return MAPPED, str(Path(*parts[2:]))
+    return WD14, ""
+
+
+def check_args(args: argparse.Namespace, layout: Layout) -> list[str]:
+    """Every problem of the command line at once (the flags this tagger's layout cannot honour included)."""
     problems = []
-    if len(args.repo_id.split("/")) > 2:
-        problems.append(
-            f"--repo_id {args.repo_id}: taggers in a sub-folder of a repository (tag_mapping.json + "
-            "model_optimized.onnx, e.g. cl_tagger) are not supported; use a WD14 tagger (model.onnx + selected_tags.csv)"
-        )
     if args.force_download:
         problems.append(
-            "--force_download: this script never downloads; place model.onnx and selected_tags.csv yourself"
+            f"--force_download: this script never downloads; place {layout.model_file} and {layout.tags_file} yourself"
         )
-    for name in CATEGORY_THRESHOLDS:
-        if getattr(args, f"{name}_threshold") is not None:
-            problems.append(f"--{name}_threshold: WD14 taggers have no {name} tags (only tag_mapping.json taggers do)")
-    if args.use_quality_tags or args.use_quality_tags_as_last_tag:
-        problems.append("--use_quality_tags: WD14 taggers have no quality tags (only tag_mapping.json taggers do)")
+    if not layout.mapping:
+        for name in CATEGORY_THRESHOLDS:
+            if getattr(args, f"{name}_threshold") is not None:
+                problems.append(f"--{name}_threshold: WD14 taggers have no {name} tags (tag_mapping.json taggers do)")
+        if args.use_quality_tags or args.use_quality_tags_as_last_tag:
+            problems.append("--use_quality_tags: WD14 taggers have no quality tags (tag_mapping.json taggers do)")
     if args.use_rating_tags and args.use_rating_tags_as_last_tag:
         problems.append("--use_rating_tags and --use_rating_tags_as_last_tag: choose one")
+    if args.use_quality_tags and args.use_quality_tags_as_last_tag:
+        problems.append("--use_quality_tags and --use_quality_tags_as_last_tag: choose one")
     if args.output_path and args.append_tags:
         problems.append("--append_tags adds to tag files; it cannot be used with --output_path")
     if args.output_path and not args.output_path.endswith((".json", ".jsonl")):
@@ -126,28 +165,33 @@ def check_args(args: argparse.Namespace) -> list[str]:
     return problems
 
 
-def model_folder(args: argparse.Namespace) -> Path:
-    """The folder with model.onnx and selected_tags.csv; when it is missing, say what to put where."""
+def model_folder(args: argparse.Namespace, layout: Layout, sub_folder: str) -> Path:
+    """The folder with the tagger's two files; when it is missing, say what to put where."""
     model_dir = Path(args.model_dir)
-    candidates = [model_dir / args.repo_id.replace("/", "_"), model_dir]
-    for folder in candidates:
-        if (folder / MODEL_FILE).is_file():
-            if not (folder / TAGS_FILE).is_file():
-                raise ValueError(f"{folder}: has {MODEL_FILE} but no {TAGS_FILE}; put the tagger's {TAGS_FILE} there")
+    repo = "/".join(args.repo_id.split("/")[:2])
+    expected = model_dir / repo.replace("/", "_") / sub_folder
+    for folder in (expected, model_dir):
+        if (folder / layout.model_file).is_file():
+            if not (folder / layout.tags_file).is_file():
+                raise ValueError(
+                    f"{folder}: has {layout.model_file} but no {layout.tags_file}; put the tagger's {layout.tags_file} there"
+                )
             return folder
         if (folder / "saved_model.pb").is_file():
             raise ValueError(
-                f"{folder}: a TensorFlow (Keras) tagger; it is not supported here: put the tagger's {MODEL_FILE} "
-                f"and {TAGS_FILE} in this folder"
+                f"{folder}: a TensorFlow (Keras) tagger; it is not supported here: put the tagger's "
+                f"{layout.model_file} and {layout.tags_file} in this folder"
             )
+    files = " ".join(f"{sub_folder}/{f}" if sub_folder else f for f in (layout.model_file, layout.tags_file))
+    local = expected.parent if sub_folder else expected
     raise ValueError(
-        f"no WD14 tagger at {candidates[0]} (nor {MODEL_FILE} in {model_dir}): this script does not download; run "
-        f"`huggingface-cli download {args.repo_id} {MODEL_FILE} {TAGS_FILE} --local-dir {candidates[0]}` "
-        "(or copy the two files there), or point --model_dir at a folder that holds them"
+        f"no tagger at {expected} (nor {layout.model_file} in {model_dir}): this script does not download; run "
+        f"`huggingface-cli download {repo} {files} --local-dir {local}` (or copy the two files there), or point "
+        "--model_dir at a folder that holds them"
     )
 
 
-def open_session(path: Path, batch_size: int):
+def open_session(path: Path, batch_size: int, layout: Layout):
     """``(session, input name, input size, batch size, fixed)``: a fixed batch dimension of the model overrides
     ``--batch_size`` (with a warning, as sd-scripts; a last, shorter batch is padded); a dynamic one keeps it."""
     ort = require("onnxruntime", "tagger", "the WD14 tagger")
@@ -155,9 +199,11 @@ def open_session(path: Path, batch_size: int):
     providers = [p for p in ("CUDAExecutionProvider", "ROCMExecutionProvider") if p in available][:1]
     session = ort.InferenceSession(str(path), providers=providers + ["CPUExecutionProvider"])
     spec = session.get_inputs()[0]
-    if len(spec.shape) != 4 or spec.shape[3] != 3:
-        raise ValueError(f"{path}: input {spec.name} has shape {spec.shape}; a WD14 tagger takes (N, size, size, 3)")
-    size = spec.shape[1] if isinstance(spec.shape[1], int) else 448
+    channel_axis, size_axis = (1, 2) if layout.channels_first else (3, 1)
+    if len(spec.shape) != 4 or spec.shape[channel_axis] != 3:
+        want = "(N, 3, size, size)" if layout.channels_first else "(N, size, size, 3)"
+        raise ValueError(f"{path}: input {spec.name} has shape {spec.shape}; this tagger layout takes {want}")
+    size = spec.shape[size_axis] if isinstance(spec.shape[size_axis], int) else 448
     fixed = isinstance(spec.shape[0], int) and spec.shape[0] > 0
     if fixed and spec.shape[0] != batch_size:
         logger.warning(
@@ -171,7 +217,8 @@ def run(argv: Sequence[str] | None = None) -> dict[str, str]:
     """Tag every image; returns ``{file written: text}`` (one tag file per image, or the ``--output_path``)."""
     args = build_parser().parse_args(argv)
     extension = check_extension(args.caption_extention or args.caption_extension)
-    problems = check_args(args)
+    layout, sub_folder = layout_of(args.repo_id)
+    problems = check_args(args, layout)
     replacements = {}
     if args.tag_replacement is not None:
         try:
@@ -181,13 +228,19 @@ def run(argv: Sequence[str] | None = None) -> dict[str, str]:
     if problems:
         raise ValueError("; ".join(problems))
     images = images_or_error(args.train_data_dir, args.recursive)
-    folder = model_folder(args)
-    names, categories = wd14_tags.read_selected_tags(folder / TAGS_FILE)
+    folder = model_folder(args, layout, sub_folder)
+    session, input_name, size, batch_size, fixed = open_session(folder / layout.model_file, args.batch_size, layout)
+    if layout.mapping:
+        outputs = session.get_outputs()[0].shape[-1]
+        names, categories = wd14_tags.read_tag_mapping(
+            folder / layout.tags_file, outputs if isinstance(outputs, int) else None
+        )
+    else:
+        names, categories = wd14_tags.read_selected_tags(folder / layout.tags_file)
     names = wd14_tags.edit_names(
         names, categories, expand_characters=args.character_tag_expand, separator=args.caption_separator,
         underscores_to_spaces=args.remove_underscore, replacements=replacements,
     )  # fmt: skip
-    session, input_name, size, batch_size, fixed = open_session(folder / MODEL_FILE, args.batch_size)
     sep = args.caption_separator.strip()
     choice = wd14_tags.TagChoice(
         general_threshold=args.thresh if args.general_threshold is None else args.general_threshold,
@@ -197,21 +250,33 @@ def run(argv: Sequence[str] | None = None) -> dict[str, str]:
         use_rating_tags_as_last_tag=args.use_rating_tags_as_last_tag,
         character_tags_first=args.character_tags_first,
         always_first_tags=tuple(t.strip() for t in (args.always_first_tags or "").split(sep) if t.strip()),
+        other_thresholds=tuple(
+            (
+                name.capitalize(),
+                args.thresh if getattr(args, f"{name}_threshold") is None else getattr(args, f"{name}_threshold"),
+            )
+            for name in CATEGORY_THRESHOLDS
+        ),
+        use_quality_tags=args.use_quality_tags,
+        use_quality_tags_as_last_tag=args.use_quality_tags_as_last_tag,
     )
+    choose = wd14_tags.choose_mapped_tags if layout.mapping else wd14_tags.choose_tags
     written: dict[str, str] = {}
     records, all_tags, failed = [], [], []
     load = functools.partial(_load, size=size)
     for batch in image_batches(images, load, batch_size, args.max_data_loader_n_workers, failed, "tagging"):
         pixels = np.stack([pixels for _, (pixels, _) in batch])
+        if layout.channels_first:  # sd-scripts' tag_mapping.json layout: NCHW in -1..1 (channels as prepared)
+            pixels = pixels.transpose(0, 3, 1, 2) / np.float32(127.5) - np.float32(1.0)
         if fixed and len(batch) < batch_size:  # the model takes exactly batch_size images
             pixels = np.concatenate([pixels, np.zeros((batch_size - len(batch), *pixels.shape[1:]), pixels.dtype)])
         probs = session.run(None, {input_name: pixels})[0][: len(batch)]
         if probs.shape[-1] != len(names):
             raise ValueError(
-                f"{folder}: the model gives {probs.shape[-1]} scores but {TAGS_FILE} lists {len(names)} tags"
+                f"{folder}: the model gives {probs.shape[-1]} scores but {layout.tags_file} lists {len(names)} tags"
             )
         for (path, (_, image_size)), p in zip(batch, probs):
-            tags = wd14_tags.choose_tags(p, names, categories, choice)
+            tags = choose(p, names, categories, choice)
             all_tags.append(tags)
             target = caption_file(path, extension)
             combined = tags.combined
@@ -225,6 +290,8 @@ def run(argv: Sequence[str] | None = None) -> dict[str, str]:
             if args.debug:
                 print(f"{path}:\n\tRating tags: {', '.join(tags.rating)}\n\tCharacter tags: "
                       f"{', '.join(tags.character)}\n\tGeneral tags: {', '.join(tags.general)}")  # fmt: skip
+                if tags.other or tags.quality:
+                    print(f"\tOther tags: {', '.join(tags.other + tags.quality)}")
     if args.output_path:
         written[args.output_path] = _write_records(records, Path(args.output_path))
     if args.frequency_tags:

@@ -161,7 +161,10 @@ def test_missing_model_and_unsupported_flags_are_named(images, model_dir, tmp_pa
     for argv, needle in [
         (["--model_dir", str(tmp_path / "none")], "huggingface-cli download SmilingWolf/wd-v1-4-convnext-tagger-v2"),
         (["--model_dir", str(model_dir), "--force_download"], "never downloads"),
-        (["--model_dir", str(model_dir), "--repo_id", "a/b/c"], "tag_mapping.json"),
+        (
+            ["--model_dir", str(model_dir), "--repo_id", "a/b/c"],
+            "download a/b c/model_optimized.onnx c/tag_mapping.json",
+        ),
         (["--model_dir", str(model_dir), "--meta_threshold", "0.5"], "--meta_threshold"),
         (["--model_dir", str(model_dir), "--tag_replacement", "a;b,c"], "'a' is not `source,target`"),
         (["--model_dir", str(model_dir), "--caption_extension", "txt"], "--caption_extension 'txt'"),
@@ -171,3 +174,71 @@ def test_missing_model_and_unsupported_flags_are_named(images, model_dir, tmp_pa
     monkeypatch.setitem(__import__("sys").modules, "onnxruntime", None)  # not installed
     assert tagger.main([str(images), "--model_dir", str(model_dir)]) == 2
     assert 'pip install "sdtrain[tagger]"' in capsys.readouterr().err
+
+
+MAPPING = {  # tag_mapping.json layout: index -> (tag, category, score of a plain red image); index 5 is unmapped
+    0: ("general", "Rating", 0.2), 1: ("sensitive", "Rating", 0.6), 2: ("long_hair", "General", 0.9),
+    3: ("smile", "General", 0.5), 4: ("miku_(vocaloid)", "Character", 0.8), 6: ("vocaloid", "Copyright", 0.7),
+    7: ("highres", "Meta", 0.4), 8: ("best_quality", "Quality", 0.45), 9: ("normal_quality", "Quality", 0.3),
+    10: ("someone", "Artist", 0.36),
+}  # fmt: skip
+
+
+def _make_mapped_tagger(folder):
+    """NCHW input in -1..1 -> mean over H, W -> MatMul -> logits; a plain red image gives logit(MAPPING scores), blue
+    and green logit(0.05) everywhere."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    outputs = max(MAPPING) + 1
+    red = np.full(outputs, 0.99)  # the unmapped output scores high and must be ignored
+    for index, (_, _, p) in MAPPING.items():
+        red[index] = p
+    targets = np.stack(
+        [np.log(red / (1 - red)), np.full(outputs, np.log(0.05 / 0.95)), np.full(outputs, np.log(0.05 / 0.95))]
+    )
+    channel_means = np.array([[-1.0, -1.0, 1.0], [-1.0, 1.0, -1.0], [1.0, -1.0, -1.0]])  # BGR of red, green, blue
+    weight = np.linalg.solve(channel_means, targets).astype(np.float32)
+    nodes = [
+        helper.make_node("ReduceMean", ["input", "axes"], ["mean"], keepdims=0),
+        helper.make_node("MatMul", ["mean", "weight"], ["logits"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "tiny_mapped",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, SIZE, SIZE])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", outputs])],
+        [numpy_helper.from_array(np.array([2, 3], np.int64), "axes"), numpy_helper.from_array(weight, "weight")],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    folder.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, folder / "model_optimized.onnx")
+    table = {str(i): {"tag": t, "category": c} for i, (t, c, _) in MAPPING.items()}
+    (folder / "tag_mapping.json").write_text(json.dumps(table))
+
+
+def test_tag_mapping_layout(images, tmp_path):
+    """--repo_id owner/repo/sub: sigmoid of the logits, per-category thresholds, sorted by score (sd-scripts)."""
+    _make_mapped_tagger(tmp_path / "models" / "owner_repo" / "sub")
+
+    def red(*flags):
+        tagger.run([str(images), "--model_dir", str(tmp_path / "models"), "--repo_id", "owner/repo/sub", *flags])
+        assert (images / "blue.txt").read_text() == "\n"
+        return (images / "red.txt").read_text().rstrip("\n")
+
+    def by_score(threshold=0.35, **category_thresholds):
+        chosen = [(p, t) for t, c, p in MAPPING.values() if c not in ("Rating", "Quality")
+                  and p >= category_thresholds.get(c, threshold)]  # fmt: skip
+        return [t for _, t in sorted(chosen, reverse=True)]
+
+    assert red() == ", ".join(by_score()) == "long_hair, miku_(vocaloid), vocaloid, smile, highres, someone"
+    assert red("--meta_threshold", "0.5", "--artist_threshold", "0.9", "--copyright_threshold", "0.75") == ", ".join(
+        by_score(Meta=0.5, Artist=0.9, Copyright=0.75)
+    )
+    assert red("--general_threshold", "0.6", "--character_threshold", "0.85") == ", ".join(
+        by_score(General=0.6, Character=0.85)
+    )
+    assert red("--use_rating_tags", "--use_quality_tags_as_last_tag", "--undesired_tags", "smile") == (
+        "sensitive, long_hair, miku_(vocaloid), vocaloid, highres, someone, best_quality"
+    )
+    assert red("--character_tags_first", "--general_threshold", "0.95").startswith("miku_(vocaloid), vocaloid")
+    assert red("--remove_underscore", "--use_quality_tags").startswith("best quality, long hair")
