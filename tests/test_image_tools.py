@@ -179,3 +179,28 @@ def test_canny_is_opencvs_canny_and_the_thresholds_matter(tmp_path, capsys):
     ]:
         assert canny.main(argv) == 2
         assert needle in capsys.readouterr().err
+
+
+def test_anime_face_detector_predictions_become_faces(src, tmp_path, monkeypatch):
+    """sd-scripts' detector (not installable here) through its documented output: per face ``bbox`` = (left, top,
+    right, bottom, score) and 28 ``keypoints`` (x, y, score), the eyes at 11 (right) and 19 (left); scores below
+    --score_threshold are dropped, the angle is atan2 of left minus right eye."""
+    import types
+
+    keypoints = np.zeros((28, 3))
+    keypoints[11, :2], keypoints[19, :2] = (20, 30), (36, 30 + 16 * math.tan(math.radians(10)))
+    predictions = [
+        {"bbox": np.array([16, 24, 40, 48, 0.95]), "keypoints": keypoints},
+        {"bbox": np.array([0, 0, 60, 60, 0.5]), "keypoints": keypoints},  # larger but below the score threshold
+    ]
+    asked = []
+    module = types.SimpleNamespace(create_detector=lambda name: asked.append(name) or (lambda image: predictions))
+    monkeypatch.setitem(sys.modules, "anime_face_detector", module)
+    detect = detect_face_rotate.make_detector(None, 0.9)
+    (face,) = detect(src[1])
+    assert asked == ["yolov3"] and (face.cx, face.cy, face.w, face.h) == (28, 36, 24, 24)
+    assert face.angle == pytest.approx(10.0)
+    written = detect_face_rotate.run(
+        ["--src_dir", str(src[0]), "--dst_dir", str(tmp_path / "out"), "--crop_size", "32,32"]
+    )
+    assert [p.name for p in written] == ["photo_0016_0016_0024_0024.png"]
