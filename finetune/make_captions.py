@@ -12,7 +12,8 @@ not a transformers model and cannot be loaded here. To work offline, download th
 
     huggingface-cli download Salesforce/blip-image-captioning-large --local-dir blip-large
 
-Decoding as sd-scripts' BLIP: nucleus sampling (``--top_p``, repetition penalty 1.1, seeded by ``--seed``) unless
+Decoding as sd-scripts' BLIP: each caption continues the prompt "a picture of " (which is then cut off, so the file
+holds what follows it; unprompted, BLIP large tends to start with "arafed"); nucleus sampling (``--top_p``, repetition penalty 1.1, seeded by ``--seed``) unless
 ``--beam_search`` (``--num_beams``, no sampling); ``--max_length`` / ``--min_length`` count tokens.
 """
 
@@ -42,6 +43,7 @@ from library.data.images import load_image
 from networks.tool_common import main_guard
 
 DEFAULT_MODEL = "Salesforce/blip-image-captioning-large"
+PROMPT = "a picture of"  # sd-scripts' BLIP prompt, removed from the captions
 HOW_TO_GET = (
     "--caption_weights needs a transformers BLIP captioning model: a folder (config.json, model.safetensors, "
     "processor and tokenizer files) or a Hugging Face id; download one with `huggingface-cli download "
@@ -94,6 +96,12 @@ def generation_kwargs(args: argparse.Namespace) -> dict:
     return {"do_sample": True, "top_p": args.top_p, "top_k": 0, "num_beams": 1, "repetition_penalty": 1.1, **lengths}
 
 
+def without_prompt(text: str) -> str:
+    """A decoded caption without the leading prompt (compared case-insensitively: BLIP's tokenizer lowercases)."""
+    text = text.strip()
+    return text[len(PROMPT) :].strip() if text.lower().startswith(PROMPT) else text
+
+
 def run(argv: Sequence[str] | None = None) -> dict[Path, str]:
     """Caption every image; returns ``{caption file: caption}`` of the files written."""
     args = build_parser().parse_args(argv)
@@ -107,6 +115,12 @@ def run(argv: Sequence[str] | None = None) -> dict[Path, str]:
     model, processor = load_transformers_captioner(
         BlipForConditionalGeneration, args.caption_weights, "--caption_weights", "blip", HOW_TO_GET
     )
+    prompt_tokens = len(processor.tokenizer(PROMPT).input_ids) - 1  # the start token and the prompt, not [SEP]
+    if args.max_length <= prompt_tokens:
+        raise ValueError(
+            f"--max_length {args.max_length}: counts the {prompt_tokens} tokens of the start and the prompt "
+            f"{PROMPT!r}; give more (sd-scripts' default is 75)"
+        )
     device = default_device()
     model.to(device)
     torch.manual_seed(args.seed)
@@ -115,11 +129,16 @@ def run(argv: Sequence[str] | None = None) -> dict[Path, str]:
     failed: list[str] = []
     batches = image_batches(images, load_image, args.batch_size, args.max_data_loader_n_workers, failed, "BLIP")
     for batch in batches:
-        pixels = processor(images=[image for _, image in batch], return_tensors="pt").pixel_values.to(device)
+        inputs = processor(images=[image for _, image in batch], text=[PROMPT] * len(batch), return_tensors="pt")
         with torch.no_grad():
-            tokens = model.generate(pixel_values=pixels.to(model.dtype), **kwargs)
-        for (path, _), caption in zip(batch, processor.batch_decode(tokens, skip_special_tokens=True)):
-            caption = caption.strip()
+            tokens = model.generate(
+                pixel_values=inputs.pixel_values.to(device, model.dtype),
+                input_ids=inputs.input_ids.to(device),
+                attention_mask=inputs.attention_mask.to(device),
+                **kwargs,
+            )
+        for (path, _), text in zip(batch, processor.batch_decode(tokens, skip_special_tokens=True)):
+            caption = without_prompt(text)
             written[write_text_atomic(caption_file(path, extension), caption + "\n")] = caption
             if args.debug:
                 print(path, caption)

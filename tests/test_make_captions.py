@@ -70,16 +70,21 @@ def images(tmp_path):
     return folder
 
 
-def _reference(folder, model_class, names, **generate):
-    """Captions from the model's own generate + batch_decode (the oracle)."""
+def _reference(folder, model_class, names, prompt=None, **generate):
+    """Captions from the model's own generate + batch_decode (the oracle), the prompt cut off."""
     from transformers import AutoProcessor
 
     processor = AutoProcessor.from_pretrained(folder)
     model = model_class.from_pretrained(folder).eval()
-    pixels = processor(images=[load_image(str(n)) for n in names], return_tensors="pt").pixel_values
+    text = None if prompt is None else [prompt] * len(names)
+    inputs = processor(images=[load_image(str(n)) for n in names], text=text, return_tensors="pt")
     with torch.no_grad():
-        tokens = model.generate(pixel_values=pixels, **generate)
-    return [c.strip() for c in processor.batch_decode(tokens, skip_special_tokens=True)]
+        tokens = model.generate(**inputs, **generate)
+    captions = [c.strip() for c in processor.batch_decode(tokens, skip_special_tokens=True)]
+    if prompt is not None:
+        assert all(c.startswith(prompt + " ") for c in captions), captions
+        captions = [c[len(prompt) :].strip() for c in captions]
+    return captions
 
 
 def test_blip_beam_search_writes_the_models_captions(models, images):
@@ -88,16 +93,16 @@ def test_blip_beam_search_writes_the_models_captions(models, images):
     written = make_captions.run([str(images), "--caption_weights", str(models / "blip"), "--beam_search",
                                  "--num_beams", "3", "--max_length", "8", "--min_length", "3", "--batch_size", "2"])  # fmt: skip
     names = [images / "a.png", images / "b.jpg", images / "c.webp"]
-    expected = _reference(models / "blip", BlipForConditionalGeneration, names, num_beams=3, max_length=8,
-                          min_length=3, do_sample=False)  # fmt: skip
+    expected = _reference(models / "blip", BlipForConditionalGeneration, names, "a picture of", num_beams=3,
+                          max_length=8, min_length=3, do_sample=False)  # fmt: skip
     assert sorted(written) == [n.with_suffix(".caption") for n in names]  # not recursive: sub/d.png untouched
     assert [n.with_suffix(".caption").read_text() for n in names] == [c + "\n" for c in expected]
     assert all(expected) and not (images / "sub" / "d.caption").exists()
     # --num_beams changes the search: one beam is greedy decoding
     greedy = make_captions.run([str(images), "--caption_weights", str(models / "blip"), "--beam_search",
                                 "--max_length", "8", "--min_length", "3", "--caption_extension", ".greedy"])  # fmt: skip
-    assert list(greedy.values()) == _reference(models / "blip", BlipForConditionalGeneration, names, max_length=8,
-                                               min_length=3, do_sample=False)  # fmt: skip
+    assert list(greedy.values()) == _reference(models / "blip", BlipForConditionalGeneration, names, "a picture of",
+                                               max_length=8, min_length=3, do_sample=False)  # fmt: skip
 
 
 def test_blip_sampling_is_seeded_and_flags_apply(models, images):
@@ -108,8 +113,10 @@ def test_blip_sampling_is_seeded_and_flags_apply(models, images):
     assert list(first.values()) == list(again.values())  # --seed 42 both times, worker loading changes nothing
     other = make_captions.run([*base, "--caption_extension", ".s7", "--seed", "7", "--top_p", "0.5"])
     assert list(other.values()) != list(first.values())
-    lengths = [len(c.split()) for c in make_captions.run([*base, "--max_length", "4", "--min_length", "3"]).values()]
-    assert max(lengths) <= 3  # 4 tokens including the start token
+    lengths = [len(c.split()) for c in make_captions.run([*base, "--max_length", "6", "--min_length", "6"]).values()]
+    assert max(lengths) == 2  # 6 tokens: the start token, the 3 of the prompt (cut off) and 2 words
+    with pytest.raises(ValueError, match="--max_length 4: counts the 4 tokens"):
+        make_captions.run([*base, "--max_length", "4", "--min_length", "3"])
 
 
 def test_git_writes_the_models_captions_and_removes_read_text(models, images):
