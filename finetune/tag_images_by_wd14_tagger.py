@@ -290,8 +290,9 @@ def run(argv: Sequence[str] | None = None) -> dict[str, str]:
             if args.debug:
                 print(f"{path}:\n\tRating tags: {', '.join(tags.rating)}\n\tCharacter tags: "
                       f"{', '.join(tags.character)}\n\tGeneral tags: {', '.join(tags.general)}")  # fmt: skip
-                if tags.other or tags.quality:
-                    print(f"\tOther tags: {', '.join(tags.other + tags.quality)}")
+                quality = tags.quality if args.use_quality_tags or args.use_quality_tags_as_last_tag else []
+                if tags.other or quality:
+                    print(f"\tOther tags: {', '.join(tags.other + quality)}")
     if args.output_path:
         written[args.output_path] = _write_records(records, Path(args.output_path))
     if args.frequency_tags:
