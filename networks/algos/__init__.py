@@ -18,13 +18,15 @@ DoRA (``dora.py``) is one function applied on top of any algorithm's ΔW. Only t
 
 from __future__ import annotations
 
-from . import loha, lokr, lora
+from . import dylora, loha, lokr, lora, lora_fa
 from .base import Algorithm
 
-ALGOS: dict[str, Algorithm] = {a.name: a for a in (lora.ALGORITHM, loha.ALGORITHM, lokr.ALGORITHM)}
+ALGOS: dict[str, Algorithm] = {
+    a.name: a for a in (lora.ALGORITHM, loha.ALGORITHM, lokr.ALGORITHM, dylora.ALGORITHM, lora_fa.ALGORITHM)
+}
 
 # LyCORIS algorithm names that exist in files and on command lines but are not implemented here yet.
-NOT_SUPPORTED = ("ia3", "full", "diff", "glora", "diag-oft", "boft", "oft", "dylora", "tlora")
+NOT_SUPPORTED = ("ia3", "full", "diff", "glora", "diag-oft", "boft", "oft", "tlora")
 
 # A file tensor suffix -> the algorithm that owns it (first match wins; "alpha"/"dora_scale" are shared).
 _SIGNATURES: tuple[tuple[str, str], ...] = (
