@@ -127,6 +127,14 @@ def from_file(tensors: Mapping[str, Tensor], *, block: int = 1, **_: Any) -> dic
     return split(tensors[FILE_KEYS["lora_down"]], tensors[FILE_KEYS["lora_up"]], block)
 
 
+def cut(down: Tensor, up: Tensor, rank: int) -> tuple[Tensor, Tensor]:
+    """The first ``rank`` ranks of a DyLoRA file's LoRA: (down[:rank], up[:, :rank]), i.e. ``join`` of the first
+    rank / u blocks. A module whose rank is at most ``rank`` is returned whole (as sd-scripts' split tool)."""
+    if down.shape[0] <= rank:
+        return down, up
+    return down[:rank].contiguous(), up[:, :rank].contiguous()
+
+
 def draw_block(style: str, rank: int, block: int, rng: Any) -> int:
     """The block ``j`` one training step trains, drawn from ``rng`` (Python's ``random``) exactly as the reference
     does: kohya ``b = rng.randint(0, r - 1)`` floored to a multiple of ``u``; lycoris ``rng.randint(0, n - 1)``."""
