@@ -158,6 +158,30 @@ def test_lycoris_training_forward_and_gradients_equal_dylora_module(kind):
         )
 
 
+def test_lycoris_module_dropout_skips_like_dylora_module():
+    """module_dropout (LyCORIS' one DyLoRA dropout): the same torch draw skips the same calls."""
+    layer = _layer("linear", 4, 2, 3.0, "lycoris").train()
+    layer.module_dropout = 0.5
+    base = copy.deepcopy(layer.base_layer)
+    theirs = lycoris_dylora.DyLoraModule("m", base, 1.0, lora_dim=4, alpha=3.0, block_size=2, module_dropout=0.5)
+    with torch.no_grad():
+        for j in range(2):
+            theirs.down_list[j].copy_(layer.adapter.params[f"lora_down_{j}"])
+            theirs.up_list[j].copy_(layer.adapter.params[f"lora_up_{j}"])
+    theirs.apply_to()
+    theirs.train()
+    x, skipped = _input("linear"), 0
+    for seed in range(8):
+        torch.manual_seed(seed)
+        random.seed(seed)
+        got = layer(x)
+        torch.manual_seed(seed)
+        random.seed(seed)
+        torch.testing.assert_close(got, base(x), atol=1e-5, rtol=1e-5)
+        skipped += torch.equal(got, layer.base_layer(x))
+    assert 0 < skipped < 8  # some calls skipped, some not: the comparison covers both
+
+
 @pytest.mark.parametrize("kind", list(BASES))
 def test_lycoris_file_tensors_equal_its_state_dict_and_eval_is_that_lora(kind):
     layer = _layer(kind, 4, 2, 3.0, "lycoris").eval()
