@@ -21,7 +21,6 @@ patched) and computes
 from __future__ import annotations
 
 import math
-import random
 from collections.abc import Mapping
 
 import torch
@@ -306,8 +305,8 @@ class DyLoRALayer(AdapterLayer):
     """An :class:`AdapterLayer` whose training forward trains one random rank block per call (``algos/dylora.py``).
 
     ``style`` is ``"kohya"`` (sd-scripts networks.dylora) or ``"lycoris"`` (LyCORIS algo=dylora); the block is drawn
-    from Python's ``random`` (saved and restored by ``--save_state`` / ``--resume``) as both references do. Outside
-    training, and when merged, the layer is the plain LoRA its file holds. ``last_block`` records the last draw.
+    from torch's CPU RNG (saved by ``--save_state``, replayed by gradient checkpointing's recompute). Outside training,
+    and when merged, the layer is the plain LoRA its file holds. ``last_block`` records the last draw.
     """
 
     def __init__(self, base_layer: nn.Module, adapter: AdapterWeights, *, style: str = "kohya", **kwargs) -> None:
@@ -325,7 +324,7 @@ class DyLoRALayer(AdapterLayer):
             return out
         adapter = self.adapter
         params = adapter.params
-        j = dylora.draw_block(self.style, adapter.rank, dylora.block_size(params), random)
+        j = dylora.draw_block(self.style, adapter.rank, dylora.block_size(params))
         self.last_block = j
         down, up, scale = dylora.step_factors(params, j, self.style, adapter.alpha)
         h = lora_algo.project_down(x, {"lora_down": down}, self._conv_args)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import math
-import random
 
 import pytest
 import torch
@@ -66,19 +65,19 @@ def _lora_out(x: torch.Tensor, down: torch.Tensor, up: torch.Tensor, base: nn.Mo
 @pytest.mark.parametrize("unit", [1, 2])
 def test_kohya_training_forward_is_sd_scripts_formula(kind, unit):
     """sd-scripts: b = randint(0, r-1) - b % unit; all r ranks used; scale alpha/r · sqrt(r / (b + unit)); only rows
-    b..b+unit get gradients."""
+    b..b+unit get gradients. (The draw comes from torch's RNG here, the same uniform law as sd-scripts' ``random``.)"""
     rank, alpha = 4, 3.0
     layer = _layer(kind, rank, unit, alpha, "kohya").train()
     x = _input(kind)
     down, up = (t.detach() for t in dylora.join(layer.adapter.params))
     for seed in range(6):
-        random.seed(seed)
-        b = random.randint(0, rank - 1)
+        torch.manual_seed(seed)
+        b = int(torch.randint(rank, ()))
         b -= b % unit
         expected = layer.base_layer(x) + _lora_out(x, down, up, layer.base_layer) * alpha / rank * math.sqrt(
             rank / (b + unit)
         )
-        random.seed(seed)
+        torch.manual_seed(seed)
         layer.adapter.zero_grad(set_to_none=True)
         got = layer(x)
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
@@ -101,12 +100,31 @@ def test_kohya_eval_forward_is_the_files_lora_and_merge_agrees():
         layer.unmerge()
 
 
+@pytest.mark.parametrize("style", dylora.STYLES)
+def test_gradient_checkpointing_recompute_trains_the_block_the_forward_drew(style):
+    """A checkpointed forward is recomputed in backward; the recompute must draw the same block (torch's RNG is
+    replayed) or the scale / rows saved for backward would belong to another block."""
+    from torch.utils.checkpoint import checkpoint
+
+    for seed in range(4):
+        grads = []
+        for use_checkpoint in (False, True):
+            layer = _layer("conv3x3", 8, 2, 3.0, style).train()
+            x = _input("conv3x3")
+            torch.manual_seed(seed)
+            out = checkpoint(layer, x, use_reentrant=False) if use_checkpoint else layer(x)
+            out.square().sum().backward()
+            grads.append({k: p.grad for k, p in layer.adapter.params.items() if p.grad is not None})
+        assert grads[0].keys() == grads[1].keys() and len(grads[0]) == 2
+        assert all(torch.allclose(grads[0][k], grads[1][k], rtol=1e-5, atol=1e-6) for k in grads[0])
+
+
 def test_unit_changes_the_trained_block_size():
     """The flag test: ``unit`` is the number of rows one step trains (and the draw's granularity)."""
     seen = {}
     for unit in (1, 2, 4):
         layer = _layer("linear", 4, unit, 4.0, "kohya").train()
-        random.seed(3)
+        torch.manual_seed(3)
         layer(_input("linear")).sum().backward()
         grads = [p.grad for p in layer.adapter.params.values() if p.grad is not None]
         seen[unit] = {tuple(g.shape) for g in grads}
@@ -115,6 +133,19 @@ def test_unit_changes_the_trained_block_size():
 
 # ---------------------------------------------------------------------------------------------- LyCORIS DyLoRA
 lycoris_dylora = pytest.importorskip("lycoris.modules.dylora")
+
+
+@pytest.fixture
+def same_draw(monkeypatch):
+    """LyCORIS draws its block with ``random.randint(0, n - 1)``: give it the block our layer drew last."""
+    state = {}
+
+    def randint(a, b):
+        assert (a, b) == (0, state["n"] - 1)
+        return state["layer"].last_block
+
+    monkeypatch.setattr(lycoris_dylora.random, "randint", randint)
+    return state
 
 
 def _lycoris_module(layer: DyLoRALayer, block: int, alpha: float):
@@ -130,20 +161,20 @@ def _lycoris_module(layer: DyLoRALayer, block: int, alpha: float):
 
 
 @pytest.mark.parametrize("kind", list(BASES))
-def test_lycoris_training_forward_and_gradients_equal_dylora_module(kind):
-    """Same weights, same ``random`` draw: the same output (≤ 1e-5) and the same gradient on the trained block; the
+def test_lycoris_training_forward_and_gradients_equal_dylora_module(kind, same_draw):
+    """Same weights, same drawn block: the same output (≤ 1e-5) and the same gradient on the trained block; the
     untrained blocks get no gradient in either."""
     block, alpha = 2, 3.0
     layer = _layer(kind, 6, block, alpha, "lycoris").train()
+    same_draw.update(layer=layer, n=3)
     theirs, base = _lycoris_module(layer, block, alpha)
     theirs.train()
     x = _input(kind)
     for seed in range(5):
         layer.adapter.zero_grad(set_to_none=True)
         theirs.zero_grad(set_to_none=True)
-        random.seed(seed)
+        torch.manual_seed(seed)
         got = layer(x)
-        random.seed(seed)
         expected = base(x)
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
         got.square().sum().backward()
@@ -158,9 +189,10 @@ def test_lycoris_training_forward_and_gradients_equal_dylora_module(kind):
         )
 
 
-def test_lycoris_module_dropout_skips_like_dylora_module():
+def test_lycoris_module_dropout_skips_like_dylora_module(same_draw):
     """module_dropout (LyCORIS' one DyLoRA dropout): the same torch draw skips the same calls."""
     layer = _layer("linear", 4, 2, 3.0, "lycoris").train()
+    same_draw.update(layer=layer, n=2)
     layer.module_dropout = 0.5
     base = copy.deepcopy(layer.base_layer)
     theirs = lycoris_dylora.DyLoraModule("m", base, 1.0, lora_dim=4, alpha=3.0, block_size=2, module_dropout=0.5)
@@ -173,10 +205,8 @@ def test_lycoris_module_dropout_skips_like_dylora_module():
     x, skipped = _input("linear"), 0
     for seed in range(8):
         torch.manual_seed(seed)
-        random.seed(seed)
         got = layer(x)
         torch.manual_seed(seed)
-        random.seed(seed)
         torch.testing.assert_close(got, base(x), atol=1e-5, rtol=1e-5)
         skipped += torch.equal(got, layer.base_layer(x))
     assert 0 < skipped < 8  # some calls skipped, some not: the comparison covers both
@@ -373,12 +403,12 @@ def test_dylora_resume_repeats_the_uninterrupted_run(tiny_dir, dataset, tmp_path
 
     from library.weight_files import load_state_dict
 
-    common = ["--network_module", "networks.dylora", "--network_args", "unit=2", "conv_dim=4", "--save_every_n_steps",
-              "2", "--save_state"]  # fmt: skip
-    full = train("sd1", *args_for(tiny_dir / "sd1", dataset, tmp_path / "a", *common, steps=4))
-    state = tmp_path / "a" / "t-step00000002-state"
+    common = ["--network_module", "networks.dylora", "--network_args", "unit=2", "--save_every_n_steps", "1",
+              "--save_state"]  # fmt: skip
+    full = train("sd1", *args_for(tiny_dir / "sd1", dataset, tmp_path / "a", *common, steps=2))
+    state = tmp_path / "a" / "t-step00000001-state"
     resumed = train("sd1", *args_for(tiny_dir / "sd1", dataset, tmp_path / "b", *common, "--resume", str(state),
-                                     steps=4))  # fmt: skip
+                                     steps=2))  # fmt: skip
     assert resumed.losses == full.losses
     a, b = load_state_dict(full.output)[0], load_state_dict(resumed.output)[0]
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

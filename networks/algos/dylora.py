@@ -16,7 +16,8 @@ Files hold one plain LoRA (docs/formats.md "DyLoRA"): ``lora_down = cat_j lora_d
 ``lora_up = cat_j lora_up_j`` (out, r[, 1, 1]) and ``alpha``; any LoRA reader (diffusers, ComfyUI) loads them.
 
 Outside training (sampling, merge, every tool) the module is that LoRA: ΔW = (alpha / r) · up @ down.
-One training step draws the block ``j`` that trains; only its rows get gradients (the others are detached):
+One training step draws the block ``j`` that trains (uniformly, from torch's RNG; see ``draw_block``); only its rows
+get gradients (the others are detached):
 
     kohya:   b = randint(0, r - 1) - (b mod u), j = b / u; all r ranks are in the product;
              Δy = alpha / r · sqrt(r / (b + u)) · up(down(x))
@@ -135,13 +136,15 @@ def cut(down: Tensor, up: Tensor, rank: int) -> tuple[Tensor, Tensor]:
     return down[:rank].contiguous(), up[:, :rank].contiguous()
 
 
-def draw_block(style: str, rank: int, block: int, rng: Any) -> int:
-    """The block ``j`` one training step trains, drawn from ``rng`` (Python's ``random``) exactly as the reference
-    does: kohya ``b = rng.randint(0, r - 1)`` floored to a multiple of ``u``; lycoris ``rng.randint(0, n - 1)``."""
+def draw_block(style: str, rank: int, block: int, generator: torch.Generator | None = None) -> int:
+    """The block ``j`` one training step trains, uniform over the r / u blocks, drawn the way the reference does but
+    from torch's RNG: kohya ``b = randint(0, r - 1)`` floored to a multiple of ``u``; lycoris ``randint(0, n - 1)``.
+    (The references use Python's ``random``; torch's CPU RNG is what gradient checkpointing saves and replays, so a
+    recomputed forward trains the block the forward drew.)"""
     if style == "kohya":
-        b = rng.randint(0, rank - 1)
+        b = int(torch.randint(rank, (), generator=generator))
         return (b - b % block) // block
-    return rng.randint(0, rank // block - 1)
+    return int(torch.randint(rank // block, (), generator=generator))
 
 
 def step_factors(params: Mapping[str, Tensor], j: int, style: str, alpha: float | Tensor) -> tuple[Tensor, Tensor, Any]:
