@@ -13,7 +13,10 @@ Every algorithm is an :class:`Algorithm` record of functions:
   is folded into when a file is written (as LyCORIS does).
 * ``project_down`` / ``project_up`` (LoRA only): the factorised forward ``up(down(x))`` without building ΔW.
 
-DoRA (``dora.py``) is one function applied on top of any algorithm's ΔW. Only torch is imported here.
+DoRA (``dora.py``) is one function applied on top of any algorithm's ΔW. DyLoRA (``dylora.py``) and LoRA-FA
+(``lora_fa.py``) write plain LoRA files (``file_format = "lora"``); DyLoRA keeps one tensor per rank block in memory
+(``block_params``, packed by ``to_file`` / ``from_file``), LoRA-FA keeps ``lora_down`` frozen (``frozen_params``).
+Only torch is imported here.
 """
 
 from __future__ import annotations
