@@ -412,3 +412,18 @@ def test_dylora_resume_repeats_the_uninterrupted_run(tiny_dir, dataset, tmp_path
     assert resumed.losses == full.losses
     a, b = load_state_dict(full.output)[0], load_state_dict(resumed.output)[0]
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_lora_fa_max_norm_scales_up_only(tiny_parts):
+    """--scale_weight_norms on LoRA-FA: ‖ΔW‖ is capped by scaling lora_up alone; the frozen lora_down is untouched."""
+    network = inject(make_config(module="networks.lora_fa", dim=4, alpha=4.0), adapter_roots(copy.deepcopy(
+        tiny_parts["sd1"])))  # fmt: skip
+    name = network.names[0]
+    params = network.adapters[name].params
+    with torch.no_grad():
+        params["lora_up"].normal_(0, 1.0)
+    down = params["lora_down"].clone()
+    assert network.layer(name).algo_delta().norm() > 1.0
+    network.apply_max_norm(1.0)
+    assert torch.equal(params["lora_down"], down)
+    torch.testing.assert_close(network.layer(name).algo_delta().norm(), torch.tensor(1.0), atol=1e-5, rtol=1e-5)
