@@ -228,6 +228,35 @@ def test_lycoris_file_tensors_equal_its_state_dict_and_eval_is_that_lora(kind):
         torch.testing.assert_close(layer(x), expected, atol=1e-5, rtol=1e-5)
 
 
+def test_lycoris_network_file_loads_into_ours(tiny_parts, tmp_path, monkeypatch):
+    """LyCORIS' own create_network(algo=dylora) on the tiny SD1: its modules are ours, and its saved tensors (random,
+    conv lora_up 2-D) load into our lycoris dylora network and are written back unchanged."""
+    from test_networks_oracles import _lycoris_te
+    from test_networks_oracles import lycoris as lycoris_fixture
+
+    from library.weight_files import save_state_dict
+
+    kohya = lycoris_fixture.__wrapped__(monkeypatch)
+    parts = copy.deepcopy(tiny_parts["sd1"])
+    theirs = kohya.create_network(1.0, 4, 2.0, None, _lycoris_te(parts.text_encoders[0]), parts.denoiser,
+                                  algo="dylora", block_size="2", conv_dim="4")  # fmt: skip
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in theirs.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    their_sd = {f"{m.lora_name}.{k}": v.detach().clone() for m in theirs.unet_loras + theirs.text_encoder_loras
+                for k, v in m.state_dict().items()}  # fmt: skip
+    save_state_dict(their_sd, tmp_path / "theirs.safetensors")
+    ours = inject(make_config("algo=dylora", "block_size=2", "conv_dim=4", module="lycoris.kohya", dim=4, alpha=2.0),
+                  adapter_roots(copy.deepcopy(tiny_parts["sd1"])))  # fmt: skip
+    report = ours.load_file(tmp_path / "theirs.safetensors")  # strict: every module on both sides
+    assert len(report.loaded) == len(ours) == len(theirs.unet_loras) + len(theirs.text_encoder_loras)
+    written = ours.state_dict_for_file()
+    assert written.keys() == their_sd.keys()
+    assert any(v.dim() == 2 and written[k].dim() == 4 for k, v in their_sd.items())  # a conv up was 2-D there
+    assert all(torch.equal(written[k].reshape(v.shape), v) for k, v in their_sd.items())
+
+
 # ----------------------------------------------------------------------------------------------- networks
 @pytest.mark.parametrize(
     "module,args,same_as",
