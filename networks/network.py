@@ -360,12 +360,10 @@ class AdapterNetwork(nn.Module):
                 if adapter.scalar is not None:
                     adapter.scalar.mul_(ratio)
                 else:
-                    algo = adapter.algo  # frozen tensors (LoRA-FA's lora_down) stay; the trained factors take it all
-                    terms = (algo.product_terms or len(adapter.params)) - len(algo.frozen_params)
-                    factor = ratio ** (1.0 / terms)
-                    for name, p in adapter.params.items():
-                        if algo.logical_name(name) not in algo.frozen_params:
-                            p.mul_(factor.to(p.dtype))
+                    # every factor, frozen ones too (sd-scripts' LoRA-FA scales its frozen lora_down as well)
+                    factor = ratio ** (1.0 / (adapter.algo.product_terms or len(adapter.params)))
+                    for p in adapter.params.values():
+                        p.mul_(factor.to(p.dtype))
                 scaled.append(ratio < 1.0)
                 norms.append(delta.norm().float() * ratio)
         if not norms:

@@ -443,16 +443,20 @@ def test_dylora_resume_repeats_the_uninterrupted_run(tiny_dir, dataset, tmp_path
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_lora_fa_max_norm_scales_up_only(tiny_parts):
-    """--scale_weight_norms on LoRA-FA: ‖ΔW‖ is capped by scaling lora_up alone; the frozen lora_down is untouched."""
+def test_lora_fa_max_norm_scales_both_factors_as_sd_scripts(tiny_parts):
+    """--scale_weight_norms on LoRA-FA: ‖ΔW‖ capped by scaling lora_up and the frozen lora_down each by √ratio, as
+    sd-scripts' lora_fa.py apply_max_norm_regularization does."""
     network = inject(make_config(module="networks.lora_fa", dim=4, alpha=4.0), adapter_roots(copy.deepcopy(
         tiny_parts["sd1"])))  # fmt: skip
     name = network.names[0]
     params = network.adapters[name].params
     with torch.no_grad():
         params["lora_up"].normal_(0, 1.0)
-    down = params["lora_down"].clone()
-    assert network.layer(name).algo_delta().norm() > 1.0
+    down, up = params["lora_down"].clone(), params["lora_up"].clone()
+    norm = network.layer(name).algo_delta().norm()
+    assert norm > 1.0
     network.apply_max_norm(1.0)
-    assert torch.equal(params["lora_down"], down)
+    torch.testing.assert_close(params["lora_down"], down * (1.0 / norm).sqrt(), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(params["lora_up"], up * (1.0 / norm).sqrt(), atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(network.layer(name).algo_delta().norm(), torch.tensor(1.0), atol=1e-5, rtol=1e-5)
+    assert not params["lora_down"].requires_grad  # still frozen for the optimizer
