@@ -13,18 +13,23 @@ Every algorithm is an :class:`Algorithm` record of functions:
   is folded into when a file is written (as LyCORIS does).
 * ``project_down`` / ``project_up`` (LoRA only): the factorised forward ``up(down(x))`` without building ΔW.
 
-DoRA (``dora.py``) is one function applied on top of any algorithm's ΔW. Only torch is imported here.
+DoRA (``dora.py``) is one function applied on top of any algorithm's ΔW. DyLoRA (``dylora.py``) and LoRA-FA
+(``lora_fa.py``) write plain LoRA files (``file_format = "lora"``); DyLoRA keeps one tensor per rank block in memory
+(``block_params``, packed by ``to_file`` / ``from_file``), LoRA-FA keeps ``lora_down`` frozen (``frozen_params``).
+Only torch is imported here.
 """
 
 from __future__ import annotations
 
-from . import loha, lokr, lora
+from . import dylora, loha, lokr, lora, lora_fa
 from .base import Algorithm
 
-ALGOS: dict[str, Algorithm] = {a.name: a for a in (lora.ALGORITHM, loha.ALGORITHM, lokr.ALGORITHM)}
+ALGOS: dict[str, Algorithm] = {
+    a.name: a for a in (lora.ALGORITHM, loha.ALGORITHM, lokr.ALGORITHM, dylora.ALGORITHM, lora_fa.ALGORITHM)
+}
 
 # LyCORIS algorithm names that exist in files and on command lines but are not implemented here yet.
-NOT_SUPPORTED = ("ia3", "full", "diff", "glora", "diag-oft", "boft", "oft", "dylora", "tlora")
+NOT_SUPPORTED = ("ia3", "full", "diff", "glora", "diag-oft", "boft", "oft", "tlora")
 
 # A file tensor suffix -> the algorithm that owns it (first match wins; "alpha"/"dora_scale" are shared).
 _SIGNATURES: tuple[tuple[str, str], ...] = (
