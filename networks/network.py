@@ -18,7 +18,7 @@ from library.families import block_layout
 from library.problems import ConfigError
 
 from . import files
-from .layers import AdapterLayer, AdapterWeights, NormAdapterLayer
+from .layers import AdapterLayer, AdapterWeights, DyLoRALayer, NormAdapterLayer
 from .targets import Root, Target
 
 logger = logging.getLogger(__name__)
@@ -62,6 +62,11 @@ class AdapterNetwork(nn.Module):
         self.config = config
         self.block_lr_weight = block_lr
         self.multiplier = 1.0
+
+    @property
+    def sparse_gradients(self) -> bool:
+        """DyLoRA trains one rank block per step: the others get no gradient (see ``library.trainable``)."""
+        return any(isinstance(s.layer, DyLoRALayer) for s in self._slots.values())
 
     # ------------------------------------------------------------------------------------------------- inspection
     @property

@@ -25,6 +25,7 @@ from _networks_helpers import (
 )
 from torch import nn
 
+from library.trainable import Trainable
 from networks import inject, network_from_file
 from networks.algos import dylora
 from networks.layers import AdapterWeights, DyLoRALayer
@@ -337,6 +338,7 @@ def test_network_weights_and_dim_from_weights_rebuild_the_blocks(trained_file, t
     rebuilt = network_from_file(path, adapter_roots(copy.deepcopy(tiny_parts["sd1"])), cfg)  # --dim_from_weights
     for other in (fresh, rebuilt):
         assert all(isinstance(layer, DyLoRALayer) for layer in other.layers())
+        assert other.sparse_gradients and isinstance(other, Trainable)  # the trainer keeps untrained blocks grad-less
         for name in network.names:
             mine, theirs = network.adapters[name].params, other.adapters[name].params
             assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
@@ -460,3 +462,33 @@ def test_lora_fa_max_norm_scales_both_factors_as_sd_scripts(tiny_parts):
     torch.testing.assert_close(params["lora_up"], up * (1.0 / norm).sqrt(), atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(network.layer(name).algo_delta().norm(), torch.tensor(1.0), atol=1e-5, rtol=1e-5)
     assert not params["lora_down"].requires_grad  # still frozen for the optimizer
+
+
+def test_several_processes_leave_no_gradient_where_no_process_trained_a_block():
+    """The trainer's manual all-reduce with two processes (the other one's tensors given): a block trained on some
+    process gets the mean; a block trained nowhere keeps ``grad is None`` (AdamW then skips it), not zeros."""
+    from types import SimpleNamespace
+
+    from library.trainer import Trainer
+
+    params = [torch.nn.Parameter(torch.ones(3)) for _ in range(3)]
+    params[0].grad = torch.full((3,), 4.0)  # trained here only
+    other = [torch.tensor([0.0, 1.0, 0.0]), torch.zeros(3), torch.full((3,), 2.0), torch.zeros(3)]  # flags, grads
+
+    def reduce(t, reduction):
+        theirs = other.pop(0)
+        return t + theirs if reduction == "sum" else (t + theirs) / 2
+
+    acc = SimpleNamespace(num_processes=2, device=torch.device("cpu"), reduce=reduce, clip_grad_norm_=None)
+    for sparse in (True, False):
+        for p in params[1:]:
+            p.grad = None
+        params[0].grad = torch.full((3,), 4.0)
+        other[:] = ([torch.tensor([0.0, 1.0, 0.0])] if sparse else []) + [torch.zeros(3), torch.full((3,), 2.0),
+                                                                           torch.zeros(3)]  # fmt: skip
+        fake = SimpleNamespace(acc=acc, params=params, cfg=SimpleNamespace(optim=SimpleNamespace(max_grad_norm=0)),
+                               trainable=SimpleNamespace(gradient_sync="manual", sparse_gradients=sparse))  # fmt: skip
+        Trainer.sync_gradients(fake)
+        assert not other, "one all-reduce per tensor (and one for the flags when sparse)"
+        assert torch.equal(params[0].grad, torch.full((3,), 2.0)) and torch.equal(params[1].grad, torch.ones(3))
+        assert (params[2].grad is None) == sparse  # without the flag: zeros, as for any other network
