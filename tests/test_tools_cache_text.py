@@ -38,7 +38,7 @@ def test_training_after_the_tool_encodes_nothing_and_has_the_same_loss(tiny_dir,
     assert cached.latent_cache is None  # text only: latents are tools/cache_latents.py's job
 
     train = ["--cache_text_encoder_outputs_to_disk", "--network_module", "networks.lora", "--network_train_unet_only",
-             "--max_train_steps", 2, "--max_data_loader_n_workers", 0, "--seed", 1, "--learning_rate", 1e-2]  # fmt: skip
+             "--max_train_steps", 2, "--max_data_loader_n_workers", 0, "--seed", 1, "--learning_rate", 0.01]  # fmt: skip
     calls.clear()
     after_tool = run(sdxl_train_network.run, *flags, *train, "--cache_dir", tmp_path / "cache", "--output_dir",
                      tmp_path / "a")  # fmt: skip
