@@ -33,7 +33,7 @@ def test_training_after_the_tool_encodes_nothing_and_has_the_same_loss(tiny_dir,
     monkeypatch.setattr(type(SDXL), "encode_tokens", counting)
     cached = run(cache_text_encoder_outputs.run, *flags, "--cache_dir", tmp_path / "cache")
     captions = len(cached.text_cache.keys)
-    assert captions >= 2 and sum(calls) == captions  # every caption once
+    assert captions >= 3 and calls == [1] * captions  # every caption once, --train_batch_size (1) at a time
     assert len(list((tmp_path / "cache").rglob("*.safetensors"))) == captions
     assert cached.latent_cache is None  # text only: latents are tools/cache_latents.py's job
 
@@ -47,6 +47,10 @@ def test_training_after_the_tool_encodes_nothing_and_has_the_same_loss(tiny_dir,
     assert sum(calls) == captions  # the control run did encode: the count can see an encoder call
     assert after_tool.losses == own.losses and len(own.losses) == 2
 
+    calls.clear()  # --text_encoder_batch_size sets how many captions go through the encoders at once
+    run(cache_text_encoder_outputs.run, *flags, "--cache_dir", tmp_path / "batched", "--text_encoder_batch_size", 3)
+    assert calls == [3, captions - 3]
+
 
 def test_flags_that_cannot_work_are_refused_together(tiny_dir, tmp_path):
     from library.demo import make_example_dataset
@@ -54,8 +58,9 @@ def test_flags_that_cannot_work_are_refused_together(tiny_dir, tmp_path):
     data = make_example_dataset(tmp_path / "data")
     with pytest.raises(ConfigError) as e:
         run(cache_text_encoder_outputs.run, "--pretrained_model_name_or_path", tiny_dir / "sdxl", "--train_data_dir",
-            data, "--flux", "--t5xxl_dtype", "fp16")  # fmt: skip
-    assert "--flux is not supported" in str(e.value) and "--t5xxl_dtype is not supported" in str(e.value)
+            data, "--flux", "--t5xxl_dtype", "fp16", "--apply_t5_attn_mask")  # fmt: skip
+    for flag in ("--flux", "--t5xxl_dtype", "--apply_t5_attn_mask"):
+        assert f"{flag} is not supported yet (FLUX is not a model family" in str(e.value)
     with pytest.raises(ConfigError, match="shuffle_caption"):
         run(cache_text_encoder_outputs.run, "--pretrained_model_name_or_path", tiny_dir / "sdxl", "--train_data_dir",
             data, "--shuffle_caption", "--caption_extension", ".txt")  # fmt: skip

@@ -25,11 +25,18 @@ if __package__ in (None, ""):  # run as a script: import the repository, not thi
 
 from library import train_setup
 from library.args import add_network_training_groups
-from library.config import add_unsupported, parse_args
+from library.config import add_no_effect, add_unsupported, parse_args
 from library.families import family_group
+from library.problems import ConfigError
 from library.runtime import make_accelerator
 from networks.config import add_network_args
 from networks.tool_common import main_guard
+
+# sd-scripts' FLUX flags (flux_train_utils.add_flux_train_arguments, and --t5xxl_dtype of the tool itself)
+FLUX_FLAGS = ("--t5xxl_dtype", "--clip_l", "--t5xxl", "--ae", "--controlnet_model_name_or_path",
+              "--t5xxl_max_token_length", "--guidance_scale", "--model_prediction_type", "--discrete_flow_shift",
+              "--model_type")  # fmt: skip
+DIT_TRAINING_FLAGS = ("--weighting_scheme", "--mode_scale", "--blocks_to_swap")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,8 +51,16 @@ def build_parser() -> argparse.ArgumentParser:
     extra.add_argument("--sdxl", action="store_true", help="accepted: the family is read from the model")
     extra.add_argument("--skip_existing", action="store_true", help="accepted (sd-scripts: deprecated, no effect); "
                        "existing entries are always checked and kept")  # fmt: skip
-    add_unsupported(extra, "--flux", "FLUX models are not a family of this toolkit yet", action="store_true")
-    add_unsupported(extra, "--t5xxl_dtype", "FLUX's T5-XXL encoder is not supported yet", default=None)
+    extra.add_argument("--text_encoder_batch_size", type=int, default=None,
+                       help="captions per text-encoder call (default: the first dataset's batch size)")  # fmt: skip
+    flux = "FLUX is not a model family of this toolkit yet"
+    add_unsupported(extra, "--flux", flux, action="store_true")
+    add_unsupported(extra, "--apply_t5_attn_mask", flux, action="store_true")
+    for flag in FLUX_FLAGS:
+        add_unsupported(extra, flag, flux, default=None)
+    for flag in DIT_TRAINING_FLAGS:  # sd-scripts' tool takes them with the DiT training group; caching ignores them
+        add_no_effect(extra, flag, "a FLUX / SD3 training option; caching text-encoder outputs does not use it",
+                      default=None)  # fmt: skip
     return parser
 
 
@@ -58,6 +73,8 @@ def run(argv: Sequence[str] | None = None) -> train_setup.Run | None:
     args = parse_args(build_parser(), argv)
     if args is None:  # --output_config wrote the file
         return None
+    if args.text_encoder_batch_size is not None and args.text_encoder_batch_size < 1:
+        raise ConfigError([f"--text_encoder_batch_size {args.text_encoder_batch_size}: must be at least 1"])
     args.cache_text_encoder_outputs = args.cache_text_encoder_outputs_to_disk = True
     args.cache_latents = args.cache_latents_to_disk = False  # this tool caches text only (sd-scripts: the same)
     cfg = train_setup.read_config(args, family_names(args))  # every dataset / model problem at once
@@ -66,7 +83,7 @@ def run(argv: Sequence[str] | None = None) -> train_setup.Run | None:
     plan = train_setup.build_plan(cfg, accelerator)
     parts = train_setup.load_model(cfg, accelerator)
     run = train_setup.Run(cfg, accelerator, cfg.family, parts, plan, schedule=None, step_models=None)
-    train_setup.fill_text_cache(run)
+    train_setup.fill_text_cache(run, batch_size=args.text_encoder_batch_size)
     accelerator.wait_for_everyone()
     where = cfg.data.cache_dir or "next to the images"
     images = sum(len(d.records) for d in plan.datasets)
