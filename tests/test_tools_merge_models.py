@@ -99,6 +99,19 @@ def test_sdxl_default_ratios_into_a_diffusers_folder_load_in_diffusers(tiny_dir,
     assert_weights(diffusers_weights(pipe, "sdxl"), want, atol=0)
 
 
+def test_precision_fp16_forms_the_sum_in_fp16(tiny_dir, others, tmp_path):
+    sd1 = get_family("sd1")
+    inputs = [sd1.save(sd1.load(tiny_dir / "sd1"), tmp_path / "a.safetensors"), others["sd1.ckpt"]]
+    out = run("--models", *inputs, "--ratios", 0.3, 0.7, "--precision", "fp16", "--output", tmp_path / "h.safetensors")
+    got = load_state_dict(out)[0]
+    a, b = (load_state_dict(p)[0] for p in inputs)
+    b = b["state_dict"] if "state_dict" in b else b
+    key = "model.diffusion_model.input_blocks.1.1.proj_in.weight"
+    assert got[key].dtype == torch.float32  # --saving_precision float (the default)
+    assert torch.equal(got[key], (a[key].half() * 0.3 + b[key].half() * 0.7).float())
+    assert not torch.equal(got[key], a[key] * 0.3 + b[key] * 0.7)  # a float sum differs: the flag changed the run
+
+
 def test_unet_only_keeps_the_first_models_vae_and_text_encoders(tiny_dir, others, tmp_path):
     inputs = [others["sd1"], tiny_dir / "sd1"]
     out = run("--models", *inputs, "--ratios", 0.25, 0.75, "--unet_only", "--output", tmp_path / "u.safetensors")
