@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from library.problems import ConfigError
-from networks.tool_common import dtype_of, main_guard, progress
+from networks.tool_common import device_problem, dtype_of, main_guard, progress
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +64,7 @@ def check(args: argparse.Namespace) -> None:
         problems.append(f"--batch_size {args.batch_size}: must be at least 1")
     if args.top_k < 1:
         problems.append(f"--top_k {args.top_k}: must be at least 1")
+    device_problem(args.device, problems)
     if args.clip_skip is not None and args.clip_skip < 1:
         problems.append(f"--clip_skip {args.clip_skip}: must be at least 1 (1 = the last layer)")
     if problems:

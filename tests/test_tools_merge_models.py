@@ -145,8 +145,10 @@ def test_keys_outside_the_model_and_in_one_model_only_follow_sd_scripts(tiny_dir
 
 def test_every_command_line_problem_at_once(tmp_path):
     with pytest.raises(ConfigError) as e:
-        run("--models", tmp_path / "nope.safetensors", tmp_path / "b", "--ratios", 1, "--output", tmp_path / "x.pt")
+        run("--models", tmp_path / "nope.safetensors", tmp_path / "b", "--ratios", 1, "--output", tmp_path / "x.pt",
+            "--device", "gpu")  # fmt: skip
     text = str(e.value)
+    assert "--device gpu: not a device name" in text
     assert "nope.safetensors: no such file" in text and "--ratios has 1 value(s) for 2 --models" in text
     assert "x.pt: save a model as .safetensors, .ckpt or a folder" in text
 

@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from library.problems import ConfigError
-from networks.tool_common import dtype_of, main_guard, progress
+from networks.tool_common import device_problem, dtype_of, main_guard, progress
 
 logger = logging.getLogger(__name__)
 SINGLE_FILE = (".safetensors", ".ckpt")
@@ -65,8 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check(args: argparse.Namespace) -> list[float]:
     """The ratios; every problem of the command line in one ConfigError (files that do not exist, a ratio list
-    that does not match, an output name that is no model format)."""
+    that does not match, an output name that is no model format, a device that is not there)."""
     problems = []
+    device_problem(args.device, problems)
     models = args.models or []
     if not models:
         problems.append("--models is required: the models to merge (.safetensors / .ckpt files or diffusers folders)")
@@ -152,17 +153,17 @@ def scale_into(target: dict[str, Tensor], source: dict[str, Tensor] | None, rati
             t.add_(source[k].to(device=t.device, dtype=dtype) * ratio)
 
 
-def merge_extras(first, others: Sequence, ratios: Sequence[float], dtype, show_skipped: bool) -> None:
+def merge_extras(first, others: Sequence[tuple[str, list]], ratios: Sequence[float], dtype, show_skipped: bool) -> None:
     """Text-encoder tensors outside the HF modules (SD2's OpenCLIP extras), merged with sd-scripts' rule for keys
-    not in every model (module docstring), into ``first``'s extras."""
+    not in every model (module docstring), into ``first``'s extras; ``others``: (source, its extras) per model."""
     firsts = first.extra.get("text_encoder_extras") or []
     for i, extras in enumerate(firsts):
         original = {k: v.clone() for k, v in extras.items()}
         for k, v in extras.items():
             if v.is_floating_point():
                 extras[k] = v.to(dtype) * ratios[0]
-        for other, ratio in zip(others, ratios[1:]):
-            theirs = (other.extra.get("text_encoder_extras") or [{}] * len(firsts))[i]
+        for (source, other_extras), ratio in zip(others, ratios[1:]):
+            theirs = (other_extras or [{}] * len(firsts))[i]
             for k, v in extras.items():
                 if not v.is_floating_point():
                     continue
@@ -170,11 +171,11 @@ def merge_extras(first, others: Sequence, ratios: Sequence[float], dtype, show_s
                     extras[k] = v + theirs[k].to(device=v.device, dtype=dtype) * ratio
                 else:
                     logger.warning("%s: key %s not in this model, the first model's value is used at ratio %g",
-                                   other.source, k, ratio)  # fmt: skip
+                                   source, k, ratio)  # fmt: skip
                     extras[k] = v + original[k].to(dtype) * ratio
             skipped = sorted(set(theirs) - set(extras))
             if show_skipped and skipped:
-                print(f"skipped ({other.source}, text encoder {i + 1}, not in the first model): {', '.join(skipped)}")
+                print(f"skipped ({source}, text encoder {i + 1}, not in the first model): {', '.join(skipped)}")
 
 
 def unread_keys(path: Path, family) -> list[str]:
@@ -224,9 +225,7 @@ def merge_models(args: argparse.Namespace, ratios: list[float]):
             scale_into(state, theirs[name].state_dict(), ratio, dtype)
             bar.update(len(state))
         bar.close()
-        if args.unet_only:
-            other.extra["text_encoder_extras"] = []
-        others.append(other)
+        others.append((other.source, other.extra.get("text_encoder_extras") or []))  # small tensors only
         del other, theirs  # one input at a time besides the merge
     if not args.unet_only:
         merge_extras(first, others, ratios, dtype, args.show_skipped)
