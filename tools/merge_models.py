@@ -63,9 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def check(args: argparse.Namespace) -> list[float]:
-    """The ratios; every problem of the command line in one ConfigError (files that do not exist, a ratio list
-    that does not match, an output name that is no model format, a device that is not there)."""
+def check(args: argparse.Namespace):
+    """(family, ratios); every problem of the command line in one ConfigError (files that do not exist or are no
+    model, models of different families, a ratio list that does not match, an output name that is no model format,
+    a device that is not there)."""
     problems = []
     device_problem(args.device, problems)
     models = args.models or []
@@ -83,16 +84,18 @@ def check(args: argparse.Namespace) -> list[float]:
         problems.append(f"--output {args.output}: save a model as .safetensors, .ckpt or a folder name (diffusers)")
     elif any(Path(args.output).resolve() == Path(m).resolve() for m in models):
         problems.append(f"--output {args.output} is one of the --models; write the merge to a new name")
+    family = detect_families([m for m in models if Path(m).exists()], problems)
     if problems:
         raise ConfigError(problems)
-    return list(args.ratios) if args.ratios is not None else [1.0 / len(models)] * len(models)
+    return family, list(args.ratios) if args.ratios is not None else [1.0 / len(models)] * len(models)
 
 
-def detect_families(models: Sequence[str]):
-    """The one family of all ``models``; a ConfigError naming each file's family when they differ."""
+def detect_families(models: Sequence[str], problems: list[str]):
+    """The one family of all ``models`` (None when there is none); problems for files that are no model and for
+    models of different families, naming each file's family."""
     from library.families import detect_family
 
-    found, problems = {}, []
+    found = {}
     for m in models:
         try:
             found[m] = detect_family(m)
@@ -103,9 +106,7 @@ def detect_families(models: Sequence[str]):
         listing = ", ".join(f"{m} ({f.spec.title})" for m, f in found.items())
         problems.append(f"the models are of different families: {listing}; only models of one family (and one "
                         "architecture) can be merged weight by weight")  # fmt: skip
-    if problems:
-        raise ConfigError(problems)
-    return next(iter(found.values()))
+    return next(iter(found.values()), None)
 
 
 def components(parts, unet_only: bool) -> dict[str, torch.nn.Module]:
@@ -198,9 +199,8 @@ def unread_keys(path: Path, family) -> list[str]:
     return sorted(k for k in keys if not k.startswith(read) and k not in MARKERS)
 
 
-def merge_models(args: argparse.Namespace, ratios: list[float]):
+def merge_models(args: argparse.Namespace, family, ratios: list[float]):
     """Load every model, check them against the first, and merge into the first model's parts (returned)."""
-    family = detect_families(args.models)
     dtype = dtype_of(args.precision)
     load = lambda m: family.load(m, dtype=dtype, device=args.device)  # noqa: E731
     if args.show_skipped:
@@ -237,8 +237,8 @@ def run(argv: Sequence[str] | None = None) -> Path:
     from networks.merge import merged_from
 
     args = build_parser().parse_args(argv)
-    ratios = check(args)
-    family, parts = merge_models(args, ratios)
+    family, ratios = check(args)
+    family, parts = merge_models(args, family, ratios)
     titles = [Path(m).stem if Path(m).suffix.lower() in SINGLE_FILE else Path(m).name for m in args.models]
     terms = " + ".join(f"{r:g}·{t}" for r, t in zip(ratios, titles))
     what = f"merged by merge_models.py: {terms}" + (" (UNet only)" if args.unet_only else "")
