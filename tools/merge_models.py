@@ -125,6 +125,10 @@ def architecture_problems(first, other, source: str, unet_only: bool) -> list[st
     if other.prediction_type != first.prediction_type:
         problems.append(f"{source} predicts {other.prediction_type} but {first.source} predicts "
                         f"{first.prediction_type}; models of different objectives cannot be merged")  # fmt: skip
+    ztsnr = [bool(p.scheduler_config.get("rescale_betas_zero_snr")) for p in (first, other)]
+    if ztsnr[0] != ztsnr[1]:
+        logger.warning("%s is %sa zero-terminal-SNR model and %s is %s; the output keeps the first model's schedule",
+                       source, "" if ztsnr[1] else "not ", first.source, "one" if ztsnr[0] else "not")  # fmt: skip
     mine, theirs = components(first, unet_only), components(other, unet_only)
     for name, module in mine.items():
         a, b = module.state_dict(), theirs[name].state_dict()
