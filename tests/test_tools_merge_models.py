@@ -36,6 +36,13 @@ def others(tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="module")
+def sd1_file(tiny_dir, tmp_path_factory):
+    """The tiny SD1 model (seed 0, as in ``tiny_dir``) as a single .safetensors file."""
+    sd1 = get_family("sd1")
+    return sd1.save(sd1.load(tiny_dir / "sd1"), tmp_path_factory.mktemp("seed0") / "a.safetensors")
+
+
 def weights(parts) -> dict[str, torch.Tensor]:
     return named_weights(parts.denoiser, parts.vae, parts.text_encoders)
 
@@ -69,10 +76,11 @@ def diffusers_weights(pipe, family) -> dict[str, torch.Tensor]:
     return named_weights(pipe.unet, pipe.vae, tes)
 
 
-def test_sd1_file_folder_and_ckpt_merge_to_the_weighted_sum_and_load_in_diffusers(tiny_dir, others, tmp_path):
+def test_sd1_file_folder_and_ckpt_merge_to_the_weighted_sum_and_load_in_diffusers(tiny_dir, sd1_file, others,
+                                                                                   tmp_path):  # fmt: skip
     from diffusers import StableDiffusionPipeline
 
-    single = get_family("sd1").save(get_family("sd1").load(tiny_dir / "sd1"), tmp_path / "a.safetensors")
+    single = sd1_file
     inputs, ratios = [single, others["sd1"], others["sd1.ckpt"]], [0.5, 0.7, -0.2]
     out = run("--models", *inputs, "--ratios", *ratios, "--output", tmp_path / "m.safetensors")
     want = expected(inputs, ratios, "sd1")
@@ -99,9 +107,8 @@ def test_sdxl_default_ratios_into_a_diffusers_folder_load_in_diffusers(tiny_dir,
     assert_weights(diffusers_weights(pipe, "sdxl"), want, atol=0)
 
 
-def test_precision_fp16_forms_the_sum_in_fp16(tiny_dir, others, tmp_path):
-    sd1 = get_family("sd1")
-    inputs = [sd1.save(sd1.load(tiny_dir / "sd1"), tmp_path / "a.safetensors"), others["sd1.ckpt"]]
+def test_precision_fp16_forms_the_sum_in_fp16(sd1_file, others, tmp_path):
+    inputs = [sd1_file, others["sd1.ckpt"]]
     out = run("--models", *inputs, "--ratios", 0.3, 0.7, "--precision", "fp16", "--output", tmp_path / "h.safetensors")
     got = load_state_dict(out)[0]
     a, b = (load_state_dict(p)[0] for p in inputs)
@@ -112,8 +119,8 @@ def test_precision_fp16_forms_the_sum_in_fp16(tiny_dir, others, tmp_path):
     assert not torch.equal(got[key], a[key] * 0.3 + b[key] * 0.7)  # a float sum differs: the flag changed the run
 
 
-def test_unet_only_keeps_the_first_models_vae_and_text_encoders(tiny_dir, others, tmp_path):
-    inputs = [others["sd1"], tiny_dir / "sd1"]
+def test_unet_only_keeps_the_first_models_vae_and_text_encoders(sd1_file, others, tmp_path):
+    inputs = [others["sd1.ckpt"], sd1_file]
     out = run("--models", *inputs, "--ratios", 0.25, 0.75, "--unet_only", "--output", tmp_path / "u.safetensors")
     got, first = weights(get_family("sd1").load(out)), weights(get_family("sd1").load(inputs[0]))
     want = expected(inputs, [0.25, 0.75], "sd1")
