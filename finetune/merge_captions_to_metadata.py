@@ -5,8 +5,8 @@
 
 For each image in ``train_data_dir``, the text of ``<stem><caption_extension>`` becomes ``"caption"`` under the
 image's key (its stem, or full path with ``--full_path``); other fields of ``--in_json`` are kept. Train with
-``fine_tune.py --in_json meta_cap.json --train_data_dir train_data_dir``. Captioning models (BLIP, WD14 tagger) are
-not shipped: write the caption / tag files with any captioner, then merge them here.
+``fine_tune.py --in_json meta_cap.json --train_data_dir train_data_dir``. Write the caption / tag files with
+make_captions.py (BLIP), make_captions_by_git.py (GIT), tag_images_by_wd14_tagger.py (WD14) or any captioner first.
 """
 
 from __future__ import annotations

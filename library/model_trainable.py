@@ -222,6 +222,7 @@ class ModelTrainable(nn.Module):
     kind = "model"
     modelspec_kind = ""
     gradient_sync = "accelerate"
+    sparse_gradients = False  # every trained tensor gets a gradient each step
 
     def __init__(
         self,

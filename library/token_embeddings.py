@@ -246,6 +246,7 @@ class TokenEmbeddings(nn.Module):
     kind = "embedding"
     modelspec_kind = "textual-inversion"
     gradient_sync = "manual"  # the rows are used inside the frozen text encoders: the trainer averages gradients
+    sparse_gradients = False  # every trained tensor gets a gradient each step
     may_sit_out = True  # a batch without the token does not reach the rows: its step changes nothing
 
     def __init__(

@@ -534,8 +534,9 @@ def fill_latent_cache(run: Run) -> None:
     acc.wait_for_everyone()
 
 
-def fill_text_cache(run: Run) -> None:
-    """Every caption's text-encoder outputs (and the held-out images'), with the encoders on the device."""
+def fill_text_cache(run: Run, batch_size: int | None = None) -> None:
+    """Every caption's text-encoder outputs (and the held-out images'), with the encoders on the device;
+    ``batch_size`` captions per call (default: the first dataset's batch size)."""
     cfg, acc, parts, family = run.cfg, run.accelerator, run.parts, run.family
 
     def encode_text(captions: list[str]) -> dict[str, torch.Tensor]:
@@ -548,9 +549,10 @@ def fill_text_cache(run: Run) -> None:
     te_id += f"/clip_skip={cfg.model.clip_skip}/max_len={cfg.model.max_token_length}"
     te_id += "/weighted" if cfg.data.weighted_captions else ""  # --no_token_padding: the same padded outputs
     with on_device(parts.text_encoders, acc.device):
-        run.text_cache = data.cache_text_encoder_outputs(run.plan, encode_text, te_id)
+        run.text_cache = data.cache_text_encoder_outputs(run.plan, encode_text, te_id, batch_size=batch_size)
         if run.plan.validation is not None:
-            run.validation_text_cache = data.cache_text_encoder_outputs(run.plan.validation, encode_text, te_id)
+            run.validation_text_cache = data.cache_text_encoder_outputs(run.plan.validation, encode_text, te_id,
+                                                                        batch_size=batch_size)  # fmt: skip
 
 
 def release_unused_parts(run: Run) -> list[str]:

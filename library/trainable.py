@@ -32,6 +32,10 @@ class Trainable(Protocol):
     kind: str  # "network" | "embedding" | "model"
     modelspec_kind: str  # "lora" | "textual-inversion" | "" (checkpoint): the modelspec.architecture suffix
     gradient_sync: str  # "manual": the trainer all-reduces gradients; "accelerate": DDP/FSDP/DeepSpeed do
+    # True when a step may leave some trained tensors without a gradient (DyLoRA trains one rank block per step):
+    # with several processes the manual all-reduce then leaves "no gradient" (not zeros) where no process had one,
+    # so the optimizer skips those tensors as it does in one process (no momentum, no weight decay on them)
+    sparse_gradients: bool
 
     def parameters(self, recurse: bool = True) -> Any: ...  # those with requires_grad are optimized
 
@@ -85,6 +89,10 @@ class TrainableSet(nn.Module):
         for m in self.members:
             logs.update(m.after_step())
         return logs
+
+    @property
+    def sparse_gradients(self) -> bool:
+        return any(m.sparse_gradients for m in self.members)
 
     def prepare(self, accelerator: Any) -> TrainableSet:
         return self

@@ -223,10 +223,18 @@ class Trainer:
     def sync_gradients(self) -> None:
         """Average gradients over processes, then clip to --max_grad_norm (0 = off)."""
         if self.acc.num_processes > 1 and self.trainable.gradient_sync == "manual":
+            sparse = self.trainable.sparse_gradients
+            if sparse:  # which tensors got a gradient on some process (one host read, only for such trainables)
+                had = torch.tensor([p.grad is not None for p in self.params], device=self.acc.device).float()
+                had = self.acc.reduce(had, reduction="sum").tolist()
             for p in self.params:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
                 p.grad = self.acc.reduce(p.grad, reduction="mean")
+            if sparse:
+                for p, n in zip(self.params, had):
+                    if n == 0:
+                        p.grad = None
         if self.cfg.optim.max_grad_norm:
             self.acc.clip_grad_norm_(self.params, self.cfg.optim.max_grad_norm)
 

@@ -23,12 +23,14 @@ from .targets import PRESETS
 
 logger = logging.getLogger(__name__)
 
-MODULES = ("networks.lora", "lycoris.kohya")
+MODULES = ("networks.lora", "lycoris.kohya", "networks.dylora", "networks.lora_fa")
+# sd-scripts modules that are one algorithm each: the algorithm they train (their files are plain LoRA files)
+MODULE_ALGOS = {"networks.dylora": "dylora", "networks.lora_fa": "lora_fa"}
 LATER_MODULES = (
-    "networks.dylora", "networks.lora_fa", "networks.oft", "networks.lora_diffusers", "networks.lora_flux",
+    "networks.oft", "networks.lora_diffusers", "networks.lora_flux",
     "networks.lora_sd3", "networks.lora_lumina", "networks.lora_hunyuan_image", "networks.lora_anima",
 )  # fmt: skip
-ALGO_NAMES = ("lora", "locon", "loha", "lokr", "dora", "full", "diff", "ia3", "glora")
+ALGO_NAMES = ("lora", "locon", "loha", "lokr", "dora", "dylora", "full", "diff", "ia3", "glora")
 # Options LyCORIS 4.1.3 reads but that do nothing with an algorithm (its module ignores them; GLoRA applies dropouts
 # only in bypass mode, which is not how either side runs it): accepted with a warning and switched off, so the run is
 # the one LyCORIS would do. Fields of NetworkConfig -> why.
@@ -108,6 +110,7 @@ _COMMON: dict[str, tuple[Any, str | None]] = {
     "unbalanced_factorization": (_bool, "unbalanced_factorization"),
     "preset": (str, "preset"),
     "train_on_input": (_bool, "train_on_input"),
+    "block_size": (int, "block_size"),
 }
 # sd-scripts networks.lora only (LyCORIS ignores them).
 _KOHYA: dict[str, tuple[Any, str | None]] = {
@@ -120,12 +123,13 @@ _KOHYA: dict[str, tuple[Any, str | None]] = {
     "up_lr_weight": (_lr_weight, "up_lr_weight"),
     "block_lr_zero_threshold": (float, "block_lr_zero_threshold"),
 }
+# sd-scripts networks.dylora only.
+_DYLORA: dict[str, tuple[Any, str | None]] = {"unit": (int, "unit")}
 # Accepted, no effect here (LyCORIS execution switches, other model families, other algorithms; a known no-op).
 _NO_EFFECT = {
     "bypass_mode": "LoRA already runs as up(down(x)); other algorithms build ΔW",
     "constraint": "only used by LyCORIS' OFT algorithms",
     "rescaled": "only used by LyCORIS' OFT algorithms",
-    "block_size": "only used by LyCORIS' OFT algorithms",
     "train_t5xxl": "no T5 text encoder in SD1/SD2/SDXL",
     "train_llm_adapter": "not an SD1/SD2/SDXL option",
     "use_reentrant": "neither sd-scripts nor LyCORIS reads it",
@@ -169,6 +173,8 @@ class NetworkConfig:
     unbalanced_factorization: bool = False
     train_on_input: bool = False  # (IA)³: scale the input channels instead of the output channels
     preset: str | None = None
+    unit: int = 1  # networks.dylora: rank block trained per step (sd-scripts)
+    block_size: int = 4  # lycoris.kohya algo=dylora: rank block trained per step (LyCORIS)
     network_weights: str | None = None
     dim_from_weights: bool = False
     base_weights: tuple[str, ...] = ()
@@ -188,6 +194,16 @@ class NetworkConfig:
         return self.module == "lycoris.kohya"
 
     @property
+    def dylora_style(self) -> str:
+        """``"kohya"`` (sd-scripts networks.dylora) or ``"lycoris"`` (lycoris.kohya algo=dylora)."""
+        return "lycoris" if self.is_lycoris else "kohya"
+
+    @property
+    def dylora_block(self) -> int:
+        """The DyLoRA rank block: ``unit`` (networks.dylora) or ``block_size`` (lycoris.kohya)."""
+        return self.block_size if self.is_lycoris else self.unit
+
+    @property
     def uses_blocks(self) -> bool:
         """sd-scripts' per-block mode: block dims or block lr weights given."""
         return any(v is not None for v in (self.block_dims, self.down_lr_weight, self.mid_lr_weight, self.up_lr_weight))
@@ -201,6 +217,8 @@ class NetworkConfig:
         if self.is_lycoris:
             dim = self.dim if self.conv_dim is None else self.conv_dim
             alpha = self.alpha if not self.conv_alpha else self.conv_alpha
+        elif self.module == "networks.dylora":  # sd-scripts: conv_dim == network_dim, network_alpha everywhere
+            dim, alpha = (self.dim if self.conv_dim else 0), self.alpha
         else:
             dim = self.conv_dim or 0
             alpha = 1.0 if self.conv_alpha is None else self.conv_alpha
@@ -216,6 +234,12 @@ class NetworkConfig:
         values["network_args"] = raw
         _read_network_args(raw, module, values, errors)
         _read_flags(args, values, errors)
+        if module in MODULE_ALGOS:
+            if "algo" in values:
+                errors.append(f"--network_args algo={values['algo']}: {module} trains {MODULE_ALGOS[module]} only; "
+                              "drop algo= (or use --network_module lycoris.kohya / networks.lora for other "
+                              "algorithms)")  # fmt: skip
+            values["algo"] = MODULE_ALGOS[module]
         algo = values.get("algo", "lora")
         if algo in ("locon", "dora"):
             values["dora"] = values.get("dora", False) or algo == "dora"
@@ -270,7 +294,7 @@ def _split_network_args(items: list[str], errors: list[str]) -> dict[str, str]:
 
 
 def _read_network_args(raw: dict[str, str], module: str, values: dict, errors: list[str]) -> None:
-    known = [*_COMMON, *_KOHYA, *_NO_EFFECT]
+    known = [*_COMMON, *_KOHYA, *_DYLORA, *_NO_EFFECT]
     for key, value in raw.items():
         if key in _NO_EFFECT:
             logger.warning("--network_args %s=%s has no effect (%s); ignored", key, value, _NO_EFFECT[key])
@@ -279,7 +303,11 @@ def _read_network_args(raw: dict[str, str], module: str, values: dict, errors: l
             logger.warning("--network_args %s is ignored by lycoris.kohya (LyCORIS does not read it, so neither do "
                            "we); use --network_module networks.lora for per-block ranks and lr weights", key)  # fmt: skip
             continue
-        spec = _COMMON.get(key) or _KOHYA.get(key)
+        if key in _DYLORA and module != "networks.dylora":
+            errors.append(f"--network_args {key}: only networks.dylora reads it (lycoris.kohya algo=dylora: "
+                          "block_size)")  # fmt: skip
+            continue
+        spec = _COMMON.get(key) or _KOHYA.get(key) or _DYLORA.get(key)
         if spec is None:
             errors.append(f"--network_args {key}: unknown argument{did_you_mean(key, known)}")
             continue
@@ -329,7 +357,7 @@ def _read_flags(args: argparse.Namespace, values: dict, errors: list[str]) -> No
 
 
 def _validate(cfg: NetworkConfig, errors: list[str]) -> None:
-    if cfg.algo not in ALGO_NAMES:
+    if cfg.algo not in ALGO_NAMES and cfg.algo not in MODULE_ALGOS.values():
         if cfg.algo in NOT_SUPPORTED:
             errors.append(f"--network_args algo={cfg.algo} is not supported yet; supported: {', '.join(ALGO_NAMES)}")
         else:
@@ -357,6 +385,80 @@ def _validate(cfg: NetworkConfig, errors: list[str]) -> None:
                        "LyCORIS)", cfg.algo)  # fmt: skip
     _validate_blocks(cfg, errors)
     _validate_files(cfg, errors)
+    _validate_dylora(cfg, errors)
+    _validate_lora_fa(cfg, errors)
+
+
+# Options the DyLoRA references read but never use (sd-scripts networks.dylora: no dropout of any kind; LyCORIS'
+# DyLoraModule: module_dropout only), refused rather than ignored.
+_DYLORA_UNSUPPORTED = {
+    "dropout": "--network_dropout", "rank_dropout": "--network_args rank_dropout", "dora": "dora_wd / algo=dora",
+    "use_tucker": "use_tucker / use_cp", "use_scalar": "use_scalar", "rs_lora": "rs_lora",
+}  # fmt: skip
+
+
+def _validate_dylora(cfg: NetworkConfig, errors: list[str]) -> None:
+    if "block_size" in cfg.network_args and cfg.algo not in ("dylora",):
+        logger.warning("--network_args block_size=%s has no effect with algo=%s (LyCORIS reads it for DyLoRA and "
+                       "OFT); ignored", cfg.network_args["block_size"], cfg.algo)  # fmt: skip
+    if cfg.algo != "dylora":
+        return
+    if cfg.module == "networks.lora":
+        errors.append(
+            "--network_args algo=dylora needs --network_module networks.dylora (sd-scripts' DyLoRA, "
+            "unit=) or lycoris.kohya (LyCORIS' DyLoRA, block_size=)"
+        )
+        return
+    who = "networks.dylora" if cfg.module == "networks.dylora" else "lycoris.kohya algo=dylora"
+    reference = "sd-scripts" if cfg.module == "networks.dylora" else "LyCORIS"
+    unsupported = dict(_DYLORA_UNSUPPORTED)
+    if cfg.module == "networks.dylora":
+        unsupported["module_dropout"] = "--network_args module_dropout"
+    for name, flag in unsupported.items():
+        if getattr(cfg, name):
+            errors.append(f"{flag} is not supported by {who}: the reference DyLoRA ({reference}) accepts it but "
+                          "never applies it; drop it")  # fmt: skip
+    block, arg = (cfg.unit, "unit") if cfg.module == "networks.dylora" else (cfg.block_size, "block_size")
+    if block < 1:
+        errors.append(f"--network_args {arg}={block}: must be at least 1")
+        return
+    conv_dim, _ = cfg.resolved_conv()
+    for flag, rank in (("--network_dim", cfg.dim), ("conv_dim", conv_dim)):
+        if rank and rank % block:
+            errors.append(f"{flag} {rank} is not a multiple of {arg}={block} ({who} trains the rank in blocks of "
+                          f"{arg}); use a multiple, e.g. {max(block, rank - rank % block)}")  # fmt: skip
+    if cfg.module == "networks.dylora":
+        if cfg.conv_dim and cfg.conv_dim != cfg.dim:
+            errors.append(f"--network_args conv_dim={cfg.conv_dim}: networks.dylora needs conv_dim == --network_dim "
+                          f"({cfg.dim}), as sd-scripts")  # fmt: skip
+        if cfg.conv_alpha is not None and cfg.conv_alpha != cfg.alpha:
+            errors.append(f"--network_args conv_alpha={cfg.conv_alpha}: networks.dylora uses --network_alpha "
+                          f"({cfg.alpha}) for conv layers too (sd-scripts reads conv_alpha but never uses it); drop "
+                          "it or set it equal")  # fmt: skip
+        if cfg.uses_blocks or cfg.conv_block_dims is not None or cfg.block_alphas is not None:
+            errors.append(
+                "block_dims / block_alphas / conv_block_* / *_lr_weight are not supported by "
+                "networks.dylora (sd-scripts' DyLoRA has no per-block ranks or learning rates)"
+            )
+        if cfg.preset is not None:
+            errors.append("--network_args preset: networks.dylora targets sd-scripts' modules; use lycoris.kohya "
+                          "algo=dylora for presets")  # fmt: skip
+    elif cfg.loraplus_lr_ratio or cfg.loraplus_unet_lr_ratio or cfg.loraplus_text_encoder_lr_ratio:
+        errors.append("loraplus_*lr_ratio has no effect with lycoris.kohya algo=dylora (LyCORIS' DyLoRA tensors are "
+                      "not named lora_up); use --network_module networks.dylora for LoRA+")  # fmt: skip
+
+
+def _validate_lora_fa(cfg: NetworkConfig, errors: list[str]) -> None:
+    if cfg.algo != "lora_fa":
+        return
+    if cfg.dora or cfg.use_tucker or cfg.use_scalar:
+        errors.append("dora_wd / use_tucker / use_scalar are not supported by networks.lora_fa (sd-scripts' LoRA-FA "
+                      "is a plain LoRA whose lora_down is frozen)")  # fmt: skip
+    if cfg.loraplus_lr_ratio or cfg.loraplus_unet_lr_ratio or cfg.loraplus_text_encoder_lr_ratio:
+        errors.append(
+            "loraplus_*lr_ratio: networks.lora_fa trains lora_up only, so LoRA+ would only multiply the "
+            "learning rate (sd-scripts' LoRA-FA ignores it); set --learning_rate / --unet_lr instead"
+        )
 
 
 def _validate_blocks(cfg: NetworkConfig, errors: list[str]) -> None:
@@ -402,7 +504,7 @@ def add_network_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup
         "--network_module",
         type=str,
         default=None,
-        help="networks.lora (LoRA/LoCon/LoHa/LoKr/DoRA via algo=) or lycoris.kohya",
+        help="networks.lora (LoRA/LoCon/LoHa/LoKr/DoRA via algo=), lycoris.kohya, networks.dylora or networks.lora_fa",
     )
     g.add_argument("--network_dim", type=int, default=None, help="rank (default 4)")
     g.add_argument(

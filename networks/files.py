@@ -122,6 +122,9 @@ def fit_to_base(tensors: Mapping[str, Tensor], base_shape: tuple[int, ...]) -> d
             out[key] = t.reshape(t.shape[: len(base_shape)])
         elif t.dim() < len(base_shape) and all(s == 1 for s in base_shape[t.dim() :]):
             out[key] = t.reshape(*t.shape, *[1] * (len(base_shape) - t.dim()))
+    up, down = out.get("lora_up.weight"), out.get("lora_down.weight")
+    if up is not None and down is not None and up.dim() == 2 and down.dim() == 4:  # LyCORIS DyLoRA conv: up (out, r)
+        out["lora_up.weight"] = up.reshape(*up.shape, 1, 1)
     scales = out.get("weight")
     if "on_input" in out and scales is not None:  # (IA)³: (c,) on a Linear, (1, c, 1, 1) on a conv
         c = scales.numel()

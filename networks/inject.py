@@ -24,7 +24,7 @@ from . import files
 from .algos import ALGOS, dora
 from .algos import norm as norm_algo
 from .config import NetworkConfig
-from .layers import AdapterLayer, AdapterWeights, NormAdapterLayer, NormWeights, max_rank
+from .layers import AdapterLayer, AdapterWeights, DyLoRALayer, NormAdapterLayer, NormWeights, max_rank
 from .network import AdapterNetwork, Slot
 from .targets import CONV_BLOCKS, PRESETS, Preset, Root, Target, find_targets
 
@@ -178,7 +178,7 @@ def new_adapter(
     options = dict(
         use_tucker=cfg.use_tucker, use_scalar=cfg.use_scalar, factor=cfg.factor, decompose_both=cfg.decompose_both,
         full_matrix=cfg.full_matrix, unbalanced_factorization=cfg.unbalanced_factorization,
-        train_on_input=cfg.train_on_input, has_bias=has_bias,
+        train_on_input=cfg.train_on_input, has_bias=has_bias, block=cfg.dylora_block,
     )  # fmt: skip
     params = algo.init_params(tuple(weight.shape), rank, device=weight.device, dtype=torch.float32, **options)
     if cfg.rs_lora:  # rank-stabilised: scale alpha/sqrt(r), stored as an ordinary alpha (LyCORIS does the same)
@@ -195,6 +195,8 @@ def _wrap(cfg: NetworkConfig | None, target: Target, adapter) -> AdapterLayer | 
         return NormAdapterLayer(target.module, adapter, **kw)
     if cfg is not None:
         kw.update(dropout=cfg.dropout, rank_dropout=cfg.rank_dropout, rank_dropout_scale=cfg.rank_dropout_scale)
+    if adapter.algo.name == "dylora":
+        return DyLoRALayer(target.module, adapter, style=cfg.dylora_style if cfg is not None else "kohya", **kw)
     return AdapterLayer(target.module, adapter, **kw)
 
 
@@ -294,10 +296,17 @@ def network_from_state_dict(
         except ValueError as e:
             errors.append(str(e))
             continue
-        if algo == "norm":
-            adapter = NormWeights({k: t.detach().clone().float().reshape(-1) for k, t in tensors.items()})
-        else:
-            adapter = AdapterWeights.from_file(tensors, algo, name)
+        try:
+            if algo == "norm":
+                adapter = NormWeights({k: t.detach().clone().float().reshape(-1) for k, t in tensors.items()})
+            elif cfg is not None and cfg.algo != algo and ALGOS[cfg.algo].file_format == algo:
+                # DyLoRA / LoRA-FA training from a plain LoRA file (--dim_from_weights): build the network's algorithm
+                adapter = AdapterWeights.from_file(tensors, cfg.algo, name, block=cfg.dylora_block)
+            else:
+                adapter = AdapterWeights.from_file(tensors, algo, name)
+        except ValueError as e:
+            errors.append(f"{source}: {e}")
+            continue
         built.append((target, adapter))
     if errors:
         raise ConfigError(errors, "adapter file", limit=5)

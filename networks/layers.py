@@ -29,7 +29,8 @@ from torch import Tensor, nn
 
 from library.fp8 import compute_weight
 
-from .algos import ALGOS, dora
+from .algos import ALGOS, dora, dylora
+from .algos import lora as lora_algo
 from .algos import norm as norm_algo
 from .algos.base import Algorithm
 
@@ -72,9 +73,11 @@ class AdapterWeights(nn.Module):
     ) -> None:
         super().__init__()
         self.algo = algo
+        frozen = algo.frozen_params  # LoRA-FA's lora_down: kept at its init, no gradient
         # fixed settings stored as tensors ((IA)³'s on_input): on the CPU, not trained, not moved by .to()
         self.constants = {k: v.detach().cpu() for k, v in params.items() if k in algo.constants}
-        self.params = nn.ParameterDict({k: nn.Parameter(v) for k, v in params.items() if k not in algo.constants})
+        self.params = nn.ParameterDict({k: nn.Parameter(v, requires_grad=algo.logical_name(k) not in frozen)
+                                        for k, v in params.items() if k not in algo.constants})  # fmt: skip
         device = next(iter(self.params.values())).device
         self.register_buffer("alpha", torch.tensor(float(alpha), device=device))
         self.magnitude = nn.Parameter(magnitude) if magnitude is not None else None
@@ -118,7 +121,10 @@ class AdapterWeights(nn.Module):
 
     def file_tensors(self) -> dict[str, Tensor]:
         """Tensor suffix -> tensor, as written in kohya/LyCORIS files (``scalar`` folded in, ``alpha`` 0-dim)."""
-        out = {self.algo.file_keys[k]: v.detach() for k, v in self.params.items()}
+        if self.algo.to_file is not None:  # stored per block in memory (DyLoRA), one tensor per key in files
+            out = {k: v.detach() for k, v in self.algo.to_file(self.params).items()}
+        else:
+            out = {self.algo.file_keys[k]: v.detach() for k, v in self.params.items()}
         if self.scalar is not None:
             for key in (k for k in self.algo.scalar_params if k in self.params):
                 out[self.algo.file_keys[key]] = (self.params[key] * self.scalar).detach()
@@ -130,8 +136,9 @@ class AdapterWeights(nn.Module):
         return out
 
     @classmethod
-    def from_file(cls, tensors: Mapping[str, Tensor], algo_name: str, name: str) -> AdapterWeights:
-        """Rebuild from one module's file tensors (suffix -> tensor); ``name`` is used in error messages."""
+    def from_file(cls, tensors: Mapping[str, Tensor], algo_name: str, name: str, **options) -> AdapterWeights:
+        """Rebuild from one module's file tensors (suffix -> tensor); ``name`` is used in error messages;
+        ``options`` go to the algorithm's ``from_file`` (DyLoRA: ``block``)."""
         algo = ALGOS[algo_name]
         params, unknown = {}, []
         for suffix, t in tensors.items():
@@ -142,6 +149,11 @@ class AdapterWeights(nn.Module):
                 unknown.append(suffix)
         if unknown:
             raise ValueError(f"{name}: tensors {sorted(unknown)} do not belong to a {algo_name} module")
+        if algo.from_file is not None:
+            try:
+                params = algo.from_file({algo.file_keys[k]: v for k, v in params.items()}, **options)
+            except ValueError as e:
+                raise ValueError(f"{name}: {e}") from None
         rank = algo.rank(params)
         alpha = float(tensors["alpha"]) if "alpha" in tensors else float(rank or 1)
         magnitude = tensors.get("dora_scale")
@@ -297,6 +309,37 @@ class AdapterLayer(nn.Module):
             if self._bias_backup is not None:
                 self.base_layer.bias.copy_(self._bias_backup)
                 self._bias_backup = None
+
+
+class DyLoRALayer(AdapterLayer):
+    """An :class:`AdapterLayer` whose training forward trains one random rank block per call (``algos/dylora.py``).
+
+    ``style`` is ``"kohya"`` (sd-scripts networks.dylora) or ``"lycoris"`` (LyCORIS algo=dylora); the block is drawn
+    from torch's CPU RNG (saved by ``--save_state``, replayed by gradient checkpointing's recompute). Outside training,
+    and when merged, the layer is the plain LoRA its file holds. ``last_block`` records the last draw.
+    """
+
+    def __init__(self, base_layer: nn.Module, adapter: AdapterWeights, *, style: str = "kohya", **kwargs) -> None:
+        super().__init__(base_layer, adapter, **kwargs)
+        if style not in dylora.STYLES:
+            raise ValueError(f"DyLoRA style {style!r}: expected one of {', '.join(dylora.STYLES)}")
+        self.style = style
+        self.last_block: int | None = None
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.training or self._backup is not None or self.multiplier == 0:
+            return super().forward(x)
+        out = self.base_layer(x)
+        if self.module_dropout and torch.rand(()) < self.module_dropout:
+            return out
+        adapter = self.adapter
+        params = adapter.params
+        j = dylora.draw_block(self.style, adapter.rank, dylora.block_size(params))
+        self.last_block = j
+        down, up, scale = dylora.step_factors(params, j, self.style, adapter.alpha)
+        h = lora_algo.project_down(x, {"lora_down": down}, self._conv_args)
+        delta = lora_algo.project_up(h, {"lora_up": up}) * (scale * self.multiplier)
+        return out + delta.to(out.dtype)
 
 
 class NormWeights(nn.Module):

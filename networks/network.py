@@ -18,7 +18,7 @@ from library.families import block_layout
 from library.problems import ConfigError
 
 from . import files
-from .layers import AdapterLayer, AdapterWeights, NormAdapterLayer
+from .layers import AdapterLayer, AdapterWeights, DyLoRALayer, NormAdapterLayer
 from .targets import Root, Target
 
 logger = logging.getLogger(__name__)
@@ -62,6 +62,11 @@ class AdapterNetwork(nn.Module):
         self.config = config
         self.block_lr_weight = block_lr
         self.multiplier = 1.0
+
+    @property
+    def sparse_gradients(self) -> bool:
+        """DyLoRA trains one rank block per step: the others get no gradient (see ``library.trainable``)."""
+        return any(isinstance(s.layer, DyLoRALayer) for s in self._slots.values())
 
     # ------------------------------------------------------------------------------------------------- inspection
     @property
@@ -168,9 +173,14 @@ class AdapterNetwork(nn.Module):
         plus: list[Tensor] = []
         for s in slots:
             adapter = s.layer.adapter
-            plus_names = getattr(getattr(adapter, "algo", None), "plus_params", ()) if ratio else ()
+            algo = getattr(adapter, "algo", None)
+            plus_names = getattr(algo, "plus_params", ()) if ratio else ()
+            frozen = getattr(algo, "frozen_params", ())
             for name, p in adapter.named_parameters():
-                (plus if name.split(".")[-1] in plus_names else plain).append(p)
+                logical = algo.logical_name(name.split(".")[-1]) if algo is not None else name.split(".")[-1]
+                if logical in frozen:  # kept at its init (LoRA-FA's lora_down): no optimizer group
+                    continue
+                (plus if logical in plus_names else plain).append(p)
         out = []
         for params, group_lr, name in ((plain, lr, label), (plus, None if lr is None else lr * (ratio or 1), "plus")):
             if not params:
@@ -278,6 +288,8 @@ class AdapterNetwork(nn.Module):
         adapter = slot.layer.adapter
         file_algo = files.algo_of(file_name, tensors, source)
         net_algo = adapter.algo.name if isinstance(adapter, AdapterWeights) else "norm"
+        if isinstance(adapter, AdapterWeights) and file_algo == adapter.algo.file_format:
+            file_algo = net_algo  # DyLoRA / LoRA-FA files are plain LoRA files
         if file_algo != net_algo:
             example = next(k for k in tensors if k not in ("alpha", "dora_scale"))
             raise ValueError(f"{source}: {file_name}.{example} is a {file_algo} tensor but the network uses "
@@ -359,9 +371,11 @@ class AdapterNetwork(nn.Module):
                 if adapter.scalar is not None:
                     adapter.scalar.mul_(ratio)
                 else:
+                    # every factor, frozen ones too (sd-scripts' LoRA-FA scales its frozen lora_down as well);
+                    # algorithms whose ΔW is not one product give each parameter its own power (norm_exponents)
+                    terms = adapter.algo.product_terms or len(adapter.params)
                     exponents = adapter.algo.norm_exponents
-                    even = dict.fromkeys(adapter.params, 1.0 / len(adapter.params))
-                    powers = exponents(adapter.params) if exponents else even
+                    powers = exponents(adapter.params) if exponents else dict.fromkeys(adapter.params, 1.0 / terms)
                     for name, power in powers.items():
                         p = adapter.params[name]
                         p.mul_((ratio**power).to(p.dtype))
@@ -377,8 +391,14 @@ class AdapterNetwork(nn.Module):
 def _copy_into(adapter: nn.Module, tensors: dict[str, Tensor]) -> None:
     with torch.no_grad():
         if isinstance(adapter, AdapterWeights):
-            for name, p in adapter.params.items():
-                p.copy_(tensors[adapter.algo.file_keys[name]])
+            algo = adapter.algo
+            if algo.from_file is not None:  # DyLoRA: the file's lora_down / lora_up cut into this network's blocks
+                unpacked = algo.from_file(tensors, **algo.options(adapter.params))
+                for name, p in adapter.params.items():
+                    p.copy_(unpacked[name])
+            else:
+                for name, p in adapter.params.items():
+                    p.copy_(tensors[algo.file_keys[name]])
             if "alpha" in tensors:
                 adapter.alpha.copy_(tensors["alpha"].reshape(()))
             else:

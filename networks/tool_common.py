@@ -121,3 +121,16 @@ def ratios_for(models: list[str] | None, ratios: list[float] | None, problems: l
         problems.append(f"--ratios has {len(ratios)} value(s) for {len(models)} --models file(s); give one ratio per "
                         "file, in the same order")  # fmt: skip
     return list(ratios)
+
+
+def device_problem(device: str | None, problems: list[str]) -> None:
+    """``--device``: a torch device name whose kind this machine has."""
+    if device is None:
+        return
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, ValueError):
+        problems.append(f"--device {device}: not a device name; use cpu, cuda or cuda:N")
+        return
+    if kind == "cuda" and not torch.cuda.is_available():
+        problems.append(f"--device {device}: no CUDA GPU is available here; use --device cpu")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _launch import two_processes
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -66,9 +67,7 @@ def _run(tmp: Path, name: str, data: Path, model: Path, processes: int, batch: i
     out.mkdir()
     wrapper = tmp / f"{name}.py"
     wrapper.write_text(_WRAPPER.format(root=str(ROOT), out=str(out), script=script))
-    launch = [str(Path(sys.executable).with_name("accelerate")), "launch", "--multi_gpu", "--num_processes", "2",
-              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]  # fmt: skip
-    cmd = (launch if processes == 2 else [sys.executable]) + [
+    cmd = (two_processes() if processes == 2 else [sys.executable]) + [
         str(wrapper), "--pretrained_model_name_or_path", str(model), "--train_data_dir", str(data),
         "--caption_extension", ".txt", "--resolution", "64", "--output_dir", str(out), "--output_name", "m",
         "--save_model_as", "safetensors", "--optimizer_type", "SGDNesterov", *TRAINS[script],

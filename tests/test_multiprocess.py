@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import torch
+from _launch import two_processes
 
 from library.weight_files import load_state_dict
 
@@ -18,9 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _launch(tmp: Path, out: str, *extra: str) -> subprocess.CompletedProcess:
-    accelerate = Path(sys.executable).with_name("accelerate")
-    cmd = [str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-           "--mixed_precision", "no", "--dynamo_backend", "no", str(ROOT / "train_network.py"), "--demo",
+    cmd = [*two_processes(), str(ROOT / "train_network.py"), "--demo",
            "--demo_dir", str(tmp), "--output_dir", str(tmp / out), "--max_train_steps", "4", "--save_every_n_steps",
            "2", "--save_state", "--network_dropout", "0.1", *extra]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}

@@ -8,11 +8,11 @@ from __future__ import annotations
 import math
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from _launch import two_processes
 
 from library.weight_files import load_state_dict
 
@@ -84,9 +84,7 @@ def launch(tmp: Path, scenario: str, inputs, *extra: str) -> subprocess.Complete
     out.mkdir()
     wrapper = tmp / f"{scenario}.py"
     wrapper.write_text(_WRAPPER.format(root=str(ROOT), scenario=scenario, out=str(out)))
-    accelerate = Path(sys.executable).with_name("accelerate")
-    cmd = [str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision",
-           "no", "--dynamo_backend", "no", "--quiet", str(wrapper), "--pretrained_model_name_or_path", str(model),
+    cmd = [*two_processes(quiet=True), str(wrapper), "--pretrained_model_name_or_path", str(model),
            "--train_data_dir", str(data), "--caption_extension", ".txt", "--resolution", "64", "--output_dir",
            str(out), "--output_name", "t", "--network_module", "networks.lora", "--max_train_steps", "5",
            "--save_every_n_steps", "1", "--max_data_loader_n_workers", "0", "--save_model_as", "safetensors",

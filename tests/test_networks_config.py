@@ -117,7 +117,7 @@ def test_bad_network_options_name_the_argument(argv, needle):
 
 def test_network_module_choices():
     assert "--network_module is required" in _errors([])
-    assert "networks.dylora is not supported yet" in _errors(["--network_module", "networks.dylora"])
+    assert _config(["--network_module", "networks.dylora"]).algo == "dylora"
     assert "networks.oft is not supported yet" in _errors(["--network_module", "networks.oft"])
     assert "did you mean 'networks.lora'?" in _errors(["--network_module", "networks.lorra"])
     assert _config(["--network_module", "lycoris.kohya"]).is_lycoris

@@ -10,24 +10,29 @@ Every algorithm is an :class:`Algorithm` record of functions:
 * ``rank(params) -> int | None``: the ``r`` in ``scale = alpha / r`` (``None``: the format fixes ``scale = 1``).
 * ``options(params) -> dict``: the construction options recovered from a file's tensors (tucker, decomposed...).
 * ``file_keys``: parameter name -> tensor suffix in files (``lora_down`` -> ``lora_down.weight``).
-* ``plus_params``: parameters LoRA+ puts in the faster "plus" group; ``scalar_params``: the tensor ``use_scalar``
+* ``plus_params``: parameters LoRA+ puts in the faster "plus" group; ``scalar_params``: the tensors ``use_scalar``
   is folded into when a file is written (as LyCORIS does).
+* ``needs_base`` / ``delta_bias`` / ``has_alpha`` / ``constants`` / ``norm_exponents``: ΔW that depends on W ((IA)³,
+  GLoRA), a bias change (full), formats without ``alpha`` (full, (IA)³), settings stored as tensors ((IA)³'s
+  ``on_input``) and max-norm powers for ΔW that is not one product (see ``base.Algorithm``).
 * ``project_down`` / ``project_up`` (LoRA only): the factorised forward ``up(down(x))`` without building ΔW.
 
-DoRA (``dora.py``) is one function applied on top of any algorithm's ΔW. Only torch is imported here.
+DoRA (``dora.py``) is one function applied on top of any algorithm's ΔW. DyLoRA (``dylora.py``) and LoRA-FA
+(``lora_fa.py``) write plain LoRA files (``file_format = "lora"``); DyLoRA keeps one tensor per rank block in memory
+(``block_params``, packed by ``to_file`` / ``from_file``), LoRA-FA keeps ``lora_down`` frozen (``frozen_params``).
+Only torch is imported here.
 """
 
 from __future__ import annotations
 
-from . import full, glora, ia3, loha, lokr, lora
+from . import dylora, full, glora, ia3, loha, lokr, lora, lora_fa
 from .base import Algorithm
 
-ALGOS: dict[str, Algorithm] = {
-    a.name: a for a in (lora.ALGORITHM, loha.ALGORITHM, lokr.ALGORITHM, full.ALGORITHM, ia3.ALGORITHM, glora.ALGORITHM)
-}
+_ALL = (lora, loha, lokr, dylora, lora_fa, full, ia3, glora)
+ALGOS: dict[str, Algorithm] = {m.ALGORITHM.name: m.ALGORITHM for m in _ALL}
 
 # LyCORIS algorithm names that exist in files and on command lines but are not implemented here yet.
-NOT_SUPPORTED = ("diag-oft", "boft", "oft", "dylora", "tlora")
+NOT_SUPPORTED = ("diag-oft", "boft", "oft", "tlora")
 
 # A file tensor suffix -> the algorithm that owns it (first match wins; "alpha"/"dora_scale" are shared).
 _SIGNATURES: tuple[tuple[str, str], ...] = (
@@ -52,8 +57,9 @@ _SIGNATURES: tuple[tuple[str, str], ...] = (
 def detect_algo(suffixes: set[str]) -> str | None:
     """Name the algorithm of one module's tensors from their file suffixes (``None`` when nothing matches).
 
-    Returns ``"lora" | "loha" | "lokr" | "full" | "ia3" | "glora" | "norm"`` for what this package implements, or the LyCORIS / PEFT name of
-    a format it does not (``"full"``, ``"glora"``, ``"peft"``...), so the caller can say what the file is.
+    Returns ``"lora" | "loha" | "lokr" | "full" | "ia3" | "glora" | "norm"`` for what this package implements, or
+    the LyCORIS / PEFT name of a format it does not (``"diag-oft"``, ``"peft"``...), so the caller can say what the
+    file is.
     """
     for suffix, algo in _SIGNATURES:
         if suffix in suffixes:

@@ -48,6 +48,24 @@ class Algorithm:
     # max-norm (--scale_weight_norms) scaling: norm_exponents(params) -> {parameter: p} such that multiplying each
     # by c**p multiplies ΔW by c. None: ΔW is a product of all parameters, each is multiplied by c**(1/k).
     norm_exponents: Callable[[Mapping[str, Tensor]], Mapping[str, float]] | None = None
+    # Algorithms that write another algorithm's file layout (DyLoRA and LoRA-FA write plain LoRA files): the name of
+    # that algorithm, so a file detected as it loads into this one.
+    file_format: str | None = None
+    # Optional packing for parameters stored differently in memory and in files (DyLoRA: one tensor per rank block,
+    # one lora_down / lora_up in files): to_file(params) -> {suffix: tensor}; from_file({suffix: tensor}, **options)
+    # -> params, with ``options`` as returned by ``options(params)``.
+    to_file: Callable[[Mapping[str, Tensor]], dict[str, Tensor]] | None = None
+    from_file: Callable[..., dict[str, Tensor]] | None = None
+    # Parameters stored per rank block as ``<name>_<j>`` (DyLoRA); ``logical_name`` maps them back to ``<name>``.
+    block_params: bool = False
+    # Parameters kept at their init (LoRA-FA's lora_down): no gradient, no optimizer group.
+    frozen_params: tuple[str, ...] = ()
+    # How many of the parameters multiply in each term of ΔW (max-norm scales each by ratio^(1/terms)); None: all.
+    product_terms: int | None = None
+
+    def logical_name(self, param: str) -> str:
+        """The parameter name as in ``file_keys`` / ``plus_params``: ``lora_up_3`` -> ``lora_up`` for block params."""
+        return param.rsplit("_", 1)[0] if self.block_params else param
 
     def param_for_suffix(self, suffix: str) -> str | None:
         """The parameter name stored under a file tensor suffix, or None if the suffix is not this algorithm's."""
