@@ -23,12 +23,13 @@ from .targets import PRESETS
 
 logger = logging.getLogger(__name__)
 
-MODULES = ("networks.lora", "lycoris.kohya")
+MODULES = ("networks.lora", "lycoris.kohya", "networks.oft")
 LATER_MODULES = (
-    "networks.dylora", "networks.lora_fa", "networks.oft", "networks.lora_diffusers", "networks.lora_flux",
+    "networks.dylora", "networks.lora_fa", "networks.lora_diffusers", "networks.lora_flux",
     "networks.lora_sd3", "networks.lora_lumina", "networks.lora_hunyuan_image", "networks.lora_anima",
 )  # fmt: skip
-ALGO_NAMES = ("lora", "locon", "loha", "lokr", "dora")
+ALGO_NAMES = ("lora", "locon", "loha", "lokr", "dora", "diag-oft", "boft")
+OFT_ALGOS = ("diag-oft", "boft", "oft")  # "oft" is sd-scripts' networks.oft (not a LyCORIS algo= name)
 LR_WEIGHT_PRESETS = ("cosine", "sine", "linear", "reverse_linear", "zeros")
 
 
@@ -93,6 +94,13 @@ _COMMON: dict[str, tuple[Any, str | None]] = {
     "full_matrix": (_bool, "full_matrix"),
     "unbalanced_factorization": (_bool, "unbalanced_factorization"),
     "preset": (str, "preset"),
+    "constraint": (float, "constraint"),
+    "rescaled": (_bool, "rescaled"),
+}
+# sd-scripts networks.oft reads only these two (every other key is ignored there, with a warning).
+_OFT: dict[str, tuple[Any, str | None]] = {
+    "enable_all_linear": (_bool, "enable_all_linear"),
+    "enable_conv": (_bool, "enable_conv"),
 }
 # sd-scripts networks.lora only (LyCORIS ignores them).
 _KOHYA: dict[str, tuple[Any, str | None]] = {
@@ -108,9 +116,7 @@ _KOHYA: dict[str, tuple[Any, str | None]] = {
 # Accepted, no effect here (LyCORIS execution switches, other model families, other algorithms; a known no-op).
 _NO_EFFECT = {
     "bypass_mode": "LoRA already runs as up(down(x)); other algorithms build ΔW",
-    "constraint": "only used by LyCORIS' OFT algorithms",
-    "rescaled": "only used by LyCORIS' OFT algorithms",
-    "block_size": "only used by LyCORIS' OFT algorithms",
+    "block_size": "lycoris-lora 4.1.3 reads it but no algorithm uses it; the OFT block size comes from --network_dim",
     "train_t5xxl": "no T5 text encoder in SD1/SD2/SDXL",
     "train_llm_adapter": "not an SD1/SD2/SDXL option",
     "use_reentrant": "neither sd-scripts nor LyCORIS reads it",
@@ -153,6 +159,10 @@ class NetworkConfig:
     full_matrix: bool = False
     unbalanced_factorization: bool = False
     preset: str | None = None
+    constraint: float = 0.0  # LyCORIS OFT / BOFT: the norm cap of Q per output row, stored as alpha (0: none)
+    rescaled: bool = False  # LyCORIS OFT / BOFT: a trained per-row rescale
+    enable_all_linear: bool = False  # networks.oft: every Linear of the transformer blocks, not only attention
+    enable_conv: bool = False  # networks.oft: also the ResNet / down / up-sampler blocks, 3x3 convs included
     network_weights: str | None = None
     dim_from_weights: bool = False
     base_weights: tuple[str, ...] = ()
@@ -170,6 +180,16 @@ class NetworkConfig:
     @property
     def is_lycoris(self) -> bool:
         return self.module == "lycoris.kohya"
+
+    @property
+    def is_oft(self) -> bool:
+        """An orthogonal algorithm (diag-oft, boft, sd-scripts' oft): alpha is a constraint, ΔW depends on W."""
+        return self.algo in OFT_ALGOS
+
+    def oft_alpha(self) -> float:
+        """The constraint stored as each module's alpha: ``--network_alpha`` for networks.oft, ``constraint=`` for
+        LyCORIS' diag-oft / boft."""
+        return self.alpha if self.module == "networks.oft" else self.constraint
 
     @property
     def uses_blocks(self) -> bool:
@@ -200,6 +220,8 @@ class NetworkConfig:
         values["network_args"] = raw
         _read_network_args(raw, module, values, errors)
         _read_flags(args, values, errors)
+        if module == "networks.oft":
+            _read_oft_flags(args, values, errors)
         algo = values.get("algo", "lora")
         if algo in ("locon", "dora"):
             values["dora"] = values.get("dora", False) or algo == "dora"
@@ -251,8 +273,16 @@ def _split_network_args(items: list[str], errors: list[str]) -> dict[str, str]:
 
 
 def _read_network_args(raw: dict[str, str], module: str, values: dict, errors: list[str]) -> None:
-    known = [*_COMMON, *_KOHYA, *_NO_EFFECT]
+    known = [*_COMMON, *_KOHYA, *_NO_EFFECT, *_OFT]
     for key, value in raw.items():
+        if module == "networks.oft" and key not in _OFT:
+            logger.warning("--network_args %s=%s is ignored by networks.oft (sd-scripts' OFT reads only "
+                           "enable_all_linear and enable_conv)", key, value)  # fmt: skip
+            continue
+        if key in _OFT and module != "networks.oft":
+            errors.append(f"--network_args {key}: only --network_module networks.oft reads it (sd-scripts' OFT); "
+                          f"with {module} use preset= / conv_dim=")  # fmt: skip
+            continue
         if key in _NO_EFFECT:
             logger.warning("--network_args %s=%s has no effect (%s); ignored", key, value, _NO_EFFECT[key])
             continue
@@ -260,7 +290,7 @@ def _read_network_args(raw: dict[str, str], module: str, values: dict, errors: l
             logger.warning("--network_args %s is ignored by lycoris.kohya (LyCORIS does not read it, so neither do "
                            "we); use --network_module networks.lora for per-block ranks and lr weights", key)  # fmt: skip
             continue
-        spec = _COMMON.get(key) or _KOHYA.get(key)
+        spec = _COMMON.get(key) or _KOHYA.get(key) or _OFT.get(key)
         if spec is None:
             errors.append(f"--network_args {key}: unknown argument{did_you_mean(key, known)}")
             continue
@@ -293,8 +323,47 @@ def _read_flags(args: argparse.Namespace, values: dict, errors: list[str]) -> No
     values["train_text_encoder_only"] = bool(getattr(args, "network_train_text_encoder_only", False))
 
 
+def _read_oft_flags(args: argparse.Namespace, values: dict, errors: list[str]) -> None:
+    """sd-scripts' networks.oft: the U-Net only, ``--network_dim`` = number of blocks, ``--network_alpha`` = the
+    constraint as given (sd-scripts: None -> 1e-3; 0 would freeze every rotation, so it is refused)."""
+    values["algo"] = "oft"
+    values["train_unet_only"] = True
+    alpha = getattr(args, "network_alpha", None)
+    values["alpha"] = 1e-3 if alpha is None else float(alpha)
+    if values["alpha"] <= 0:
+        errors.append(f"--network_alpha {alpha}: networks.oft uses it as the constraint (constraint = alpha x output "
+                      "width; sd-scripts clamps ||Q|| to it), and 0 would keep every rotation at identity; use a small "
+                      "value such as 1e-3")  # fmt: skip
+    elif values["alpha"] >= 1:
+        logger.warning("--network_alpha %s is large for networks.oft (the constraint); sd-scripts suggests 1e-3", alpha)
+    if getattr(args, "network_train_text_encoder_only", False):
+        errors.append("--network_train_text_encoder_only: networks.oft adapts the U-Net only (as sd-scripts)")
+
+
+def _validate_oft(cfg: NetworkConfig, errors: list[str]) -> None:
+    if not cfg.is_oft:
+        for key in ("constraint", "rescaled"):
+            if key in cfg.network_args:
+                logger.warning("--network_args %s has no effect with algo=%s (only LyCORIS' diag-oft and boft read "
+                               "it); ignored", key, cfg.algo)  # fmt: skip
+        return
+    if cfg.constraint < 0:
+        errors.append(f"--network_args constraint={cfg.constraint}: must not be negative (0: no constraint)")
+    for flag, on in (("dora_wd", cfg.dora), ("use_scalar", cfg.use_scalar)):
+        if on:
+            errors.append(f"--network_args {flag}=True is not supported with algo={cfg.algo} (an orthogonal "
+                          "rotation has no DoRA magnitude or scalar; LyCORIS ignores it silently); remove it")  # fmt: skip
+    for flag, on in (("use_tucker", cfg.use_tucker), ("rs_lora", cfg.rs_lora)):
+        if on and cfg.module != "networks.oft":
+            logger.warning("--network_args %s has no effect with algo=%s (as in LyCORIS); ignored", flag, cfg.algo)
+
+
 def _validate(cfg: NetworkConfig, errors: list[str]) -> None:
-    if cfg.algo not in ALGO_NAMES:
+    _validate_oft(cfg, errors)
+    if cfg.algo == "oft" and cfg.module != "networks.oft":
+        errors.append("--network_args algo=oft: LyCORIS has no algorithm 'oft'; use algo=diag-oft or algo=boft, or "
+                      "--network_module networks.oft for sd-scripts' OFT")  # fmt: skip
+    elif cfg.algo not in ALGO_NAMES and cfg.module != "networks.oft":
         if cfg.algo in NOT_SUPPORTED:
             errors.append(f"--network_args algo={cfg.algo} is not supported yet; supported: {', '.join(ALGO_NAMES)}")
         else:
@@ -367,7 +436,8 @@ def add_network_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup
         "--network_module",
         type=str,
         default=None,
-        help="networks.lora (LoRA/LoCon/LoHa/LoKr/DoRA via algo=) or lycoris.kohya",
+        help="networks.lora (LoRA/LoCon/LoHa/LoKr/DoRA via algo=), lycoris.kohya (also algo=diag-oft/boft) or "
+        "networks.oft (sd-scripts' OFT)",
     )
     g.add_argument("--network_dim", type=int, default=None, help="rank (default 4)")
     g.add_argument(

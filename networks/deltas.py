@@ -113,6 +113,9 @@ _REQUIRED = {
     "loha": (("hada_w1_a",), ("hada_w1_b",), ("hada_w2_a",), ("hada_w2_b",)),
     "lokr": (("lokr_w1", "lokr_w1_a"), ("lokr_w2", "lokr_w2_a")),
     "norm": (("w_norm",),),
+    "diag-oft": (("oft_blocks",),),
+    "boft": (("oft_blocks",),),
+    "oft": (("oft_blocks",),),
 }
 
 
@@ -261,6 +264,9 @@ def module_delta(
                 raise ValueError(f"{file.source}: {name} is a {what} module: its ΔW depends on the base weights; "
                                  "pass the base model it was trained on (--base_model)")  # fmt: skip
             layer = AdapterLayer(base, adapter.to(base.weight.device))
+            if adapter.algo.multiplier_inside:  # ΔW is not linear in the multiplier (OFT: R moved toward I)
+                delta = layer.delta(multiplier).detach().float().cpu()
+                return Delta(shape, dense=delta.reshape(shape[0], -1))
             delta = layer.delta(1.0).detach().float().cpu()
             return Delta(shape, dense=delta.reshape(shape[0], -1) * multiplier)
         pair = adapter.factors()
