@@ -265,7 +265,7 @@ def inject(cfg: NetworkConfig, roots: Sequence[Root]) -> AdapterNetwork:
         if rank:
             plan.append((t, (rank, alpha)))
     _note_ranks_above_width(wide)
-    built = []
+    built, unsplit = [], {}
     for t, spec in plan:
         if spec is None:
             adapter = NormWeights(norm_algo.init_params(t.module.weight.shape[0], has_bias=t.module.bias is not None,
@@ -274,9 +274,10 @@ def inject(cfg: NetworkConfig, roots: Sequence[Root]) -> AdapterNetwork:
             try:  # a width the algorithm cannot split (networks.oft's block count, BOFT's power-of-two blocks)
                 adapter = new_adapter(cfg, t.module.weight, *spec)
             except ValueError as e:
-                errors.append(f"{t.name} (weight {tuple(t.module.weight.shape)}): {e}")
+                unsplit.setdefault(str(e), []).append(f"{t.name} {tuple(t.module.weight.shape)}")
                 continue
         built.append((t, adapter))
+    errors += [f"{len(where)} layer(s), e.g. {', '.join(where[:2])}: {why}" for why, where in unsplit.items()]
     if errors:
         raise ConfigError(errors, "network for this model", limit=5)
     slots = [_install(active, t, _wrap(cfg, t, adapter)) for t, adapter in built]

@@ -375,6 +375,7 @@ class AdapterNetwork(nn.Module):
         return int(count), mean, largest
 
 
+@torch.no_grad()
 def _cap_params(adapter: AdapterWeights, max_norm: float) -> tuple[Tensor, Tensor]:
     """LyCORIS' ``apply_max_norm`` for OFT / BOFT: n = max(‖p‖, c/2) over the algorithm's ``norm_params``; when
     n > c they are scaled by c/n. Returns (scaled?, the resulting norm) as 0-dim tensors."""
