@@ -211,7 +211,9 @@ class AdapterLayer(nn.Module):
     def delta(self, multiplier: float | None = None) -> Tensor:
         """W_adapted - W at ``multiplier`` (default: the layer's), including DoRA: what merge adds to the weight."""
         m = self.multiplier if multiplier is None else multiplier
-        if self.adapter.algo.multiplier_inside:  # W'(m) − W directly (not linear in m)
+        if self.adapter.algo.multiplier_inside:  # W'(m) − W directly (not linear in m); m = 0 is off, as in forward
+            if m == 0:
+                return torch.zeros(self.weight_shape, device=self.base_layer.weight.device)
             return self.algo_delta(m)
         delta = self.algo_delta()
         if self.adapter.magnitude is not None:
