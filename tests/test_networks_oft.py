@@ -103,9 +103,14 @@ def test_rotation_is_orthogonal_and_merge_is_exact():
         unmerged = layer(x)
         layer.merge()
         torch.testing.assert_close(layer(x), unmerged, atol=1e-5, rtol=1e-5)
-        # W ← R_mᵀ-blockwise · W: rows keep their norms per block (a rotation), the layer output changed
         layer.unmerge()
         assert (layer.base_layer(x) - unmerged).abs().max() > 1e-2
+        # at m = 1 R is orthogonal: each block keeps its column norms, the change is a rotation
+        w = layer.base_layer.weight
+        turned = (w + layer.delta(1.0)).reshape(4, 4, -1)
+        torch.testing.assert_close(w.reshape(4, 4, -1).norm(dim=1), turned.norm(dim=1), atol=1e-5, rtol=1e-5)
+        layer.multiplier = 0.0  # off: forward and merge
+        assert torch.equal(layer(x), layer.base_layer(x)) and not layer.delta().any()
 
 
 # ----------------------------------------------------------------------------------------- sd-scripts networks.oft

@@ -146,3 +146,20 @@ def test_tools_refuse_oft_without_the_base_model(tiny_parts, tmp_path, doft):
         run(svd_merge_lora.run, "--models", doft, "--save_to", tmp_path / "s.safetensors")
     with pytest.raises(ConfigError, match=r"(?s)hold diag-oft \(not a plain LoRA\).*use svd_merge_lora.py"):
         run(merge_lora.run, "--models", doft, doft, "--save_to", tmp_path / "m.safetensors", "--concat")
+
+
+def test_check_reads_oft_blocks_and_constraints(tiny_parts, tmp_path, doft):
+    from networks.check_lora_weights import check_file
+
+    free = _write(tiny_parts["sd1"], tmp_path / "free.safetensors", "algo=boft", "preset=attn-only")  # constraint 0
+    for path, summary in ((doft, "4x4 blocks/0.01"), (free, "3x4x4 blocks/0 ")):
+        check = check_file(path)
+        assert not check.problems, check.problems  # LyCORIS OFT: alpha 0 means "no constraint", not a bad alpha
+        assert summary in "\n".join(check.summary)
+    frozen = _write(tiny_parts["sd1"], tmp_path / "frozen.safetensors", module="networks.oft", alpha=1e-3)
+    state, meta = load_state_dict(frozen)
+    state = {k: torch.zeros(()) if k.endswith(".alpha") else v for k, v in state.items()}
+    from library.weight_files import save_state_dict
+
+    save_state_dict(state, tmp_path / "zero.safetensors", metadata=meta, wrap_ckpt=False)
+    assert any("alpha <= 0" in p for p in check_file(tmp_path / "zero.safetensors").problems)  # sd-scripts: frozen
