@@ -92,6 +92,19 @@ def test_training_steps_match_lycoris_module(algo, kind, constraint, rescaled):
             assert torch.linalg.vector_norm(q) > constraint * 16
 
 
+@pytest.mark.parametrize("algo,blocks", [("diag-oft", (4, 4, 4)), ("boft", (3, 4, 4, 4)), ("oft", (4, 4, 4))])
+def test_half_precision_blocks_and_weights_run_in_float32(algo, blocks):
+    base, _, x = _layers("linear")
+    params = {"oft_blocks": (torch.randn(blocks) * 0.3).to(torch.bfloat16)}
+    layer = AdapterLayer(base.to(torch.bfloat16), AdapterWeights(ALGOS[algo], params, 1e-2))
+    full = AdapterLayer(copy.deepcopy(base).float(), AdapterWeights(ALGOS[algo], {"oft_blocks": params["oft_blocks"]
+                                                                                   .float()}, 1e-2))  # fmt: skip
+    delta = layer.delta()
+    assert delta.dtype == torch.float32
+    torch.testing.assert_close(delta, full.delta(), atol=2e-2, rtol=2e-2)
+    assert layer(x.to(torch.bfloat16)).dtype == torch.bfloat16
+
+
 def test_rotation_is_orthogonal_and_merge_is_exact():
     base, _, x = _layers("conv3")
     blocks = torch.randn(4, 4, 4) * 0.3

@@ -57,8 +57,9 @@ def kohya_constrain(q: Tensor, constraint: Tensor) -> Tensor:
 
 
 def cayley(blocks: Tensor, constraint: Tensor, *, kohya: bool = False) -> Tensor:
-    """R = (I + Q)(I − Q)⁻¹ per block, Q = B − Bᵀ constrained (see the module docstring). blocks: (..., b, b)."""
-    q = blocks - blocks.transpose(-1, -2)
+    """R = (I + Q)(I − Q)⁻¹ per block in float32, Q = B − Bᵀ constrained (see the module docstring); blocks:
+    (..., b, b) of any float dtype (bf16 / fp16 blocks are cast up: the inverse needs float32, as in LyCORIS)."""
+    q = (blocks - blocks.transpose(-1, -2)).float()
     q = kohya_constrain(q, constraint) if kohya else lycoris_constrain(q, constraint)
     eye = torch.eye(blocks.shape[-1], device=blocks.device, dtype=q.dtype)
     return (eye + q) @ (eye - q).float().inverse()
