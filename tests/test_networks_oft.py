@@ -339,3 +339,17 @@ def test_sd_scripts_oft_reader_reads_our_networks_oft_file(tiny_parts, tmp_path)
     count = apply_sd_scripts_oft(tmp_path / "oft.safetensors", adapter_roots(theirs), multiplier=0.8)
     assert count == len(network)
     assert_outputs_close(outputs(theirs, inputs), outputs(ours, inputs), atol=1e-5)
+
+
+def test_gen_img_accepts_networks_oft_files(tmp_path):
+    import argparse
+
+    from library.sampling.inference import _networks
+
+    path = tmp_path / "oft.safetensors"
+    path.write_bytes(b"x")
+    args = argparse.Namespace(network_module=["networks.oft"], network_weights=[str(path)], network_mul=[0.5],
+                              network_merge=False, prompt=None, from_file=None)  # fmt: skip
+    problems: list[str] = []
+    (spec,) = _networks(args, problems)
+    assert not problems and spec.module == "networks.oft" and spec.multiplier == 0.5

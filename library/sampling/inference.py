@@ -22,7 +22,7 @@ from .config import DEFAULT_MAX_EMBEDDINGS_MULTIPLES
 from .prompts import PromptSpec, parse_prompt_line, read_prompt_file
 from .schedulers import SAMPLER_NAMES
 
-NETWORK_MODULES = ("networks.lora", "lycoris.kohya")
+NETWORK_MODULES = ("networks.lora", "lycoris.kohya", "networks.oft")
 _UNSUPPORTED_STORE = {
     "--from_module": "prompter modules",
     "--prompter_module_args": "prompter modules",
