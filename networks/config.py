@@ -349,6 +349,11 @@ def _validate_oft(cfg: NetworkConfig, errors: list[str]) -> None:
         return
     if cfg.constraint < 0:
         errors.append(f"--network_args constraint={cfg.constraint}: must not be negative (0: no constraint)")
+    bypass = cfg.network_args.get("bypass_mode", "false").strip().lower() in ("1", "true", "yes", "on")
+    if bypass:
+        errors.append(f"--network_args bypass_mode=True is not supported with algo={cfg.algo}: LyCORIS' bypass form "
+                      "turns the layer's output, bias included (y = R·(Wx + b)), a different model from the weight "
+                      "form W' = R·W trained here (LyCORIS' default); remove it")  # fmt: skip
     for flag, on in (("dora_wd", cfg.dora), ("use_scalar", cfg.use_scalar)):
         if on:
             errors.append(f"--network_args {flag}=True is not supported with algo={cfg.algo} (an orthogonal "

@@ -255,6 +255,23 @@ def test_bad_oft_options_name_the_argument(module, args, needle):
         make_config(*args, module=module)
 
 
+def test_bypass_mode_is_refused_because_lycoris_bypass_turns_the_bias():
+    """LyCORIS' bypass form rotates base(x) including the bias: a different model (so bypass_mode=True is refused)."""
+    base, theirs_base, x = _layers("linear")
+    theirs = DiagOFTModule("m", theirs_base, 1.0, lora_dim=4, bypass_mode=True)
+    with torch.no_grad():
+        theirs.oft_blocks.copy_(torch.randn_like(theirs.oft_blocks) * 0.3)
+    theirs.apply_to()
+    ours = AdapterLayer(base, AdapterWeights(ALGOS["diag-oft"], {"oft_blocks": theirs.oft_blocks.detach()}, 0.0))
+    with torch.no_grad():
+        r = cayley(theirs.oft_blocks, torch.tensor(0.0))
+        turned_bias = torch.einsum("kij,ki->kj", r, base.bias.reshape(4, 4)).reshape(-1)
+        torch.testing.assert_close(theirs_base(x) - ours(x), (turned_bias - base.bias).expand(3, -1), atol=1e-5,
+                                   rtol=1e-5)  # fmt: skip
+    with pytest.raises(ValueError, match="bypass_mode=True is not supported with algo=diag-oft"):
+        make_config("algo=diag-oft", "bypass_mode=True", module="lycoris.kohya")
+
+
 def test_oft_flags_change_what_runs(caplog):
     plain = make_config("algo=diag-oft", module="lycoris.kohya")
     tuned = make_config("algo=diag-oft", "constraint=0.01", "rescaled=True", module="lycoris.kohya")
@@ -324,6 +341,21 @@ def test_lycoris_reads_our_files_and_we_read_theirs(tiny_parts, tmp_path, algo):
     assert len(loaded) == len(lyc.unet_loras) + len(lyc.text_encoder_loras) > 0
     assert (outputs(theirs, inputs)[0] - outputs(parts, inputs)[0]).abs().max() > 1e-2
     assert_outputs_close(outputs(mine, inputs), outputs(theirs, inputs), atol=1e-5)
+
+
+def test_lycoris_reads_our_sdxl_boft_file(tiny_parts, tmp_path):
+    parts = tiny_parts["sdxl"]
+    inputs = unet_inputs(parts, batch=1)
+    ours = copy.deepcopy(parts)
+    network = inject(make_config("algo=boft", "preset=attn-only", module="lycoris.kohya", dim=8),
+                     adapter_roots(ours))  # fmt: skip
+    _random(network)
+    network.save(tmp_path / "xl.safetensors")
+    assert any(k.startswith("lora_unet_input_blocks_") for k in load_state_dict(tmp_path / "xl.safetensors")[0])
+    theirs = copy.deepcopy(parts)
+    lyc = apply_with_lycoris(tmp_path / "xl.safetensors", adapter_roots(theirs))
+    assert len(lyc.unet_loras) + len(lyc.text_encoder_loras) == len(network)
+    assert_outputs_close(outputs(theirs, inputs), outputs(ours, inputs), atol=1e-5)
 
 
 def test_sd_scripts_oft_reader_reads_our_networks_oft_file(tiny_parts, tmp_path):
