@@ -177,7 +177,7 @@ def fits(file: AdapterFile, index: Mapping[str, Target]) -> list[str]:
     """The problems of ``file`` against a model's modules (empty: every module exists and its tensors fit)."""
     unknown = [n for n in file.modules if n not in index]
     if unknown:
-        roots = sorted({_prefix_of(n) for n in index})
+        roots = sorted({_prefix_of(t.name) for t in index.values()})  # canonical names, not aliases (oft_unet_)
         return [files.explain_unmatched(unknown, [(p, nn.Module(), str) for p in roots], file.source)]
     errors = []
     for name, tensors in file.modules.items():
