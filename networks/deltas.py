@@ -222,10 +222,9 @@ def resolve_index(file: AdapterFile, base_index: Mapping[str, Target] | None) ->
             raise ConfigError(problems, "adapter file", limit=5)
         return base_index
     based = [n for n, a in file.algos.items() if a in ALGOS and ALGOS[a].needs_base]
-    if based:  # OFT: ΔW = R·W − W
+    if based:  # e.g. OFT: ΔW = R·W − W
         raise ValueError(f"{file.source}: {len(based)} {file.algos[based[0]]} module(s) (e.g. {based[0]}): their ΔW "
-                         "depends on the base weights (R·W − W); pass the base model they were trained on "
-                         "(--base_model)")  # fmt: skip
+                         "depends on the base weights; pass the base model they were trained on (--base_model)")  # fmt: skip
     dora = [n for n, t in file.modules.items() if "dora_scale" in t]
     if dora:
         raise ValueError(f"{file.source}: {len(dora)} DoRA module(s) (e.g. {dora[0]}): their ΔW depends on the base "
