@@ -338,6 +338,10 @@ def _read_oft_flags(args: argparse.Namespace, values: dict, errors: list[str]) -
         logger.warning("--network_alpha %s is large for networks.oft (the constraint); sd-scripts suggests 1e-3", alpha)
     if getattr(args, "network_train_text_encoder_only", False):
         errors.append("--network_train_text_encoder_only: networks.oft adapts the U-Net only (as sd-scripts)")
+    if values.get("dropout"):
+        logger.warning("--network_dropout %s is ignored by networks.oft (sd-scripts' OFT has no dropout)",
+                       values["dropout"])  # fmt: skip
+        values["dropout"] = None
 
 
 def _validate_oft(cfg: NetworkConfig, errors: list[str]) -> None:

@@ -285,6 +285,7 @@ def test_oft_flags_change_what_runs(caplog):
     assert tuple(c.params["oft_blocks"].shape) == (2, 8, 8)  # --network_dim = the number of blocks
     assert float(c.alpha) == pytest.approx(0.005)
     assert oft.train_unet_only and oft.algo == "oft"
+    assert make_config(module="networks.oft", flags=("--network_dropout", "0.1")).dropout is None  # sd-scripts: none
     with pytest.raises(ValueError, match="networks.oft uses it as the constraint"):
         make_config(module="networks.oft", alpha=0.0)
 
