@@ -395,7 +395,7 @@ def _validate(cfg: NetworkConfig, errors: list[str]) -> None:
         if r is not None and r <= 0:
             errors.append(f"--network_args {name}={r}: must be > 0")
     plus = cfg.loraplus_lr_ratio or cfg.loraplus_unet_lr_ratio or cfg.loraplus_text_encoder_lr_ratio
-    if plus and cfg.algo in ("loha", "lokr"):
+    if plus and cfg.algo in ("loha", "lokr", *OFT_ALGOS):
         logger.warning("loraplus_*lr_ratio applies to LoRA's lora_up only; with algo=%s it has no effect (as in "
                        "LyCORIS)", cfg.algo)  # fmt: skip
     _validate_blocks(cfg, errors)

@@ -308,6 +308,18 @@ def test_max_norm_caps_oft_blocks_as_lycoris():
     assert (ours.adapter.params["rescale"] == 1.5).all()  # the rescale is not a rotation: left alone
 
 
+def test_scale_weight_norms_caps_every_module_of_a_network(tiny_parts):
+    parts = copy.deepcopy(tiny_parts["sd1"])
+    network = inject(make_config("algo=boft", "rescaled=True", "preset=attn-only", module="lycoris.kohya"),
+                     adapter_roots(parts))  # fmt: skip
+    _random(network)
+    count, mean, largest = network.apply_max_norm(0.5)
+    assert count == len(network) and largest == pytest.approx(0.5, rel=1e-5) and mean <= largest
+    for layer in network.layers():
+        assert float(layer.adapter.params["oft_blocks"].detach().norm()) <= 0.5 + 1e-5
+        assert (layer.adapter.params["rescale"] - 1).abs().max() > 1e-3  # untouched
+
+
 # ------------------------------------------------------------------------------------------------ files, both ways
 @pytest.mark.parametrize("algo", ["diag-oft", "boft"])
 def test_lycoris_reads_our_files_and_we_read_theirs(tiny_parts, tmp_path, algo):
