@@ -157,7 +157,10 @@ def test_networks_oft_is_sd_scripts_formula(kind, alpha, multiplier):
 
 # ------------------------------------------------------------------------------------------- networks on the UNet
 CASES = [
-    ("lycoris.kohya", ("algo=diag-oft", "constraint=1e-3", "rescaled=True", "conv_dim=4")),
+    (
+        "lycoris.kohya",
+        ("algo=diag-oft", "constraint=1e-3", "rescaled=True", "conv_dim=4", "preset=unet-convblock-only"),
+    ),
     ("lycoris.kohya", ("algo=boft", "rescaled=True", "preset=attn-only")),
     ("networks.oft", ("enable_conv=True",)),
 ]
