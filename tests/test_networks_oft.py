@@ -213,9 +213,9 @@ def test_networks_oft_targets_sd_scripts_modules(tiny_parts):
         return out
 
     attn = names()
-    assert attn and all(n.startswith("lora_unet_") and n.rsplit("_", 2)[-2:][0] in ("to", "out") or "to_out" in n
-                        for n in attn)  # fmt: skip
+    assert attn and all(n.startswith("lora_unet_") for n in attn)  # the U-Net only
     assert all(n.endswith(("to_q", "to_k", "to_v", "to_out_0")) for n in attn)
+    assert len(attn) == 4 * sum(type(m).__name__ == "Attention" for m in parts.denoiser.modules())
     linear = names("enable_all_linear=True")
     assert attn < linear and any(n.endswith("proj_in") for n in linear) and any("ff_net" in n for n in linear)
     conv = names("enable_conv=True")
