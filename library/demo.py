@@ -138,13 +138,15 @@ DIFFUSERS_KEYS = ("lora_down.weight", "lora_up.weight", "alpha")  # kohya LoRA/L
 
 
 def reader_for(lora: Path) -> str:
-    """Which consumer reads the file: "diffusers" for plain kohya LoRA/LoCon files, "lycoris" for LyCORIS formats
-    (LoHa, LoKr, DoRA, Tucker)."""
+    """Which consumer reads the file: "diffusers" for plain kohya LoRA/LoCon files, "sd-scripts-oft" for sd-scripts'
+    networks.oft files (``oft_unet_…``), "lycoris" for LyCORIS formats (LoHa, LoKr, DoRA, Tucker, diag-oft, BOFT)."""
     from safetensors import safe_open
 
     with safe_open(str(lora), "pt") as f:
         keys = list(f.keys())
-    return "diffusers" if all(k.endswith(DIFFUSERS_KEYS) for k in keys) else "lycoris"
+    if all(k.endswith(DIFFUSERS_KEYS) for k in keys):
+        return "diffusers"
+    return "sd-scripts-oft" if any(k.startswith("oft_unet_") for k in keys) else "lycoris"
 
 
 def show_it_loads(lora: Path, model: str, family: ModelFamily) -> None:
@@ -152,9 +154,13 @@ def show_it_loads(lora: Path, model: str, family: ModelFamily) -> None:
     lycoris-lora's loader and forward pass for LyCORIS formats), check it changes the UNet, say where it is."""
     import torch
 
-    if reader_for(lora) == "diffusers":
+    reader = reader_for(lora)
+    if reader == "diffusers":
         before, after = _diffusers_outputs(lora, model, family)
         how = "diffusers loads it (load_lora_weights)"
+    elif reader == "sd-scripts-oft":
+        before, after = _lycoris_outputs(lora, model, family, sd_scripts_oft=True)
+        how = "sd-scripts' networks.oft forward (networks/sd_scripts_oft_reader.py) reads it the same"
     else:
         before, after = _lycoris_outputs(lora, model, family)
         how = "lycoris-lora loads it (create_network_from_weights, forward pass)"
@@ -185,12 +191,14 @@ def _diffusers_outputs(lora: Path, model: str, family: ModelFamily):
     return before, after
 
 
-def _lycoris_outputs(lora: Path, model: str, family: ModelFamily):
-    """UNet outputs before / after lycoris-lora applies ``lora``; they must equal sdtrain's own reading of the file."""
+def _lycoris_outputs(lora: Path, model: str, family: ModelFamily, sd_scripts_oft: bool = False):
+    """UNet outputs before / after lycoris-lora (or, for ``oft_unet_`` files, sd-scripts' OFT forward) applies
+    ``lora``; they must equal sdtrain's own reading of the file."""
     import torch
 
     from networks.inject import network_from_file
     from networks.lycoris_reader import apply_with_lycoris
+    from networks.sd_scripts_oft_reader import apply_sd_scripts_oft
 
     sample = torch.randn(1, 4, 8, 8, generator=torch.Generator().manual_seed(0))
     t = torch.tensor([500])
@@ -203,12 +211,13 @@ def _lycoris_outputs(lora: Path, model: str, family: ModelFamily):
 
     theirs, ours = family.load(model), family.load(model)
     before = predict(theirs)
-    apply_with_lycoris(lora, family.adapter_roots(theirs))
+    (apply_sd_scripts_oft if sd_scripts_oft else apply_with_lycoris)(lora, family.adapter_roots(theirs))
     network_from_file(lora, family.adapter_roots(ours))
     after, expected = predict(theirs), predict(ours)
     if not torch.allclose(after, expected, atol=1e-4, rtol=1e-3):
+        who = "sd-scripts' networks.oft" if sd_scripts_oft else "lycoris-lora"
         raise RuntimeError(
-            f"demo: lycoris-lora reads {lora} differently from sdtrain (max difference "
+            f"demo: {who} reads {lora} differently from sdtrain (max difference "
             f"{(after - expected).abs().max():.2e}); please report this"
         )
     return before, after

@@ -61,8 +61,7 @@ def check_file(path: str | Path) -> Check:
     out.modules = len(file.modules)
     algos = Counter(file.algos.values())
     prefixes = Counter(files.prefix_of(n) for n in file.modules)
-    ranks = Counter((file.rank_of(n), round(file.scale_of(n) * (file.rank_of(n) or 1), 6)) for n in file.modules
-                    if file.algos[n] != "norm")  # fmt: skip
+    ranks = Counter(_rank_alpha(file, n) for n in file.modules if file.algos[n] != "norm")
     dora = sum("dora_scale" in t for t in file.modules.values())
     out.summary.append(f"{len(file.modules)} modules: " + ", ".join(f"{a} {c}" for a, c in algos.items())
                        + (f" (DoRA {dora})" if dora else ""))  # fmt: skip
@@ -72,10 +71,20 @@ def check_file(path: str | Path) -> Check:
     zero = [n for n in file.modules if file.algos[n] != "norm" and _is_zero(file, n)]
     if zero:
         out.problems.append(f"{len(zero)} module(s) have ΔW = 0 (never trained?), e.g. {', '.join(zero[:3])}")
-    bad_alpha = [n for n, t in file.modules.items() if "alpha" in t and float(t["alpha"]) <= 0]
+    bad_alpha = [n for n, t in file.modules.items() if "alpha" in t and float(t["alpha"]) <= 0
+                 and file.algos[n] not in ("diag-oft", "boft")]  # LyCORIS OFT: alpha = constraint, 0 = none  # fmt: skip
     if bad_alpha:
         out.problems.append(f"{len(bad_alpha)} module(s) have alpha <= 0, e.g. {', '.join(bad_alpha[:3])}")
     return out
+
+
+def _rank_alpha(file: dl.AdapterFile, name: str) -> tuple[str | int | None, float]:
+    """(rank, alpha) for the histogram; OFT modules: ("<blocks> blocks", the constraint stored as alpha)."""
+    tensors = file.modules[name]
+    if "oft_blocks" in tensors:
+        shape = "x".join(str(d) for d in tensors["oft_blocks"].shape[:-1])
+        return f"{shape} blocks", round(float(tensors["alpha"]) if "alpha" in tensors else 0.0, 6)
+    return file.rank_of(name), round(file.scale_of(name) * (file.rank_of(name) or 1), 6)
 
 
 def _is_zero(file: dl.AdapterFile, name: str) -> bool:

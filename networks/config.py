@@ -23,14 +23,15 @@ from .targets import PRESETS
 
 logger = logging.getLogger(__name__)
 
-MODULES = ("networks.lora", "lycoris.kohya", "networks.dylora", "networks.lora_fa")
+MODULES = ("networks.lora", "lycoris.kohya", "networks.dylora", "networks.lora_fa", "networks.oft")
 # sd-scripts modules that are one algorithm each: the algorithm they train (their files are plain LoRA files)
 MODULE_ALGOS = {"networks.dylora": "dylora", "networks.lora_fa": "lora_fa"}
 LATER_MODULES = (
-    "networks.oft", "networks.lora_diffusers", "networks.lora_flux",
+    "networks.lora_diffusers", "networks.lora_flux",
     "networks.lora_sd3", "networks.lora_lumina", "networks.lora_hunyuan_image", "networks.lora_anima",
 )  # fmt: skip
-ALGO_NAMES = ("lora", "locon", "loha", "lokr", "dora", "dylora", "full", "diff", "ia3", "glora")
+ALGO_NAMES = ("lora", "locon", "loha", "lokr", "dora", "dylora", "diag-oft", "boft", "full", "diff", "ia3", "glora")
+OFT_ALGOS = ("diag-oft", "boft", "oft")  # "oft" is sd-scripts' networks.oft (not a LyCORIS algo= name)
 # Options LyCORIS 4.1.3 reads but that do nothing with an algorithm (its module ignores them; GLoRA applies dropouts
 # only in bypass mode, which is not how either side runs it): accepted with a warning and switched off, so the run is
 # the one LyCORIS would do. Fields of NetworkConfig -> why.
@@ -111,6 +112,13 @@ _COMMON: dict[str, tuple[Any, str | None]] = {
     "preset": (str, "preset"),
     "train_on_input": (_bool, "train_on_input"),
     "block_size": (int, "block_size"),
+    "constraint": (float, "constraint"),
+    "rescaled": (_bool, "rescaled"),
+}
+# sd-scripts networks.oft reads only these two (every other key is ignored there, with a warning).
+_OFT: dict[str, tuple[Any, str | None]] = {
+    "enable_all_linear": (_bool, "enable_all_linear"),
+    "enable_conv": (_bool, "enable_conv"),
 }
 # sd-scripts networks.lora only (LyCORIS ignores them).
 _KOHYA: dict[str, tuple[Any, str | None]] = {
@@ -128,8 +136,6 @@ _DYLORA: dict[str, tuple[Any, str | None]] = {"unit": (int, "unit")}
 # Accepted, no effect here (LyCORIS execution switches, other model families, other algorithms; a known no-op).
 _NO_EFFECT = {
     "bypass_mode": "LoRA already runs as up(down(x)); other algorithms build ΔW",
-    "constraint": "only used by LyCORIS' OFT algorithms",
-    "rescaled": "only used by LyCORIS' OFT algorithms",
     "train_t5xxl": "no T5 text encoder in SD1/SD2/SDXL",
     "train_llm_adapter": "not an SD1/SD2/SDXL option",
     "use_reentrant": "neither sd-scripts nor LyCORIS reads it",
@@ -175,6 +181,10 @@ class NetworkConfig:
     preset: str | None = None
     unit: int = 1  # networks.dylora: rank block trained per step (sd-scripts)
     block_size: int = 4  # lycoris.kohya algo=dylora: rank block trained per step (LyCORIS)
+    constraint: float = 0.0  # LyCORIS OFT / BOFT: the norm cap of Q per output row, stored as alpha (0: none)
+    rescaled: bool = False  # LyCORIS OFT / BOFT: a trained per-row rescale
+    enable_all_linear: bool = False  # networks.oft: every Linear of the transformer blocks, not only attention
+    enable_conv: bool = False  # networks.oft: also the ResNet / down / up-sampler blocks, 3x3 convs included
     network_weights: str | None = None
     dim_from_weights: bool = False
     base_weights: tuple[str, ...] = ()
@@ -202,6 +212,16 @@ class NetworkConfig:
     def dylora_block(self) -> int:
         """The DyLoRA rank block: ``unit`` (networks.dylora) or ``block_size`` (lycoris.kohya)."""
         return self.block_size if self.is_lycoris else self.unit
+
+    @property
+    def is_oft(self) -> bool:
+        """An orthogonal algorithm (diag-oft, boft, sd-scripts' oft): alpha is a constraint, ΔW depends on W."""
+        return self.algo in OFT_ALGOS
+
+    def oft_alpha(self) -> float:
+        """The constraint stored as each module's alpha: ``--network_alpha`` for networks.oft, ``constraint=`` for
+        LyCORIS' diag-oft / boft."""
+        return self.alpha if self.module == "networks.oft" else self.constraint
 
     @property
     def uses_blocks(self) -> bool:
@@ -240,6 +260,8 @@ class NetworkConfig:
                               "drop algo= (or use --network_module lycoris.kohya / networks.lora for other "
                               "algorithms)")  # fmt: skip
             values["algo"] = MODULE_ALGOS[module]
+        if module == "networks.oft":
+            _read_oft_flags(args, values, errors)
         algo = values.get("algo", "lora")
         if algo in ("locon", "dora"):
             values["dora"] = values.get("dora", False) or algo == "dora"
@@ -294,8 +316,16 @@ def _split_network_args(items: list[str], errors: list[str]) -> dict[str, str]:
 
 
 def _read_network_args(raw: dict[str, str], module: str, values: dict, errors: list[str]) -> None:
-    known = [*_COMMON, *_KOHYA, *_DYLORA, *_NO_EFFECT]
+    known = [*_COMMON, *_KOHYA, *_DYLORA, *_NO_EFFECT, *_OFT]
     for key, value in raw.items():
+        if module == "networks.oft" and key not in _OFT:
+            logger.warning("--network_args %s=%s is ignored by networks.oft (sd-scripts' OFT reads only "
+                           "enable_all_linear and enable_conv)", key, value)  # fmt: skip
+            continue
+        if key in _OFT and module != "networks.oft":
+            errors.append(f"--network_args {key}: only --network_module networks.oft reads it (sd-scripts' OFT); "
+                          f"with {module} use preset= / conv_dim=")  # fmt: skip
+            continue
         if key in _NO_EFFECT:
             logger.warning("--network_args %s=%s has no effect (%s); ignored", key, value, _NO_EFFECT[key])
             continue
@@ -307,7 +337,7 @@ def _read_network_args(raw: dict[str, str], module: str, values: dict, errors: l
             errors.append(f"--network_args {key}: only networks.dylora reads it (lycoris.kohya algo=dylora: "
                           "block_size)")  # fmt: skip
             continue
-        spec = _COMMON.get(key) or _KOHYA.get(key) or _DYLORA.get(key)
+        spec = _COMMON.get(key) or _KOHYA.get(key) or _DYLORA.get(key) or _OFT.get(key)
         if spec is None:
             errors.append(f"--network_args {key}: unknown argument{did_you_mean(key, known)}")
             continue
@@ -356,8 +386,56 @@ def _read_flags(args: argparse.Namespace, values: dict, errors: list[str]) -> No
     values["train_text_encoder_only"] = bool(getattr(args, "network_train_text_encoder_only", False))
 
 
+def _read_oft_flags(args: argparse.Namespace, values: dict, errors: list[str]) -> None:
+    """sd-scripts' networks.oft: the U-Net only, ``--network_dim`` = number of blocks, ``--network_alpha`` = the
+    constraint as given (sd-scripts: None -> 1e-3; 0 would freeze every rotation, so it is refused)."""
+    values["algo"] = "oft"
+    values["train_unet_only"] = True
+    alpha = getattr(args, "network_alpha", None)
+    values["alpha"] = 1e-3 if alpha is None else float(alpha)
+    if values["alpha"] <= 0:
+        errors.append(f"--network_alpha {alpha}: networks.oft uses it as the constraint (constraint = alpha x output "
+                      "width; sd-scripts clamps ||Q|| to it), and 0 would keep every rotation at identity; use a small "
+                      "value such as 1e-3")  # fmt: skip
+    elif values["alpha"] >= 1:
+        logger.warning("--network_alpha %s is large for networks.oft (the constraint); sd-scripts suggests 1e-3", alpha)
+    if getattr(args, "network_train_text_encoder_only", False):
+        errors.append("--network_train_text_encoder_only: networks.oft adapts the U-Net only (as sd-scripts)")
+    if values.get("dropout"):
+        logger.warning("--network_dropout %s is ignored by networks.oft (sd-scripts' OFT has no dropout)",
+                       values["dropout"])  # fmt: skip
+        values["dropout"] = None
+
+
+def _validate_oft(cfg: NetworkConfig, errors: list[str]) -> None:
+    if not cfg.is_oft:
+        for key in ("constraint", "rescaled"):
+            if key in cfg.network_args:
+                logger.warning("--network_args %s has no effect with algo=%s (only LyCORIS' diag-oft and boft read "
+                               "it); ignored", key, cfg.algo)  # fmt: skip
+        return
+    if cfg.constraint < 0:
+        errors.append(f"--network_args constraint={cfg.constraint}: must not be negative (0: no constraint)")
+    bypass = cfg.network_args.get("bypass_mode", "false").strip().lower() in ("1", "true", "yes", "on")
+    if bypass:
+        errors.append(f"--network_args bypass_mode=True is not supported with algo={cfg.algo}: LyCORIS' bypass form "
+                      "turns the layer's output, bias included (y = R·(Wx + b)), a different model from the weight "
+                      "form W' = R·W trained here (LyCORIS' default); remove it")  # fmt: skip
+    for flag, on in (("dora_wd", cfg.dora), ("use_scalar", cfg.use_scalar)):
+        if on:
+            errors.append(f"--network_args {flag}=True is not supported with algo={cfg.algo} (an orthogonal "
+                          "rotation has no DoRA magnitude or scalar; LyCORIS ignores it silently); remove it")  # fmt: skip
+    for flag, on in (("use_tucker", cfg.use_tucker), ("rs_lora", cfg.rs_lora)):
+        if on and cfg.module != "networks.oft":
+            logger.warning("--network_args %s has no effect with algo=%s (as in LyCORIS); ignored", flag, cfg.algo)
+
+
 def _validate(cfg: NetworkConfig, errors: list[str]) -> None:
-    if cfg.algo not in ALGO_NAMES and cfg.algo not in MODULE_ALGOS.values():
+    _validate_oft(cfg, errors)
+    if cfg.algo == "oft" and cfg.module != "networks.oft":
+        errors.append("--network_args algo=oft: LyCORIS has no algorithm 'oft'; use algo=diag-oft or algo=boft, or "
+                      "--network_module networks.oft for sd-scripts' OFT")  # fmt: skip
+    elif cfg.algo not in ALGO_NAMES and cfg.algo not in MODULE_ALGOS.values() and cfg.module != "networks.oft":
         if cfg.algo in NOT_SUPPORTED:
             errors.append(f"--network_args algo={cfg.algo} is not supported yet; supported: {', '.join(ALGO_NAMES)}")
         else:
@@ -380,7 +458,7 @@ def _validate(cfg: NetworkConfig, errors: list[str]) -> None:
         if r is not None and r <= 0:
             errors.append(f"--network_args {name}={r}: must be > 0")
     plus = cfg.loraplus_lr_ratio or cfg.loraplus_unet_lr_ratio or cfg.loraplus_text_encoder_lr_ratio
-    if plus and cfg.algo != "lora":
+    if plus and cfg.algo in ("loha", "lokr", "full", "ia3", "glora", *OFT_ALGOS):
         logger.warning("loraplus_*lr_ratio applies to LoRA's lora_up only; with algo=%s it has no effect (as in "
                        "LyCORIS)", cfg.algo)  # fmt: skip
     _validate_blocks(cfg, errors)
@@ -504,7 +582,8 @@ def add_network_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup
         "--network_module",
         type=str,
         default=None,
-        help="networks.lora (LoRA/LoCon/LoHa/LoKr/DoRA via algo=), lycoris.kohya, networks.dylora or networks.lora_fa",
+        help="networks.lora (LoRA/LoCon/LoHa/LoKr/DoRA via algo=), lycoris.kohya (also algo=dylora/diag-oft/boft), "
+        "networks.dylora, networks.lora_fa or networks.oft (sd-scripts' DyLoRA, LoRA-FA and OFT)",
     )
     g.add_argument("--network_dim", type=int, default=None, help="rank (default 4)")
     g.add_argument(

@@ -118,6 +118,9 @@ _REQUIRED = {
     "full": (("diff",),),
     "ia3": (("weight",), ("on_input",)),
     "glora": (("a1.weight",), ("a2.weight",), ("b1.weight",), ("b2.weight",)),
+    "diag-oft": (("oft_blocks",),),
+    "boft": (("oft_blocks",),),
+    "oft": (("oft_blocks",),),
 }
 
 
@@ -185,7 +188,7 @@ def fits(file: AdapterFile, index: Mapping[str, Target]) -> list[str]:
     """The problems of ``file`` against a model's modules (empty: every module exists and its tensors fit)."""
     unknown = [n for n in file.modules if n not in index]
     if unknown:
-        roots = sorted({_prefix_of(n) for n in index})
+        roots = sorted({_prefix_of(t.name) for t in index.values()})  # canonical names, not aliases (oft_unet_)
         return [files.explain_unmatched(unknown, [(p, nn.Module(), str) for p in roots], file.source)]
     errors = []
     for name, tensors in file.modules.items():
@@ -236,6 +239,10 @@ def resolve_index(file: AdapterFile, base_index: Mapping[str, Target] | None) ->
         if problems:
             raise ConfigError(problems, "adapter file", limit=5)
         return base_index
+    based = [n for n, a in file.algos.items() if a in ALGOS and ALGOS[a].needs_base]
+    if based:  # e.g. OFT: ΔW = R·W − W
+        raise ValueError(f"{file.source}: {len(based)} {file.algos[based[0]]} module(s) (e.g. {based[0]}): their ΔW "
+                         "depends on the base weights; pass the base model they were trained on (--base_model)")  # fmt: skip
     dora = [n for n, t in file.modules.items() if "dora_scale" in t]
     if dora:
         raise ValueError(f"{file.source}: {len(dora)} DoRA module(s) (e.g. {dora[0]}): their ΔW depends on the base "
@@ -284,6 +291,9 @@ def module_delta(
                 raise ValueError(f"{file.source}: {name} is a {what} module: its ΔW depends on the base weights; "
                                  "pass the base model it was trained on (--base_model)")  # fmt: skip
             layer = AdapterLayer(base, adapter.to(base.weight.device))
+            if adapter.algo.multiplier_inside:  # ΔW is not linear in the multiplier (OFT: R moved toward I)
+                delta = layer.delta(multiplier).detach().float().cpu()
+                return Delta(shape, dense=delta.reshape(shape[0], -1))
             delta = layer.delta(1.0).detach().float().cpu()
             return Delta(shape, dense=delta.reshape(shape[0], -1) * multiplier)
         pair = adapter.factors()

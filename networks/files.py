@@ -16,7 +16,7 @@ from torch import Tensor
 from library.families import adapter_family_label
 from library.problems import first
 
-from .algos import ALGOS, NOT_SUPPORTED, detect_algo
+from .algos import ALGOS, NOT_SUPPORTED, detect_algo, oft_variant
 from .layers import AdapterLayer, NormAdapterLayer, weight_kind
 from .targets import Root, Target, kohya_name
 
@@ -63,6 +63,9 @@ def module_index(roots: Sequence[Root]) -> dict[str, Target]:
             target = Target(kohya_name(prefix, rename, path), module, i, path, kind)
             index.setdefault(target.name, target)
             index.setdefault(kohya_name(prefix, lambda p: p, path), target)
+            for algo in ALGOS.values():  # sd-scripts' networks.oft files name UNet modules oft_unet_...
+                if algo.file_prefix and target.is_unet:
+                    index.setdefault(algo.file_prefix + target.name.removeprefix("lora_unet"), target)
     return index
 
 
@@ -91,22 +94,25 @@ def explain_unmatched(names: Sequence[str], roots: Sequence[Root], source: str) 
 def algo_of(name: str, tensors: Mapping[str, Tensor], source: str) -> str:
     """The algorithm of one module's tensors; ``ValueError`` naming the key for formats not implemented here."""
     algo = detect_algo(set(tensors))
+    if algo == "diag-oft":  # three formats store oft_blocks: tell them apart by module name and tensor axes
+        algo = oft_variant(name, tensors["oft_blocks"])
     if algo in ALGOS or algo == "norm":
         return algo
     names = sorted(tensors)
     keys = first([f"{name}.{s}" for s in names], 3, ", ", " (and {n} more)")
     if algo == "peft":
         raise ValueError(f"{source}: {keys} are PEFT/diffusers-format LoRA keys; convert the file to kohya format")
+    if algo == "oft-legacy":
+        raise ValueError(f"{source}: {keys}: the pre-3.0 LyCORIS OFT format (oft_diag) is not supported; lycoris-lora "
+                         "4.1.3 does not read it either. Retrain with algo=diag-oft")  # fmt: skip
     if algo in NOT_SUPPORTED:
-        raise ValueError(f"{source}: {keys}: LyCORIS algorithm {algo!r} is not supported yet ({_SUPPORTED})")
-    raise ValueError(f"{source}: {keys}: not a LoRA/LoHa/LoKr/DoRA/full/(IA)³/GLoRA module (unknown tensor names)")
+        raise ValueError(f"{source}: {keys}: LyCORIS algorithm {algo!r} is not supported yet "
+                         f"({', '.join(ALGOS)}, dora)")  # fmt: skip
+    raise ValueError(f"{source}: {keys}: not a LoRA/LoHa/LoKr/DoRA/OFT/full/(IA)³/GLoRA module (unknown tensor names)")
 
 
-_SUPPORTED = "lora, loha, lokr, dora, full, ia3, glora"
-
-
-_FULL_RANK_KEYS = ("lora_down.weight", "lora_up.weight", "lora_mid.weight", "lokr_w2", "diff", "a1.weight", "a2.weight",
-                   "b1.weight", "b2.weight")  # fmt: skip
+_FULL_RANK_KEYS = ("lora_down.weight", "lora_up.weight", "lora_mid.weight", "lokr_w2", "rescale", "diff", "a1.weight",
+                   "a2.weight", "b1.weight", "b2.weight")  # fmt: skip
 
 
 def fit_to_base(tensors: Mapping[str, Tensor], base_shape: tuple[int, ...]) -> dict[str, Tensor]:
@@ -147,15 +153,11 @@ def check_shapes(name: str, algo: str, tensors: Mapping[str, Tensor], base_shape
         if param is not None:  # constants ((IA)³'s on_input) keep their value: the functions read it
             params[param] = t if param in spec.constants else t.to("meta")
     shapes = ", ".join(f"{s} {tuple(t.shape)}" for s, t in sorted(tensors.items()) if s != "alpha")
-    base = torch.empty(base_shape, device="meta") if spec.needs_base else None
+    kw = {"base": torch.empty(base_shape, device="meta"), "alpha": 0.0} if spec.needs_base else {}
     try:
-        delta = spec.delta_weight(params, 1.0, tuple(base_shape), base=base)
-        if spec.delta_bias is not None:
-            bias = spec.delta_bias(params, 1.0)
-            ok_bias = bias is None or tuple(bias.shape) == (base_shape[0],)
-        else:
-            ok_bias = True
-        ok = tuple(delta.shape) == tuple(base_shape) and ok_bias
+        delta = spec.delta_weight(params, 1.0, tuple(base_shape), **kw)
+        bias = spec.delta_bias(params, 1.0) if spec.delta_bias is not None else None
+        ok = tuple(delta.shape) == tuple(base_shape) and (bias is None or tuple(bias.shape) == (base_shape[0],))
     except (RuntimeError, ValueError, KeyError, IndexError):
         ok = False
     if not ok:

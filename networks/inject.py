@@ -26,7 +26,7 @@ from .algos import norm as norm_algo
 from .config import NetworkConfig
 from .layers import AdapterLayer, AdapterWeights, DyLoRALayer, NormAdapterLayer, NormWeights, max_rank
 from .network import AdapterNetwork, Slot
-from .targets import CONV_BLOCKS, PRESETS, Preset, Root, Target, find_targets
+from .targets import CONV_BLOCKS, PRESETS, TRANSFORMER, Preset, Root, Target, find_targets
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +35,8 @@ logger = logging.getLogger(__name__)
 def load_preset(cfg: NetworkConfig) -> Preset:
     """The target preset: ``preset=`` (a built-in name or a LyCORIS preset TOML), else the module's default
     (networks.lora: sd-scripts' targets, plus conv blocks with conv dims; lycoris.kohya: ``full``)."""
+    if cfg.module == "networks.oft":
+        return oft_preset(cfg)
     if cfg.preset is None:
         if cfg.is_lycoris:
             return PRESETS["full"]
@@ -44,6 +46,16 @@ def load_preset(cfg: NetworkConfig) -> Preset:
     if cfg.preset in PRESETS:
         return PRESETS[cfg.preset]
     return _preset_from_toml(cfg.preset)
+
+
+def oft_preset(cfg: NetworkConfig) -> Preset:
+    """sd-scripts' networks.oft targets (U-Net only): the attention projections (its ``CrossAttention``, diffusers'
+    ``Attention``), or with ``enable_all_linear`` every Linear / 1x1 conv of the transformer blocks; ``enable_conv``
+    adds the ResNet and down/up-sampler blocks with their 3x3 convs."""
+    classes = TRANSFORMER if cfg.enable_all_linear else ("Attention",)
+    if cfg.enable_conv:
+        classes = classes + CONV_BLOCKS
+    return Preset(classes, (), (), (), enable_conv=cfg.enable_conv)
 
 
 def _preset_from_toml(path: str) -> Preset:
@@ -153,6 +165,8 @@ def _block_tables(cfg: NetworkConfig, layout: BlockLayout, lr_weights, errors: l
 
 def _rank_for(cfg: NetworkConfig, target: Target, tables, layout: BlockLayout) -> tuple[int, float, str]:
     """(rank, alpha, the argument that set them) for one target; rank 0 = no adapter."""
+    if cfg.module == "networks.oft":  # one block count for every layer, 3x3 convs included (sd-scripts)
+        return cfg.dim, cfg.alpha, "--network_dim"
     conv_dim, conv_alpha = cfg.resolved_conv()
     if target.kind == "linear":
         rank, alpha, arg = cfg.dim, cfg.alpha, "--network_dim"
@@ -177,10 +191,12 @@ def new_adapter(
     algo = ALGOS[cfg.algo]
     options = dict(
         use_tucker=cfg.use_tucker, use_scalar=cfg.use_scalar, factor=cfg.factor, decompose_both=cfg.decompose_both,
-        full_matrix=cfg.full_matrix, unbalanced_factorization=cfg.unbalanced_factorization,
-        train_on_input=cfg.train_on_input, has_bias=has_bias, block=cfg.dylora_block,
+        full_matrix=cfg.full_matrix, unbalanced_factorization=cfg.unbalanced_factorization, rescaled=cfg.rescaled,
+        block=cfg.dylora_block, train_on_input=cfg.train_on_input, has_bias=has_bias,
     )  # fmt: skip
     params = algo.init_params(tuple(weight.shape), rank, device=weight.device, dtype=torch.float32, **options)
+    if algo.constraint_alpha:  # OFT: alpha is the constraint (no scale, no DoRA, no scalar: refused by the config)
+        return AdapterWeights(algo, params, cfg.oft_alpha())
     if cfg.rs_lora:  # rank-stabilised: scale alpha/sqrt(r), stored as an ordinary alpha (LyCORIS does the same)
         alpha = alpha * math.sqrt(rank)
     if algo.rank(params) is None:  # LoKr with two full factors: scale 1; LyCORIS writes alpha = rank
@@ -234,7 +250,7 @@ def inject(cfg: NetworkConfig, roots: Sequence[Root]) -> AdapterNetwork:
     active = active_roots(cfg, roots)
     preset = load_preset(cfg)
     conv_dim, _ = cfg.resolved_conv()
-    conv = preset.enable_conv and (bool(conv_dim) or cfg.conv_block_dims is not None)
+    conv = preset.enable_conv and (bool(conv_dim) or cfg.conv_block_dims is not None or cfg.module == "networks.oft")
     targets = find_targets(active, preset, conv=conv, train_norm=cfg.train_norm)
     layout = block_layout([t.name for t in targets if t.is_unet])
     errors: list[str] = []
@@ -249,20 +265,29 @@ def inject(cfg: NetworkConfig, roots: Sequence[Root]) -> AdapterNetwork:
             continue
         rank, alpha, arg = _rank_for(cfg, t, tables, layout)
         shape = tuple(t.module.weight.shape)
-        # LoKr switches to full factors by itself; full and (IA)³ have no rank
-        if rank and cfg.algo not in ("lokr", "full", "ia3") and rank > max_rank(shape):
+        # LoKr switches to full factors by itself; an OFT dim is a block size / count, not a rank; full and (IA)³ have
+        # no rank
+        if rank and cfg.algo not in ("lokr", "diag-oft", "boft", "oft", "full", "ia3") and rank > max_rank(shape):
             wide.setdefault((arg, rank), []).append((max_rank(shape), t.name, shape))
         if rank:
             plan.append((t, (rank, alpha)))
     _note_ranks_above_width(wide)
-    slots = []
+    built, unsplit = [], {}
     for t, spec in plan:
         if spec is None:
             adapter = NormWeights(norm_algo.init_params(t.module.weight.shape[0], has_bias=t.module.bias is not None,
                                                         device=t.module.weight.device))  # fmt: skip
         else:
-            adapter = new_adapter(cfg, t.module.weight, *spec, has_bias=t.module.bias is not None)
-        slots.append(_install(active, t, _wrap(cfg, t, adapter)))
+            try:  # a width the algorithm cannot split (networks.oft's block count, BOFT's power-of-two blocks)
+                adapter = new_adapter(cfg, t.module.weight, *spec, has_bias=t.module.bias is not None)
+            except ValueError as e:
+                unsplit.setdefault(str(e), []).append(f"{t.name} {tuple(t.module.weight.shape)}")
+                continue
+        built.append((t, adapter))
+    errors += [f"{len(where)} layer(s), e.g. {', '.join(where[:2])}: {why}" for why, where in unsplit.items()]
+    if errors:
+        raise ConfigError(errors, "network for this model", limit=5)
+    slots = [_install(active, t, _wrap(cfg, t, adapter)) for t, adapter in built]
     logger.info("adapters: %d text-encoder and %d UNet modules", sum(not s.target.is_unet for s in slots),
                 sum(s.target.is_unet for s in slots))  # fmt: skip
     return AdapterNetwork(slots, roots, cfg, lr_weights)

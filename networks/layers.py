@@ -13,6 +13,8 @@ patched) and computes
   (LyCORIS; rescaled by the kept fraction only with ``rank_dropout_scale``) and ``network_dropout`` acts on Δ(x).
 * DoRA: Δ(x) = op(x, W' - W) with W' = ``dora_weight(W, ΔW, magnitude)``, i.e. the weight is interpolated
   W + m·(W' - W) (ComfyUI's strength rule; at m = 1 this is exactly LyCORIS' and PEFT's DoRA).
+* OFT / BOFT (``multiplier_inside``): ΔW = W'(m) − W is built at the layer's multiplier m (the rotation moved toward
+  I, LyCORIS' rule) and added as it is, Δ(x) = op(x, ΔW); the base weight W is passed to the algorithm.
 * ``module_dropout`` skips the adapter for the whole step with probability p. All dropouts act in training only.
 
 ``merge()`` / ``unmerge()`` write the same ΔW into the base weight (and restore it exactly).
@@ -96,12 +98,14 @@ class AdapterWeights(nn.Module):
         r = self.rank
         return self.alpha / r if r else 1.0
 
-    def delta_weight(self, shape: tuple[int, ...], base: Tensor | None = None) -> Tensor:
+    def delta_weight(self, shape: tuple[int, ...], base: Tensor | None = None, multiplier: float = 1.0) -> Tensor:
         """ΔW in ``shape`` at multiplier 1 (without DoRA): the algorithm's formula times ``scalar``. ``base`` is the
-        base weight W, required by ``needs_base`` algorithms (ΔW depends on W)."""
+        base weight W, required by ``needs_base`` algorithms (ΔW depends on W). ``multiplier`` is passed to
+        ``multiplier_inside`` algorithms only (ΔW at that multiplier); the others ignore it (callers scale)."""
         if self.algo.needs_base and base is None:
             raise ValueError(f"{self.algo.name}: ΔW depends on the base weight; pass base=W")
-        delta = self.algo.delta_weight(self.tensors(), self.scale(), shape, base=base, alpha=self.alpha)
+        kw = {"multiplier": multiplier} if self.algo.multiplier_inside else {}
+        delta = self.algo.delta_weight(self.tensors(), self.scale(), shape, base=base, alpha=self.alpha, **kw)
         return delta * self.scalar if self.scalar is not None else delta
 
     def delta_bias(self) -> Tensor | None:
@@ -157,6 +161,11 @@ class AdapterWeights(nn.Module):
         rank = algo.rank(params)
         alpha = float(tensors["alpha"]) if "alpha" in tensors else float(rank or 1)
         magnitude = tensors.get("dora_scale")
+        if magnitude is not None and algo.multiplier_inside:
+            raise ValueError(
+                f"{name}: a DoRA magnitude (dora_scale) on a {algo_name} module is not supported "
+                "(LyCORIS has no DoRA for OFT either); remove the tensor or use another file"
+            )
         return cls(algo, params, alpha, magnitude=None if magnitude is None else magnitude.detach().clone().float())
 
 
@@ -210,17 +219,22 @@ class AdapterLayer(nn.Module):
             return self._backup if dtype is None else self._backup.to(dtype)
         return compute_weight(self.base_layer, dtype)
 
-    def algo_delta(self) -> Tensor:
-        """ΔW of the algorithm at multiplier 1, before DoRA (the base weight passed where the algorithm needs it)."""
+    def algo_delta(self, multiplier: float = 1.0) -> Tensor:
+        """ΔW of the algorithm at multiplier 1, before DoRA (the base weight passed where the algorithm needs it);
+        for ``multiplier_inside`` algorithms (OFT) ΔW at ``multiplier``."""
         adapter = self.adapter
         if adapter.algo.needs_base:
             dtype = next(iter(adapter.params.values())).dtype
-            return adapter.delta_weight(self.weight_shape, base=self._base_weight(dtype))
-        return adapter.delta_weight(self.weight_shape)
+            return adapter.delta_weight(self.weight_shape, base=self._base_weight(dtype), multiplier=multiplier)
+        return adapter.delta_weight(self.weight_shape, multiplier=multiplier)
 
     def delta(self, multiplier: float | None = None) -> Tensor:
         """W_adapted - W at ``multiplier`` (default: the layer's), including DoRA: what merge adds to the weight."""
         m = self.multiplier if multiplier is None else multiplier
+        if self.adapter.algo.multiplier_inside:  # W'(m) − W directly (not linear in m); m = 0 is off, as in forward
+            if m == 0:
+                return torch.zeros(self.weight_shape, device=self.base_layer.weight.device)
+            return self.algo_delta(m)
         delta = self.algo_delta()
         if self.adapter.magnitude is not None:
             weight = self._backup if self._backup is not None else compute_weight(self.base_layer, delta.dtype)
@@ -234,7 +248,7 @@ class AdapterLayer(nn.Module):
 
     def _train_delta(self) -> tuple[Tensor, Tensor | None]:
         """(ΔW as the forward pass uses it, the rank-dropout mask of its output rows or None)."""
-        delta, keep = self.algo_delta(), None
+        delta, keep = self.algo_delta(self.multiplier), None  # the multiplier reaches multiplier_inside algorithms only
         if self.training and self.rank_dropout:
             keep = (torch.rand(delta.shape[0], device=delta.device) > self.rank_dropout).to(delta.dtype)
             if self.rank_dropout_scale:
@@ -282,6 +296,8 @@ class AdapterLayer(nn.Module):
             delta = delta + (bias[:, None, None] if self._conv_args is not None else bias).to(delta.dtype)
         if self.training and self.dropout:
             delta = F.dropout(delta, p=self.dropout)
+        if adapter.algo.multiplier_inside:  # ΔW was built at the multiplier already
+            return out + delta.to(out.dtype)
         return out + (delta * self.multiplier).to(out.dtype)
 
     @torch.no_grad()

@@ -203,6 +203,9 @@ class AdapterNetwork(nn.Module):
         """kohya/LyCORIS keys ``<name>.<suffix>`` (alpha per module, DoRA ``dora_scale``), cast to ``dtype``."""
         out = {}
         for name, s in self._slots.items():
+            prefix = getattr(getattr(s.layer.adapter, "algo", None), "file_prefix", None)
+            if prefix and name.startswith("lora_unet_"):  # sd-scripts' networks.oft: oft_unet_...
+                name = prefix + name.removeprefix("lora_unet")
             for suffix, t in s.layer.adapter.file_tensors().items():
                 t = t.detach().to("cpu")
                 out[f"{name}.{suffix}"] = t.to(dtype) if dtype is not None and t.is_floating_point() else t
@@ -219,7 +222,9 @@ class AdapterNetwork(nn.Module):
         alphas = [float(s.layer.adapter.alpha) for s in self._slots.values() if isinstance(s.layer, AdapterLayer)]
         dim = max(set(ranks), key=ranks.count) if ranks else None
         alpha = max(set(alphas), key=alphas.count) if alphas else None
-        return {"ss_network_module": "networks.lora", "ss_network_dim": str(dim), "ss_network_alpha": str(alpha)}
+        algos = {s.layer.adapter.algo.name for s in self._slots.values() if isinstance(s.layer, AdapterLayer)}
+        module = "networks.oft" if algos == {"oft"} else "networks.lora"
+        return {"ss_network_module": module, "ss_network_dim": str(dim), "ss_network_alpha": str(alpha)}
 
     def save(self, path: str | os.PathLike, metadata: dict[str, str] | None = None, dtype=None) -> None:
         """Write the adapter file atomically (``--save_precision`` as ``dtype``; metadata = ``metadata()`` + yours)."""
@@ -365,6 +370,11 @@ class AdapterNetwork(nn.Module):
                 if not isinstance(s.layer, AdapterLayer):
                     continue
                 adapter = s.layer.adapter
+                if adapter.algo.norm_params:  # LyCORIS OFT / BOFT: cap ‖oft_blocks‖, not ‖ΔW‖
+                    scaled_one, norm_one = _cap_params(adapter, max_norm)
+                    scaled.append(scaled_one)
+                    norms.append(norm_one)
+                    continue
                 delta = s.layer.algo_delta()
                 norm = delta.norm().clamp(min=max_norm / 2)
                 ratio = norm.clamp(max=max_norm) / norm
@@ -386,6 +396,19 @@ class AdapterNetwork(nn.Module):
         norms_t = torch.stack(norms)
         count, mean, largest = torch.stack([torch.stack(scaled).sum().float(), norms_t.mean(), norms_t.max()]).tolist()
         return int(count), mean, largest
+
+
+@torch.no_grad()
+def _cap_params(adapter: AdapterWeights, max_norm: float) -> tuple[Tensor, Tensor]:
+    """LyCORIS' ``apply_max_norm`` for OFT / BOFT: n = max(‖p‖, c/2) over the algorithm's ``norm_params``; when
+    n > c they are scaled by c/n. Returns (scaled?, the resulting norm) as 0-dim tensors."""
+    params = [adapter.params[k] for k in adapter.algo.norm_params if k in adapter.params]
+    orig = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.float()) for p in params]))
+    norm = orig.clamp(min=max_norm / 2)
+    ratio = norm.clamp(max=max_norm) / norm
+    for p in params:
+        p.mul_(ratio.to(p.dtype))
+    return ratio < 1.0, orig * ratio
 
 
 def _copy_into(adapter: nn.Module, tensors: dict[str, Tensor]) -> None:

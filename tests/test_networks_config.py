@@ -98,8 +98,8 @@ def test_every_problem_is_reported_at_once_with_did_you_mean():
 @pytest.mark.parametrize(
     "argv,needle",
     [
-        (["--network_args", "algo=diag-oft"], "algo=diag-oft is not supported yet"),
-        (["--network_args", "algo=boft"], "algo=boft is not supported yet"),
+        (["--network_args", "algo=tlora"], "algo=tlora is not supported yet"),
+        (["--network_args", "algo=oft"], "LyCORIS has no algorithm 'oft'; use algo=diag-oft or algo=boft"),
         (["--network_args", "preset=ful"], "did you mean 'full'?"),
         (["--network_args", "block_dims=4,4,4"], "block_dims: 3 values given"),
         (["--network_args", "conv_dim=-1"], "conv_dim=-1: must not be negative"),
@@ -118,7 +118,9 @@ def test_bad_network_options_name_the_argument(argv, needle):
 def test_network_module_choices():
     assert "--network_module is required" in _errors([])
     assert _config(["--network_module", "networks.dylora"]).algo == "dylora"
-    assert "networks.oft is not supported yet" in _errors(["--network_module", "networks.oft"])
+    assert _config(["--network_module", "networks.lora_fa"]).algo == "lora_fa"
+    assert _config(["--network_module", "networks.oft"]).algo == "oft"
+    assert "networks.lora_flux is not supported yet" in _errors(["--network_module", "networks.lora_flux"])
     assert "did you mean 'networks.lora'?" in _errors(["--network_module", "networks.lorra"])
     assert _config(["--network_module", "lycoris.kohya"]).is_lycoris
 

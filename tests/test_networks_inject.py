@@ -319,8 +319,8 @@ def test_load_errors_name_the_problem(fresh, tmp_path):
     assert "lora_down.weight has shape (8," in msg and "--dim_from_weights" in msg
 
     oft = tmp_path / "oft.safetensors"
-    save_state_dict({"lora_unet_conv_in.oft_blocks": torch.zeros(4, 4, 4)}, oft)
-    assert "'diag-oft' is not supported yet" in _error(lambda: network_from_file(oft, adapter_roots(fresh("sd1"))))
+    save_state_dict({"lora_unet_conv_in.oft_diag": torch.zeros(4, 4, 4)}, oft)
+    assert "(oft_diag) is not supported" in _error(lambda: network_from_file(oft, adapter_roots(fresh("sd1"))))
 
 
 @pytest.mark.parametrize("algo", ["lora", "loha", "lokr"])

@@ -22,7 +22,8 @@ from .config import DEFAULT_MAX_EMBEDDINGS_MULTIPLES
 from .prompts import PromptSpec, parse_prompt_line, read_prompt_file
 from .schedulers import SAMPLER_NAMES
 
-NETWORK_MODULES = ("networks.lora", "lycoris.kohya", "networks.dylora", "networks.lora_fa")  # all read as their file says
+# all read as their file says
+NETWORK_MODULES = ("networks.lora", "lycoris.kohya", "networks.dylora", "networks.lora_fa", "networks.oft")
 _UNSUPPORTED_STORE = {
     "--from_module": "prompter modules",
     "--prompter_module_args": "prompter modules",

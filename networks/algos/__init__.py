@@ -25,14 +25,17 @@ Only torch is imported here.
 
 from __future__ import annotations
 
-from . import dylora, full, glora, ia3, loha, lokr, lora, lora_fa
+from torch import Tensor
+
+from . import boft, dylora, full, glora, ia3, loha, lokr, lora, lora_fa, oft
 from .base import Algorithm
 
 _ALL = (lora, loha, lokr, dylora, lora_fa, full, ia3, glora)
 ALGOS: dict[str, Algorithm] = {m.ALGORITHM.name: m.ALGORITHM for m in _ALL}
+ALGOS.update({a.name: a for a in (oft.ALGORITHM, boft.ALGORITHM, oft.KOHYA_ALGORITHM)})  # OFT: diag-oft, boft, oft
 
 # LyCORIS algorithm names that exist in files and on command lines but are not implemented here yet.
-NOT_SUPPORTED = ("diag-oft", "boft", "oft", "tlora")
+NOT_SUPPORTED = ("tlora",)
 
 # A file tensor suffix -> the algorithm that owns it (first match wins; "alpha"/"dora_scale" are shared).
 _SIGNATURES: tuple[tuple[str, str], ...] = (
@@ -46,7 +49,7 @@ _SIGNATURES: tuple[tuple[str, str], ...] = (
     ("w_norm", "norm"),
     ("diff", "full"),
     ("oft_blocks", "diag-oft"),
-    ("oft_diag", "diag-oft"),
+    ("oft_diag", "oft-legacy"),
     ("a1.weight", "glora"),
     ("on_input", "ia3"),
     ("lora_A.weight", "peft"),
@@ -65,3 +68,11 @@ def detect_algo(suffixes: set[str]) -> str | None:
         if suffix in suffixes:
             return algo
     return None
+
+
+def oft_variant(name: str, blocks: Tensor) -> str:
+    """Which of the three formats that store ``oft_blocks`` a module is: sd-scripts' ``networks.oft`` (module name
+    ``oft_unet_…``), LyCORIS ``boft`` ((m, n, b, b), 4 axes) or LyCORIS ``diag-oft`` ((n, b, b))."""
+    if name.startswith("oft_"):
+        return "oft"
+    return "boft" if blocks.dim() == 4 else "diag-oft"

@@ -48,6 +48,16 @@ class Algorithm:
     # max-norm (--scale_weight_norms) scaling: norm_exponents(params) -> {parameter: p} such that multiplying each
     # by c**p multiplies ΔW by c. None: ΔW is a product of all parameters, each is multiplied by c**(1/k).
     norm_exponents: Callable[[Mapping[str, Tensor]], Mapping[str, float]] | None = None
+    # ΔW is not linear in the multiplier (OFT / BOFT move the rotation toward I, LyCORIS' rule): ``delta_weight``
+    # then takes ``multiplier=m`` and returns W'(m) − W, and the layer passes its multiplier in instead of scaling.
+    multiplier_inside: bool = False
+    # ``--scale_weight_norms`` caps the joint Frobenius norm of these parameters instead of ‖ΔW‖ (LyCORIS OFT / BOFT
+    # ``apply_max_norm`` caps ‖oft_blocks‖); empty: every parameter is scaled so that ‖ΔW‖ is capped.
+    norm_params: tuple[str, ...] = ()
+    # The stored ``alpha`` is a constraint, not a LoRA scale (OFT): set from ``constraint`` / ``--network_alpha``.
+    constraint_alpha: bool = False
+    # Module names in files use this prefix instead of ``lora_unet`` (sd-scripts' networks.oft: ``oft_unet``).
+    file_prefix: str | None = None
     # Algorithms that write another algorithm's file layout (DyLoRA and LoRA-FA write plain LoRA files): the name of
     # that algorithm, so a file detected as it loads into this one.
     file_format: str | None = None
