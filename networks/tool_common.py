@@ -88,6 +88,9 @@ def main_guard(func: Callable[[], Any]) -> int:
     and give status 2; a run that stopped early (a training ``Result`` that failed or was interrupted, a check that
     returned False) gives 1; Ctrl-C gives 130 without a traceback. Anything else is a bug and propagates with its
     traceback. ``--help`` exits 0 through argparse's ``SystemExit``."""
+    from library.logs import library_output
+
+    library_output(False)  # the libraries' bars and notices (as in a training run); our bars and messages stay
     try:
         result = func()
     except (ValueError, OSError) as e:

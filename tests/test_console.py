@@ -71,3 +71,16 @@ def test_their_bars_and_notices_only_with_debug(tiny_dir, dataset, tmp_path, cap
     assert all(shown().values()), shown()
     runtime.console_logging(None, None, False)  # the next run's logging setup in this process: off again
     assert not any(shown().values()), shown()
+
+
+def test_a_tool_command_line_shows_only_its_own_bars(tiny_dir, tmp_path, capsys, their_defaults):
+    """The post-training tools and preparation scripts (``main`` through ``networks.tool_common.main_guard``) turn
+    the libraries' bars and notices off too: merge_models.py loading a diffusers folder prints its own line only."""
+    from tools import merge_models
+
+    out = tmp_path / "merged.safetensors"
+    assert shown()["transformers bars"]  # a user's process before the tool runs
+    assert merge_models.main(["--models", str(tiny_dir / "sd1"), str(tiny_dir / "sd1"), "--output", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert out.is_file() and "Loading weights" not in err
+    assert not any(shown().values()), shown()
