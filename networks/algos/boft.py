@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from .base import Algorithm
-from .oft import _as_tensor, _check, _rescale_init, cayley, toward_identity
+from .oft import _rescale_init, rotated_delta
 
 
 def power2factorization(dim: int, factor: int = -1) -> tuple[int, int] | None:
@@ -88,15 +88,11 @@ def delta_weight(
     **_: Any,
 ) -> Tensor:
     """ΔW = rescale ⊙ butterfly(W) − W in ``shape`` (float32); ``alpha`` is the constraint per output row."""
-    blocks = params["oft_blocks"]
-    weight = _check(blocks, shape, base)
-    r = toward_identity(cayley(blocks, _as_tensor(alpha, blocks) * shape[0]), multiplier)
-    w = weight.to(r.dtype).reshape(shape[0], -1)
-    new = butterfly(r, w)
-    rescale = params.get("rescale")
-    if rescale is not None:
-        new = rescale.reshape(shape[0], 1).to(new.dtype) * new
-    return (new - w).reshape(shape)
+
+    def turn(r: Tensor, w: Tensor) -> Tensor:
+        return butterfly(r, w.reshape(shape[0], -1)).reshape(w.shape)
+
+    return rotated_delta(params, shape, base, alpha, multiplier, turn)
 
 
 def rank(params: Mapping[str, Tensor]) -> int | None:

@@ -25,7 +25,7 @@ Init: B = 0 (R = I, ΔW = 0), rescale = 1. Only torch is imported here.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -110,6 +110,29 @@ def _check(blocks: Tensor, shape: tuple[int, ...], base: Tensor | None) -> Tenso
     return base
 
 
+def rotated_delta(
+    params: Mapping[str, Tensor],
+    shape: tuple[int, ...],
+    base: Tensor | None,
+    alpha: Any,
+    multiplier: float | Tensor,
+    turn: Callable[[Tensor, Tensor], Tensor],
+    *,
+    kohya: bool = False,
+) -> Tensor:
+    """ΔW = rescale ⊙ turn(R_m, W) − W (float32) for the rotation R of ``oft_blocks``, shared by diag-oft, BOFT and
+    networks.oft: ``turn`` applies the rotations to W's rows; the constraint is ``alpha`` per output row."""
+    blocks = params["oft_blocks"]
+    weight = _check(blocks, shape, base)
+    r = toward_identity(cayley(blocks, _as_tensor(alpha, blocks) * shape[0], kohya=kohya), multiplier)
+    w = weight.to(r.dtype)
+    new = turn(r, w)
+    rescale = params.get("rescale")
+    if rescale is not None:
+        new = rescale.reshape(shape[0], *[1] * (len(shape) - 1)).to(new.dtype) * new
+    return new - w
+
+
 def delta_weight(
     params: Mapping[str, Tensor],
     scale: float,
@@ -121,15 +144,7 @@ def delta_weight(
     **_: Any,
 ) -> Tensor:
     """diag-oft: ΔW = rescale ⊙ rotate(R_m, W) − W in ``shape`` (float32); ``alpha`` is the constraint per row."""
-    blocks = params["oft_blocks"]
-    weight = _check(blocks, shape, base)
-    r = toward_identity(cayley(blocks, _as_tensor(alpha, blocks) * shape[0]), multiplier)
-    w = weight.to(r.dtype)
-    new = rotate_rows(r, w)
-    rescale = params.get("rescale")
-    if rescale is not None:
-        new = rescale.reshape(shape[0], *[1] * (len(shape) - 1)).to(new.dtype) * new
-    return new - w
+    return rotated_delta(params, shape, base, alpha, multiplier, rotate_rows)
 
 
 def rank(params: Mapping[str, Tensor]) -> int | None:
@@ -165,12 +180,8 @@ def kohya_delta_weight(
     multiplier: float | Tensor = 1.0,
     **_: Any,
 ) -> Tensor:
-    """sd-scripts networks.oft: ΔW = rotate(I + m·(R − I), W) − W, sd-scripts' constraint rule."""
-    blocks = params["oft_blocks"]
-    weight = _check(blocks, shape, base)
-    r = toward_identity(cayley(blocks, _as_tensor(alpha, blocks) * shape[0], kohya=True), multiplier)
-    w = weight.to(r.dtype)
-    return rotate_rows(r, w) - w
+    """sd-scripts networks.oft: ΔW = rotate(I + m·(R − I), W) − W, sd-scripts' constraint rule (no rescale)."""
+    return rotated_delta(params, shape, base, alpha, multiplier, rotate_rows, kohya=True)
 
 
 def kohya_options(params: Mapping[str, Tensor]) -> dict[str, Any]:
