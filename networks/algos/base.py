@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import Tensor
 
 
@@ -83,3 +85,11 @@ class Algorithm:
             if key == suffix:
                 return name
         return None
+
+
+def kaiming_uniform(shape: tuple[int, ...], device: Any, dtype: Any) -> Tensor:
+    """A fresh tensor with PyTorch's Linear init (Kaiming-uniform, a = √5), the init LoRA's down, LoKr's and GLoRA's
+    factors use (as Microsoft's LoRA, sd-scripts and LyCORIS)."""
+    t = torch.empty(shape, device=device, dtype=dtype)
+    torch.nn.init.kaiming_uniform_(t, a=math.sqrt(5))
+    return t

@@ -22,22 +22,15 @@ LyCORIS 4.1.3 never builds the tucker core (its condition cannot hold), so ``bm`
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from .base import Algorithm
+from .base import Algorithm, kaiming_uniform
 
 FILE_KEYS = {"a1": "a1.weight", "a2": "a2.weight", "b1": "b1.weight", "b2": "b2.weight", "bm": "bm.weight"}
-
-
-def _kaiming(shape: tuple[int, ...], device: Any, dtype: Any) -> Tensor:
-    t = torch.empty(shape, device=device, dtype=dtype)
-    torch.nn.init.kaiming_uniform_(t, a=math.sqrt(5))
-    return t
 
 
 def init_params(
@@ -52,11 +45,11 @@ def init_params(
     """Fresh GLoRA tensors for a base weight of ``base_shape``; ΔW starts at 0."""
     out_dim, in_dim, *kernel = base_shape
     ones = [1] * len(kernel)
-    zero = _kaiming if use_scalar else (lambda s, dv, dt: torch.zeros(s, device=dv, dtype=dt))
+    zero = kaiming_uniform if use_scalar else (lambda s, dv, dt: torch.zeros(s, device=dv, dtype=dt))
     return {
-        "a1": _kaiming((in_dim, rank, *ones), device, dtype),
+        "a1": kaiming_uniform((in_dim, rank, *ones), device, dtype),
         "a2": zero((rank, in_dim, *ones), device, dtype),
-        "b1": _kaiming((out_dim, rank, *ones), device, dtype),
+        "b1": kaiming_uniform((out_dim, rank, *ones), device, dtype),
         "b2": zero((rank, in_dim, *kernel), device, dtype),
     }
 

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .base import Algorithm
+from .base import Algorithm, kaiming_uniform
 
 FILE_KEYS = {k: k for k in ("lokr_w1", "lokr_w1_a", "lokr_w1_b", "lokr_w2", "lokr_w2_a", "lokr_w2_b", "lokr_t2")}
 
@@ -45,12 +45,6 @@ def factorization(dim: int, factor: int = -1) -> tuple[int, int]:
             best = m
         m += 1
     return best, dim // best
-
-
-def _kaiming(shape: tuple[int, ...], device: Any, dtype: Any) -> Tensor:
-    t = torch.empty(shape, device=device, dtype=dtype)
-    torch.nn.init.kaiming_uniform_(t, a=math.sqrt(5))
-    return t
 
 
 def init_params(
@@ -76,20 +70,20 @@ def init_params(
     tucker = bool(kernel) and use_tucker and any(k != 1 for k in kernel)
     params: dict[str, Tensor] = {}
     if decompose_both and rank < max(a, c) / 2 and not full_matrix:
-        params["lokr_w1_a"] = _kaiming((a, rank), device, dtype)
-        params["lokr_w1_b"] = _kaiming((rank, c), device, dtype)
+        params["lokr_w1_a"] = kaiming_uniform((a, rank), device, dtype)
+        params["lokr_w1_b"] = kaiming_uniform((rank, c), device, dtype)
     else:
-        params["lokr_w1"] = _kaiming((a, c), device, dtype)
-    zero_init = _kaiming if use_scalar else (lambda s, dv, dt: torch.zeros(s, device=dv, dtype=dt))
+        params["lokr_w1"] = kaiming_uniform((a, c), device, dtype)
+    zero_init = kaiming_uniform if use_scalar else (lambda s, dv, dt: torch.zeros(s, device=dv, dtype=dt))
     if rank >= max(b, d) / 2 or full_matrix:
         params["lokr_w2"] = zero_init((b, d, *kernel), device, dtype)
     elif tucker:
-        params["lokr_t2"] = _kaiming((rank, rank, *kernel), device, dtype)
-        params["lokr_w2_a"] = _kaiming((rank, b), device, dtype)
+        params["lokr_t2"] = kaiming_uniform((rank, rank, *kernel), device, dtype)
+        params["lokr_w2_a"] = kaiming_uniform((rank, b), device, dtype)
         params["lokr_w2_b"] = zero_init((rank, d), device, dtype)
     else:
         flat = d * (math.prod(kernel) if kernel else 1)
-        params["lokr_w2_a"] = _kaiming((b, rank), device, dtype)
+        params["lokr_w2_a"] = kaiming_uniform((b, rank), device, dtype)
         params["lokr_w2_b"] = zero_init((rank, flat), device, dtype)
     return params
 

@@ -21,7 +21,6 @@ Init (Microsoft's LoRA, sd-scripts, LyCORIS): ``down`` (and ``mid``) Kaiming-uni
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,15 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .base import Algorithm
+from .base import Algorithm, kaiming_uniform
 
 FILE_KEYS = {"lora_down": "lora_down.weight", "lora_up": "lora_up.weight", "lora_mid": "lora_mid.weight"}
-
-
-def _kaiming(shape: tuple[int, ...], device: Any, dtype: Any) -> Tensor:
-    t = torch.empty(shape, device=device, dtype=dtype)
-    torch.nn.init.kaiming_uniform_(t, a=math.sqrt(5))
-    return t
 
 
 def init_params(
@@ -58,17 +51,17 @@ def init_params(
     ones = [1] * len(kernel)
     if kernel and use_tucker and any(k != 1 for k in kernel):
         params = {
-            "lora_down": _kaiming((rank, in_dim, *ones), device, dtype),
-            "lora_mid": _kaiming((rank, rank, *kernel), device, dtype),
+            "lora_down": kaiming_uniform((rank, in_dim, *ones), device, dtype),
+            "lora_mid": kaiming_uniform((rank, rank, *kernel), device, dtype),
             "lora_up": torch.zeros((out_dim, rank, *ones), device=device, dtype=dtype),
         }
     else:
         params = {
-            "lora_down": _kaiming((rank, in_dim, *kernel), device, dtype),
+            "lora_down": kaiming_uniform((rank, in_dim, *kernel), device, dtype),
             "lora_up": torch.zeros((out_dim, rank, *ones), device=device, dtype=dtype),
         }
     if use_scalar:
-        params["lora_up"] = _kaiming(params["lora_up"].shape, device, dtype)
+        params["lora_up"] = kaiming_uniform(params["lora_up"].shape, device, dtype)
     return params
 
 
