@@ -73,9 +73,7 @@ def factors(params: Mapping[str, Tensor], scale: float) -> tuple[Tensor, Tensor]
     return up.reshape(up.shape[0], up.shape[1]) * scale, down.reshape(down.shape[0], -1)
 
 
-def delta_weight(
-    params: Mapping[str, Tensor], scale: float, shape: tuple[int, ...] | None = None, **_: Any
-) -> Tensor:
+def delta_weight(params: Mapping[str, Tensor], scale: float, shape: tuple[int, ...] | None = None, **_: Any) -> Tensor:
     """ΔW = scale · up @ down (conv: via the flattened kernel; tucker: through ``lora_mid``), in the base shape."""
     down, up, mid = params["lora_down"], params["lora_up"], params.get("lora_mid")
     if mid is None:
