@@ -21,10 +21,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from library import args as arg_groups
-from library import deferred_imports, train_setup
+from library import deferred_imports
 from library.config import parse_args
-from library.model_trainable import ModelTrainable, ModelTrainingConfig
-from library.trainer import Result
+from library.run import train_setup
+from library.run.model_trainable import ModelTrainable, ModelTrainingConfig
+from library.run.trainer import Result
 from networks.tool_common import main_guard
 from train_network import train
 

@@ -18,15 +18,16 @@ from typing import Any
 import torch
 
 from library import args as arg_groups
-from library import deferred_imports, demo, resume, train_setup
+from library import deferred_imports, demo
 from library.config import parse_args
 from library.logs import print_error
 from library.optim import effective_lrs, make_optimizer, make_scheduler, step_without_optimizer
 from library.problems import Problems
+from library.run import resume, train_setup
+from library.run.train_step import Interrupt, LossTracker, NonFiniteLoss, batch_loss, check_finite
+from library.run.trainable import prepare_for_training
+from library.run.trainer import Result, Trainer
 from library.token_embeddings import EmbeddingsConfig, add_embeddings
-from library.train_step import Interrupt, LossTracker, NonFiniteLoss, batch_loss, check_finite
-from library.trainable import prepare_for_training
-from library.trainer import Result, Trainer
 from library.weight_files import SaveError
 from networks.config import NetworkConfig, add_network_args
 from networks.inject import prepare_network

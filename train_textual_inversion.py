@@ -17,10 +17,11 @@ import sys
 from collections.abc import Sequence
 
 from library import args as arg_groups
-from library import deferred_imports, resume, train_setup
+from library import deferred_imports
 from library.config import parse_args
+from library.run import resume, train_setup
+from library.run.trainer import Result
 from library.token_embeddings import TextualInversionConfig, TokenEmbeddings, caption_rewriter, init_vectors
-from library.trainer import Result
 from networks.tool_common import main_guard
 from train_network import train
 

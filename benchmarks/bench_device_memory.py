@@ -202,7 +202,7 @@ class speed_probe:  # noqa: N801 - used like a function
         import torch
         from torch.utils.flop_counter import FlopCounterMode
 
-        from library.trainer import Trainer
+        from library.run.trainer import Trainer
 
         self.stamps: list[float] = []
         self.counter = FlopCounterMode(display=False)

@@ -14,7 +14,7 @@ with a new token initialised from an unrelated word ("dog"), train textual inver
 that base; their references are the loss with the true caption "a red square", with blank captions and with "a blue
 circle".
 
-The loss is library.train_step.validation_loss over the training images at timesteps 100/300/500/700/900 with noise
+The loss is library.run.train_step.validation_loss over the training images at timesteps 100/300/500/700/900 with noise
 from seed 123 (deterministic: the same weights give the same value). Checked on the way: textual inversion leaves
 every UNet weight and every existing token row bit-identical.
 """
@@ -37,7 +37,7 @@ import fine_tune  # noqa: E402
 import train_network  # noqa: E402
 import train_textual_inversion  # noqa: E402
 from library.demo import make_concept_dataset  # noqa: E402
-from library.train_step import validation_loss  # noqa: E402
+from library.run.train_step import validation_loss  # noqa: E402
 
 TOKEN = "shapetok"
 CONCEPTS = (

@@ -84,7 +84,7 @@ def child(argv: list[str], family: str) -> dict:
 
     from step_probe import run_training
 
-    from library import train_setup
+    from library.run import train_setup
     from library.tensor_memory import TensorMemory
 
     sampler = RssSampler()
@@ -149,9 +149,9 @@ def meta_step(family_name: str, resolution: int, fp8: bool = True, checkpointing
     from library.families.base import Cond, Parts
     from library.families.loading import shipped_configs, text_encoder_class
     from library.fp8 import store_in_fp8
+    from library.run.train_setup import enable_checkpointing
     from library.runtime import set_attention
     from library.tensor_memory import TensorMemory
-    from library.train_setup import enable_checkpointing
     from networks.config import NetworkConfig
     from networks.inject import prepare_network
 

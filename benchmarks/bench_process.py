@@ -43,7 +43,7 @@ import json, os, resource, sys, time
 stamps = {"step_ends": []}
 sys.path.insert(0, sys.argv[1])
 import train_network
-from library.trainer import Trainer
+from library.run.trainer import Trainer
 stamps["imports"] = time.time()
 loss, done = train_network.batch_loss, Trainer.step_done
 def batch_loss(*a, **kw):

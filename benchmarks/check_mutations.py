@@ -19,9 +19,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # (what the bug is, file, text as it is, text with the bug, tests that must fail)
 MUTATIONS = [
-    ("--ema_decay ignored", "library/trainer.py", "self.params, ema_cfg.ema_decay,", "self.params, 0.999,",
+    ("--ema_decay ignored", "library/run/trainer.py", "self.params, ema_cfg.ema_decay,", "self.params, 0.999,",
      ["tests/test_wiring.py::test_ema_file_follows_the_documented_recurrence"]),
-    ("live and EMA files swapped", "library/trainer.py",
+    ("live and EMA files swapped", "library/run/trainer.py",
      'ema_path = path.with_name(path.stem + "-ema" + path.suffix)\n                    tensors',
      'ema_path = path\n                    path = path.with_name(path.stem + "-ema" + path.suffix)\n                    tensors',
      ["tests/test_wiring.py::test_ema_file_follows_the_documented_recurrence"]),
@@ -29,10 +29,10 @@ MUTATIONS = [
      "return self.time_ids(*([[int(v) for v in pair] for pair in x] for x in lists))",
      "return self.time_ids(*([[int(v) for v in pair] for pair in x] for x in (lists[1], lists[0], lists[2])))",
      ["tests/test_wiring.py::test_sdxl_step_hands_the_unet_diffusers_time_ids"]),
-    ("gradients summed over processes", "library/trainer.py", 'p.grad = self.acc.reduce(p.grad, reduction="mean")',
+    ("gradients summed over processes", "library/run/trainer.py", 'p.grad = self.acc.reduce(p.grad, reduction="mean")',
      'p.grad = self.acc.reduce(p.grad, reduction="sum")',
      ["tests/test_fine_tune_multiprocess.py::test_two_processes_agree_and_equal_one_process_with_the_total_batch"]),
-    ("--gradient_checkpointing ignored", "library/train_setup.py",
+    ("--gradient_checkpointing ignored", "library/run/train_setup.py",
      "    if run.gradient_checkpointing:\n        enable_checkpointing(", "    if False:\n        enable_checkpointing(",
      ["tests/test_wiring.py::test_gradient_checkpointing_checkpoints_and_lowers_the_step_peak",
       "tests/test_gpu_paths.py::test_trained_text_encoder_checkpoints_its_layers"]),
@@ -48,7 +48,7 @@ MUTATIONS = [
     ("euler_a built as plain Euler", "library/sampling/schedulers.py",
      '"euler_a": ("EulerAncestralDiscreteScheduler", {}),', '"euler_a": ("EulerDiscreteScheduler", {}),',
      ["tests/test_sampling_generate.py"]),
-    ("--learning_rate_te read as unset", "library/model_trainable.py", "            lrs = (args.learning_rate_te,)",
+    ("--learning_rate_te read as unset", "library/run/model_trainable.py", "            lrs = (args.learning_rate_te,)",
      "            lrs = (None,)", ["tests/test_flags_fine_tune.py"]),
     ("multi-vector token spelt in reverse", "library/token_embeddings.py",
      'return text.replace(self.token, " ".join(self.names))',

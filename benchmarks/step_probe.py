@@ -22,7 +22,7 @@ def run_training(argv: Sequence[str], family: str, on_start: Hook | None = None,
     sys.path.insert(0, str(ROOT))
     import train_network
     from library.families import trained_together
-    from library.trainer import Trainer
+    from library.run.trainer import Trainer
 
     times: list[list[float]] = []
     original_loss, original_done = train_network.batch_loss, Trainer.step_done

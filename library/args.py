@@ -5,7 +5,7 @@ group, ``add_<group>_args(parser)``, beside the frozen dataclass whose ``from_ar
 those flags (sd-scripts' names, types and defaults), e.g. ``library.noising.add_noise_args`` + ``NoiseConfig``,
 ``networks.config.add_network_args`` + ``NetworkConfig``. Library functions take the dataclasses, never an
 ``argparse.Namespace``. The readers report through ``library.problems`` (``ConfigError``), and
-``library.train_setup.read_config`` runs them all so a run lists every problem at once. Flags sd-scripts has but we do
+``library.run.train_setup.read_config`` runs them all so a run lists every problem at once. Flags sd-scripts has but we do
 not support yet are added with :func:`library.config.add_unsupported`: using one is an error, never a no-op.
 """
 
@@ -20,13 +20,13 @@ from library.data.data_args import add_dataset_args
 from library.ema import add_ema_args
 from library.logs import add_logging_args, add_tracker_args
 from library.losses import add_loss_args
-from library.model_trainable import add_model_training_args
 from library.noising import add_noise_args
 from library.optim import add_optim_args, add_part_lr_args
-from library.run_files import add_save_args, add_state_args
+from library.run.model_trainable import add_model_training_args
+from library.run.run_files import add_save_args, add_state_args
+from library.run.train_setup import add_model_args, add_validation_args
 from library.runtime import add_run_args
 from library.token_embeddings import add_embedding_args, add_textual_inversion_args
-from library.train_setup import add_model_args, add_validation_args
 
 
 def add_run_groups(

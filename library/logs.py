@@ -181,7 +181,7 @@ def tracker_run(logging_dir: str | None, log_prefix: str | None, resume: str | N
     on (TensorBoard's ``purge_step``), so steps logged after the state by the interrupted run are not drawn twice.
     """
     if resume:
-        from library.resume import read_counters
+        from library.run.resume import read_counters
 
         counters = read_counters(Path(resume))
         if counters.get("log_run"):

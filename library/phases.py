@@ -1,7 +1,7 @@
 """The phases of a training run, for measuring device memory phase by phase (benchmarks and the simulated device).
 
 A run goes load -> latent caching -> text caching -> step; sampling rounds and saves happen inside the step phase
-and return to it. :func:`instrumented` wraps the functions that start each phase (library/train_setup.py and the
+and return to it. :func:`instrumented` wraps the functions that start each phase (library/run/train_setup.py and the
 Trainer's ``sample`` / ``save_model`` / ``save_state``) so that a :class:`PhasePeaks` sees every change; it reads
 and resets a peak through two callables, so the same bookkeeping serves ``torch.cuda.max_memory_allocated`` on a GPU
 and the meta-device byte count of library/simulated_device.py.
@@ -75,8 +75,8 @@ def _wrap(owner: Any, name: str, phase: str, peaks: PhasePeaks, undo: list, stay
 @contextlib.contextmanager
 def instrumented(peaks: PhasePeaks) -> Iterator[PhasePeaks]:
     """Training runs started inside the block report their phases to ``peaks`` (in-process runs only)."""
-    from library import train_setup
-    from library.trainer import Trainer
+    from library.run import train_setup
+    from library.run.trainer import Trainer
 
     undo: list[tuple[Any, str, Any]] = []
     _wrap(train_setup, "load_model", "load", peaks, undo, stays=True)

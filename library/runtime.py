@@ -188,7 +188,7 @@ def make_accelerator(
         AcceleratorState._reset_state(reset_partial_state=True)
     return Accelerator(
         cpu=cpu_processes,
-        # the loop counts accumulation itself and scales each micro-batch's loss by 1/window (library/trainer.py);
+        # the loop counts accumulation itself and scales each micro-batch's loss by 1/window (library/run/trainer.py);
         # accelerate's own count would divide the loss a second time in ``backward``
         gradient_accumulation_steps=1,
         mixed_precision=cfg.mixed_precision,

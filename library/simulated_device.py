@@ -125,7 +125,7 @@ class SimulatedDevice(TensorMemory):
         return super().__torch_dispatch__(func, types, args, kwargs)
 
     def forget(self, module: torch.nn.Module) -> None:
-        """Stop counting a module's tensors: a part freed with ``module.to("meta")`` (library/train_setup.py
+        """Stop counting a module's tensors: a part freed with ``module.to("meta")`` (library/run/train_setup.py
         ``release_unused_parts``) holds no memory on a real run, though meta is the simulated device here."""
         for tensor in (*module.parameters(), *module.buffers()):
             entry = self._live.pop(tensor.untyped_storage()._cdata, None)
@@ -190,7 +190,7 @@ def simulated_device(strict: bool = True) -> Iterator[SimulatedDevice]:
 
     Yields the :class:`SimulatedDevice` whose ``phase_table()`` gives the device-resident peak per phase.
     """
-    from library import train_setup
+    from library.run import train_setup
 
     sim = SimulatedDevice(strict)
     make_accelerator, load_model, release = train_setup.make_accelerator, train_setup.load_model, train_setup._release

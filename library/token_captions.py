@@ -2,7 +2,7 @@
 the model loads.
 
 A batch whose captions all lack the token does not reach the token's vectors, so its step changes nothing (it is
-still counted and makes its random draws: library/trainer.py ``reaches_trained``). sd-scripts trains the whole
+still counted and makes its random draws: library/run/trainer.py ``reaches_trained``). sd-scripts trains the whole
 embedding table there and restores the other rows, so the new rows get a zero gradient (which a momentum optimizer
 such as AdamW still turns into a small move along its momentum; here they stay put). :func:`check_captions`
 says up front how many captions lack the token and which caption settings can drop it at some steps, and refuses

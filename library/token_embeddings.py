@@ -237,7 +237,7 @@ def init_vectors(family: ModelFamily, parts: Parts, token: str, count: int, init
 
 
 class TokenEmbeddings(nn.Module):
-    """One new token (n vectors) in every tokenizer / text encoder of ``parts``; a :class:`library.trainable.Trainable`.
+    """One new token (n vectors) in every tokenizer / text encoder of ``parts``; a :class:`library.run.trainable.Trainable`.
 
     ``rows[i]`` (n, dim_i) is what is trained for text encoder ``i``. Installing changes ``parts`` in place (tokens
     added, tables grown by n rows, a forward hook reading ``rows``); :meth:`remove` takes the hooks off.
@@ -369,7 +369,7 @@ class TokenEmbeddings(nn.Module):
     def save_extra(self, path: str | os.PathLike, metadata: dict[str, str] | None = None, dtype: Any = None) -> Path:
         """Pivotal tuning: this token's file for the adapter file ``path``: ``<stem>_embeddings/<token>.<ext>`` (named
         after the token, which A1111, ComfyUI and gen_img take from the file name)."""
-        from library.run_files import embeddings_dir
+        from library.run.run_files import embeddings_dir
 
         path = Path(path)
         out = embeddings_dir(path) / f"{self.token}{path.suffix}"
@@ -385,7 +385,7 @@ def add_embeddings(run: Any, network: Any, groups: list[dict], cfg: EmbeddingsCo
     embeddings = cfg.build(run.family, run.parts)
     if not embeddings:
         return network, groups
-    from library.trainable import TrainableSet
+    from library.run.trainable import TrainableSet
 
     for e in embeddings:
         e.to(device=run.accelerator.device, dtype=run.cfg.run.train_dtype)

@@ -47,7 +47,7 @@ class LoadReport:
 class AdapterNetwork(nn.Module):
     """Adapters keyed by kohya module name (``lora_unet_...``, ``lora_te_...``, ``lora_te1_...``).
 
-    Implements the run layer's :class:`library.trainable.Trainable` (``kind == "network"``).
+    Implements the run layer's :class:`library.run.trainable.Trainable` (``kind == "network"``).
     """
 
     kind = "network"
@@ -65,7 +65,7 @@ class AdapterNetwork(nn.Module):
 
     @property
     def sparse_gradients(self) -> bool:
-        """DyLoRA trains one rank block per step: the others get no gradient (see ``library.trainable``)."""
+        """DyLoRA trains one rank block per step: the others get no gradient (see ``library.run.trainable``)."""
         return any(isinstance(s.layer, DyLoRALayer) for s in self._slots.values())
 
     # ------------------------------------------------------------------------------------------------- inspection

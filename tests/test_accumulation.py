@@ -18,7 +18,7 @@ import torch
 from _scripts import SCRIPTS, family_of, run_script, script_args
 from _token_helpers import token_dataset
 
-import library.train_step as T
+import library.run.train_step as T
 import train_network
 from library.demo import make_tiny_model
 from library.weight_files import load_state_dict

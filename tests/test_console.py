@@ -12,7 +12,8 @@ from huggingface_hub import utils as hub_utils
 from transformers.utils import logging as transformers_logging
 
 import train_network
-from library import logs, runtime, train_setup
+from library import logs, runtime
+from library.run import train_setup
 
 NOTICE_LOGGERS = {  # where each library's notices come from
     "transformers": transformers_logging.get_logger("transformers.modeling_utils"),

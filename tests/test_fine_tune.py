@@ -20,7 +20,7 @@ import train_db
 from library.config import ConfigError
 from library.demo import make_example_dataset
 from library.families import get_family
-from library.model_trainable import lr_block_count
+from library.run.model_trainable import lr_block_count
 from library.weight_files import load_state_dict, read_metadata
 
 FAMILIES = ["sd1", "sd2", "sdxl"]
@@ -245,9 +245,9 @@ def test_no_token_padding_trains_on_unpadded_captions(tiny_dir, dataset, tmp_pat
     """train_db.py --no_token_padding: the UNet sees the captions' tokens padded only to the batch's longest caption
     (<BOS> tokens <EOS>), which changes what is trained: the same seeded run gives other losses than the padded one.
     With --cache_text_encoder_outputs the losses are those of the run that encodes every step."""
-    from library import train_setup
-    from library.model_trainable import ModelTrainingConfig
-    from library.train_step import batch_cond
+    from library.run import train_setup
+    from library.run.model_trainable import ModelTrainingConfig
+    from library.run.train_step import batch_cond
 
     argv = args_for(tiny_dir / "sd1", dataset, tmp_path / "probe", "--no_token_padding")
     args = fine_tune.build_parser("train_db").parse_args(argv)
@@ -347,10 +347,10 @@ def test_prior_preservation_loss_is_the_hand_computed_formula(tiny_dir, dataset,
     """train_db.py with class images: regularisation samples are balanced to the instance samples (sd-scripts'
     rule), and a mixed batch's loss is mean_i(w_i * mean((pred_i - target_i)^2)), w = --prior_loss_weight for class
     images, 1 for instance images."""
-    from library import train_setup
-    from library.model_trainable import ModelTrainingConfig
     from library.noising import make_example
-    from library.train_step import batch_cond, batch_latents, batch_loss
+    from library.run import train_setup
+    from library.run.model_trainable import ModelTrainingConfig
+    from library.run.train_step import batch_cond, batch_latents, batch_loss
 
     reg = make_example_dataset(tmp_path / "reg")
     (reg / "10_sks shape").rename(reg / "1_shape")

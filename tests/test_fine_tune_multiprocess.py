@@ -22,8 +22,8 @@ _WRAPPER = """
 import sys, zlib, torch
 sys.path.insert(0, {root!r})
 import {script}, train_network
-import library.train_step as T
-from library.trainer import Trainer
+import library.run.train_step as T
+from library.run.trainer import Trainer
 
 noise_now = {{}}
 make_example = T.make_example

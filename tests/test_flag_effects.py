@@ -12,8 +12,8 @@ import torch
 import train_network
 from library import weight_files
 from library.config import ConfigError, parse_args
-from library.train_setup import TrackerConfig, read_config
-from library.train_step import encode_captions
+from library.run.train_setup import TrackerConfig, read_config
+from library.run.train_step import encode_captions
 
 
 def _argv(model, dataset, out, *extra):

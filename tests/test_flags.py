@@ -156,8 +156,8 @@ def run_config(tiny_dir, tmp_path_factory):
 
     import gen_img
     from library.demo import make_example_dataset
+    from library.run.train_setup import read_config
     from library.sampling.inference import GenImgConfig
-    from library.train_setup import read_config
 
     data = make_example_dataset(tmp_path_factory.mktemp("flags_data"))
     (data / "p.txt").write_text("a prompt\n")

@@ -15,7 +15,7 @@ from test_flags import _expected
 
 import fine_tune
 from library.config import ConfigError, parse_args
-from library.model_trainable import ModelTrainingConfig
+from library.run.model_trainable import ModelTrainingConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 COUNTS = {"fine_tune": 167, "sdxl_train": 176, "train_db": 169}

@@ -16,10 +16,10 @@ from _token_helpers import token_dataset
 from torch.utils._pytree import tree_leaves
 
 import train_network
-from library import train_setup
 from library.config import parse_args
 from library.demo import make_tiny_model
 from library.problems import ConfigError
+from library.run import train_setup
 from library.weight_files import load_state_dict
 
 FLOAT8 = (torch.float8_e4m3fn, torch.float8_e5m2)

@@ -1,6 +1,6 @@
 """The low-memory settings on the tiny models.
 
-Frozen parts whose outputs are all cached are freed before training (library/train_setup.py release_unused_parts): the
+Frozen parts whose outputs are all cached are freed before training (library/run/train_setup.py release_unused_parts): the
 run trains exactly as with them kept, and a freed part refuses to run with a clear message. ``--fp8_base`` stores
 the frozen weights (UNet and text encoders) in float8 and trains the same with ``--gradient_checkpointing``."""
 
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import train_network
-from library import train_setup
+from library.run import train_setup
 from library.weight_files import load_state_dict
 
 CACHED = ["--cache_latents", "--cache_text_encoder_outputs", "--network_train_unet_only"]

@@ -23,8 +23,8 @@ import json, os, signal, sys, torch
 sys.path.insert(0, {root!r})
 import train_network
 import library.sampling.training as sampling_training
-from library import train_setup
-from library.trainer import Trainer
+from library.run import train_setup
+from library.run.trainer import Trainer
 from library.weight_files import save_error
 
 scenario, out = {scenario!r}, {out!r}

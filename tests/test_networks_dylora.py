@@ -25,7 +25,7 @@ from _networks_helpers import (
 )
 from torch import nn
 
-from library.trainable import Trainable
+from library.run.trainable import Trainable
 from networks import inject, network_from_file
 from networks.algos import dylora
 from networks.layers import AdapterWeights, DyLoRALayer
@@ -469,7 +469,7 @@ def test_several_processes_leave_no_gradient_where_no_process_trained_a_block():
     process gets the mean; a block trained nowhere keeps ``grad is None`` (AdamW then skips it), not zeros."""
     from types import SimpleNamespace
 
-    from library.trainer import Trainer
+    from library.run.trainer import Trainer
 
     params = [torch.nn.Parameter(torch.ones(3)) for _ in range(3)]
     params[0].grad = torch.full((3,), 4.0)  # trained here only

@@ -16,7 +16,7 @@ import pytest
 import train_network
 from library.config import parse_args
 from library.problems import ConfigError, Problems, did_you_mean, first, problems_of
-from library.train_setup import read_config
+from library.run.train_setup import read_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -121,7 +121,7 @@ SCRIPTS = {
 def test_every_sd_scripts_flag_is_read_outside_its_definition_or_refused(script):
     """Flags live next to their readers now, so "the name appears in the source" must not count the line that
     defines the flag: every accepted flag is read by code other than its ``add_*_args`` function."""
-    from library.run_files import METADATA_NAMES
+    from library.run.run_files import METADATA_NAMES
 
     flags = json.loads((ROOT / "tests" / "data" / f"sd_scripts_{script}_flags.json").read_text())
     actions = {opt: a for a in SCRIPTS[script]()._actions for opt in a.option_strings}

@@ -70,10 +70,10 @@ def test_sdxl_lora_steps_equal_a_plain_peft_loop(bench, tmp_path, monkeypatch):
     import torch.nn.functional as F
     from diffusers import DDPMScheduler, StableDiffusionXLPipeline
 
-    import library.train_step as T
+    import library.run.train_step as T
     import sdxl_train_network
     from library.demo import make_tiny_model
-    from library.trainer import Trainer
+    from library.run.trainer import Trainer
 
     model = make_tiny_model(tmp_path / "model", "sdxl")
     data = make_example_dataset(tmp_path / "data")

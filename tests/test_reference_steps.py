@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import fine_tune
-import library.train_step as T
+import library.run.train_step as T
 import train_textual_inversion
 from library.demo import make_example_dataset, make_tiny_model
 from library.weight_files import load_state_dict

@@ -16,7 +16,7 @@ import torch
 from test_train_network import args_for, train
 
 import train_network
-from library import train_setup
+from library.run import train_setup
 from library.weight_files import load_state_dict, save_state_dict
 
 
@@ -186,7 +186,7 @@ def test_an_output_folder_that_cannot_be_written_is_refused(tiny_dir, dataset, t
     def read_only(*a, **kw):  # what a read-only folder does (the tests may run as root, who can write anyway)
         raise PermissionError(errno.EACCES, "Permission denied")
 
-    monkeypatch.setattr("library.run_files.tempfile.TemporaryFile", read_only)
+    monkeypatch.setattr("library.run.run_files.tempfile.TemporaryFile", read_only)
     code, _, err = cli(monkeypatch, capsys, args_for(tiny_dir / "sd1", dataset, tmp_path / "ro"))
     assert code == 2 and "cannot write in" in one_error_line(err) and "Permission denied" in err
 
@@ -246,7 +246,7 @@ def test_a_failed_state_save_is_named_too(tiny_dir, dataset, tmp_path, monkeypat
             raise RuntimeError("[enforce fail at inline_container.cc:626] . unexpected pos 64 vs 0")
         return real(obj, f, *a, **kw)
 
-    monkeypatch.setattr("library.run_files.torch.save", disk_full)
+    monkeypatch.setattr("library.run.run_files.torch.save", disk_full)
     code, _, err = cli(monkeypatch, capsys, argv)
     assert code == 1 and "optimizer.pt could not be written" in one_error_line(err)
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["t-step00000002.safetensors"]  # no .partial
@@ -267,7 +267,7 @@ def test_ctrl_c_twice_while_a_state_is_written_leaves_no_partial_state(tiny_dir,
             raise KeyboardInterrupt
         return real(obj, f, *a, **kw)
 
-    monkeypatch.setattr("library.run_files.torch.save", second_ctrl_c)
+    monkeypatch.setattr("library.run.run_files.torch.save", second_ctrl_c)
     code, _, err = cli(monkeypatch, capsys, argv)
     assert code == 130 and "Traceback" not in err
     names = sorted(p.name for p in (tmp_path / "a").iterdir())

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from library.config import ConfigError
-from library.run_files import (
+from library.run.run_files import (
     SaveConfig,
     add_save_args,
     add_state_args,

@@ -14,8 +14,8 @@ import torch
 
 import sdxl_train_network
 import train_network
-from library import train_setup
 from library.demo import make_example_dataset, make_tiny_model
+from library.run import train_setup
 from library.simulated_device import DeviceMismatch, simulated_device
 
 SEED_004 = Path(__file__).parent / "corpus" / "guide_sdxl_locon.sh"

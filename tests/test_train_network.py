@@ -61,7 +61,7 @@ def test_lora_loads_in_diffusers_and_changes_the_output(tiny_dir, dataset, tmp_p
     2, rank 4: the scale travels through the file), and our own reader agrees."""
     from diffusers import DiffusionPipeline
 
-    from library import train_setup
+    from library.run import train_setup
 
     runs = []
     start = train_setup.start
@@ -218,7 +218,7 @@ def test_bad_flags_are_reported_together(tiny_dir, dataset, tmp_path):
 def test_loss_on_the_training_images_falls(tiny_dir, dataset, tmp_path, monkeypatch):
     """100 steps on the 4 example images at 64 px: the fixed-noise denoising loss on those images (5 fixed timesteps,
     fixed seed) falls by far more than noise could explain (measured: 1.13 -> 0.49 with these settings)."""
-    from library.train_step import validation_loss
+    from library.run.train_step import validation_loss
 
     measured = {}
     original = train_network.Trainer.__init__

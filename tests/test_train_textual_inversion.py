@@ -17,9 +17,9 @@ from PIL import Image
 
 import gen_img
 import train_textual_inversion
-from library import train_setup
 from library.config import ConfigError
 from library.families import get_family
+from library.run import train_setup
 from library.weight_files import load_state_dict, read_metadata
 
 
@@ -224,7 +224,7 @@ def test_fixed_noise_loss_on_the_training_images_falls(tiny_dir, dataset, tmp_pa
     caption changes it: the freshly built tiny model's text path moves the loss only that much (~1.5 %), and the new
     rows use it fully. On a text-dependent base (fine-tuned first; ~2 min, too slow for a test) the drop is large
     and reaches the true caption's loss: benchmarks/bench_embedding_loss.py, docs/training.md."""
-    from library.train_step import validation_loss
+    from library.run.train_step import validation_loss
 
     runs = []
     measured = {}
@@ -254,7 +254,7 @@ def test_fixed_noise_loss_on_the_training_images_falls(tiny_dir, dataset, tmp_pa
 # ------------------------------------------------------------------------------------------ batches without the token
 def _record_steps(monkeypatch, records):
     """After each optimizer step: (rows, Adam's step count, learning rate, training generator state, global RNG)."""
-    from library.trainer import Trainer
+    from library.run.trainer import Trainer
 
     done = Trainer.step_done
 

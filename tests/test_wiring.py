@@ -12,8 +12,8 @@ from PIL import Image
 
 import sdxl_train_network
 import train_network
-from library import train_setup
 from library.demo import draw_shape
+from library.run import train_setup
 from library.weight_files import load_state_dict
 
 

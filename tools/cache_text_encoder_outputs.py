@@ -23,11 +23,11 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: import the repository, not this folder
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from library import train_setup
 from library.args import add_network_training_groups
 from library.config import add_no_effect, add_unsupported, parse_args
 from library.families import family_group
 from library.problems import ConfigError
+from library.run import train_setup
 from library.runtime import make_accelerator
 from networks.config import add_network_args
 from networks.tool_common import main_guard

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from library import data, resume
+from library import data
 from library.config import from_namespace
 from library.devices import on_device, to_device
 from library.ema import EMAConfig
@@ -34,7 +34,9 @@ from library.noising import NoiseConfig, NoiseSchedule
 from library.optim import OptimConfig
 from library.optim.optimizers import full_fp16_problem
 from library.problems import ConfigError, Problems
-from library.run_files import SaveConfig
+from library.run import resume
+from library.run.run_files import SaveConfig
+from library.run.train_step import StepModels, encode_captions, predicts_v, text_cache_entry
 from library.runtime import (
     RunConfig,
     allow_fp16_gradients,
@@ -50,7 +52,6 @@ from library.runtime import (
     total_steps,
 )
 from library.sampling import SampleConfig
-from library.train_step import StepModels, encode_captions, predicts_v, text_cache_entry
 from library.weight_files import without_mmap
 
 logger = logging.getLogger("sdtrain")

@@ -4,7 +4,7 @@ What ``--resume`` checks before any model loads: which state folder to read (a s
 whose newest complete state is picked), whether its network and optimizer settings are the command line's, and
 whether the step budget is already spent (then there is nothing to do and nothing is written).
 
-A state folder's ``train_state.json`` holds the counters (see :func:`library.run_files.save_train_state`) and, since
+A state folder's ``train_state.json`` holds the counters (see :func:`library.run.run_files.save_train_state`) and, since
 the settings check exists, ``settings``: the values of :data:`SETTINGS` the state was trained with.
 """
 
@@ -163,7 +163,7 @@ def nothing_left(save: Any, run: Any) -> bool:
     if reason is None:
         return False
     from library.logs import is_main_process
-    from library.run_files import model_file
+    from library.run.run_files import model_file
 
     final = model_file(save)
     if is_main_process():

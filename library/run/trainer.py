@@ -1,7 +1,7 @@
 """The Trainer: everything around the optimizer step (sync, clipping, EMA, logs, saves, samples, state).
 
 The loop itself stays in the entry script; it calls these methods at fixed points (see train_network.py). What
-is trained is a :class:`library.trainable.Trainable` (adapter network, token embeddings, ...); the trainer knows
+is trained is a :class:`library.run.trainable.Trainable` (adapter network, token embeddings, ...); the trainer knows
 nothing else about it. Gradient accumulation is counted here explicitly and, for trainables that run inside a
 frozen model DDP cannot see (``gradient_sync == "manual"``), gradients are all-reduced by hand at each optimizer
 step, so every accumulation window is known exactly (needed for bitwise-exact resume).
@@ -21,12 +21,13 @@ from typing import Any
 
 import torch
 
-from library import logs, resume, run_files
+from library import logs
 from library import metadata_format as md
 from library.ema import EMA
 from library.optim import set_train_mode
+from library.run import resume, run_files
+from library.run.train_step import NonFiniteLoss, non_finite_message, validation_loss, validation_timesteps
 from library.runtime import capture_rng, restore_rng
-from library.train_step import NonFiniteLoss, non_finite_message, validation_loss, validation_timesteps
 from library.weight_files import SaveError, is_state_file
 
 logger = logging.getLogger("sdtrain")
@@ -382,7 +383,7 @@ class Trainer:
             set_train_mode(self.optimizer, True)
 
     def file_metadata(self, *, step: int | None = None, epoch: int | None = None) -> dict[str, str]:
-        from library.run_metadata import file_metadata
+        from library.run.run_metadata import file_metadata
 
         return file_metadata(self, step=step, epoch=epoch)
 

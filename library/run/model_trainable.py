@@ -212,7 +212,7 @@ def lr_block_index(ldm_name: str, config: Any) -> int:
 
 # ---------------------------------------------------------------------------------------------------------- trainable
 class ModelTrainable(nn.Module):
-    """The UNet (+ the trained text encoders) of ``parts``; a :class:`library.trainable.Trainable`.
+    """The UNet (+ the trained text encoders) of ``parts``; a :class:`library.run.trainable.Trainable`.
 
     Calling it calls the UNet (the loop gives the prepared object to ``family.predict`` in place of the UNet, so a
     DDP / FSDP wrapper sees the forward pass). ``steps_done`` (a buffer, saved with the state) drives

@@ -1,7 +1,7 @@
-"""What the run layer trains: the small protocol between the loop (library/trainer.py) and the trained thing.
+"""What the run layer trains: the small protocol between the loop (library/run/trainer.py) and the trained thing.
 
 The trainer, the session and the file metadata never know *what* is trained; a recipe builds one object that
-implements :class:`Trainable` and hands it to :class:`library.trainer.Trainer`:
+implements :class:`Trainable` and hands it to :class:`library.run.trainer.Trainer`:
 
 * ``networks.network.AdapterNetwork`` (``kind == "network"``): LoRA-family adapters (train_network.py);
 * ``library.token_embeddings.TokenEmbeddings`` (``kind == "embedding"``): new token rows (textual inversion);
@@ -56,7 +56,7 @@ class Trainable(Protocol):
         """The tensors of the output file, cast to ``dtype`` (``--save_precision``)."""
 
     def metadata(self) -> dict[str, str]:
-        """This trainable's own ``ss_*`` keys (the run's keys are added by library/run_metadata.py)."""
+        """This trainable's own ``ss_*`` keys (the run's keys are added by library/run/run_metadata.py)."""
 
     def save(self, path: str | os.PathLike, metadata: dict[str, str] | None = None, dtype: Any = None) -> None:
         """Write the output file atomically (metadata: the run's keys, for formats that carry metadata)."""

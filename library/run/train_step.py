@@ -159,7 +159,7 @@ def non_finite_message(value: float, step: int, epoch: int) -> str:
 
 def check_finite(loss: Tensor, step: int, epoch: int) -> None:
     """Raise :class:`NonFiniteLoss` when ``loss`` is NaN / inf (a host read: the loop uses the trainer's per-window
-    check instead, library/trainer.py ``window_status``)."""
+    check instead, library/run/trainer.py ``window_status``)."""
     value = float(loss.detach())
     if not math.isfinite(value):
         raise NonFiniteLoss(non_finite_message(value, step, epoch))
