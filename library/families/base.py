@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor, nn
@@ -134,7 +134,63 @@ V_PREDICTION = "v_prediction"  # v = sqrt(a_t) noise - sqrt(1 - a_t) x0 (Saliman
 FLOW_MATCHING = "flow_matching"  # the velocity noise - x0 of a rectified flow (SD3, Flux; no family yet)
 OBJECTIVES = (EPSILON, V_PREDICTION, FLOW_MATCHING)
 
-Root = tuple[str, nn.Module, Callable[[str], str]]  # (kohya prefix, module, rename): see ModelFamily.adapter_roots
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Rows ``[start:stop)`` (``stop`` None: to the end) of the weight of the Linear at ``path`` in an adapter root."""
+
+    path: str
+    start: int = 0
+    stop: int | None = None
+
+
+@dataclass(frozen=True)
+class Fused:
+    """One adapter module over several Linear leaves that take the same input, as the file's layout fuses them (FLUX's
+    ``double_blocks.0.img_attn.qkv`` = diffusers' ``to_q | to_k | to_v``; ``single_blocks.0.linear1`` = ``to_q | to_k |
+    to_v | proj_mlp``; ``final_layer.adaLN_modulation.1`` = ``norm_out.linear`` with its halves swapped).
+
+    ``name``: the fused module's path in the file's layout (its kohya name is ``prefix + "_" + name`` with dots as
+    underscores, and the rename is not applied to it). ``segments``: the fused weight's rows, in order; the adapter's
+    ΔW is over the whole fused weight (exact for LoRA, LoHa, LoKr and DoRA), each leaf's output gets its rows of it.
+    """
+
+    name: str
+    segments: tuple[Segment, ...]
+
+
+class Root(NamedTuple):
+    """One adaptable module tree of a model (see :meth:`ModelFamily.adapter_roots`).
+
+    ``prefix``: the kohya prefix of its modules (``lora_unet``, ``lora_te1``...). ``module``: the tree. ``rename``:
+    module path -> the path the file's layout names it by (the kohya name is ``prefix + "_" + rename(path)`` with dots
+    as underscores; raises KeyError for paths it has no name for). ``fused``: modules of the file's layout that are
+    several leaves here (empty for the UNet families).
+    """
+
+    prefix: str
+    module: nn.Module
+    rename: Callable[[str], str]
+    fused: tuple[Fused, ...] = ()
+
+
+@dataclass(frozen=True)
+class TargetClasses:
+    """The module classes adapter presets select in this family's denoiser and text encoders (LyCORIS preset
+    semantics: every Linear / Conv inside a module of a target class is adapted).
+
+    ``transformer``: the attention/MLP blocks (sd-scripts' ``networks.lora`` default targets); ``conv_blocks``: the
+    ResNet / resampling blocks (added with ``conv_dim``); ``attention``: attention modules only (``attn-only``);
+    ``text_encoder``: per text-encoder prefix, or ``"*"`` for all of them.
+    """
+
+    transformer: tuple[str, ...]
+    conv_blocks: tuple[str, ...] = ()
+    attention: tuple[str, ...] = ()
+    text_encoder: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    full_names: tuple[str, ...] = ()
+    """Module paths the ``full`` presets add beyond the classes (SD's conv_in / conv_out / time embedding)."""
 
 
 @runtime_checkable
