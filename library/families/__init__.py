@@ -1,4 +1,4 @@
-"""Model families: everything that differs between SD1, SD2 and SDXL lives here.
+"""Model families: everything that differs between SD1, SD2, SDXL, FLUX.1 dev / schnell and Chroma lives here.
 
 from library.families import SD1, SD2, SDXL, get_family, detect_family
 family = detect_family("model.safetensors")          # or get_family("sdxl")
@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .base import EPSILON, FLOW_MATCHING, OBJECTIVES, V_PREDICTION, Cond, ModelFamily, Parts
+from .flux import CHROMA, FLUX_DEV, FLUX_SCHNELL, FluxFamily
 from .registry import (
     FAMILIES,
     adapter_family_label,
@@ -30,10 +31,11 @@ from .registry import (
 from .sd import SD1, SD2, SDFamily
 from .sdxl import SDXL, SDXLFamily
 
-for _family in (SD1, SD2, SDXL):
+for _family in (SD1, SD2, SDXL, FLUX_DEV, FLUX_SCHNELL, CHROMA):
     register_family(_family)
 
 __all__ = ["SD1", "SD2", "SDXL", "FAMILIES", "Cond", "ModelFamily", "Parts", "SDFamily", "SDXLFamily"]
+__all__ += ["FLUX_DEV", "FLUX_SCHNELL", "CHROMA", "FluxFamily"]
 __all__ += ["EPSILON", "V_PREDICTION", "FLOW_MATCHING", "OBJECTIVES"]
 __all__ += ["get_family", "detect_family", "select_family", "family_as_flagged", "family_group", "register_family"]
 __all__ += ["unregister_family", "trained_together", "family_title", "block_layout", "block_layout_title"]

@@ -69,14 +69,19 @@ class Cond:
     (k = 2 or 3 chunks of 75 tokens, laid out as sd-scripts does: BOS, the chunks' tokens, the last EOS/PAD).
     Unpadded (train_db.py's ``--no_token_padding``): (B, L, D), L = 2 + the batch's longest caption (at most 77).
     ``pooled``: (B, P) pooled text embedding (SDXL: the second encoder's projected pooled output), else None.
+    ``mask``: (B, L) attention mask of ``hidden_states`` (1: a token, 0: padding; FLUX's T5 mask with
+    ``--apply_t5_attn_mask``, always for Chroma), else None. :meth:`to` moves it but keeps its dtype.
     """
 
     hidden_states: Tensor
     pooled: Tensor | None = None
+    mask: Tensor | None = None
 
     def to(self, *args, **kwargs) -> Cond:
+        hidden = self.hidden_states.to(*args, **kwargs)
         pooled = self.pooled.to(*args, **kwargs) if self.pooled is not None else None
-        return Cond(self.hidden_states.to(*args, **kwargs), pooled)
+        mask = self.mask.to(hidden.device) if self.mask is not None else None
+        return Cond(hidden, pooled, mask)
 
 
 @dataclass(frozen=True)
@@ -126,14 +131,15 @@ class FamilySpec:
     load_hint: str = ""
     flag: str = ""
     detect: Callable[[Mapping[str, Any], Mapping[str, str]], bool] | None = None
+    detect_folder: Callable[[Path], bool] | None = None
+    """Whether a folder is this family's model (families whose diffusers folders have no ``unet/``, e.g. FLUX)."""
 
 
 # The training objectives a family can state (``ModelFamily.objective``): what the denoiser is trained to predict.
 EPSILON = "epsilon"  # the noise (DDPM)
 V_PREDICTION = "v_prediction"  # v = sqrt(a_t) noise - sqrt(1 - a_t) x0 (Salimans & Ho 2022)
-FLOW_MATCHING = "flow_matching"  # the velocity noise - x0 of a rectified flow (SD3, Flux; no family yet)
+FLOW_MATCHING = "flow_matching"  # the velocity noise - x0 of a rectified flow (FLUX.1 / Chroma, SD3)
 OBJECTIVES = (EPSILON, V_PREDICTION, FLOW_MATCHING)
-
 
 
 @dataclass(frozen=True)

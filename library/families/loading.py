@@ -88,7 +88,11 @@ def family_of_state_dict(sd: Mapping[str, Any], metadata: Mapping[str, str] | No
 
 
 def family_of_folder(folder: Path) -> str | None:
-    """The family name "sd1" | "sd2" | "sdxl" of a diffusers folder, or None if ``folder`` is not one."""
+    """The family name "sd1" | "sd2" | "sdxl" (or a registered family's whose ``spec.detect_folder`` takes it) of a
+    diffusers folder, or None if ``folder`` is not one."""
+    for name, family in FAMILIES.items():
+        if family.spec.detect_folder is not None and family.spec.detect_folder(folder):
+            return name
     if not (folder / "unet" / "config.json").is_file():
         return None
     index = _read_json(folder / "model_index.json") or {}
@@ -188,7 +192,8 @@ def instantiate(
     expected = model.state_dict()
     missing = [k for k in expected if k not in state]
     unexpected = [k for k in state if k not in expected]
-    shape = state.shape if isinstance(state, SafetensorsReader) else lambda k: state[k].shape  # without reading
+    # read shapes without reading tensors where the mapping can (SafetensorsReader, lazy key-converting views)
+    shape = state.shape if callable(getattr(state, "shape", None)) else lambda k: state[k].shape
     wrong = [f"{k}: file {tuple(shape(k))} vs model {tuple(v.shape)}" for k, v in expected.items()
              if k in state and shape(k) != v.shape]  # fmt: skip
     if missing or unexpected or wrong:

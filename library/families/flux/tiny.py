@@ -1,0 +1,116 @@
+"""Tiny FLUX.1 dev / schnell and Chroma models with the real module structure and random weights (tests, demo).
+
+The configs are DIT_FAMILIES.md §4's: a ``FluxTransformer2DModel`` / ``ChromaTransformer2DModel`` of width 32 (2
+heads of 16, rope axes 4+6+6), 2 double and 2 single blocks; the 16-channel ``AutoencoderKL`` without quant convs
+(scale 0.3611, shift 0.1159, as the released AE); the project's tiny CLIP-L (hidden 32 = the transformer's pooled
+width) and a 2-layer ``T5EncoderModel`` (d_model 32 = the transformer's context width) with T5's real vocabulary
+size, so the shipped T5 tokenizer's ids fit. Building one takes well under a second.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from ..base import Parts
+from ..tokenizers import PAD_CLIP_L, load_clip_tokenizer
+from .configs import scheduler_config
+from .text import load_t5_tokenizer
+
+VARIANTS = ("flux-dev", "flux-schnell", "chroma")
+
+TRANSFORMER = dict(
+    patch_size=1,
+    in_channels=64,
+    num_layers=2,
+    num_single_layers=2,
+    attention_head_dim=16,
+    num_attention_heads=2,
+    joint_attention_dim=32,
+    axes_dims_rope=(4, 6, 6),
+)
+CHROMA_EXTRA = dict(approximator_num_channels=16, approximator_hidden_dim=32, approximator_layers=2)
+AE = dict(
+    in_channels=3,
+    out_channels=3,
+    down_block_types=["DownEncoderBlock2D"] * 4,
+    up_block_types=["UpDecoderBlock2D"] * 4,
+    block_out_channels=[8, 16, 16, 16],
+    layers_per_block=1,
+    latent_channels=16,
+    norm_num_groups=8,
+    sample_size=64,
+    scaling_factor=0.3611,
+    shift_factor=0.1159,
+    use_quant_conv=False,
+    use_post_quant_conv=False,
+)
+CLIP_L = dict(
+    vocab_size=49408,
+    max_position_embeddings=77,
+    num_attention_heads=4,
+    num_hidden_layers=2,
+    bos_token_id=49406,
+    eos_token_id=49407,
+    pad_token_id=49407,
+    hidden_size=32,
+    intermediate_size=64,
+    projection_dim=32,
+    hidden_act="quick_gelu",
+)
+T5 = dict(
+    vocab_size=32128,
+    d_model=32,
+    d_kv=8,
+    d_ff=37,
+    num_layers=2,
+    num_heads=4,
+    feed_forward_proj="gated-gelu",
+    is_encoder_decoder=False,
+    pad_token_id=0,
+    eos_token_id=1,
+)
+
+
+def tiny_transformer(variant: str = "flux-dev") -> torch.nn.Module:
+    """The tiny denoiser of ``variant`` ("flux-dev" | "flux-schnell" | "chroma"), random weights."""
+    from diffusers import ChromaTransformer2DModel, FluxTransformer2DModel
+
+    if variant == "chroma":
+        return ChromaTransformer2DModel(**TRANSFORMER, **CHROMA_EXTRA)
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown FLUX variant {variant!r}; expected one of {', '.join(VARIANTS)}")
+    return FluxTransformer2DModel(**TRANSFORMER, pooled_projection_dim=32, guidance_embeds=variant == "flux-dev")
+
+
+def tiny_ae() -> torch.nn.Module:
+    from diffusers import AutoencoderKL
+
+    return AutoencoderKL(**AE)
+
+
+def tiny_clip_l() -> torch.nn.Module:
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    return CLIPTextModel(CLIPTextConfig(**CLIP_L))
+
+
+def tiny_t5() -> torch.nn.Module:
+    from transformers import T5Config, T5EncoderModel
+
+    return T5EncoderModel(T5Config(**T5))
+
+
+def build_tiny_flux(variant: str = "flux-dev", seed: int = 0) -> Parts:
+    """A tiny FLUX.1 dev / schnell or Chroma model (fp32, CPU, eval mode, frozen) with deterministic weights.
+    ``text_encoders``: [CLIP-L, T5] (Chroma: [T5]), ``tokenizers`` likewise."""
+    torch.manual_seed(seed)
+    denoiser = tiny_transformer(variant)
+    vae = tiny_ae()
+    encoders = ([] if variant == "chroma" else [tiny_clip_l()]) + [tiny_t5()]
+    tokenizers = ([] if variant == "chroma" else [load_clip_tokenizer(PAD_CLIP_L)]) + [load_t5_tokenizer()]
+    for module in (denoiser, vae, *encoders):
+        module.eval().requires_grad_(False)
+    return Parts(denoiser, vae, encoders, tokenizers, copy.deepcopy(scheduler_config(variant)), family=variant,
+                 source=f"tiny-{variant}", extra={})  # fmt: skip
