@@ -76,8 +76,9 @@ def batch_cond(m: StepModels, batch: Any, generator: torch.Generator | None = No
         hidden = out["hidden_states"]
         if not m.pad_tokens:  # --no_token_padding: the causal encoder's padded outputs, cut after the longest caption
             hidden = hidden[:, : m.family.tokenize(m.parts, list(batch.captions), pad=False)[0].shape[1]]
-        pooled = out.get("pooled")
-        return Cond(to_device(hidden, m.device), None if pooled is None else to_device(pooled, m.device))
+        pooled, mask = out.get("pooled"), out.get("mask")
+        return Cond(to_device(hidden, m.device), None if pooled is None else to_device(pooled, m.device),
+                    None if mask is None else to_device(mask, m.device))  # fmt: skip
     captions = list(batch.captions)
     if m.caption_rewrite is not None:
         captions = m.caption_rewrite(captions, generator)
@@ -117,6 +118,8 @@ def text_cache_entry(cond: Cond) -> dict[str, Tensor]:
     out = {"hidden_states": cond.hidden_states}
     if cond.pooled is not None:
         out["pooled"] = cond.pooled
+    if cond.mask is not None:  # FLUX's T5 attention mask (--apply_t5_attn_mask, Chroma)
+        out["mask"] = cond.mask
     return out
 
 
