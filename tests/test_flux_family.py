@@ -186,6 +186,8 @@ def test_bfl_file_with_part_files_loads_exactly(tiny, tmp_path, name, layout):
         family.load(files["model"], **{k: v for k, v in extra.items() if k != "ae"})
     with pytest.raises(ValueError, match="--t5xxl"):
         family.load(files["model"], ae=files["ae"])
+    with pytest.raises(ValueError, match=r"--ae .*t5\.safetensors: no AE weights"):
+        family.load(files["model"], **dict(extra, ae=files["t5xxl"]))  # the wrong file for a part is named
 
 
 def test_diffusers_transformer_file_folder_and_bfl_save_round_trip(tiny, tmp_path):
@@ -227,6 +229,8 @@ def test_detection_keeps_sd_files_and_tells_flux_variants_apart(tiny, tiny_parts
         assert detect_family(sd) is VARIANTS[name]
     sdxl_file = SDXL.save(tiny_parts["sdxl"], tmp_path / "sdxl.safetensors")
     assert detect_family(sdxl_file).name == "sdxl"
+    with pytest.raises(ValueError, match="no FLUX.1 / Chroma transformer found"):
+        FLUX_DEV.load(sdxl_file, clip_l=sdxl_file, t5xxl=sdxl_file, ae=sdxl_file)
     lora_names = ["lora_unet_double_blocks_0_img_attn_qkv", "lora_unet_single_blocks_3_linear1"]
     assert block_layout(lora_names) is FLUX_DEV.blocks and not SDXL.blocks.names_match(lora_names[0])
     assert block_layout(["lora_unet_input_blocks_4_1_proj_in"]) is SDXL.blocks
@@ -386,3 +390,23 @@ def test_text_cache_entry_keeps_the_mask():
     back = batch_cond(m, SimpleNamespace(text_encoder_outputs=entry))
     assert torch.equal(back.mask, cond.mask) and torch.equal(back.hidden_states, cond.hidden_states)
     assert "mask" not in text_cache_entry(Cond(cond.hidden_states))
+
+
+def test_ae_conversion_equals_diffusers_ldm_vae_converter_and_dtypes_per_part(tiny, tmp_path):
+    from diffusers.loaders.single_file_utils import convert_ldm_vae_checkpoint
+
+    from library.families.base import PartDtypes
+
+    parts = tiny["flux-dev"]
+    files = _write_parts(parts, tmp_path)
+    ldm = vae_to_ldm(parts.vae.state_dict(), parts.vae.config)
+    theirs = convert_ldm_vae_checkpoint(dict(ldm), dict(parts.vae.config))  # diffusers' own reading of the BFL AE
+    dtypes = PartDtypes(denoiser=torch.bfloat16, vae=torch.float32, text_encoders=torch.float16)
+    loaded = FLUX_DEV.load(files["model"], clip_l=files["clip_l"], t5xxl=files["t5xxl"], ae=files["ae"], dtype=dtypes)
+    ours = loaded.vae.state_dict()
+    assert set(ours) == set(theirs)
+    assert all(torch.equal(ours[k], theirs[k].reshape(ours[k].shape)) for k in ours)
+    assert {p.dtype for p in loaded.denoiser.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in loaded.text_encoders[1].parameters()} == {torch.float16}
+    want = parts.denoiser.state_dict()
+    assert all(torch.equal(v, want[k].to(torch.bfloat16)) for k, v in loaded.denoiser.state_dict().items())

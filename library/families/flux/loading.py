@@ -109,22 +109,28 @@ def _fitting(
     device: Any,
     adapt: Callable | None = None,
 ) -> nn.Module:
-    """Build the first candidate config whose keys and shapes fit ``state`` and load it (the last one's error when
-    none fits: it names the file, the part and the differing keys)."""
+    """Build the first candidate config whose keys and shapes fit ``state`` and load it; a ``ValueError`` naming the
+    file, the part and, per candidate, the first differing keys when none fits."""
     from accelerate import init_empty_weights
 
-    for i, (config, source) in enumerate(candidates):
-        if i < len(candidates) - 1:
-            with init_empty_weights():
-                model = factory(config)()
-            wanted = (adapt(state, model) if adapt else state).keys()
-            expected = model.state_dict()
-            shaped = adapt(state, model) if adapt else state
-            if set(wanted) != set(expected) or any(_shape(shaped, k) != tuple(v.shape) for k, v in expected.items()):
-                continue
-        log.info("%s: %s built from %s", path, what, source)
-        return instantiate(factory(config), state, what, path, source, dtype, adapt=adapt, device=device)
-    raise AssertionError("no candidate configs")  # pragma: no cover
+    problems = []
+    for config, source in candidates:
+        with init_empty_weights():
+            model = factory(config)()
+        named = adapt(state, model) if adapt else state
+        expected = model.state_dict()
+        missing = [k for k in expected if k not in named]
+        unexpected = [k for k in named if k not in expected]
+        wrong = [f"{k}: file {_shape(named, k)} vs {tuple(v.shape)}" for k, v in expected.items()
+                 if k in named and _shape(named, k) != tuple(v.shape)]  # fmt: skip
+        if not (missing or unexpected or wrong):
+            log.info("%s: %s built from %s", path, what, source)
+            return instantiate(factory(config), state, what, path, source, dtype, adapt=adapt, device=device)
+        found = [f"{label} {', '.join(items[:2])}" for label, items in
+                 (("missing", missing), ("unexpected", unexpected), ("shapes", wrong)) if items]  # fmt: skip
+        problems.append(f"{source}: {'; '.join(found)}")
+    raise ValueError(f"{path}: the {what} weights fit no known architecture ({' | '.join(problems)}); is this the "
+                     "right file for this part?")  # fmt: skip
 
 
 def _with_blocks(config: dict, layout: K.Layout) -> dict:
@@ -315,9 +321,10 @@ def load_flux(
     path = check_flux_path(path)
     extra = {f: Path(p) for f, p in (("--clip_l", clip_l), ("--t5xxl", t5xxl), ("--ae", ae)) if p is not None}
     for flag, p in extra.items():
-        check_flux_path(p, flag) if p.is_file() else None
         if not p.exists():
             raise FileNotFoundError(f"{flag} {p}: no such file")
+        if p.is_file() and p.suffix.lower() not in WEIGHT_SUFFIXES:
+            raise ValueError(f"{flag} {p}: unsupported file type {p.suffix!r}; expected .safetensors")
     folder = path if path.is_dir() else None
     pipeline_root = folder if folder is not None and (folder / "transformer" / "config.json").is_file() else None
     found = variant_of_folder(path) if folder else None
