@@ -15,11 +15,11 @@ from safetensors.torch import save_file
 
 from library.families import CHROMA, FAMILIES, FLUX_DEV, FLUX_SCHNELL, SDXL, Cond, block_layout, detect_family
 from library.families.base import missing_members
-from library.families.convert import hf_state_dict, vae_to_ldm
+from library.families.convert import vae_to_ldm
 from library.families.flux import keys as K
 from library.families.flux import latents as L
 from library.families.flux.text import T5_TOKENIZER_FILE
-from library.families.flux.tiny import build_tiny_flux
+from library.families.flux.tiny import build_tiny_flux, write_tiny_files
 from library.weight_files import read_metadata
 
 VARIANTS = {"flux-dev": FLUX_DEV, "flux-schnell": FLUX_SCHNELL, "chroma": CHROMA}
@@ -132,29 +132,8 @@ def test_diffusers_bfl_diffusers_round_trip_is_exact(tiny, name):
 
 
 # ------------------------------------------------------------------------------------------------ files
-def _write_parts(parts, tmp_path, *, prefix="", fp8=False, clip_prefixed=True, t5_encoder_only=False, ae_ldm=True):
-    """sd-scripts' input files from tiny parts: BFL transformer, --clip_l, --t5xxl, --ae (no metadata)."""
-    bfl = K.diffusers_to_bfl(parts.denoiser.state_dict(), prefix=prefix)
-    if fp8:
-        bfl = {k: v.to(torch.float8_e4m3fn) for k, v in bfl.items()}
-    files = {"model": tmp_path / "model.safetensors"}
-    save_file({k: v.contiguous() for k, v in bfl.items()}, files["model"])
-    vae = parts.vae
-    ae = vae_to_ldm(vae.state_dict(), vae.config) if ae_ldm else dict(vae.state_dict())
-    files["ae"] = tmp_path / "ae.safetensors"
-    save_file({k: v.contiguous() for k, v in ae.items()}, files["ae"])
-    t5 = {k: v.clone() for k, v in parts.text_encoders[-1].state_dict().items()}
-    if t5_encoder_only:
-        del t5["shared.weight"]
-    files["t5xxl"] = tmp_path / "t5.safetensors"
-    save_file(t5, files["t5xxl"])
-    if len(parts.text_encoders) == 2:
-        clip = hf_state_dict(parts.text_encoders[0])
-        if not clip_prefixed:
-            clip = {k.removeprefix("text_model."): v for k, v in clip.items()}
-        files["clip_l"] = tmp_path / "clip_l.safetensors"
-        save_file({k: v.contiguous() for k, v in clip.items()}, files["clip_l"])
-    return files
+def _write_parts(parts, tmp_path, **layout):
+    return write_tiny_files(parts, tmp_path, **layout)
 
 
 @pytest.mark.parametrize(
@@ -186,8 +165,16 @@ def test_bfl_file_with_part_files_loads_exactly(tiny, tmp_path, name, layout):
         family.load(files["model"], **{k: v for k, v in extra.items() if k != "ae"})
     with pytest.raises(ValueError, match="--t5xxl"):
         family.load(files["model"], ae=files["ae"])
-    with pytest.raises(ValueError, match=r"--ae .*t5\.safetensors: no AE weights"):
+    with pytest.raises(ValueError, match=r"--ae .*t5xxl\.safetensors: no AE weights"):
         family.load(files["model"], **dict(extra, ae=files["t5xxl"]))  # the wrong file for a part is named
+    if name == "chroma":  # a diffusers ChromaPipeline folder: written, read by diffusers' layout, reloaded
+        folder = family.save(loaded, tmp_path / "chroma")
+        assert detect_family(folder) is CHROMA and (folder / "text_encoder" / "config.json").is_file()
+        again = family.load(folder)
+        for a, b in zip(
+            (again.denoiser, again.vae, *again.text_encoders), (loaded.denoiser, loaded.vae, *loaded.text_encoders)
+        ):
+            _states_equal(a, b)
 
 
 def test_diffusers_transformer_file_folder_and_bfl_save_round_trip(tiny, tmp_path):

@@ -10,6 +10,7 @@ size, so the shipped T5 tokenizer's ids fit. Building one takes well under a sec
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import torch
 
@@ -114,3 +115,45 @@ def build_tiny_flux(variant: str = "flux-dev", seed: int = 0) -> Parts:
         module.eval().requires_grad_(False)
     return Parts(denoiser, vae, encoders, tokenizers, copy.deepcopy(scheduler_config(variant)), family=variant,
                  source=f"tiny-{variant}", extra={})  # fmt: skip
+
+
+def write_tiny_files(
+    parts: Parts,
+    folder: str | Path,
+    *,
+    prefix: str = "",
+    fp8: bool = False,
+    clip_prefixed: bool = True,
+    t5_encoder_only: bool = False,
+    ae_ldm: bool = True,
+) -> dict[str, Path]:
+    """Write ``parts`` as the single files sd-scripts' FLUX scripts take, without any metadata: ``model`` (the BFL
+    transformer, keys under ``prefix``, e.g. ``model.diffusion_model.``; ``fp8``: float8_e4m3fn tensors), ``clip_l``
+    (transformers names, with ``text_model.`` unless ``clip_prefixed`` is False; not for Chroma), ``t5xxl``
+    (``shared.weight`` + ``encoder.*``, or ``encoder.*`` only) and ``ae`` (BFL/LDM names, or diffusers names).
+    Returns ``{"model" | "clip_l" | "t5xxl" | "ae": path}`` (the names of sd-scripts' flags)."""
+    from safetensors.torch import save_file
+
+    from ..convert import hf_state_dict, vae_to_ldm
+    from .keys import diffusers_to_bfl
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    bfl = diffusers_to_bfl(parts.denoiser.state_dict(), prefix=prefix)
+    if fp8:
+        bfl = {k: v.to(torch.float8_e4m3fn) for k, v in bfl.items()}
+    vae = parts.vae
+    ae = vae_to_ldm(vae.state_dict(), vae.config) if ae_ldm else dict(vae.state_dict())
+    t5 = {k: v.clone() for k, v in parts.text_encoders[-1].state_dict().items()}  # untie shared / embed_tokens
+    if t5_encoder_only:
+        del t5["shared.weight"]
+    files = {"model": (folder / "model.safetensors", bfl), "t5xxl": (folder / "t5xxl.safetensors", t5),
+             "ae": (folder / "ae.safetensors", ae)}  # fmt: skip
+    if len(parts.text_encoders) == 2:
+        clip = hf_state_dict(parts.text_encoders[0])
+        if not clip_prefixed:
+            clip = {k.removeprefix("text_model."): v for k, v in clip.items()}
+        files["clip_l"] = (folder / "clip_l.safetensors", clip)
+    for path, state in files.values():
+        save_file({k: v.contiguous() for k, v in state.items()}, path)
+    return {name: path for name, (path, _) in files.items()}
