@@ -224,24 +224,45 @@ def load_clip_l(path: Path, dtype: Any, device: Any, stored: Mapping | None = No
     return _fitting(candidates, clip_l_factory, canonical, "CLIP-L (--clip_l)", path, dtype, device, hf_for_model)
 
 
-def t5_canonical(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """transformers ``T5EncoderModel`` keys from a T5 file: ``shared.weight`` + ``encoder.*`` (the embedding taken
-    from ``encoder.embed_tokens.weight`` when ``shared.weight`` is absent, as in encoder-only files), decoder and
-    ``lm_head`` weights of a full T5 dropped."""
-    for prefix in ("text_encoders.t5xxl.transformer.",):
-        if any(k.startswith(prefix) for k in state):
-            state = strip_prefix(state, prefix)
-    out = {k: v for k, v in state.items() if k.startswith("encoder.") or k == "shared.weight"}
-    if "shared.weight" not in out and "encoder.embed_tokens.weight" in out:
-        out["shared.weight"] = out["encoder.embed_tokens.weight"]
-    out.setdefault("encoder.embed_tokens.weight", out.get("shared.weight"))
-    return {k: v for k, v in out.items() if v is not None}
+class KeyView(Mapping):
+    """``source`` (a dict or a lazy ``SafetensorsReader``) under other names (``names``: new -> source key), read
+    when asked: a 9.5 GB T5 file is cast tensor by tensor, never held whole."""
+
+    def __init__(self, source: Mapping[str, Any], names: Mapping[str, str]) -> None:
+        self.source, self.names = source, dict(names)
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        return self.source[self.names[key]]
+
+    def shape(self, key: str) -> torch.Size:
+        return torch.Size(_shape(self.source, self.names[key]))
+
+    def __iter__(self):
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+def t5_names(keys: list[str]) -> dict[str, str]:
+    """transformers ``T5EncoderModel`` key -> key in a T5 file: ``shared.weight`` + ``encoder.*`` (the embedding taken
+    from ``encoder.embed_tokens.weight`` when ``shared.weight`` is absent, as in encoder-only files; keys under
+    ``text_encoders.t5xxl.transformer.`` too); a full T5's decoder and ``lm_head`` are left out."""
+    prefix = next((p for p in ("text_encoders.t5xxl.transformer.",) if any(k.startswith(p) for k in keys)), "")
+    names = {k[len(prefix) :]: k for k in keys if k.startswith(prefix)}
+    names = {k: v for k, v in names.items() if k.startswith("encoder.") or k == "shared.weight"}
+    if "shared.weight" not in names and "encoder.embed_tokens.weight" in names:
+        names["shared.weight"] = names["encoder.embed_tokens.weight"]
+    if "encoder.embed_tokens.weight" not in names and "shared.weight" in names:
+        names["encoder.embed_tokens.weight"] = names["shared.weight"]
+    return names
 
 
 def load_t5(path: Path, dtype: Any, device: Any, stored: Mapping | None = None, variant: str = "flux-dev") -> nn.Module:
-    """``--t5xxl``: transformers T5 encoder keys (see :func:`t5_canonical`); fp8 files are cast to ``dtype``."""
-    state, metadata = load_state_dict(path)
-    state = t5_canonical(state)
+    """``--t5xxl``: transformers T5 encoder keys (see :func:`t5_names`), read tensor by tensor from .safetensors;
+    fp8 files are cast to ``dtype``."""
+    source, metadata = read_weights(path)
+    state = KeyView(source, t5_names(list(source.keys())))
     if "encoder.block.0.layer.0.SelfAttention.q.weight" not in state:
         raise ValueError(f"--t5xxl {path}: no T5 encoder weights (expected transformers T5 keys such as "
                          "encoder.block.0.layer.0.SelfAttention.q.weight)")  # fmt: skip
