@@ -200,6 +200,10 @@ def test_diffusers_transformer_file_folder_and_bfl_save_round_trip(tiny, tmp_pat
     assert loaded.tokenizers[1]("a cat").input_ids == parts.tokenizers[1]("a cat").input_ids
     with pytest.raises(ValueError, match="flux-dev model, but flux-schnell"):
         FLUX_SCHNELL.load(folder)
+    assert detect_family(folder / "transformer") is FLUX_DEV  # a transformer folder alone, with the part files
+    _states_equal(FLUX_DEV.load(folder / "transformer", **parts_files).denoiser, parts.denoiser)
+    with pytest.raises(ValueError, match="--ae, --clip_l, --t5xxl are required"):
+        FLUX_DEV.load(folder / "transformer")
 
     single = FLUX_DEV.save(parts, tmp_path / "saved.safetensors")  # what flux_train.py writes: BFL keys only
     meta = read_metadata(single)
