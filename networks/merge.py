@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from library.families import adapter_family_label
+from library.families import adapter_families, adapter_family_label
 from library.families.base import ModelFamily, Parts
 from library.problems import ConfigError, problems_of
 
@@ -38,10 +38,13 @@ def check_same_family(files_: Sequence[AdapterFile]) -> list[str]:
     """Problems when adapter files cannot belong to one model: kohya prefixes of different families, different
     ``ss_base_model_version``."""
     problems = []
-    kinds = {f.source: adapter_family_label(files.prefix_of(n) for n in f.modules) for f in files_}
+    # the families each file can be for (prefixes, narrowed by block names: SDXL and FLUX share lora_unet/lora_te1);
+    # files conflict when no family fits them all
+    kinds = {f.source: adapter_families({files.prefix_of(n) for n in f.modules}, f.modules) for f in files_}
     named = {k: v for k, v in kinds.items() if v}
-    if len(set(named.values())) > 1:
-        listing = ", ".join(f"{k} ({v})" for k, v in named.items())
+    if named and not set.intersection(*(set(v) for v in named.values())):
+        listing = ", ".join(f"{f.source} ({adapter_family_label({files.prefix_of(n) for n in f.modules}, f.modules)})"
+                            for f in files_ if f.source in named)  # fmt: skip
         problems.append(f"the adapters are for different model families: {listing}")
     versions = {
         f.source: f.metadata["ss_base_model_version"] for f in files_ if f.metadata.get("ss_base_model_version")

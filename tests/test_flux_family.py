@@ -401,3 +401,24 @@ def test_ae_conversion_equals_diffusers_ldm_vae_converter_and_dtypes_per_part(ti
     assert {p.dtype for p in loaded.text_encoders[1].parameters()} == {torch.float16}
     want = parts.denoiser.state_dict()
     assert all(torch.equal(v, want[k].to(torch.bfloat16)) for k, v in loaded.denoiser.state_dict().items())
+
+
+def test_sdxl_and_flux_adapter_files_are_told_apart_by_block_names():
+    from types import SimpleNamespace
+
+    from library.families import adapter_families, adapter_family_label
+    from networks.merge import check_same_family
+
+    def file(source, *names):
+        return SimpleNamespace(source=source, modules=dict.fromkeys(names), metadata={})
+
+    sdxl = ["lora_unet_input_blocks_4_1_proj_in", "lora_te1_text_model_encoder_layers_0_mlp_fc1"]
+    flux = ["lora_unet_double_blocks_0_img_attn_qkv", "lora_te1_text_model_encoder_layers_0_mlp_fc1"]
+    prefixes = {"lora_unet", "lora_te1"}  # the same prefixes: only the block names tell them apart
+    assert adapter_families(prefixes, sdxl) == ["sdxl"]
+    assert adapter_families(prefixes, flux) == ["flux-dev", "flux-schnell"]
+    assert adapter_family_label(prefixes, flux) == "FLUX.1-dev/FLUX.1-schnell"
+    both_sdxl = [file("a", *sdxl), file("b", *sdxl, "lora_te2_text_model_encoder_layers_0_mlp_fc1")]
+    assert check_same_family(both_sdxl) == []
+    problems = check_same_family([file("a", *sdxl), file("f", *flux)])
+    assert len(problems) == 1 and "a (SDXL)" in problems[0] and "FLUX.1-dev" in problems[0]

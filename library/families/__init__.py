@@ -17,6 +17,7 @@ from .base import EPSILON, FLOW_MATCHING, OBJECTIVES, V_PREDICTION, Cond, ModelF
 from .flux import CHROMA, FLUX_DEV, FLUX_SCHNELL, FluxFamily
 from .registry import (
     FAMILIES,
+    adapter_families,
     adapter_family_label,
     block_layout,
     block_layout_title,
@@ -39,7 +40,7 @@ __all__ += ["FLUX_DEV", "FLUX_SCHNELL", "CHROMA", "FluxFamily"]
 __all__ += ["EPSILON", "V_PREDICTION", "FLOW_MATCHING", "OBJECTIVES"]
 __all__ += ["get_family", "detect_family", "select_family", "family_as_flagged", "family_group", "register_family"]
 __all__ += ["unregister_family", "trained_together", "family_title", "block_layout", "block_layout_title"]
-__all__ += ["adapter_family_label", "ti_keys_of_other_families", "family_flags"]
+__all__ += ["adapter_families", "adapter_family_label", "ti_keys_of_other_families", "family_flags"]
 
 
 class _Shape:

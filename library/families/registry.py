@@ -75,14 +75,26 @@ def block_layout_title(layout: BlockLayout) -> str:
     return _short_titles(f for f in FAMILIES.values() if f.blocks == layout)
 
 
-def adapter_family_label(prefixes: Iterable[str]) -> str | None:
-    """Which families an adapter file with these kohya prefixes can be for, for messages ("SD1/SD2", "SDXL"), or
-    None when the prefixes tell nothing (every family has them, e.g. a UNet-only file, or no family has them)."""
+def adapter_families(prefixes: Iterable[str], names: Iterable[str] = ()) -> list[str]:
+    """The families an adapter file with these kohya prefixes can be for. ``names``: its module names, which narrow
+    the choice where prefixes cannot: SDXL and FLUX files both use ``lora_unet`` / ``lora_te1``, but only FLUX's
+    denoiser names are ``lora_unet_double_blocks_...`` (each family's ``blocks.names_match``)."""
     prefixes = set(prefixes)
-    fitting = [f for f in FAMILIES.values() if prefixes <= set(f.adapter_prefixes)]
+    fitting = [name for name, f in FAMILIES.items() if prefixes <= set(f.adapter_prefixes)]
+    unet = [n for n in names if n.startswith("lora_unet_")]
+    by_blocks = [name for name in fitting if any(FAMILIES[name].blocks.names_match(n) for n in unet)]
+    return by_blocks or fitting
+
+
+def adapter_family_label(prefixes: Iterable[str], names: Iterable[str] = ()) -> str | None:
+    """Which families an adapter file with these kohya prefixes (and module ``names``, see :func:`adapter_families`)
+    can be for, for messages ("SD1/SD2", "SDXL"), or None when they tell nothing (every family has them, e.g. a
+    UNet-only file without block names, or no family has them)."""
+    prefixes = set(prefixes)
+    fitting = adapter_families(prefixes, names)
     if not prefixes or not fitting or len(fitting) == len(FAMILIES):
         return None
-    return _short_titles(fitting)
+    return _short_titles(FAMILIES[name] for name in fitting)
 
 
 def ti_keys_of_other_families(family: ModelFamily) -> set[str]:
