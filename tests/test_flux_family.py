@@ -149,8 +149,13 @@ def test_bfl_file_with_part_files_loads_exactly(tiny, tmp_path, name, layout):
     files = _write_parts(parts, tmp_path, **layout)
     assert detect_family(files["model"]) is family
     extra = {k: files[k] for k in ("clip_l", "t5xxl", "ae") if k in files}
-    loaded = family.load(files["model"], **extra)
+    options = dict(t5xxl_max_token_length=64, apply_t5_attn_mask=True) if name == "flux-dev" else {}
+    loaded = family.load(files["model"], **extra, **options)
     assert loaded.family == name and not any(p.requires_grad for p in loaded.denoiser.parameters())
+    with torch.no_grad():  # the prompt settings given at load time are the loaded model's (Chroma: always masked)
+        cond = family.encode_prompt(loaded, ["a cat"])
+    length = {"flux-dev": 64, "flux-schnell": 256, "chroma": 512}[name]
+    assert cond.hidden_states.shape[1] == length and (cond.mask is None) == (name == "flux-schnell")
     if layout.get("fp8"):  # float8_e4m3fn tensors are upcast to the load dtype
         ref = {k: v.to(torch.float8_e4m3fn).float() for k, v in parts.denoiser.state_dict().items()}
         got = loaded.denoiser.state_dict()

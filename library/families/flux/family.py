@@ -215,12 +215,13 @@ class FluxFamily:
         captions: list[str],
         clip_skip: int | None = None,
         max_token_length: int | None = None,
-        **options: Any,
+        *,
+        t5xxl_max_token_length: int | None = None,
+        apply_t5_attn_mask: bool | None = None,
     ) -> Cond:
-        """:meth:`tokenize` then :meth:`encode_tokens` (options: ``t5xxl_max_token_length``, ``apply_t5_attn_mask``)."""
-        length = options.pop("t5xxl_max_token_length", None)
-        tokens = self.tokenize(parts, captions, max_token_length, t5xxl_max_token_length=length)
-        return self.encode_tokens(parts, tokens, clip_skip, **options)
+        """:meth:`tokenize` then :meth:`encode_tokens`."""
+        tokens = self.tokenize(parts, captions, max_token_length, t5xxl_max_token_length=t5xxl_max_token_length)
+        return self.encode_tokens(parts, tokens, clip_skip, apply_t5_attn_mask=apply_t5_attn_mask)
 
     def size_conditioning(self, original_sizes: Any, crop_top_lefts: Any, target_sizes: Any) -> None:
         """FLUX takes no size/crop conditioning."""
