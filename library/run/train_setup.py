@@ -549,6 +549,7 @@ def fill_text_cache(run: Run, batch_size: int | None = None) -> None:
     te_id = "+".join(module_identity(te) for te in parts.text_encoders)
     te_id += f"/clip_skip={cfg.model.clip_skip}/max_len={cfg.model.max_token_length}"
     te_id += "/weighted" if cfg.data.weighted_captions else ""  # --no_token_padding: the same padded outputs
+    te_id += "".join(f"/{k}={v}" for k, v in sorted(parts.extra.get("prompt_settings", {}).items()))  # e.g. FLUX's T5
     with on_device(parts.text_encoders, acc.device):
         run.text_cache = data.cache_text_encoder_outputs(run.plan, encode_text, te_id, batch_size=batch_size)
         if run.plan.validation is not None:

@@ -38,6 +38,9 @@ CLIP_L_SPEC = TextEncoderSpec("text_encoders.clip_l.transformer.", "clip", False
                               "openai/clip-vit-large-patch14", "clip_l")  # fmt: skip
 T5_SPEC = TextEncoderSpec("text_encoders.t5xxl.transformer.", "t5", False, "<pad>", text.T5_TOKENIZER_ID, "t5xxl")
 DEFAULT_GUIDANCE = 3.5  # sd-scripts' --guidance_scale default
+# ``parts.extra`` key of the prompt settings given at load time (they change the text-encoder outputs, so the
+# text-encoder-output cache key includes them)
+PROMPT_SETTINGS = "prompt_settings"
 
 # sd-scripts' networks/lora_flux.py: the transformer blocks, and CLIP's / T5's attention and MLP modules
 FLUX_TARGETS = TargetClasses(
@@ -122,7 +125,8 @@ class FluxFamily:
         """Load a BFL single file (+ ``clip_l``, ``t5xxl``, ``ae``: sd-scripts' ``--clip_l --t5xxl --ae``) or a
         diffusers folder (see ``flux/loading.py``). ``vae``: the same as ``ae`` (``--vae``). ``t5xxl_max_token_length``
         (default 512 dev / Chroma, 256 schnell) and ``apply_t5_attn_mask`` (default False; Chroma: always) become the
-        loaded model's prompt settings. Raises ``ValueError`` naming the missing flag / the wrong file."""
+        loaded model's prompt settings (``parts.extra["prompt_settings"]``). Raises ``ValueError`` naming the missing
+        flag / the wrong file."""
         if v_parameterization:
             raise ValueError(f"--v_parameterization does not apply to {self.spec.title}: it is a flow-matching model")
         if vae is not None and ae is not None and Path(vae) != Path(ae):
@@ -133,8 +137,10 @@ class FluxFamily:
             raise ValueError(f"--t5xxl_max_token_length {t5xxl_max_token_length}: must be a positive token count")
         parts = load_flux(self.name, path, dtype=dtype, device=device, clip_l=clip_l, t5xxl=t5xxl, ae=ae or vae,
                           tokenizer_cache_dir=tokenizer_cache_dir)  # fmt: skip
-        parts.extra["t5xxl_max_token_length"] = t5xxl_max_token_length or self.t5_max_length
-        parts.extra["apply_t5_attn_mask"] = True if self.chroma else bool(apply_t5_attn_mask)
+        parts.extra[PROMPT_SETTINGS] = {
+            "t5xxl_max_token_length": t5xxl_max_token_length or self.t5_max_length,
+            "apply_t5_attn_mask": True if self.chroma else bool(apply_t5_attn_mask),
+        }
         return parts
 
     def save(
@@ -182,7 +188,8 @@ class FluxFamily:
         if max_token_length not in (None, 75):
             self._warn_once("mtl", "--max_token_length %s is ignored for FLUX (CLIP-L reads 77 tokens; the T5 length "
                             "is --t5xxl_max_token_length)", max_token_length)  # fmt: skip
-        length = t5xxl_max_token_length or parts.extra.get("t5xxl_max_token_length") or self.t5_max_length
+        settings = parts.extra.get(PROMPT_SETTINGS, {})
+        length = t5xxl_max_token_length or settings.get("t5xxl_max_token_length") or self.t5_max_length
         t5_ids, mask = text.tokenize_t5(parts.tokenizers[-1], captions, length)
         clip = [] if self.chroma else [text.tokenize_clip_l(parts.tokenizers[0], captions)]
         return [*clip, t5_ids, mask]
@@ -201,7 +208,7 @@ class FluxFamily:
         if clip_skip is not None:
             self._warn_once("clip_skip", "--clip_skip %s is ignored for FLUX (as in sd-scripts)", clip_skip)
         if apply_t5_attn_mask is None:
-            apply_t5_attn_mask = parts.extra.get("apply_t5_attn_mask", False)
+            apply_t5_attn_mask = parts.extra.get(PROMPT_SETTINGS, {}).get("apply_t5_attn_mask", False)
         apply = self.chroma or bool(apply_t5_attn_mask)
         *clip_ids, t5_ids, mask = tokens
         pooled = None if self.chroma else text.clip_l_pooled(parts.text_encoders[0], clip_ids[0])

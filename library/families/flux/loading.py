@@ -11,7 +11,8 @@
   with a diffusers folder they replace its parts. A part neither the folder nor a flag provides is an error naming
   the flag, raised before anything is read.
 
-Configs: those stored in a file by our writer (``sdtrain.configs``), else the released model's (``configs/<variant>.json``)
+Configs: those stored in a file by our writer (``sdtrain.configs``), else the released model's
+(``configs/<variant>.json``)
 with the block counts read from the keys (as sd-scripts does), else the tiny test model's; the first whose shapes
 fit every tensor is used, and a file none fits is a ``ValueError`` naming the file, the part and the first
 differing keys.
@@ -63,7 +64,8 @@ def _shape(state: Mapping[str, Any], key: str) -> tuple[int, ...]:
 
 # ------------------------------------------------------------------------------------------------ what a path is
 def variant_of_folder(folder: Path) -> str | None:
-    """ "flux-dev" | "flux-schnell" | "chroma" for a diffusers FLUX / Chroma pipeline or transformer folder, else None."""
+    """The variant ("flux-dev" | "flux-schnell" | "chroma") of a diffusers FLUX / Chroma pipeline or transformer
+    folder, else None."""
     config = _transformer_config_file(folder)
     if config is None:
         return None
@@ -359,8 +361,9 @@ def load_flux(
     if missing:
         where = "a BFL single-file transformer" if folder is None else f"the diffusers folder {path} (it has no " + (
             ", ".join(f"{s}/" for f, s in needed if f in missing)) + ")"  # fmt: skip
+        parts_needed = "the T5-XXL encoder and the AE" if variant == "chroma" else "CLIP-L, T5-XXL and the AE"
         raise ValueError(f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} required with {where}: FLUX "
-                         f"needs {'the T5-XXL encoder and the AE' if variant == 'chroma' else 'CLIP-L, T5-XXL and the AE'}"
+                         f"needs {parts_needed}"
                          "; pass the single files as sd-scripts does (e.g. --clip_l clip_l.safetensors --t5xxl "
                          "t5xxl_fp16.safetensors --ae ae.safetensors)")  # fmt: skip
     if variant == "chroma" and "--clip_l" in extra:
