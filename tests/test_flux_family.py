@@ -427,3 +427,23 @@ def test_sdxl_and_flux_adapter_files_are_told_apart_by_block_names():
     assert check_same_family(both_sdxl) == []
     problems = check_same_family([file("a", *sdxl), file("f", *flux)])
     assert len(problems) == 1 and "a (SDXL)" in problems[0] and "FLUX.1-dev" in problems[0]
+
+
+@pytest.mark.parametrize("family", [FLUX_DEV, CHROMA], ids=lambda f: f.name)
+def test_block_targets_at_real_size_have_sd_scripts_lora_flux_names(family):
+    # sd-scripts networks/lora_flux.py targets every Linear of DoubleStreamBlock / SingleStreamBlock, named by BFL path
+    mods = [] if family is CHROMA else ["img_mod_lin", "txt_mod_lin"]
+    double = mods + [f"{s}_{m}" for s in ("img", "txt") for m in ("attn_qkv", "attn_proj", "mlp_0", "mlp_2")]
+    single = ["linear1", "linear2"] + ([] if family is CHROMA else ["modulation_lin"])
+    expected = {f"lora_unet_double_blocks_{i}_{m}" for i in range(19) for m in double}
+    expected |= {f"lora_unet_single_blocks_{i}_{m}" for i in range(38) for m in single}
+    root = family.adapter_roots(family.reference_parts())[0]
+    leaf_of = {s.path: f.name for f in root.fused for s in f.segments}
+    names = set()
+    for path, module in root.module.named_modules():
+        if type(module).__name__ in family.target_classes.transformer:
+            for child, leaf in module.named_modules():
+                if isinstance(leaf, torch.nn.Linear):
+                    full = f"{path}.{child}"
+                    names.add("lora_unet_" + (leaf_of.get(full) or root.rename(full)).replace(".", "_"))
+    assert names == expected and len(names) == (304 if family is FLUX_DEV else 228)
