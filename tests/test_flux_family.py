@@ -447,3 +447,15 @@ def test_block_targets_at_real_size_have_sd_scripts_lora_flux_names(family):
                     full = f"{path}.{child}"
                     names.add("lora_unet_" + (leaf_of.get(full) or root.rename(full)).replace(".", "_"))
     assert names == expected and len(names) == (304 if family is FLUX_DEV else 228)
+
+
+def test_make_tiny_model_writes_sd_scripts_flux_inputs(tiny, tmp_path):
+    from tools.make_tiny_model import run
+
+    written = run(["--out", str(tmp_path), "--family", "flux-schnell"])
+    assert [p.name for p in written] == ["flux-schnell", "flux-schnell.safetensors"]
+    parts = {k: tmp_path / f"flux-schnell_{k}.safetensors" for k in ("clip_l", "t5xxl", "ae")}
+    loaded = FLUX_SCHNELL.load(tmp_path / "flux-schnell.safetensors", **parts)  # the configs stored in the file
+    for a, b in zip((loaded.denoiser, loaded.vae, *loaded.text_encoders), (tiny["flux-schnell"].denoiser,
+                    tiny["flux-schnell"].vae, *tiny["flux-schnell"].text_encoders)):  # fmt: skip
+        _states_equal(a, b)

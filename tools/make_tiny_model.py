@@ -1,10 +1,13 @@
-"""Write tiny SD1 / SD2-v / SDXL models with random weights (tests, the demo, trying sdtrain offline).
+"""Write tiny SD1 / SD2-v / SDXL / FLUX.1 / Chroma models with random weights (tests, the demo, trying sdtrain offline).
 
-    python tools/make_tiny_model.py --out models/tiny [--family sd1 sd2 sdxl] [--seed 0]
+    python tools/make_tiny_model.py --out models/tiny [--family sd1 sd2 sdxl flux-dev flux-schnell chroma] [--seed 0]
 
 writes, per family, ``<out>/<family>/`` (a diffusers folder) and ``<out>/<family>.safetensors`` (a single-file
-checkpoint in the original layout). The models have the real block layout, module names and CLIP tokenizer of the
-released models with tiny widths (see ``library/families/tiny.py``); every training script accepts either file.
+checkpoint in the original layout; FLUX.1 / Chroma: the BFL transformer, with the ``--clip_l``, ``--t5xxl`` and
+``--ae`` files sd-scripts takes beside it as ``<out>/<family>_{clip_l,t5xxl,ae}.safetensors``). The models have the
+real block layout, module names and tokenizers of the released models with tiny widths (see
+``library/families/tiny.py``, ``library/families/flux/tiny.py``); every training script accepts either layout.
+Without ``--family`` the SD families are written.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from library.families import get_family  # noqa: E402
+from library.families.flux.tiny import VARIANTS as FLUX_VARIANTS  # noqa: E402
+from library.families.flux.tiny import build_tiny_flux, write_tiny_files  # noqa: E402
 from library.families.tiny import FAMILIES, build_tiny  # noqa: E402
 from networks.tool_common import main_guard  # noqa: E402
 
@@ -26,7 +31,8 @@ from networks.tool_common import main_guard  # noqa: E402
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="output folder")
-    parser.add_argument("--family", nargs="+", choices=FAMILIES, default=list(FAMILIES), help="families to write")
+    parser.add_argument("--family", nargs="+", choices=FAMILIES + FLUX_VARIANTS, default=list(FAMILIES),
+                        help="families to write (default: the SD families)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     return parser
 
@@ -39,9 +45,16 @@ def run(argv: Sequence[str] | None = None) -> list[Path]:
     for name in args.family:
         start = time.perf_counter()
         family = get_family(name)
-        parts = build_tiny(name, seed=args.seed)
+        flux = name in FLUX_VARIANTS
+        parts = build_tiny_flux(name, seed=args.seed) if flux else build_tiny(name, seed=args.seed)
         folder = family.save(parts, out / name)
         single = family.save(parts, out / f"{name}.safetensors")
+        if flux:  # sd-scripts' --clip_l / --t5xxl / --ae files beside the BFL transformer
+            for part, path in write_tiny_files(parts, out / f".{name}_parts").items():
+                if part != "model":
+                    path.replace(out / f"{name}_{part}.safetensors")
+            (out / f".{name}_parts" / "model.safetensors").unlink()
+            (out / f".{name}_parts").rmdir()
         params = sum(p.numel() for m in (parts.denoiser, parts.vae, *parts.text_encoders) for p in m.parameters())
         print(f"{name}: {folder}/ and {single} ({params:,} parameters, {parts.prediction_type}) "
               f"in {time.perf_counter() - start:.1f}s")  # fmt: skip
