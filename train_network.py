@@ -13,6 +13,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from library import args as arg_groups
 from library import deferred_imports, demo
@@ -42,9 +43,19 @@ class AdapterMethod:
     network: NetworkConfig
     embeddings: EmbeddingsConfig
 
+    trained_parts = ()  # the adapter and the token rows are tensors of their own
+    fused_backward_pass = False
+    no_token_padding = False
+
     @property
     def trains_text_encoder(self) -> bool:
         return self.network.trains_text_encoder or bool(self.embeddings.specs)
+
+    def deepspeed_plugin(self, cfg: Any) -> None:
+        return None
+
+    def check_plan(self, plan: Any) -> list[str]:
+        return []
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> AdapterMethod:
