@@ -11,6 +11,7 @@ import dataclasses
 import logging
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -75,11 +76,15 @@ def test_euler_integrates_a_known_flow_exactly():
 
 @dataclasses.dataclass
 class ToyCond:
+    """Like ``Cond`` with the T5 attention mask the FLUX family adds (the sampler handles any tensor fields)."""
+
     hidden_states: torch.Tensor
     pooled: torch.Tensor | None = None
+    mask: torch.Tensor | None = None
 
     def to(self, *args, **kwargs):
-        return ToyCond(*(t.to(*args, **kwargs) if t is not None else None for t in (self.hidden_states, self.pooled)))
+        fields = (self.hidden_states, self.pooled, self.mask)
+        return ToyCond(*(t.to(*args, **kwargs) if t is not None else None for t in fields))
 
 
 class ToyFlux:
@@ -304,3 +309,86 @@ def test_flow_sampling_refuses_what_it_cannot_do(dev):
     broken.flow_sampling = lambda p: None
     with pytest.raises(ValueError, match="flow_sampling.*returned None"):
         resolve(PromptSpec("a"), broken, parts)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Chroma: T5 only (no pooled), the T5 mask, no guidance input, CFG with --l
+
+
+class ToyChroma(ToyFlux):
+    name = "toychroma"
+
+    def encode_prompt(self, parts, captions, clip_skip=None, max_token_length=None):
+        hidden, mask = zip(*(self.embeds[c] for c in captions))
+        return ToyCond(torch.cat(hidden), None, torch.cat(mask))
+
+    def predict(self, denoiser, noisy, t, cond, **options):
+        from diffusers import FluxPipeline
+
+        self.predict_calls.append((noisy.shape[0], t.clone(), options.get("guidance")))
+        b, c, h, w = noisy.shape
+        packed = FluxPipeline._pack_latents(noisy, b, c, h, w)
+        img_ids = FluxPipeline._prepare_latent_image_ids(b, h // 2, w // 2, noisy.device, noisy.dtype)
+        mask = torch.cat([cond.mask, torch.ones(b, packed.shape[1], dtype=torch.bool)], dim=1)
+        out = denoiser(
+            hidden_states=packed, timestep=t / 1000, encoder_hidden_states=cond.hidden_states,
+            txt_ids=torch.zeros(cond.hidden_states.shape[1], 3), img_ids=img_ids, attention_mask=mask, return_dict=False,
+        )[0]  # fmt: skip
+        return FluxPipeline._unpack_latents(out, h * 8, w * 8, 8)
+
+
+def test_chroma_cfg_with_t5_mask_equals_chroma_pipeline(monkeypatch):
+    """Chroma (sd-scripts' sample line ``--n ... --l 4 --g 0``): no guidance input, shifted schedule, CFG over
+    the negative prompt with each prompt's T5 mask carried through the doubled batch == ChromaPipeline."""
+    from diffusers import ChromaPipeline, ChromaTransformer2DModel, FlowMatchEulerDiscreteScheduler
+
+    torch.manual_seed(0)
+    transformer = ChromaTransformer2DModel(
+        patch_size=1, in_channels=64, num_layers=1, num_single_layers=1, attention_head_dim=16,
+        num_attention_heads=2, joint_attention_dim=32, axes_dims_rope=(4, 6, 6), approximator_num_channels=8,
+        approximator_hidden_dim=32, approximator_layers=1,
+    ).eval()  # fmt: skip
+    parts, _ = _tiny(guidance_embeds=False)
+    parts = dataclasses.replace(parts, denoiser=transformer)
+    g = torch.Generator().manual_seed(2)
+    embeds = {
+        p: (torch.randn(1, 8, 32, generator=g), torch.arange(8)[None] <= n) for p, n in zip(PROMPTS, (5, 3, 2, 0))
+    }
+    family = ToyChroma(FlowSampling(embedded_guidance=False, shift=True), embeds)
+    spec = parse_prompt_line("a red cat --n blurry --w 64 --h 64 --d 9 --l 4.0 --g 0.0 --s 3")
+    latents, resolved = _ours(family, parts, spec, (9,), monkeypatch)
+    assert resolved.guidance is None and [c[0] for c in family.predict_calls] == [2, 2, 2]
+    scheduler = FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15)
+    pipe = ChromaPipeline(scheduler, parts.vae, None, None, transformer)
+    pipe.set_progress_bar_config(disable=True)
+    packed = torch.randn(1, 16, 64, generator=torch.Generator().manual_seed(9))
+    out = pipe(
+        prompt_embeds=embeds["a red cat"][0], prompt_attention_mask=embeds["a red cat"][1],
+        negative_prompt_embeds=embeds["blurry"][0], negative_prompt_attention_mask=embeds["blurry"][1],
+        guidance_scale=4.0, height=64, width=64, num_inference_steps=3, latents=packed, output_type="latent",
+    ).images  # fmt: skip
+    theirs = pipe._unpack_latents(out, 64, 64, 8)
+    torch.testing.assert_close(latents, theirs, rtol=0, atol=5e-5)  # measured 1.1e-5; masks all ones: 0.18
+
+
+def test_sampling_during_training_uses_the_flow_sampler(dev, tmp_path):
+    """training.py needs nothing per family: a flow family's round writes sd-scripts-named PNGs made by the Euler
+    sampler (the same pixels as generate_batch for the prompt's seed), --g and the sampler in the text chunks,
+    and leaves the RNG as it found it."""
+    from PIL import Image
+
+    from library.sampling import SampleConfig, generate, sample_during_training
+
+    parts, embeds = dev
+    family = ToyFlux(DEV, embeds)
+    path = tmp_path / "prompts.txt"
+    path.write_text("a red cat --w 64 --h 64 --s 2 --d 5 --g 2.5 --ss euler_a\n", encoding="utf-8")
+    cfg = SampleConfig(path, every_n_steps=1, sampler="dpmsolver++")
+    state = torch.get_rng_state()
+    paths = sample_during_training(cfg, family, parts, output_dir=tmp_path, output_name="flux", step=1)
+    assert torch.equal(torch.get_rng_state(), state) and len(paths) == 2
+    image = Image.open(paths[0])
+    assert image.text["sampler"] == "euler" and image.text["guidance"] == "2.5" and image.text["steps"] == "2"
+    assert image.text["scale"] == "1.0" and "Distilled CFG Scale: 2.5" in image.text["parameters"]
+    direct = generate(family, parts, parse_prompt_line("a red cat --w 64 --h 64 --s 2 --d 5 --g 2.5"))
+    assert np.array_equal(np.asarray(image), np.asarray(direct))

@@ -156,4 +156,6 @@ def cat_conds(first: Any, second: Any) -> Any:
 
 
 def _tensor_fields(cond: Any) -> dict[str, Tensor]:
-    return {f.name: getattr(cond, f.name) for f in dataclasses.fields(cond) if isinstance(getattr(cond, f.name), Tensor)}
+    return {
+        f.name: getattr(cond, f.name) for f in dataclasses.fields(cond) if isinstance(getattr(cond, f.name), Tensor)
+    }
