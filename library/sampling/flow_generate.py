@@ -100,9 +100,9 @@ def flow_velocity(
 ) -> Velocity:
     """``velocity(x, sigma)`` = ``family.predict(parts.denoiser, x, t=sigma·1000, cond, guidance=g)`` as float32;
     ``guidance`` None leaves the option out (models without embedded guidance). ``dtype``: the dtype x is given to
-    the model in (default: the denoiser's)."""
+    the model in (default: the denoiser's compute dtype, :func:`compute_dtype`)."""
     denoiser = parts.denoiser
-    dtype = dtype or next(denoiser.parameters()).dtype
+    dtype = dtype or compute_dtype(denoiser)
 
     def velocity(x: Tensor, sigma: Tensor) -> Tensor:
         options = {}
@@ -113,12 +113,22 @@ def flow_velocity(
     return velocity
 
 
+def compute_dtype(module: torch.nn.Module) -> torch.dtype:
+    """The dtype ``module`` computes in: that of its first floating-point parameter wider than 8 bits (under
+    ``--fp8_base`` the Linear weights are stored in float8, while biases and norms keep the compute dtype)."""
+    for parameter in module.parameters():
+        if parameter.dtype.is_floating_point and parameter.dtype.itemsize > 1:
+            return parameter.dtype
+    raise ValueError(f"{type(module).__name__}: no floating-point parameter wider than 8 bits to compute in")
+
+
+@torch.no_grad()
 def generate_flow_latents(
     family: ModelFamily, parts: Parts, specs: Sequence[PromptSpec], generators: Sequence[torch.Generator]
 ) -> Tensor:
     """Denoised latents (B, C, H/8, W/8), float32, for resolved specs (:func:`resolve_flow`) that share their
-    settings; ``generators[i]`` draws image i's noise (:func:`flow.flux_noise`). Run under ``torch.no_grad`` (and the
-    caller's autocast)."""
+    settings; ``generators[i]`` draws image i's noise (:func:`flow.flux_noise`). Runs under ``torch.no_grad`` (and
+    the caller's autocast, if any)."""
     first = specs[0]
     settings = flow_settings(family, parts)
     device = next(parts.denoiser.parameters()).device
