@@ -414,3 +414,25 @@ def test_fp8_stored_bf16_model_samples_in_its_compute_dtype(dev):
     )
     assert full.dtype == low.dtype == torch.float32 and torch.isfinite(low).all()
     assert (low - full).abs().max() < 0.1 * full.abs().max()  # measured 0.03 (float8 weights)
+
+
+def test_sizes_a_flow_model_cannot_sample_are_found_before_training(dev, tiny_parts, tmp_path, caplog):
+    """--w 72 parses (a multiple of 8) but a flow model needs multiples of 16: check_sample_prompts says so before
+    training (file, prompt, option, a fix); a round whose re-read file has it is skipped with that error; SD is fine."""
+    from library.families import get_family
+    from library.problems import ConfigError
+    from library.sampling import SampleConfig, check_sample_prompts, sample_during_training
+
+    parts, embeds = dev
+    path = tmp_path / "prompts.txt"
+    path.write_text("a red cat --w 64 --h 64 --s 1\na dog --w 72 --h 64 --s 1\n", encoding="utf-8")
+    cfg = SampleConfig(path, every_n_steps=1)
+    with pytest.raises(ConfigError, match=r"prompts.txt: prompt 2: --w 72 is not a multiple of 16.*try 64"):
+        check_sample_prompts(cfg, ToyFlux(DEV, embeds), parts)
+    check_sample_prompts(cfg, get_family("sd1"), tiny_parts["sd1"])
+    with caplog.at_level(logging.ERROR):
+        assert (
+            sample_during_training(cfg, ToyFlux(DEV, embeds), parts, output_dir=tmp_path, output_name=None, step=1)
+            == []
+        )
+    assert "sampling at step 1 skipped" in caplog.text and "--w 72" in caplog.text

@@ -41,7 +41,7 @@ from torch import Tensor
 
 from library.families.base import FLOW_MATCHING, FlowSampling, ModelFamily, Parts
 
-from .flow import Velocity, flow_sigmas, flux_noise, image_seq_len, sample_euler, with_cfg
+from .flow import PIXELS_PER_TOKEN, Velocity, flow_sigmas, flux_noise, image_seq_len, sample_euler, with_cfg
 from .prompts import PromptSpec
 
 log = logging.getLogger(__name__)
@@ -88,6 +88,22 @@ def resolve_flow(spec: PromptSpec, family: ModelFamily, parts: Parts, *, size: i
         guidance = DEFAULT_GUIDANCE
     spec = dataclasses.replace(spec, sampler=FLOW_SAMPLER, guidance=guidance)
     return spec.with_defaults(width=size, height=size, steps=DEFAULT_FLOW_STEPS, scale=DEFAULT_FLOW_SCALE)
+
+
+def prompt_problems(family: ModelFamily, parts: Parts, specs: Sequence[PromptSpec], where: str) -> list[str]:
+    """What the loaded model cannot sample in ``specs`` (from ``where``, e.g. the prompt file): for flow matching,
+    sizes that are not multiples of 16; none for the DDPM families (parsing checked their sizes)."""
+    if not uses_flow_sampler(family, parts):
+        return []
+    problems = []
+    for spec in specs:
+        for option, value in (("--w", spec.width), ("--h", spec.height)):
+            if value is not None and value % PIXELS_PER_TOKEN:
+                lower = max(PIXELS_PER_TOKEN, value - value % PIXELS_PER_TOKEN)
+                problems.append(f"{where}: prompt {spec.index + 1}: {option} {value} is not a multiple of "
+                                f"{PIXELS_PER_TOKEN}, which {family.name} needs (an 8x VAE and 2x2 latent patches); "
+                                f"try {lower}")  # fmt: skip
+    return problems
 
 
 def uses_cfg(spec: PromptSpec) -> bool:
