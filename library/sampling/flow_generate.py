@@ -75,7 +75,7 @@ def resolve_flow(spec: PromptSpec, family: ModelFamily, parts: Parts, *, size: i
     docstring): ``size`` x ``size``, 20 steps, CFG scale 1.0, embedded guidance 3.5 where the model takes it (else
     None), sampler "euler". A sampler set by ``--ss`` / ``--sample_sampler`` / ``--sampler`` is noted and replaced."""
     settings = flow_settings(family, parts)
-    where = f"prompt {spec.index}"
+    where = f"prompt {spec.index + 1}"
     if spec.sampler is not None and spec.sampler != FLOW_SAMPLER:
         log.info("%s: sampler %r ignored: flow-matching models always sample with their Euler sampler (%s do not "
                  "apply, as in sd-scripts)", where, spec.sampler, " / ".join(IGNORED_SAMPLER_FLAGS))  # fmt: skip

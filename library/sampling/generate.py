@@ -62,7 +62,7 @@ def resolve(
         return resolve_flow(spec, family, parts, size=size)
     spec = spec.with_defaults(**{k: v for k, v in defaults.items() if v is not None})
     if spec.guidance is not None:
-        log.info("prompt %d: %s", spec.index, GUIDANCE_IGNORED_NOTE)
+        log.info("prompt %d: %s", spec.index + 1, GUIDANCE_IGNORED_NOTE)
         spec = dataclasses.replace(spec, guidance=None)
     return spec.with_defaults(width=size, height=size, steps=DEFAULT_SAMPLE_STEPS, scale=DEFAULT_SCALE, sampler=sampler)
 
