@@ -19,8 +19,8 @@ from _scripts import SCRIPTS, family_of, run_script, script_args
 from _token_helpers import token_dataset
 
 import library.run.train_step as T
-import train_network
 from library.demo import make_tiny_model
+from library.run import loop
 from library.weight_files import load_state_dict
 
 # one script of each trainable kind also shows that the comparison notices a step of half the length
@@ -66,7 +66,7 @@ def per_sample_draws(monkeypatch) -> None:
         return T.batch_loss(m, batch, generator, timesteps=torch.tensor([s % 1000 for s in seeds]))
 
     monkeypatch.setattr(T, "make_example", fixed_noise_example)
-    monkeypatch.setattr(train_network, "batch_loss", per_sample_loss)
+    monkeypatch.setattr(loop, "batch_loss", per_sample_loss)
 
 
 def trained_after(script, models, data, out, batch, accum, *extra):

@@ -23,6 +23,7 @@ import sys, zlib, torch
 sys.path.insert(0, {root!r})
 import {script}, train_network
 import library.run.train_step as T
+from library.run import loop
 from library.run.trainer import Trainer
 
 noise_now = {{}}
@@ -40,7 +41,7 @@ def per_sample_loss(m, batch, generator, *, timesteps=None):
     return T.batch_loss(m, batch, generator, timesteps=torch.tensor([s % 1000 for s in seeds]))
 
 T.make_example = fixed_noise_example
-train_network.batch_loss = per_sample_loss
+loop.batch_loss = per_sample_loss
 finish = Trainer.finish
 
 def finish_and_dump(self):

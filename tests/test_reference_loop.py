@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from library.demo import make_example_dataset
+from library.run import loop
 
 # At 64 px the mid block sees one latent pixel: its self-attention has one key, so the softmax is 1 and the gradients
 # of to_q / to_k are exactly zero but for float noise, which Adam turns into lr-sized steps that differ between runs.
@@ -108,9 +109,8 @@ def test_sdxl_lora_steps_equal_a_plain_peft_loop(bench, tmp_path, monkeypatch):
     monkeypatch.setattr(Trainer, "__init__", recorded_init)
     monkeypatch.setattr(Trainer, "step_done", recorded_step)
     monkeypatch.setattr(T, "make_example", recorded_example)
-    import train_network
 
-    monkeypatch.setattr(train_network, "batch_loss", recorded_loss)
+    monkeypatch.setattr(loop, "batch_loss", recorded_loss)
     argv = ["--pretrained_model_name_or_path", str(model), "--train_data_dir", str(data), "--caption_extension",
             ".txt", "--resolution", "64", "--output_dir", str(tmp_path / "out"), "--network_module", "networks.lora",
             "--network_dim", str(dim), "--network_alpha", str(alpha), "--network_train_unet_only", "--learning_rate",

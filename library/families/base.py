@@ -143,6 +143,26 @@ OBJECTIVES = (EPSILON, V_PREDICTION, FLOW_MATCHING)
 
 
 @dataclass(frozen=True)
+class FlowSampling:
+    """How a flow-matching family samples (:meth:`ModelFamily.flow_sampling`; used by ``library/sampling/flow.py``).
+
+    ``embedded_guidance``: the denoiser takes a guidance value (FLUX.1 dev's distilled guidance: ``predict(...,
+    guidance=g)`` with a prompt's ``--g``); False for FLUX.1 schnell and Chroma (diffusers' Chroma fixes its guidance
+    input at 0, what sd-scripts' docs require with ``--g 0``). ``shift``: the schedule gets FLUX's resolution-dependent
+    shift μ = linear in the packed image sequence length, ``base_shift`` at 256 tokens and ``max_shift`` at 4096
+    (FLUX.1 dev and Chroma); schnell samples unshifted (BFL's reference, diffusers' schnell scheduler config and
+    sd-scripts' flux_minimal_inference.py). ``latent_channels``: channels of the latents ``predict`` takes (16 for
+    FLUX's AE).
+    """
+
+    embedded_guidance: bool
+    shift: bool = True
+    base_shift: float = 0.5
+    max_shift: float = 1.15
+    latent_channels: int = 16
+
+
+@dataclass(frozen=True)
 class Segment:
     """Rows ``[start:stop)`` (``stop`` None: to the end) of the weight of the Linear at ``path`` in an adapter root."""
 
@@ -295,6 +315,11 @@ class ModelFamily(Protocol):
 
     def pipeline(self, parts: Parts, scheduler: Any) -> Any:
         """A diffusers pipeline over ``parts`` (the same modules) with ``scheduler``, for sampling."""
+        ...
+
+    def flow_sampling(self, parts: Parts) -> FlowSampling | None:
+        """How the loaded model samples when :meth:`objective` is "flow_matching" (embedded guidance, schedule shift);
+        None for the DDPM families (SD1/SD2/SDXL sample with diffusers' schedulers)."""
         ...
 
     def default_resolution(self, prediction_type: str = "epsilon") -> int:

@@ -232,6 +232,10 @@ class SDFamily:
         for sampling: the one place that picks the pipeline class."""
         return make_pipeline(self.spec, parts, scheduler)
 
+    def flow_sampling(self, parts: Parts) -> None:
+        """SD 1.x / 2.x is not a flow-matching model: it samples with diffusers' schedulers (``sampling/schedulers.py``)."""
+        return None
+
     def default_resolution(self, prediction_type: str = "epsilon") -> int:
         """Native resolution: 768 for SD2 v-prediction (768-v), else 512."""
         return self._resolutions[prediction_type]

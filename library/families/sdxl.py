@@ -209,6 +209,10 @@ class SDXLFamily:
         for sampling: the one place that picks the pipeline class."""
         return make_pipeline(self.spec, parts, scheduler)
 
+    def flow_sampling(self, parts: Parts) -> None:
+        """SDXL is not a flow-matching model: it samples with diffusers' schedulers (``sampling/schedulers.py``)."""
+        return None
+
     def default_resolution(self, prediction_type: str = "epsilon") -> int:
         """Native resolution: 1024."""
         return 1024

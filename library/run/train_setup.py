@@ -35,6 +35,7 @@ from library.optim import OptimConfig
 from library.optim.optimizers import full_fp16_problem
 from library.problems import ConfigError, Problems
 from library.run import resume
+from library.run.method import MethodConfig
 from library.run.run_files import SaveConfig
 from library.run.train_step import StepModels, encode_captions, predicts_v, text_cache_entry
 from library.runtime import (
@@ -152,7 +153,7 @@ class TrainConfig:
     noise: NoiseConfig
     loss: LossConfig
     optim: OptimConfig
-    method: Any  # what the recipe trains, read by its own reader (NetworkConfig, TextualInversionConfig, ...)
+    method: MethodConfig  # what the recipe trains, read by its own reader (library/run/method.py)
     save: SaveConfig
     sample: SampleConfig
     trackers: TrackerConfig
@@ -166,13 +167,13 @@ class TrainConfig:
     @property
     def train_text_encoder(self) -> bool:
         """Whether the text encoders run with autograd (the method config's ``trains_text_encoder``)."""
-        return bool(getattr(self.method, "trains_text_encoder", False))
+        return self.method.trains_text_encoder
 
     @property
     def trained_parts(self) -> tuple[str, ...]:
         """The parts whose own weights the recipe trains ("denoiser", "text_encoders"): the method config's
         ``trained_parts`` (full fine-tuning); none for adapters and embeddings, which train tensors of their own."""
-        return tuple(getattr(self.method, "trained_parts", ()))
+        return tuple(self.method.trained_parts)
 
 
 def choose_family(args: argparse.Namespace, family_names: tuple[str, ...], training: str = "network") -> ModelFamily:
@@ -239,11 +240,7 @@ def _cross_checks(args: argparse.Namespace, values: dict) -> list[str]:
         problems.append("no dataset given; pass --dataset_config (a dataset TOML), --train_data_dir (the parent of "
                         "<repeats>_<class tokens> image folders) or --in_json (a metadata file)")  # fmt: skip
     save, optim, method = values.get("save"), values.get("optim"), values.get("method")
-    if (
-        getattr(args, "fused_backward_pass", False)
-        and method is not None
-        and not getattr(method, "fused_backward_pass", False)
-    ):
+    if getattr(args, "fused_backward_pass", False) and method is not None and not method.fused_backward_pass:
         problems.append("--fused_backward_pass steps the optimizer inside the backward pass of the model's own weights: "
                         "it works for full fine-tuning (fine_tune.py, sdxl_train.py, train_db.py), not for adapters "
                         "or embeddings; remove it")  # fmt: skip
@@ -305,12 +302,12 @@ def start(cfg: TrainConfig) -> Run:
             "are the same either way (sd-scripts' flag only changes how files on slow drives are read)"
         )
     trackers = cfg.trackers
-    engine = getattr(cfg.method, "deepspeed_plugin", None)  # full models: --deepspeed (library/engines.py)
+    engine = cfg.method.deepspeed_plugin(cfg)  # full models: --deepspeed (library/engines.py); else None
     accelerator = make_accelerator(
         cfg.run,
         log_with=trackers.trackers,
         logging_dir=trackers.logging_dir,
-        deepspeed_plugin=engine(cfg) if engine is not None else None,
+        deepspeed_plugin=engine,
     )
     allow_fp16_gradients(accelerator)  # --full_fp16: the GradScaler unscales fp16 gradients
     seed = shared_seed(cfg.run.seed, accelerator)  # without --seed: rank 0's draw on every process
@@ -322,8 +319,7 @@ def start(cfg: TrainConfig) -> Run:
     family = cfg.family
     data_args = cfg.data
     plan = build_plan(cfg, accelerator)
-    check_plan = getattr(cfg.method, "check_plan", None)  # textual inversion: the captions that hold the token
-    notes = check_plan(plan) if check_plan is not None else []
+    notes = cfg.method.check_plan(plan)  # textual inversion: the captions that hold the token
     for note in notes if accelerator.is_main_process else []:
         logger.warning(note)
     parts = load_model(cfg, accelerator)
@@ -349,7 +345,7 @@ def start(cfg: TrainConfig) -> Run:
         denoiser=parts.denoiser,
         clip_skip=cfg.model.clip_skip,
         max_token_length=cfg.model.max_token_length,
-        pad_tokens=not getattr(cfg.method, "no_token_padding", False),  # train_db.py's --no_token_padding
+        pad_tokens=not cfg.method.no_token_padding,  # train_db.py's --no_token_padding
         train_text_encoder=cfg.train_text_encoder,
         weighted_captions=cfg.data.weighted_captions,
         device=accelerator.device,

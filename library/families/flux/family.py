@@ -17,7 +17,17 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..base import FLOW_MATCHING, Cond, FamilySpec, PartDtypes, Parts, Root, TargetClasses, TextEncoderSpec
+from ..base import (
+    FLOW_MATCHING,
+    Cond,
+    FamilySpec,
+    FlowSampling,
+    PartDtypes,
+    Parts,
+    Root,
+    TargetClasses,
+    TextEncoderSpec,
+)
 from ..convert import hf_module_path
 from ..saving import with_kind
 from ..tokenizers import PAD_CLIP_L
@@ -342,6 +352,19 @@ class FluxFamily:
         return FluxPipeline(scheduler=scheduler, vae=parts.vae, text_encoder=parts.text_encoders[0],
                             tokenizer=tokenizers[0], text_encoder_2=parts.text_encoders[1], tokenizer_2=tokenizers[1],
                             transformer=parts.denoiser)  # fmt: skip
+
+    def flow_sampling(self, parts: Parts) -> FlowSampling:
+        """How the loaded model samples: embedded guidance for dev (``guidance_embeds``), the resolution-dependent
+        schedule shift when its scheduler config uses dynamic shifting (dev, Chroma; not schnell), base / max shift
+        from that config, 16 latent channels (the transformer's packed input width / 4)."""
+        config = parts.scheduler_config
+        return FlowSampling(
+            embedded_guidance=bool(getattr(parts.denoiser.config, "guidance_embeds", False)),
+            shift=bool(config.get("use_dynamic_shifting", False)),
+            base_shift=float(config.get("base_shift", 0.5)),
+            max_shift=float(config.get("max_shift", 1.15)),
+            latent_channels=int(parts.denoiser.config.in_channels) // 4,
+        )
 
     def default_resolution(self, prediction_type: str = FLOW_MATCHING) -> int:
         """Native resolution: 1024."""
