@@ -459,3 +459,21 @@ def test_make_tiny_model_writes_sd_scripts_flux_inputs(tiny, tmp_path):
     for a, b in zip((loaded.denoiser, loaded.vae, *loaded.text_encoders), (tiny["flux-schnell"].denoiser,
                     tiny["flux-schnell"].vae, *tiny["flux-schnell"].text_encoders)):  # fmt: skip
         _states_equal(a, b)
+
+
+@pytest.mark.parametrize("name,line", [("flux-dev", "--g 2.5 --s 3"), ("flux-schnell", "--s 2")])
+def test_flow_sampler_on_the_flux_family_equals_flux_pipeline(tiny, name, line):
+    """library/sampling's Euler sampler on this family (encode_prompt, predict, flow_sampling) == FluxPipeline's own
+    text encoding, schedule (dev: shifted; schnell: not) and guidance, from sd-scripts' packed noise of the seed."""
+    from library.sampling import generate_flow_latents, parse_prompt_line, resolve
+
+    parts, family = tiny[name], VARIANTS[name]
+    spec = resolve(parse_prompt_line(f"a red cat {line} --w 64 --h 96 --d 11"), family, parts)
+    ours = generate_flow_latents(family, parts, [spec], [torch.Generator().manual_seed(11)])
+    pipe = family.pipeline(parts, None)
+    pipe.set_progress_bar_config(disable=True)
+    packed = torch.randn(1, 4 * 6, 64, generator=torch.Generator().manual_seed(11))
+    with torch.no_grad():
+        out = pipe(prompt="a red cat", height=96, width=64, num_inference_steps=spec.steps, guidance_scale=2.5,
+                   latents=packed, output_type="latent", max_sequence_length=family.t5_max_length).images  # fmt: skip
+    torch.testing.assert_close(ours, pipe._unpack_latents(out, 96, 64, 8), rtol=0, atol=2e-5)

@@ -337,9 +337,10 @@ class FluxFamily:
         """``FluxPipeline`` / ``ChromaPipeline`` over ``parts`` (the same modules) with ``scheduler`` (None: a
         ``FlowMatchEulerDiscreteScheduler`` of the model's config).
 
-        ChromaPipeline (diffusers 0.42) hands its 0/1 text mask to attention as a float tensor, which SDPA adds as a
-        bias instead of masking: its Chroma outputs differ from sd-scripts' (measured on the tiny model: max |Δ|
-        0.58 after one step). :meth:`predict` masks as sd-scripts does; a sampler that must match training calls it."""
+        ChromaPipeline (diffusers 0.42) encoding a prompt itself makes its 0/1 text mask a float tensor, which SDPA
+        adds as a bias instead of masking: those Chroma outputs differ from sd-scripts' (tiny model: max |Δ| 0.58
+        after one step). Given a bool ``prompt_attention_mask`` it masks as :meth:`predict` (and sd-scripts) does;
+        library/sampling calls :meth:`predict`."""
         from diffusers import ChromaPipeline, FlowMatchEulerDiscreteScheduler, FluxPipeline
 
         if scheduler is None:
