@@ -9,12 +9,17 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor, nn
 
 from .blocks import BlockLayout
+
+if TYPE_CHECKING:  # type hints only: the objective modules import this one
+    from library.losses import LossConfig
+    from library.noising import NoiseConfig
+    from library.objectives import Objective
 
 
 @dataclass
@@ -131,7 +136,7 @@ class FamilySpec:
 # The training objectives a family can state (``ModelFamily.objective``): what the denoiser is trained to predict.
 EPSILON = "epsilon"  # the noise (DDPM)
 V_PREDICTION = "v_prediction"  # v = sqrt(a_t) noise - sqrt(1 - a_t) x0 (Salimans & Ho 2022)
-FLOW_MATCHING = "flow_matching"  # the velocity noise - x0 of a rectified flow (SD3, Flux; no family yet)
+FLOW_MATCHING = "flow_matching"  # the velocity noise - x0 of a rectified flow (SD3, FLUX)
 OBJECTIVES = (EPSILON, V_PREDICTION, FLOW_MATCHING)
 
 
@@ -280,6 +285,12 @@ class ModelFamily(Protocol):
 
     def objective(self, parts: Parts) -> str:
         """What the loaded model is trained to predict: one of :data:`OBJECTIVES` (the loss target follows it)."""
+        ...
+
+    def training_objective(self, parts: Parts, noise: NoiseConfig, loss: LossConfig) -> Objective:
+        """The objective a training step asks (:class:`library.objectives.Objective`, named :meth:`objective`):
+        timestep / σ draws, noisy input, target, prediction type and loss weighting from the run's noise and loss
+        settings; ValueError for settings this family's objective cannot train with."""
         ...
 
     def encode_latents(self, parts: Parts, pixels: Tensor, generator: torch.Generator | None = None) -> Tensor:

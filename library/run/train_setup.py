@@ -30,14 +30,14 @@ from library.families.base import ModelFamily, PartDtypes, Parts
 from library.fp8 import store_in_fp8
 from library.logs import TrackerConfig
 from library.losses import LossConfig
-from library.noising import NoiseConfig, NoiseSchedule
+from library.noising import NoiseConfig
 from library.optim import OptimConfig
 from library.optim.optimizers import full_fp16_problem
 from library.problems import ConfigError, Problems
 from library.run import resume
 from library.run.method import MethodConfig
 from library.run.run_files import SaveConfig
-from library.run.train_step import StepModels, encode_captions, predicts_v, text_cache_entry
+from library.run.train_step import StepModels, encode_captions, text_cache_entry
 from library.runtime import (
     RunConfig,
     allow_fp16_gradients,
@@ -208,7 +208,7 @@ def read_config(
         model=model,
         run=read(RunConfig.from_args, args),
         data=read(data.DataArgs.from_args, args),
-        noise=read(from_namespace, NoiseConfig, args),
+        noise=read(NoiseConfig.from_args, args),
         loss=read(from_namespace, LossConfig, args),
         optim=read(OptimConfig.from_args, args),
         method=read(method, args) if method is not None else None,
@@ -266,7 +266,6 @@ class Run:
     family: ModelFamily
     parts: Parts
     plan: Any
-    schedule: NoiseSchedule
     step_models: StepModels
     latent_cache: Any = None
     text_cache: Any = None
@@ -332,15 +331,16 @@ def start(cfg: TrainConfig) -> Run:
     logger.info(choose_cpu_threads(accelerator.device, unet_params, accelerator.num_processes))
     if freeing:
         reuse_heap_for_small_models(accelerator.device, unet_params)  # a tiny model's blocks: faster from the heap
-    v_pred = predicts_v(family, parts)  # the loss target and weighting follow the family's objective
-    noise = dataclasses.replace(cfg.noise, v_parameterization=v_pred)
-    loss = dataclasses.replace(cfg.loss, v_parameterization=v_pred, masked_loss=data_args.masked_loss)
-    schedule = NoiseSchedule.from_config(parts.scheduler_config, zero_terminal_snr=noise.zero_terminal_snr)
+    loss = dataclasses.replace(cfg.loss, masked_loss=data_args.masked_loss)
+    try:  # the noising, target and loss weighting are the family's objective's
+        objective = family.training_objective(parts, cfg.noise, loss).to(accelerator.device)
+    except ValueError as e:
+        raise ConfigError([str(e)]) from e
     step_models = StepModels(
         family=family,
         parts=parts,
-        schedule=schedule.to(accelerator.device),
-        noise=noise,
+        objective=objective,
+        noise=cfg.noise,
         loss=loss,
         denoiser=parts.denoiser,
         clip_skip=cfg.model.clip_skip,
@@ -351,7 +351,7 @@ def start(cfg: TrainConfig) -> Run:
         device=accelerator.device,
         weight_dtype=cfg.run.weight_dtype,
     )
-    run = Run(cfg, accelerator, family, parts, plan, schedule, step_models)
+    run = Run(cfg, accelerator, family, parts, plan, step_models)
     fill_caches(run)  # the VAE, then the text encoders, alone on the device
     place_for_training(run)  # the denoiser and what the step still runs
     if plan.validation is not None:
