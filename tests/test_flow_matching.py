@@ -196,11 +196,10 @@ def test_sigma_table_equals_diffusers_scheduler():
         torch.testing.assert_close(timesteps, theirs.timesteps.float(), rtol=0, atol=0)
 
 
-def test_flux_mu_is_the_fluxpipeline_shift():
-    from diffusers.pipelines.flux.pipeline_flux import calculate_shift
-
-    for h, w in ((128, 128), (64, 64), (96, 160), (32, 32)):  # 1024 / 512 px and two others, latents before packing
-        assert fm.flux_mu(h, w) == pytest.approx(calculate_shift((h // 2) * (w // 2)), rel=1e-12)
+def test_flux_mu_is_sd_scripts_lin_function_of_the_packed_token_count():
+    for h, w in ((128, 128), (64, 64), (96, 160), (33, 47)):  # 1024 / 512 px, and odd sides (floor halves)
+        assert fm.flux_mu(h, w) == pytest.approx(sd_lin_function(y1=0.5, y2=1.15)((h // 2) * (w // 2)), rel=1e-12)
+    assert fm.flux_mu(128, 128) == pytest.approx(1.15) and fm.flux_mu(32, 32) == pytest.approx(0.5)  # 4096 / 256
 
 
 # ------------------------------------------------------------------------------------------------ σ laws
