@@ -62,7 +62,8 @@ class LossConfig:
     """Loss settings; field names and defaults are sd-scripts' flags (without ``--``).
 
     ``v_parameterization`` is the same flag as ``NoiseConfig.v_parameterization`` (the config reader fills both from
-    one flag): it picks the v variants of the SNR weightings. The masked-loss options are OneTrainer's
+    one flag): it picks the v variants of the SNR weightings. ``flow_matching``: read for a flow-matching script (see
+    :meth:`from_args`). The masked-loss options are OneTrainer's
     (``unmasked_probability``, ``unmasked_weight``, ``normalize_masked_area_loss``); their defaults (0, 0, False)
     give sd-scripts' masked loss (``loss * mask``, no re-normalisation).
 
@@ -84,11 +85,21 @@ class LossConfig:
     unmasked_weight: float = 0.0
     normalize_masked_area_loss: bool = False
     prior_loss_weight: float = 1.0
+    flow_matching: bool = False
 
     def __post_init__(self) -> None:
         errors = _loss_config_errors(self)
         if errors:
             raise ConfigError(errors, "loss settings")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> LossConfig:
+        """The same-named flags; ``flow_matching`` when the parser has the flow-matching flags
+        (``library.flow_matching.add_flow_matching_args``): the v-prediction cross-checks are then not made, since
+        flow matching ignores those flags (with a warning, as sd-scripts ignores them)."""
+        from library.config import from_namespace
+
+        return from_namespace(cls, args, flow_matching=hasattr(args, "model_prediction_type"))
 
 
 def _loss_config_errors(cfg: LossConfig) -> list[str]:
@@ -105,11 +116,11 @@ def _loss_config_errors(cfg: LossConfig) -> list[str]:
         errors.append(f"--min_snr_gamma must be a finite number > 0 (5 is the paper's value), got {cfg.min_snr_gamma}")
     if cfg.v_pred_like_loss is not None and not cfg.v_pred_like_loss >= 0:
         errors.append(f"--v_pred_like_loss must be >= 0, got {cfg.v_pred_like_loss}")
-    if cfg.scale_v_pred_loss_like_noise_pred and not cfg.v_parameterization:
+    if cfg.scale_v_pred_loss_like_noise_pred and not cfg.v_parameterization and not cfg.flow_matching:
         errors.append(
             "--scale_v_pred_loss_like_noise_pred needs --v_parameterization (it rescales a v-prediction loss)"
         )
-    if cfg.v_pred_like_loss and cfg.v_parameterization:
+    if cfg.v_pred_like_loss and cfg.v_parameterization and not cfg.flow_matching:
         errors.append("--v_pred_like_loss cannot be used with --v_parameterization (the loss already is v-prediction)")
     for flag in ("unmasked_probability", "unmasked_weight"):
         if not 0 <= getattr(cfg, flag) <= 1:

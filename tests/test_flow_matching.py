@@ -369,6 +369,13 @@ def test_flow_flags_replace_the_shared_timestep_sampling_and_read_into_the_confi
     sd = argparse.ArgumentParser()
     add_noise_args(sd)
     assert NoiseConfig.from_args(sd.parse_args([])).flow is None  # SD scripts: unchanged
+    # sd-scripts ignores these for flow matching: no v-prediction cross-check (a warning when the objective is built)
+    flow_loss = LossConfig.from_args(flow_parser().parse_args(["--scale_v_pred_loss_like_noise_pred"]))
+    assert flow_loss.flow_matching and flow_loss.scale_v_pred_loss_like_noise_pred
+    sd_loss = argparse.ArgumentParser()
+    add_loss_args(sd_loss)
+    with pytest.raises(ConfigError, match="needs --v_parameterization"):
+        LossConfig.from_args(sd_loss.parse_args(["--scale_v_pred_loss_like_noise_pred"]))
     with pytest.raises(ConfigError, match="--discrete_flow_shift"):
         NoiseConfig.from_args(flow_parser().parse_args(["--timestep_shift", "3"]))
     with pytest.raises(ConfigError, match="--logit_std must be a finite number > 0"):
@@ -379,19 +386,19 @@ def test_flags_flow_matching_ignores_warn_once_and_change_nothing(caplog):
     argv = ["--model_prediction_type", "raw", "--timestep_sampling", "shift"]
     ignored = ["--noise_offset", "0.1", "--multires_noise_iterations", "6", "--min_snr_gamma", "5",
                "--debiased_estimation_loss", "--zero_terminal_snr", "--v_pred_like_loss", "0.2",
-               "--min_timestep", "100"]  # fmt: skip
+               "--min_timestep", "100", "--scale_v_pred_loss_like_noise_pred"]  # fmt: skip
     parser = flow_parser()
     plain, with_ignored = parser.parse_args(argv), parser.parse_args(argv + ignored)
     with caplog.at_level(logging.WARNING, logger="library.objectives"):
-        a = flow_matching_objective("Toy", NoiseConfig.from_args(plain), LossConfig())
+        a = flow_matching_objective("Toy", NoiseConfig.from_args(plain), LossConfig.from_args(plain))
     assert caplog.records == []  # raw: nothing to say
     with caplog.at_level(logging.WARNING, logger="library.objectives"):
-        loss_cfg = LossConfig(min_snr_gamma=5.0, debiased_estimation_loss=True, v_pred_like_loss=0.2)
-        b = flow_matching_objective("Toy", NoiseConfig.from_args(with_ignored), loss_cfg)
+        b = flow_matching_objective("Toy", NoiseConfig.from_args(with_ignored), LossConfig.from_args(with_ignored))
     assert len(caplog.records) == 1
     message = caplog.records[0].getMessage()
     for flag in ("--noise_offset", "--multires_noise_iterations", "--zero_terminal_snr", "--min_timestep",
-                 "--min_snr_gamma", "--debiased_estimation_loss", "--v_pred_like_loss"):  # fmt: skip
+                 "--min_snr_gamma", "--debiased_estimation_loss", "--v_pred_like_loss",
+                 "--scale_v_pred_loss_like_noise_pred"):  # fmt: skip
         assert flag in message
     results = []
     for objective in (a, b):

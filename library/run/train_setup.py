@@ -209,7 +209,7 @@ def read_config(
         run=read(RunConfig.from_args, args),
         data=read(data.DataArgs.from_args, args),
         noise=read(NoiseConfig.from_args, args),
-        loss=read(from_namespace, LossConfig, args),
+        loss=read(LossConfig.from_args, args),
         optim=read(OptimConfig.from_args, args),
         method=read(method, args) if method is not None else None,
         save=read(SaveConfig.from_args, args, save_formats),
