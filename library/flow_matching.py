@@ -30,6 +30,12 @@ One example is built in sd-scripts' order (``flux_train_network.py: get_noise_pr
 * ``flux_shift``: σ = e^μ / (e^μ + 1/v - 1), v = sigmoid(s z), μ linear in the packed token count (h/2)(w/2):
   0.5 at 256 tokens, 1.15 at 4096 (FLUX.1's resolution-dependent shift).
 
+SD3 / SD3.5 (sd-scripts' ``sd3_train_network.py`` / ``library/sd3_train_utils.py``; :class:`SD3FlowConfig`,
+:func:`sample_sd3_timesteps`): u' by ``--weighting_scheme`` as ``sigma`` above, shifted by ``--training_shift``,
+integer ``t = floor(t_min + u' (t_max - t_min))`` in ``[--min_timestep, --max_timestep)``, σ = t / 1000, no input
+perturbation; the output is always preconditioned ``x_σ - σ o`` and compared with x0 (the clean latents), weighted
+by ``--weighting_scheme`` (sigma_sqrt, cosmap).
+
 All randomness comes from one ``torch.Generator`` argument (``None``: torch's global RNG), drawn on its device in
 sd-scripts' order (ε, the σ draw, ξ, γ), so the same generator state gives sd-scripts' values on the same draws.
 """
@@ -95,6 +101,76 @@ def add_flow_matching_args(parser: argparse.ArgumentParser) -> argparse.Argument
         "(x_σ - σ output; sd-scripts' default, its docs recommend raw)",
     )  # fmt: skip
     return parser
+
+
+def uses_flow_flags(args: argparse.Namespace) -> str | None:
+    """Which flow-matching flags a parsed command line has: "flux" (:func:`add_flow_matching_args`), "sd3"
+    (:func:`add_sd3_flow_args`) or None (an SD script)."""
+    if hasattr(args, "model_prediction_type"):
+        return "flux"
+    return "sd3" if hasattr(args, "training_shift") else None
+
+
+def add_sd3_flow_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """sd-scripts' SD3 objective flags (``sd3_train_utils.add_sd3_training_arguments`` / ``add_dit_training_arguments``):
+    ``--weighting_scheme --logit_mean --logit_std --mode_scale --training_shift``; read into :class:`SD3FlowConfig`
+    with the shared ``--min_timestep / --max_timestep``. Returns the parser."""
+    existing = {action.dest for action in parser._actions}
+    g = parser.add_argument_group("flow matching (SD3)", "the SD3 flow-matching objective (sd-scripts' meanings)")
+    g.add_argument("--weighting_scheme", type=str, default="uniform", choices=list(WEIGHTING_SCHEMES),
+                   help="law of t (logit_normal, mode, else uniform) and loss weight (sigma_sqrt, cosmap, else 1)")  # fmt: skip
+    for name, default in (("logit_mean", 0.0), ("logit_std", 1.0)):
+        if name not in existing:
+            g.add_argument(f"--{name}", type=float, default=default, help=f"--weighting_scheme logit_normal: {name}")
+    g.add_argument("--mode_scale", type=float, default=1.29, help="--weighting_scheme mode: its scale")
+    g.add_argument("--training_shift", type=float, default=1.0,
+                   help="shift S u / (1 + (S - 1) u) of the timestep draw; > 1 trains more at high noise")  # fmt: skip
+    return parser
+
+
+@dataclass(frozen=True)
+class SD3FlowConfig:
+    """SD3's flow-matching settings; field names and defaults are sd-scripts' flags (without ``--``).
+
+    Raises:
+        ConfigError: listing every bad field at once, each naming its flag.
+    """
+
+    weighting_scheme: str = "uniform"
+    logit_mean: float = 0.0
+    logit_std: float = 1.0
+    mode_scale: float = 1.29
+    training_shift: float = 1.0
+    min_timestep: int | None = None
+    max_timestep: int | None = None
+
+    def __post_init__(self) -> None:
+        errors = _choice_error("weighting_scheme", self.weighting_scheme, WEIGHTING_SCHEMES)
+        for flag in ("logit_std", "training_shift"):
+            value = getattr(self, flag)
+            if not (value > 0 and math.isfinite(value)):
+                errors.append(f"--{flag} must be a finite number > 0, got {value}")
+        for flag in ("logit_mean", "mode_scale"):
+            if not math.isfinite(getattr(self, flag)):
+                errors.append(f"--{flag} must be finite, got {getattr(self, flag)}")
+        lo, hi = self.timestep_range
+        if not 0 <= lo <= hi <= NUM_TRAIN_TIMESTEPS:
+            errors.append(f"--min_timestep / --max_timestep must satisfy 0 <= min <= max <= 1000, got ({lo}, {hi})")
+        if errors:
+            raise ConfigError(errors, "SD3 flow-matching settings")
+
+    @property
+    def timestep_range(self) -> tuple[int, int]:
+        """``(t_min, t_max)``: 0 and 1000 unless given."""
+        lo = 0 if self.min_timestep is None else self.min_timestep
+        return lo, NUM_TRAIN_TIMESTEPS if self.max_timestep is None else self.max_timestep
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> SD3FlowConfig:
+        """The same-named flags of a parser built with :func:`add_sd3_flow_args`."""
+        from library.config import from_namespace
+
+        return from_namespace(cls, args)
 
 
 @dataclass(frozen=True)
@@ -184,7 +260,9 @@ def time_shift(mu: float, sigmas: Tensor) -> Tensor:
     return math.exp(mu) / (math.exp(mu) + (1 / sigmas - 1))
 
 
-def table_density(cfg: FlowMatchingConfig, batch_size: int, generator: torch.Generator | None = None) -> Tensor:
+def table_density(
+    cfg: FlowMatchingConfig | SD3FlowConfig, batch_size: int, generator: torch.Generator | None = None
+) -> Tensor:
     """Unit draws (B,) float32 for ``--timestep_sampling sigma``, by ``--weighting_scheme`` (sd-scripts
     ``compute_density_for_timestep_sampling``; SD3 section 3.1): logit_normal ``sigmoid(N(logit_mean,
     logit_std²))``; mode ``1 - u - mode_scale (cos²(πu/2) - 1 + u)``; otherwise ``u ~ U(0, 1)``."""
@@ -233,27 +311,41 @@ def sample_sigmas(
     return sigmas.to(device), timesteps.to(device)
 
 
+def sample_sd3_timesteps(
+    cfg: SD3FlowConfig, batch_size: int, generator: torch.Generator | None = None, device: torch.device | str = "cpu"
+) -> tuple[Tensor, Tensor]:
+    """``(sigmas, timesteps)`` (B,) float32 on ``device`` for SD3 (sd-scripts ``sd3_train_utils
+    .get_noisy_model_input_and_timesteps``): u' = :func:`table_density`, shifted by ``training_shift``, ``t =
+    floor(u' (t_max - t_min) + t_min)`` (integer values), σ = t / 1000."""
+    u = shift_sigmas(table_density(cfg, batch_size, generator), cfg.training_shift)
+    lo, hi = cfg.timestep_range
+    timesteps = (u * (hi - lo) + lo).long().to(device=device, dtype=torch.float32)
+    return timesteps / NUM_TRAIN_TIMESTEPS, timesteps
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # Example, prediction type, weighting
 
 
 def noisy_input(
-    cfg: FlowMatchingConfig,
     latents: Tensor,
     noise: Tensor,
     sigmas: Tensor,
     generator: torch.Generator | None = None,
+    *,
+    ip_noise_gamma: float | None = None,
+    ip_noise_gamma_random_strength: bool = False,
 ) -> Tensor:
     """``(1 - σ) x0 + σ (ε + γ ξ)`` (B, C, H, W) in float32, γ ξ the input perturbation (``--ip_noise_gamma``, Ning
     et al. 2023, arXiv:2301.11706; ξ drawn before γ, as sd-scripts' FLUX path); ``sigmas`` (B,)."""
     s = sigmas.to(latents.device, torch.float32).view((-1,) + (1,) * (latents.ndim - 1))
     noise = noise.float()
-    if cfg.ip_noise_gamma:
+    if ip_noise_gamma:
         draw = _device_of(generator)
         xi = torch.randn(tuple(latents.shape), generator=generator, device=draw).to(latents.device)
-        gamma = cfg.ip_noise_gamma
-        if cfg.ip_noise_gamma_random_strength:
-            gamma = torch.rand((1,), generator=generator, device=draw).to(latents.device) * cfg.ip_noise_gamma
+        gamma = ip_noise_gamma
+        if ip_noise_gamma_random_strength:
+            gamma = torch.rand((1,), generator=generator, device=draw).to(latents.device) * ip_noise_gamma
         noise = noise + gamma * xi
     return (1.0 - s) * latents.float() + s * noise
 

@@ -95,11 +95,12 @@ class LossConfig:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> LossConfig:
         """The same-named flags; ``flow_matching`` when the parser has the flow-matching flags
-        (``library.flow_matching.add_flow_matching_args``): the v-prediction cross-checks are then not made, since
+        (``library.flow_matching.uses_flow_flags``): the v-prediction cross-checks are then not made, since
         flow matching ignores those flags (with a warning, as sd-scripts ignores them)."""
         from library.config import from_namespace
+        from library.flow_matching import uses_flow_flags
 
-        return from_namespace(cls, args, flow_matching=hasattr(args, "model_prediction_type"))
+        return from_namespace(cls, args, flow_matching=uses_flow_flags(args) is not None)
 
 
 def _loss_config_errors(cfg: LossConfig) -> list[str]:

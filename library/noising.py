@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from library.flow_matching import FlowMatchingConfig
+from library.flow_matching import FlowMatchingConfig, SD3FlowConfig, uses_flow_flags
 from library.problems import ConfigError
 
 TIMESTEP_SAMPLINGS = ("uniform", "logit_normal", "sigmoid")
@@ -79,9 +79,9 @@ class NoiseConfig:
     high noise, as OneTrainer's "timestep shift"). With the defaults the draws are exactly sd-scripts'.
 
     ``flow``: the flow-matching settings when the script takes sd-scripts' FLUX flags
-    (:func:`library.flow_matching.add_flow_matching_args`; None otherwise). Then ``timestep_sampling``,
-    ``sigmoid_scale``, ``logit_mean``, ``logit_std`` and ``ip_noise_gamma*`` hold the same flags' values as ``flow``
-    and ``timestep_sampling`` takes the flow choices; the family's objective says which settings it reads.
+    (:func:`library.flow_matching.add_flow_matching_args`: a :class:`FlowMatchingConfig`) or its SD3 flags
+    (``add_sd3_flow_args``: an :class:`SD3FlowConfig`); None otherwise. The fields here hold the same flags' values
+    (FLUX: ``timestep_sampling`` takes the flow choices); the family's objective says which settings it reads.
 
     Raises:
         ValueError: listing every bad field at once, each naming its flag.
@@ -103,7 +103,7 @@ class NoiseConfig:
     sigmoid_scale: float = 1.0
     timestep_shift: float = 1.0
     v_parameterization: bool = False
-    flow: FlowMatchingConfig | None = None
+    flow: FlowMatchingConfig | SD3FlowConfig | None = None
 
     def __post_init__(self) -> None:
         errors = _noise_config_errors(self)
@@ -113,10 +113,11 @@ class NoiseConfig:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> NoiseConfig:
         """The same-named flags; ``flow`` from the flow-matching flags when the parser has them
-        (``--model_prediction_type`` is one of them)."""
+        (:func:`library.flow_matching.uses_flow_flags`)."""
         from library.config import from_namespace
 
-        flow = FlowMatchingConfig.from_args(args) if hasattr(args, "model_prediction_type") else None
+        kind = uses_flow_flags(args)
+        flow = {"flux": FlowMatchingConfig, "sd3": SD3FlowConfig}[kind].from_args(args) if kind else None
         return from_namespace(cls, args, flow=flow)
 
 
@@ -150,11 +151,17 @@ def _timestep_errors(cfg: NoiseConfig) -> list[str]:
         errors.append(
             f"--min_timestep ({lo}) must not exceed --max_timestep ({hi}); equal values train at that one timestep"
         )
+    if isinstance(cfg.flow, SD3FlowConfig) and cfg.timestep_sampling != "uniform":
+        errors.append(
+            f"--timestep_sampling {cfg.timestep_sampling} is not read by SD3's flow matching: its timesteps follow "
+            "--weighting_scheme (logit_normal, mode, uniform) and --training_shift"
+        )
     if cfg.flow is not None:  # the flow settings check their own choices
         if cfg.timestep_shift != 1.0:
+            use = "--training_shift" if isinstance(cfg.flow, SD3FlowConfig) else "--timestep_sampling shift with "
+            use += "" if isinstance(cfg.flow, SD3FlowConfig) else "--discrete_flow_shift (or flux_shift)"
             errors.append(
-                f"--timestep_shift {cfg.timestep_shift} shifts SD's DDPM timesteps; for flow matching use "
-                "--timestep_sampling shift with --discrete_flow_shift (or flux_shift)"
+                f"--timestep_shift {cfg.timestep_shift} shifts SD's DDPM timesteps; for flow matching use {use}"
             )
     elif cfg.timestep_sampling not in TIMESTEP_SAMPLINGS:
         errors.append(

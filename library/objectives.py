@@ -215,8 +215,10 @@ class FlowMatchingObjective:
         else:
             timesteps = timesteps.to(device, torch.float32)
             sigmas = timesteps / fm.NUM_TRAIN_TIMESTEPS
-        noisy = fm.noisy_input(self.cfg, latents, noise, sigmas, generator).to(latents.dtype)
-        return Example(noisy, fm.flow_target(latents, noise), timesteps, noise, sigmas)
+        c = self.cfg
+        noisy = fm.noisy_input(latents, noise, sigmas, generator, ip_noise_gamma=c.ip_noise_gamma,
+                               ip_noise_gamma_random_strength=c.ip_noise_gamma_random_strength)  # fmt: skip
+        return Example(noisy.to(latents.dtype), fm.flow_target(latents, noise), timesteps, noise, sigmas)
 
     def prediction(self, output: Tensor, example: Example) -> Tensor:
         """``--model_prediction_type``: raw o, additive o + x_σ, sigma_scaled x_σ - σ o."""
@@ -241,13 +243,7 @@ class FlowMatchingObjective:
         generator: torch.Generator | None = None,
     ) -> Tensor:
         """:func:`library.losses.weighted_loss_per_sample` with :meth:`weighting` per element."""
-        target = example.target.to(pred.device)
-        check_shapes(pred, target, example.timesteps)
-        huber_c = None
-        if self.loss.loss_type in ("huber", "smooth_l1"):
-            huber_c = huber_c_by_timestep(example.timesteps, self.loss, fm.NUM_TRAIN_TIMESTEPS)
-        return weighted_loss_per_sample(pred, target, self.loss, huber_c=huber_c, element_weights=self.weighting(example),
-                                        loss_weights=loss_weights, mask=mask, generator=generator)  # fmt: skip
+        return _flow_loss(self.loss, self.weighting(example), pred, example, loss_weights, mask, generator)
 
     def validation_timesteps(self) -> list[None]:
         """Four passes, each drawing σ as in training: what sd-scripts' FLUX validation does (its loop sets
@@ -274,6 +270,90 @@ class FlowMatchingObjective:
         return self
 
 
+@dataclass(frozen=True, eq=False)
+class SD3FlowObjective:
+    """SD3's flow matching (sd-scripts' ``sd3_train_network.py``; :mod:`library.flow_matching`): integer timesteps
+    t in [min_timestep, max_timestep) by ``--weighting_scheme`` and ``--training_shift``, σ = t / 1000, x_σ = (1 - σ)
+    x0 + σ ε, the output preconditioned ``x_σ - σ o`` (Karras et al. 2022, arXiv:2206.00364, section 5) and
+    compared with x0, weighted by ``--weighting_scheme`` (sigma_sqrt, cosmap); no input perturbation and no SNR
+    weighting (sd-scripts' SD3 path reads neither)."""
+
+    cfg: fm.SD3FlowConfig
+    loss: LossConfig
+    name: str = FLOW_MATCHING
+
+    def example(
+        self, latents: Tensor, generator: torch.Generator | None = None, *, timesteps: Tensor | None = None
+    ) -> Example:
+        """``timesteps`` given (B,): σ = timesteps / 1000 for every sample, no timestep draw."""
+        if latents.ndim != 4:
+            raise ValueError(f"latents must be (B, C, H, W), got shape {tuple(latents.shape)}")
+        device, batch = latents.device, latents.shape[0]
+        draw = generator.device if generator is not None else device
+        noise = torch.randn(tuple(latents.shape), generator=generator, device=draw, dtype=torch.float32).to(device)
+        if timesteps is None:
+            sigmas, timesteps = fm.sample_sd3_timesteps(self.cfg, batch, generator, device)
+        elif timesteps.shape != (batch,):
+            raise ValueError(f"timesteps must have shape ({batch},), got {tuple(timesteps.shape)}")
+        else:
+            timesteps = timesteps.to(device, torch.float32)
+            sigmas = timesteps / fm.NUM_TRAIN_TIMESTEPS
+        noisy = fm.noisy_input(latents, noise, sigmas).to(latents.dtype)
+        return Example(noisy, latents.float(), timesteps, noise, sigmas)
+
+    def prediction(self, output: Tensor, example: Example) -> Tensor:
+        """The x0 estimate ``x_σ - σ o``."""
+        noisy = example.noisy.to(output.device, output.dtype)
+        return fm.apply_model_prediction_type("sigma_scaled", output, noisy, example.sigmas)
+
+    def weighting(self, example: Example) -> Tensor | None:
+        """(B, 1, 1, 1) loss weight from ``--weighting_scheme`` (sigma_sqrt, cosmap), or None for 1."""
+        weight = fm.loss_weighting(self.cfg.weighting_scheme, example.sigmas)
+        return None if weight is None else weight.view(-1, 1, 1, 1)
+
+    def loss_per_sample(
+        self,
+        pred: Tensor,
+        example: Example,
+        *,
+        loss_weights: Tensor | None = None,
+        mask: Tensor | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Tensor:
+        """:func:`library.losses.weighted_loss_per_sample` with :meth:`weighting` per element."""
+        return _flow_loss(self.loss, self.weighting(example), pred, example, loss_weights, mask, generator)
+
+    def validation_timesteps(self) -> list[int]:
+        """sd-scripts' fixed validation timesteps ``linspace(t_min, t_max, 6)[1:-1]`` (its SD3 path reads the
+        min/max_timestep its validation loop sets)."""
+        lo, hi = self.cfg.timestep_range
+        points = torch.linspace(lo, hi, NUM_VALIDATION_TIMESTEPS + 2)[1:-1]
+        return [int(v) for v in points.round().tolist()]
+
+    def metadata(self) -> dict[str, Any]:
+        """sd-scripts' SD3 objective keys (``sd3_train_network.py: update_metadata``) and ``ss_training_shift``."""
+        c = self.cfg
+        return {"ss_weighting_scheme": c.weighting_scheme, "ss_logit_mean": c.logit_mean,
+                "ss_logit_std": c.logit_std, "ss_mode_scale": c.mode_scale,
+                "ss_training_shift": c.training_shift}  # fmt: skip
+
+    def to(self, device: torch.device | str) -> SD3FlowObjective:
+        return self
+
+
+def _flow_loss(loss: LossConfig, weights: Tensor | None, pred: Tensor, example: Example, loss_weights: Tensor | None,
+               mask: Tensor | None, generator: torch.Generator | None) -> Tensor:  # fmt: skip
+    """The flow objectives' loss: ``--loss_type`` (huber schedules constant / exponential on the float timesteps, as
+    sd-scripts), the objective's ``weights`` per element, mask, prior weights; no SNR weighting."""
+    target = example.target.to(pred.device)
+    check_shapes(pred, target, example.timesteps)
+    huber_c = None
+    if loss.loss_type in ("huber", "smooth_l1"):
+        huber_c = huber_c_by_timestep(example.timesteps, loss, fm.NUM_TRAIN_TIMESTEPS)
+    return weighted_loss_per_sample(pred, target, loss, huber_c=huber_c, element_weights=weights,
+                                    loss_weights=loss_weights, mask=mask, generator=generator)  # fmt: skip
+
+
 # Flags sd-scripts reads only on its DDPM path: its flow trainers accept them and change nothing
 # (flux_train_network.py: noise = randn_like, post_process_loss returns the loss as is; min/max_timestep unread).
 FLOW_IGNORED_NOISE_FLAGS = ("noise_offset", "noise_offset_random_strength", "adaptive_noise_scale",
@@ -289,8 +369,13 @@ def _changed(cfg: Any, names: tuple[str, ...]) -> list[str]:
 
 
 def ignored_flow_flags(noise: NoiseConfig, loss: LossConfig) -> list[str]:
-    """The flags given (not at their defaults) that flow matching does not read, as sd-scripts ignores them."""
-    return _changed(noise, FLOW_IGNORED_NOISE_FLAGS) + _changed(loss, FLOW_IGNORED_LOSS_FLAGS)
+    """The flags given (not at their defaults) that flow matching does not read, as sd-scripts ignores them (SD3:
+    it reads --min/max_timestep, and ignores --ip_noise_gamma)."""
+    names = FLOW_IGNORED_NOISE_FLAGS
+    if isinstance(noise.flow, fm.SD3FlowConfig):
+        names = tuple(n for n in names if n not in ("min_timestep", "max_timestep"))
+        names += ("ip_noise_gamma", "ip_noise_gamma_random_strength")
+    return _changed(noise, names) + _changed(loss, FLOW_IGNORED_LOSS_FLAGS)
 
 
 SIGMA_SCALED_WARNING = (
@@ -307,10 +392,24 @@ def flow_matching_objective(title: str, noise: NoiseConfig, loss: LossConfig) ->
     ``--model_prediction_type sigma_scaled``. Raises ValueError for ``--huber_schedule snr`` with a Huber loss (no
     DDPM SNR here; sd-scripts raises too) and when the script has no flow-matching flags.
     """
-    if noise.flow is None:
+    _check_flow(title, noise, loss, fm.FlowMatchingConfig, "add_flow_matching_args")
+    if noise.flow.model_prediction_type == "sigma_scaled":
+        logger.warning(SIGMA_SCALED_WARNING)
+    return FlowMatchingObjective(noise.flow, loss)
+
+
+def sd3_flow_objective(title: str, noise: NoiseConfig, loss: LossConfig) -> SD3FlowObjective:
+    """SD3's flow-matching objective of a run: ``noise.flow`` (the script's SD3 flags, ``add_sd3_flow_args``) with
+    ``loss``; the same warning and refusals as :func:`flow_matching_objective`."""
+    _check_flow(title, noise, loss, fm.SD3FlowConfig, "add_sd3_flow_args")
+    return SD3FlowObjective(noise.flow, loss)
+
+
+def _check_flow(title: str, noise: NoiseConfig, loss: LossConfig, kind: type, flags: str) -> None:
+    if not isinstance(noise.flow, kind):
         raise ValueError(
-            f"{title} trains by flow matching, but this script has no flow-matching flags: its parser needs "
-            "library.flow_matching.add_flow_matching_args (use the script of this model's family)"
+            f"{title} trains by flow matching, but this script has no flow-matching flags for it: its parser needs "
+            f"library.flow_matching.{flags} (use the script of this model's family)"
         )
     if loss.loss_type in ("huber", "smooth_l1") and loss.huber_schedule == "snr":
         raise ValueError(
@@ -321,6 +420,3 @@ def flow_matching_objective(title: str, noise: NoiseConfig, loss: LossConfig) ->
     if ignored:
         logger.warning("%s: flow matching ignores %s (as sd-scripts does); the run goes on without them", title,
                        ", ".join(ignored))  # fmt: skip
-    if noise.flow.model_prediction_type == "sigma_scaled":
-        logger.warning(SIGMA_SCALED_WARNING)
-    return FlowMatchingObjective(noise.flow, loss)

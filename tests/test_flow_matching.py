@@ -20,7 +20,13 @@ import torch
 from library import flow_matching as fm
 from library.losses import LossConfig, add_loss_args
 from library.noising import NoiseConfig, add_noise_args
-from library.objectives import SIGMA_SCALED_WARNING, FlowMatchingObjective, flow_matching_objective
+from library.objectives import (
+    SIGMA_SCALED_WARNING,
+    FlowMatchingObjective,
+    SD3FlowObjective,
+    flow_matching_objective,
+    sd3_flow_objective,
+)
 from library.problems import ConfigError
 
 LATENTS = torch.randn(3, 4, 8, 6, generator=torch.Generator().manual_seed(0))
@@ -419,3 +425,90 @@ def test_sigma_scaled_warns_once_and_huber_snr_is_refused(caplog):
     flow_matching_objective("Toy", noise, LossConfig(loss_type="l2", huber_schedule="snr"))  # snr unread with l2
     with pytest.raises(ValueError, match="no flow-matching flags"):
         flow_matching_objective("Toy", NoiseConfig(), LossConfig())
+
+
+# ------------------------------------------------------------------------------------------------ SD3's variant
+def sd3_step(args, latents):
+    """sd3_train_network.get_noise_pred_and_target + sd3_train_utils.get_noisy_model_input_and_timesteps, re-typed,
+    with process_batch's l2 loss."""
+    noise = torch.randn_like(latents)
+    bsz = latents.shape[0]
+    u = sd_density(args.weighting_scheme, bsz, args.logit_mean, args.logit_std, args.mode_scale)
+    t_min = args.min_timestep if args.min_timestep is not None else 0
+    t_max = args.max_timestep if args.max_timestep is not None else 1000
+    shift = args.training_shift
+    u = (u * shift) / (1 + (shift - 1) * u)
+    indices = (u * (t_max - t_min) + t_min).long()
+    timesteps = indices.to(dtype=torch.float32)
+    sigmas = timesteps / 1000
+    sigmas = sigmas.view(-1, 1, 1, 1)
+    noisy_model_input = sigmas * noise + (1.0 - sigmas) * latents
+    model_pred = model(noisy_model_input, timesteps) * (-sigmas) + noisy_model_input
+    weighting = sd_loss_weighting(args.weighting_scheme, sigmas)
+    loss = torch.nn.functional.mse_loss(model_pred.float(), latents.float(), reduction="none") * weighting
+    return dict(noise=noise, noisy=noisy_model_input, timesteps=timesteps, sigmas=sigmas.flatten(), target=latents,
+                loss=loss.mean(dim=[1, 2, 3]))  # fmt: skip
+
+
+SD3_CASES = [
+    dict(weighting_scheme="uniform"),
+    dict(weighting_scheme="logit_normal", logit_mean=0.2, logit_std=1.3, training_shift=3.0),
+    dict(weighting_scheme="mode", mode_scale=1.29, min_timestep=100, max_timestep=900),
+    dict(weighting_scheme="cosmap", training_shift=2.0),
+    dict(weighting_scheme="sigma_sqrt", min_timestep=200),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", SD3_CASES, ids=lambda c: "-".join(f"{v}" for v in c.values()))
+def test_sd3_variant_equals_sd_scripts(case):
+    cfg = fm.SD3FlowConfig(**case)
+    torch.manual_seed(SEED)
+    theirs = sd3_step(argparse.Namespace(**vars(cfg)), LATENTS)
+    objective = SD3FlowObjective(cfg, LossConfig())
+    ex = objective.example(LATENTS, torch.Generator().manual_seed(SEED))
+    ours = dict(noise=ex.noise, noisy=ex.noisy, timesteps=ex.timesteps, sigmas=ex.sigmas, target=ex.target,
+                loss=objective.loss_per_sample(objective.prediction(model(ex.noisy, ex.timesteps), ex), ex))  # fmt: skip
+    for key in ("noise", "noisy", "timesteps", "sigmas", "target"):
+        torch.testing.assert_close(ours[key], theirs[key], rtol=0, atol=0, msg=key)
+    torch.testing.assert_close(ours["loss"], theirs["loss"], rtol=1e-6, atol=0)
+    assert torch.equal(ex.timesteps, ex.timesteps.round())  # integer timesteps, as floats
+    lo, hi = cfg.timestep_range
+    assert objective.validation_timesteps() == [round(lo + (hi - lo) * k / 5) for k in range(1, 5)]
+
+
+@pytest.mark.parametrize("law", [dict(weighting_scheme="logit_normal", logit_mean=0.3, training_shift=3.0),
+                                 dict(weighting_scheme="mode", min_timestep=100, max_timestep=700)],
+                         ids=["logit_normal-shift3", "mode-100-700"])  # fmt: skip
+def test_sd3_timestep_law_follows_its_cdf(law):
+    cfg, n = fm.SD3FlowConfig(**law), 6000
+    _, timesteps = fm.sample_sd3_timesteps(cfg, n, torch.Generator().manual_seed(11))
+    lo, hi = cfg.timestep_range
+    assert lo <= int(timesteps.min()) and int(timesteps.max()) < hi
+    k = torch.arange(lo, hi, dtype=torch.float64)  # P(t <= k) = P(u' < (k + 1 - lo) / (hi - lo)), u' = shift(u)
+    y = ((k + 1 - lo) / (hi - lo)).clamp(max=1 - 1e-12)
+    s = cfg.training_shift
+    cdf = 1 - unit_tail(fm.FlowMatchingConfig(weighting_scheme=cfg.weighting_scheme, logit_mean=cfg.logit_mean,
+                                              logit_std=cfg.logit_std, mode_scale=cfg.mode_scale),
+                        y / (s - (s - 1) * y))  # fmt: skip
+    empirical = (timesteps.double().unsqueeze(0) <= k.unsqueeze(1)).double().mean(dim=1)
+    assert math.sqrt(n) * float((empirical - cdf).abs().max()) < KS_CRITICAL_1E3
+
+
+def test_sd3_flags_read_into_its_config_and_ignore_ip_noise(caplog):
+    parser = argparse.ArgumentParser()
+    add_noise_args(parser)
+    add_loss_args(parser)
+    fm.add_sd3_flow_args(parser)
+    args = parser.parse_args(["--weighting_scheme", "logit_normal", "--training_shift", "3", "--min_timestep",
+                              "100", "--ip_noise_gamma", "0.1"])  # fmt: skip
+    noise = NoiseConfig.from_args(args)
+    assert noise.flow == fm.SD3FlowConfig("logit_normal", 0.0, 1.0, 1.29, 3.0, 100, None)
+    with caplog.at_level(logging.WARNING, logger="library.objectives"):
+        objective = sd3_flow_objective("SD3", noise, LossConfig.from_args(args))
+    assert isinstance(objective, SD3FlowObjective) and len(caplog.records) == 1
+    assert "--ip_noise_gamma" in caplog.records[0].getMessage()
+    assert "--min_timestep" not in caplog.records[0].getMessage()  # SD3 reads it
+    with pytest.raises(ValueError, match="add_flow_matching_args"):
+        flow_matching_objective("FLUX", noise, LossConfig())  # SD3 flags given to a FLUX objective
+    with pytest.raises(ConfigError, match="not read by SD3"):
+        NoiseConfig.from_args(parser.parse_args(["--timestep_sampling", "sigmoid"]))
