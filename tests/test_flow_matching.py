@@ -512,3 +512,23 @@ def test_sd3_flags_read_into_its_config_and_ignore_ip_noise(caplog):
         flow_matching_objective("FLUX", noise, LossConfig())  # SD3 flags given to a FLUX objective
     with pytest.raises(ConfigError, match="not read by SD3"):
         NoiseConfig.from_args(parser.parse_args(["--timestep_sampling", "sigmoid"]))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sampling", ["sigma", "flux_shift"])
+def test_cuda_with_a_cpu_generator_repeats_the_cpu_run(sampling):
+    """Every draw comes from the generator's device: a CUDA run with a CPU generator gives the CPU run's example and
+    loss, on the GPU."""
+    cfg = fm.FlowMatchingConfig(timestep_sampling=sampling, weighting_scheme="logit_normal", ip_noise_gamma=0.1,
+                                ip_noise_gamma_random_strength=True)  # fmt: skip
+    loss_cfg = LossConfig(loss_type="huber", huber_schedule="exponential")
+    out = []
+    for device in ("cpu", "cuda"):
+        objective = FlowMatchingObjective(cfg, loss_cfg).to(device)
+        ex = objective.example(LATENTS.to(device), torch.Generator().manual_seed(3))
+        out.append((ex, objective.loss_per_sample(objective.prediction(model(ex.noisy, ex.timesteps), ex), ex)))
+    (cpu_ex, cpu_loss), (gpu_ex, gpu_loss) = out
+    for a, b in zip(cpu_ex, gpu_ex):
+        assert b.device.type == "cuda"
+        torch.testing.assert_close(b.cpu(), a, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(gpu_loss.cpu(), cpu_loss, atol=1e-5, rtol=1e-5)
