@@ -20,6 +20,7 @@ from library.families import SD1, SDFamily, register_family, unregister_family
 from library.families.base import FLOW_MATCHING, FamilySpec, missing_members
 from library.flow_matching import add_flow_matching_args
 from library.objectives import SIGMA_SCALED_WARNING, FlowMatchingObjective, Objective, flow_matching_objective
+from library.run import loop
 from library.weight_files import read_metadata
 
 TOY_SPEC = FamilySpec(
@@ -79,7 +80,7 @@ def test_a_flow_matching_family_trains_through_train_network(toy, tiny_parts, da
     model = toy.save(parts, tmp_path / "toy.safetensors")
     build = train_network.build_parser
     monkeypatch.setattr(train_network, "build_parser", lambda: add_flow_matching_args(build()))  # the FLUX flags
-    checked, real_loss = [], train_network.batch_loss
+    checked, real_loss = [], loop.batch_loss
 
     def checked_loss(m, batch, generator, **kwargs):
         if not checked:
@@ -90,7 +91,7 @@ def test_a_flow_matching_family_trains_through_train_network(toy, tiny_parts, da
             return loss
         return real_loss(m, batch, generator, **kwargs)
 
-    monkeypatch.setattr(train_network, "batch_loss", checked_loss)
+    monkeypatch.setattr(loop, "batch_loss", checked_loss)
     steps, every = 12, 4
     argv = [
         "--pretrained_model_name_or_path", str(model), "--train_data_dir", str(dataset), "--caption_extension",
