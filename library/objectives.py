@@ -7,7 +7,11 @@ how the loss is weighted. The step (``library/run/train_step.py``) asks the obje
   :mod:`library.noising` (``make_example``) and :mod:`library.losses` (``diffusion_loss_per_sample``), exactly as
   sd-scripts' ``train_network.py`` does;
 * :class:`FlowMatchingObjective`: rectified flow with sd-scripts' FLUX.1 meanings, built from
-  :mod:`library.flow_matching` and :mod:`library.losses` (``weighted_loss_per_sample``).
+  :mod:`library.flow_matching` and :mod:`library.losses` (``weighted_loss_per_sample``);
+* :class:`SD3FlowObjective`: sd-scripts' SD3 / SD3.5 variant (integer timesteps, x0 target).
+
+Builders: :func:`ddpm_objective`, :func:`flow_matching_objective`, :func:`sd3_flow_objective` (a family's
+``training_objective`` calls one; the flow ones warn once about the flags flow matching ignores).
 
 The step, per batch (``batch_loss``)::
 
@@ -63,7 +67,7 @@ class Objective(Protocol):
     """What the training step asks of a family's objective (``ModelFamily.training_objective``)."""
 
     name: str
-    """"epsilon" | "v_prediction" | "flow_matching" (``library.families.base.OBJECTIVES``): what the model predicts,
+    """One of ``library.families.base.OBJECTIVES`` (epsilon, v_prediction, flow_matching): what the model predicts,
     what metadata and sampling read."""
 
     def example(
