@@ -105,10 +105,11 @@ def add_flow_matching_args(parser: argparse.ArgumentParser) -> argparse.Argument
 
 def uses_flow_flags(args: argparse.Namespace) -> str | None:
     """Which flow-matching flags a parsed command line has: "flux" (:func:`add_flow_matching_args`), "sd3"
-    (:func:`add_sd3_flow_args`) or None (an SD script)."""
-    if hasattr(args, "model_prediction_type"):
+    (:func:`add_sd3_flow_args`) or None (an SD script; also one that merely refuses these flags, with a None
+    default)."""
+    if getattr(args, "model_prediction_type", None) is not None:
         return "flux"
-    return "sd3" if hasattr(args, "training_shift") else None
+    return "sd3" if getattr(args, "training_shift", None) is not None else None
 
 
 def add_sd3_flow_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

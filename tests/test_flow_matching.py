@@ -532,3 +532,10 @@ def test_cuda_with_a_cpu_generator_repeats_the_cpu_run(sampling):
         assert b.device.type == "cuda"
         torch.testing.assert_close(b.cpu(), a, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(gpu_loss.cpu(), cpu_loss, atol=1e-5, rtol=1e-5)
+
+
+def test_a_parser_that_refuses_the_flow_flags_is_no_flow_script():
+    """Tools that refuse sd-scripts' FLUX flags (default None, e.g. tools/cache_text_encoder_outputs.py) read as SD."""
+    args = argparse.Namespace(model_prediction_type=None, training_shift=None, timestep_sampling="uniform")
+    assert fm.uses_flow_flags(args) is None and NoiseConfig.from_args(args).flow is None
+    assert not LossConfig.from_args(args).flow_matching
