@@ -94,7 +94,8 @@ def measure(n: int, args: argparse.Namespace) -> dict:
         model = FluxTransformer2DModel(**FLUX_DEV).to(bf16)
     model.requires_grad_(False)
     if not args.no_fp8:
-        store_in_fp8(model, bf16, skip=())  # sd-scripts' --fp8_base: model.to(float8_e4m3fn)
+        skip = tuple(x for x in args.fp8_skip.split(",") if x)  # sd-scripts' --fp8_base: model.to(float8_e4m3fn)
+        store_in_fp8(model, bf16, skip=skip)
     model.to_empty(device="cpu")  # uninitialised host memory: resident only where written
     if args.cpu_offload_checkpointing:
         model.enable_gradient_checkpointing(offloaded_checkpoint)
@@ -160,6 +161,9 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--cpu_offload_checkpointing", action="store_true")
     parser.add_argument("--no_fp8", action="store_true", help="bf16 weights instead of --fp8_base")
+    parser.add_argument("--fp8_skip", default="", help="module-path parts whose Linear weights stay bf16, comma-"
+                        "separated (library/fp8.py's default for UNets is 'norm', which in FLUX names the modulation "
+                        "Linears norm1.linear / norm.linear); default: none, as sd-scripts")  # fmt: skip
     args = parser.parse_args()
     import torch
 
