@@ -381,3 +381,18 @@ def test_cuda_swapping_is_asynchronous_exact_and_lighter():
         torch.testing.assert_close(grads[name], ref_grads[name], rtol=1e-5, atol=1e-7)
     assert peak < ref_peak
     assert_on_host(swapper)
+
+
+def test_read_config_checks_n_against_the_released_architecture():
+    """Before loading: the family's lists of its released architecture (``reference_parts``) decide."""
+    from types import SimpleNamespace
+
+    from library.families import SD1
+    from library.run.train_setup import block_swap_problems
+
+    assert block_swap_problems(SD1, BlockSwapConfig()) == []  # no flag: the architecture is not even built
+    assert "FLUX and SD3" in block_swap_problems(SD1, BlockSwapConfig(4))[0]
+    family = SimpleNamespace(swap_blocks=flux_lists, spec=SimpleNamespace(title="FLUX.1"),
+                             reference_parts=lambda: SimpleNamespace(denoiser=tiny_flux()))  # fmt: skip
+    assert block_swap_problems(family, BlockSwapConfig(2)) == []
+    assert "at most 2 can be swapped" in block_swap_problems(family, BlockSwapConfig(3))[0]

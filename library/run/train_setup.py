@@ -225,9 +225,8 @@ def read_config(
         data_args = with_native_resolution(values["data"], family, args.v_parameterization)
         read(data.load_dataset_configs, data_args, size_multiple=family.size_multiple)
     problems.extend(_cross_checks(args, values))
-    if family is not None and values["block_swap"] is not None and values["block_swap"].swaps:  # before loading
-        lists = family.swap_blocks(family.reference_parts().denoiser)  # the released architecture, on meta
-        problems.extend(swap_problems(values["block_swap"].blocks_to_swap, lists, family.spec.title))
+    if family is not None and values["block_swap"] is not None:
+        problems.extend(block_swap_problems(family, values["block_swap"]))
     problems.raise_if_any()
     return TrainConfig(
         family=family,
@@ -237,6 +236,15 @@ def read_config(
         args={k: v for k, v in vars(args).items() if v is not None},
         **values,
     )
+
+
+def block_swap_problems(family: ModelFamily, cfg: BlockSwapConfig) -> list[str]:
+    """``--blocks_to_swap`` against the family's block lists of the released architecture (built on meta by
+    ``reference_parts``), before anything loads: a family without lists (the SD UNets) or an N above the limit."""
+    if not cfg.swaps:
+        return []
+    lists = family.swap_blocks(family.reference_parts().denoiser)
+    return swap_problems(cfg.blocks_to_swap, lists, family.spec.title)
 
 
 def _cross_checks(args: argparse.Namespace, values: dict) -> list[str]:
