@@ -187,6 +187,7 @@ class Evaluator:
 # ---------------------------------------------------------------------------------------------------- our run
 def run_ours(model_dir: Path, data_dir: Path, out_dir: Path, seed: int, a) -> dict:
     """train_network.run in-process; returns targets, initial params, per-step draws and per-step params."""
+    import library.objectives as objectives
     import library.run.train_step as training
     import train_network
     from library.run import loop
@@ -194,7 +195,7 @@ def run_ours(model_dir: Path, data_dir: Path, out_dir: Path, seed: int, a) -> di
     rec: dict = {"draws": [], "captions": [], "steps": [], "grad_norms": []}
     orig_init, orig_step, orig_sync = (loop.Trainer.__init__, loop.Trainer.step_done,
                                        loop.Trainer.sync_gradients)  # fmt: skip
-    orig_make, orig_cond = training.make_example, training.batch_cond
+    orig_make, orig_cond = objectives.make_example, training.batch_cond
 
     def snapshot(network) -> dict:
         return {n: {k: p.detach().clone() for k, p in network.layer(n).adapter.params.items()} for n in network.names}
@@ -236,13 +237,13 @@ def run_ours(model_dir: Path, data_dir: Path, out_dir: Path, seed: int, a) -> di
     ]  # fmt: skip
     loop.Trainer.__init__, loop.Trainer.step_done = init, step_done
     loop.Trainer.sync_gradients = sync
-    training.make_example, training.batch_cond = make_example, batch_cond
+    objectives.make_example, training.batch_cond = make_example, batch_cond
     try:
         train_network.run(argv, family_names=("sd1", "sd2"))
     finally:
         loop.Trainer.__init__, loop.Trainer.step_done = orig_init, orig_step
         loop.Trainer.sync_gradients = orig_sync
-        training.make_example, training.batch_cond = orig_make, orig_cond
+        objectives.make_example, training.batch_cond = orig_make, orig_cond
     rec.pop("network")
     return rec
 

@@ -369,7 +369,7 @@ def test_prior_preservation_loss_is_the_hand_computed_formula(tiny_dir, dataset,
         gen = torch.Generator().manual_seed(5)  # the same draws, in the same order, by hand
         latents = batch_latents(m, batch, gen)
         cond = batch_cond(m, batch, gen)
-        noisy, target, tt, _ = make_example(m.noise, latents, m.schedule, gen, timesteps=t)
+        noisy, target, tt, _ = make_example(m.objective.noise, latents, m.objective.schedule, gen, timesteps=t)
         pred = m.family.predict(m.denoiser, noisy, tt, cond)
     w = torch.where(batch.is_reg, 0.3, 1.0)
     expected = (w * ((pred - target) ** 2).mean(dim=(1, 2, 3))).mean()

@@ -477,3 +477,36 @@ def test_flow_sampler_on_the_flux_family_equals_flux_pipeline(tiny, name, line):
         out = pipe(prompt="a red cat", height=96, width=64, num_inference_steps=spec.steps, guidance_scale=2.5,
                    latents=packed, output_type="latent", max_sequence_length=family.t5_max_length).images  # fmt: skip
     torch.testing.assert_close(ours, pipe._unpack_latents(out, 96, 64, 8), rtol=0, atol=2e-5)
+
+
+def test_training_objective_and_block_lists(tiny):
+    """The family's objective is sd-scripts' FLUX flow matching from the run's flags (refused without them), and a
+    training example goes through predict: x_σ = (1 − σ) x0 + σ ε at t = 1000 σ; swap_blocks names the block lists."""
+    import argparse
+
+    from library import flow_matching as fm
+    from library.losses import LossConfig, add_loss_args
+    from library.noising import NoiseConfig, add_noise_args
+
+    parser = argparse.ArgumentParser()
+    add_noise_args(parser)
+    add_loss_args(parser)
+    plain = parser.parse_args([])
+    with pytest.raises(ValueError, match="add_flow_matching_args"):
+        FLUX_DEV.training_objective(tiny["flux-dev"], NoiseConfig.from_args(plain), LossConfig.from_args(plain))
+    args = fm.add_flow_matching_args(parser).parse_args(["--timestep_sampling", "shift", "--model_prediction_type",
+                                                         "raw"])  # fmt: skip
+    parts = tiny["flux-dev"]
+    objective = FLUX_DEV.training_objective(parts, NoiseConfig.from_args(args), LossConfig.from_args(args))
+    latents = torch.randn(2, 16, 4, 4)
+    example = objective.example(latents, torch.Generator().manual_seed(0))
+    sigma = example.sigmas.view(-1, 1, 1, 1)
+    assert torch.allclose(example.noisy, (1 - sigma) * latents + sigma * example.noise, atol=1e-6)
+    assert torch.allclose(example.timesteps, example.sigmas * 1000)
+    with torch.no_grad():
+        cond = FLUX_DEV.encode_prompt(parts, ["a cat", "a dog"], t5xxl_max_token_length=8)
+        out = FLUX_DEV.predict(parts.denoiser, example.noisy, example.timesteps, cond, guidance=1.0)
+    assert out.shape == latents.shape and torch.equal(objective.prediction(out, example), out)  # raw
+    lists = FLUX_DEV.swap_blocks(parts.denoiser)
+    assert [(b.blocks, b.per_unit) for b in lists] == [(parts.denoiser.transformer_blocks, 1),
+                                                         (parts.denoiser.single_transformer_blocks, 2)]  # fmt: skip

@@ -71,6 +71,7 @@ def test_sdxl_lora_steps_equal_a_plain_peft_loop(bench, tmp_path, monkeypatch):
     import torch.nn.functional as F
     from diffusers import DDPMScheduler, StableDiffusionXLPipeline
 
+    import library.objectives as O
     import library.run.train_step as T
     import sdxl_train_network
     from library.demo import make_tiny_model
@@ -80,7 +81,7 @@ def test_sdxl_lora_steps_equal_a_plain_peft_loop(bench, tmp_path, monkeypatch):
     data = make_example_dataset(tmp_path / "data")
     dim, alpha, lr, clip, steps = 4, 2.0, 1e-2, 0.05, 3
     rec: dict = {"draws": [], "batches": [], "steps": []}
-    init, step_done, make_example = Trainer.__init__, Trainer.step_done, T.make_example
+    init, step_done, make_example = Trainer.__init__, Trainer.step_done, O.make_example
     batch_loss = T.batch_loss
 
     def snapshot(network):
@@ -108,7 +109,7 @@ def test_sdxl_lora_steps_equal_a_plain_peft_loop(bench, tmp_path, monkeypatch):
 
     monkeypatch.setattr(Trainer, "__init__", recorded_init)
     monkeypatch.setattr(Trainer, "step_done", recorded_step)
-    monkeypatch.setattr(T, "make_example", recorded_example)
+    monkeypatch.setattr(O, "make_example", recorded_example)  # the DDPM objective's draws
 
     monkeypatch.setattr(loop, "batch_loss", recorded_loss)
     argv = ["--pretrained_model_name_or_path", str(model), "--train_data_dir", str(data), "--caption_extension",

@@ -36,7 +36,8 @@ from networks.tool_common import main_guard
 FLUX_FLAGS = ("--t5xxl_dtype", "--clip_l", "--t5xxl", "--ae", "--controlnet_model_name_or_path",
               "--t5xxl_max_token_length", "--guidance_scale", "--model_prediction_type", "--discrete_flow_shift",
               "--model_type")  # fmt: skip
-DIT_TRAINING_FLAGS = ("--weighting_scheme", "--mode_scale", "--blocks_to_swap")
+# (--blocks_to_swap comes with the run group: refused there for SD models, read by the FLUX / SD3 scripts)
+DIT_TRAINING_FLAGS = ("--weighting_scheme", "--mode_scale")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,7 +83,7 @@ def run(argv: Sequence[str] | None = None) -> train_setup.Run | None:
     accelerator = make_accelerator(cfg.run)
     plan = train_setup.build_plan(cfg, accelerator)
     parts = train_setup.load_model(cfg, accelerator)
-    run = train_setup.Run(cfg, accelerator, cfg.family, parts, plan, schedule=None, step_models=None)
+    run = train_setup.Run(cfg, accelerator, cfg.family, parts, plan, step_models=None)
     train_setup.fill_text_cache(run, batch_size=args.text_encoder_batch_size)
     accelerator.wait_for_everyone()
     where = cfg.data.cache_dir or "next to the images"

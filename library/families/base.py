@@ -9,12 +9,17 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor, nn
 
 from .blocks import BlockLayout
+
+if TYPE_CHECKING:  # type hints only: the objective modules import this one
+    from library.losses import LossConfig
+    from library.noising import NoiseConfig
+    from library.objectives import Objective
 
 
 @dataclass
@@ -138,7 +143,7 @@ class FamilySpec:
 # The training objectives a family can state (``ModelFamily.objective``): what the denoiser is trained to predict.
 EPSILON = "epsilon"  # the noise (DDPM)
 V_PREDICTION = "v_prediction"  # v = sqrt(a_t) noise - sqrt(1 - a_t) x0 (Salimans & Ho 2022)
-FLOW_MATCHING = "flow_matching"  # the velocity noise - x0 of a rectified flow (FLUX.1 / Chroma, SD3)
+FLOW_MATCHING = "flow_matching"  # the velocity noise - x0 of a rectified flow (SD3, FLUX)
 OBJECTIVES = (EPSILON, V_PREDICTION, FLOW_MATCHING)
 
 
@@ -199,6 +204,20 @@ class Root(NamedTuple):
     module: nn.Module
     rename: Callable[[str], str]
     fused: tuple[Fused, ...] = ()
+
+
+class BlockList(NamedTuple):
+    """One list of a denoiser's transformer blocks that ``--blocks_to_swap`` may keep on the host
+    (:meth:`ModelFamily.swap_blocks`, library/block_swap.py).
+
+    ``blocks``: the model's own ``nn.ModuleList`` (diffusers FLUX: ``transformer_blocks``, 19 double blocks, and
+    ``single_transformer_blocks``, 38 single blocks). ``per_unit``: how many of these blocks one unit of
+    ``--blocks_to_swap`` stands for in sd-scripts' split of N between the lists (FLUX: 1 double block, 2 single
+    blocks: a double block weighs about two single blocks).
+    """
+
+    blocks: nn.ModuleList
+    per_unit: int = 1
 
 
 @dataclass(frozen=True)
@@ -289,6 +308,12 @@ class ModelFamily(Protocol):
         """What the loaded model is trained to predict: one of :data:`OBJECTIVES` (the loss target follows it)."""
         ...
 
+    def training_objective(self, parts: Parts, noise: NoiseConfig, loss: LossConfig) -> Objective:
+        """The objective a training step asks (:class:`library.objectives.Objective`, named :meth:`objective`):
+        timestep / σ draws, noisy input, target, prediction type and loss weighting from the run's noise and loss
+        settings; ValueError for settings this family's objective cannot train with."""
+        ...
+
     def encode_latents(self, parts: Parts, pixels: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """(B, 3, H, W) pixels in [-1, 1] -> scaled latents."""
         ...
@@ -299,6 +324,11 @@ class ModelFamily(Protocol):
 
     def adapter_roots(self, parts: Parts) -> list[Root]:
         """(kohya prefix, module, rename) per adaptable module tree: how adapter keys name the modules."""
+        ...
+
+    def swap_blocks(self, denoiser: nn.Module) -> list[BlockList]:
+        """The denoiser's block lists that ``--blocks_to_swap`` moves between host and device, in the order the
+        forward runs them; [] for a denoiser without such lists (the SD UNets: sd-scripts swaps FLUX and SD3 only)."""
         ...
 
     def base_model_version(self, prediction_type: str = "epsilon") -> str:

@@ -16,19 +16,24 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 
 from . import text
-from .base import Cond, FamilySpec, PartDtypes, Parts, Root, TextEncoderSpec, module_device
+from .base import BlockList, Cond, FamilySpec, PartDtypes, Parts, Root, TextEncoderSpec, module_device
 from .blocks import DIFFUSERS_BLOCKS
 from .convert import UNET_PREFIX, hf_module_path
 from .latents import decode_latents, encode_latents
 from .loading import load_model, reference_parts
 from .saving import IMPL_SGM, make_pipeline, save_family_model, with_kind
 from .tokenizers import PAD_CLIP_L, PAD_OPEN_CLIP
+
+if TYPE_CHECKING:  # type hints only: library.objectives imports the families' base module
+    from library.losses import LossConfig
+    from library.noising import NoiseConfig
+    from library.objectives import DDPMObjective
 
 log = logging.getLogger(__name__)
 
@@ -196,6 +201,12 @@ class SDFamily:
         """The loaded model's prediction type: "epsilon" or "v_prediction" (SD2 768-v, v-pred fine-tunes)."""
         return parts.prediction_type
 
+    def training_objective(self, parts: Parts, noise: NoiseConfig, loss: LossConfig) -> DDPMObjective:
+        """Epsilon or v-prediction (:meth:`objective`) on the model's DDPM schedule."""
+        from library.objectives import ddpm_objective
+
+        return ddpm_objective(self.spec.title, self.objective(parts), parts.scheduler_config, noise, loss)
+
     def size_conditioning(self, original_sizes: Any, crop_top_lefts: Any, target_sizes: Any) -> None:
         """SD 1.x / 2.x take no size/crop conditioning (see SDXL.size_conditioning)."""
         return None
@@ -214,6 +225,10 @@ class SDFamily:
         encoder paths get the ``text_model.`` level."""
         te = parts.text_encoders[0]
         return [("lora_unet", parts.denoiser, _identity), ("lora_te", te, hf_module_path(te))]
+
+    def swap_blocks(self, denoiser: nn.Module) -> list[BlockList]:
+        """No lists: a UNet has no transformer block lists to swap (sd-scripts' ``--blocks_to_swap`` is FLUX / SD3 only)."""
+        return []
 
     def base_model_version(self, prediction_type: str = "epsilon") -> str:
         """``ss_base_model_version``: sd_v1 / sd_v1_v / sd_v2 / sd_v2_v."""

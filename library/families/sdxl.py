@@ -16,13 +16,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 
 from . import text
-from .base import Cond, FamilySpec, PartDtypes, Parts, Root, TextEncoderSpec, module_device
+from .base import BlockList, Cond, FamilySpec, PartDtypes, Parts, Root, TextEncoderSpec, module_device
 from .blocks import SGM_BLOCKS
 from .convert import hf_module_path
 from .latents import decode_latents, encode_latents
@@ -30,6 +30,11 @@ from .loading import load_model, reference_parts
 from .saving import IMPL_SGM, make_pipeline, save_family_model, with_kind
 from .tokenizers import PAD_CLIP_L, PAD_OPEN_CLIP
 from .unet_keys import block_map, diffusers_to_ldm
+
+if TYPE_CHECKING:  # type hints only: library.objectives imports the families' base module
+    from library.losses import LossConfig
+    from library.noising import NoiseConfig
+    from library.objectives import DDPMObjective
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +171,12 @@ class SDXLFamily:
         """The loaded model's prediction type: "epsilon" (SDXL base) or "v_prediction" (v-pred fine-tunes)."""
         return parts.prediction_type
 
+    def training_objective(self, parts: Parts, noise: NoiseConfig, loss: LossConfig) -> DDPMObjective:
+        """Epsilon or v-prediction (:meth:`objective`) on the model's DDPM schedule."""
+        from library.objectives import ddpm_objective
+
+        return ddpm_objective(self.spec.title, self.objective(parts), parts.scheduler_config, noise, loss)
+
     def size_conditioning(self, original_sizes: Any, crop_top_lefts: Any, target_sizes: Any) -> Tensor:
         """(B, 6) ``time_ids`` from per-sample (h, w) sizes / (top, left) crops (tensors (B, 2) or lists)."""
         lists = [x.tolist() if isinstance(x, Tensor) else x for x in (original_sizes, crop_top_lefts, target_sizes)]
@@ -191,6 +202,10 @@ class SDXLFamily:
             ("lora_te1", te1, hf_module_path(te1)),
             ("lora_te2", te2, hf_module_path(te2)),
         ]
+
+    def swap_blocks(self, denoiser: nn.Module) -> list[BlockList]:
+        """No lists: a UNet has no transformer block lists to swap (sd-scripts' ``--blocks_to_swap`` is FLUX / SD3 only)."""
+        return []
 
     def base_model_version(self, prediction_type: str = "epsilon") -> str:
         """``ss_base_model_version``: always ``sdxl_base_v1-0`` (as sd-scripts)."""

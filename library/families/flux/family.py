@@ -12,13 +12,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 
 from ..base import (
     FLOW_MATCHING,
+    BlockList,
     Cond,
     FamilySpec,
     FlowSampling,
@@ -38,6 +39,11 @@ from .blocks import FLUX_BLOCKS
 from .configs import clip_l_factory, released, scheduler_kwargs, t5_factory, transformer_factory
 from .loading import load_flux, variant_of_folder, variant_of_keys
 from .saving import flux_modelspec, save_bfl_file, save_diffusers_folder
+
+if TYPE_CHECKING:  # type hints only: library.objectives imports the families' base module
+    from library.losses import LossConfig
+    from library.noising import NoiseConfig
+    from library.objectives import FlowMatchingObjective
 
 log = logging.getLogger(__name__)
 
@@ -294,6 +300,19 @@ class FluxFamily:
     def objective(self, parts: Parts) -> str:
         """Always "flow_matching" (the velocity noise - x0)."""
         return FLOW_MATCHING
+
+    def training_objective(self, parts: Parts, noise: NoiseConfig, loss: LossConfig) -> FlowMatchingObjective:
+        """sd-scripts' FLUX.1 flow matching (``library.objectives.FlowMatchingObjective``: ``--timestep_sampling``,
+        ``--model_prediction_type``, ``--weighting_scheme``... from the run's flow flags); ValueError when the
+        script has no flow-matching flags."""
+        from library.objectives import flow_matching_objective
+
+        return flow_matching_objective(self.spec.title, noise, loss)
+
+    def swap_blocks(self, denoiser: nn.Module) -> list[BlockList]:
+        """``--blocks_to_swap`` lists: the double blocks (1 per unit) and the single blocks (2 per unit), as
+        sd-scripts splits N between them."""
+        return [BlockList(denoiser.transformer_blocks, 1), BlockList(denoiser.single_transformer_blocks, 2)]
 
     def encode_latents(self, parts: Parts, pixels: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """(B, 3, H, W) in [-1, 1] -> (B, 16, H/8, W/8): ``(z - 0.1159) · 0.3611``."""
