@@ -51,8 +51,13 @@ def module_index(roots: Sequence[Root]) -> dict[str, Target]:
     (renamed) name.
     """
     index: dict[str, Target] = {}
-    for i, (prefix, root, rename) in enumerate(roots):
+    for i, (prefix, root, rename, *fused) in enumerate(roots):
+        # a family's fused modules (FLUX's qkv, linear1: base.Fused) are one kohya module over several leaves; their
+        # leaves have no kohya name of their own, so they are not indexed one by one (fused targets: networks/targets)
+        leaves = {s.path for f in (fused[0] if fused else ()) for s in f.segments}
         for path, module in root.named_modules():
+            if path in leaves:
+                continue
             if isinstance(module, (AdapterLayer, NormAdapterLayer)):  # an injected module stands for its base
                 module = module.base_layer
             elif ".base_layer" in path or ".adapter." in path:
@@ -71,7 +76,7 @@ def module_index(roots: Sequence[Root]) -> dict[str, Target]:
 
 def explain_unmatched(names: Sequence[str], roots: Sequence[Root], source: str) -> str:
     """A message for module names of a file that are not in the model: which prefix, which family it suggests."""
-    model_prefixes = sorted({prefix for prefix, _, _ in roots})
+    model_prefixes = sorted({r[0] for r in roots})
     by_prefix = Counter(prefix_of(n) for n in names)
     lines = []
     for prefix, count in by_prefix.items():

@@ -133,7 +133,7 @@ class AdapterNetwork(nn.Module):
         ratio_te = cfg and (cfg.loraplus_text_encoder_lr_ratio or cfg.loraplus_lr_ratio)
         ratio_unet = cfg and (cfg.loraplus_unet_lr_ratio or cfg.loraplus_lr_ratio)
         groups: list[dict] = []
-        te_prefixes = [p for p, _, _ in self._roots if not p.startswith("lora_unet")]
+        te_prefixes = [r[0] for r in self._roots if not r[0].startswith("lora_unet")]
         te_lrs = self._te_lrs(text_encoder_lr, learning_rate, len(te_prefixes))
         split_te = len(set(te_lrs)) > 1
         for i, prefix in enumerate(te_prefixes):

@@ -106,7 +106,10 @@ def find_targets(roots: Sequence[Root], preset: Preset, *, conv: bool, train_nor
     """Every module the preset selects, in model order, de-duplicated. ``conv``: include k > 1 convolutions."""
     wanted = {"linear"} | ({"conv"} if conv else set()) | ({"norm"} if train_norm else set())
     targets: dict[str, Target] = {}
-    for index, (prefix, root, rename) in enumerate(roots):
+    for index, (prefix, root, rename, *fused) in enumerate(roots):
+        if fused and fused[0]:
+            raise ValueError(f"{prefix}: this model fuses several Linear layers into one adapter module "
+                             f"({fused[0][0].name}...), which this adapter injection cannot target yet")  # fmt: skip
         is_unet = prefix.startswith("lora_unet")
         classes = preset.unet_classes if is_unet else preset.te_classes
         names = preset.unet_names if is_unet else preset.te_names
