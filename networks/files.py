@@ -17,8 +17,9 @@ from library.families import adapter_family_label
 from library.problems import first
 
 from .algos import ALGOS, NOT_SUPPORTED, detect_algo, oft_variant
+from .fused import FusedLeaf
 from .layers import AdapterLayer, NormAdapterLayer, weight_kind
-from .targets import Root, Target, kohya_name
+from .targets import Root, Target, as_root, fused_targets, kohya_name
 
 
 def group_by_module(state_dict: Mapping[str, Tensor]) -> dict[str, dict[str, Tensor]]:
@@ -48,30 +49,37 @@ def module_index(roots: Sequence[Root]) -> dict[str, Target]:
 
     Aliases: the un-renamed path (diffusers-named SDXL UNet files, as sd-scripts and diffusers accept; TE names
     without ``text_model_`` written by tools that ran under transformers 5). The Target always holds the canonical
-    (renamed) name.
+    (renamed) name. A fused module (``Root.fused``) is indexed under its fused name only; its leaves are not indexed.
     """
     index: dict[str, Target] = {}
-    for i, (prefix, root, rename) in enumerate(roots):
+    roots = [as_root(r) for r in roots]
+    by_leaf, by_name = fused_targets(roots)
+
+    def add(target: Target, *aliases: str) -> None:
+        for name in (target.name, *aliases):
+            index.setdefault(name, target)
+        for algo in ALGOS.values():  # sd-scripts' networks.oft files name UNet modules oft_unet_...
+            if algo.file_prefix and target.is_unet:
+                index.setdefault(algo.file_prefix + target.name.removeprefix("lora_unet"), target)
+
+    for target in by_name.values():
+        add(target)
+    for i, (prefix, root, rename, _) in enumerate(roots):
         for path, module in root.named_modules():
-            if isinstance(module, (AdapterLayer, NormAdapterLayer)):  # an injected module stands for its base
+            if isinstance(module, (AdapterLayer, NormAdapterLayer, FusedLeaf)):  # an injected module: its base
                 module = module.base_layer
             elif ".base_layer" in path or ".adapter." in path:
                 continue
             kind = weight_kind(module)
-            if kind is None or not path:
+            if kind is None or not path or (i, path) in by_leaf:
                 continue
-            target = Target(kohya_name(prefix, rename, path), module, i, path, kind)
-            index.setdefault(target.name, target)
-            index.setdefault(kohya_name(prefix, lambda p: p, path), target)
-            for algo in ALGOS.values():  # sd-scripts' networks.oft files name UNet modules oft_unet_...
-                if algo.file_prefix and target.is_unet:
-                    index.setdefault(algo.file_prefix + target.name.removeprefix("lora_unet"), target)
+            add(Target(kohya_name(prefix, rename, path), module, i, path, kind), kohya_name(prefix, lambda p: p, path))
     return index
 
 
 def explain_unmatched(names: Sequence[str], roots: Sequence[Root], source: str) -> str:
     """A message for module names of a file that are not in the model: which prefix, which family it suggests."""
-    model_prefixes = sorted({prefix for prefix, _, _ in roots})
+    model_prefixes = sorted({r[0] for r in roots})
     by_prefix = Counter(prefix_of(n) for n in names)
     lines = []
     for prefix, count in by_prefix.items():

@@ -135,7 +135,6 @@ FLOW_MATCHING = "flow_matching"  # the velocity noise - x0 of a rectified flow (
 OBJECTIVES = (EPSILON, V_PREDICTION, FLOW_MATCHING)
 
 
-
 @dataclass(frozen=True)
 class Segment:
     """Rows ``[start:stop)`` (``stop`` None: to the end) of the weight of the Linear at ``path`` in an adapter root."""
@@ -182,7 +181,10 @@ class TargetClasses:
 
     ``transformer``: the attention/MLP blocks (sd-scripts' ``networks.lora`` default targets); ``conv_blocks``: the
     ResNet / resampling blocks (added with ``conv_dim``); ``attention``: attention modules only (``attn-only``);
-    ``text_encoder``: per text-encoder prefix, or ``"*"`` for all of them.
+    ``text_encoder``: per text-encoder prefix, or ``"*"`` for all of them; ``text_encoder_attention``: the same for
+    the text encoders' attention modules only (``attn-only``).
+    The built-in presets (``networks.targets.PRESETS``) are written in these groups, so a family's presets select its
+    own classes; a preset selects a class under every text-encoder prefix (the union of the mappings' values).
     """
 
     transformer: tuple[str, ...]
@@ -191,6 +193,7 @@ class TargetClasses:
     text_encoder: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     full_names: tuple[str, ...] = ()
     """Module paths the ``full`` presets add beyond the classes (SD's conv_in / conv_out / time embedding)."""
+    text_encoder_attention: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 @runtime_checkable
@@ -219,6 +222,9 @@ class ModelFamily(Protocol):
     """sd-scripts' UNet block numbering for ``block_dims`` / ``*_lr_weight`` of adapters on this family."""
     denoiser_name: str
     """What the denoiser (``Parts.denoiser``) is called in messages: "UNet" (a transformer for DiT families)."""
+    target_classes: TargetClasses
+    """The module classes adapter presets select in this family's denoiser and text encoders (``networks.targets``
+    resolves the built-in presets through them)."""
 
     def load(self, path: str | Path, **options: Any) -> Parts:
         """A diffusers folder or a single file -> frozen modules in eval mode (options: dtype (one dtype, or
@@ -272,7 +278,8 @@ class ModelFamily(Protocol):
         ...
 
     def adapter_roots(self, parts: Parts) -> list[Root]:
-        """(kohya prefix, module, rename) per adaptable module tree: how adapter keys name the modules."""
+        """One :class:`Root` (kohya prefix, module, rename, fused modules) per adaptable module tree, the denoiser
+        first: how adapter keys name the modules."""
         ...
 
     def base_model_version(self, prediction_type: str = "epsilon") -> str:
