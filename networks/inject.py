@@ -382,9 +382,7 @@ def merge_files_into_base(paths: Sequence[str], multipliers: Sequence[float], ro
         logger.info("merged %s into the base model (multiplier %s)", path, multiplier)
 
 
-def prepare_network(
-    cfg: NetworkConfig, roots: Sequence[Root], classes: TargetClasses | None = None
-) -> AdapterNetwork:
+def prepare_network(cfg: NetworkConfig, roots: Sequence[Root], classes: TargetClasses | None = None) -> AdapterNetwork:
     """What a training script does: merge ``--base_weights``, then build the network (from ``--network_weights``
     with ``--dim_from_weights``, else from the config and load ``--network_weights`` into it). ``classes``: the
     family's ``target_classes`` (None: the SD UNet families')."""

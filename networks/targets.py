@@ -28,7 +28,7 @@ from torch import nn
 
 from library.families.base import Fused, Root, TargetClasses
 
-from .fused import FusedBase, FusedLeaf, build_fused
+from .fused import FusedLeaf, build_fused
 from .layers import weight_kind
 
 __all__ = ["PRESETS", "Preset", "Root", "Target", "builtin_preset", "find_targets", "kohya_name"]

@@ -27,8 +27,8 @@ from .blocks import SGM_BLOCKS
 from .convert import hf_module_path
 from .latents import decode_latents, encode_latents
 from .loading import load_model, reference_parts
-from .sd import UNET_TARGET_CLASSES
 from .saving import IMPL_SGM, make_pipeline, save_family_model, with_kind
+from .sd import UNET_TARGET_CLASSES
 from .tokenizers import PAD_CLIP_L, PAD_OPEN_CLIP
 from .unet_keys import block_map, diffusers_to_ldm
 
