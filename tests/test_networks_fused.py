@@ -19,7 +19,7 @@ import torch
 from _networks_helpers import make_config, single_thread  # noqa: F401
 
 from library.families.base import Fused, Root, Segment, TargetClasses
-from networks import inject, network_from_file
+from networks import inject, merge_files_into_base, network_from_file
 from networks.fused import FusedLeaf
 from networks.targets import builtin_preset, find_targets
 
@@ -327,3 +327,36 @@ def test_refusals_name_the_module():
     bad = Root("lora_unet", model, rename, (Fused("x.qkv", (Segment("transformer_blocks.0.norm1", 0, None),)),))
     with pytest.raises(ValueError, match="x.qkv: segment 'transformer_blocks.0.norm1' is a AdaLayerNormZero"):
         find_targets([bad], builtin_preset("full", CLASSES), conv=False, train_norm=False)
+
+
+@pytest.mark.parametrize("case", ["lokr", "dora"])
+def test_network_weights_and_the_tools_read_fused_modules(case, tmp_path):
+    """``--network_weights`` into a network built from flags, and the tools' per-module ΔW (``networks.deltas``,
+    resize / SVD merge) with the base model's index: the same ΔW as the layer's over the stacked weight."""
+    from networks.deltas import file_deltas, load_adapter
+    from networks.files import module_index
+
+    model = tiny_flux()
+    network = build(case, model)
+    randomize(network)
+    network.set_training(False)
+    adapted = run(model)
+    network.save(tmp_path / "f.safetensors")
+    fresh = tiny_flux()
+    again = build(case, fresh)
+    report = again.load_file(tmp_path / "f.safetensors")
+    assert not report.missing and not report.unexpected
+    again.set_training(False)
+    torch.testing.assert_close(run(fresh), adapted, rtol=1e-4, atol=2e-5)
+    baked = tiny_flux()  # --base_weights / merge tools: baked into the leaves, no wrapper left
+    merge_files_into_base([str(tmp_path / "f.safetensors")], [1.0], [flux_root(baked)])
+    assert not any(isinstance(m, FusedLeaf) for m in baked.modules())
+    torch.testing.assert_close(run(baked), adapted, rtol=1e-4, atol=2e-5)
+    index = module_index([flux_root(tiny_flux())])
+    assert (
+        "lora_unet_single_blocks_0_linear1" in index and "lora_unet_single_transformer_blocks_0_proj_mlp" not in index
+    )
+    deltas, _ = file_deltas(load_adapter(tmp_path / "f.safetensors"), index)
+    for name in ("lora_unet_single_blocks_0_linear1", "lora_unet_final_layer_adaLN_modulation_1"):
+        layer = network.layer(name)
+        torch.testing.assert_close(deltas[name].dense, layer.delta(1.0).reshape(layer.weight_shape[0], -1))
