@@ -14,16 +14,17 @@ FLUX / SD3 files name one kohya module over several diffusers Linears (``Root.fu
 
       y_leaf = leaf(x) + m · Δ(x)[rows of the leaf]
 
-  LoRA (and LoRA-FA; no DoRA) never builds ΔW: ``Δ(x)[rows] = scale · (x @ downᵀ) @ up[rows]ᵀ``, i.e. the rank-r
-  down-projection is computed once per leaf (k leaves: k · r · in multiply-adds per token more than one fused
-  module, ~r/out_leaf of the leaf's own cost). Every other algorithm (LoHa, LoKr, DoRA, full, (IA)³, GLoRA,
-  OFT / BOFT) builds the fused ΔW (and, where it needs it, the stacked W) **once per leaf** per forward and takes its
-  rows: k times the ΔW cost of one module, and the autograd graph holds the ΔW intermediates of each leaf until
-  backward (LoHa: two (Σ rows, in) products per leaf). DyLoRA training is refused (the leaves would draw different
-  rank blocks); a DyLoRA *file* is a plain LoRA file and loads as one.
-* Dropouts draw per leaf: ``network_dropout`` and LoRA's ``rank_dropout`` masks are drawn independently for q, k and
-  v (sd-scripts' fused module shares one mask over them: the same law per element, independent across leaves);
-  ΔW-row rank dropout is exact in law (the leaves' rows are disjoint); ``module_dropout`` skips each leaf on its own.
+  The leaves of one module take the same input tensor (diffusers calls ``to_q``, ``to_k``, ``to_v`` on one
+  ``hidden_states``), so what they share is computed by the first leaf and taken by the others (cached on the input
+  tensor's identity, dropped once every leaf has taken it; a leaf given another tensor computes its own, which is
+  still exact, only slower): LoRA (and LoRA-FA; no DoRA) the rank-r activation ``h = x @ downᵀ`` (with its dropouts),
+  each leaf then ``h @ (α/r · up[rows])ᵀ``, so ΔW is never built and the down-projection runs once; every other
+  algorithm (LoHa, LoKr, DoRA, full, (IA)³, GLoRA, OFT / BOFT) builds the fused ΔW (from the stacked W where it
+  needs it) **once per forward of the module** and each leaf applies its rows: the cost of one module of the fused
+  shape, plus building the stacked W (a copy of the leaves' rows) for DoRA and ``needs_base`` algorithms.
+* Dropouts therefore act as on the file's fused Linear: ``network_dropout`` on h and LoRA's ``rank_dropout`` mask are
+  drawn once for all leaves, ``module_dropout`` skips the whole module; ΔW-row rank dropout draws one row mask.
+  DyLoRA training is refused (a DyLoRA *file* is a plain LoRA file and loads as one).
 * Merge writes ΔW's rows into each leaf's weight (``unmerge`` restores them exactly); extract diffs stacked weights.
 """
 
@@ -148,6 +149,7 @@ class FusedAdapterLayer(AdapterLayer):
                              "algo=lora, or train DyLoRA on a model without fused modules")  # fmt: skip
         super().__init__(base_layer, adapter, **kwargs)
         self._leaf_backups: list[tuple[Tensor, Tensor | None]] | None = None
+        self._cache: list | None = None  # [input, (grad mode, training), leaves still to take it, shared value]
 
     @property
     def weight_shape(self) -> tuple[int, ...]:
@@ -168,17 +170,37 @@ class FusedAdapterLayer(AdapterLayer):
                 start += n
         return out + full
 
-    def _lora_rows(self, j: int, x: Tensor, adapter: AdapterWeights, training: bool) -> Tensor:
-        up, down = adapter.factors()  # (scale · up (out, r), down (r, in)), use_scalar folded in
-        h = F.linear(x, down if down.dtype == x.dtype else down.to(x.dtype))
-        if training and self.dropout:
-            h = F.dropout(h, p=self.dropout)
-        if training and self.rank_dropout:
-            mask = (torch.rand((h.shape[0], h.shape[-1]), device=h.device) > self.rank_dropout).to(h.dtype)
-            h = h * mask.reshape(h.shape[0], *([1] * (h.dim() - 2)), -1) / (1.0 - self.rank_dropout)
-        rows = self.base_layer.rows_of(j, up)
-        out = F.linear(h, rows if rows.dtype == h.dtype else rows.to(h.dtype))
-        return out if self.multiplier == 1.0 else out * self.multiplier
+    def _shared(self, x: Tensor, training: bool):
+        """What the leaves of one call share, computed by the first leaf that sees ``x`` and reused by the others
+        (they take the same input tensor): None (module dropout skips the module), ``("lora", h)`` (the rank-r
+        activation after dropouts, rank-dropout rescaling included) or ``("dense", ΔW, rank-dropout row mask)``.
+        Dropped once every leaf has taken it; a leaf given another tensor computes its own (still exact)."""
+        key = (torch.is_grad_enabled(), training)
+        cache = self._cache
+        if cache is not None and cache[0] is x and cache[1] == key:
+            cache[2] -= 1
+            if cache[2] <= 0:
+                self._cache = None
+            return cache[3]
+        value = self._compute_shared(x, training)
+        others = len(self.base_layer.leaves) - 1
+        self._cache = [x, key, others, value] if others > 0 else None
+        return value
+
+    def _compute_shared(self, x: Tensor, training: bool):
+        if training and self.module_dropout and torch.rand(()) < self.module_dropout:
+            return None
+        adapter = self.adapter
+        if adapter.algo.project_down is not None and adapter.magnitude is None and adapter.factors() is not None:
+            down = adapter.factors()[1]
+            h = F.linear(x, down if down.dtype == x.dtype else down.to(x.dtype))
+            if training and self.dropout:
+                h = F.dropout(h, p=self.dropout)
+            if training and self.rank_dropout:
+                mask = (torch.rand((h.shape[0], h.shape[-1]), device=h.device) > self.rank_dropout).to(h.dtype)
+                h = h * mask.reshape(h.shape[0], *([1] * (h.dim() - 2)), -1) / (1.0 - self.rank_dropout)
+            return ("lora", h)
+        return ("dense", *self._train_delta(training))
 
     def leaf_delta(self, j: int, x: Tensor, training: bool) -> Tensor | None:
         """m·Δ(x) for leaf j's rows (None: nothing to add: merged, off, or skipped by module dropout). ``training``:
@@ -186,13 +208,16 @@ class FusedAdapterLayer(AdapterLayer):
         ``network.set_training(False)`` switch them off)."""
         if self._backup is not None or self.multiplier == 0:
             return None
-        if training and self.module_dropout and torch.rand(()) < self.module_dropout:
+        shared = self._shared(x, training)
+        if shared is None:
             return None
-        adapter = self.adapter
-        if adapter.algo.project_down is not None and adapter.magnitude is None and adapter.factors() is not None:
-            return self._lora_rows(j, x, adapter, training)
-        weight, keep = self._train_delta(training)
-        base = self.base_layer
+        adapter, base = self.adapter, self.base_layer
+        if shared[0] == "lora":
+            h = shared[1]
+            rows = base.rows_of(j, adapter.factors()[0])  # scale · up (use_scalar folded in), this leaf's rows
+            out = F.linear(h, rows if rows.dtype == h.dtype else rows.to(h.dtype))
+            return out if self.multiplier == 1.0 else out * self.multiplier
+        _, weight, keep = shared
         delta = F.linear(x, base.rows_of(j, weight).to(x.dtype))
         bias = adapter.delta_bias()
         if bias is not None:

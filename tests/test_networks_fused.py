@@ -272,7 +272,7 @@ def test_lora_on_a_fused_module_is_the_lora_formula_at_any_multiplier():
 def test_extract_diffs_the_stacked_weights():
     from networks.extract import ExtractOptions, extract
 
-    org, tuned = tiny_flux(0), tiny_flux(0)
+    org, tuned = tiny_flux(0).requires_grad_(False), tiny_flux(0).requires_grad_(False)  # frozen, as loaded
     with torch.no_grad():
         for p, _ in FUSED["double_blocks.0.img_attn.qkv"]:
             tuned.get_submodule(p).weight.add_(torch.randn(INNER, INNER) * 0.1)
@@ -360,3 +360,78 @@ def test_network_weights_and_the_tools_read_fused_modules(case, tmp_path):
     for name in ("lora_unet_single_blocks_0_linear1", "lora_unet_final_layer_adaLN_modulation_1"):
         layer = network.layer(name)
         torch.testing.assert_close(deltas[name].dense, layer.delta(1.0).reshape(layer.weight_shape[0], -1))
+
+
+def test_one_delta_weight_per_forward_of_a_fused_module():
+    model = tiny_flux()
+    network = build("lokr", model)
+    randomize(network)
+    network.set_training(False)
+    calls = {}
+    for name, adapter in network.adapters.items():
+
+        def counted(*args, _inner=adapter.delta_weight, _name=name, **kwargs):
+            calls[_name] = calls.get(_name, 0) + 1
+            return _inner(*args, **kwargs)
+
+        adapter.delta_weight = counted
+    run(model)
+    assert calls["lora_unet_single_blocks_0_linear1"] == 1 and calls["lora_unet_double_blocks_0_img_attn_qkv"] == 1
+    assert set(calls.values()) == {1}
+    assert all(getattr(layer, "_cache", None) is None for layer in network.layers())  # every leaf took it
+
+
+def test_lora_dropouts_act_as_on_the_fused_linear():
+    """rank_dropout (one (B, r) mask for every leaf, rescaled by 1/(1-p)) re-typed from sd-scripts' LoRAModule
+    forward on the fused Linear, with the same draw: the leaves share one mask."""
+    model = tiny_flux()
+    cfg = make_config("preset=full", "rank_dropout=0.5", dim=4, alpha=2.0)
+    network = inject(cfg, [flux_root(model)], CLASSES)
+    randomize(network)
+    network.set_training(True)
+    layer = network.layer("lora_unet_single_blocks_0_linear1")
+    x = torch.randn(2, 5, INNER)
+    torch.manual_seed(7)
+    with torch.no_grad():
+        got = layer(x)
+    torch.manual_seed(7)
+    mask = (torch.rand((2, 4)) > 0.5).float()[:, None, :]
+    up, down = layer.adapter.params["lora_up"], layer.adapter.params["lora_down"]
+    leaves = [model.get_submodule(p).base_layer for p, _ in FUSED["single_blocks.0.linear1"]]
+    base = torch.cat([leaf.weight for leaf in leaves])
+    bias = torch.cat([leaf.bias for leaf in leaves])
+    expected = x @ base.T + bias + ((x @ down.T) * mask / 0.5) @ up.T * (2.0 / 4)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_sd_presets_resolve_to_the_classes_they_always_named():
+    """The built-in presets written in class groups give SD1/SD2/SDXL the literal tuples they had before."""
+    from library.families import SD1, SDXL
+
+    te = ("CLIPAttention", "CLIPSdpaAttention", "CLIPFlashAttention2", "CLIPMLP")
+    conv = ("ResnetBlock2D", "Downsample2D", "Upsample2D")
+    full = ("conv_in", "conv_out", "time_embedding.linear_1", "time_embedding.linear_2")
+    assert SD1.target_classes == SDXL.target_classes
+    classes = SD1.target_classes
+    got = {name: builtin_preset(name, classes) for name in ("kohya", "full", "attn-only", "unet-convblock-only")}
+    assert (got["kohya"].unet_classes, got["kohya"].te_classes) == (("Transformer2DModel",), te)
+    assert (got["full"].unet_classes, got["full"].unet_names) == (("Transformer2DModel", *conv), full)
+    assert got["full"].enable_conv and got["full"].te_classes == te
+    assert (got["attn-only"].unet_classes, got["attn-only"].te_classes) == (("Attention",), te[:3])
+    assert got["unet-convblock-only"].unet_classes == conv and got["unet-convblock-only"].te_classes == ()
+    assert got["unet-convblock-only"].unet_name_kind == "conv"
+
+
+def test_text_encoder_classes_per_prefix_select_t5():
+    from transformers import T5Config, T5EncoderModel
+
+    t5 = T5EncoderModel(T5Config(vocab_size=64, d_model=32, d_kv=8, d_ff=37, num_layers=2, num_heads=4,
+                                 feed_forward_proj="gated-gelu"))  # fmt: skip
+    classes = TargetClasses(transformer=CLASSES.transformer, text_encoder={"lora_te3": ("T5Attention", "T5LayerFF")})
+    targets = find_targets([Root("lora_te3", t5, lambda p: p)], builtin_preset("kohya", classes), conv=False,
+                           train_norm=False)  # fmt: skip
+    names = {t.name for t in targets}
+    per_layer = {"SelfAttention_q", "SelfAttention_k", "SelfAttention_v", "SelfAttention_o", "DenseReluDense_wi_0",
+                 "DenseReluDense_wi_1", "DenseReluDense_wo"}  # fmt: skip
+    assert names == {f"lora_te3_encoder_block_{i}_layer_{0 if n.startswith('Self') else 1}_{n}" for i in range(2)
+                     for n in per_layer}  # fmt: skip
