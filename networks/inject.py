@@ -14,6 +14,7 @@ import logging
 import math
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import torch
 from torch import Tensor, nn
@@ -48,7 +49,9 @@ def load_preset(cfg: NetworkConfig, classes: TargetClasses | None = None) -> Pre
             return builtin_preset("full", classes)
         base = builtin_preset("kohya", classes)
         with_conv = bool(cfg.conv_dim) or cfg.conv_block_dims is not None
-        return Preset(base.unet_classes + classes.conv_blocks, (), base.te_classes, (), True) if with_conv else base
+        return (
+            replace(base, unet_classes=base.unet_classes + classes.conv_blocks, enable_conv=True) if with_conv else base
+        )
     if cfg.preset in PRESETS:
         return builtin_preset(cfg.preset, classes)
     return _preset_from_toml(cfg.preset, classes)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from torch import nn
@@ -47,7 +47,8 @@ class Preset:
     ``enable_conv``: whether k > 1 convolutions inside the targets get adapters. Names are matched against the
     module path in the model and its renamed (kohya) path: equal, or ``re.match`` (a prefix regex, as LyCORIS
     does), or ``fnmatch`` with ``use_fnmatch``. ``unet_name_kind``: only modules of this kind ("linear" / "conv")
-    are taken by a name match (None: any).
+    are taken by a name match (None: any). ``te_by_prefix``: text-encoder classes per kohya prefix (``"*"``: any
+    other), which replace ``te_classes`` when given (a family's ``TargetClasses.text_encoder``).
     """
 
     unet_classes: tuple[str, ...] = ()
@@ -58,6 +59,13 @@ class Preset:
     exclude_names: tuple[str, ...] = ()
     use_fnmatch: bool = False
     unet_name_kind: str | None = None
+    te_by_prefix: Mapping[str, tuple[str, ...]] | None = None
+
+    def te_classes_of(self, prefix: str) -> tuple[str, ...]:
+        """The classes selected in the text encoder with this kohya prefix."""
+        if self.te_by_prefix is None:
+            return self.te_classes
+        return self.te_by_prefix.get(prefix, self.te_by_prefix.get("*", ()))
 
 
 @dataclass(frozen=True)
@@ -80,7 +88,9 @@ class PresetSpec:
         te_map = {"all": classes.text_encoder, "attention": classes.text_encoder_attention}.get(self.te, {})
         te = tuple(dict.fromkeys(c for names in te_map.values() for c in names))
         names = classes.full_names if self.full_names else ()
-        return Preset(unet, names, te, (), enable_conv=self.enable_conv, unet_name_kind=self.name_kind)
+        by_prefix = dict(te_map) if set(te_map) - {"*"} else None  # "*" alone: te_classes says it all
+        return Preset(unet, names, te, (), enable_conv=self.enable_conv, unet_name_kind=self.name_kind,
+                      te_by_prefix=by_prefix)  # fmt: skip
 
 
 # LyCORIS' built-in presets (lycoris/config.py) in class groups. "kohya" is networks.lora's default (LyCORIS
@@ -191,7 +201,7 @@ def find_targets(roots: Sequence[Root], preset: Preset, *, conv: bool, train_nor
     targets: dict[str, Target] = {}
     for index, (prefix, root, rename, _) in enumerate(roots):
         is_unet = prefix.startswith("lora_unet")
-        classes = preset.unet_classes if is_unet else preset.te_classes
+        classes = preset.unet_classes if is_unet else preset.te_classes_of(prefix)
         names = preset.unet_names if is_unet else preset.te_names
         name_kind = preset.unet_name_kind if is_unet else None
         for path, module in root.named_modules():

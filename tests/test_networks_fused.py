@@ -435,3 +435,9 @@ def test_text_encoder_classes_per_prefix_select_t5():
                  "DenseReluDense_wi_1", "DenseReluDense_wo"}  # fmt: skip
     assert names == {f"lora_te3_encoder_block_{i}_layer_{0 if n.startswith('Self') else 1}_{n}" for i in range(2)
                      for n in per_layer}  # fmt: skip
+    # per prefix: each text encoder gets its own classes only (here the same model under two prefixes)
+    classes = TargetClasses(transformer=(), text_encoder={"lora_te1": ("T5LayerFF",), "lora_te3": ("T5Attention",)})
+    roots = [Root("lora_te1", t5, lambda p: p), Root("lora_te3", t5, lambda p: p)]
+    split = [t.name for t in find_targets(roots, builtin_preset("kohya", classes), conv=False, train_norm=False)]
+    assert split and all(("DenseReluDense" in n) == n.startswith("lora_te1_") for n in split)
+    assert len(split) == len(names)
