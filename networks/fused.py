@@ -236,9 +236,10 @@ class FusedAdapterLayer(AdapterLayer):
         delta, delta_b = self.delta(), self.delta_bias()
         if delta_b is not None and base.bias is None:
             raise ValueError(f"{base.name}: the adapter changes a bias its leaves do not all have")
-        stacked = base.weight.detach().clone()
-        backups = [(leaf.weight.detach().clone(), None if leaf.bias is None else leaf.bias.detach().clone())
-                   for leaf in base.leaves]  # fmt: skip
+        if keep_backup:  # the stacked W for ΔW while merged, each leaf's stored tensors for unmerge
+            stacked = base.weight.detach().clone()
+            backups = [(leaf.weight.detach().clone(), None if leaf.bias is None else leaf.bias.detach().clone())
+                       for leaf in base.leaves]  # fmt: skip
         for j, a, b, off in base.segments:
             w = base.leaves[j].weight
             rows = delta[off : off + b - a]
