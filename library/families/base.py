@@ -135,6 +135,7 @@ FLOW_MATCHING = "flow_matching"  # the velocity noise - x0 of a rectified flow (
 OBJECTIVES = (EPSILON, V_PREDICTION, FLOW_MATCHING)
 
 
+
 @dataclass(frozen=True)
 class Segment:
     """Rows ``[start:stop)`` (``stop`` None: to the end) of the weight of the Linear at ``path`` in an adapter root."""
