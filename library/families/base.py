@@ -185,7 +185,7 @@ class TargetClasses:
     ``text_encoder``: per text-encoder prefix, or ``"*"`` for all of them; ``text_encoder_attention``: the same for
     the text encoders' attention modules only (``attn-only``).
     The built-in presets (``networks.targets.PRESETS``) are written in these groups, so a family's presets select its
-    own classes; a preset selects a class under every text-encoder prefix (the union of the mappings' values).
+    own classes; each text encoder gets the classes under its prefix (``"*"``: every prefix not named).
     """
 
     transformer: tuple[str, ...]
