@@ -24,10 +24,10 @@ from library import args as arg_groups
 from library import deferred_imports
 from library.config import parse_args
 from library.run import train_setup
+from library.run.loop import train
 from library.run.model_trainable import ModelTrainable, ModelTrainingConfig
 from library.run.trainer import Result
 from networks.tool_common import main_guard
-from train_network import train
 
 MODEL_FORMATS = ("safetensors", "ckpt", "diffusers", "diffusers_safetensors")
 

@@ -20,10 +20,10 @@ from library import args as arg_groups
 from library import deferred_imports
 from library.config import parse_args
 from library.run import resume, train_setup
+from library.run.loop import train
 from library.run.trainer import Result
 from library.token_embeddings import TextualInversionConfig, TokenEmbeddings, caption_rewriter, init_vectors
 from networks.tool_common import main_guard
-from train_network import train
 
 
 def build_parser() -> argparse.ArgumentParser:

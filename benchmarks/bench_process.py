@@ -43,9 +43,10 @@ import json, os, resource, sys, time
 stamps = {"step_ends": []}
 sys.path.insert(0, sys.argv[1])
 import train_network
+from library.run import loop
 from library.run.trainer import Trainer
 stamps["imports"] = time.time()
-loss, done = train_network.batch_loss, Trainer.step_done
+loss, done = loop.batch_loss, Trainer.step_done
 def batch_loss(*a, **kw):
     stamps.setdefault("first_step", time.time())
     if sys.argv[2] == "stop":  # start-up only: leave as the first step begins
@@ -56,7 +57,7 @@ def step_done(self, value):
     done(self, value)
     usage = resource.getrusage(resource.RUSAGE_SELF)
     stamps["step_ends"].append((time.time(), time.process_time(), usage.ru_stime, usage.ru_minflt))
-train_network.batch_loss, Trainer.step_done = batch_loss, step_done
+loop.batch_loss, Trainer.step_done = batch_loss, step_done
 code = train_network.main(sys.argv[3:])
 print("STAMPS " + json.dumps(stamps), flush=True)
 sys.exit(code)

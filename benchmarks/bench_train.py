@@ -48,17 +48,18 @@ def child(family: str, steps: int, workdir: Path) -> dict:
 
     import train_network
     from library.demo import make_example_dataset, make_tiny_model
+    from library.run import loop
 
     model = make_tiny_model(workdir / "models", family)
     data = make_example_dataset(workdir / "data")
     stamps: list[float] = []
-    original = train_network.Trainer.step_done
+    original = loop.Trainer.step_done
 
     def step_done(self, loss):
         original(self, loss)
         stamps.append(time.time())
 
-    train_network.Trainer.step_done = step_done
+    loop.Trainer.step_done = step_done
     setup_done = time.time()
     argv = [
         "--pretrained_model_name_or_path", str(model), "--train_data_dir", str(data), "--caption_extension", ".txt",

@@ -187,13 +187,15 @@ class Evaluator:
 # ---------------------------------------------------------------------------------------------------- our run
 def run_ours(model_dir: Path, data_dir: Path, out_dir: Path, seed: int, a) -> dict:
     """train_network.run in-process; returns targets, initial params, per-step draws and per-step params."""
+    import library.objectives as objectives
     import library.run.train_step as training
     import train_network
+    from library.run import loop
 
     rec: dict = {"draws": [], "captions": [], "steps": [], "grad_norms": []}
-    orig_init, orig_step, orig_sync = (train_network.Trainer.__init__, train_network.Trainer.step_done,
-                                       train_network.Trainer.sync_gradients)  # fmt: skip
-    orig_make, orig_cond = training.make_example, training.batch_cond
+    orig_init, orig_step, orig_sync = (loop.Trainer.__init__, loop.Trainer.step_done,
+                                       loop.Trainer.sync_gradients)  # fmt: skip
+    orig_make, orig_cond = objectives.make_example, training.batch_cond
 
     def snapshot(network) -> dict:
         return {n: {k: p.detach().clone() for k, p in network.layer(n).adapter.params.items()} for n in network.names}
@@ -233,15 +235,15 @@ def run_ours(model_dir: Path, data_dir: Path, out_dir: Path, seed: int, a) -> di
         "--max_data_loader_n_workers", "0", "--seed", str(seed), "--max_grad_norm", str(a.max_grad_norm),
         *a.ours_args,
     ]  # fmt: skip
-    train_network.Trainer.__init__, train_network.Trainer.step_done = init, step_done
-    train_network.Trainer.sync_gradients = sync
-    training.make_example, training.batch_cond = make_example, batch_cond
+    loop.Trainer.__init__, loop.Trainer.step_done = init, step_done
+    loop.Trainer.sync_gradients = sync
+    objectives.make_example, training.batch_cond = make_example, batch_cond
     try:
         train_network.run(argv, family_names=("sd1", "sd2"))
     finally:
-        train_network.Trainer.__init__, train_network.Trainer.step_done = orig_init, orig_step
-        train_network.Trainer.sync_gradients = orig_sync
-        training.make_example, training.batch_cond = orig_make, orig_cond
+        loop.Trainer.__init__, loop.Trainer.step_done = orig_init, orig_step
+        loop.Trainer.sync_gradients = orig_sync
+        objectives.make_example, training.batch_cond = orig_make, orig_cond
     rec.pop("network")
     return rec
 

@@ -22,10 +22,11 @@ def run_training(argv: Sequence[str], family: str, on_start: Hook | None = None,
     sys.path.insert(0, str(ROOT))
     import train_network
     from library.families import trained_together
+    from library.run import loop
     from library.run.trainer import Trainer
 
     times: list[list[float]] = []
-    original_loss, original_done = train_network.batch_loss, Trainer.step_done
+    original_loss, original_done = loop.batch_loss, Trainer.step_done
 
     def batch_loss(*a, **kw):
         if not times or len(times[-1]) == 2:  # the first batch of a step (more come with accumulation)
@@ -40,9 +41,9 @@ def run_training(argv: Sequence[str], family: str, on_start: Hook | None = None,
         times[-1].append(time.time())
         original_done(self, loss)
 
-    train_network.batch_loss, Trainer.step_done = batch_loss, step_done
+    loop.batch_loss, Trainer.step_done = batch_loss, step_done
     try:
         train_network.run(list(argv), family_names=trained_together(family))
     finally:
-        train_network.batch_loss, Trainer.step_done = original_loss, original_done
+        loop.batch_loss, Trainer.step_done = original_loss, original_done
     return [tuple(t) for t in times]

@@ -62,7 +62,8 @@ class LossConfig:
     """Loss settings; field names and defaults are sd-scripts' flags (without ``--``).
 
     ``v_parameterization`` is the same flag as ``NoiseConfig.v_parameterization`` (the config reader fills both from
-    one flag): it picks the v variants of the SNR weightings. The masked-loss options are OneTrainer's
+    one flag): it picks the v variants of the SNR weightings. ``flow_matching``: read for a flow-matching script (see
+    :meth:`from_args`). The masked-loss options are OneTrainer's
     (``unmasked_probability``, ``unmasked_weight``, ``normalize_masked_area_loss``); their defaults (0, 0, False)
     give sd-scripts' masked loss (``loss * mask``, no re-normalisation).
 
@@ -84,11 +85,22 @@ class LossConfig:
     unmasked_weight: float = 0.0
     normalize_masked_area_loss: bool = False
     prior_loss_weight: float = 1.0
+    flow_matching: bool = False
 
     def __post_init__(self) -> None:
         errors = _loss_config_errors(self)
         if errors:
             raise ConfigError(errors, "loss settings")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> LossConfig:
+        """The same-named flags; ``flow_matching`` when the parser has the flow-matching flags
+        (``library.flow_matching.uses_flow_flags``): the v-prediction cross-checks are then not made, since
+        flow matching ignores those flags (with a warning, as sd-scripts ignores them)."""
+        from library.config import from_namespace
+        from library.flow_matching import uses_flow_flags
+
+        return from_namespace(cls, args, flow_matching=uses_flow_flags(args) is not None)
 
 
 def _loss_config_errors(cfg: LossConfig) -> list[str]:
@@ -105,11 +117,11 @@ def _loss_config_errors(cfg: LossConfig) -> list[str]:
         errors.append(f"--min_snr_gamma must be a finite number > 0 (5 is the paper's value), got {cfg.min_snr_gamma}")
     if cfg.v_pred_like_loss is not None and not cfg.v_pred_like_loss >= 0:
         errors.append(f"--v_pred_like_loss must be >= 0, got {cfg.v_pred_like_loss}")
-    if cfg.scale_v_pred_loss_like_noise_pred and not cfg.v_parameterization:
+    if cfg.scale_v_pred_loss_like_noise_pred and not cfg.v_parameterization and not cfg.flow_matching:
         errors.append(
             "--scale_v_pred_loss_like_noise_pred needs --v_parameterization (it rescales a v-prediction loss)"
         )
-    if cfg.v_pred_like_loss and cfg.v_parameterization:
+    if cfg.v_pred_like_loss and cfg.v_parameterization and not cfg.flow_matching:
         errors.append("--v_pred_like_loss cannot be used with --v_parameterization (the loss already is v-prediction)")
     for flag in ("unmasked_probability", "unmasked_weight"):
         if not 0 <= getattr(cfg, flag) <= 1:
@@ -128,19 +140,32 @@ def huber_c_for(timesteps: Tensor, cfg: LossConfig, schedule: NoiseSchedule) -> 
     Khrapov et al. 2024, "Improving Diffusion Models's Data-Corruption Resistance using Scheduled Pseudo-Huber Loss",
     arXiv:2403.16728).
 
-    constant: ``huber_c * huber_scale``; exponential: ``exp(-k t) * huber_scale`` with ``k = -ln(huber_c) / T``;
-    snr: ``(1 - huber_c) / (1 + sigma_t)^2 + huber_c`` with ``sigma_t = sqrt((1 - a_t) / a_t)`` (huber_scale not
-    applied, as sd-scripts), computed as ``(1 - huber_c) a_t / (sqrt(a_t) + sqrt(1 - a_t))^2 + huber_c`` so it stays
-    finite (= huber_c) at a_t = 0.
+    constant and exponential: :func:`huber_c_by_timestep`; snr: ``(1 - huber_c) / (1 + sigma_t)^2 + huber_c`` with
+    ``sigma_t = sqrt((1 - a_t) / a_t)`` (huber_scale not applied, as sd-scripts), computed as ``(1 - huber_c) a_t /
+    (sqrt(a_t) + sqrt(1 - a_t))^2 + huber_c`` so it stays finite (= huber_c) at a_t = 0.
+    """
+    if cfg.huber_schedule != "snr":
+        return huber_c_by_timestep(timesteps, cfg, schedule.num_train_timesteps)
+    a = schedule.gather(timesteps)
+    c = (1.0 - cfg.huber_c) * a / (a.sqrt() + (1.0 - a).sqrt()) ** 2 + cfg.huber_c
+    return c.to(device=timesteps.device, dtype=torch.float32)
+
+
+def huber_c_by_timestep(timesteps: Tensor, cfg: LossConfig, num_train_timesteps: int) -> Tensor:
+    """The pseudo-Huber ``c`` (B,) float32 of the schedules that need only the timestep (integer, or the float
+    ``1000 σ`` of flow matching): constant ``huber_c * huber_scale``; exponential ``exp(-k t) * huber_scale`` with
+    ``k = -ln(huber_c) / T``. ``--huber_schedule snr`` needs a DDPM schedule's SNR: ValueError (sd-scripts raises too).
     """
     if cfg.huber_schedule == "constant":
         c = torch.full(timesteps.shape, cfg.huber_c * cfg.huber_scale, dtype=torch.float64, device=timesteps.device)
     elif cfg.huber_schedule == "exponential":
-        k = -math.log(cfg.huber_c) / schedule.num_train_timesteps
+        k = -math.log(cfg.huber_c) / num_train_timesteps
         c = torch.exp(-k * timesteps.detach().to(torch.float64)) * cfg.huber_scale
     else:
-        a = schedule.gather(timesteps)
-        c = (1.0 - cfg.huber_c) * a / (a.sqrt() + (1.0 - a).sqrt()) ** 2 + cfg.huber_c
+        raise ValueError(
+            f"--huber_schedule {cfg.huber_schedule} needs a DDPM noise schedule (its SNR), which this objective does "
+            "not have; use --huber_schedule constant or exponential"
+        )
     return c.to(device=timesteps.device, dtype=torch.float32)
 
 
@@ -256,6 +281,41 @@ def apply_snr_weightings(loss: Tensor, snr: Tensor, cfg: LossConfig) -> Tensor:
 # The composite
 
 
+def weighted_loss_per_sample(
+    pred: Tensor,
+    target: Tensor,
+    cfg: LossConfig,
+    *,
+    huber_c: Tensor | None = None,
+    element_weights: Tensor | None = None,
+    loss_weights: Tensor | None = None,
+    mask: Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """Per-sample loss (B,) float32, steps 1-4 of the module docstring, with an objective's weight per element
+    between steps 1 and 2 (flow matching's ``--weighting_scheme``, as sd-scripts' ``process_batch``).
+
+    Args:
+        pred, target: (B, C, h, w) what is compared (any float dtype; the loss is computed in float32).
+        huber_c: (B,) pseudo-Huber ``c`` for ``--loss_type huber / smooth_l1``, else None.
+        element_weights: a tensor that broadcasts against (B, C, h, w) (e.g. (B, 1, 1, 1)), or None for 1.
+        loss_weights, mask, generator: as :func:`diffusion_loss_per_sample`.
+    """
+    loss = elementwise_loss(pred, target, cfg.loss_type, huber_c)
+    if element_weights is not None:
+        loss = loss * element_weights.to(device=loss.device, dtype=loss.dtype)
+    if mask is not None:
+        loss = apply_mask(loss, mask, cfg, generator)
+    elif cfg.masked_loss:
+        raise ValueError(
+            "--masked_loss is set but the batch has no mask (mask images or alpha masks); check the dataset"
+        )
+    loss = loss.mean(dim=(1, 2, 3))
+    if loss_weights is not None:
+        loss = loss * loss_weights.to(device=loss.device, dtype=loss.dtype)
+    return loss
+
+
 def diffusion_loss_per_sample(
     pred: Tensor,
     target: Tensor,
@@ -278,21 +338,19 @@ def diffusion_loss_per_sample(
         mask: (B, 1, H, W) or (B, H, W) per-pixel weights in [0, 1] at image or latent resolution, or None.
         generator: draws for ``unmasked_probability``.
     """
+    check_shapes(pred, target, timesteps)
+    huber_c = huber_c_for(timesteps, cfg, schedule) if cfg.loss_type in ("huber", "smooth_l1") else None
+    loss = weighted_loss_per_sample(
+        pred, target, cfg, huber_c=huber_c, loss_weights=loss_weights, mask=mask, generator=generator
+    )
+    return apply_snr_weightings(loss, schedule.snr(timesteps), cfg)
+
+
+def check_shapes(pred: Tensor, target: Tensor, timesteps: Tensor) -> None:
+    """ValueError unless pred and target are both (B, C, h, w) and timesteps (B,)."""
     if pred.shape != target.shape or pred.ndim != 4:
         raise ValueError(
             f"pred and target must both be (B, C, h, w), got {tuple(pred.shape)} and {tuple(target.shape)}"
         )
     if timesteps.shape != pred.shape[:1]:
         raise ValueError(f"timesteps must have shape ({pred.shape[0]},), got {tuple(timesteps.shape)}")
-    huber_c = huber_c_for(timesteps, cfg, schedule) if cfg.loss_type in ("huber", "smooth_l1") else None
-    loss = elementwise_loss(pred, target, cfg.loss_type, huber_c)
-    if mask is not None:
-        loss = apply_mask(loss, mask, cfg, generator)
-    elif cfg.masked_loss:
-        raise ValueError(
-            "--masked_loss is set but the batch has no mask (mask images or alpha masks); check the dataset"
-        )
-    loss = loss.mean(dim=(1, 2, 3))
-    if loss_weights is not None:
-        loss = loss * loss_weights.to(device=loss.device, dtype=loss.dtype)
-    return apply_snr_weightings(loss, schedule.snr(timesteps), cfg)

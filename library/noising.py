@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from library.flow_matching import FlowMatchingConfig, SD3FlowConfig, uses_flow_flags
 from library.problems import ConfigError
 
 TIMESTEP_SAMPLINGS = ("uniform", "logit_normal", "sigmoid")
@@ -77,6 +78,11 @@ class NoiseConfig:
     mean 0). ``timestep_shift`` s maps the unit draw u to ``s u / (1 + (s - 1) u)`` (SD3's shift; > 1 trains more at
     high noise, as OneTrainer's "timestep shift"). With the defaults the draws are exactly sd-scripts'.
 
+    ``flow``: the flow-matching settings when the script takes sd-scripts' FLUX flags
+    (:func:`library.flow_matching.add_flow_matching_args`: a :class:`FlowMatchingConfig`) or its SD3 flags
+    (``add_sd3_flow_args``: an :class:`SD3FlowConfig`); None otherwise. The fields here hold the same flags' values
+    (FLUX: ``timestep_sampling`` takes the flow choices); the family's objective says which settings it reads.
+
     Raises:
         ValueError: listing every bad field at once, each naming its flag.
     """
@@ -97,11 +103,22 @@ class NoiseConfig:
     sigmoid_scale: float = 1.0
     timestep_shift: float = 1.0
     v_parameterization: bool = False
+    flow: FlowMatchingConfig | SD3FlowConfig | None = None
 
     def __post_init__(self) -> None:
         errors = _noise_config_errors(self)
         if errors:
             raise ConfigError(errors, "noise/timestep settings")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> NoiseConfig:
+        """The same-named flags; ``flow`` from the flow-matching flags when the parser has them
+        (:func:`library.flow_matching.uses_flow_flags`)."""
+        from library.config import from_namespace
+
+        kind = uses_flow_flags(args)
+        flow = {"flux": FlowMatchingConfig, "sd3": SD3FlowConfig}[kind].from_args(args) if kind else None
+        return from_namespace(cls, args, flow=flow)
 
 
 def _noise_config_errors(cfg: NoiseConfig) -> list[str]:
@@ -134,7 +151,19 @@ def _timestep_errors(cfg: NoiseConfig) -> list[str]:
         errors.append(
             f"--min_timestep ({lo}) must not exceed --max_timestep ({hi}); equal values train at that one timestep"
         )
-    if cfg.timestep_sampling not in TIMESTEP_SAMPLINGS:
+    if isinstance(cfg.flow, SD3FlowConfig) and cfg.timestep_sampling != "uniform":
+        errors.append(
+            f"--timestep_sampling {cfg.timestep_sampling} is not read by SD3's flow matching: its timesteps follow "
+            "--weighting_scheme (logit_normal, mode, uniform) and --training_shift"
+        )
+    if cfg.flow is not None:  # the flow settings check their own choices
+        if cfg.timestep_shift != 1.0:
+            use = "--training_shift" if isinstance(cfg.flow, SD3FlowConfig) else "--timestep_sampling shift with "
+            use += "" if isinstance(cfg.flow, SD3FlowConfig) else "--discrete_flow_shift (or flux_shift)"
+            errors.append(
+                f"--timestep_shift {cfg.timestep_shift} shifts SD's DDPM timesteps; for flow matching use {use}"
+            )
+    elif cfg.timestep_sampling not in TIMESTEP_SAMPLINGS:
         errors.append(
             f"--timestep_sampling must be one of {', '.join(TIMESTEP_SAMPLINGS)}, got {cfg.timestep_sampling!r}"
         )

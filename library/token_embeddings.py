@@ -77,6 +77,12 @@ class TextualInversionConfig:
     weights: str | None = None
     templates: tuple[str, ...] = ()
     trains_text_encoder = True  # gradients flow through the text encoders to the new rows
+    trained_parts = ()  # only the new rows, a tensor of their own
+    fused_backward_pass = False
+    no_token_padding = False
+
+    def deepspeed_plugin(self, cfg: Any) -> None:
+        return None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> TextualInversionConfig:

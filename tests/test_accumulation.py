@@ -18,9 +18,10 @@ import torch
 from _scripts import SCRIPTS, family_of, run_script, script_args
 from _token_helpers import token_dataset
 
+import library.objectives as O
 import library.run.train_step as T
-import train_network
 from library.demo import make_tiny_model
+from library.run import loop
 from library.weight_files import load_state_dict
 
 # one script of each trainable kind also shows that the comparison notices a step of half the length
@@ -47,7 +48,7 @@ def models(tmp_path_factory):
 
 def per_sample_draws(monkeypatch) -> None:
     """Noise and timestep from each sample's own seed; latents = the VAE's mean (no sampling)."""
-    make_example = T.make_example
+    make_example = O.make_example
     noise_now = {}
 
     def fixed_noise_example(cfg, latents, schedule, generator=None, *, timesteps=None, noise=None):
@@ -65,8 +66,8 @@ def per_sample_draws(monkeypatch) -> None:
         )
         return T.batch_loss(m, batch, generator, timesteps=torch.tensor([s % 1000 for s in seeds]))
 
-    monkeypatch.setattr(T, "make_example", fixed_noise_example)
-    monkeypatch.setattr(train_network, "batch_loss", per_sample_loss)
+    monkeypatch.setattr(O, "make_example", fixed_noise_example)  # the DDPM objective's draws
+    monkeypatch.setattr(loop, "batch_loss", per_sample_loss)
 
 
 def trained_after(script, models, data, out, batch, accum, *extra):

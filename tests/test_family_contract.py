@@ -25,6 +25,10 @@ from library.families import (
     unregister_family,
 )
 from library.families.base import FamilySpec, family_members, missing_members
+from library.flow_matching import FlowMatchingConfig
+from library.losses import LossConfig
+from library.noising import NoiseConfig
+from library.objectives import Objective
 from library.weight_files import load_state_dict, read_metadata
 from networks.inject import network_from_file
 from networks.targets import builtin_preset, find_targets
@@ -75,6 +79,10 @@ def test_each_family_satisfies_the_protocol(family, tiny_parts):
     assert family.ti_embedding_keys == tuple(te.ti_key for te in family.spec.text_encoders)
     assert len(family.ti_embedding_keys) == family.num_text_encoders == len(parts.text_encoders)
     assert family.objective(parts) in OBJECTIVES and family.objective(parts) == parts.prediction_type
+    objective = family.training_objective(parts, NoiseConfig(), LossConfig())
+    assert isinstance(objective, Objective) and objective.name == family.objective(parts)
+    with pytest.raises(ValueError, match="flow-matching flags"):
+        family.training_objective(parts, NoiseConfig(flow=FlowMatchingConfig()), LossConfig())
     full = builtin_preset("full", family.target_classes)
     unet_names = [t.name for t in find_targets(family.adapter_roots(parts), full, conv=True, train_norm=False)
                   if t.is_unet]  # fmt: skip

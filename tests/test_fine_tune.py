@@ -20,6 +20,7 @@ import train_db
 from library.config import ConfigError
 from library.demo import make_example_dataset
 from library.families import get_family
+from library.run import loop
 from library.run.model_trainable import lr_block_count
 from library.weight_files import load_state_dict, read_metadata
 
@@ -202,11 +203,10 @@ def test_sdxl_learning_rate_zero_trains_the_text_encoders_only(tiny_dir, dataset
     """sdxl_train.py --learning_rate 0 leaves the UNet out of training (sd-scripts: "train text encoders only"):
     not in the optimizer, not a tensor changed, even with Adafactor's relative step (which ignores the lr and so
     changed every UNet tensor); the encoders, at their own --learning_rate_te1 / _te2, do change."""
-    import train_network
 
     groups_seen: list[list[str]] = []
-    make = train_network.make_optimizer
-    monkeypatch.setattr(train_network, "make_optimizer",
+    make = loop.make_optimizer
+    monkeypatch.setattr(loop, "make_optimizer",
                         lambda cfg, groups: (groups_seen.append([g["name"] for g in groups]), make(cfg, groups))[1])  # fmt: skip
     result = train("sdxl", *args_for(tiny_dir / "sdxl", dataset, tmp_path, "--save_model_as", "safetensors",
                                      "--optimizer_type", "adafactor", "--train_text_encoder", "--learning_rate_te1",
@@ -369,7 +369,7 @@ def test_prior_preservation_loss_is_the_hand_computed_formula(tiny_dir, dataset,
         gen = torch.Generator().manual_seed(5)  # the same draws, in the same order, by hand
         latents = batch_latents(m, batch, gen)
         cond = batch_cond(m, batch, gen)
-        noisy, target, tt, _ = make_example(m.noise, latents, m.schedule, gen, timesteps=t)
+        noisy, target, tt, _ = make_example(m.objective.noise, latents, m.objective.schedule, gen, timesteps=t)
         pred = m.family.predict(m.denoiser, noisy, tt, cond)
     w = torch.where(batch.is_reg, 0.3, 1.0)
     expected = (w * ((pred - target) ** 2).mean(dim=(1, 2, 3))).mean()

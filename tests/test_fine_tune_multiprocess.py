@@ -22,11 +22,13 @@ _WRAPPER = """
 import sys, zlib, torch
 sys.path.insert(0, {root!r})
 import {script}, train_network
+import library.objectives as O
 import library.run.train_step as T
+from library.run import loop
 from library.run.trainer import Trainer
 
 noise_now = {{}}
-make_example = T.make_example
+make_example = O.make_example
 
 def fixed_noise_example(cfg, latents, schedule, generator=None, *, timesteps=None, noise=None):
     return make_example(cfg, latents, schedule, generator, timesteps=timesteps, noise=noise_now["noise"])
@@ -39,8 +41,8 @@ def per_sample_loss(m, batch, generator, *, timesteps=None):
     noise_now["noise"] = torch.stack([torch.randn(shape, generator=torch.Generator().manual_seed(s)) for s in seeds])
     return T.batch_loss(m, batch, generator, timesteps=torch.tensor([s % 1000 for s in seeds]))
 
-T.make_example = fixed_noise_example
-train_network.batch_loss = per_sample_loss
+O.make_example = fixed_noise_example  # the DDPM objective's draws
+loop.batch_loss = per_sample_loss
 finish = Trainer.finish
 
 def finish_and_dump(self):

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from library.demo import make_example_dataset
+from library.run import loop
 
 # At 64 px the mid block sees one latent pixel: its self-attention has one key, so the softmax is 1 and the gradients
 # of to_q / to_k are exactly zero but for float noise, which Adam turns into lr-sized steps that differ between runs.
@@ -70,6 +71,7 @@ def test_sdxl_lora_steps_equal_a_plain_peft_loop(bench, tmp_path, monkeypatch):
     import torch.nn.functional as F
     from diffusers import DDPMScheduler, StableDiffusionXLPipeline
 
+    import library.objectives as O
     import library.run.train_step as T
     import sdxl_train_network
     from library.demo import make_tiny_model
@@ -79,7 +81,7 @@ def test_sdxl_lora_steps_equal_a_plain_peft_loop(bench, tmp_path, monkeypatch):
     data = make_example_dataset(tmp_path / "data")
     dim, alpha, lr, clip, steps = 4, 2.0, 1e-2, 0.05, 3
     rec: dict = {"draws": [], "batches": [], "steps": []}
-    init, step_done, make_example = Trainer.__init__, Trainer.step_done, T.make_example
+    init, step_done, make_example = Trainer.__init__, Trainer.step_done, O.make_example
     batch_loss = T.batch_loss
 
     def snapshot(network):
@@ -107,10 +109,9 @@ def test_sdxl_lora_steps_equal_a_plain_peft_loop(bench, tmp_path, monkeypatch):
 
     monkeypatch.setattr(Trainer, "__init__", recorded_init)
     monkeypatch.setattr(Trainer, "step_done", recorded_step)
-    monkeypatch.setattr(T, "make_example", recorded_example)
-    import train_network
+    monkeypatch.setattr(O, "make_example", recorded_example)  # the DDPM objective's draws
 
-    monkeypatch.setattr(train_network, "batch_loss", recorded_loss)
+    monkeypatch.setattr(loop, "batch_loss", recorded_loss)
     argv = ["--pretrained_model_name_or_path", str(model), "--train_data_dir", str(data), "--caption_extension",
             ".txt", "--resolution", "64", "--output_dir", str(tmp_path / "out"), "--network_module", "networks.lora",
             "--network_dim", str(dim), "--network_alpha", str(alpha), "--network_train_unet_only", "--learning_rate",

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import fine_tune
+import library.objectives as O
 import library.run.train_step as T
 import train_textual_inversion
 from library.demo import make_example_dataset, make_tiny_model
@@ -41,7 +42,7 @@ def data(tmp_path_factory):
 def record(monkeypatch) -> list[dict]:
     """Each batch's captions as the text encoder saw them and its latents, noise and timesteps."""
     steps: list[dict] = []
-    make_example, encode = T.make_example, T.encode_captions
+    make_example, encode = O.make_example, T.encode_captions
 
     def recorded_example(cfg, latents, schedule, generator=None, **kwargs):
         out = make_example(cfg, latents, schedule, generator, **kwargs)
@@ -52,7 +53,7 @@ def record(monkeypatch) -> list[dict]:
         steps.append({"captions": list(captions)})
         return encode(family, parts, captions, *args, **kwargs)
 
-    monkeypatch.setattr(T, "make_example", recorded_example)
+    monkeypatch.setattr(O, "make_example", recorded_example)  # the DDPM objective's draws
     monkeypatch.setattr(T, "encode_captions", recorded_captions)
     return steps
 

@@ -16,7 +16,7 @@ import torch
 from test_train_network import args_for, train
 
 import train_network
-from library.run import train_setup
+from library.run import loop, train_setup
 from library.weight_files import load_state_dict, save_state_dict
 
 
@@ -310,14 +310,14 @@ def test_an_interrupt_at_the_last_step_finishes_the_run(tiny_dir, dataset, tmp_p
     import os
     import signal
 
-    original = train_network.Trainer.step_done
+    original = loop.Trainer.step_done
 
     def step_done(self, loss):
         original(self, loss)
         if self.step == 3:
             os.kill(os.getpid(), signal.SIGINT)
 
-    monkeypatch.setattr(train_network.Trainer, "step_done", step_done)
+    monkeypatch.setattr(loop.Trainer, "step_done", step_done)
     result = train("sd1", *args_for(tiny_dir / "sd1", dataset, tmp_path, steps=3))
     assert not result.interrupted and result.steps == 3 and result.output == tmp_path / "t.safetensors"
     assert result.output.is_file()

@@ -34,7 +34,7 @@ LINES = [
     ("a cat --ow 2048 --oh 1024", {"original_width": 2048, "original_height": 1024}),
     ("a cat --nw 512 --nh 256", {"original_width_negative": 512, "original_height_negative": 256}),
     ("a cat --ct 16 --cl 32", {"crop_top": 16, "crop_left": 32}),
-    ("a cat --g 3.5", {"prompt": "a cat"}),  # FLUX-only option: accepted, ignored (sd-scripts)
+    ("a cat --g 3.5", {"guidance": 3.5}),  # FLUX.1 dev's embedded guidance (SD/SDXL ignore it when sampling)
     ("a cat --W 512 --H 768", {"width": 512, "height": 768}),  # option names are case-insensitive
     (
         "masterpiece, (a cat:1.2) --n blurry --w 832 --h 1216 --d 42 --l 6.5 --s 28 --ss dpmsolver++",

@@ -15,6 +15,7 @@ import torch
 
 import train_network
 from library.config import ConfigError
+from library.run import loop
 from library.weight_files import load_state_dict, read_metadata
 
 
@@ -153,14 +154,14 @@ def test_interrupt_writes_a_resumable_state(tiny_dir, dataset, tmp_path, monkeyp
     """A real SIGINT (Ctrl-C) after step 2: the loop finishes the step, writes a state and stops; resuming from it
     gives the uninterrupted result."""
     full = train("sd1", *args_for(tiny_dir / "sd1", dataset, tmp_path / "a", steps=5))
-    original = train_network.Trainer.step_done
+    original = loop.Trainer.step_done
 
     def step_done(self, loss):
         original(self, loss)
         if self.step == 2:
             os.kill(os.getpid(), signal.SIGINT)
 
-    monkeypatch.setattr(train_network.Trainer, "step_done", step_done)
+    monkeypatch.setattr(loop.Trainer, "step_done", step_done)
     stopped = train("sd1", *args_for(tiny_dir / "sd1", dataset, tmp_path / "b", steps=5))
     assert stopped.interrupted and stopped.steps == 2
     state = tmp_path / "b" / "t-step00000002-state"
@@ -221,7 +222,7 @@ def test_loss_on_the_training_images_falls(tiny_dir, dataset, tmp_path, monkeypa
     from library.run.train_step import validation_loss
 
     measured = {}
-    original = train_network.Trainer.__init__
+    original = loop.Trainer.__init__
 
     def fixed_noise_loss(run):
         return validation_loss(run.step_models, run.make_loader().epoch(0), 123, [100, 300, 500, 700, 900])
@@ -231,7 +232,7 @@ def test_loss_on_the_training_images_falls(tiny_dir, dataset, tmp_path, monkeypa
         measured["run"] = self.run
         measured["before"] = fixed_noise_loss(self.run)
 
-    monkeypatch.setattr(train_network.Trainer, "__init__", init_and_measure)
+    monkeypatch.setattr(loop.Trainer, "__init__", init_and_measure)
     argv = args_for(tiny_dir / "sd1", dataset, tmp_path, "--network_dim", "8", "--network_alpha", "8",
                     "--network_args", "conv_dim=8", "conv_alpha=8", "--learning_rate", "5e-3", steps=100)  # fmt: skip
     result = train("sd1", *argv)

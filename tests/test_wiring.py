@@ -13,7 +13,7 @@ from PIL import Image
 import sdxl_train_network
 import train_network
 from library.demo import draw_shape
-from library.run import train_setup
+from library.run import loop, train_setup
 from library.weight_files import load_state_dict
 
 
@@ -97,7 +97,7 @@ def test_sdxl_step_hands_the_unet_diffusers_time_ids(tiny_dir, odd_sizes, tmp_pa
     runs = []
     start = train_setup.start
     monkeypatch.setattr(train_setup, "start", lambda cfg: runs.append(start(cfg)) or runs[-1])
-    batch_loss = train_network.batch_loss
+    batch_loss = loop.batch_loss
 
     def spy(m, batch, generator, **kwargs):
         unet = m.denoiser
@@ -114,7 +114,7 @@ def test_sdxl_step_hands_the_unet_diffusers_time_ids(tiny_dir, odd_sizes, tmp_pa
         finally:
             del unet.forward
 
-    monkeypatch.setattr(train_network, "batch_loss", spy)
+    monkeypatch.setattr(loop, "batch_loss", spy)
     argv = lora_args(tiny_dir / "sdxl", odd_sizes, tmp_path, "--enable_bucket", "--min_bucket_reso", "32",
                      "--max_bucket_reso", "128", "--bucket_reso_steps", "32", *(["--flip_aug"] if flip else []),
                      steps=4)  # fmt: skip

@@ -56,7 +56,7 @@ def run(argv: Sequence[str] | None = None) -> train_setup.Run | None:
     accelerator = make_accelerator(cfg.run)
     plan = train_setup.build_plan(cfg, accelerator)
     parts = train_setup.load_model(cfg, accelerator)
-    run = train_setup.Run(cfg, accelerator, cfg.family, parts, plan, schedule=None, step_models=None)
+    run = train_setup.Run(cfg, accelerator, cfg.family, parts, plan, step_models=None)
     train_setup.fill_caches(run)
     where = cfg.data.cache_dir or "next to the images"
     entries = len(set(run.latent_cache.keys.values()))

@@ -9,12 +9,17 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor, nn
 
 from .blocks import BlockLayout
+
+if TYPE_CHECKING:  # type hints only: the objective modules import this one
+    from library.losses import LossConfig
+    from library.noising import NoiseConfig
+    from library.objectives import Objective
 
 
 @dataclass
@@ -131,9 +136,28 @@ class FamilySpec:
 # The training objectives a family can state (``ModelFamily.objective``): what the denoiser is trained to predict.
 EPSILON = "epsilon"  # the noise (DDPM)
 V_PREDICTION = "v_prediction"  # v = sqrt(a_t) noise - sqrt(1 - a_t) x0 (Salimans & Ho 2022)
-FLOW_MATCHING = "flow_matching"  # the velocity noise - x0 of a rectified flow (SD3, Flux; no family yet)
+FLOW_MATCHING = "flow_matching"  # the velocity noise - x0 of a rectified flow (SD3, FLUX)
 OBJECTIVES = (EPSILON, V_PREDICTION, FLOW_MATCHING)
 
+
+@dataclass(frozen=True)
+class FlowSampling:
+    """How a flow-matching family samples (:meth:`ModelFamily.flow_sampling`; used by ``library/sampling/flow.py``).
+
+    ``embedded_guidance``: the denoiser takes a guidance value (FLUX.1 dev's distilled guidance: ``predict(...,
+    guidance=g)`` with a prompt's ``--g``); False for FLUX.1 schnell and Chroma (diffusers' Chroma fixes its guidance
+    input at 0, what sd-scripts' docs require with ``--g 0``). ``shift``: the schedule gets FLUX's resolution-dependent
+    shift μ = linear in the packed image sequence length, ``base_shift`` at 256 tokens and ``max_shift`` at 4096
+    (FLUX.1 dev and Chroma); schnell samples unshifted (BFL's reference, diffusers' schnell scheduler config and
+    sd-scripts' flux_minimal_inference.py). ``latent_channels``: channels of the latents ``predict`` takes (16 for
+    FLUX's AE).
+    """
+
+    embedded_guidance: bool
+    shift: bool = True
+    base_shift: float = 0.5
+    max_shift: float = 1.15
+    latent_channels: int = 16
 
 
 @dataclass(frozen=True)
@@ -270,6 +294,12 @@ class ModelFamily(Protocol):
         """What the loaded model is trained to predict: one of :data:`OBJECTIVES` (the loss target follows it)."""
         ...
 
+    def training_objective(self, parts: Parts, noise: NoiseConfig, loss: LossConfig) -> Objective:
+        """The objective a training step asks (:class:`library.objectives.Objective`, named :meth:`objective`):
+        timestep / σ draws, noisy input, target, prediction type and loss weighting from the run's noise and loss
+        settings; ValueError for settings this family's objective cannot train with."""
+        ...
+
     def encode_latents(self, parts: Parts, pixels: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """(B, 3, H, W) pixels in [-1, 1] -> scaled latents."""
         ...
@@ -297,6 +327,11 @@ class ModelFamily(Protocol):
 
     def pipeline(self, parts: Parts, scheduler: Any) -> Any:
         """A diffusers pipeline over ``parts`` (the same modules) with ``scheduler``, for sampling."""
+        ...
+
+    def flow_sampling(self, parts: Parts) -> FlowSampling | None:
+        """How the loaded model samples when :meth:`objective` is "flow_matching" (embedded guidance, schedule shift);
+        None for the DDPM families (SD1/SD2/SDXL sample with diffusers' schedulers)."""
         ...
 
     def default_resolution(self, prediction_type: str = "epsilon") -> int:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -29,6 +29,11 @@ from .latents import decode_latents, encode_latents
 from .loading import load_model, reference_parts
 from .saving import IMPL_SGM, make_pipeline, save_family_model, with_kind
 from .tokenizers import PAD_CLIP_L, PAD_OPEN_CLIP
+
+if TYPE_CHECKING:  # type hints only: library.objectives imports the families' base module
+    from library.losses import LossConfig
+    from library.noising import NoiseConfig
+    from library.objectives import DDPMObjective
 
 log = logging.getLogger(__name__)
 
@@ -210,6 +215,12 @@ class SDFamily:
         """The loaded model's prediction type: "epsilon" or "v_prediction" (SD2 768-v, v-pred fine-tunes)."""
         return parts.prediction_type
 
+    def training_objective(self, parts: Parts, noise: NoiseConfig, loss: LossConfig) -> DDPMObjective:
+        """Epsilon or v-prediction (:meth:`objective`) on the model's DDPM schedule."""
+        from library.objectives import ddpm_objective
+
+        return ddpm_objective(self.spec.title, self.objective(parts), parts.scheduler_config, noise, loss)
+
     def size_conditioning(self, original_sizes: Any, crop_top_lefts: Any, target_sizes: Any) -> None:
         """SD 1.x / 2.x take no size/crop conditioning (see SDXL.size_conditioning)."""
         return None
@@ -245,6 +256,10 @@ class SDFamily:
         """A diffusers ``StableDiffusionPipeline`` over ``parts`` (the same modules, no copies) with ``scheduler``,
         for sampling: the one place that picks the pipeline class."""
         return make_pipeline(self.spec, parts, scheduler)
+
+    def flow_sampling(self, parts: Parts) -> None:
+        """SD 1.x / 2.x is not a flow-matching model: it samples with diffusers' schedulers (``sampling/schedulers.py``)."""
+        return None
 
     def default_resolution(self, prediction_type: str = "epsilon") -> int:
         """Native resolution: 768 for SD2 v-prediction (768-v), else 512."""

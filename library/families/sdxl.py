@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -31,6 +31,11 @@ from .saving import IMPL_SGM, make_pipeline, save_family_model, with_kind
 from .sd import UNET_TARGET_CLASSES
 from .tokenizers import PAD_CLIP_L, PAD_OPEN_CLIP
 from .unet_keys import block_map, diffusers_to_ldm
+
+if TYPE_CHECKING:  # type hints only: library.objectives imports the families' base module
+    from library.losses import LossConfig
+    from library.noising import NoiseConfig
+    from library.objectives import DDPMObjective
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +173,12 @@ class SDXLFamily:
         """The loaded model's prediction type: "epsilon" (SDXL base) or "v_prediction" (v-pred fine-tunes)."""
         return parts.prediction_type
 
+    def training_objective(self, parts: Parts, noise: NoiseConfig, loss: LossConfig) -> DDPMObjective:
+        """Epsilon or v-prediction (:meth:`objective`) on the model's DDPM schedule."""
+        from library.objectives import ddpm_objective
+
+        return ddpm_objective(self.spec.title, self.objective(parts), parts.scheduler_config, noise, loss)
+
     def size_conditioning(self, original_sizes: Any, crop_top_lefts: Any, target_sizes: Any) -> Tensor:
         """(B, 6) ``time_ids`` from per-sample (h, w) sizes / (top, left) crops (tensors (B, 2) or lists)."""
         lists = [x.tolist() if isinstance(x, Tensor) else x for x in (original_sizes, crop_top_lefts, target_sizes)]
@@ -210,6 +221,10 @@ class SDXLFamily:
         """A diffusers ``StableDiffusionXLPipeline`` over ``parts`` (the same modules, no copies) with ``scheduler``,
         for sampling: the one place that picks the pipeline class."""
         return make_pipeline(self.spec, parts, scheduler)
+
+    def flow_sampling(self, parts: Parts) -> None:
+        """SDXL is not a flow-matching model: it samples with diffusers' schedulers (``sampling/schedulers.py``)."""
+        return None
 
     def default_resolution(self, prediction_type: str = "epsilon") -> int:
         """Native resolution: 1024."""

@@ -81,6 +81,9 @@ class ModelTrainingConfig:
             cfg.data.train_batch_size, run.mixed_precision, cfg.optim.max_grad_norm, run.full_fp16
         )
 
+    def check_plan(self, plan: Any) -> list[str]:
+        return []
+
     @property
     def trains_text_encoder(self) -> bool:
         return self.text_encoder_lrs is not None and any(lr != 0 for lr in self.text_encoder_lrs)

@@ -167,6 +167,7 @@ def file_metadata(trainer: Any, *, step: int | None = None, epoch: int | None = 
         "ss_max_train_steps": trainer.max_steps,
         **_training_keys(cfg, run),
         **_noise_loss_keys(run),
+        **run.step_models.objective.metadata(),  # flow matching: sd-scripts' FLUX objective keys
         **_dataset_keys(cfg, run),
         **md.model_source_metadata(cfg.model.path),
     }

@@ -30,13 +30,14 @@ from library.families.base import ModelFamily, PartDtypes, Parts
 from library.fp8 import store_in_fp8
 from library.logs import TrackerConfig
 from library.losses import LossConfig
-from library.noising import NoiseConfig, NoiseSchedule
+from library.noising import NoiseConfig
 from library.optim import OptimConfig
 from library.optim.optimizers import full_fp16_problem
 from library.problems import ConfigError, Problems
 from library.run import resume
+from library.run.method import MethodConfig
 from library.run.run_files import SaveConfig
-from library.run.train_step import StepModels, encode_captions, predicts_v, text_cache_entry
+from library.run.train_step import StepModels, encode_captions, text_cache_entry
 from library.runtime import (
     RunConfig,
     allow_fp16_gradients,
@@ -152,7 +153,7 @@ class TrainConfig:
     noise: NoiseConfig
     loss: LossConfig
     optim: OptimConfig
-    method: Any  # what the recipe trains, read by its own reader (NetworkConfig, TextualInversionConfig, ...)
+    method: MethodConfig  # what the recipe trains, read by its own reader (library/run/method.py)
     save: SaveConfig
     sample: SampleConfig
     trackers: TrackerConfig
@@ -166,13 +167,13 @@ class TrainConfig:
     @property
     def train_text_encoder(self) -> bool:
         """Whether the text encoders run with autograd (the method config's ``trains_text_encoder``)."""
-        return bool(getattr(self.method, "trains_text_encoder", False))
+        return self.method.trains_text_encoder
 
     @property
     def trained_parts(self) -> tuple[str, ...]:
         """The parts whose own weights the recipe trains ("denoiser", "text_encoders"): the method config's
         ``trained_parts`` (full fine-tuning); none for adapters and embeddings, which train tensors of their own."""
-        return tuple(getattr(self.method, "trained_parts", ()))
+        return tuple(self.method.trained_parts)
 
 
 def choose_family(args: argparse.Namespace, family_names: tuple[str, ...], training: str = "network") -> ModelFamily:
@@ -207,8 +208,8 @@ def read_config(
         model=model,
         run=read(RunConfig.from_args, args),
         data=read(data.DataArgs.from_args, args),
-        noise=read(from_namespace, NoiseConfig, args),
-        loss=read(from_namespace, LossConfig, args),
+        noise=read(NoiseConfig.from_args, args),
+        loss=read(LossConfig.from_args, args),
         optim=read(OptimConfig.from_args, args),
         method=read(method, args) if method is not None else None,
         save=read(SaveConfig.from_args, args, save_formats),
@@ -239,11 +240,7 @@ def _cross_checks(args: argparse.Namespace, values: dict) -> list[str]:
         problems.append("no dataset given; pass --dataset_config (a dataset TOML), --train_data_dir (the parent of "
                         "<repeats>_<class tokens> image folders) or --in_json (a metadata file)")  # fmt: skip
     save, optim, method = values.get("save"), values.get("optim"), values.get("method")
-    if (
-        getattr(args, "fused_backward_pass", False)
-        and method is not None
-        and not getattr(method, "fused_backward_pass", False)
-    ):
+    if getattr(args, "fused_backward_pass", False) and method is not None and not method.fused_backward_pass:
         problems.append("--fused_backward_pass steps the optimizer inside the backward pass of the model's own weights: "
                         "it works for full fine-tuning (fine_tune.py, sdxl_train.py, train_db.py), not for adapters "
                         "or embeddings; remove it")  # fmt: skip
@@ -269,7 +266,6 @@ class Run:
     family: ModelFamily
     parts: Parts
     plan: Any
-    schedule: NoiseSchedule
     step_models: StepModels
     latent_cache: Any = None
     text_cache: Any = None
@@ -305,12 +301,12 @@ def start(cfg: TrainConfig) -> Run:
             "are the same either way (sd-scripts' flag only changes how files on slow drives are read)"
         )
     trackers = cfg.trackers
-    engine = getattr(cfg.method, "deepspeed_plugin", None)  # full models: --deepspeed (library/engines.py)
+    engine = cfg.method.deepspeed_plugin(cfg)  # full models: --deepspeed (library/engines.py); else None
     accelerator = make_accelerator(
         cfg.run,
         log_with=trackers.trackers,
         logging_dir=trackers.logging_dir,
-        deepspeed_plugin=engine(cfg) if engine is not None else None,
+        deepspeed_plugin=engine,
     )
     allow_fp16_gradients(accelerator)  # --full_fp16: the GradScaler unscales fp16 gradients
     seed = shared_seed(cfg.run.seed, accelerator)  # without --seed: rank 0's draw on every process
@@ -322,8 +318,7 @@ def start(cfg: TrainConfig) -> Run:
     family = cfg.family
     data_args = cfg.data
     plan = build_plan(cfg, accelerator)
-    check_plan = getattr(cfg.method, "check_plan", None)  # textual inversion: the captions that hold the token
-    notes = check_plan(plan) if check_plan is not None else []
+    notes = cfg.method.check_plan(plan)  # textual inversion: the captions that hold the token
     for note in notes if accelerator.is_main_process else []:
         logger.warning(note)
     parts = load_model(cfg, accelerator)
@@ -336,26 +331,27 @@ def start(cfg: TrainConfig) -> Run:
     logger.info(choose_cpu_threads(accelerator.device, unet_params, accelerator.num_processes))
     if freeing:
         reuse_heap_for_small_models(accelerator.device, unet_params)  # a tiny model's blocks: faster from the heap
-    v_pred = predicts_v(family, parts)  # the loss target and weighting follow the family's objective
-    noise = dataclasses.replace(cfg.noise, v_parameterization=v_pred)
-    loss = dataclasses.replace(cfg.loss, v_parameterization=v_pred, masked_loss=data_args.masked_loss)
-    schedule = NoiseSchedule.from_config(parts.scheduler_config, zero_terminal_snr=noise.zero_terminal_snr)
+    loss = dataclasses.replace(cfg.loss, masked_loss=data_args.masked_loss)
+    try:  # the noising, target and loss weighting are the family's objective's
+        objective = family.training_objective(parts, cfg.noise, loss).to(accelerator.device)
+    except ValueError as e:
+        raise ConfigError([str(e)]) from e
     step_models = StepModels(
         family=family,
         parts=parts,
-        schedule=schedule.to(accelerator.device),
-        noise=noise,
+        objective=objective,
+        noise=cfg.noise,
         loss=loss,
         denoiser=parts.denoiser,
         clip_skip=cfg.model.clip_skip,
         max_token_length=cfg.model.max_token_length,
-        pad_tokens=not getattr(cfg.method, "no_token_padding", False),  # train_db.py's --no_token_padding
+        pad_tokens=not cfg.method.no_token_padding,  # train_db.py's --no_token_padding
         train_text_encoder=cfg.train_text_encoder,
         weighted_captions=cfg.data.weighted_captions,
         device=accelerator.device,
         weight_dtype=cfg.run.weight_dtype,
     )
-    run = Run(cfg, accelerator, family, parts, plan, schedule, step_models)
+    run = Run(cfg, accelerator, family, parts, plan, step_models)
     fill_caches(run)  # the VAE, then the text encoders, alone on the device
     place_for_training(run)  # the denoiser and what the step still runs
     if plan.validation is not None:

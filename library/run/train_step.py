@@ -18,9 +18,10 @@ import torch
 from torch import Tensor, nn
 
 from library.devices import to_device
-from library.families.base import EPSILON, V_PREDICTION, Cond, ModelFamily, Parts
-from library.losses import LossConfig, diffusion_loss_per_sample
-from library.noising import NoiseConfig, NoiseSchedule, make_example
+from library.families.base import Cond, ModelFamily, Parts
+from library.losses import LossConfig
+from library.noising import NoiseConfig
+from library.objectives import Objective
 
 
 class NonFiniteLoss(RuntimeError):
@@ -29,11 +30,14 @@ class NonFiniteLoss(RuntimeError):
 
 @dataclass
 class StepModels:
-    """What one training step needs (``denoiser`` may differ from ``parts.denoiser``, e.g. a torch.compile'd one)."""
+    """What one training step needs (``denoiser`` may differ from ``parts.denoiser``, e.g. a torch.compile'd one).
+
+    ``objective``: the family's training objective (``family.training_objective``), which the step asks for noise,
+    target and loss; ``noise`` / ``loss``: the run's settings it was built from (what metadata records)."""
 
     family: ModelFamily
     parts: Parts
-    schedule: NoiseSchedule
+    objective: Objective
     noise: NoiseConfig
     loss: LossConfig
     denoiser: nn.Module
@@ -47,16 +51,6 @@ class StepModels:
     # captions -> captions before encoding (textual inversion: templates, multi-vector tokens); may draw from the
     # step's generator
     caption_rewrite: Callable[[list[str], torch.Generator | None], list[str]] | None = None
-
-
-def predicts_v(family: ModelFamily, parts: Parts) -> bool:
-    """Whether the model trains on the v-prediction target (else epsilon), from the family's objective;
-    ``ValueError`` for an objective the noising and loss code do not implement yet (flow matching)."""
-    objective = family.objective(parts)
-    if objective not in (EPSILON, V_PREDICTION):
-        raise ValueError(f"{family.spec.title}: training objective {objective!r} is not supported yet (epsilon and "
-                         "v-prediction are)")  # fmt: skip
-    return objective == V_PREDICTION
 
 
 def batch_latents(m: StepModels, batch: Any, generator: torch.Generator | None) -> Tensor:
@@ -127,22 +121,19 @@ def batch_loss(
     *,
     timesteps: Tensor | None = None,
 ) -> Tensor:
-    """Per-sample loss (B,) float32 of one batch: encode, noise, predict, loss (sd-scripts' order, section 7)."""
+    """Per-sample loss (B,) float32 of one batch: encode, noise, predict, loss (sd-scripts' order, section 7), the
+    noising, target, prediction type and weighting being the objective's. ``timesteps`` (B,): noise at these (what
+    the family's ``predict`` receives) instead of drawing them."""
     latents = batch_latents(m, batch, generator)
     cond = batch_cond(m, batch, generator).to(m.device, m.weight_dtype)
-    if timesteps is not None:
-        timesteps = timesteps.to(latents.device)
-    noisy, target, t, _ = make_example(m.noise, latents, m.schedule, generator, timesteps=timesteps)
+    example = m.objective.example(latents, generator, timesteps=timesteps)
     time_ids = m.family.size_conditioning(batch.original_sizes, batch.crop_top_lefts, batch.target_sizes)
-    pred = m.family.predict(m.denoiser, noisy.to(m.weight_dtype), t, cond, time_ids=time_ids)
+    output = m.family.predict(m.denoiser, example.noisy.to(m.weight_dtype), example.timesteps, cond, time_ids=time_ids)
     masks = to_device(batch.masks, m.device) if batch.masks is not None else None
-    return diffusion_loss_per_sample(
-        pred.float(),
-        target.to(pred.device),
-        t,
-        m.loss,
-        m.schedule,
-        loss_weights=to_device(batch.loss_weights, pred.device),
+    return m.objective.loss_per_sample(
+        m.objective.prediction(output.float(), example),
+        example,
+        loss_weights=to_device(batch.loss_weights, output.device),
         mask=masks,
         generator=generator,
     )
@@ -165,18 +156,13 @@ def check_finite(loss: Tensor, step: int, epoch: int) -> None:
         raise NonFiniteLoss(non_finite_message(value, step, epoch))
 
 
-def validation_timesteps(noise: NoiseConfig, schedule: NoiseSchedule) -> list[int]:
-    """sd-scripts' fixed validation timesteps: ``linspace(min_t, max_t, 6)[1:-1]`` (200/400/600/800 by default)."""
-    lo = noise.min_timestep or 0
-    hi = noise.max_timestep or schedule.num_train_timesteps
-    return [int(v) for v in torch.linspace(lo, hi, 6)[1:-1].round().tolist()]
-
-
 @torch.no_grad()
 def validation_loss(
-    m: StepModels, batches: Iterable[Any], seed: int, timesteps: list[int], max_batches: int | None = None
+    m: StepModels, batches: Iterable[Any], seed: int, timesteps: list[Any], max_batches: int | None = None
 ) -> float:
-    """Mean loss over ``batches`` at each of ``timesteps``, with noise drawn from generators seeded by ``seed``.
+    """Mean loss over ``batches``, one pass per entry of ``timesteps`` (``objective.validation_timesteps()``: a
+    timestep every sample is noised at, or None to draw them as in training), with every draw from generators
+    seeded by ``seed``, the batch and the pass.
 
     Deterministic: the same weights give the same value, whatever the training RNG did before; the global RNG is
     not touched, so training continues exactly as it would have without validation.
@@ -185,9 +171,9 @@ def validation_loss(
     for i, batch in enumerate(batches):
         if max_batches is not None and i >= max_batches:
             break
-        for t in timesteps:
-            gen = torch.Generator().manual_seed(seed * 1_000_003 + i * 1009 + t)
-            tt = torch.full((len(batch),), t, dtype=torch.long)
+        for k, t in enumerate(timesteps):
+            gen = torch.Generator().manual_seed(seed * 1_000_003 + i * 1009 + (k if t is None else int(round(t))))
+            tt = None if t is None else torch.full((len(batch),), t)  # long for DDPM's ints, float for 1000 σ
             total += float(batch_loss(m, batch, gen, timesteps=tt).sum())
             count += len(batch)
     if count == 0:

@@ -26,7 +26,7 @@ from library import metadata_format as md
 from library.ema import EMA
 from library.optim import set_train_mode
 from library.run import resume, run_files
-from library.run.train_step import NonFiniteLoss, non_finite_message, validation_loss, validation_timesteps
+from library.run.train_step import NonFiniteLoss, non_finite_message, validation_loss
 from library.runtime import capture_rng, restore_rng
 from library.weight_files import SaveError, is_state_file
 
@@ -324,7 +324,7 @@ class Trainer:
             return None
         v = self.cfg.validation
         seed = v.validation_seed if v.validation_seed is not None else self.cfg.run.seed
-        timesteps = validation_timesteps(self.run.step_models.noise, self.run.schedule)
+        timesteps = self.run.step_models.objective.validation_timesteps()
         with self._eval_context():
             value = validation_loss(self.run.step_models, loader.epoch(0), seed, timesteps, v.max_validation_steps)
         value = float(self.acc.reduce(torch.tensor(value, device=self.acc.device), "mean"))

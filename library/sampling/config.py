@@ -44,6 +44,8 @@ class SampleConfig:
     ``clip_skip`` and ``zero_terminal_snr`` are the training's (``--clip_skip``, ``--zero_terminal_snr``), so samples
     are encoded and denoised as the model is trained. Sample size: a prompt's ``--w/--h``, else the family's native
     resolution (SDXL 1024, SD2 768-v 768, SD1 512) -- sd-scripts uses 512 x 512 for every family.
+    ``default_steps`` / ``default_scale``: a prompt's steps / CFG scale when it sets none; None: the sampler's
+    default (DDPM samplers 30 / 7.5, flow matching 20 / 1.0: ``generate.resolve``).
     """
 
     prompts_file: Path | None = None
@@ -54,8 +56,8 @@ class SampleConfig:
     clip_skip: int | None = None
     zero_terminal_snr: bool = False
     max_embeddings_multiples: int = DEFAULT_MAX_EMBEDDINGS_MULTIPLES
-    default_steps: int = DEFAULT_SAMPLE_STEPS
-    default_scale: float = DEFAULT_SCALE
+    default_steps: int | None = None
+    default_scale: float | None = None
 
     @property
     def enabled(self) -> bool:

@@ -9,6 +9,10 @@ family's VAE decodes them (fp16 VAEs that overflow are upcast there).
 
 The negative prompt is always encoded, also when empty (sd-scripts does the same); SDXL's pipeline would otherwise
 use zeros for an empty negative prompt (``force_zeros_for_empty_prompt``).
+
+Flow-matching families (FLUX.1, Chroma: ``family.objective(parts) == "flow_matching"``) sample with our own Euler
+sampler instead (``flow_generate.py``): :func:`resolve` and :func:`generate_batch` dispatch on the objective, so the
+callers (sampling during training, gen_img.py) are the same for every family.
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ from library.families.base import ModelFamily, Parts
 from library.prompt_weighting import encode_weighted
 
 from .config import DEFAULT_MAX_EMBEDDINGS_MULTIPLES, DEFAULT_SAMPLE_STEPS, DEFAULT_SCALE
-from .prompts import PromptSpec
+from .flow_generate import generate_flow_latents, resolve_flow, uses_flow_sampler
+from .prompts import GUIDANCE_IGNORED_NOTE, PromptSpec
 from .schedulers import make_scheduler
 
 log = logging.getLogger(__name__)
@@ -47,9 +52,18 @@ def resolve(
     spec: PromptSpec, family: ModelFamily, parts: Parts, *, sampler: str = "ddim", **defaults: Any
 ) -> PromptSpec:
     """``spec`` with every unset setting filled: ``defaults`` first, then the family's native size for the model's
-    prediction type, 30 steps, scale 7.5 and ``sampler``."""
+    prediction type, 30 steps, scale 7.5 and ``sampler``. Embedded guidance (``--g``) is noted and dropped.
+
+    Flow-matching families: :func:`flow_generate.resolve_flow` (20 steps, scale 1.0, guidance 3.5 where the model
+    takes it, always the Euler sampler; ``sampler`` and a default ``sampler`` are not applied)."""
     size = family.default_resolution(parts.prediction_type)
+    if uses_flow_sampler(family, parts):
+        spec = spec.with_defaults(**{k: v for k, v in defaults.items() if v is not None and k != "sampler"})
+        return resolve_flow(spec, family, parts, size=size)
     spec = spec.with_defaults(**{k: v for k, v in defaults.items() if v is not None})
+    if spec.guidance is not None:
+        log.info("prompt %d: %s", spec.index + 1, GUIDANCE_IGNORED_NOTE)
+        spec = dataclasses.replace(spec, guidance=None)
     return spec.with_defaults(width=size, height=size, steps=DEFAULT_SAMPLE_STEPS, scale=DEFAULT_SCALE, sampler=sampler)
 
 
@@ -75,10 +89,20 @@ def generate_batch(
     """One image per spec; the specs must be resolved (:func:`resolve`) and share their settings
     (:func:`same_settings`); ``generators[i]`` draws image i's noise (a CPU generator gives the same image on any
     device). ``scheduler`` overrides ``make_scheduler(spec.sampler, ...)``. ``autocast``: a factory of the autocast
-    context to run in (e.g. ``accelerator.autocast``)."""
+    context to run in (e.g. ``accelerator.autocast``).
+
+    Flow-matching families sample with :func:`flow_generate.generate_flow_latents` (no scheduler; ``clip_skip``,
+    ``max_embeddings_multiples``, ``normalize`` and ``zero_terminal_snr`` are DDPM/CLIP settings it does not read)."""
     first = specs[0]
     if any(not same_settings(first, s) for s in specs[1:]):
         raise ValueError("generate_batch: the prompts of one batch must share size, steps, scale and sampler")
+    if uses_flow_sampler(family, parts):
+        if scheduler is not None:
+            raise ValueError("generate_batch: flow-matching models sample with their own Euler sampler; a diffusers "
+                             "scheduler cannot be given")  # fmt: skip
+        with autocast() if autocast is not None else contextlib.nullcontext():
+            latents = generate_flow_latents(family, parts, specs, generators)
+            return to_pil(_decode(family, parts, latents))
     scheduler = scheduler or make_scheduler(first.sampler, parts.scheduler_config, zero_terminal_snr=zero_terminal_snr)
     pipe = family.pipeline(parts, scheduler)
     pipe.set_progress_bar_config(disable=True)
@@ -99,11 +123,15 @@ def generate_batch(
             output_type="latent",
             **kwargs,
         ).images
-        if not torch.isfinite(latents).all():
-            log.warning("the denoised latents contain NaN/inf (fp16 overflow? try --no_half_vae or bf16); the image "
-                        "will be black")  # fmt: skip
-        pixels = family.decode_latents(parts, latents)
+        pixels = _decode(family, parts, latents)
     return to_pil(pixels)
+
+
+def _decode(family: ModelFamily, parts: Parts, latents: Tensor) -> Tensor:
+    if not torch.isfinite(latents).all():
+        log.warning("the denoised latents contain NaN/inf (fp16 overflow? try --no_half_vae or bf16); the image "
+                    "will be black")  # fmt: skip
+    return family.decode_latents(parts, latents)
 
 
 def _condition_kwargs(pipe: Any, cond: Any, n: int, spec: PromptSpec) -> dict[str, Any]:

@@ -59,6 +59,7 @@ def png_info(spec: PromptSpec, seed: int, **extra: Any) -> PngInfo:
         "crop-top": spec.crop_top,
         "crop-left": spec.crop_left,
         "network-multipliers": ",".join(map(str, spec.network_multipliers)) if spec.network_multipliers else None,
+        "guidance": spec.guidance,
         **extra,
     }
     info = PngInfo()
@@ -78,6 +79,8 @@ def a1111_parameters(spec: PromptSpec, seed: int, model: str | None = None) -> s
         f"Seed: {seed}",
         f"Size: {spec.width}x{spec.height}",
     ]
+    if spec.guidance is not None:  # FLUX.1 dev's embedded guidance, under Forge's name for it
+        fields.insert(3, f"Distilled CFG Scale: {spec.guidance}")
     if model:
         fields.append(f"Model: {model}")
     negative = f"\nNegative prompt: {spec.negative_prompt}" if spec.negative_prompt else ""

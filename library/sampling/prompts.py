@@ -18,7 +18,8 @@ option     PromptSpec field           value
 ``--f``    file_name                  output file name (gen_img)
 ``--ow``   original_width             SDXL size conditioning (also ``--oh``; ``--nw``/``--nh`` for the
                                       negative prompt; ``--ct``/``--cl`` crop top/left)
-``--g``    (ignored)                  FLUX's embedded guidance; sd-scripts ignores it for SD/SDXL, so do we
+``--g``    guidance                   embedded guidance (float >= 0) for models that take it (FLUX.1 dev; see
+                                      ``flow_generate.py``); SD / SDXL ignore it with a note, as sd-scripts
 =========  =========================  ==========================================================================
 
 Unlike sd-scripts, which skips a value it cannot parse, silently rounds sizes down to a multiple of 8, clamps steps
@@ -76,6 +77,7 @@ class PromptSpec:
     original_height_negative: int | None = None
     crop_top: int | None = None
     crop_left: int | None = None
+    guidance: float | None = None
     index: int = 0
 
     @property
@@ -150,6 +152,13 @@ def _floats(text: Any) -> tuple[float, ...]:
     return tuple(_float(v) for v in str(text).split(","))
 
 
+def _nonneg_float(text: Any) -> float:
+    value = _float(text)
+    if value < 0:
+        raise ValueError(f"{value} must be >= 0")
+    return value
+
+
 def _text(text: Any) -> str:
     return str(text).strip()
 
@@ -178,8 +187,10 @@ OPTIONS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "nh": ("original_height_negative", _nonneg),
     "ct": ("crop_top", _nonneg),
     "cl": ("crop_left", _nonneg),
+    "g": ("guidance", _nonneg_float),
 }
-IGNORED_OPTIONS = {"g": "embedded guidance (--g) only exists for FLUX; SD and SDXL ignore it, as in sd-scripts"}
+IGNORED_OPTIONS: dict[str, str] = {}
+GUIDANCE_IGNORED_NOTE = "embedded guidance (--g) only exists for FLUX.1 dev; this model ignores it, as in sd-scripts"
 UNSUPPORTED_OPTIONS = {
     "t": "img2img strength (--t): img2img is not supported",
     "c": "CLIP-guided prompt (--c): CLIP guidance is not supported",
@@ -212,8 +223,9 @@ TABLE_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "original_height_negative": ("original_height_negative", _nonneg),
     "crop_top": ("crop_top", _nonneg),
     "crop_left": ("crop_left", _nonneg),
+    "guidance_scale": ("guidance", _nonneg_float),
 }
-IGNORED_KEYS = {"guidance_scale", "enum"}
+IGNORED_KEYS = {"enum"}
 
 
 # ----------------------------------------------------------------------------------------------------------------------

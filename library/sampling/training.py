@@ -23,6 +23,7 @@ from library.problems import ConfigError
 from library.runtime import capture_rng, restore_rng
 
 from .config import SampleConfig
+from .flow_generate import prompt_problems
 from .generate import generate_batch, random_seed, resolve
 from .images import log_to_trackers, make_grid, png_info, sample_file_name, save_png, timestamp
 from .prompts import read_prompt_file
@@ -59,6 +60,9 @@ def sample_during_training(
     """
     try:
         specs = read_prompt_file(cfg.prompts_file)
+        problems = prompt_problems(family, parts, specs, str(cfg.prompts_file))
+        if problems:
+            raise ConfigError(problems)
     except (FileNotFoundError, ConfigError) as e:
         log.error("sampling at step %d skipped: %s", step, e)
         return []
@@ -81,6 +85,16 @@ def sample_during_training(
     if accelerator is not None and not accelerator.is_main_process:
         return []
     return _save_and_log(results, cfg, parts, output_dir, output_name, step, epoch, accelerator, trackers)
+
+
+def check_sample_prompts(cfg: SampleConfig, family: ModelFamily, parts: Parts) -> None:
+    """Before training: ``ConfigError`` listing every prompt of ``cfg.prompts_file`` the loaded model cannot sample
+    (flow matching: sizes not multiples of 16; ``SampleConfig.from_args`` checked the rest without the model)."""
+    if cfg.prompts_file is None:
+        return
+    problems = prompt_problems(family, parts, read_prompt_file(cfg.prompts_file), str(cfg.prompts_file))
+    if problems:
+        raise ConfigError(problems)
 
 
 def _one(cfg: SampleConfig, family: ModelFamily, parts: Parts, spec: Any, autocast: Any) -> tuple[Any, int, Any]:

@@ -1,0 +1,51 @@
+"""What a recipe trains, as the run layer reads it: the :class:`MethodConfig` protocol.
+
+Every training script reads its own method flags into one frozen config (``AdapterMethod`` in train_network.py,
+``TextualInversionConfig`` in library/token_embeddings.py, ``ModelTrainingConfig`` in library/run/model_trainable.py)
+and hands its reader to ``train_setup.read_config``. The run set-up asks the config only these members;
+tests/test_run_contract.py checks every method config against this list.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+
+@runtime_checkable
+class MethodConfig(Protocol):
+    """The run layer's whole view of a recipe's method config."""
+
+    @property
+    def trains_text_encoder(self) -> bool:
+        """Whether the text encoders run with autograd (their own weights, an adapter on them, or new token rows)."""
+        ...
+
+    @property
+    def trained_parts(self) -> tuple[str, ...]:
+        """The parts whose own weights are trained ("denoiser", "text_encoders"): loaded in the training dtype, never
+        stored in float8. Empty for adapters and embeddings, which train tensors of their own."""
+        ...
+
+    @property
+    def fused_backward_pass(self) -> bool:
+        """Whether the optimizer steps inside the backward pass (``--fused_backward_pass``: whole models only)."""
+        ...
+
+    @property
+    def no_token_padding(self) -> bool:
+        """train_db.py's ``--no_token_padding``: captions padded to the batch's longest, not to 77 tokens."""
+        ...
+
+    def deepspeed_plugin(self, cfg: Any) -> Any:
+        """accelerate's DeepSpeed plugin for the run (``cfg``: its TrainConfig), or None."""
+        ...
+
+    def check_plan(self, plan: Any) -> list[str]:
+        """Before the model loads: notes on the dataset plan (textual inversion: captions without the token); may
+        raise ``ConfigError``."""
+        ...
+
+
+def method_members() -> tuple[str, ...]:
+    """The names of every :class:`MethodConfig` member, in declaration order."""
+    return tuple(k for k in vars(MethodConfig) if not k.startswith("_"))

@@ -1,0 +1,140 @@
+"""Flow-matching sampling (FLUX.1 dev / schnell, Chroma): FLUX's sigma schedule, Euler steps on the velocity, true
+classifier-free guidance, and sd-scripts' initial noise. Pure torch.
+
+A rectified-flow model predicts the velocity ``v = noise - x0`` of ``x_σ = (1 - σ)·x0 + σ·noise`` (σ in [0, 1],
+σ = 1 is pure noise; Liu et al. 2022, arXiv:2209.03003; Esser et al. 2024, arXiv:2403.03206). Sampling integrates
+``dx/dσ = v`` from σ = 1 down to 0 with Euler steps ``x ← x + (σ_{i+1} - σ_i)·v(x, σ_i)``
+(sd-scripts ``flux_train_utils.denoise``, diffusers ``FlowMatchEulerDiscreteScheduler.step``).
+
+Schedule (sd-scripts ``flux_train_utils.get_schedule``, diffusers ``FluxPipeline`` with its dynamic shifting):
+``σ = linspace(1, 0, steps + 1)``, then with the shift ``σ ← time_shift(μ, 1, σ) = e^μ / (e^μ + (1/σ - 1))``, where
+μ is linear in the packed image sequence length L = (H/16)·(W/16): μ(256) = ``base_shift`` (0.5), μ(4096) =
+``max_shift`` (1.15). A 1024² image has L = 4096 (μ = 1.15); 512² has L = 1024 (μ ≈ 0.63). The shift keeps more
+steps at high noise for large images; schnell samples unshifted.
+
+Guidance. Embedded guidance (FLUX.1 dev, a prompt's ``--g``) is an input of the model, handled by the caller's
+velocity function. True CFG (a prompt's ``--l`` with its negative prompt ``--n``) runs the model on ``[x; x]`` with
+the negative conditioning first and combines ``v = v_neg + scale·(v_pos - v_neg)`` (:func:`with_cfg`, as sd-scripts
+does in one batch; diffusers' ``true_cfg_scale`` runs two passes, the same numbers up to float rounding).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+BASE_SEQ_LEN = 256  # packed tokens where μ = base_shift (256² px)
+MAX_SEQ_LEN = 4096  # packed tokens where μ = max_shift (1024² px)
+BASE_SHIFT = 0.5
+MAX_SHIFT = 1.15
+PIXELS_PER_TOKEN = 16  # an 8x VAE, then 2x2 latent patches per token: image sides are multiples of 16
+
+Velocity = Callable[[Tensor, Tensor], Tensor]
+"""``velocity(x (B, C, h, w), sigma (B,)) -> v (B, C, h, w)``: the model's velocity at noise level sigma."""
+
+
+def shift_mu(
+    image_seq_len: int,
+    base_shift: float = BASE_SHIFT,
+    max_shift: float = MAX_SHIFT,
+    base_seq_len: int = BASE_SEQ_LEN,
+    max_seq_len: int = MAX_SEQ_LEN,
+) -> float:
+    """μ = the line through (``base_seq_len``, ``base_shift``) and (``max_seq_len``, ``max_shift``) at
+    ``image_seq_len`` (sd-scripts ``get_lin_function``, diffusers ``calculate_shift``); not clamped beyond the ends."""
+    slope = (max_shift - base_shift) / (max_seq_len - base_seq_len)
+    return base_shift + slope * (image_seq_len - base_seq_len)
+
+
+def time_shift(mu: float, sigma: float, t: Tensor) -> Tensor:
+    """``e^μ / (e^μ + (1/t - 1)^sigma)``: 1 stays 1, 0 stays 0 (1/0 = inf), values in between move towards 1."""
+    return math.exp(mu) / (math.exp(mu) + (1 / t - 1) ** sigma)
+
+
+def flow_sigmas(
+    steps: int,
+    image_seq_len: int,
+    *,
+    shift: bool = True,
+    base_shift: float = BASE_SHIFT,
+    max_shift: float = MAX_SHIFT,
+) -> Tensor:
+    """The (steps + 1,) float32 noise levels from 1 to 0 (module docstring): ``steps`` Euler steps, the last to σ = 0.
+
+    ``image_seq_len``: packed tokens of the image, (H/16)·(W/16) (:func:`image_seq_len`); only read with ``shift``.
+    """
+    if steps < 1:
+        raise ValueError(f"flow_sigmas: steps must be >= 1, got {steps}")
+    sigmas = torch.linspace(1, 0, steps + 1)
+    if shift:
+        sigmas = time_shift(shift_mu(image_seq_len, base_shift, max_shift), 1.0, sigmas)
+    return sigmas
+
+
+def image_seq_len(height: int, width: int) -> int:
+    """Packed tokens of an H x W image: (H/16)·(W/16); raises ValueError unless both sides are multiples of 16."""
+    bad = [f"{name} {value}" for name, value in (("height", height), ("width", width)) if value % PIXELS_PER_TOKEN]
+    if bad or min(height, width) < PIXELS_PER_TOKEN:
+        side = min(height, width)
+        raise ValueError(
+            f"flow-matching sampling: {', '.join(bad) or f'side {side}'} must be a multiple of {PIXELS_PER_TOKEN} "
+            f"(an 8x VAE and 2x2 latent patches); try {max(PIXELS_PER_TOKEN, side - side % PIXELS_PER_TOKEN)}"
+        )
+    return (height // PIXELS_PER_TOKEN) * (width // PIXELS_PER_TOKEN)
+
+
+def sample_euler(
+    velocity: Velocity, x: Tensor, sigmas: Tensor, *, callback: Callable[[int, Tensor], None] | None = None
+) -> Tensor:
+    """Integrate ``dx/dσ = velocity(x, σ)`` along ``sigmas`` (from :func:`flow_sigmas`) with Euler steps
+    ``x ← x + (σ_{i+1} - σ_i)·v`` (module docstring). ``x``: the noise (B, C, h, w) at ``sigmas[0]``; the step is
+    computed in ``x``'s dtype (pass float32 noise to accumulate in float32 whatever the model's dtype).
+    ``callback(i, x)`` after step i. Returns the sample at ``sigmas[-1]``."""
+    sigmas = sigmas.to(x.device, torch.float32)
+    for i in range(len(sigmas) - 1):
+        sigma = sigmas[i].expand(x.shape[0])
+        v = velocity(x, sigma)
+        x = x + (sigmas[i + 1] - sigmas[i]).to(x.dtype) * v.to(x.dtype)
+        if callback is not None:
+            callback(i, x)
+    return x
+
+
+def with_cfg(velocity: Velocity, scale: float) -> Velocity:
+    """True classifier-free guidance: ``velocity`` must run on the doubled batch ``[x; x]`` conditioned on the
+    negative prompts in its first half and the prompts in its second (sd-scripts' batch order); returns the guided
+    ``v = v_neg + scale·(v_pos - v_neg)`` for the batch ``x``."""
+
+    def guided(x: Tensor, sigma: Tensor) -> Tensor:
+        v_neg, v_pos = velocity(torch.cat([x, x]), torch.cat([sigma, sigma])).chunk(2)
+        return v_neg + scale * (v_pos - v_neg)
+
+    return guided
+
+
+def unpack_latents(packed: Tensor, height: int, width: int) -> Tensor:
+    """(B, (h/2)·(w/2), 4C) packed 2x2 patches -> (B, C, h, w) latents, for latent height h and width w (BFL's
+    ``b (h w) (c ph pw) -> b c (h ph) (w pw)``, the layout of diffusers' ``FluxPipeline._pack_latents``)."""
+    batch, tokens, features = packed.shape
+    if height % 2 or width % 2 or tokens != (height // 2) * (width // 2) or features % 4:
+        raise ValueError(f"unpack_latents: {tuple(packed.shape)} is not a 2x2 packing of {height}x{width} latents")
+    x = packed.view(batch, height // 2, width // 2, features // 4, 2, 2)
+    return x.permute(0, 3, 1, 4, 2, 5).reshape(batch, features // 4, height, width)
+
+
+def flux_noise(generators: Sequence[torch.Generator], height: int, width: int, channels: int = 16) -> Tensor:
+    """The initial noise of sd-scripts' FLUX samples for an H x W image, one image per generator: each image draws
+    ``randn(1, (H/16)·(W/16), 4·channels)`` in its packed layout from its generator (on the generator's device), as
+    ``flux_train_utils.sample_image_inference`` and ``flux_minimal_inference.py`` do; returned unpacked as float32
+    (B, channels, H/8, W/8). A seeded CPU generator gives the same noise on every device (sd-scripts draws on the
+    training device, in the model dtype)."""
+    image_seq_len(height, width)
+    h, w = height // 8, width // 8
+    packed = [
+        torch.randn(1, (h // 2) * (w // 2), 4 * channels, generator=g, device=g.device, dtype=torch.float32)
+        for g in generators
+    ]
+    return unpack_latents(torch.cat(packed), h, w)

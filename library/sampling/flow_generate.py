@@ -1,0 +1,187 @@
+"""Text-to-image for flow-matching families (FLUX.1 dev / schnell, Chroma) with the Euler sampler of ``flow.py``.
+
+Which sampler a family gets is read from the family, never from its name: a family whose ``objective(parts)`` is
+"flow_matching" samples here (:func:`uses_flow_sampler`), with the settings of its ``flow_sampling(parts)``
+(embedded guidance, schedule shift); every other family samples with diffusers' schedulers (``generate.py``).
+``generate.generate_batch`` and ``generate.resolve`` dispatch on it, so sampling during training
+(``training.py``) and gen_img.py need no other change.
+
+Prompt options, as sd-scripts' ``flux_train_utils.sample_image_inference`` reads them:
+
+=========  ===========================================================================================
+option     meaning for flow matching
+=========  ===========================================================================================
+``--s``    steps, default 20 (:data:`DEFAULT_FLOW_STEPS`)
+``--g``    embedded guidance, default 3.5 (:data:`DEFAULT_GUIDANCE`); only for models that take it
+           (``FlowSampling.embedded_guidance``: FLUX.1 dev); noted and ignored for schnell / Chroma
+``--l``    true CFG scale, default 1.0 (no CFG); any other value runs the model on the negative prompt
+           too (``--n``, empty when not given) and uses ``v_neg + l·(v_pos - v_neg)``, as sd-scripts
+``--n``    the negative prompt; only read when ``--l`` is not 1 (noted otherwise, as sd-scripts)
+``--ss``   ignored with a note: flow matching always samples with its Euler sampler. sd-scripts' FLUX
+           sampling ignores ``--sample_sampler`` and ``--ss`` too; so are gen_img's ``--sampler``
+           and ``--sample_sampler`` here
+``--w/--h``  multiples of 16 (an 8x VAE, 2x2 latent patches), else an error (sd-scripts rounds down)
+=========  ===========================================================================================
+
+Differences from sd-scripts, on purpose: the noise comes from a per-image CPU generator in float32 (sd-scripts draws
+on the training device in the model dtype), so a seed gives the same image on every device; the default size is the
+family's native resolution (sd-scripts: 512); the Euler update is accumulated in float32 whatever the model dtype.
+Prompts are encoded by the family (``encode_prompt``) without attention weighting, as sd-scripts' FLUX sampling.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from library.families.base import FLOW_MATCHING, FlowSampling, ModelFamily, Parts
+
+from .flow import PIXELS_PER_TOKEN, Velocity, flow_sigmas, flux_noise, image_seq_len, sample_euler, with_cfg
+from .prompts import PromptSpec
+
+log = logging.getLogger(__name__)
+
+FLOW_SAMPLER = "euler"  # the resolved PromptSpec.sampler of flow-matching samples (written to the PNG info)
+DEFAULT_FLOW_STEPS = 20  # sd-scripts' FLUX sample defaults (flux_train_utils.sample_image_inference)
+DEFAULT_GUIDANCE = 3.5
+DEFAULT_FLOW_SCALE = 1.0
+IGNORED_SAMPLER_FLAGS = ("--sample_sampler", "--sampler", "--ss")
+"""Sampler flags that do not apply to flow matching (always the Euler sampler), ignored as in sd-scripts."""
+
+
+def uses_flow_sampler(family: ModelFamily, parts: Parts) -> bool:
+    """True when the loaded model samples with the flow-matching Euler sampler (its objective is flow matching)."""
+    return family.objective(parts) == FLOW_MATCHING
+
+
+def flow_settings(family: ModelFamily, parts: Parts) -> FlowSampling:
+    """The family's :class:`FlowSampling` for the loaded model; ValueError if a flow-matching family has none."""
+    settings = family.flow_sampling(parts)
+    if settings is None:
+        raise ValueError(
+            f"family {family.name!r}: its objective is {FLOW_MATCHING!r} but flow_sampling(parts) returned None; "
+            "return a FlowSampling (embedded guidance, schedule shift) so its samples can be generated"
+        )
+    return settings
+
+
+def resolve_flow(spec: PromptSpec, family: ModelFamily, parts: Parts, *, size: int) -> PromptSpec:
+    """``spec`` (caller defaults already applied) with every unset setting filled for flow matching (module
+    docstring): ``size`` x ``size``, 20 steps, CFG scale 1.0, embedded guidance 3.5 where the model takes it (else
+    None), sampler "euler". A sampler set by ``--ss`` / ``--sample_sampler`` / ``--sampler`` is noted and replaced."""
+    settings = flow_settings(family, parts)
+    where = f"prompt {spec.index + 1}"
+    if spec.sampler is not None and spec.sampler != FLOW_SAMPLER:
+        log.info("%s: sampler %r ignored: flow-matching models always sample with their Euler sampler (%s do not "
+                 "apply, as in sd-scripts)", where, spec.sampler, " / ".join(IGNORED_SAMPLER_FLAGS))  # fmt: skip
+    guidance = spec.guidance
+    if not settings.embedded_guidance:
+        if guidance:
+            log.info("%s: --g %s ignored: this model has no embedded guidance input", where, guidance)
+        guidance = None
+    elif guidance is None:
+        guidance = DEFAULT_GUIDANCE
+    spec = dataclasses.replace(spec, sampler=FLOW_SAMPLER, guidance=guidance)
+    return spec.with_defaults(width=size, height=size, steps=DEFAULT_FLOW_STEPS, scale=DEFAULT_FLOW_SCALE)
+
+
+def prompt_problems(family: ModelFamily, parts: Parts, specs: Sequence[PromptSpec], where: str) -> list[str]:
+    """What the loaded model cannot sample in ``specs`` (from ``where``, e.g. the prompt file): for flow matching,
+    sizes that are not multiples of 16; none for the DDPM families (parsing checked their sizes)."""
+    if not uses_flow_sampler(family, parts):
+        return []
+    problems = []
+    for spec in specs:
+        for option, value in (("--w", spec.width), ("--h", spec.height)):
+            if value is not None and value % PIXELS_PER_TOKEN:
+                lower = max(PIXELS_PER_TOKEN, value - value % PIXELS_PER_TOKEN)
+                problems.append(f"{where}: prompt {spec.index + 1}: {option} {value} is not a multiple of "
+                                f"{PIXELS_PER_TOKEN}, which {family.name} needs (an 8x VAE and 2x2 latent patches); "
+                                f"try {lower}")  # fmt: skip
+    return problems
+
+
+def uses_cfg(spec: PromptSpec) -> bool:
+    """sd-scripts' rule: true CFG (with the negative prompt, empty when not given) runs whenever ``--l`` is not 1."""
+    return spec.scale is not None and spec.scale != 1.0
+
+
+def flow_velocity(
+    family: ModelFamily, parts: Parts, cond: Any, *, guidance: float | None, dtype: torch.dtype | None = None
+) -> Velocity:
+    """``velocity(x, sigma)`` = ``family.predict(parts.denoiser, x, t=sigma·1000, cond, guidance=g)`` as float32;
+    ``guidance`` None leaves the option out (models without embedded guidance). ``dtype``: the dtype x is given to
+    the model in (default: the denoiser's compute dtype, :func:`compute_dtype`)."""
+    denoiser = parts.denoiser
+    dtype = dtype or compute_dtype(denoiser)
+
+    def velocity(x: Tensor, sigma: Tensor) -> Tensor:
+        options = {}
+        if guidance is not None:
+            options["guidance"] = torch.full((x.shape[0],), guidance, device=x.device, dtype=torch.float32)
+        return family.predict(denoiser, x.to(dtype), sigma * 1000, cond, **options).float()
+
+    return velocity
+
+
+def compute_dtype(module: torch.nn.Module) -> torch.dtype:
+    """The dtype ``module`` computes in: that of its first floating-point parameter wider than 8 bits (under
+    ``--fp8_base`` the Linear weights are stored in float8, while biases and norms keep the compute dtype)."""
+    for parameter in module.parameters():
+        if parameter.dtype.is_floating_point and parameter.dtype.itemsize > 1:
+            return parameter.dtype
+    raise ValueError(f"{type(module).__name__}: no floating-point parameter wider than 8 bits to compute in")
+
+
+@torch.no_grad()
+def generate_flow_latents(
+    family: ModelFamily, parts: Parts, specs: Sequence[PromptSpec], generators: Sequence[torch.Generator]
+) -> Tensor:
+    """Denoised latents (B, C, H/8, W/8), float32, for resolved specs (:func:`resolve_flow`) that share their
+    settings; ``generators[i]`` draws image i's noise (:func:`flow.flux_noise`). Runs under ``torch.no_grad`` (and
+    the caller's autocast, if any)."""
+    first = specs[0]
+    settings = flow_settings(family, parts)
+    device = next(parts.denoiser.parameters()).device
+    cfg = uses_cfg(first)
+    if not cfg and any(s.negative_prompt for s in specs):
+        log.info("negative prompt ignored because the CFG scale (--l) is 1.0")
+    texts = [s.prompt for s in specs] + ([s.negative_prompt for s in specs] if cfg else [])
+    cond = family.encode_prompt(parts, texts)
+    n = len(specs)
+    if cfg:  # the doubled batch [negatives; prompts] that with_cfg expects
+        cond = cat_conds(cond_rows(cond, n, 2 * n), cond_rows(cond, 0, n))
+    cond = cond.to(device)
+    seq_len = image_seq_len(first.height, first.width)
+    sigmas = flow_sigmas(
+        first.steps, seq_len, shift=settings.shift, base_shift=settings.base_shift, max_shift=settings.max_shift
+    )
+    noise = flux_noise(generators, first.height, first.width, settings.latent_channels).to(device)
+    velocity = flow_velocity(family, parts, cond, guidance=first.guidance)
+    if cfg:
+        velocity = with_cfg(velocity, first.scale)
+    return sample_euler(velocity, noise, sigmas)
+
+
+def cond_rows(cond: Any, start: int, stop: int) -> Any:
+    """Rows ``[start:stop)`` of every tensor field of a conditioning dataclass (``Cond``); None fields stay None."""
+    return dataclasses.replace(cond, **{k: v[start:stop] for k, v in _tensor_fields(cond).items()})
+
+
+def cat_conds(first: Any, second: Any) -> Any:
+    """Two conditionings of the same dataclass, rows of ``first`` then ``second`` in every tensor field."""
+    a, b = _tensor_fields(first), _tensor_fields(second)
+    if a.keys() != b.keys():
+        raise ValueError(f"cat_conds: fields {sorted(a)} and {sorted(b)} differ (one conditioning lacks a tensor)")
+    return dataclasses.replace(first, **{k: torch.cat([a[k], b[k]]) for k in a})
+
+
+def _tensor_fields(cond: Any) -> dict[str, Tensor]:
+    return {
+        f.name: getattr(cond, f.name) for f in dataclasses.fields(cond) if isinstance(getattr(cond, f.name), Tensor)
+    }
