@@ -263,6 +263,17 @@ def _note_ranks_above_width(wide: dict) -> None:
         )
 
 
+def _warn_empty_roots(roots: Sequence[Root], targets: Sequence[Target], preset: Preset) -> None:
+    """A root where the preset selects nothing: most often a family whose ``target_classes`` were not passed (the SD
+    UNet classes select nothing in a DiT)."""
+    for index, root in enumerate(roots):
+        if not any(t.root == index for t in targets):
+            classes = preset.unet_classes if root.prefix.startswith("lora_unet") else preset.te_classes_of(root.prefix)
+            logger.warning("%s (%s): no module is selected by the preset's classes %s; is it the family's "
+                           "target_classes (inject / prepare_network take them)?", root.prefix,
+                           type(root.module).__name__, ", ".join(classes) or "(none)")  # fmt: skip
+
+
 def inject(cfg: NetworkConfig, roots: Sequence[Root], classes: TargetClasses | None = None) -> AdapterNetwork:
     """Wrap every target module of ``roots`` with a fresh adapter as ``cfg`` says; returns the network.
     ``classes``: the family's ``target_classes`` (None: the SD UNet families').
@@ -276,6 +287,7 @@ def inject(cfg: NetworkConfig, roots: Sequence[Root], classes: TargetClasses | N
     conv_dim, _ = cfg.resolved_conv()
     conv = preset.enable_conv and (bool(conv_dim) or cfg.conv_block_dims is not None or cfg.module == "networks.oft")
     targets = find_targets(active, preset, conv=conv, train_norm=cfg.train_norm)
+    _warn_empty_roots(active, targets, preset)
     layout = block_layout([t.name for t in targets if t.is_unet])
     errors: list[str] = []
     lr_weights = block_lr_weights(cfg, layout)
