@@ -441,3 +441,15 @@ def test_text_encoder_classes_per_prefix_select_t5():
     split = [t.name for t in find_targets(roots, builtin_preset("kohya", classes), conv=False, train_norm=False)]
     assert split and all(("DenseReluDense" in n) == n.startswith("lora_te1_") for n in split)
     assert len(split) == len(names)
+
+
+def test_forgotten_target_classes_are_reported(caplog):
+    """Without the family's classes the SD presets select nothing in a DiT: said, naming the root and classes."""
+    model = tiny_flux()
+    with caplog.at_level("WARNING", logger="networks.inject"):
+        network = inject(make_config(), [flux_root(model)])
+    assert len(network) == 0
+    assert "lora_unet (FluxTransformer2DModel): no module is selected by the preset's classes Transformer2DModel" in (
+        caplog.text
+    )
+    assert len(inject(make_config(), [flux_root(model)], CLASSES)) > 0
