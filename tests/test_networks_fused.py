@@ -453,3 +453,34 @@ def test_forgotten_target_classes_are_reported(caplog):
         caplog.text
     )
     assert len(inject(make_config(), [flux_root(model)], CLASSES)) > 0
+
+
+@pytest.mark.parametrize("case", ["lora", "loha"])
+def test_gradients_with_dropouts_and_gradient_checkpointing(case):
+    """A training step through the leaves: the adapters get gradients, and diffusers' gradient checkpointing (the
+    recompute replays the RNG; the leaves share one draw per call) gives the same gradients as without it."""
+    grads = []
+    for checkpointing in (False, True):
+        model = tiny_flux().requires_grad_(False)
+        args, module = ALGOS[case]
+        cfg = make_config(*args, "preset=full", "rank_dropout=0.3", "module_dropout=0.2", module=module, dim=4)
+        network = inject(cfg, [flux_root(model)], CLASSES)
+        randomize(network)
+        network.set_training(True)
+        model.train()
+        if checkpointing:
+            model.enable_gradient_checkpointing()
+        g = torch.Generator().manual_seed(1)
+        torch.manual_seed(5)
+        out = model(hidden_states=torch.randn(2, 16, 64, generator=g), encoder_hidden_states=torch.randn(2, 5, 32,
+                    generator=g), pooled_projections=torch.randn(2, 32, generator=g), timestep=torch.tensor([0.3, 0.7]),
+                    img_ids=torch.zeros(16, 3), txt_ids=torch.zeros(5, 3), guidance=torch.tensor([3.5, 3.5]),
+                    return_dict=False)[0]  # fmt: skip
+        out.square().mean().backward()
+        grads.append({n: p.grad.clone() for n, p in network.named_parameters() if p.grad is not None})
+        assert all(getattr(layer, "_cache", None) is None for layer in network.layers())
+    fused = [n for n in grads[0] if "img_attn_qkv" in n or "linear1" in n]
+    assert fused and all(grads[0][n].abs().max() > 0 for n in fused)
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-4, atol=1e-6)
