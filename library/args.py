@@ -30,15 +30,19 @@ from library.token_embeddings import add_embedding_args, add_textual_inversion_a
 
 
 def add_run_groups(
-    parser: argparse.ArgumentParser, default_format: str | None = "safetensors", deepspeed: bool = False
+    parser: argparse.ArgumentParser,
+    default_format: str | None = "safetensors",
+    deepspeed: bool = False,
+    block_swap: bool = False,
 ) -> None:
     """The groups every training recipe takes, in order: logging, model, dataset, run, save (``default_format``:
     ``--save_model_as``'s default), state, trackers, validation, EMA, noise, loss. ``deepspeed``: the DeepSpeed
-    flags are read (full-model recipes) instead of refused."""
+    flags are read (full-model recipes) instead of refused. ``block_swap``: ``--blocks_to_swap`` and
+    ``--cpu_offload_checkpointing`` are read (FLUX / SD3 scripts, library/block_swap.py) instead of refused."""
     add_logging_args(parser)
     add_model_args(parser)
     add_dataset_args(parser)
-    add_run_args(parser, deepspeed)
+    add_run_args(parser, deepspeed, block_swap)
     add_save_args(parser, default_format)
     for add in (add_state_args, add_tracker_args, add_validation_args, add_ema_args, add_noise_args, add_loss_args):
         add(parser)

@@ -54,9 +54,14 @@ def _unpack(saved: object) -> object:
 
 
 def _others_hook_saved_tensors() -> bool:
-    """Whether saved-tensor hooks are active already (torch.utils.checkpoint's, or a caller's): ours stand aside."""
+    """Whether saved-tensor hooks are active already (torch.utils.checkpoint's, or a caller's): ours stand aside.
+    Hooks that only note weights (library/block_swap.py, whose pack function says ``weight_notes``) are not in the
+    way: ours go inside them for the layer's call, and note the compute-dtype copy they would not recognise."""
     top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
-    return top is None or top(False) is not None
+    if top is None:
+        return True
+    hooks = top(False)
+    return hooks is not None and not getattr(hooks[0], "weight_notes", False)
 
 
 class _Fp8Weight:

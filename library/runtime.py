@@ -19,8 +19,10 @@ from library.problems import ConfigError
 DTYPES = {"no": torch.float32, "float": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-def add_run_args(parser: argparse.ArgumentParser, deepspeed: bool = False) -> None:
-    """Run length, batching, data loading, seed, precision, attention and distributed settings."""
+def add_run_args(parser: argparse.ArgumentParser, deepspeed: bool = False, block_swap: bool = False) -> None:
+    """Run length, batching, data loading, seed, precision, attention and distributed settings. ``block_swap``: the
+    script's denoiser is a transformer whose blocks can be swapped and checkpointed with host-side inputs (FLUX, SD3):
+    ``--blocks_to_swap`` and ``--cpu_offload_checkpointing`` are read (library/block_swap.py) instead of refused."""
     g = parser.add_argument_group("run")
     g.add_argument("--max_train_steps", type=int, default=1600, help="training steps")
     g.add_argument("--max_train_epochs", type=int, default=None, help="training epochs (overrides --max_train_steps)")
@@ -34,12 +36,25 @@ def add_run_args(parser: argparse.ArgumentParser, deepspeed: bool = False) -> No
     g.add_argument("--fp8_base", action="store_true", help="store the frozen base model in float8 (e4m3fn)")
     g.add_argument("--fp8_base_unet", action="store_true", help="store only the frozen UNet in float8")
     g.add_argument("--gradient_checkpointing", action="store_true")
-    add_unsupported(
-        g,
-        "--cpu_offload_checkpointing",
-        "diffusers' SD/SDXL UNets cannot offload checkpointed activations; use --gradient_checkpointing",
-        action="store_true",
-    )
+    if block_swap:
+        from library.block_swap import add_block_swap_args
+
+        add_block_swap_args(parser)
+    else:
+        add_unsupported(
+            g,
+            "--cpu_offload_checkpointing",
+            "diffusers' SD/SDXL UNets cannot offload checkpointed activations; use --gradient_checkpointing",
+            action="store_true",
+        )
+        add_unsupported(
+            g,
+            "--blocks_to_swap",
+            "block swapping is for FLUX / SD3 transformers (flux_train_network.py, sd3_train_network.py); an SD "
+            "UNet has no block lists to swap, and sd-scripts' SD scripts have no such flag",
+            type=int,
+            default=None,
+        )
     g.add_argument("--mem_eff_attn", action="store_true", help="memory-efficient attention (torch SDPA kernel)")
     g.add_argument("--xformers", action="store_true", help="xformers attention (needs the xformers package + CUDA)")
     g.add_argument("--sdpa", action="store_true", help="torch scaled_dot_product_attention (the default)")

@@ -36,7 +36,8 @@ from networks.tool_common import main_guard
 FLUX_FLAGS = ("--t5xxl_dtype", "--clip_l", "--t5xxl", "--ae", "--controlnet_model_name_or_path",
               "--t5xxl_max_token_length", "--guidance_scale", "--model_prediction_type", "--discrete_flow_shift",
               "--model_type")  # fmt: skip
-DIT_TRAINING_FLAGS = ("--weighting_scheme", "--mode_scale", "--blocks_to_swap")
+# (--blocks_to_swap comes with the run group: refused there for SD models, read by the FLUX / SD3 scripts)
+DIT_TRAINING_FLAGS = ("--weighting_scheme", "--mode_scale")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -199,6 +199,20 @@ class Root(NamedTuple):
     fused: tuple[Fused, ...] = ()
 
 
+class BlockList(NamedTuple):
+    """One list of a denoiser's transformer blocks that ``--blocks_to_swap`` may keep on the host
+    (:meth:`ModelFamily.swap_blocks`, library/block_swap.py).
+
+    ``blocks``: the model's own ``nn.ModuleList`` (diffusers FLUX: ``transformer_blocks``, 19 double blocks, and
+    ``single_transformer_blocks``, 38 single blocks). ``per_unit``: how many of these blocks one unit of
+    ``--blocks_to_swap`` stands for in sd-scripts' split of N between the lists (FLUX: 1 double block, 2 single
+    blocks: a double block weighs about two single blocks).
+    """
+
+    blocks: nn.ModuleList
+    per_unit: int = 1
+
+
 @dataclass(frozen=True)
 class TargetClasses:
     """The module classes adapter presets select in this family's denoiser and text encoders (LyCORIS preset
@@ -311,6 +325,11 @@ class ModelFamily(Protocol):
     def adapter_roots(self, parts: Parts) -> list[Root]:
         """One :class:`Root` (kohya prefix, module, rename, fused modules) per adaptable module tree, the denoiser
         first: how adapter keys name the modules."""
+        ...
+
+    def swap_blocks(self, denoiser: nn.Module) -> list[BlockList]:
+        """The denoiser's block lists that ``--blocks_to_swap`` moves between host and device, in the order the
+        forward runs them; [] for a denoiser without such lists (the SD UNets: sd-scripts swaps FLUX and SD3 only)."""
         ...
 
     def base_model_version(self, prediction_type: str = "epsilon") -> str:

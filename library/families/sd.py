@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from . import text
-from .base import Cond, FamilySpec, PartDtypes, Parts, Root, TargetClasses, TextEncoderSpec, module_device
+from .base import BlockList, Cond, FamilySpec, PartDtypes, Parts, Root, TargetClasses, TextEncoderSpec, module_device
 from .blocks import DIFFUSERS_BLOCKS
 from .convert import UNET_PREFIX, hf_module_path
 from .latents import decode_latents, encode_latents
@@ -239,6 +239,10 @@ class SDFamily:
         encoder paths get the ``text_model.`` level; nothing is fused."""
         te = parts.text_encoders[0]
         return [Root("lora_unet", parts.denoiser, _identity), Root("lora_te", te, hf_module_path(te))]
+
+    def swap_blocks(self, denoiser: nn.Module) -> list[BlockList]:
+        """No lists: a UNet has no transformer block lists to swap (sd-scripts' ``--blocks_to_swap`` is FLUX / SD3 only)."""
+        return []
 
     def base_model_version(self, prediction_type: str = "epsilon") -> str:
         """``ss_base_model_version``: sd_v1 / sd_v1_v / sd_v2 / sd_v2_v."""

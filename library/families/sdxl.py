@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from . import text
-from .base import Cond, FamilySpec, PartDtypes, Parts, Root, TextEncoderSpec, module_device
+from .base import BlockList, Cond, FamilySpec, PartDtypes, Parts, Root, TextEncoderSpec, module_device
 from .blocks import SGM_BLOCKS
 from .convert import hf_module_path
 from .latents import decode_latents, encode_latents
@@ -204,6 +204,10 @@ class SDXLFamily:
             Root("lora_te1", te1, hf_module_path(te1)),
             Root("lora_te2", te2, hf_module_path(te2)),
         ]
+
+    def swap_blocks(self, denoiser: nn.Module) -> list[BlockList]:
+        """No lists: a UNet has no transformer block lists to swap (sd-scripts' ``--blocks_to_swap`` is FLUX / SD3 only)."""
+        return []
 
     def base_model_version(self, prediction_type: str = "epsilon") -> str:
         """``ss_base_model_version``: always ``sdxl_base_v1-0`` (as sd-scripts)."""

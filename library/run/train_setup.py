@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from library import data
+from library.block_swap import BlockSwap, BlockSwapConfig, enable_offloaded_checkpointing, swap_problems
 from library.config import from_namespace
 from library.devices import on_device, to_device
 from library.ema import EMAConfig
@@ -159,6 +160,7 @@ class TrainConfig:
     trackers: TrackerConfig
     validation: ValidationConfig
     ema: EMAConfig
+    block_swap: BlockSwapConfig = BlockSwapConfig()  # --blocks_to_swap / --cpu_offload_checkpointing (FLUX, SD3)
     console_log_level: str | None = None
     console_log_file: str | None = None
     console_log_simple: bool = False
@@ -217,12 +219,15 @@ def read_config(
         trackers=read(TrackerConfig.from_args, args),
         validation=read(ValidationConfig.from_args, args),
         ema=read(EMAConfig.from_args, args),
+        block_swap=read(BlockSwapConfig.from_args, args),
     )
     given = args.dataset_config or args.train_data_dir or args.in_json  # (none given: a cross-check says so)
     if values["data"] is not None and family is not None and given:  # the dataset file and folders, same round
         data_args = with_native_resolution(values["data"], family, args.v_parameterization)
         read(data.load_dataset_configs, data_args, size_multiple=family.size_multiple)
     problems.extend(_cross_checks(args, values))
+    if family is not None and values["block_swap"] is not None:
+        problems.extend(block_swap_problems(family, values["block_swap"]))
     problems.raise_if_any()
     return TrainConfig(
         family=family,
@@ -232,6 +237,15 @@ def read_config(
         args={k: v for k, v in vars(args).items() if v is not None},
         **values,
     )
+
+
+def block_swap_problems(family: ModelFamily, cfg: BlockSwapConfig) -> list[str]:
+    """``--blocks_to_swap`` against the family's block lists of the released architecture (built on meta by
+    ``reference_parts``), before anything loads: a family without lists (the SD UNets) or an N above the limit."""
+    if not cfg.swaps:
+        return []
+    lists = family.swap_blocks(family.reference_parts().denoiser)
+    return swap_problems(cfg.blocks_to_swap, lists, family.spec.title)
 
 
 def _cross_checks(args: argparse.Namespace, values: dict) -> list[str]:
@@ -272,6 +286,7 @@ class Run:
     validation_loader: Any = None  # batches of the held-out images (--validation_split), or None
     validation_latent_cache: Any = None
     validation_text_cache: Any = None
+    block_swap: BlockSwap | None = None  # --blocks_to_swap: the blocks kept on the host (place_for_training)
 
     def make_loader(self, validation: bool = False) -> data.Loader:
         acc = self.accelerator
@@ -425,8 +440,9 @@ def load_model(cfg: TrainConfig, accelerator: Any) -> Parts:
             accelerator.wait_for_everyone()
     set_attention([parts.denoiser, parts.vae], run.attention)
     store_frozen_in_fp8(cfg, parts)
-    if run.gradient_checkpointing:
-        enable_checkpointing(parts.denoiser, parts.text_encoders if cfg.train_text_encoder else [])
+    offload = cfg.block_swap.cpu_offload_checkpointing  # implies checkpointing (BlockSwapConfig.from_args says so)
+    if run.gradient_checkpointing or offload:
+        enable_checkpointing(parts.denoiser, parts.text_encoders if cfg.train_text_encoder else [], offload)
     return parts
 
 
@@ -460,15 +476,22 @@ def store_frozen_in_fp8(cfg: TrainConfig, parts: Parts) -> list[str]:
     return stored
 
 
-def enable_checkpointing(unet: torch.nn.Module, text_encoders: list[torch.nn.Module]) -> None:
-    """--gradient_checkpointing on the UNet and the given (trained) text encoders.
+def enable_checkpointing(
+    unet: torch.nn.Module, text_encoders: list[torch.nn.Module], cpu_offload: bool = False
+) -> None:
+    """--gradient_checkpointing on the UNet and the given (trained) text encoders; ``cpu_offload``
+    (``--cpu_offload_checkpointing``): the denoiser's checkpointed blocks keep their saved inputs on the host
+    (library/block_swap.py ``offloaded_checkpoint``).
 
     transformers checkpoints an encoder's layers only in training mode, so the trained encoders are put in it
     (their dropout rates are 0 in every released SD text encoder; sd-scripts does the same); sampling and
     validation switch them to eval mode and back.
     """
     kwargs = {"use_reentrant": False}
-    unet.enable_gradient_checkpointing()
+    if cpu_offload:
+        enable_offloaded_checkpointing(unet)
+    else:
+        unet.enable_gradient_checkpointing()
     for te in text_encoders:
         if hasattr(te, "activation_checkpointing_enable"):  # transformers >= 5.24 (the older name warns there)
             te.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
@@ -480,14 +503,33 @@ def enable_checkpointing(unet: torch.nn.Module, text_encoders: list[torch.nn.Mod
 def place_for_training(run: Run) -> None:
     """Put on the device what the training step runs: the denoiser, the VAE unless every latent is cached, the text
     encoders unless their outputs are cached (or they are trained). The rest stays on the host; a sampling round
-    brings it in for the round (library/sampling/training.py)."""
+    brings it in for the round (library/sampling/training.py). With ``--blocks_to_swap`` the swapped blocks' frozen
+    weights stay on the host (:func:`place_denoiser`)."""
     cfg, parts, device = run.cfg, run.parts, run.accelerator.device
-    parts.denoiser.to(device)
+    run.block_swap = place_denoiser(parts.denoiser, cfg.family, cfg.block_swap, device)
     if not cfg.data.cache_latents:
         parts.vae.to(device)
     if not cfg.data.cache_text_encoder_outputs or cfg.train_text_encoder:
         for te in parts.text_encoders:
             te.to(device)
+
+
+def place_denoiser(
+    denoiser: torch.nn.Module, family: ModelFamily, cfg: BlockSwapConfig, device: torch.device
+) -> BlockSwap | None:
+    """The denoiser onto ``device``; with ``--blocks_to_swap`` N all but the frozen weights of the last blocks of the
+    family's block lists (:meth:`ModelFamily.swap_blocks`), which then move in for each block's forward and backward
+    (library/block_swap.py). Returns the :class:`BlockSwap`, or None without swapping."""
+    if not cfg.swaps:
+        denoiser.to(device)
+        return None
+    lists = family.swap_blocks(denoiser)
+    problems = swap_problems(cfg.blocks_to_swap, lists, family.spec.title)
+    if problems:
+        raise ConfigError(problems)
+    swap = BlockSwap(lists, cfg.blocks_to_swap, device)
+    swap.place(denoiser)
+    return swap
 
 
 def module_identity(module: torch.nn.Module, extra: str = "") -> str:
