@@ -74,7 +74,7 @@ def run(argv: Sequence[str] | None = None, family_names: Sequence[str] = ("sd1",
         return None
     run = train_setup.start(cfg)  # accelerator, seed, dataset plan + bucket report, model, caches
     train_setup.release_unused_parts(run)  # the VAE / text encoders whose outputs are all cached
-    network = prepare_network(cfg.method.network, run.family.adapter_roots(run.parts))
+    network = prepare_network(cfg.method.network, run.family.adapter_roots(run.parts), run.family.target_classes)
     network.to(device=run.accelerator.device, dtype=cfg.run.train_dtype)
     groups = network.param_groups(cfg.optim.unet_lr, cfg.optim.text_encoder_lr, cfg.optim.learning_rate)
     trainable, groups = add_embeddings(run, network, groups, cfg.method.embeddings, cfg.optim.learning_rate)

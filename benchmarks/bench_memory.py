@@ -171,7 +171,7 @@ def meta_step(family_name: str, resolution: int, fp8: bool = True, checkpointing
     flags = ["--network_module", "networks.lora", "--network_dim", "8", "--network_alpha", "8",
              "--network_train_unet_only"]  # fmt: skip
     network = prepare_network(NetworkConfig.from_args(train_network.build_parser().parse_args(flags)),
-                              family.adapter_roots(parts))  # fmt: skip
+                              family.adapter_roots(parts), family.target_classes)  # fmt: skip
     network.to(device="meta", dtype=bf16)
     optimizer = torch.optim.AdamW([p for p in network.parameters() if p.requires_grad], lr=1e-4)
     for module in (*encoders, vae):  # a cached run frees them (release_unused_parts); the adapter keeps the modules

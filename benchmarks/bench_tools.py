@@ -33,10 +33,10 @@ def build_lora(rank: int, path: Path) -> dict[str, tuple[int, int]]:
     from safetensors.torch import save_file
 
     from library.families import SDXL
-    from networks.targets import PRESETS, find_targets
+    from networks.targets import builtin_preset, find_targets
 
     roots = SDXL.adapter_roots(SDXL.reference_parts())
-    targets = find_targets(roots, PRESETS["kohya"], conv=False, train_norm=False)
+    targets = find_targets(roots, builtin_preset("kohya", SDXL.target_classes), conv=False, train_norm=False)
     g = torch.Generator().manual_seed(0)
     state, shapes = {}, {}
     for t in targets:

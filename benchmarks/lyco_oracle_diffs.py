@@ -110,7 +110,7 @@ def network_diffs() -> None:
         before = _outputs(parts, family, inputs)
         for args in (("algo=full",), ("algo=ia3",), ("algo=ia3", "train_on_input=True"), ("algo=glora", "conv_dim=2")):
             ours = copy.deepcopy(parts)
-            network = inject(_config(*args), family.adapter_roots(ours))
+            network = inject(_config(*args), family.adapter_roots(ours), family.target_classes)
             with torch.no_grad():
                 for p in network.parameters():
                     p.copy_(torch.randn(p.shape, generator=g) * 0.2)

@@ -30,7 +30,8 @@ from library.problems import ConfigError, problems_of
 
 from . import files
 from .algos import ALGOS
-from .layers import AdapterLayer, AdapterWeights
+from .fused import adapter_layer
+from .layers import AdapterWeights
 from .lowrank import Delta
 from .targets import Target
 
@@ -290,7 +291,7 @@ def module_delta(
                 what = "DoRA" if adapter.magnitude is not None else adapter.algo.name
                 raise ValueError(f"{file.source}: {name} is a {what} module: its ΔW depends on the base weights; "
                                  "pass the base model it was trained on (--base_model)")  # fmt: skip
-            layer = AdapterLayer(base, adapter.to(base.weight.device))
+            layer = adapter_layer(base, adapter.to(base.weight.device))
             if adapter.algo.multiplier_inside:  # ΔW is not linear in the multiplier (OFT: R moved toward I)
                 delta = layer.delta(multiplier).detach().float().cpu()
                 return Delta(shape, dense=delta.reshape(shape[0], -1))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -23,7 +23,7 @@ from torch import Tensor
 from library.families.base import ModelFamily, Parts
 
 from .lowrank import Delta, clamp_factors, svd_all, to_lora
-from .targets import CONV_BLOCKS, PRESETS, Preset, Target, find_targets
+from .targets import Target, builtin_preset, find_targets
 from .tool_common import progress
 
 logger = logging.getLogger(__name__)
@@ -40,9 +40,11 @@ class ExtractOptions:
 
 
 def targets(family: ModelFamily, parts: Parts, conv: bool) -> list[Target]:
-    """The modules networks.lora would adapt (with conv blocks when ``conv``), in model order."""
-    base = PRESETS["kohya"]
-    preset = Preset(base.unet_classes + CONV_BLOCKS, (), base.te_classes, (), True) if conv else base
+    """The modules networks.lora would adapt (with conv blocks when ``conv``), in model order: the family's
+    ``target_classes``; a fused module's weight is its leaves' rows stacked, so ΔW is their stacked difference."""
+    classes = family.target_classes
+    base = builtin_preset("kohya", classes)
+    preset = replace(base, unet_classes=base.unet_classes + classes.conv_blocks, enable_conv=True) if conv else base
     return find_targets(family.adapter_roots(parts), preset, conv=conv, train_norm=False)
 
 

@@ -17,8 +17,9 @@ from library.families import adapter_family_label
 from library.problems import first
 
 from .algos import ALGOS, NOT_SUPPORTED, detect_algo, oft_variant
+from .fused import FusedLeaf
 from .layers import AdapterLayer, NormAdapterLayer, weight_kind
-from .targets import Root, Target, kohya_name
+from .targets import Root, Target, as_root, fused_targets, kohya_name
 
 
 def group_by_module(state_dict: Mapping[str, Tensor]) -> dict[str, dict[str, Tensor]]:
@@ -48,29 +49,31 @@ def module_index(roots: Sequence[Root]) -> dict[str, Target]:
 
     Aliases: the un-renamed path (diffusers-named SDXL UNet files, as sd-scripts and diffusers accept; TE names
     without ``text_model_`` written by tools that ran under transformers 5). The Target always holds the canonical
-    (renamed) name.
+    (renamed) name. A fused module (``Root.fused``) is indexed under its fused name only; its leaves are not indexed.
     """
     index: dict[str, Target] = {}
-    for i, (prefix, root, rename, *fused) in enumerate(roots):
-        # a family's fused modules (FLUX's qkv, linear1: base.Fused) are one kohya module over several leaves; their
-        # leaves have no kohya name of their own, so they are not indexed one by one (fused targets: networks/targets)
-        leaves = {s.path for f in (fused[0] if fused else ()) for s in f.segments}
+    roots = [as_root(r) for r in roots]
+    by_leaf, by_name = fused_targets(roots)
+
+    def add(target: Target, *aliases: str) -> None:
+        for name in (target.name, *aliases):
+            index.setdefault(name, target)
+        for algo in ALGOS.values():  # sd-scripts' networks.oft files name UNet modules oft_unet_...
+            if algo.file_prefix and target.is_unet:
+                index.setdefault(algo.file_prefix + target.name.removeprefix("lora_unet"), target)
+
+    for target in by_name.values():
+        add(target)
+    for i, (prefix, root, rename, _) in enumerate(roots):
         for path, module in root.named_modules():
-            if path in leaves:
-                continue
-            if isinstance(module, (AdapterLayer, NormAdapterLayer)):  # an injected module stands for its base
+            if isinstance(module, (AdapterLayer, NormAdapterLayer, FusedLeaf)):  # an injected module: its base
                 module = module.base_layer
             elif ".base_layer" in path or ".adapter." in path:
                 continue
             kind = weight_kind(module)
-            if kind is None or not path:
+            if kind is None or not path or (i, path) in by_leaf:
                 continue
-            target = Target(kohya_name(prefix, rename, path), module, i, path, kind)
-            index.setdefault(target.name, target)
-            index.setdefault(kohya_name(prefix, lambda p: p, path), target)
-            for algo in ALGOS.values():  # sd-scripts' networks.oft files name UNet modules oft_unet_...
-                if algo.file_prefix and target.is_unet:
-                    index.setdefault(algo.file_prefix + target.name.removeprefix("lora_unet"), target)
+            add(Target(kohya_name(prefix, rename, path), module, i, path, kind), kohya_name(prefix, lambda p: p, path))
     return index
 
 
@@ -82,7 +85,7 @@ def explain_unmatched(names: Sequence[str], roots: Sequence[Root], source: str) 
     for prefix, count in by_prefix.items():
         examples = ", ".join([n for n in names if prefix_of(n) == prefix][:3])
         if prefix not in model_prefixes:
-            label = adapter_family_label([prefix], names)  # block names tell SDXL from FLUX
+            label = adapter_family_label([prefix])
             hint = f"{label} (prefix {prefix})" if label else "not a kohya-format adapter for SD1/SD2/SDXL"
             lines.append(
                 f"{count} module(s) with prefix {prefix!r}, which this model does not have (its prefixes: "

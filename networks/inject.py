@@ -3,7 +3,9 @@
 Build adapter networks on a model: from a :class:`NetworkConfig` (``inject``), from a file (``network_from_file``,
 ``--dim_from_weights``), and bake files into the base weights (``merge_files_into_base``, ``--base_weights``).
 
-``roots`` come from the model family: ``[(prefix, module, rename), ...]`` (see ``networks.targets``).
+``roots`` come from the model family: ``family.adapter_roots(parts)``, :class:`~library.families.base.Root` tuples
+``(prefix, module, rename, fused)`` (see ``networks.targets``); ``classes`` its ``target_classes``, which the built-in
+presets are resolved through (None: the SD UNet families' classes).
 """
 
 from __future__ import annotations
@@ -12,11 +14,13 @@ import logging
 import math
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import torch
 from torch import Tensor, nn
 
 from library.families import block_layout, block_layout_title
+from library.families.base import TargetClasses
 from library.families.blocks import BlockLayout
 from library.problems import ConfigError
 
@@ -24,41 +28,47 @@ from . import files
 from .algos import ALGOS, dora
 from .algos import norm as norm_algo
 from .config import NetworkConfig
+from .fused import FusedAdapterLayer, FusedLeaf
 from .layers import AdapterLayer, AdapterWeights, DyLoRALayer, NormAdapterLayer, NormWeights, max_rank
 from .network import AdapterNetwork, Slot
-from .targets import CONV_BLOCKS, PRESETS, TRANSFORMER, Preset, Root, Target, find_targets
+from .targets import PRESETS, Preset, Root, Target, as_root, builtin_preset, default_classes, find_targets
 
 logger = logging.getLogger(__name__)
 
 
 # ------------------------------------------------------------------------------------------------------- presets
-def load_preset(cfg: NetworkConfig) -> Preset:
-    """The target preset: ``preset=`` (a built-in name or a LyCORIS preset TOML), else the module's default
-    (networks.lora: sd-scripts' targets, plus conv blocks with conv dims; lycoris.kohya: ``full``)."""
+def load_preset(cfg: NetworkConfig, classes: TargetClasses | None = None) -> Preset:
+    """The target preset: ``preset=`` (a built-in name, resolved through the family's ``classes``, or a LyCORIS
+    preset TOML), else the module's default (networks.lora: sd-scripts' targets, plus conv blocks with conv dims;
+    lycoris.kohya: ``full``)."""
+    classes = classes or default_classes()
     if cfg.module == "networks.oft":
-        return oft_preset(cfg)
+        return oft_preset(cfg, classes)
     if cfg.preset is None:
         if cfg.is_lycoris:
-            return PRESETS["full"]
-        base = PRESETS["kohya"]
+            return builtin_preset("full", classes)
+        base = builtin_preset("kohya", classes)
         with_conv = bool(cfg.conv_dim) or cfg.conv_block_dims is not None
-        return Preset(base.unet_classes + CONV_BLOCKS, (), base.te_classes, (), True) if with_conv else base
+        return (
+            replace(base, unet_classes=base.unet_classes + classes.conv_blocks, enable_conv=True) if with_conv else base
+        )
     if cfg.preset in PRESETS:
-        return PRESETS[cfg.preset]
-    return _preset_from_toml(cfg.preset)
+        return builtin_preset(cfg.preset, classes)
+    return _preset_from_toml(cfg.preset, classes)
 
 
-def oft_preset(cfg: NetworkConfig) -> Preset:
+def oft_preset(cfg: NetworkConfig, classes: TargetClasses | None = None) -> Preset:
     """sd-scripts' networks.oft targets (U-Net only): the attention projections (its ``CrossAttention``, diffusers'
-    ``Attention``), or with ``enable_all_linear`` every Linear / 1x1 conv of the transformer blocks; ``enable_conv``
-    adds the ResNet and down/up-sampler blocks with their 3x3 convs."""
-    classes = TRANSFORMER if cfg.enable_all_linear else ("Attention",)
+    ``Attention``: the family's ``attention`` classes), or with ``enable_all_linear`` every Linear / 1x1 conv of the
+    transformer blocks; ``enable_conv`` adds the ResNet and down/up-sampler blocks with their 3x3 convs."""
+    classes = classes or default_classes()
+    selected = classes.transformer if cfg.enable_all_linear else classes.attention
     if cfg.enable_conv:
-        classes = classes + CONV_BLOCKS
-    return Preset(classes, (), (), (), enable_conv=cfg.enable_conv)
+        selected = selected + classes.conv_blocks
+    return Preset(selected, (), (), (), enable_conv=cfg.enable_conv)
 
 
-def _preset_from_toml(path: str) -> Preset:
+def _preset_from_toml(path: str, classes: TargetClasses) -> Preset:
     import toml
 
     data = toml.load(path)
@@ -70,7 +80,7 @@ def _preset_from_toml(path: str) -> Preset:
     unknown = sorted(set(data) - known)
     if unknown:
         raise ValueError(f"--network_args preset={path}: unknown keys {unknown}; known: {sorted(known)}")
-    full = PRESETS["full"]
+    full = builtin_preset("full", classes)
 
     def names(key: str, default: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(data[key]) if key in data else default
@@ -92,9 +102,9 @@ def active_roots(cfg: NetworkConfig | None, roots: Sequence[Root]) -> list[Root]
         return list(roots)
     return [
         r
-        for r in roots
-        if not (cfg.train_unet_only and not r[0].startswith("lora_unet"))
-        and not (cfg.train_text_encoder_only and r[0].startswith("lora_unet"))
+        for r in (as_root(r) for r in roots)
+        if not (cfg.train_unet_only and not r.prefix.startswith("lora_unet"))
+        and not (cfg.train_text_encoder_only and r.prefix.startswith("lora_unet"))
     ]
 
 
@@ -211,17 +221,29 @@ def _wrap(cfg: NetworkConfig | None, target: Target, adapter) -> AdapterLayer | 
         return NormAdapterLayer(target.module, adapter, **kw)
     if cfg is not None:
         kw.update(dropout=cfg.dropout, rank_dropout=cfg.rank_dropout, rank_dropout_scale=cfg.rank_dropout_scale)
+    if target.fused is not None:
+        return FusedAdapterLayer(target.module, adapter, **kw)
     if adapter.algo.name == "dylora":
         return DyLoRALayer(target.module, adapter, style=cfg.dylora_style if cfg is not None else "kohya", **kw)
     return AdapterLayer(target.module, adapter, **kw)
 
 
 def _install(roots: Sequence[Root], target: Target, layer: nn.Module) -> Slot:
+    """Put ``layer`` in place of the target's module (a fused target: a :class:`FusedLeaf` in place of each leaf)."""
     root = roots[target.root][1]
-    parent_path, _, attr = target.path.rpartition(".")
-    parent = root.get_submodule(parent_path) if parent_path else root
-    setattr(parent, attr, layer)
-    return Slot(layer, parent, attr, target)
+
+    def place(path: str, module: nn.Module) -> tuple[nn.Module, str]:
+        parent_path, _, attr = path.rpartition(".")
+        parent = root.get_submodule(parent_path) if parent_path else root
+        setattr(parent, attr, module)
+        return parent, attr
+
+    if target.fused is None:
+        return Slot(layer, *place(target.path, layer), target)
+    base = target.module
+    leaves = tuple((*place(path, FusedLeaf(leaf, layer, j)), leaf) for j, (path, leaf) in
+                   enumerate(zip(base.paths, base.leaves)))  # fmt: skip
+    return Slot(layer, root, "", target, leaves)
 
 
 def _note_ranks_above_width(wide: dict) -> None:
@@ -241,17 +263,31 @@ def _note_ranks_above_width(wide: dict) -> None:
         )
 
 
-def inject(cfg: NetworkConfig, roots: Sequence[Root]) -> AdapterNetwork:
+def _warn_empty_roots(roots: Sequence[Root], targets: Sequence[Target], preset: Preset) -> None:
+    """A root where the preset selects nothing: most often a family whose ``target_classes`` were not passed (the SD
+    UNet classes select nothing in a DiT)."""
+    for index, root in enumerate(roots):
+        if not any(t.root == index for t in targets):
+            classes = preset.unet_classes if root.prefix.startswith("lora_unet") else preset.te_classes_of(root.prefix)
+            logger.warning("%s (%s): no module is selected by the preset's classes %s; is it the family's "
+                           "target_classes (inject / prepare_network take them)?", root.prefix,
+                           type(root.module).__name__, ", ".join(classes) or "(none)")  # fmt: skip
+
+
+def inject(cfg: NetworkConfig, roots: Sequence[Root], classes: TargetClasses | None = None) -> AdapterNetwork:
     """Wrap every target module of ``roots`` with a fresh adapter as ``cfg`` says; returns the network.
+    ``classes``: the family's ``target_classes`` (None: the SD UNet families').
 
     Raises one ``ValueError`` listing every problem (block list lengths). A rank above a layer's width is kept
     (logged once), as LyCORIS does.
     """
+    roots = [as_root(r) for r in roots]
     active = active_roots(cfg, roots)
-    preset = load_preset(cfg)
+    preset = load_preset(cfg, classes)
     conv_dim, _ = cfg.resolved_conv()
     conv = preset.enable_conv and (bool(conv_dim) or cfg.conv_block_dims is not None or cfg.module == "networks.oft")
     targets = find_targets(active, preset, conv=conv, train_norm=cfg.train_norm)
+    _warn_empty_roots(active, targets, preset)
     layout = block_layout([t.name for t in targets if t.is_unet])
     errors: list[str] = []
     lr_weights = block_lr_weights(cfg, layout)
@@ -301,6 +337,7 @@ def network_from_state_dict(
     Every module of the file must exist in the model (another family's file is a ``ValueError`` naming the
     prefixes); ``cfg`` (if given) supplies dropouts, LoRA+ ratios and ``--network_train_*_only``.
     """
+    roots = [as_root(r) for r in roots]
     active = active_roots(cfg, roots)
     index = files.module_index(active)
     all_index = files.module_index(roots)
@@ -360,14 +397,15 @@ def merge_files_into_base(paths: Sequence[str], multipliers: Sequence[float], ro
         logger.info("merged %s into the base model (multiplier %s)", path, multiplier)
 
 
-def prepare_network(cfg: NetworkConfig, roots: Sequence[Root]) -> AdapterNetwork:
+def prepare_network(cfg: NetworkConfig, roots: Sequence[Root], classes: TargetClasses | None = None) -> AdapterNetwork:
     """What a training script does: merge ``--base_weights``, then build the network (from ``--network_weights``
-    with ``--dim_from_weights``, else from the config and load ``--network_weights`` into it)."""
+    with ``--dim_from_weights``, else from the config and load ``--network_weights`` into it). ``classes``: the
+    family's ``target_classes`` (None: the SD UNet families')."""
     if cfg.base_weights:
         merge_files_into_base(cfg.base_weights, cfg.base_weights_multiplier, roots)
     if cfg.dim_from_weights:
         return network_from_file(cfg.network_weights, roots, cfg)
-    network = inject(cfg, roots)
+    network = inject(cfg, roots, classes)
     if cfg.network_weights:
         network.load_file(cfg.network_weights, strict=False)
     return network

@@ -183,7 +183,7 @@ class AdapterLayer(nn.Module):
         rank_dropout_scale: bool = False,
     ) -> None:
         super().__init__()
-        if not isinstance(base_layer, ADAPTABLE):
+        if not isinstance(base_layer, ADAPTABLE) and not getattr(base_layer, "is_fused", False):
             raise TypeError(f"AdapterLayer wraps nn.Linear or nn.Conv2d, got {type(base_layer).__name__}")
         self.base_layer = base_layer
         self.adapter = adapter
@@ -195,8 +195,8 @@ class AdapterLayer(nn.Module):
         self._backup: Tensor | None = None  # original base weight while merged
         self._bias_backup: Tensor | None = None  # original bias while merged (algorithms with a bias change)
         b = base_layer  # the conv arguments of the adapter's own ops (None: Linear), fixed with the base layer
-        self._conv_args = None if isinstance(b, nn.Linear) else {"stride": b.stride, "padding": b.padding,
-                                                                  "dilation": b.dilation}  # fmt: skip
+        self._conv_args = None if not isinstance(b, nn.Conv2d) else {"stride": b.stride, "padding": b.padding,
+                                                                      "dilation": b.dilation}  # fmt: skip
 
     @property
     def merged(self) -> bool:
@@ -246,10 +246,11 @@ class AdapterLayer(nn.Module):
         delta = self.adapter.delta_bias()
         return None if delta is None else delta * (self.multiplier if multiplier is None else multiplier)
 
-    def _train_delta(self) -> tuple[Tensor, Tensor | None]:
-        """(ΔW as the forward pass uses it, the rank-dropout mask of its output rows or None)."""
+    def _train_delta(self, training: bool | None = None) -> tuple[Tensor, Tensor | None]:
+        """(ΔW as the forward pass uses it, the rank-dropout mask of its output rows or None); ``training``: whether
+        rank dropout acts (None: the layer's flag)."""
         delta, keep = self.algo_delta(self.multiplier), None  # the multiplier reaches multiplier_inside algorithms only
-        if self.training and self.rank_dropout:
+        if (self.training if training is None else training) and self.rank_dropout:
             keep = (torch.rand(delta.shape[0], device=delta.device) > self.rank_dropout).to(delta.dtype)
             if self.rank_dropout_scale:
                 keep = keep / keep.mean().clamp_min(1e-6)

@@ -100,7 +100,7 @@ def apply_with_lycoris(path: str | Path, roots: Sequence[tuple[str, nn.Module, C
     """Load ``path`` with ``lycoris.kohya.create_network_from_weights`` and apply it (forward patching) to the
     modules of ``roots`` (a family's ``adapter_roots``: UNet first, then the text encoders). Returns lycoris'
     network; its ``unet_loras`` / ``text_encoder_loras`` list what it found."""
-    (_, unet, rename, *_), *te_roots = roots  # Root tuples (a 4th field: fused modules)
+    (_, unet, rename), te_roots = roots[0][:3], roots[1:]
     unet_view = renamed_view(unet, rename)
     tes = [te if hasattr(te, "text_model") else _TextModel(te) for _, te, *_ in te_roots]
     te_arg = tes if len(tes) > 1 else tes[0] if tes else None  # a list means lora_te1, lora_te2 to LyCORIS

@@ -26,12 +26,22 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class Slot:
-    """Where one adapter layer sits: the layer, its parent module and attribute, the target and its UNet block."""
+    """Where one adapter layer sits: the layer, its parent module and attribute, the target. A fused target's layer
+    is not in the model: ``leaves`` holds (parent, attribute, original leaf) of each leaf its wrappers replaced."""
 
     layer: AdapterLayer | NormAdapterLayer
     parent: nn.Module
     attr: str
     target: Target
+    leaves: tuple[tuple[nn.Module, str, nn.Module], ...] = ()
+
+    def restore(self) -> None:
+        """Put the original module(s) back in the model."""
+        if self.leaves:
+            for parent, attr, leaf in self.leaves:
+                setattr(parent, attr, leaf)
+        else:
+            setattr(self.parent, self.attr, self.layer.base_layer)
 
 
 @dataclass
@@ -299,7 +309,8 @@ class AdapterNetwork(nn.Module):
             example = next(k for k in tensors if k not in ("alpha", "dora_scale"))
             raise ValueError(f"{source}: {file_name}.{example} is a {file_algo} tensor but the network uses "
                              f"{net_algo} here; set --network_args algo={file_algo} or pass --dim_from_weights")  # fmt: skip
-        tensors = files.fit_to_base(tensors, tuple(slot.layer.base_layer.weight.shape))
+        shape = slot.layer.weight_shape if isinstance(slot.layer, AdapterLayer) else slot.layer.base_layer.weight.shape
+        tensors = files.fit_to_base(tensors, tuple(shape))
         expected = adapter.file_tensors()
         if ("dora_scale" in tensors) != ("dora_scale" in expected):
             has = "has" if "dora_scale" in tensors else "has no"
@@ -354,7 +365,7 @@ class AdapterNetwork(nn.Module):
 
     def _restore_base_layers(self) -> None:
         for s in self._slots.values():
-            setattr(s.parent, s.attr, s.layer.base_layer)
+            s.restore()
         self._slots = {}
         self.adapters = nn.ModuleDict()
 

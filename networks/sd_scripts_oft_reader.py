@@ -52,7 +52,7 @@ def apply_sd_scripts_oft(
     from library.weight_files import load_state_dict
 
     state_dict, _ = load_state_dict(path)
-    (_, unet, rename, *_), *_ = roots
+    _, unet, rename = roots[0][:3]
     modules = {}
     for p, m in unet.named_modules():
         if p and isinstance(m, (nn.Linear, nn.Conv2d)):

@@ -200,7 +200,7 @@ def test_fp16_sdxl_vae_is_upcast(tiny_parts):
 def test_sdxl_adapter_names_are_the_single_file_names(tiny_parts, tmp_path):
     parts = tiny_parts["sdxl"]
     sd, _ = load_state_dict(SDXL.save(parts, tmp_path / "m.safetensors"))
-    roots = {prefix: (module, rename) for prefix, module, rename in SDXL.adapter_roots(parts)}
+    roots = {r.prefix: (r.module, r.rename) for r in SDXL.adapter_roots(parts)}
     assert list(roots) == ["lora_unet", "lora_te1", "lora_te2"]
     unet, rename = roots["lora_unet"]
     layers = [n for n, m in unet.named_modules() if isinstance(m, torch.nn.Linear | torch.nn.Conv2d)]
@@ -218,7 +218,7 @@ def test_sdxl_adapter_names_are_the_single_file_names(tiny_parts, tmp_path):
 
 def test_sd_adapter_names_and_metadata_strings(tiny_parts):
     roots = SD1.adapter_roots(tiny_parts["sd1"])
-    assert [(p, m) for p, m, _ in roots] == [
+    assert [(r.prefix, r.module) for r in roots] == [
         ("lora_unet", tiny_parts["sd1"].denoiser),
         ("lora_te", tiny_parts["sd1"].text_encoders[0]),
     ]

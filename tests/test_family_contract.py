@@ -31,7 +31,7 @@ from library.noising import NoiseConfig
 from library.objectives import Objective
 from library.weight_files import load_state_dict, read_metadata
 from networks.inject import network_from_file
-from networks.targets import PRESETS, find_targets
+from networks.targets import builtin_preset, find_targets
 
 
 def signature_problems(family: object) -> list[str]:
@@ -75,7 +75,7 @@ def test_each_family_satisfies_the_protocol(family, tiny_parts):
     assert FAMILIES[family.name] is family
     parts = tiny_parts[family.name]
     # the static facts agree with what the family does with a model
-    assert tuple(prefix for prefix, _, _ in family.adapter_roots(parts)) == family.adapter_prefixes
+    assert tuple(root.prefix for root in family.adapter_roots(parts)) == family.adapter_prefixes
     assert family.ti_embedding_keys == tuple(te.ti_key for te in family.spec.text_encoders)
     assert len(family.ti_embedding_keys) == family.num_text_encoders == len(parts.text_encoders)
     assert family.objective(parts) in OBJECTIVES and family.objective(parts) == parts.prediction_type
@@ -83,7 +83,8 @@ def test_each_family_satisfies_the_protocol(family, tiny_parts):
     assert isinstance(objective, Objective) and objective.name == family.objective(parts)
     with pytest.raises(ValueError, match="flow-matching flags"):
         family.training_objective(parts, NoiseConfig(flow=FlowMatchingConfig()), LossConfig())
-    unet_names = [t.name for t in find_targets(family.adapter_roots(parts), PRESETS["full"], conv=True, train_norm=False)
+    full = builtin_preset("full", family.target_classes)
+    unet_names = [t.name for t in find_targets(family.adapter_roots(parts), full, conv=True, train_norm=False)
                   if t.is_unet]  # fmt: skip
     assert any(family.blocks.names_match(n) for n in unet_names)
     assert all(
@@ -92,7 +93,7 @@ def test_each_family_satisfies_the_protocol(family, tiny_parts):
     reference = family.reference_parts()
     assert reference.family == family.name and reference.vae is None
     assert {p.device.type for p in reference.denoiser.parameters()} == {"meta"}
-    assert [p for p, _, _ in family.adapter_roots(reference)] == list(family.adapter_prefixes)
+    assert [r.prefix for r in family.adapter_roots(reference)] == list(family.adapter_prefixes)
 
 
 def test_the_checks_catch_a_family_that_breaks_the_contract():

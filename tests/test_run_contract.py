@@ -12,7 +12,7 @@ from typing import Protocol
 import pytest
 
 import train_network
-from library.run.method import MethodConfig, method_members
+from library.run.method import MethodConfig, NothingTrained, method_members
 from library.run.model_trainable import ModelTrainable, ModelTrainingConfig
 from library.run.trainable import Trainable, TrainableSet
 from library.token_embeddings import TextualInversionConfig, TokenEmbeddings
@@ -54,7 +54,7 @@ def problems(protocol: type[Protocol], obj: object) -> list[str]:
     return out
 
 
-METHOD_CONFIGS = [train_network.AdapterMethod, TextualInversionConfig, ModelTrainingConfig]
+METHOD_CONFIGS = [train_network.AdapterMethod, TextualInversionConfig, ModelTrainingConfig, NothingTrained]
 
 
 def test_method_members_are_the_protocol():

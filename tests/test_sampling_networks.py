@@ -40,7 +40,7 @@ def _kohya_lora(parts, family, path, seed, rank=4, alpha=2.0):
     blocks and every attention/MLP projection of the text encoders, named by the family's kohya prefixes."""
     g = torch.Generator().manual_seed(seed)
     tensors = {}
-    for prefix, root, rename in family.adapter_roots(parts):
+    for prefix, root, rename, _ in family.adapter_roots(parts):
         for path_, module in root.named_modules():
             wanted = ("attn" in path_ or "ff.net" in path_) if prefix == "lora_unet" else ("layers.0." in path_)
             if not isinstance(module, nn.Linear) or not wanted:

@@ -227,7 +227,10 @@ class TargetClasses:
 
     ``transformer``: the attention/MLP blocks (sd-scripts' ``networks.lora`` default targets); ``conv_blocks``: the
     ResNet / resampling blocks (added with ``conv_dim``); ``attention``: attention modules only (``attn-only``);
-    ``text_encoder``: per text-encoder prefix, or ``"*"`` for all of them.
+    ``text_encoder``: per text-encoder prefix, or ``"*"`` for all of them; ``text_encoder_attention``: the same for
+    the text encoders' attention modules only (``attn-only``).
+    The built-in presets (``networks.targets.PRESETS``) are written in these groups, so a family's presets select its
+    own classes; each text encoder gets the classes under its prefix (``"*"``: every prefix not named).
     """
 
     transformer: tuple[str, ...]
@@ -236,6 +239,7 @@ class TargetClasses:
     text_encoder: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     full_names: tuple[str, ...] = ()
     """Module paths the ``full`` presets add beyond the classes (SD's conv_in / conv_out / time embedding)."""
+    text_encoder_attention: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 @runtime_checkable
@@ -264,6 +268,9 @@ class ModelFamily(Protocol):
     """sd-scripts' UNet block numbering for ``block_dims`` / ``*_lr_weight`` of adapters on this family."""
     denoiser_name: str
     """What the denoiser (``Parts.denoiser``) is called in messages: "UNet" (a transformer for DiT families)."""
+    target_classes: TargetClasses
+    """The module classes adapter presets select in this family's denoiser and text encoders (``networks.targets``
+    resolves the built-in presets through them)."""
 
     def load(self, path: str | Path, **options: Any) -> Parts:
         """A diffusers folder or a single file -> frozen modules in eval mode (options: dtype (one dtype, or
@@ -323,7 +330,8 @@ class ModelFamily(Protocol):
         ...
 
     def adapter_roots(self, parts: Parts) -> list[Root]:
-        """(kohya prefix, module, rename) per adaptable module tree: how adapter keys name the modules."""
+        """One :class:`Root` (kohya prefix, module, rename, fused modules) per adaptable module tree, the denoiser
+        first: how adapter keys name the modules."""
         ...
 
     def swap_blocks(self, denoiser: nn.Module) -> list[BlockList]:

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from . import text
-from .base import BlockList, Cond, FamilySpec, PartDtypes, Parts, Root, TextEncoderSpec, module_device
+from .base import BlockList, Cond, FamilySpec, PartDtypes, Parts, Root, TargetClasses, TextEncoderSpec, module_device
 from .blocks import DIFFUSERS_BLOCKS
 from .convert import UNET_PREFIX, hf_module_path
 from .latents import decode_latents, encode_latents
@@ -88,6 +88,19 @@ SD2_SPEC = FamilySpec(
 )
 
 
+# The classes sd-scripts' networks.lora and LyCORIS' presets select (diffusers' / transformers' names, which
+# sd-scripts' own UNet and CLIP mirror): the same for SD1, SD2 and SDXL.
+CLIP_ATTENTION = ("CLIPAttention", "CLIPSdpaAttention", "CLIPFlashAttention2")
+UNET_TARGET_CLASSES = TargetClasses(
+    transformer=("Transformer2DModel",),
+    conv_blocks=("ResnetBlock2D", "Downsample2D", "Upsample2D"),
+    attention=("Attention",),
+    text_encoder={"*": (*CLIP_ATTENTION, "CLIPMLP")},
+    full_names=("conv_in", "conv_out", "time_embedding.linear_1", "time_embedding.linear_2"),
+    text_encoder_attention={"*": CLIP_ATTENTION},
+)
+
+
 class SDFamily:
     """SD 1.x / 2.x: a UNet conditioned on one text encoder's (B, 77·k, D) hidden states. See ``ModelFamily``."""
 
@@ -97,6 +110,7 @@ class SDFamily:
     adapter_prefixes = ("lora_unet", "lora_te")
     blocks = DIFFUSERS_BLOCKS
     denoiser_name = "UNet"
+    target_classes = UNET_TARGET_CLASSES
 
     def __init__(
         self,
@@ -222,9 +236,9 @@ class SDFamily:
     # ------------------------------------------------------------------------------------------- names
     def adapter_roots(self, parts: Parts) -> list[Root]:
         """(kohya prefix, module, rename): UNet paths are kept (diffusers names, as sd-scripts' SD1/2 UNet), text
-        encoder paths get the ``text_model.`` level."""
+        encoder paths get the ``text_model.`` level; nothing is fused."""
         te = parts.text_encoders[0]
-        return [("lora_unet", parts.denoiser, _identity), ("lora_te", te, hf_module_path(te))]
+        return [Root("lora_unet", parts.denoiser, _identity), Root("lora_te", te, hf_module_path(te))]
 
     def swap_blocks(self, denoiser: nn.Module) -> list[BlockList]:
         """No lists: a UNet has no transformer block lists to swap (sd-scripts' ``--blocks_to_swap`` is FLUX / SD3 only)."""

@@ -28,6 +28,7 @@ from .convert import hf_module_path
 from .latents import decode_latents, encode_latents
 from .loading import load_model, reference_parts
 from .saving import IMPL_SGM, make_pipeline, save_family_model, with_kind
+from .sd import UNET_TARGET_CLASSES
 from .tokenizers import PAD_CLIP_L, PAD_OPEN_CLIP
 from .unet_keys import block_map, diffusers_to_ldm
 
@@ -81,6 +82,7 @@ class SDXLFamily:
     adapter_prefixes = ("lora_unet", "lora_te1", "lora_te2")
     blocks = SGM_BLOCKS
     denoiser_name = "UNet"
+    target_classes = UNET_TARGET_CLASSES  # the SD UNet and CLIP classes (``sd.UNET_TARGET_CLASSES``)
 
     def __init__(self) -> None:
         self._warned_clip_skip = False
@@ -198,9 +200,9 @@ class SDXLFamily:
         table = block_map(unet.config)
         te1, te2 = parts.text_encoders
         return [
-            ("lora_unet", unet, lambda path: diffusers_to_ldm(path, unet.config, table)),
-            ("lora_te1", te1, hf_module_path(te1)),
-            ("lora_te2", te2, hf_module_path(te2)),
+            Root("lora_unet", unet, lambda path: diffusers_to_ldm(path, unet.config, table)),
+            Root("lora_te1", te1, hf_module_path(te1)),
+            Root("lora_te2", te2, hf_module_path(te2)),
         ]
 
     def swap_blocks(self, denoiser: nn.Module) -> list[BlockList]:

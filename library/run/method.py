@@ -49,3 +49,18 @@ class MethodConfig(Protocol):
 def method_members() -> tuple[str, ...]:
     """The names of every :class:`MethodConfig` member, in declaration order."""
     return tuple(k for k in vars(MethodConfig) if not k.startswith("_"))
+
+
+class NothingTrained:
+    """The method config of a run that trains nothing (the caching tools read a run's model and data only)."""
+
+    trains_text_encoder = False
+    trained_parts: tuple[str, ...] = ()
+    fused_backward_pass = False
+    no_token_padding = False
+
+    def deepspeed_plugin(self, cfg: Any) -> None:
+        return None
+
+    def check_plan(self, plan: Any) -> list[str]:
+        return []

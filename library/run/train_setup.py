@@ -36,7 +36,7 @@ from library.optim import OptimConfig
 from library.optim.optimizers import full_fp16_problem
 from library.problems import ConfigError, Problems
 from library.run import resume
-from library.run.method import MethodConfig
+from library.run.method import MethodConfig, NothingTrained
 from library.run.run_files import SaveConfig
 from library.run.train_step import StepModels, encode_captions, text_cache_entry
 from library.runtime import (
@@ -213,7 +213,7 @@ def read_config(
         noise=read(NoiseConfig.from_args, args),
         loss=read(LossConfig.from_args, args),
         optim=read(OptimConfig.from_args, args),
-        method=read(method, args) if method is not None else None,
+        method=read(method, args) if method is not None else NothingTrained(),
         save=read(SaveConfig.from_args, args, save_formats),
         sample=read(SampleConfig.from_args, args),
         trackers=read(TrackerConfig.from_args, args),
