@@ -510,3 +510,41 @@ def test_training_objective_and_block_lists(tiny):
     lists = FLUX_DEV.swap_blocks(parts.denoiser)
     assert [(b.blocks, b.per_unit) for b in lists] == [(parts.denoiser.transformer_blocks, 1),
                                                          (parts.denoiser.single_transformer_blocks, 2)]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["flux-dev", "chroma"])
+def test_lora_file_merged_by_comfyui_rule_equals_the_adapted_model(tiny, name):
+    """A LoRA injected through the family's roots and target classes (fused qkv / linear1 included) saves kohya keys
+    that ComfyUI's rule maps onto the BFL state dict (lora_unet_ + BFL path, dots as underscores); merging
+    W += α/r · up @ down there, converting back and predicting equals predicting with the adapter."""
+    import copy
+
+    from networks.config import NetworkConfig
+    from networks.inject import inject
+
+    parts, family = copy.deepcopy(tiny[name]), VARIANTS[name]
+    roots = family.adapter_roots(parts)
+    network = inject(NetworkConfig(module="networks.lora", dim=2, alpha=1.0), roots, family.target_classes)
+    torch.manual_seed(5)
+    for p in network.parameters():
+        p.data.normal_(0, 0.05)
+    file = network.state_dict_for_file()
+    modules = {k.rsplit(".", 2)[0] for k in file if k.startswith("lora_unet_")}
+    bfl = K.diffusers_to_bfl(tiny[name].denoiser.state_dict())
+    by_rule = {"lora_unet_" + k.removesuffix(".weight").replace(".", "_"): k for k in bfl if k.endswith(".weight")}
+    assert modules and modules <= set(by_rule)  # every saved denoiser module has a BFL key by ComfyUI's rule
+    assert any(m.endswith("_linear1") for m in modules) and any(m.endswith("_img_attn_qkv") for m in modules)
+    assert not any(k.startswith("lora_te3_") for k in file)  # T5 only with train_t5xxl, as sd-scripts
+    for module in modules:
+        up, down = file[module + ".lora_up.weight"], file[module + ".lora_down.weight"]
+        scale = float(file[module + ".alpha"]) / down.shape[0]
+        bfl[by_rule[module]] = bfl[by_rule[module]] + scale * (up.float() @ down.float())
+    merged = copy.deepcopy(tiny[name].denoiser)
+    merged.load_state_dict(K.bfl_to_diffusers(bfl))
+    with torch.no_grad():
+        cond = family.encode_prompt(tiny[name], ["a cat"], t5xxl_max_token_length=8)
+        noisy, t = torch.randn(1, 16, 4, 4), torch.tensor([600.0])
+        ours = family.predict(parts.denoiser, noisy, t, cond)
+        theirs = family.predict(merged, noisy, t, cond)
+        base = family.predict(tiny[name].denoiser, noisy, t, cond)
+    assert (ours - theirs).abs().max() < 1e-5 < (ours - base).abs().max()

@@ -58,19 +58,24 @@ DEFAULT_GUIDANCE = 3.5  # sd-scripts' --guidance_scale default
 # text-encoder-output cache key includes them)
 PROMPT_SETTINGS = "prompt_settings"
 
-# sd-scripts' networks/lora_flux.py: the transformer blocks, and CLIP's / T5's attention and MLP modules
+# sd-scripts' networks/lora_flux.py: every Linear of the double / single blocks, and CLIP-L's attention and MLP
+# modules; T5 only with its network_arg train_t5xxl (T5_TARGET_CLASSES under lora_te3), so the presets leave T5 out.
+# The ``full`` presets add the Linears outside the blocks (sd-scripts' in_dims modules and the final projection).
+CLIP_ATTENTION = ("CLIPAttention", "CLIPSdpaAttention", "CLIPFlashAttention2")
+T5_TARGET_CLASSES = ("T5Attention", "T5DenseGatedActDense")
 FLUX_TARGETS = TargetClasses(
     transformer=("FluxTransformerBlock", "FluxSingleTransformerBlock"),
     attention=("FluxAttention",),
-    text_encoder={
-        "lora_te1": ("CLIPAttention", "CLIPSdpaAttention", "CLIPMLP"),
-        "lora_te3": ("T5Attention", "T5DenseGatedActDense"),
-    },  # fmt: skip
+    text_encoder={"lora_te1": (*CLIP_ATTENTION, "CLIPMLP"), "lora_te3": ()},
+    full_names=("x_embedder", "context_embedder", "time_text_embed", "proj_out"),
+    text_encoder_attention={"lora_te1": CLIP_ATTENTION, "lora_te3": ()},
 )
 CHROMA_TARGETS = TargetClasses(
     transformer=("ChromaTransformerBlock", "ChromaSingleTransformerBlock"),
     attention=("FluxAttention",),
-    text_encoder={"lora_te3": ("T5Attention", "T5DenseGatedActDense")},
+    text_encoder={"lora_te3": ()},
+    full_names=("x_embedder", "context_embedder", "distilled_guidance_layer", "proj_out"),
+    text_encoder_attention={"lora_te3": ()},
 )
 
 
