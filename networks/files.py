@@ -85,7 +85,7 @@ def explain_unmatched(names: Sequence[str], roots: Sequence[Root], source: str) 
     for prefix, count in by_prefix.items():
         examples = ", ".join([n for n in names if prefix_of(n) == prefix][:3])
         if prefix not in model_prefixes:
-            label = adapter_family_label([prefix])
+            label = adapter_family_label([prefix], names)  # block names tell SDXL from FLUX
             hint = f"{label} (prefix {prefix})" if label else "not a kohya-format adapter for SD1/SD2/SDXL"
             lines.append(
                 f"{count} module(s) with prefix {prefix!r}, which this model does not have (its prefixes: "
