@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,11 +28,12 @@ from networks.inject import prepare_network
 from networks.tool_common import main_guard
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser(description: str | None = __doc__, block_swap: bool = False) -> argparse.ArgumentParser:
+    """The flags of train_network.py; ``block_swap``: the block-swap flags read (DiT scripts), not refused."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     demo.add_demo_args(parser)
     # run groups, optimizer, network, embeddings, sampling, config
-    arg_groups.add_network_training_groups(parser, add_network_args)
+    arg_groups.add_network_training_groups(parser, add_network_args, block_swap=block_swap)
     return parser
 
 
@@ -65,11 +66,21 @@ class AdapterMethod:
         return cls(*values)
 
 
-def run(argv: Sequence[str] | None = None, family_names: Sequence[str] = ("sd1", "sd2")) -> Result | None:
-    args = parse_args(build_parser(), demo.expand(argv, family_names))  # --config_file merged; --demo filled in
+def run(
+    argv: Sequence[str] | None = None,
+    family_names: Sequence[str] = ("sd1", "sd2"),
+    parser: Callable[[], argparse.ArgumentParser] | None = None,
+    model_options: Callable[[argparse.Namespace], Any] | None = None,
+) -> Result | None:
+    """Train an adapter. ``family_names``: the families the script takes; ``parser``: builds the script's parser
+    (default :func:`build_parser`); ``model_options``: the reader of the script's family model flags
+    (flux_train_network.py: ``FluxOptions.from_args``), see ``train_setup.read_config``."""
+    build = parser or build_parser
+    args = parse_args(build(), demo.expand(argv, family_names))  # --config_file merged; --demo filled in
     if args is None:  # --output_config wrote the file
         return None
-    cfg = train_setup.read_config(args, tuple(family_names), AdapterMethod.from_args)  # all errors at once
+    cfg = train_setup.read_config(args, tuple(family_names), AdapterMethod.from_args,
+                                  model_options=model_options)  # all errors at once  # fmt: skip
     if resume.nothing_left(cfg.save, cfg.run):  # --resume of a finished run: say so, write nothing
         return None
     run = train_setup.start(cfg)  # accelerator, seed, dataset plan + bucket report, model, caches

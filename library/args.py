@@ -49,12 +49,15 @@ def add_run_groups(
 
 
 def add_network_training_groups(
-    parser: argparse.ArgumentParser, add_network_args: Callable[[argparse.ArgumentParser], object]
+    parser: argparse.ArgumentParser,
+    add_network_args: Callable[[argparse.ArgumentParser], object],
+    block_swap: bool = False,
 ) -> None:
     """train_network.py / sdxl_train_network.py (and tools/cache_latents.py, which takes their command lines):
     the run groups, optimizer, per-part learning rates, network (``add_network_args``: the adapter flags, which
-    ``networks.config`` defines; library/ does not import networks/), new token embeddings, sampling, --config_file."""
-    add_run_groups(parser)
+    ``networks.config`` defines; library/ does not import networks/), new token embeddings, sampling, --config_file.
+    ``block_swap``: the block-swap flags are read (flux_train_network.py), not refused."""
+    add_run_groups(parser, block_swap=block_swap)
     for add in (add_optim_args, add_part_lr_args, add_network_args, add_embedding_args, sampling.add_sample_args):
         add(parser)
     add_config_args(parser)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import torch
@@ -69,6 +69,10 @@ class Objective(Protocol):
     name: str
     """One of ``library.families.base.OBJECTIVES`` (epsilon, v_prediction, flow_matching): what the model predicts,
     what metadata and sampling read."""
+
+    predict_options: dict[str, Any]
+    """Keyword arguments the step gives the family's ``predict`` besides the batch (FLUX.1-dev: ``{"guidance": g}``,
+    sd-scripts' ``--guidance_scale`` in every training step); empty for most objectives."""
 
     def example(
         self, latents: Tensor, generator: torch.Generator | None = None, *, timesteps: Tensor | None = None
@@ -121,6 +125,7 @@ class DDPMObjective:
     noise: NoiseConfig
     loss: LossConfig
     schedule: NoiseSchedule
+    predict_options: dict[str, Any] = field(default_factory=dict)
 
     def example(
         self, latents: Tensor, generator: torch.Generator | None = None, *, timesteps: Tensor | None = None
@@ -202,6 +207,7 @@ class FlowMatchingObjective:
     cfg: fm.FlowMatchingConfig
     loss: LossConfig
     name: str = FLOW_MATCHING
+    predict_options: dict[str, Any] = field(default_factory=dict)  # e.g. FLUX.1-dev's {"guidance": 3.5}
 
     def example(
         self, latents: Tensor, generator: torch.Generator | None = None, *, timesteps: Tensor | None = None
@@ -285,6 +291,7 @@ class SD3FlowObjective:
     cfg: fm.SD3FlowConfig
     loss: LossConfig
     name: str = FLOW_MATCHING
+    predict_options: dict[str, Any] = field(default_factory=dict)
 
     def example(
         self, latents: Tensor, generator: torch.Generator | None = None, *, timesteps: Tensor | None = None
@@ -389,8 +396,11 @@ SIGMA_SCALED_WARNING = (
 )
 
 
-def flow_matching_objective(title: str, noise: NoiseConfig, loss: LossConfig) -> FlowMatchingObjective:
-    """The flow-matching objective of a run: ``noise.flow`` (the script's flow flags) with ``loss``.
+def flow_matching_objective(
+    title: str, noise: NoiseConfig, loss: LossConfig, predict_options: dict[str, Any] | None = None
+) -> FlowMatchingObjective:
+    """The flow-matching objective of a run: ``noise.flow`` (the script's flow flags) with ``loss``;
+    ``predict_options``: what every training step gives the family's ``predict`` (FLUX.1-dev's guidance).
 
     Warns once naming the flags flow matching ignores (as sd-scripts, which ignores them silently), and once for
     ``--model_prediction_type sigma_scaled``. Raises ValueError for ``--huber_schedule snr`` with a Huber loss (no
@@ -399,7 +409,7 @@ def flow_matching_objective(title: str, noise: NoiseConfig, loss: LossConfig) ->
     _check_flow(title, noise, loss, fm.FlowMatchingConfig, "add_flow_matching_args")
     if noise.flow.model_prediction_type == "sigma_scaled":
         logger.warning(SIGMA_SCALED_WARNING)
-    return FlowMatchingObjective(noise.flow, loss)
+    return FlowMatchingObjective(noise.flow, loss, predict_options=dict(predict_options or {}))
 
 
 def sd3_flow_objective(title: str, noise: NoiseConfig, loss: LossConfig) -> SD3FlowObjective:

@@ -255,14 +255,20 @@ def seed_everything(seed: int) -> None:
 
 
 def set_attention(modules: list[nn.Module], backend: str) -> None:
-    """Select the attention implementation of diffusers modules: "sdpa" (torch SDPA) or "xformers"."""
-    from diffusers.models.attention_processor import AttnProcessor2_0
+    """Select the attention implementation of diffusers modules: "sdpa" (torch SDPA) or "xformers".
+
+    "sdpa" sets ``AttnProcessor2_0`` on models whose attention layers are all diffusers' ``Attention`` (UNets, VAEs);
+    models with attention classes of their own (FLUX's ``FluxAttention``: its default processor already calls SDPA,
+    and ``AttnProcessor2_0`` does not fit it) keep their processors."""
+    from diffusers.models.attention_processor import Attention, AttnProcessor2_0
 
     for module in modules:
         if backend == "xformers":
             module.enable_xformers_memory_efficient_attention()
         elif hasattr(module, "set_attn_processor"):
-            module.set_attn_processor(AttnProcessor2_0())
+            layers = [m for m in module.modules() if hasattr(m, "set_processor")]
+            if all(isinstance(m, Attention) for m in layers):
+                module.set_attn_processor(AttnProcessor2_0())
 
 
 def steps_per_epoch(batches_per_epoch: int, num_processes: int, grad_accum: int) -> int:

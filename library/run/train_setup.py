@@ -161,6 +161,10 @@ class TrainConfig:
     validation: ValidationConfig
     ema: EMAConfig
     block_swap: BlockSwapConfig = BlockSwapConfig()  # --blocks_to_swap / --cpu_offload_checkpointing (FLUX, SD3)
+    # a family's own model flags (flux_train_network.py: library/families/flux/options.py FluxOptions), or None; it
+    # gives ``load_kwargs()`` (extra arguments of family.load), ``family_problems(family, path)`` (checked against
+    # the weights) and ``text_encoder_batch_size`` (captions per call while caching, None: the batch size)
+    model_options: Any = None
     console_log_level: str | None = None
     console_log_file: str | None = None
     console_log_simple: bool = False
@@ -193,6 +197,7 @@ def read_config(
     method: Callable | None = None,
     save_formats: tuple[str, ...] = ("safetensors", "ckpt", "pt"),
     training: str = "network",
+    model_options: Callable | None = None,
 ) -> TrainConfig:
     """Every group's reader and every cross-check; raises one :class:`ConfigError` listing all problems.
 
@@ -200,7 +205,8 @@ def read_config(
     with the others. Its result is ``cfg.method``; its ``trains_text_encoder`` says whether the text encoders run
     with autograd. ``save_formats``: the ``--save_model_as`` values the recipe writes (the first is the default).
     ``training``: the recipe's training type ("network", "fine_tune", "dreambooth", "textual_inversion"), for the
-    script a model of another family is sent to.
+    script a model of another family is sent to. ``model_options(args)``: the reader of the script's family model
+    flags (e.g. ``FluxOptions.from_args``), its result ``cfg.model_options``, checked against the detected family.
     """
     problems = Problems()
     read = problems.read  # each reader raises a ConfigError; its problems join the others
@@ -220,7 +226,10 @@ def read_config(
         validation=read(ValidationConfig.from_args, args),
         ema=read(EMAConfig.from_args, args),
         block_swap=read(BlockSwapConfig.from_args, args),
+        model_options=read(model_options, args) if model_options is not None else None,
     )
+    if family is not None and values["model_options"] is not None:  # e.g. --model_type against the weights
+        problems.extend(values["model_options"].family_problems(family, args.pretrained_model_name_or_path))
     given = args.dataset_config or args.train_data_dir or args.in_json  # (none given: a cross-check says so)
     if values["data"] is not None and family is not None and given:  # the dataset file and folders, same round
         data_args = with_native_resolution(values["data"], family, args.v_parameterization)
@@ -435,6 +444,7 @@ def load_model(cfg: TrainConfig, accelerator: Any) -> Parts:
                     v_parameterization=True if cfg.model.v_parameterization else None,
                     tokenizer_cache_dir=cfg.model.tokenizer_cache_dir,
                     device=device,
+                    **(cfg.model_options.load_kwargs() if cfg.model_options is not None else {}),
                 )
         if accelerator.num_processes > 1:
             accelerator.wait_for_everyone()
@@ -549,7 +559,8 @@ def fill_caches(run: Run) -> None:
     if run.cfg.data.cache_latents:
         fill_latent_cache(run)
     if run.cfg.data.cache_text_encoder_outputs:
-        fill_text_cache(run)
+        options = run.cfg.model_options
+        fill_text_cache(run, None if options is None else options.text_encoder_batch_size)
 
 
 def fill_latent_cache(run: Run) -> None:

@@ -131,7 +131,8 @@ def batch_loss(
     cond = batch_cond(m, batch, generator).to(m.device, m.weight_dtype)
     example = m.objective.example(latents, generator, timesteps=timesteps)
     time_ids = m.family.size_conditioning(batch.original_sizes, batch.crop_top_lefts, batch.target_sizes)
-    output = m.family.predict(m.denoiser, example.noisy.to(m.weight_dtype), example.timesteps, cond, time_ids=time_ids)
+    output = m.family.predict(m.denoiser, example.noisy.to(m.weight_dtype), example.timesteps, cond,
+                              time_ids=time_ids, **m.objective.predict_options)  # fmt: skip
     masks = to_device(batch.masks, m.device) if batch.masks is not None else None
     return m.objective.loss_per_sample(
         m.objective.prediction(output.float(), example),

@@ -57,6 +57,8 @@ DEFAULT_GUIDANCE = 3.5  # sd-scripts' --guidance_scale default
 # ``parts.extra`` key of the prompt settings given at load time (they change the text-encoder outputs, so the
 # text-encoder-output cache key includes them)
 PROMPT_SETTINGS = "prompt_settings"
+# ``parts.extra`` key of sd-scripts' --guidance_scale given at load time: the training steps' embedded guidance
+TRAIN_GUIDANCE = "guidance_scale"
 
 # sd-scripts' networks/lora_flux.py: every Linear of the double / single blocks, and CLIP-L's attention and MLP
 # modules; T5 only with its network_arg train_t5xxl (T5_TARGET_CLASSES under lora_te3), so the presets leave T5 out.
@@ -142,12 +144,14 @@ class FluxFamily:
         ae: str | Path | None = None,
         t5xxl_max_token_length: int | None = None,
         apply_t5_attn_mask: bool | None = None,
+        guidance_scale: float | None = None,
     ) -> Parts:
         """Load a BFL single file (+ ``clip_l``, ``t5xxl``, ``ae``: sd-scripts' ``--clip_l --t5xxl --ae``) or a
         diffusers folder (see ``flux/loading.py``). ``vae``: the same as ``ae`` (``--vae``). ``t5xxl_max_token_length``
         (default 512 dev / Chroma, 256 schnell) and ``apply_t5_attn_mask`` (default False; Chroma: always) become the
         loaded model's prompt settings (``parts.extra["prompt_settings"]``). Raises ``ValueError`` naming the missing
-        flag / the wrong file."""
+        flag / the wrong file. ``guidance_scale`` (``--guidance_scale``): the embedded guidance every training step
+        gives FLUX.1-dev (``parts.extra["guidance_scale"]``, read by :meth:`training_objective`; default 3.5)."""
         if v_parameterization:
             raise ValueError(f"--v_parameterization does not apply to {self.spec.title}: it is a flow-matching model")
         if vae is not None and ae is not None and Path(vae) != Path(ae):
@@ -162,6 +166,8 @@ class FluxFamily:
             "t5xxl_max_token_length": t5xxl_max_token_length or self.t5_max_length,
             "apply_t5_attn_mask": True if self.chroma else bool(apply_t5_attn_mask),
         }
+        if guidance_scale is not None:
+            parts.extra[TRAIN_GUIDANCE] = float(guidance_scale)
         return parts
 
     def save(
@@ -309,10 +315,16 @@ class FluxFamily:
     def training_objective(self, parts: Parts, noise: NoiseConfig, loss: LossConfig) -> FlowMatchingObjective:
         """sd-scripts' FLUX.1 flow matching (``library.objectives.FlowMatchingObjective``: ``--timestep_sampling``,
         ``--model_prediction_type``, ``--weighting_scheme``... from the run's flow flags); ValueError when the
-        script has no flow-matching flags."""
+        script has no flow-matching flags.
+
+        Every step's ``predict`` gets ``guidance`` = ``--guidance_scale`` (``parts.extra["guidance_scale"]``, default
+        3.5), as sd-scripts' ``get_noise_pred_and_target`` builds ``guidance_vec`` for every model type: FLUX.1-dev
+        embeds it; schnell has no guidance input (:meth:`predict` leaves it out); Chroma's diffusers model has none
+        either (:meth:`predict` warns once when it is not 0: sd-scripts' docs give Chroma ``--guidance_scale 0``)."""
         from library.objectives import flow_matching_objective
 
-        return flow_matching_objective(self.spec.title, noise, loss)
+        guidance = float(parts.extra.get(TRAIN_GUIDANCE, DEFAULT_GUIDANCE))
+        return flow_matching_objective(self.spec.title, noise, loss, predict_options={"guidance": guidance})
 
     def swap_blocks(self, denoiser: nn.Module) -> list[BlockList]:
         """``--blocks_to_swap`` lists: the double blocks (1 per unit) and the single blocks (2 per unit), as

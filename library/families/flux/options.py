@@ -1,0 +1,130 @@
+"""flux_train_network.py's model flags (sd-scripts' ``flux_train_utils.add_flux_train_arguments`` and
+``flux_train_network.py``'s own), next to their one reader :class:`FluxOptions`.
+
+``--clip_l --t5xxl --ae``: the single files beside a BFL transformer file (a diffusers folder carries its own);
+``--model_type flux|chroma``: what the user says the weights are (checked against the weights, which decide);
+``--t5xxl_max_token_length`` (default per variant: 512 dev and Chroma, 256 schnell, as sd-scripts);
+``--apply_t5_attn_mask`` (Chroma: required, as sd-scripts); ``--guidance_scale`` (the embedded guidance FLUX.1-dev is
+given in every training step, default 3.5; schnell has no guidance input and Chroma's diffusers model none either:
+sd-scripts passes the value to them all, the models ignore it); ``--text_encoder_batch_size`` (captions per
+text-encoder call while caching; default the batch size). ``--split_mode`` (deprecated in sd-scripts, which turns it
+into ``--blocks_to_swap 18``) and ``--controlnet_model_name_or_path`` (FLUX ControlNet training) are refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from library.config import add_unsupported
+from library.problems import ConfigError
+
+MODEL_TYPES = ("flux", "chroma")
+# What --model_type names, by family: FLUX.1 dev and schnell are both "flux" (sd-scripts reads dev / schnell from
+# the weights too).
+MODEL_TYPE_OF_FAMILY = {"flux-dev": "flux", "flux-schnell": "flux", "chroma": "chroma"}
+# The SD-only flags sd-scripts' FLUX script accepts and does not read (flag -> why); flux_train_network.py says so
+# once in the log and resets them (library.config.reset_no_effect_flags).
+SD_ONLY_FLAGS = {
+    "--v2": "FLUX is detected from the weights (sd-scripts' FLUX script does not read --v2)",
+    "--v_parameterization": "FLUX is a flow-matching model, trained on the velocity (sd-scripts' FLUX script does "
+    "not read it)",
+    "--clip_skip": "FLUX reads CLIP-L's pooled output and T5's last layer (sd-scripts' FLUX script ignores it)",
+    "--max_token_length": "CLIP-L reads 77 tokens; the T5 length is --t5xxl_max_token_length (sd-scripts warns "
+    "and ignores it)",
+}
+
+
+def add_flux_model_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The FLUX model group (sd-scripts' names, types and defaults); marks :data:`SD_ONLY_FLAGS` as having no effect
+    here. Returns the parser."""
+    g = parser.add_argument_group("FLUX model", "FLUX.1 dev / schnell and Chroma (sd-scripts' flux_train_network.py)")
+    g.add_argument("--clip_l", type=str, default=None, help="CLIP-L .safetensors beside a BFL model file (not Chroma)")
+    g.add_argument("--t5xxl", type=str, default=None, help="T5-XXL .safetensors beside a BFL model file")
+    g.add_argument("--ae", type=str, default=None, help="the 16-channel AE .safetensors beside a BFL model file")
+    g.add_argument("--model_type", type=str, default="flux", choices=list(MODEL_TYPES),
+                   help="flux (FLUX.1 dev / schnell) or chroma; must agree with the weights")  # fmt: skip
+    g.add_argument("--t5xxl_max_token_length", type=int, default=None,
+                   help="T5 tokens per caption (default: 512 for dev and Chroma, 256 for schnell)")  # fmt: skip
+    g.add_argument("--apply_t5_attn_mask", action="store_true",
+                   help="mask T5's padding in T5 and in the transformer's attention (required for Chroma)")  # fmt: skip
+    g.add_argument("--guidance_scale", type=float, default=3.5,
+                   help="embedded guidance given to FLUX.1-dev in training (schnell and Chroma have no guidance "
+                   "input: use 0 for Chroma, as sd-scripts' docs)")  # fmt: skip
+    g.add_argument("--text_encoder_batch_size", type=int, default=None,
+                   help="captions per text-encoder call when caching (default: the training batch size)")  # fmt: skip
+    add_unsupported(g, "--split_mode", "sd-scripts deprecated it; use --blocks_to_swap 18, which it stands for",
+                    action="store_true")  # fmt: skip
+    add_unsupported(g, "--controlnet_model_name_or_path", "FLUX ControlNet training is not implemented", type=str,
+                    default=None)  # fmt: skip
+    actions = {opt: a for a in parser._actions for opt in a.option_strings}
+    for flag, reason in SD_ONLY_FLAGS.items():
+        if flag in actions:
+            actions[flag].no_effect_reason = reason  # read by library.config.reset_no_effect_flags
+    return parser
+
+
+@dataclass(frozen=True)
+class FluxOptions:
+    """The FLUX model flags of a run (field names = sd-scripts' flags). The run layer asks it for
+    :meth:`load_kwargs` (what ``FluxFamily.load`` takes), :meth:`family_problems` (the weights against
+    ``--model_type``) and ``text_encoder_batch_size``.
+
+    Raises:
+        ConfigError: every bad value at once, each naming its flag.
+    """
+
+    clip_l: str | None = None
+    t5xxl: str | None = None
+    ae: str | None = None
+    model_type: str = "flux"
+    t5xxl_max_token_length: int | None = None
+    apply_t5_attn_mask: bool = False
+    guidance_scale: float = 3.5
+    text_encoder_batch_size: int | None = None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> FluxOptions:
+        """The flags of :func:`add_flux_model_args`: files must exist, counts be positive, the guidance finite."""
+        from library.config import from_namespace
+
+        problems = []
+        for flag in ("clip_l", "t5xxl", "ae"):
+            path = getattr(args, flag)
+            if path is not None and not Path(path).is_file():
+                problems.append(f"--{flag} {path}: no such file (give the .safetensors file of the {flag} weights)")
+        for flag in ("t5xxl_max_token_length", "text_encoder_batch_size"):
+            value = getattr(args, flag)
+            if value is not None and value < 1:
+                problems.append(f"--{flag} must be a positive number, got {value}")
+        if not float("-inf") < args.guidance_scale < float("inf"):
+            problems.append(f"--guidance_scale must be a finite number, got {args.guidance_scale}")
+        if problems:
+            raise ConfigError(problems)
+        return from_namespace(cls, args)
+
+    def load_kwargs(self) -> dict[str, Any]:
+        """What ``FluxFamily.load`` takes besides the model path: the part files, T5 settings and the training
+        guidance (``parts.extra["guidance_scale"]``, read by ``FluxFamily.training_objective``)."""
+        return dict(clip_l=self.clip_l, t5xxl=self.t5xxl, ae=self.ae, guidance_scale=self.guidance_scale,
+                    t5xxl_max_token_length=self.t5xxl_max_token_length,
+                    apply_t5_attn_mask=self.apply_t5_attn_mask)  # fmt: skip
+
+    def family_problems(self, family: Any, path: str | None) -> list[str]:
+        """``--model_type`` against the family read from the weights at ``path``; Chroma without
+        ``--apply_t5_attn_mask`` (sd-scripts asserts it); ``--clip_l`` for Chroma (it has no CLIP-L)."""
+        expected = MODEL_TYPE_OF_FAMILY.get(family.name)
+        if expected is None:
+            return [f"--pretrained_model_name_or_path {path}: a {family.spec.title} model; flux_train_network.py "
+                    "trains FLUX.1 dev / schnell and Chroma"]  # fmt: skip
+        problems = []
+        if expected != self.model_type:
+            problems.append(f"--model_type {self.model_type}: {path} is a {family.spec.title} model (read from its "
+                            f"weights); pass --model_type {expected}")  # fmt: skip
+        if family.name == "chroma" and not self.apply_t5_attn_mask:
+            problems.append("Chroma needs the T5 attention mask: add --apply_t5_attn_mask (sd-scripts requires it)")
+        if family.name == "chroma" and self.clip_l is not None:
+            problems.append(f"--clip_l {self.clip_l}: Chroma has no CLIP-L text encoder; remove --clip_l")
+        return problems
