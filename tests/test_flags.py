@@ -122,6 +122,11 @@ NO_EFFECT_HERE = {
     for script in ("train_network.py", "train_textual_inversion.py")
     for flag in ("--ddp_gradient_as_bucket_view", "--ddp_static_graph")
 }
+# flux_train_network.py: DDP as above; the SD-only flags sd-scripts' FLUX script ignores (flux/options.py)
+NO_EFFECT_HERE.update({("flux_train_network.py", flag): "never wrapped in DDP"
+                       for flag in ("--ddp_gradient_as_bucket_view", "--ddp_static_graph")})  # fmt: skip
+NO_EFFECT_HERE.update({("flux_train_network.py", flag): "has no effect here"
+                       for flag in ("--v2", "--v_parameterization", "--clip_skip", "--max_token_length")})  # fmt: skip
 NOT_A_RUN_SETTING = {"help", "config_file", "output_config", "demo", "demo_dir"}
 
 

@@ -1,0 +1,99 @@
+"""Every one of sd-scripts' 215 flux_train_network.py flags (train_network.py's 193 and 22 of FLUX's) is accepted by
+our flux_train_network.py with sd-scripts' default, and a value other than the default changes the typed
+configuration the run uses (``train_setup.read_config`` with the FLUX families and ``FluxOptions``), or is refused
+with a message naming the flag; the SD-only flags sd-scripts' FLUX script ignores say so once and change nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_flags import NOT_A_RUN_SETTING, VALUES, _expected, _value, assert_flag_acts
+
+import flux_train_network
+from library.config import parse_args
+
+ROOT = Path(__file__).resolve().parents[1]
+FLAGS = json.loads((ROOT / "tests" / "data" / "sd_scripts_flux_train_network_flags.json").read_text())
+SCRIPT = "flux_train_network.py"
+# values for FLUX flags whose type alone gives none that means something here
+FLUX_VALUES = {"--model_type": ["chroma"], "--blocks_to_swap": ["4"]}
+
+
+def _actions() -> dict:
+    return {opt: a for a in flux_train_network.build_parser()._actions for opt in a.option_strings}
+
+
+def test_all_215_flags_exist_with_sd_scripts_defaults():
+    actions = _actions()
+    assert len(FLAGS) == 215
+    missing = sorted(set(FLAGS) - set(actions))
+    assert not missing, f"flags of sd-scripts' flux_train_network.py missing here: {missing}"
+    wrong = {}
+    for flag, info in FLAGS.items():
+        expected, actual = _expected(info["default"]), actions[flag].default
+        if isinstance(actual, (int, float)) and not isinstance(actual, bool) and isinstance(expected, (int, float)):
+            ok = float(actual) == float(expected)
+        elif expected is None:
+            ok = actual in (None, False, [])
+        else:
+            ok = actual == expected or str(actual) == str(expected)
+        if not ok:
+            wrong[flag] = (expected, actual)
+    assert not wrong, f"defaults that differ from sd-scripts' flux_train_network.py (flag: (sd-scripts, ours)): {wrong}"
+    for flag, info in FLAGS.items():  # the choices sd-scripts lists are all accepted
+        if "{" in info["type"] and actions[flag].choices:
+            theirs = set(info["type"].split("{")[1].rstrip("}").split(","))
+            assert theirs - {"None"} <= {str(c) for c in actions[flag].choices}, flag
+
+
+@pytest.fixture(scope="module")
+def flux_config(tmp_path_factory):
+    """The typed configuration flux_train_network.py's run reads for some extra flags, on tiny FLUX.1-dev files."""
+    import dataclasses
+
+    import train_network
+    from library.demo import make_example_dataset
+    from library.families.flux.options import FluxOptions
+    from library.families.flux.tiny import build_tiny_flux, write_tiny_files
+    from library.run.train_setup import read_config
+
+    root = tmp_path_factory.mktemp("flux_flags")
+    files = write_tiny_files(build_tiny_flux("flux-dev"), root / "model")
+    data = make_example_dataset(root / "data")
+    (data / "p.txt").write_text("a prompt\n")
+    base = ["--pretrained_model_name_or_path", str(files["model"]), "--clip_l", str(files["clip_l"]), "--t5xxl",
+            str(files["t5xxl"]), "--ae", str(files["ae"]), "--train_data_dir", str(data), "--output_dir",
+            str(data / "out"), "--network_module", "networks.lora", "--seed", "1"]  # fmt: skip
+
+    def read(*extra: str):
+        argv = [*base, *(e.replace("{data}", str(data)) for e in extra)]
+        args = parse_args(flux_train_network.build_parser(), argv)
+        cfg = read_config(args, flux_train_network.FAMILIES, train_network.AdapterMethod.from_args,
+                          model_options=FluxOptions.from_args)  # fmt: skip
+        return dataclasses.replace(cfg, args={})  # compare what the run reads, not the raw flag list
+
+    return read
+
+
+def _flags():
+    return [a for a in flux_train_network.build_parser()._actions if a.option_strings and a.dest not in NOT_A_RUN_SETTING]
+
+
+@pytest.mark.parametrize("action", _flags(), ids=lambda a: a.option_strings[0])
+def test_every_flag_changes_the_run_or_is_refused(flux_config, action, caplog):
+    flag = action.option_strings[0]
+    value = FLUX_VALUES.get(flag) or VALUES.get(flag) or _value(action, SCRIPT)
+    assert_flag_acts(flux_config, SCRIPT, action, value, [], caplog)
+
+
+def test_sd_only_flags_warn_once_and_change_nothing(flux_config, caplog):
+    """--v2 --v_parameterization --clip_skip 2 --max_token_length 225 together: the same configuration as without,
+    one warning each that names the flag (sd-scripts' FLUX script ignores them)."""
+    base = flux_config()
+    with caplog.at_level("WARNING"):
+        cfg = flux_config("--v2", "--v_parameterization", "--clip_skip", "2", "--max_token_length", "225")
+    assert cfg == base
+    for flag in ("--v2", "--v_parameterization", "--clip_skip", "--max_token_length"):
+        assert sum(flag + " has no effect here" in r.getMessage() for r in caplog.records) == 1, flag
