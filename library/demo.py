@@ -82,11 +82,19 @@ def make_concept_dataset(
 
 
 def make_tiny_model(folder: str | Path, family: str) -> Path:
+    """A tiny diffusers folder of ``family`` (SD1/SD2/SDXL: library/families/tiny.py; FLUX.1 dev / schnell and
+    Chroma: library/families/flux/tiny.py) under ``folder``, unless one is there."""
+    from library.families import get_family
+    from library.families.flux.tiny import VARIANTS as FLUX_VARIANTS
+    from library.families.flux.tiny import build_tiny_flux
     from library.families.tiny import build_tiny, save_diffusers
 
     path = Path(folder) / family
     if not (path / "model_index.json").exists():
-        save_diffusers(build_tiny(family), path)
+        if family in FLUX_VARIANTS:
+            get_family(family).save(build_tiny_flux(family), path)
+        else:
+            save_diffusers(build_tiny(family), path)
     return path
 
 
@@ -137,11 +145,15 @@ def expand(argv: Sequence[str] | None, family_names: Sequence[str]) -> list[str]
 DIFFUSERS_KEYS = ("lora_down.weight", "lora_up.weight", "alpha")  # kohya LoRA/LoCon: what diffusers reads
 
 
-def reader_for(lora: Path) -> str:
+def reader_for(lora: Path, family: ModelFamily | None = None) -> str:
     """Which consumer reads the file: "diffusers" for plain kohya LoRA/LoCon files, "sd-scripts-oft" for sd-scripts'
-    networks.oft files (``oft_unet_…``), "lycoris" for LyCORIS formats (LoHa, LoKr, DoRA, Tucker, diag-oft, BOFT)."""
+    networks.oft files (``oft_unet_…``), "lycoris" for LyCORIS formats (LoHa, LoKr, DoRA, Tucker, diag-oft, BOFT);
+    "sdtrain" for a ``family`` whose denoiser is not a UNet (FLUX: diffusers' kohya converter assumes the released
+    width, lycoris-lora does not know the fused modules), read by sdtrain's own loader."""
     from safetensors import safe_open
 
+    if family is not None and family.denoiser_name != "UNet":
+        return "sdtrain"
     with safe_open(str(lora), "pt") as f:
         keys = list(f.keys())
     if all(k.endswith(DIFFUSERS_KEYS) for k in keys):
@@ -154,8 +166,11 @@ def show_it_loads(lora: Path, model: str, family: ModelFamily) -> None:
     lycoris-lora's loader and forward pass for LyCORIS formats), check it changes the UNet, say where it is."""
     import torch
 
-    reader = reader_for(lora)
-    if reader == "diffusers":
+    reader = reader_for(lora, family)
+    if reader == "sdtrain":
+        before, after = _own_outputs(lora, model, family)
+        how = "sdtrain loads it (networks.inject.network_from_file)"
+    elif reader == "diffusers":
         before, after = _diffusers_outputs(lora, model, family)
         how = "diffusers loads it (load_lora_weights)"
     elif reader == "sd-scripts-oft":
@@ -167,7 +182,9 @@ def show_it_loads(lora: Path, model: str, family: ModelFamily) -> None:
     change = (after - before).abs().mean().item()
     if not torch.isfinite(after).all() or change == 0:
         raise RuntimeError(f"demo: {lora} loaded but does not change the UNet output ({how})")
-    print(f"demo: the adapter is at {lora}; {how} and it changes the UNet output by {change:.4f} on average")
+    print(
+        f"demo: the adapter is at {lora}; {how} and it changes the {family.denoiser_name} output by {change:.4f} on average"
+    )
 
 
 def _diffusers_outputs(lora: Path, model: str, family: ModelFamily):
@@ -188,6 +205,23 @@ def _diffusers_outputs(lora: Path, model: str, family: ModelFamily):
         before = unet(sample, 500, text, **kwargs).sample
         pipe.load_lora_weights(str(lora), adapter_name="demo")
         after = unet(sample, 500, text, **kwargs).sample
+    return before, after
+
+
+def _own_outputs(lora: Path, model: str, family: ModelFamily):
+    """The denoiser's outputs for one noisy latent before / after sdtrain's loader applies ``lora``."""
+    import torch
+
+    from networks.inject import network_from_file
+
+    parts = family.load(model)
+    with torch.no_grad():
+        shape = family.encode_latents(parts, torch.zeros(1, 3, 64, 64)).shape
+        sample = torch.randn(shape, generator=torch.Generator().manual_seed(0))
+        t, cond = torch.tensor([500.0]), family.encode_prompt(parts, ["sks shape"])
+        before = family.predict(parts.denoiser, sample, t, cond)
+        network_from_file(lora, family.adapter_roots(parts))
+        after = family.predict(parts.denoiser, sample, t, cond)
     return before, after
 
 

@@ -265,10 +265,13 @@ def _note_ranks_above_width(wide: dict) -> None:
 
 def _warn_empty_roots(roots: Sequence[Root], targets: Sequence[Target], preset: Preset) -> None:
     """A root where the preset selects nothing: most often a family whose ``target_classes`` were not passed (the SD
-    UNet classes select nothing in a DiT)."""
+    UNet classes select nothing in a DiT). A root whose classes are empty (the family trains nothing there unless
+    asked, e.g. FLUX's T5) is not warned about."""
     for index, root in enumerate(roots):
         if not any(t.root == index for t in targets):
             classes = preset.unet_classes if root.prefix.startswith("lora_unet") else preset.te_classes_of(root.prefix)
+            if not classes:  # the family targets nothing there on purpose (FLUX's T5 without train_t5xxl)
+                continue
             logger.warning("%s (%s): no module is selected by the preset's classes %s; is it the family's "
                            "target_classes (inject / prepare_network take them)?", root.prefix,
                            type(root.module).__name__, ", ".join(classes) or "(none)")  # fmt: skip

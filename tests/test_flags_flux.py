@@ -78,7 +78,9 @@ def flux_config(tmp_path_factory):
 
 
 def _flags():
-    return [a for a in flux_train_network.build_parser()._actions if a.option_strings and a.dest not in NOT_A_RUN_SETTING]
+    return [
+        a for a in flux_train_network.build_parser()._actions if a.option_strings and a.dest not in NOT_A_RUN_SETTING
+    ]
 
 
 @pytest.mark.parametrize("action", _flags(), ids=lambda a: a.option_strings[0])

@@ -158,3 +158,14 @@ def test_loss_falls_and_resume_equals_an_uninterrupted_run(models, dataset, tmp_
     resumed = flux_train_network.run([*first, "--resume", str(tmp_path / "a" / "t-state")])
     (a, _), (b, _) = load_state_dict(full.output), load_state_dict(resumed.output)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_demo_trains_a_tiny_flux_lora(tmp_path, capsys):
+    """``flux_train_network.py --demo``: a tiny FLUX.1-dev folder and the example images, made offline; the file
+    loads back and changes the transformer's output."""
+    result = flux_train_network.run(["--demo", "--demo_dir", str(tmp_path), "--max_train_steps", "2"])
+    assert result.steps == 2 and result.output.exists() and not result.failed
+    assert (tmp_path / "models" / "flux-dev" / "model_index.json").exists()
+    assert read_metadata(result.output)["ss_base_model_version"] == "flux1"
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("demo: the adapter is at"))
+    assert "sdtrain loads it" in line and "changes the transformer output" in line
