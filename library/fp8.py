@@ -100,12 +100,17 @@ def store_in_fp8(model: nn.Module, compute_dtype: torch.dtype, skip: tuple[str, 
     """Store the weights of ``model``'s frozen Linear / Conv2d layers in float8; returns how many were stored.
 
     Layers whose path contains one of ``skip`` stay as they are (diffusers' rule for UNets: "norm"), as do layers
-    with a trainable weight and layers stored already. Cast where the model is (on the CPU before the move to the
-    device, so the device never holds the half-precision copy); the weights move with ``model.to(device)``.
+    with a trainable weight and layers stored already, and the modules a transformers model keeps in full precision
+    (its ``_keep_in_fp32_modules``, matched by the last path component: T5's ``wo``, whose parent casts its input
+    to ``wo.weight.dtype`` before calling it). Cast where the model is (on the CPU before the move to the device,
+    so the device never holds the half-precision copy); the weights move with ``model.to(device)``.
     """
     count = 0
+    keep = set(getattr(model, "_keep_in_fp32_modules", None) or ())
     for name, module in model.named_modules():
         if not isinstance(module, STORED) or any(s in name for s in skip) or hasattr(module, "_sdtrain_fp8"):
+            continue
+        if name.rsplit(".", 1)[-1] in keep:
             continue
         weight = module.weight
         if weight.requires_grad or not weight.is_floating_point():

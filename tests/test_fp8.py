@@ -103,3 +103,22 @@ def test_trained_and_embedding_weights_stay_as_they_are():
     assert model[0].weight.dtype == torch.float32 and model[2].weight.dtype == torch.float32
     assert model[1].weight.dtype == torch.float8_e4m3fn
     assert store_in_fp8(model, BF16) == 0  # stored once
+
+
+def test_t5_keeps_wo_as_transformers_says_and_runs_in_bf16():
+    """T5's feed-forward casts its input to ``wo.weight.dtype`` before calling ``wo`` (transformers keeps ``wo`` out
+    of 8-bit storage, ``_keep_in_fp32_modules``): ``wo`` stays as it is, every other Linear is stored in float8, and
+    the output equals the same encoder with those weights rounded through float8, in bf16."""
+    from library.families.flux.tiny import tiny_t5
+
+    t5 = tiny_t5().eval().to(torch.bfloat16).requires_grad_(False)
+    rounded = copy.deepcopy(t5)
+    for name, module in rounded.named_modules():
+        if isinstance(module, nn.Linear) and not name.endswith(".wo"):
+            module.weight.data = module.weight.data.to(torch.float8_e4m3fn).to(torch.bfloat16)
+    store_in_fp8(t5, torch.bfloat16)
+    linears = {name: m for name, m in t5.named_modules() if isinstance(m, nn.Linear)}
+    assert all(stored_in_fp8(m) != name.endswith(".wo") for name, m in linears.items())
+    ids = torch.tensor([[3, 7, 11, 1]])
+    with torch.no_grad():
+        torch.testing.assert_close(t5(ids).last_hidden_state, rounded(ids).last_hidden_state, rtol=0, atol=0)
