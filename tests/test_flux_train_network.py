@@ -169,3 +169,25 @@ def test_demo_trains_a_tiny_flux_lora(tmp_path, capsys):
     assert read_metadata(result.output)["ss_base_model_version"] == "flux1"
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("demo: the adapter is at"))
     assert "sdtrain loads it" in line and "changes the transformer output" in line
+
+
+def test_fp8_base_stores_every_flux_linear_and_trains(models, dataset, tmp_path):
+    """--fp8_base: every transformer Linear in float8, the adaLN modulations (``norm1.linear``...) too, as sd-scripts'
+    ``model.to(float8_e4m3fn)``; T5's ``wo`` stays (transformers keeps it); a bf16 step runs and is finite."""
+    from types import SimpleNamespace
+
+    from library.fp8 import stored_in_fp8
+    from library.run.train_setup import store_frozen_in_fp8
+
+    parts = build_tiny_flux("flux-dev")
+    run = SimpleNamespace(fp8_base=True, fp8_base_unet=False, weight_dtype=torch.bfloat16, train_dtype=torch.float32)
+    store_frozen_in_fp8(SimpleNamespace(run=run, trained_parts=(), family=get_family("flux-dev")), parts)
+    linears = [(n, m) for n, m in parts.denoiser.named_modules() if isinstance(m, torch.nn.Linear)]
+    assert any("norm" in n for n, _ in linears) and all(stored_in_fp8(m) for _, m in linears)
+    t5 = [(n, m) for n, m in parts.text_encoders[-1].named_modules() if isinstance(m, torch.nn.Linear)]
+    assert all(stored_in_fp8(m) != n.endswith(".wo") for n, m in t5)
+    files = models["flux-dev"]
+    argv = base_argv(files, dataset, tmp_path, "--clip_l", files["clip_l"], "--fp8_base", "--mixed_precision", "bf16",
+                     "--network_train_unet_only", steps=1)  # fmt: skip
+    result = flux_train_network.run(argv)
+    assert result.steps == 1 and all(map(math.isfinite, result.losses))

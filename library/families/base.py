@@ -268,6 +268,10 @@ class ModelFamily(Protocol):
     """sd-scripts' UNet block numbering for ``block_dims`` / ``*_lr_weight`` of adapters on this family."""
     denoiser_name: str
     """What the denoiser (``Parts.denoiser``) is called in messages: "UNet" (a transformer for DiT families)."""
+    fp8_skip: tuple[str, ...]
+    """``--fp8_base``: denoiser Linear / Conv2d layers whose module path contains one of these stay in the compute
+    dtype (``library.fp8.store_in_fp8``'s ``skip``): ("norm",) for the SD UNets (diffusers' rule); () for FLUX, whose
+    "norm" Linears are the adaLN modulations (3.2 B parameters, stored in float8 by sd-scripts too)."""
     target_classes: TargetClasses
     """The module classes adapter presets select in this family's denoiser and text encoders (``networks.targets``
     resolves the built-in presets through them)."""

@@ -110,6 +110,7 @@ class SDFamily:
     adapter_prefixes = ("lora_unet", "lora_te")
     blocks = DIFFUSERS_BLOCKS
     denoiser_name = "UNet"
+    fp8_skip = ("norm",)  # --fp8_base keeps the UNet's norm layers in the compute dtype (diffusers' rule)
     target_classes = UNET_TARGET_CLASSES
 
     def __init__(

@@ -105,6 +105,7 @@ class FluxFamily:
     ss_v2 = False
     blocks = FLUX_BLOCKS
     denoiser_name = "transformer"
+    fp8_skip = ()  # --fp8_base: every Linear in float8, the adaLN modulations too (as sd-scripts' model.to(fp8))
 
     def __init__(self, spec: FamilySpec, *, version: str, architecture: str, implementation: str, t5_length: int,
                  targets: TargetClasses) -> None:  # fmt: skip
