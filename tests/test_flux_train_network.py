@@ -89,6 +89,7 @@ def test_docs_command_line_runs(models, dataset_toml, tmp_path, layout):
     assert meta["ss_base_model_version"] == "flux1"
     assert meta["modelspec.architecture"] == "flux-1-dev/lora"
     assert (meta["ss_timestep_sampling"], meta["ss_model_prediction_type"]) == ("flux_shift", "raw")
+    assert (meta["ss_model_type"], meta["ss_guidance_scale"], meta["ss_apply_t5_attn_mask"]) == ("flux", "1.0", "False")
 
 
 def base_argv(files, dataset, out, *extra, steps=2):
@@ -103,15 +104,26 @@ def base_argv(files, dataset, out, *extra, steps=2):
 
 
 def test_chroma_trains_with_the_docs_flags(models, dataset, tmp_path):
-    """docs: --model_type chroma, no --clip_l, --guidance_scale 0, --timestep_sampling sigmoid, --apply_t5_attn_mask."""
+    """docs: --model_type chroma, no --clip_l, --guidance_scale 0, --timestep_sampling sigmoid, --apply_t5_attn_mask;
+    and the docs' Chroma sample prompt (negative prompt, --l 4.0 true CFG, --g 0) sampled during training."""
     files = models["chroma"]
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Japanese shrine in the summer forest. --n low quality, ugly, unfinished, out of focus --w 64 "
+                       "--h 64 --d 1 --l 4.0 --g 0.0 --s 2\n")  # fmt: skip
     argv = base_argv(files, dataset, tmp_path, "--model_type=chroma", "--guidance_scale=0.0",
-                     "--timestep_sampling=sigmoid", "--apply_t5_attn_mask")  # fmt: skip
+                     "--timestep_sampling=sigmoid", "--apply_t5_attn_mask", "--sample_prompts", str(prompts),
+                     "--sample_every_n_steps", "2")  # fmt: skip
     result = flux_train_network.run(argv)
     assert result.steps == 2 and all(map(math.isfinite, result.losses))
+    assert len([p for p in (tmp_path / "sample").glob("t_000002_00_*.png")]) == 1
     assert_comfyui_loads(str(result.output), bfl_shapes(files["folder"]))
     meta = read_metadata(result.output)
     assert meta["ss_base_model_version"] == "chroma" and meta["modelspec.architecture"] == "chroma/lora"
+    assert (meta["ss_model_type"], meta["ss_guidance_scale"], meta["ss_apply_t5_attn_mask"]) == (
+        "chroma",
+        "0.0",
+        "True",
+    )
 
 
 @pytest.mark.parametrize("variant,flags,needle", [

@@ -163,7 +163,8 @@ class TrainConfig:
     block_swap: BlockSwapConfig = BlockSwapConfig()  # --blocks_to_swap / --cpu_offload_checkpointing (FLUX, SD3)
     # a family's own model flags (flux_train_network.py: library/families/flux/options.py FluxOptions), or None; it
     # gives ``load_kwargs()`` (extra arguments of family.load), ``family_problems(family, path)`` (checked against
-    # the weights) and ``text_encoder_batch_size`` (captions per call while caching, None: the batch size)
+    # the weights), ``metadata()`` (ss_* keys of trained files) and ``text_encoder_batch_size`` (captions per call
+    # while caching, None: the batch size)
     model_options: Any = None
     console_log_level: str | None = None
     console_log_file: str | None = None

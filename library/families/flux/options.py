@@ -70,7 +70,7 @@ def add_flux_model_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
 class FluxOptions:
     """The FLUX model flags of a run (field names = sd-scripts' flags). The run layer asks it for
     :meth:`load_kwargs` (what ``FluxFamily.load`` takes), :meth:`family_problems` (the weights against
-    ``--model_type``) and ``text_encoder_batch_size``.
+    ``--model_type``), :meth:`metadata` (``ss_*`` keys of trained files) and ``text_encoder_batch_size``.
 
     Raises:
         ConfigError: every bad value at once, each naming its flag.
@@ -111,6 +111,11 @@ class FluxOptions:
         return dict(clip_l=self.clip_l, t5xxl=self.t5xxl, ae=self.ae, guidance_scale=self.guidance_scale,
                     t5xxl_max_token_length=self.t5xxl_max_token_length,
                     apply_t5_attn_mask=self.apply_t5_attn_mask)  # fmt: skip
+
+    def metadata(self) -> dict[str, Any]:
+        """sd-scripts' FLUX keys of trained files (``flux_train_network.py: update_metadata``) beyond the objective's."""
+        return {"ss_model_type": self.model_type, "ss_apply_t5_attn_mask": self.apply_t5_attn_mask,
+                "ss_guidance_scale": self.guidance_scale}  # fmt: skip
 
     def family_problems(self, family: Any, path: str | None) -> list[str]:
         """``--model_type`` against the family read from the weights at ``path``; Chroma without
