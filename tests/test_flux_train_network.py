@@ -93,8 +93,10 @@ def test_docs_command_line_runs(models, dataset_toml, tmp_path, layout):
 
 
 def base_argv(files, dataset, out, *extra, steps=2):
+    """A short run's command line; ``files``: "model" and, for a BFL file, "t5xxl" and "ae"."""
+    parts = [f for flag in ("t5xxl", "ae") if flag in files for f in (f"--{flag}", files[flag])]
     return [
-        "--pretrained_model_name_or_path", files["model"], "--t5xxl", files["t5xxl"], "--ae", files["ae"],
+        "--pretrained_model_name_or_path", files["model"], *parts,
         "--train_data_dir", str(dataset), "--caption_extension", ".txt", "--resolution", "64",
         "--output_dir", str(out), "--output_name", "t", "--network_module", "networks.lora", "--network_dim", "4",
         "--network_alpha", "4", "--train_batch_size", "2", "--max_train_steps", str(steps),
@@ -203,3 +205,32 @@ def test_fp8_base_stores_every_flux_linear_and_trains(models, dataset, tmp_path)
                      "--network_train_unet_only", steps=1)  # fmt: skip
     result = flux_train_network.run(argv)
     assert result.steps == 1 and all(map(math.isfinite, result.losses))
+
+
+def test_blocks_to_swap_swaps_the_flux_transformer_and_trains_the_same(dataset, tmp_path, monkeypatch):
+    """--blocks_to_swap 2 on a tiny FLUX.1-dev with 3 double and 4 single blocks: the run places the transformer with
+    a BlockSwap of 1 double + 2 single blocks (sd-scripts' split), and on the CPU its losses equal a run without."""
+    from diffusers import FluxTransformer2DModel
+
+    from library.block_swap import BlockSwap
+    from library.families.flux.tiny import TRANSFORMER
+    from library.run import train_setup
+
+    parts = build_tiny_flux("flux-dev")
+    torch.manual_seed(0)
+    config = {**TRANSFORMER, "num_layers": 3, "num_single_layers": 4}
+    parts.denoiser = FluxTransformer2DModel(**config, pooled_projection_dim=32, guidance_embeds=True).eval()
+    folder = str(get_family("flux-dev").save(parts, tmp_path / "model"))
+    swaps, place = [], train_setup.place_denoiser
+
+    def spy(*args, **kwargs):
+        swaps.append(place(*args, **kwargs))
+        return swaps[-1]
+
+    monkeypatch.setattr(train_setup, "place_denoiser", spy)
+    argv = base_argv({"model": folder}, dataset, tmp_path, "--network_train_unet_only")
+    plain = flux_train_network.run([*argv, "--output_name", "plain"])
+    swapped = flux_train_network.run([*argv, "--output_name", "swapped", "--blocks_to_swap", "2"])
+    assert swaps[0] is None and isinstance(swaps[1], BlockSwap)
+    assert list(swaps[1].counts) == [1, 2] and swaps[1].moves_in > 0
+    assert plain.losses == swapped.losses and len(plain.losses) == 2
