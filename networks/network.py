@@ -10,6 +10,7 @@ import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -96,6 +97,10 @@ class AdapterNetwork(nn.Module):
         return [s for s in self._slots.values() if s.target.is_unet == unet]
 
     # ------------------------------------------------------------------------------------------ the Trainable seam
+    def step_models(self, models: Any) -> Any:
+        """The step's inputs unchanged: the adapters sit inside the model the step already calls."""
+        return models
+
     def set_training(self, mode: bool) -> None:
         """Train / eval mode of every adapter layer (dropout, rank dropout, module dropout)."""
         for layer in self.layers():
