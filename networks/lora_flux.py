@@ -165,7 +165,10 @@ def refuse_ggpo(value: str) -> float:
 
 def _dim_key(key: str):
     def parse(value: str) -> int:
-        dim = int(value)
+        try:
+            dim = int(value)
+        except ValueError:
+            raise ValueError("expected an integer rank (0 skips these modules)") from None
         if dim < 0:
             raise ValueError("must not be negative (0 skips these modules)")
         return dim

@@ -473,6 +473,7 @@ def test_lycoris_algorithms_train_save_and_reload_on_flux(algo, tmp_path):
         (("block_dims=1,2",), "does not read it"),
         (("split_qkvv=True",), "unknown argument of networks.lora_flux; did you mean 'split_qkv'"),
         (("img_attn_dim=-1",), "must not be negative"),
+        (("single_dim=big",), "single_dim=big: expected an integer rank"),
     ],
 )
 def test_bad_network_args_are_refused_before_training(args, message):
@@ -490,3 +491,32 @@ def test_block_index_outside_the_model_is_named():
 def test_lora_flux_keys_under_another_module_are_refused():
     with pytest.raises(ValueError, match="only --network_module networks.lora_flux reads it"):
         make_config("split_qkv=True", module="networks.lora")
+
+
+def test_chroma_targets_its_blocks_and_t5_by_bfl_names(tmp_path):
+    """Chroma (no modulation Linears, no CLIP): the double / single blocks' Linears and, with train_t5xxl, T5; every
+    module maps by ComfyUI's rule onto Chroma's BFL weights."""
+    family = get_family("chroma")
+    parts = build_chroma()
+    cfg = make_config("train_t5xxl=True", "in_dims=[2,0,0,0,2]", module="networks.lora_flux", dim=DIM, alpha=ALPHA)
+    network = inject(cfg, family.adapter_roots(parts), family.target_classes)
+    names = set(network.names)
+    assert "lora_unet_double_blocks_0_img_attn_qkv" in names and "lora_unet_single_blocks_1_linear2" in names
+    assert {"lora_unet_img_in", "lora_unet_txt_in"} <= names and not any("_mod" in n for n in names)
+    assert any(n.startswith("lora_te3_encoder_block_0_layer_0_SelfAttention") for n in names)
+    unet = {n for n in names if n.startswith("lora_unet")}
+    assert len(unet) == 2 * 8 + 2 * 2 + 2  # double: qkv, proj, mlp.0, mlp.2 per side; single: linear1, linear2
+    network.eject()
+    bfl = K.diffusers_to_bfl(parts.denoiser.state_dict())
+    comfy = {"lora_unet_" + k.removesuffix(".weight").replace(".", "_") for k in bfl if k.endswith(".weight")}
+    assert unet <= comfy
+
+
+def build_chroma() -> Parts:
+    from diffusers import ChromaTransformer2DModel
+
+    from library.families.flux.tiny import CHROMA_EXTRA
+
+    torch.manual_seed(0)
+    model = ChromaTransformer2DModel(**TRANSFORMER, **CHROMA_EXTRA).eval().requires_grad_(False)
+    return Parts(model, None, [tiny_t5().eval().requires_grad_(False)], [None], {}, family="chroma")
