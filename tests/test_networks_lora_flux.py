@@ -20,7 +20,7 @@ from _networks_helpers import make_config, single_thread  # noqa: F401
 from library.families import get_family
 from library.families.base import Parts
 from library.families.flux import keys as K
-from library.families.flux.tiny import TRANSFORMER, tiny_ae, tiny_clip_l, tiny_t5
+from library.families.flux.tiny import TRANSFORMER, build_tiny_flux, tiny_ae, tiny_clip_l, tiny_t5
 from library.weight_files import load_state_dict
 from networks import inject, network_from_file
 from networks.inject import prepare_network
@@ -520,3 +520,36 @@ def build_chroma() -> Parts:
     torch.manual_seed(0)
     model = ChromaTransformer2DModel(**TRANSFORMER, **CHROMA_EXTRA).eval().requires_grad_(False)
     return Parts(model, None, [tiny_t5().eval().requires_grad_(False)], [None], {}, family="chroma")
+
+
+# ------------------------------------------------------------------------------------------ a training run
+def test_a_lora_flux_run_through_train_network_saves_a_split_file_at_the_trained_strength(dataset, tmp_path,
+                                                                                        monkeypatch):  # fmt: skip
+    """train_network.run with the FLUX family (flux_train_network.py is its own piece): split_qkv + in_dims train,
+    the file's split modules keep their off-diagonal blocks 0 and alpha k·α, and the metadata names the module."""
+    import library.run.train_setup as train_setup
+    import train_network
+    from library.flow_matching import add_flow_matching_args
+
+    # the run layer's SD attention processor (AttnProcessor2_0) does not fit diffusers' FluxAttention: keep FLUX's own
+    monkeypatch.setattr(train_setup, "set_attention", lambda modules, backend: None)
+    build = train_network.build_parser
+    monkeypatch.setattr(train_network, "build_parser", lambda: add_flow_matching_args(build()))
+    model = FAMILY.save(build_tiny_flux("flux-dev"), tmp_path / "model")
+    argv = [
+        "--pretrained_model_name_or_path", str(model), "--train_data_dir", str(dataset), "--caption_extension", ".txt",
+        "--output_dir", str(tmp_path / "out"), "--output_name", "t", "--network_module", "networks.lora_flux",
+        "--network_dim", "4", "--network_alpha", "2", "--network_args", "split_qkv=True", "in_dims=[2,0,0,0,2]",
+        "network_reg_lrs=txt_in=0", "--train_batch_size", "2", "--resolution", "64", "--max_train_steps", "2",
+        "--max_data_loader_n_workers", "0", "--seed", "1", "--optimizer_type", "AdamW", "--learning_rate", "3e-3",
+    ]  # fmt: skip
+    result = train_network.run(argv, family_names=("flux-dev",))
+    assert result.steps == 2 and result.failed is None
+    state, meta = load_state_dict(result.output)
+    assert meta["ss_network_module"] == "networks.lora_flux" and meta["ss_base_model_version"] == "flux1"
+    up = state["lora_unet_single_blocks_0_linear1.lora_up.weight"].float()
+    assert float(state["lora_unet_single_blocks_0_linear1.alpha"]) == 4 * 2.0
+    assert up[:32, :4].abs().sum() > 0 and up[:32, 4:].abs().sum() == 0 and up[96:, :12].abs().sum() == 0
+    assert float(state["lora_unet_double_blocks_0_img_attn_qkv.alpha"]) == 3 * 2.0
+    assert state["lora_unet_img_in.lora_up.weight"].abs().sum() > 0
+    assert state["lora_unet_txt_in.lora_up.weight"].abs().sum() == 0  # its reg lr 0: not trained
