@@ -310,19 +310,37 @@ def test_split_qkv_training_keeps_the_parts_separate():
 
 
 # ----------------------------------------------------------------------------- the files: ComfyUI's rule
-def comfy_merge(parts: Parts, state: dict) -> torch.nn.Module:
+def lora_delta(state: dict, module: str) -> torch.Tensor:
+    down, up = state[f"{module}.lora_down.weight"], state[f"{module}.lora_up.weight"]
+    return float(state[f"{module}.alpha"]) / down.shape[0] * up @ down
+
+
+def lycoris_delta(state: dict, module: str) -> torch.Tensor:
+    """ΔW of a LoHa / LoKr module by lycoris-lora's own functional formulas on the file's tensors."""
+    from lycoris.functional import loha, lokr
+
+    alpha = state[f"{module}.alpha"].float()
+    if f"{module}.hada_w1_a" in state:
+        t = {k: state[f"{module}.hada_{k}"] for k in ("w1_a", "w1_b", "w2_a", "w2_b")}
+        gamma = alpha / t["w1_b"].shape[0]
+        return loha.diff_weight(t["w1_b"], t["w1_a"], t["w2_b"], t["w2_a"], None, None, gamma=gamma)
+    names = ("lokr_w1", "lokr_w1_a", "lokr_w1_b", "lokr_w2", "lokr_w2_a", "lokr_w2_b", "lokr_t2")
+    return lokr.diff_weight(*(state.get(f"{module}.{k}") for k in names), gamma=alpha)
+
+
+def comfy_merge(parts: Parts, state: dict, delta=lora_delta) -> torch.nn.Module:
     """ComfyUI's rule: ``lora_unet_`` + BFL key minus ``.weight`` (dots as underscores) -> that BFL weight, merged
-    with (α/r)·up@down; then BFL -> diffusers by ``keys.bfl_to_diffusers`` (checked against diffusers' and sd-scripts'
-    converters in test_flux_family.py; diffusers' single-file converter hard-codes the width 3072)."""
+    with ``delta`` ((α/r)·up@down); then BFL -> diffusers by ``keys.bfl_to_diffusers`` (checked against diffusers' and
+    sd-scripts' converters in test_flux_family.py; diffusers' single-file converter hard-codes the width 3072)."""
     bfl = K.diffusers_to_bfl(parts.denoiser.state_dict())
     by_name = {"lora_unet_" + k.removesuffix(".weight").replace(".", "_"): k for k in bfl if k.endswith(".weight")}
     modules = {k.split(".")[0] for k in state if k.startswith("lora_unet_")}
     for module in modules:
         assert module in by_name, module  # every saved module maps onto the BFL state dict
-        down, up = state[f"{module}.lora_down.weight"], state[f"{module}.lora_up.weight"]
         weight = bfl[by_name[module]]
-        assert (up.shape[0], down.shape[1]) == tuple(weight.shape)  # shapes fit
-        bfl[by_name[module]] = weight + float(state[f"{module}.alpha"]) / down.shape[0] * up @ down
+        change = delta(state, module)
+        assert tuple(change.shape) == tuple(weight.shape)  # shapes fit
+        bfl[by_name[module]] = weight + change
     converted = K.bfl_to_diffusers(bfl)
     fresh = copy.deepcopy(parts.denoiser)
     fresh.load_state_dict(converted)
@@ -407,20 +425,27 @@ def _path_of(network, name: str) -> str:
 
 
 def test_flux_pipeline_load_lora_weights_gives_our_output(tmp_path):
-    """diffusers' FluxPipeline.load_lora_weights on our file (tiny width: every module but linear1, whose split
-    diffusers hard-codes at 3072) gives the transformer output our injected adapter gives."""
+    """diffusers' FluxPipeline.load_lora_weights on our file gives the transformer and CLIP-L outputs our injected
+    adapters give (tiny width: every module but linear1, whose split diffusers hard-codes at 3072, and no in_dims
+    modules: diffusers 0.42's kohya converter names them without the ``transformer.`` prefix and drops them)."""
     parts = tiny_parts(2, 2)
-    cfg = flux_config("single_mod_dim=4", "single_dim=0", "split_qkv=True", flags=("--network_train_unet_only",))
+    cfg = flux_config("single_mod_dim=4", "single_dim=0", "split_qkv=True")
     network = inject(cfg, FAMILY.adapter_roots(parts), FAMILY.target_classes)
-    assert not any("linear1" in n for n in network.names)
+    assert not any("linear1" in n for n in network.names) and any(n.startswith("lora_te1") for n in network.names)
+    ids = torch.randint(0, 1000, (1, 77), generator=torch.Generator().manual_seed(0))
+    plain_clip = parts.text_encoders[0](ids).last_hidden_state
     randomize(network)
     network.set_training(False)
     adapted = run(parts.denoiser)
+    adapted_clip = parts.text_encoders[0](ids).last_hidden_state
+    assert (adapted_clip - plain_clip).abs().max() > 1e-2
     network.save(tmp_path / "lora.safetensors")
     network.eject()
     pipe = FAMILY.pipeline(parts, None)
     pipe.load_lora_weights(str(tmp_path / "lora.safetensors"))
     torch.testing.assert_close(run(pipe.transformer), adapted, rtol=1e-4, atol=1e-5)
+    with torch.no_grad():
+        torch.testing.assert_close(pipe.text_encoder(ids).last_hidden_state, adapted_clip, rtol=1e-4, atol=1e-5)
 
 
 # ------------------------------------------------------------------------------------------------ LyCORIS
@@ -457,6 +482,24 @@ def test_lycoris_algorithms_train_save_and_reload_on_flux(algo, tmp_path):
         assert tuple(loaded.layer(name).delta().shape) == tuple(bfl[name]), name
     loaded.set_training(False)
     torch.testing.assert_close(run(parts.denoiser), adapted, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("algo", ["loha", "lokr"])
+def test_loha_lokr_files_merge_by_comfyui_rule_with_lycoris_formulas(algo, tmp_path):
+    """LoHa / LoKr over the fused modules (qkv, linear1): the file's ΔW by lycoris-lora's functional formulas,
+    merged into the BFL weights by ComfyUI's rule, gives our injected adapter's output."""
+    parts = tiny_parts(1, 1)
+    args = ("algo=loha",) if algo == "loha" else ("algo=lokr", "factor=4")
+    cfg = make_config(*args, module="lycoris.kohya", dim=DIM, alpha=ALPHA, flags=("--network_train_unet_only",))
+    network = inject(cfg, FAMILY.adapter_roots(parts), FAMILY.target_classes)
+    randomize(network)
+    network.set_training(False)
+    adapted = run(parts.denoiser)
+    network.save(tmp_path / "a.safetensors")
+    network.eject()
+    state, _ = load_state_dict(tmp_path / "a.safetensors")
+    assert f"lora_unet_single_blocks_0_linear1.{'hada_w1_a' if algo == 'loha' else 'lokr_w1'}" in state
+    torch.testing.assert_close(run(comfy_merge(parts, state, lycoris_delta)), adapted, rtol=1e-4, atol=1e-5)
 
 
 # ------------------------------------------------------------------------------------------ flag checking
