@@ -20,7 +20,7 @@ from _networks_helpers import make_config, single_thread  # noqa: F401
 from library.families import get_family
 from library.families.base import Parts
 from library.families.flux import keys as K
-from library.families.flux.tiny import TRANSFORMER, build_tiny_flux, tiny_ae, tiny_clip_l, tiny_t5
+from library.families.flux.tiny import TRANSFORMER, build_tiny_flux, tiny_clip_l, tiny_t5
 from library.weight_files import load_state_dict
 from networks import inject, network_from_file
 from networks.inject import prepare_network
@@ -43,7 +43,7 @@ def tiny_parts(num_double: int = 4, num_single: int = 6, seed: int = 0) -> Parts
     encoders = [tiny_clip_l(), tiny_t5()]
     for module in (model, *encoders):
         module.eval().requires_grad_(False)
-    return Parts(model, tiny_ae(), encoders, [None, None], {}, family="flux-dev")
+    return Parts(model, None, encoders, [None, None], {}, family="flux-dev")
 
 
 def inputs() -> dict:
@@ -235,6 +235,22 @@ def test_verbose_lists_every_module_and_the_skipped_ones(caplog):
         inject(flux_config("verbose=True", "txt_mlp_dim=0"), FAMILY.adapter_roots(parts), FAMILY.target_classes)
     assert "lora_unet_double_blocks_0_img_attn_qkv" in caplog.text
     assert "modules are skipped" in caplog.text and "lora_unet_double_blocks_1_txt_mlp_2" in caplog.text
+
+
+def test_dropouts_reach_every_module_and_act_in_training_only(caplog):
+    parts = tiny_parts(1, 1)
+    cfg = flux_config("rank_dropout=0.5", "module_dropout=0.25", "conv_dim=8", flags=("--network_dropout", "0.1"))
+    assert "no convolution" in caplog.text  # conv_dim: accepted, FLUX has nothing it applies to (sd-scripts too)
+    network = inject(cfg, FAMILY.adapter_roots(parts), FAMILY.target_classes)
+    layers = [network.layer(n) for n in network.names]
+    assert all((lay.rank_dropout, lay.module_dropout, lay.dropout) == (0.5, 0.25, 0.1) for lay in layers)
+    randomize(network)
+    network.set_training(False)
+    a, b = run(parts.denoiser), run(parts.denoiser)
+    torch.testing.assert_close(a, b)
+    network.set_training(True)
+    torch.manual_seed(0)
+    assert (run(parts.denoiser) - a).abs().max() > 1e-3
 
 
 # --------------------------------------------------------------------------------------------- lr groups
