@@ -434,4 +434,6 @@ def prepare_network(cfg: NetworkConfig, roots: Sequence[Root], classes: TargetCl
     network = inject(cfg, roots, classes)
     if cfg.network_weights:
         network.load_file(cfg.network_weights, strict=False)
+        if cfg.module == lora_flux.MODULE and cfg.split_qkv:
+            lora_flux.check_loaded_splits(network, cfg.network_weights)
     return network

@@ -335,6 +335,30 @@ def make_split(adapter: AdapterWeights, rows: Sequence[int], rank: int) -> None:
     with torch.no_grad():
         up.copy_(keep_blocks(up))
     up.register_hook(keep_blocks)
+    adapter.split_blocks = tuple(blocks)
+
+
+def check_loaded_splits(network, source: str) -> list[str]:
+    """After ``--network_weights`` into a ``split_qkv`` network: the split modules whose file ``lora_up`` is not
+    block-diagonal (a plain rank-k·r LoRA, not a split file). Those values are kept (the file's ΔW, exactly) but
+    their off-diagonal blocks get no gradient; sd-scripts would keep only the diagonal blocks. Warns once, naming
+    them; returns their names."""
+    odd = []
+    for name, adapter in network.adapters.items():
+        blocks = getattr(adapter, "split_blocks", None)
+        if blocks is None:
+            continue
+        up = adapter.params["lora_up"].detach()
+        mask = torch.ones_like(up, dtype=torch.bool)
+        for r, c in blocks:
+            mask[r, c] = False
+        if up[mask].abs().sum() > 0:
+            odd.append(name)
+    if odd:
+        logger.warning("%s: %d split_qkv module(s) hold a lora_up that is not block-diagonal (not a split_qkv file), "
+                       "e.g. %s; loaded as they are (the file's ΔW), their off-diagonal blocks stay fixed while "
+                       "training", source, len(odd), ", ".join(odd[:3]))  # fmt: skip
+    return odd
 
 
 # -------------------------------------------------------------------------------------------------- lr groups

@@ -325,6 +325,25 @@ def test_split_qkv_training_keeps_the_parts_separate():
     assert up[:32, DIM:].abs().sum() == 0 and up[96:, : 3 * DIM].abs().sum() == 0  # off-diagonal blocks stay 0
 
 
+def test_a_plain_file_loaded_into_a_split_network_is_kept_and_named(tmp_path, caplog):
+    """--network_weights of a plain LoRA with rank 3r on qkv (4r on linear1) into a split_qkv network: the file's ΔW
+    exactly, with a warning naming the modules that are not block-diagonal."""
+    parts = tiny_parts(1, 1)
+    cfg = flux_config("network_reg_dims=qkv=12,linear1=16", flags=("--network_train_unet_only",))
+    plain = inject(cfg, FAMILY.adapter_roots(parts), FAMILY.target_classes)
+    randomize(plain)
+    plain.set_training(False)
+    adapted = run(parts.denoiser)
+    plain.save(tmp_path / "plain.safetensors")
+    plain.eject()
+    flags = ("--network_train_unet_only", "--network_weights", str(tmp_path / "plain.safetensors"))
+    network = prepare_network(flux_config("split_qkv=True", flags=flags), FAMILY.adapter_roots(parts),
+                              FAMILY.target_classes)  # fmt: skip
+    network.set_training(False)
+    assert "3 split_qkv module(s) hold a lora_up that is not block-diagonal" in caplog.text
+    torch.testing.assert_close(run(parts.denoiser), adapted, rtol=1e-5, atol=1e-6)
+
+
 # ----------------------------------------------------------------------------- the files: ComfyUI's rule
 def lora_delta(state: dict, module: str) -> torch.Tensor:
     down, up = state[f"{module}.lora_down.weight"], state[f"{module}.lora_up.weight"]
