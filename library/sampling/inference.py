@@ -23,7 +23,9 @@ from .prompts import PromptSpec, parse_prompt_line, read_prompt_file
 from .schedulers import SAMPLER_NAMES
 
 # all read as their file says
-NETWORK_MODULES = ("networks.lora", "lycoris.kohya", "networks.dylora", "networks.lora_fa", "networks.oft")
+NETWORK_MODULES = (
+    "networks.lora", "lycoris.kohya", "networks.dylora", "networks.lora_fa", "networks.oft", "networks.lora_flux",
+)  # fmt: skip
 _UNSUPPORTED_STORE = {
     "--from_module": "prompter modules",
     "--prompter_module_args": "prompter modules",
