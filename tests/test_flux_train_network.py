@@ -41,20 +41,19 @@ def dataset_toml(dataset, tmp_path_factory):
 
 def doc_command(files: dict, toml, out, layout: str) -> list[str]:
     """sd-scripts' docs/flux_train_network.md basic example, with the tiny files for its paths. Changed, and why:
-    --network_module networks.lora (networks.lora_flux is another piece of issue 21), --max_train_epochs 1 (2
-    steps), --blocks_to_swap 0 (the tiny transformer has 2 + 2 blocks; each list keeps 2 on the device), and
-    --network_train_unet_only added (sd-scripts caches T5 and runs CLIP-L live when CLIP-L adapters train with
-    --cache_text_encoder_outputs; that partial cache is not supported yet and is refused with a message)."""
+    --max_train_epochs 1 (2 steps) and --blocks_to_swap 0 (the tiny transformer has 2 + 2 blocks; each list keeps
+    2 on the device). CLIP-L's adapters train over the T5 cache (--cache_text_encoder_outputs without
+    --network_train_unet_only), as in sd-scripts."""
     model = ([f"--pretrained_model_name_or_path={files['model']}", f"--clip_l={files['clip_l']}",
               f"--t5xxl={files['t5xxl']}", f"--ae={files['ae']}"] if layout == "bfl"
              else [f"--pretrained_model_name_or_path={files['folder']}"])  # fmt: skip
     return [
         *model, f"--dataset_config={toml}", f"--output_dir={out}", "--output_name=my_flux_lora",
-        "--save_model_as=safetensors", "--network_module=networks.lora", "--network_dim=16", "--network_alpha=1",
+        "--save_model_as=safetensors", "--network_module=networks.lora_flux", "--network_dim=16", "--network_alpha=1",
         "--learning_rate=1e-4", "--optimizer_type=AdamW8bit", "--lr_scheduler=constant", "--sdpa",
         "--max_train_epochs=1", "--save_every_n_epochs=1", "--mixed_precision=fp16", "--gradient_checkpointing",
         "--guidance_scale=1.0", "--timestep_sampling=flux_shift", "--model_prediction_type=raw",
-        "--blocks_to_swap=0", "--cache_text_encoder_outputs", "--cache_latents", "--network_train_unet_only",
+        "--blocks_to_swap=0", "--cache_text_encoder_outputs", "--cache_latents",
         "--max_data_loader_n_workers", "0", "--seed", "1",
     ]  # fmt: skip
 
@@ -65,14 +64,17 @@ def bfl_shapes(folder: str) -> dict[str, tuple]:
     return {k: tuple(v.shape) for k, v in diffusers_to_bfl(sd).items()}
 
 
-def assert_comfyui_loads(lora: str, shapes: dict[str, tuple]) -> None:
-    """ComfyUI's rule: ``lora_unet_`` + the BFL weight key's module with dots as underscores; up @ down fits."""
+def assert_comfyui_loads(lora: str, shapes: dict[str, tuple], te_prefixes: tuple[str, ...] = ()) -> None:
+    """ComfyUI's rule: ``lora_unet_`` + the BFL weight key's module with dots as underscores; up @ down fits. Modules
+    under ``te_prefixes`` (text encoders) are left out here."""
     by_name = {
         "lora_unet_" + k[: -len(".weight")].replace(".", "_"): s for k, s in shapes.items() if k.endswith(".weight")
     }
     sd, _ = load_state_dict(lora)
-    modules = {k.split(".")[0] for k in sd}
+    modules = {k.split(".")[0] for k in sd if not k.startswith(te_prefixes)}
     assert modules and all(m.startswith("lora_unet_") for m in modules)
+    assert all(k.startswith(("lora_unet_", *te_prefixes)) for k in sd)
+    assert not te_prefixes or any(k.startswith(te_prefixes) for k in sd)
     for m in modules:
         assert m in by_name, f"{m}: no BFL key of that name"
         delta = sd[f"{m}.lora_up.weight"].float() @ sd[f"{m}.lora_down.weight"].float()
@@ -84,7 +86,7 @@ def test_docs_command_line_runs(models, dataset_toml, tmp_path, layout):
     files = models["flux-dev"]
     result = flux_train_network.run(doc_command(files, dataset_toml, tmp_path, layout))
     assert result.steps == 2 and result.failed is None and all(map(math.isfinite, result.losses))
-    assert_comfyui_loads(str(result.output), bfl_shapes(files["folder"]))
+    assert_comfyui_loads(str(result.output), bfl_shapes(files["folder"]), te_prefixes=("lora_te1_",))
     meta = read_metadata(result.output)
     assert meta["ss_base_model_version"] == "flux1"
     assert meta["modelspec.architecture"] == "flux-1-dev/lora"
@@ -234,3 +236,18 @@ def test_blocks_to_swap_swaps_the_flux_transformer_and_trains_the_same(dataset, 
     assert swaps[0] is None and isinstance(swaps[1], BlockSwap)
     assert list(swaps[1].counts) == [1, 2] and swaps[1].moves_in > 0
     assert plain.losses == swapped.losses and len(plain.losses) == 2
+
+
+def test_clip_l_adapters_train_over_the_t5_cache_as_without_it(models, dataset, tmp_path):
+    """sd-scripts' partial cache: --cache_text_encoder_outputs while CLIP-L's adapters train caches T5 and runs CLIP-L
+    in every step; the losses and the trained CLIP-L adapters equal those of the run that encodes every step."""
+    files = models["flux-dev"]
+    argv = base_argv(files, dataset, tmp_path, "--clip_l", files["clip_l"], "--learning_rate", "1e-2", steps=3)
+    cached = flux_train_network.run([*argv, "--cache_text_encoder_outputs", "--output_name", "cached"])
+    live = flux_train_network.run([*argv, "--output_name", "live"])
+    torch.testing.assert_close(cached.losses, live.losses, rtol=1e-4, atol=1e-6)
+    (a, _), (b, _) = load_state_dict(cached.output), load_state_dict(live.output)
+    te = [k for k in a if k.startswith("lora_te1_") and k.endswith("lora_up.weight")]
+    assert te and any(a[k].abs().max() > 0 for k in te)  # CLIP-L's adapters trained (they start at zero)
+    for k in te:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-3, atol=1e-6)

@@ -110,6 +110,7 @@ class SDFamily:
     adapter_prefixes = ("lora_unet", "lora_te")
     blocks = DIFFUSERS_BLOCKS
     denoiser_name = "UNet"
+    partial_text_cache = False  # every text output comes from an encoder adapters may train
     fp8_skip = ("norm",)  # --fp8_base keeps the UNet's norm layers in the compute dtype (diffusers' rule)
     target_classes = UNET_TARGET_CLASSES
 
@@ -225,6 +226,11 @@ class SDFamily:
     def size_conditioning(self, original_sizes: Any, crop_top_lefts: Any, target_sizes: Any) -> None:
         """SD 1.x / 2.x take no size/crop conditioning (see SDXL.size_conditioning)."""
         return None
+
+    def cond_with_trained_encoders(self, parts: Parts, captions: list[str], cached: Cond) -> Cond:
+        """Not possible here (``partial_text_cache`` False): every output comes from a trained encoder."""
+        raise ValueError(f"{self.spec.title}: cached text-encoder outputs cannot train text-encoder adapters; add "
+                         "--network_train_unet_only or drop --cache_text_encoder_outputs")  # fmt: skip
 
     def encode_latents(self, parts: Parts, pixels: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """(B, 3, H, W) in [-1, 1] -> (B, 4, H/8, W/8) sampled latents times 0.18215."""

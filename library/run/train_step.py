@@ -71,8 +71,11 @@ def batch_cond(m: StepModels, batch: Any, generator: torch.Generator | None = No
         if not m.pad_tokens:  # --no_token_padding: the causal encoder's padded outputs, cut after the longest caption
             hidden = hidden[:, : m.family.tokenize(m.parts, list(batch.captions), pad=False)[0].shape[1]]
         pooled, mask = out.get("pooled"), out.get("mask")
-        return Cond(to_device(hidden, m.device), None if pooled is None else to_device(pooled, m.device),
+        cond = Cond(to_device(hidden, m.device), None if pooled is None else to_device(pooled, m.device),
                     None if mask is None else to_device(mask, m.device))  # fmt: skip
+        if m.train_text_encoder:  # the adapters' encoders run on the captions (FLUX.1: CLIP-L over the T5 cache)
+            cond = m.family.cond_with_trained_encoders(m.parts, list(batch.captions), cond)
+        return cond
     captions = list(batch.captions)
     if m.caption_rewrite is not None:
         captions = m.caption_rewrite(captions, generator)

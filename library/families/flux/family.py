@@ -105,6 +105,7 @@ class FluxFamily:
     ss_v2 = False
     blocks = FLUX_BLOCKS
     denoiser_name = "transformer"
+    partial_text_cache = True  # T5 cached, CLIP-L's pooled output recomputed (sd-scripts' partial cache)
     fp8_skip = ()  # --fp8_base: every Linear in float8, the adaLN modulations too (as sd-scripts' model.to(fp8))
 
     def __init__(self, spec: FamilySpec, *, version: str, architecture: str, implementation: str, t5_length: int,
@@ -261,6 +262,17 @@ class FluxFamily:
     def size_conditioning(self, original_sizes: Any, crop_top_lefts: Any, target_sizes: Any) -> None:
         """FLUX takes no size/crop conditioning."""
         return None
+
+    def cond_with_trained_encoders(self, parts: Parts, captions: list[str], cached: Cond) -> Cond:
+        """sd-scripts' partial text cache (``--cache_text_encoder_outputs`` with CLIP-L adapters): T5's hidden states
+        and mask from ``cached``, CLIP-L's pooled output (B, 768) recomputed from ``captions`` with autograd (the
+        adapters train through it). Chroma has no CLIP-L: ``cached`` as it is (T5 adapters are never trained over a
+        cache: ``train_t5xxl`` refuses it, as sd-scripts)."""
+        if self.chroma:
+            return cached
+        ids = text.tokenize_clip_l(parts.tokenizers[0], captions)
+        pooled = text.clip_l_pooled(parts.text_encoders[0], ids)
+        return Cond(cached.hidden_states, pooled.to(cached.hidden_states.dtype), cached.mask)
 
     # ------------------------------------------------------------------------------------------- denoising
     def predict(
