@@ -268,10 +268,11 @@ class ModelFamily(Protocol):
     """sd-scripts' UNet block numbering for ``block_dims`` / ``*_lr_weight`` of adapters on this family."""
     denoiser_name: str
     """What the denoiser (``Parts.denoiser``) is called in messages: "UNet" (a transformer for DiT families)."""
-    partial_text_cache: bool
-    """Whether :meth:`cond_with_trained_encoders` can run: text-encoder outputs may be cached while the encoders'
-    adapters train, the outputs of the frozen encoders read from the cache (FLUX.1: T5 cached, CLIP-L's pooled
-    output recomputed, as sd-scripts); False for SD / SDXL, whose every output comes from a trained encoder."""
+    partial_text_cache: tuple[int, ...] | None
+    """Whether :meth:`cond_with_trained_encoders` can run, and which text encoders (indices into
+    ``Parts.text_encoders``) it runs: text-encoder outputs may be cached while the encoders' adapters train, the
+    frozen encoders' outputs read from the cache (FLUX.1: ``(0,)``, CLIP-L recomputed over the T5 cache, as
+    sd-scripts; Chroma ``()``); None for SD / SDXL, whose every output comes from a trained encoder."""
     fp8_skip: tuple[str, ...]
     """``--fp8_base``: denoiser Linear / Conv2d layers whose module path contains one of these stay in the compute
     dtype (``library.fp8.store_in_fp8``'s ``skip``): ("norm",) for the SD UNets (diffusers' rule); () for FLUX, whose
@@ -317,7 +318,7 @@ class ModelFamily(Protocol):
     def cond_with_trained_encoders(self, parts: Parts, captions: list[str], cached: Cond) -> Cond:
         """``--cache_text_encoder_outputs`` while text-encoder adapters train (sd-scripts' partial cache): ``cached``
         with the outputs of the encoders adapters train recomputed from ``captions`` (with autograd). ValueError
-        where every output comes from a trained encoder (``partial_text_cache`` False)."""
+        where every output comes from a trained encoder (``partial_text_cache`` None)."""
         ...
 
     def predict(self, denoiser: nn.Module, noisy: Tensor, t: Tensor, cond: Cond, **options: Any) -> Tensor:

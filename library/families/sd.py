@@ -110,7 +110,7 @@ class SDFamily:
     adapter_prefixes = ("lora_unet", "lora_te")
     blocks = DIFFUSERS_BLOCKS
     denoiser_name = "UNet"
-    partial_text_cache = False  # every text output comes from an encoder adapters may train
+    partial_text_cache = None  # every text output comes from an encoder adapters may train
     fp8_skip = ("norm",)  # --fp8_base keeps the UNet's norm layers in the compute dtype (diffusers' rule)
     target_classes = UNET_TARGET_CLASSES
 
@@ -228,7 +228,7 @@ class SDFamily:
         return None
 
     def cond_with_trained_encoders(self, parts: Parts, captions: list[str], cached: Cond) -> Cond:
-        """Not possible here (``partial_text_cache`` False): every output comes from a trained encoder."""
+        """Not possible here (``partial_text_cache`` None): every output comes from a trained encoder."""
         raise ValueError(f"{self.spec.title}: cached text-encoder outputs cannot train text-encoder adapters; add "
                          "--network_train_unet_only or drop --cache_text_encoder_outputs")  # fmt: skip
 

@@ -82,7 +82,7 @@ class SDXLFamily:
     adapter_prefixes = ("lora_unet", "lora_te1", "lora_te2")
     blocks = SGM_BLOCKS
     denoiser_name = "UNet"
-    partial_text_cache = False  # every text output comes from an encoder adapters may train
+    partial_text_cache = None  # every text output comes from an encoder adapters may train
     fp8_skip = ("norm",)  # --fp8_base keeps the UNet's norm layers in the compute dtype (diffusers' rule)
     target_classes = UNET_TARGET_CLASSES  # the SD UNet and CLIP classes (``sd.UNET_TARGET_CLASSES``)
 
@@ -182,7 +182,7 @@ class SDXLFamily:
         return ddpm_objective(self.spec.title, self.objective(parts), parts.scheduler_config, noise, loss)
 
     def cond_with_trained_encoders(self, parts: Parts, captions: list[str], cached: Cond) -> Cond:
-        """Not possible here (``partial_text_cache`` False): every output comes from a trained encoder."""
+        """Not possible here (``partial_text_cache`` None): every output comes from a trained encoder."""
         raise ValueError(f"{self.spec.title}: cached text-encoder outputs cannot train text-encoder adapters; add "
                          "--network_train_unet_only or drop --cache_text_encoder_outputs")  # fmt: skip
 

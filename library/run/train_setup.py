@@ -262,7 +262,7 @@ def block_swap_problems(family: ModelFamily, cfg: BlockSwapConfig) -> list[str]:
 def text_cache_problems(family: ModelFamily | None, data_args: Any, method: Any) -> list[str]:
     """``--cache_text_encoder_outputs`` while text-encoder weights train: only where the family recomputes the
     trained encoders' outputs over the cache (``partial_text_cache``: FLUX.1's CLIP-L, as sd-scripts)."""
-    if family is None or data_args is None or method is None or family.partial_text_cache:
+    if family is None or data_args is None or method is None or family.partial_text_cache is not None:
         return []
     if data_args.cache_text_encoder_outputs and method.trains_text_encoder:
         return ["--cache_text_encoder_outputs needs --network_train_unet_only (cached text-encoder outputs cannot "
@@ -525,16 +525,22 @@ def enable_checkpointing(
 
 def place_for_training(run: Run) -> None:
     """Put on the device what the training step runs: the denoiser, the VAE unless every latent is cached, the text
-    encoders unless their outputs are cached (or they are trained). The rest stays on the host; a sampling round
+    encoders unless their outputs are cached (with a cache and trained adapters: the encoders the family recomputes,
+    ``ModelFamily.partial_text_cache``). The rest stays on the host; a sampling round
     brings it in for the round (library/sampling/training.py). With ``--blocks_to_swap`` the swapped blocks' frozen
     weights stay on the host (:func:`place_denoiser`)."""
     cfg, parts, device = run.cfg, run.parts, run.accelerator.device
     run.block_swap = place_denoiser(parts.denoiser, cfg.family, cfg.block_swap, device)
     if not cfg.data.cache_latents:
         parts.vae.to(device)
-    if not cfg.data.cache_text_encoder_outputs or cfg.train_text_encoder:
+    if not cfg.data.cache_text_encoder_outputs:
         for te in parts.text_encoders:
             te.to(device)
+    elif cfg.train_text_encoder:  # over a cache: what the family recomputes (FLUX.1: CLIP-L; T5 stays on the host)
+        live = cfg.family.partial_text_cache
+        for i, te in enumerate(parts.text_encoders):
+            if live is None or i in live:
+                te.to(device)
 
 
 def place_denoiser(

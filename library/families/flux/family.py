@@ -105,7 +105,6 @@ class FluxFamily:
     ss_v2 = False
     blocks = FLUX_BLOCKS
     denoiser_name = "transformer"
-    partial_text_cache = True  # T5 cached, CLIP-L's pooled output recomputed (sd-scripts' partial cache)
     fp8_skip = ()  # --fp8_base: every Linear in float8, the adaLN modulations too (as sd-scripts' model.to(fp8))
 
     def __init__(self, spec: FamilySpec, *, version: str, architecture: str, implementation: str, t5_length: int,
@@ -117,6 +116,8 @@ class FluxFamily:
         self.ti_embedding_keys = tuple(te.ti_key for te in spec.text_encoders)
         self.adapter_prefixes = ("lora_unet", "lora_te3") if self.chroma else ("lora_unet", "lora_te1", "lora_te3")
         self.target_classes = targets
+        # --cache_text_encoder_outputs with CLIP-L adapters: T5 cached, CLIP-L (index 0) recomputed (sd-scripts)
+        self.partial_text_cache: tuple[int, ...] = () if self.chroma else (0,)
         self._version = version
         self._architecture = architecture
         self._implementation = implementation
