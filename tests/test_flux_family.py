@@ -382,7 +382,7 @@ def test_text_cache_entry_keeps_the_mask():
     cond = Cond(torch.randn(2, 5, 4), torch.randn(2, 3), torch.tensor([[1, 1, 0, 0, 0], [1, 1, 1, 0, 0]]))
     entry = text_cache_entry(cond)
     assert torch.equal(entry["mask"], cond.mask)
-    m = SimpleNamespace(device=torch.device("cpu"), pad_tokens=True)
+    m = SimpleNamespace(device=torch.device("cpu"), pad_tokens=True, train_text_encoder=False)
     back = batch_cond(m, SimpleNamespace(text_encoder_outputs=entry))
     assert torch.equal(back.mask, cond.mask) and torch.equal(back.hidden_states, cond.hidden_states)
     assert "mask" not in text_cache_entry(Cond(cond.hidden_states))
