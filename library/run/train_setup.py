@@ -236,7 +236,8 @@ def read_config(
         data_args = with_native_resolution(values["data"], family, args.v_parameterization)
         read(data.load_dataset_configs, data_args, size_multiple=family.size_multiple)
     problems.extend(_cross_checks(args, values))
-    problems.extend(text_cache_problems(family, values["data"], values["method"]))
+    cache_flag = "--cache_text_encoder_outputs" + ("" if args.cache_text_encoder_outputs else "_to_disk")
+    problems.extend(text_cache_problems(family, values["data"], values["method"], cache_flag))
     if family is not None and values["block_swap"] is not None:
         problems.extend(block_swap_problems(family, values["block_swap"]))
     problems.raise_if_any()
@@ -259,14 +260,17 @@ def block_swap_problems(family: ModelFamily, cfg: BlockSwapConfig) -> list[str]:
     return swap_problems(cfg.blocks_to_swap, lists, family.spec.title)
 
 
-def text_cache_problems(family: ModelFamily | None, data_args: Any, method: Any) -> list[str]:
-    """``--cache_text_encoder_outputs`` while text-encoder weights train: only where the family recomputes the
-    trained encoders' outputs over the cache (``partial_text_cache``: FLUX.1's CLIP-L, as sd-scripts)."""
+def text_cache_problems(
+    family: ModelFamily | None, data_args: Any, method: Any, flag: str = "--cache_text_encoder_outputs"
+) -> list[str]:
+    """``--cache_text_encoder_outputs`` (``flag``: the one given) while text-encoder weights train (adapters, new
+    tokens): only where the family recomputes the trained encoders' outputs over the cache (``partial_text_cache``:
+    FLUX.1's CLIP-L, as sd-scripts)."""
     if family is None or data_args is None or method is None or family.partial_text_cache is not None:
         return []
     if data_args.cache_text_encoder_outputs and method.trains_text_encoder:
-        return ["--cache_text_encoder_outputs needs --network_train_unet_only (cached text-encoder outputs cannot "
-                f"train {family.spec.title}'s text-encoder adapters)"]  # fmt: skip
+        return [f"{flag}: cached text-encoder outputs cannot train {family.spec.title}'s text encoders (adapters or "
+                f"new tokens); add --network_train_unet_only for adapters, or drop {flag}"]  # fmt: skip
     return []
 
 
