@@ -87,6 +87,12 @@ def load_adapter(path: str | os.PathLike) -> AdapterFile:
 
     path = Path(path)
     state_dict, metadata = load_state_dict(path)
+    return adapter_from_state_dict(path, state_dict, metadata)
+
+
+def adapter_from_state_dict(path: Path, state_dict: Mapping[str, Tensor], metadata: dict[str, str]) -> AdapterFile:
+    """:func:`load_adapter` on tensors already read (or converted, e.g. a PEFT FLUX file in kohya names); ``path``
+    names the file in messages."""
     modules = files.group_by_module(state_dict)
     if not modules:
         raise ValueError(f"{path}: no adapter modules in this file (expected kohya keys such as "
