@@ -1,0 +1,291 @@
+"""The FLUX adapter tools on tiny FLUX.1 files: flux_merge_lora.py, flux_extract_lora.py, convert_flux_lora.py and
+the generic resize / SVD-merge / check tools on fused modules.
+
+Oracles: ComfyUI's rule applied by hand (W[BFL key] += ratio·(α/r)·up@down), the merged model's output against our
+model with the adapter injected, diffusers' ``FluxTransformer2DModel.load_lora_adapter`` on a PEFT file we wrote,
+the SVD's exactness at full rank (extract / resize / SVD-merge reproduce ΔW)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from _networks_helpers import make_config, perturb, single_thread  # noqa: F401
+
+from library.families import get_family
+from library.families.flux import keys as K
+from library.families.flux.tiny import build_tiny_flux, write_tiny_files
+from library.weight_files import load_state_dict
+from networks import convert_flux_lora, flux_extract_lora, flux_merge_lora, inject
+from networks import flux_formats as ff
+from networks.files import group_by_module
+
+FAMILY = get_family("flux-dev")
+
+
+@pytest.fixture(scope="module")
+def parts():
+    """A tiny FLUX.1 dev whose every weight is non-zero (diffusers zero-inits some projections)."""
+    p = build_tiny_flux("flux-dev", seed=0)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for w in p.denoiser.parameters():
+            w.add_(torch.randn(w.shape, generator=g) * 0.05)
+    return p
+
+
+def adapter(parts, path, *args, module="networks.lora", seed=0, dim=4, alpha=2.0):
+    """(path, the model copy with the adapter injected): random adapter tensors saved as a kohya file."""
+    ours = copy.deepcopy(parts)
+    network = inject(make_config(*args, module=module, dim=dim, alpha=alpha), FAMILY.adapter_roots(ours),
+                     FAMILY.target_classes)  # fmt: skip
+    perturb(network, seed=seed)
+    network.save(path, metadata={"ss_base_model_version": "flux1"})
+    return path, ours
+
+
+def run(model) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1)
+    inputs = dict(
+        hidden_states=torch.randn(2, 16, 64, generator=g),
+        encoder_hidden_states=torch.randn(2, 5, 32, generator=g),
+        pooled_projections=torch.randn(2, 32, generator=g),
+        timestep=torch.tensor([0.3, 0.7]),
+        img_ids=torch.randint(0, 4, (16, 3), generator=g).float(),
+        txt_ids=torch.zeros(5, 3),
+        guidance=torch.tensor([3.5, 3.5]),
+    )
+    with torch.no_grad():
+        return model(**inputs, return_dict=False)[0]
+
+
+def lora_delta(tensors: dict) -> torch.Tensor:
+    """ComfyUI's rule, re-typed: (alpha / r) · up @ down."""
+    down, up = tensors["lora_down.weight"].float(), tensors["lora_up.weight"].float()
+    return float(tensors.get("alpha", down.shape[0])) / down.shape[0] * up @ down
+
+
+# ------------------------------------------------------------------------------------------------ convert
+def test_kohya_to_peft_loads_in_diffusers_with_our_output_and_converts_back(parts, tmp_path):
+    src, ours = adapter(parts, tmp_path / "k.safetensors", "preset=full")
+    state, _ = load_state_dict(src)
+    unet = tmp_path / "unet.safetensors"  # diffusers' FluxPipeline loads no T5 LoRA; CLIP-L converts too
+    from safetensors.torch import save_file
+
+    save_file({k: v for k, v in state.items() if not k.startswith("lora_te3")}, unet)
+    assert convert_flux_lora.main(["--src", "sd-scripts", "--dst", "ai-toolkit", "--src_path", str(unet),
+                                   "--dst_path", str(tmp_path / "p.safetensors")]) == 0  # fmt: skip
+    peft, _ = load_state_dict(tmp_path / "p.safetensors")
+    assert "transformer.transformer_blocks.0.attn.to_q.lora_A.weight" in peft and not any("alpha" in k for k in peft)
+    assert "text_encoder.text_model.encoder.layers.0.self_attn.q_proj.lora_B.weight" in peft
+    diffusers_model = copy.deepcopy(parts.denoiser)
+    diffusers_model.load_lora_adapter({k.removeprefix("transformer."): v for k, v in peft.items()
+                                       if k.startswith("transformer.")}, adapter_name="x", prefix=None)  # fmt: skip
+    ours_out, base_out = run(ours.denoiser), run(parts.denoiser)
+    assert (ours_out - base_out).abs().max() > 0.1  # the adapter changes the output
+    torch.testing.assert_close(run(diffusers_model), ours_out, atol=1e-5, rtol=1e-5)
+    # back to kohya: the same ΔW per module (alpha = rank now: the scale is in the factors), fused names again
+    assert convert_flux_lora.main(["--src_path", str(tmp_path / "p.safetensors"),
+                                   "--dst_path", str(tmp_path / "k2.safetensors")]) == 0  # fmt: skip
+    before = group_by_module({k: v for k, v in state.items() if not k.startswith("lora_te3")})
+    after = group_by_module(load_state_dict(tmp_path / "k2.safetensors")[0])
+    assert set(after) == set(before)
+    for name, t in before.items():
+        assert after[name]["lora_down.weight"].shape == t["lora_down.weight"].shape  # compact: the same rank
+        torch.testing.assert_close(lora_delta(after[name]), lora_delta(t), atol=1e-6, rtol=1e-5)
+
+
+def test_peft_leaves_with_their_own_down_matrices_stack_block_diagonally():
+    g = torch.Generator().manual_seed(0)
+    r, d = 2, 8
+    leaves = {"to_q": 0, "to_k": 1, "to_v": 2}
+    peft = {}
+    for leaf in ("to_q", "to_v"):  # to_k absent: its rows get no ΔW
+        peft[f"transformer.transformer_blocks.0.attn.{leaf}.lora_A.weight"] = torch.randn(r, d, generator=g)
+        peft[f"transformer.transformer_blocks.0.attn.{leaf}.lora_B.weight"] = torch.randn(d, r, generator=g)
+    peft["transformer.transformer_blocks.0.attn.to_v.alpha"] = torch.tensor(1.0)  # scale 1/2 on to_v
+    peft["transformer.norm_out.linear.lora_A.weight"] = torch.randn(r, d, generator=g)
+    peft["transformer.norm_out.linear.lora_B.weight"] = torch.randn(2 * d, r, generator=g)
+    out = group_by_module(ff.peft_to_kohya(peft))
+    qkv = out["lora_unet_double_blocks_0_img_attn_qkv"]
+    assert qkv["lora_down.weight"].shape == (2 * r, d) and float(qkv["alpha"]) == 2 * r
+    delta = lora_delta(qkv)
+    for leaf, j in leaves.items():
+        rows = delta[j * d : (j + 1) * d]
+        if leaf == "to_k":
+            assert rows.abs().max() == 0
+            continue
+        a = peft[f"transformer.transformer_blocks.0.attn.{leaf}.lora_A.weight"]
+        b = peft[f"transformer.transformer_blocks.0.attn.{leaf}.lora_B.weight"] * (0.5 if leaf == "to_v" else 1.0)
+        torch.testing.assert_close(rows, b @ a)
+    final = lora_delta(out["lora_unet_final_layer_adaLN_modulation_1"])  # BFL (shift, scale) = diffusers swapped
+    dense = peft["transformer.norm_out.linear.lora_B.weight"] @ peft["transformer.norm_out.linear.lora_A.weight"]
+    torch.testing.assert_close(final, torch.cat([dense[d:], dense[:d]]))
+
+
+def test_convert_refuses_what_peft_cannot_hold(parts, tmp_path, capsys):
+    src, _ = adapter(parts, tmp_path / "loha.safetensors", "algo=loha", "preset=attn-mlp", module="lycoris.kohya")
+    code = convert_flux_lora.main(["--src", "sd-scripts", "--dst", "ai-toolkit", "--src_path", str(src),
+                                   "--dst_path", str(tmp_path / "o.safetensors")])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and "not a plain LoRA module" in err and "svd_merge_lora.py" in err
+    code = convert_flux_lora.main(["--src", "ai-toolkit", "--dst", "sd-scripts", "--src_path", str(src),
+                                   "--dst_path", str(tmp_path / "o.safetensors")])  # fmt: skip
+    assert code == 2 and "swap --src and --dst" in capsys.readouterr().err
+    assert not (tmp_path / "o.safetensors").exists()
+
+
+# ------------------------------------------------------------------------------------------------ merge
+@pytest.fixture(scope="module")
+def model_files(parts, tmp_path_factory):
+    return write_tiny_files(parts, tmp_path_factory.mktemp("flux"))
+
+
+def test_merge_into_bfl_file_is_comfyui_rule_and_keeps_keys(parts, model_files, tmp_path):
+    a, _ = adapter(parts, tmp_path / "a.safetensors", seed=1)
+    b, _ = adapter(parts, tmp_path / "b.safetensors", "preset=full", seed=2, dim=2, alpha=1.0)
+    out = tmp_path / "merged.safetensors"
+    clip_out = tmp_path / "clip_m.safetensors"
+    assert flux_merge_lora.main(["--flux_model", str(model_files["model"]), "--clip_l", str(model_files["clip_l"]),
+                                 "--clip_l_save_to", str(clip_out), "--models", str(a), str(b), "--ratios", "0.7",
+                                 "-1.2", "--save_to", str(out)]) == 0  # fmt: skip
+    original, _ = load_state_dict(model_files["model"])
+    merged, meta = load_state_dict(out)
+    assert list(merged) == list(original) and all(merged[k].shape == original[k].shape for k in original)
+    expected = {k: v.clone() for k, v in original.items()}
+    clip, clip_merged = load_state_dict(model_files["clip_l"])[0], load_state_dict(clip_out)[0]
+    clip_expected = {k: v.clone() for k, v in clip.items()}
+    for path, ratio in ((a, 0.7), (b, -1.2)):
+        for name, t in group_by_module(load_state_dict(path)[0]).items():
+            if name.startswith("lora_unet_"):  # ComfyUI: lora_unet_ + BFL key with dots as underscores
+                key = next(k for k in original if "lora_unet_" + k.removesuffix(".weight").replace(".", "_") == name)
+                expected[key] = expected[key] + ratio * lora_delta(t)
+            elif name.startswith("lora_te1_"):
+                key = next(k for k in clip if "lora_te1_" + k.removesuffix(".weight").replace(".", "_") == name)
+                clip_expected[key] = clip_expected[key] + ratio * lora_delta(t)
+    changed = [k for k in original if not torch.equal(expected[k], original[k])]
+    assert "double_blocks.0.img_attn.qkv.weight" in changed and "single_blocks.1.linear1.weight" in changed
+    for k in original:
+        torch.testing.assert_close(merged[k], expected[k], atol=1e-6, rtol=1e-6)
+    assert any(not torch.equal(clip_expected[k], clip[k]) for k in clip)
+    for k in clip:
+        torch.testing.assert_close(clip_merged[k], clip_expected[k], atol=1e-6, rtol=1e-6)
+    assert meta["modelspec.merged_from"].startswith("model")
+
+
+@pytest.mark.parametrize("case", ["lokr-dora", "loha"])
+def test_merged_model_equals_the_injected_adapter(parts, model_files, tmp_path, case):
+    args = ("algo=lokr", "dora_wd=True", "factor=4") if case == "lokr-dora" else ("algo=loha",)
+    a, ours = adapter(parts, tmp_path / "a.safetensors", *args, "preset=full", module="lycoris.kohya")
+    out = tmp_path / "merged.safetensors"
+    assert flux_merge_lora.main(["--flux_model", str(model_files["model"]), "--models", str(a), "--save_to",
+                                 str(out)]) == 0  # fmt: skip
+    merged = FAMILY.load(out, clip_l=model_files["clip_l"], t5xxl=model_files["t5xxl"], ae=model_files["ae"])
+    expected, base = run(ours.denoiser), run(parts.denoiser)
+    assert (expected - base).abs().max() > 0.05
+    torch.testing.assert_close(run(merged.denoiser), expected, atol=2e-5, rtol=1e-4)
+
+
+def test_merge_fp8_prefixed_and_diffusers_named_files_and_peft_inputs(parts, tmp_path):
+    files = write_tiny_files(parts, tmp_path / "fp8", prefix=K.BFL_PREFIX, fp8=True)
+    a, _ = adapter(parts, tmp_path / "a.safetensors", seed=3)
+    out = tmp_path / "m8.safetensors"
+    assert flux_merge_lora.main(["--flux_model", str(files["model"]), "--models", str(a), "--save_to", str(out),
+                                 "--save_precision", "fp8"]) == 0  # fmt: skip
+    original, merged = load_state_dict(files["model"])[0], load_state_dict(out)[0]
+    assert list(merged) == list(original) and {v.dtype for v in merged.values()} == {torch.float8_e4m3fn}
+    key = K.BFL_PREFIX + "double_blocks.1.img_attn.qkv.weight"
+    t = group_by_module(load_state_dict(a)[0])["lora_unet_double_blocks_1_img_attn_qkv"]
+    want = (original[key].float() + lora_delta(t)).to(torch.float8_e4m3fn)
+    assert torch.equal(merged[key].view(torch.uint8), want.view(torch.uint8))
+    # a diffusers-named transformer file, and the LoRA as a PEFT file: the same merge under the input's names
+    from safetensors.torch import save_file
+
+    diffusers_file = tmp_path / "diffusers.safetensors"
+    save_file({k: v.contiguous() for k, v in parts.denoiser.state_dict().items()}, diffusers_file)
+    state = load_state_dict(a)[0]
+    peft = tmp_path / "peft.safetensors"
+    save_file(ff.kohya_to_peft({k: v for k, v in state.items() if k.startswith("lora_unet")}), peft)
+    bfl_file = tmp_path / "bfl.safetensors"
+    save_file(K.diffusers_to_bfl(parts.denoiser.state_dict()), bfl_file)
+    for model, lora, dst in ((diffusers_file, peft, "d.safetensors"), (bfl_file, a, "b.safetensors")):
+        flag = ["--diffusers"] if model == diffusers_file else []
+        assert flux_merge_lora.main(["--flux_model", str(model), "--models", str(lora), *flag, "--save_to",
+                                     str(tmp_path / dst)]) == 0  # fmt: skip
+    from_diffusers, from_bfl = (
+        load_state_dict(tmp_path / "d.safetensors")[0],
+        load_state_dict(tmp_path / "b.safetensors")[0],
+    )
+    assert set(from_diffusers) == set(parts.denoiser.state_dict())
+    for k, v in K.bfl_to_diffusers(from_bfl).items():
+        torch.testing.assert_close(from_diffusers[k], v, atol=1e-6, rtol=1e-6)
+
+
+def test_lora_merges_concat_exact_svd_best_and_shuffle_keeps_delta(parts, tmp_path):
+    a, _ = adapter(parts, tmp_path / "a.safetensors", seed=1)
+    b, _ = adapter(parts, tmp_path / "b.safetensors", seed=2, dim=2, alpha=1.0)
+    deltas = [{n: lora_delta(t) for n, t in group_by_module(load_state_dict(p)[0]).items()} for p in (a, b)]
+    for flags, name in ((["--concat", "--shuffle"], "c.safetensors"), ([], "s.safetensors")):
+        assert flux_merge_lora.main(["--models", str(a), str(b), "--ratios", "0.5", "2", "--save_to",
+                                     str(tmp_path / name), *flags]) == 0  # fmt: skip
+    concat = group_by_module(load_state_dict(tmp_path / "c.safetensors")[0])
+    svd = group_by_module(load_state_dict(tmp_path / "s.safetensors")[0])
+    for n in deltas[0]:
+        total = 0.5 * deltas[0][n] + 2 * deltas[1][n]
+        torch.testing.assert_close(lora_delta(concat[n]), total, atol=1e-5, rtol=1e-5)
+        assert concat[n]["lora_down.weight"].shape[0] == 6 and svd[n]["lora_down.weight"].shape[0] == 4
+        s = torch.linalg.svdvals(total.double())
+        err = torch.linalg.matrix_norm((lora_delta(svd[n]) - total).double())
+        torch.testing.assert_close(err, s[4:].square().sum().sqrt(), atol=1e-5, rtol=1e-4)  # Eckart-Young
+
+
+def test_merge_problems_are_named_before_anything_is_written(parts, model_files, tmp_path, capsys):
+    a, _ = adapter(parts, tmp_path / "a.safetensors")
+    code = flux_merge_lora.main(["--flux_model", str(model_files["model"]), "--clip_l", str(model_files["clip_l"]),
+                                 "--models", str(a), "--ratios", "1", "2"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and "--clip_l needs --clip_l_save_to" in err and "--flux_model needs --save_to" in err
+    assert "--ratios has 2 value(s) for 1 --models" in err
+    state = dict(load_state_dict(model_files["model"])[0])  # one weight of another width: the file does not fit
+    state["double_blocks.0.img_attn.qkv.weight"] = torch.zeros(96, 16)
+    from safetensors.torch import save_file
+
+    save_file(state, tmp_path / "narrow.safetensors")
+    code = flux_merge_lora.main(["--flux_model", str(tmp_path / "narrow.safetensors"), "--models", str(a),
+                                 "--save_to", str(tmp_path / "o.safetensors")])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and "lora_unet_double_blocks_0_img_attn_qkv" in err and not (tmp_path / "o.safetensors").exists()
+
+
+# ------------------------------------------------------------------------------------------------ extract
+def test_extract_at_full_rank_reproduces_the_difference(parts, tmp_path):
+    tuned = copy.deepcopy(parts.denoiser)
+    g = torch.Generator().manual_seed(9)
+    with torch.no_grad():
+        for name, w in tuned.named_parameters():
+            if name.startswith("transformer_blocks.1.") or name == "single_transformer_blocks.0.proj_mlp.weight":
+                w.add_(torch.randn(w.shape, generator=g) * 0.1)
+    from safetensors.torch import save_file
+
+    org_file, tuned_file = tmp_path / "org.safetensors", tmp_path / "tuned.safetensors"
+    org_bfl, tuned_bfl = K.diffusers_to_bfl(parts.denoiser.state_dict()), K.diffusers_to_bfl(tuned.state_dict())
+    save_file(org_bfl, org_file)
+    save_file({K.BFL_PREFIX + k: v.to(torch.bfloat16).float() for k, v in tuned_bfl.items()}, tuned_file)
+    tuned_bfl = {k: v.to(torch.bfloat16).float() for k, v in tuned_bfl.items()}
+    out = tmp_path / "x.safetensors"
+    assert flux_extract_lora.main(["--model_org", str(org_file), "--model_tuned", str(tuned_file), "--save_to",
+                                   str(out), "--dim", "1000", "--clamp_quantile", "1", "--mem_eff_safe_open"]) == 0  # fmt: skip
+    state, meta = load_state_dict(out)
+    modules = group_by_module(state)
+    assert meta["ss_base_model_version"] == "flux1" and meta["modelspec.architecture"] == "flux-1-dev/lora"
+    assert "lora_unet_single_blocks_0_linear1" in modules and "lora_unet_img_in" not in modules  # blocks only
+    for name, t in modules.items():
+        key = next(k for k in org_bfl if "lora_unet_" + k.removesuffix(".weight").replace(".", "_") == name)
+        torch.testing.assert_close(lora_delta(t), tuned_bfl[key] - org_bfl[key], atol=2e-5, rtol=1e-4)
+    # --min_diff leaves out the modules that did not change; the rest are the same
+    assert flux_extract_lora.main(["--model_org", str(org_file), "--model_tuned", str(tuned_file), "--save_to",
+                                   str(out), "--dim", "2", "--min_diff", "1e-3"]) == 0  # fmt: skip
+    kept = group_by_module(load_state_dict(out)[0])
+    assert "lora_unet_single_blocks_0_linear1" in kept and "lora_unet_double_blocks_1_img_attn_qkv" in kept
+    assert "lora_unet_double_blocks_0_img_attn_qkv" not in kept and "lora_unet_single_blocks_1_linear1" not in kept
