@@ -268,7 +268,7 @@ def resolve_index(file: AdapterFile, base_index: Mapping[str, Target] | None) ->
         raise ValueError(
             f"{file.source}: the base weight shapes of {len(needs)} module(s) (e.g. {needs[0]}) cannot be read from "
             "the file (LoHa / LoKr store conv kernels flattened) and the file does not fit a released SD1 / SD2 / "
-            "SDXL architecture; pass the base model the adapter was trained on (--base_model)"
+            "SDXL / FLUX.1 / Chroma architecture; pass the base model the adapter was trained on (--base_model)"
         )
     logger.info("%s: module shapes from the released %s architecture", file.source, family)
     return reference_index(family)

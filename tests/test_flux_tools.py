@@ -289,3 +289,48 @@ def test_extract_at_full_rank_reproduces_the_difference(parts, tmp_path):
     kept = group_by_module(load_state_dict(out)[0])
     assert "lora_unet_single_blocks_0_linear1" in kept and "lora_unet_double_blocks_1_img_attn_qkv" in kept
     assert "lora_unet_double_blocks_0_img_attn_qkv" not in kept and "lora_unet_single_blocks_1_linear1" not in kept
+
+
+# ------------------------------------------------------------------------------------------------ generic tools
+def test_check_resize_and_svd_merge_treat_fused_modules_as_one_matrix(parts, tmp_path, capsys):
+    from _tools_helpers import base_weights, file_deltas
+
+    from networks import check_lora_weights, resize_lora, svd_merge_lora
+
+    a, _ = adapter(parts, tmp_path / "a.safetensors", seed=1)
+    b, _ = adapter(parts, tmp_path / "b.safetensors", seed=2, dim=2, alpha=1.0)
+    assert check_lora_weights.main([str(a)]) == 0
+    assert "lora_unet_single_blocks_0_linear1.lora_up.weight,(224-4)" in capsys.readouterr().out
+    weights = base_weights(parts)
+    da, db = file_deltas(a, weights), file_deltas(b, weights)
+    args = ["--model", str(a), "--save_to"]
+    assert resize_lora.main([*args, str(tmp_path / "r4.safetensors"), "--new_rank", "4"]) == 0
+    assert resize_lora.main([*args, str(tmp_path / "r2.safetensors"), "--new_rank", "2"]) == 0
+    assert svd_merge_lora.main(["--models", str(a), str(b), "--ratios", "1", "-0.5", "--new_rank", "6",
+                                "--save_to", str(tmp_path / "s.safetensors")]) == 0  # fmt: skip
+    r4, r2 = file_deltas(tmp_path / "r4.safetensors", weights), file_deltas(tmp_path / "r2.safetensors", weights)
+    merged = file_deltas(tmp_path / "s.safetensors", weights)
+    assert "lora_unet_double_blocks_0_img_attn_qkv" in merged and set(r4) == set(da)
+    for name in da:
+        torch.testing.assert_close(r4[name], da[name], atol=1e-5, rtol=1e-4)  # full rank: lossless
+        torch.testing.assert_close(merged[name], da[name] - 0.5 * db[name], atol=1e-5, rtol=1e-4)
+        s = torch.linalg.svdvals(da[name].double())  # rank 2: the best approximation (Eckart-Young)
+        err = torch.linalg.matrix_norm((r2[name] - da[name]).double())
+        torch.testing.assert_close(err, s[2:].square().sum().sqrt(), atol=1e-5, rtol=1e-4)
+
+
+def test_loha_on_flux_resizes_losslessly_with_the_base_model(parts, tmp_path):
+    from _tools_helpers import base_weights, file_deltas
+
+    from networks import resize_lora
+
+    src, _ = adapter(parts, tmp_path / "loha.safetensors", "algo=loha", "preset=full", module="lycoris.kohya")
+    out = tmp_path / "r.safetensors"  # LoHa files do not say a module's shape: the base model does
+    folder = FAMILY.save(parts, tmp_path / "base")
+    assert resize_lora.main(["--model", str(src), "--save_to", str(out), "--new_rank", "32", "--base_model",
+                             str(folder)]) == 0  # fmt: skip
+    weights = base_weights(parts)
+    want, got = file_deltas(src, weights), file_deltas(out, weights)
+    assert "lora_unet_single_blocks_1_linear1" in got
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], atol=1e-5, rtol=1e-4)
