@@ -6,7 +6,8 @@ without ``model.diffusion_model.``), ``lora_te1_<path>`` the CLIP-L file's ``tex
 ``text_model.``), ``lora_te3_<path>`` the T5 file's ``<path>.weight``:
 
     W <- W + ratio · ΔW          (every algorithm through the training code's ΔW: LoRA (α/r)·up@down, LoHa, LoKr,
-                                  full; DoRA's W' − W on the current W, so files apply in order)
+                                  full, (IA)³, GLoRA, OFT; DoRA's W' − W on the current W, so files apply in order)
+    b <- b + ratio · diff_b      (full modules' bias change)
 
 A fused module (``img_attn.qkv``, ``linear1``) is one BFL weight, so its ΔW is added to it whole: the same ΔW the
 adapter gives the diffusers leaves row by row. Only the weights a file changes are converted to the working precision
@@ -98,12 +99,28 @@ def merge_into_state(
                 delta = module_delta(sub, name, live, multiplier=ratio)
                 if delta is not None:
                     work[name].weight.add_(delta.weight().to(working_device, dtype))
+                _merge_bias(state, key, sub, name, ratio, changed)
             bar.update(1)
         bar.close()
     for name, layer in work.items():
         key = names[name]
         state[key] = layer.weight.data.to(state[key].device)
     return changed
+
+
+def _merge_bias(state: dict[str, Tensor], key: str, file: AdapterFile, name: str, ratio: float, changed: list[str]):
+    """A full module's bias change (LyCORIS ``diff_b``): b += ratio · diff_b, as the adapter layer's merge does."""
+    from .layers import AdapterWeights
+
+    if file.algos[name] != "full" or "diff_b" not in file.modules[name]:
+        return
+    bias_key = key.removesuffix(".weight") + ".bias"
+    if bias_key not in state:
+        raise ValueError(f"{file.source}: {name} changes a bias ({name}.diff_b) but the model has no {bias_key}")
+    delta = AdapterWeights.from_file(file.modules[name], "full", name).delta_bias()
+    state[bias_key] = state[bias_key].float() + ratio * delta.float().to(state[bias_key].device)
+    if bias_key not in changed:
+        changed.append(bias_key)
 
 
 def unplaced_modules(files_: Sequence[AdapterFile], given: Sequence[str]) -> dict[str, int]:

@@ -174,10 +174,14 @@ def test_merge_into_bfl_file_is_comfyui_rule_and_keeps_keys(parts, model_files, 
     assert meta["modelspec.merged_from"].startswith("model")
 
 
-@pytest.mark.parametrize("case", ["lokr-dora", "loha"])
+@pytest.mark.parametrize("case", ["lokr-dora", "loha", "full"])
 def test_merged_model_equals_the_injected_adapter(parts, model_files, tmp_path, case):
-    args = ("algo=lokr", "dora_wd=True", "factor=4") if case == "lokr-dora" else ("algo=loha",)
+    args = {"lokr-dora": ("algo=lokr", "dora_wd=True", "factor=4"), "loha": ("algo=loha",), "full": ("algo=full",)}[
+        case
+    ]
     a, ours = adapter(parts, tmp_path / "a.safetensors", *args, "preset=full", module="lycoris.kohya")
+    if case == "full":  # the bias change is merged too
+        assert any(t["diff_b"].abs().max() > 0 for t in group_by_module(load_state_dict(a)[0]).values())
     out = tmp_path / "merged.safetensors"
     assert flux_merge_lora.main(["--flux_model", str(model_files["model"]), "--models", str(a), "--save_to",
                                  str(out)]) == 0  # fmt: skip
