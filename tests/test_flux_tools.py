@@ -338,3 +338,11 @@ def test_loha_on_flux_resizes_losslessly_with_the_base_model(parts, tmp_path):
     assert "lora_unet_single_blocks_1_linear1" in got
     for name in want:
         torch.testing.assert_close(got[name], want[name], atol=1e-5, rtol=1e-4)
+
+
+def test_lora_interrogator_refuses_a_t5_model(parts, model_files, tmp_path, capsys):
+    from networks import lora_interrogator
+
+    a, _ = adapter(parts, tmp_path / "a.safetensors")
+    assert lora_interrogator.main(["--sd_model", str(model_files["model"]), "--model", str(a)]) == 2
+    assert "FLUX.1" in capsys.readouterr().err
