@@ -28,8 +28,8 @@ same ΔW at a third (a quarter) of the rank, so kohya -> PEFT -> kohya gives the
 = r then: the scale is in the factors). Absent leaves
 of ``linear1``'s MLP rows count 4 × width rows (the MLP ratio of every released FLUX / Chroma model).
 
-CLIP-L modules (``lora_te1_text_model_encoder_layers_0_self_attn_q_proj`` <-> ``text_encoder.text_model.encoder.
-layers.0.self_attn.q_proj``) convert too; T5 modules (``lora_te3_``) are refused: diffusers' ``FluxPipeline`` loads no
+CLIP-L modules (``lora_te1_text_model_encoder_layers_0_self_attn_q_proj``, or without ``text_model_`` as tools under
+transformers 5 wrote them, <-> ``text_encoder.text_model.encoder.layers.0.self_attn.q_proj``) convert too; T5 modules (``lora_te3_``) are refused: diffusers' ``FluxPipeline`` loads no
 T5 LoRA. Only plain LoRA modules have a PEFT form: LoHa, LoKr, DoRA, LoCon-tucker and the rest are refused with the
 module named (svd_merge_lora.py turns them into a LoRA first).
 """
@@ -157,7 +157,7 @@ def kohya_to_peft(state_dict: Mapping[str, Tensor], source: str = "the file") ->
             for leaf, piece in zip(entry.diffusers, b.split(rows)):
                 out[f"transformer.{leaf}.lora_A.weight"] = a.clone()
                 out[f"transformer.{leaf}.lora_B.weight"] = piece.contiguous()
-        elif m := _CLIP.match(name):
+        elif m := _CLIP.match(name.replace("lora_te1_encoder_", "lora_te1_text_model_encoder_", 1)):
             part = m.group(2).replace("self_attn_", "self_attn.").replace("mlp_", "mlp.")
             path = f"text_encoder.text_model.encoder.layers.{m.group(1)}.{part}"
             out[f"{path}.lora_A.weight"], out[f"{path}.lora_B.weight"] = a, b.contiguous()

@@ -2,7 +2,7 @@
 the generic resize / SVD-merge / check tools on fused modules.
 
 Oracles: ComfyUI's rule applied by hand (W[BFL key] += ratio·(α/r)·up@down), the merged model's output against our
-model with the adapter injected, diffusers' ``FluxTransformer2DModel.load_lora_adapter`` on a PEFT file we wrote,
+model with the adapter injected, diffusers' ``FluxPipeline.load_lora_weights`` on a PEFT file we wrote,
 the SVD's exactness at full rank (extract / resize / SVD-merge reproduce ΔW)."""
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def lora_delta(tensors: dict) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------------------------ convert
-def test_kohya_to_peft_loads_in_diffusers_with_our_output_and_converts_back(parts, tmp_path):
+def test_kohya_to_peft_loads_in_flux_pipeline_with_our_output_and_converts_back(parts, tmp_path):
     src, ours = adapter(parts, tmp_path / "k.safetensors", "preset=full")
     state, _ = load_state_dict(src)
     unet = tmp_path / "unet.safetensors"  # diffusers' FluxPipeline loads no T5 LoRA; CLIP-L converts too
@@ -79,12 +79,16 @@ def test_kohya_to_peft_loads_in_diffusers_with_our_output_and_converts_back(part
     peft, _ = load_state_dict(tmp_path / "p.safetensors")
     assert "transformer.transformer_blocks.0.attn.to_q.lora_A.weight" in peft and not any("alpha" in k for k in peft)
     assert "text_encoder.text_model.encoder.layers.0.self_attn.q_proj.lora_B.weight" in peft
-    diffusers_model = copy.deepcopy(parts.denoiser)
-    diffusers_model.load_lora_adapter({k.removeprefix("transformer."): v for k, v in peft.items()
-                                       if k.startswith("transformer.")}, adapter_name="x", prefix=None)  # fmt: skip
+    pipe = FAMILY.pipeline(copy.deepcopy(parts), None)  # diffusers' FluxPipeline over copies of the same weights
+    pipe.load_lora_weights(peft)
     ours_out, base_out = run(ours.denoiser), run(parts.denoiser)
     assert (ours_out - base_out).abs().max() > 0.1  # the adapter changes the output
-    torch.testing.assert_close(run(diffusers_model), ours_out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(run(pipe.transformer), ours_out, atol=1e-5, rtol=1e-5)
+    ids = torch.tensor([[49406, 320, 1125, 49407]])
+    with torch.no_grad():
+        clip_ours, clip_base = ours.text_encoders[0](ids)[0], parts.text_encoders[0](ids)[0]
+        assert (clip_ours - clip_base).abs().max() > 0.1
+        torch.testing.assert_close(pipe.text_encoder(ids)[0], clip_ours, atol=1e-5, rtol=1e-5)
     # back to kohya: the same ΔW per module (alpha = rank now: the scale is in the factors), fused names again
     assert convert_flux_lora.main(["--src_path", str(tmp_path / "p.safetensors"),
                                    "--dst_path", str(tmp_path / "k2.safetensors")]) == 0  # fmt: skip
@@ -346,3 +350,14 @@ def test_lora_interrogator_refuses_a_t5_model(parts, model_files, tmp_path, caps
     a, _ = adapter(parts, tmp_path / "a.safetensors")
     assert lora_interrogator.main(["--sd_model", str(model_files["model"]), "--model", str(a)]) == 2
     assert "FLUX.1" in capsys.readouterr().err
+
+
+def test_module_map_pairs_chroma_and_flux_names_as_the_loader_does():
+    kohya = ["lora_unet_distilled_guidance_layer_layers_1_in_layer", "lora_unet_single_blocks_3_linear1"]
+    fmap = ff.ModuleMap.for_names(kohya, diffusers=False)
+    assert fmap.by_kohya[kohya[0]].diffusers == ("distilled_guidance_layer.layers.1.linear_1",)
+    assert fmap.by_kohya[kohya[1]].diffusers[3] == "single_transformer_blocks.3.proj_mlp"
+    back = ff.ModuleMap.for_names(["single_transformer_blocks.3.proj_mlp", "transformer_blocks.2.attn.to_k"], True)
+    assert back.by_diffusers["transformer_blocks.2.attn.to_k"][0].bfl == "double_blocks.2.img_attn.qkv"
+    assert back.by_diffusers["single_transformer_blocks.3.proj_mlp"][1] == 3
+    assert "transformer_blocks.0.attn.norm_q" not in back.by_diffusers  # norms are never adapted
