@@ -361,3 +361,31 @@ def test_module_map_pairs_chroma_and_flux_names_as_the_loader_does():
     assert back.by_diffusers["transformer_blocks.2.attn.to_k"][0].bfl == "double_blocks.2.img_attn.qkv"
     assert back.by_diffusers["single_transformer_blocks.3.proj_mlp"][1] == 3
     assert "transformer_blocks.0.attn.norm_q" not in back.by_diffusers  # norms are never adapted
+
+
+def test_kohya_to_peft_equals_diffusers_converter_at_real_width():
+    """diffusers' own kohya FLUX converter (which hard-codes the released width 3072) on a real-width file of a few
+    modules, rank 2: every leaf's ΔW (probed with random vectors) equals ours. diffusers leaves the final layer's
+    alpha unapplied ("TODO: alphas") and its keys without ``transformer.``, so those modules get alpha = rank here."""
+    from diffusers.loaders.lora_conversion_utils import _convert_kohya_flux_lora_to_diffusers
+
+    g = torch.Generator().manual_seed(0)
+    d, r = 3072, 2
+    shapes = {"double_blocks_0_img_attn_qkv": (3 * d, d), "double_blocks_0_txt_attn_qkv": (3 * d, d),
+              "double_blocks_0_img_mlp_2": (d, 4 * d), "double_blocks_0_txt_mod_lin": (6 * d, d),
+              "single_blocks_0_linear1": (7 * d, d), "single_blocks_0_linear2": (d, 5 * d),
+              "single_blocks_0_modulation_lin": (3 * d, d), "final_layer_adaLN_modulation_1": (2 * d, d),
+              "final_layer_linear": (64, d)}  # fmt: skip
+    state = {}
+    for name, (rows, cols) in shapes.items():
+        state[f"lora_unet_{name}.lora_down.weight"] = torch.randn(r, cols, generator=g)
+        state[f"lora_unet_{name}.lora_up.weight"] = torch.randn(rows, r, generator=g)
+        state[f"lora_unet_{name}.alpha"] = torch.tensor(float(r) if name.startswith("final") else 0.5)
+    theirs = _convert_kohya_flux_lora_to_diffusers(dict(state))
+    theirs = {k if k.startswith("transformer.") else f"transformer.{k}": v for k, v in theirs.items()}
+    ours = ff.kohya_to_peft(state)
+    assert set(ours) == set(theirs) and len(ours) == 2 * 16
+    for key in [k for k in ours if k.endswith(".lora_A.weight")]:
+        up = key.replace("lora_A", "lora_B")
+        x = torch.randn(ours[key].shape[1], 3, generator=g)
+        torch.testing.assert_close(ours[up] @ (ours[key] @ x), theirs[up] @ (theirs[key] @ x), atol=1e-4, rtol=1e-5)
