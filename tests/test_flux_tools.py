@@ -178,7 +178,7 @@ def test_merge_into_bfl_file_is_comfyui_rule_and_keeps_keys(parts, model_files, 
     assert meta["modelspec.merged_from"].startswith("model")
 
 
-@pytest.mark.parametrize("case", ["lokr-dora", "loha", "full"])
+@pytest.mark.parametrize("case", ["lokr-dora", "full"])
 def test_merged_model_equals_the_injected_adapter(parts, model_files, tmp_path, case):
     args = {"lokr-dora": ("algo=lokr", "dora_wd=True", "factor=4"), "loha": ("algo=loha",), "full": ("algo=full",)}[
         case
@@ -264,6 +264,25 @@ def test_merge_problems_are_named_before_anything_is_written(parts, model_files,
                                  "--save_to", str(tmp_path / "o.safetensors")])  # fmt: skip
     err = capsys.readouterr().err
     assert code == 2 and "lora_unet_double_blocks_0_img_attn_qkv" in err and not (tmp_path / "o.safetensors").exists()
+
+
+def test_merge_t5_modules_into_the_t5xxl_file(model_files, tmp_path):
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(4)
+    name, key = "lora_te3_encoder_block_1_layer_0_SelfAttention_q", "encoder.block.1.layer.0.SelfAttention.q.weight"
+    t5 = load_state_dict(model_files["t5xxl"])[0]
+    rows, cols = t5[key].shape
+    lora = {f"{name}.lora_down.weight": torch.randn(2, cols, generator=g),
+            f"{name}.lora_up.weight": torch.randn(rows, 2, generator=g), f"{name}.alpha": torch.tensor(1.0)}  # fmt: skip
+    save_file(lora, tmp_path / "t5lora.safetensors")
+    out = tmp_path / "t5m.safetensors"
+    assert flux_merge_lora.main(["--t5xxl", str(model_files["t5xxl"]), "--t5xxl_save_to", str(out), "--models",
+                                 str(tmp_path / "t5lora.safetensors"), "--ratios", "0.25"]) == 0  # fmt: skip
+    merged = load_state_dict(out)[0]
+    want = t5[key] + 0.25 * lora_delta(group_by_module(lora)[name])
+    torch.testing.assert_close(merged[key], want, atol=1e-6, rtol=1e-6)
+    assert all(torch.equal(merged[k], v) for k, v in t5.items() if k != key)
 
 
 # ------------------------------------------------------------------------------------------------ extract
