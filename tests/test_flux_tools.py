@@ -408,3 +408,18 @@ def test_kohya_to_peft_equals_diffusers_converter_at_real_width():
         up = key.replace("lora_A", "lora_B")
         x = torch.randn(ours[key].shape[1], 3, generator=g)
         torch.testing.assert_close(ours[up] @ (ours[key] @ x), theirs[up] @ (theirs[key] @ x), atol=1e-4, rtol=1e-5)
+
+
+def test_generic_tools_point_peft_flux_files_to_the_converter(tmp_path, capsys):
+    from safetensors.torch import save_file
+
+    from networks import resize_lora
+
+    peft = {"transformer.transformer_blocks.0.attn.to_q.lora_A.weight": torch.ones(2, 8),
+            "transformer.transformer_blocks.0.attn.to_q.lora_B.weight": torch.ones(8, 2)}  # fmt: skip
+    save_file(peft, tmp_path / "p.safetensors")
+    assert (
+        resize_lora.main(["--model", str(tmp_path / "p.safetensors"), "--save_to", str(tmp_path / "o.safetensors")])
+        == 2
+    )
+    assert "convert_flux_lora.py --src ai-toolkit --dst sd-scripts" in capsys.readouterr().err
