@@ -24,6 +24,8 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
+from library.problems import ConfigError, problems_of
+
 from . import files
 from .deltas import AdapterFile, module_delta, resolve_index
 from .targets import Target
@@ -36,7 +38,8 @@ PREFIXES = {"lora_unet": "--flux_model", "lora_te1": "--clip_l", "lora_te3": "--
 def module_names(state: Mapping[str, Tensor], prefix: str) -> dict[str, str]:
     """{kohya module name: weight key} of every matrix in a single file, by ComfyUI's rule (``prefix`` +
     ``_`` + module path with dots as underscores). BFL keys are named without ``model.diffusion_model.``; CLIP-L
-    keys are named with ``text_model.`` whether or not the file has it (as sd-scripts writes them)."""
+    keys are named with ``text_model.`` whether or not the file has it (as sd-scripts writes them), and also without
+    it (as tools under transformers 5 wrote them)."""
     from library.families.flux.keys import BFL_PREFIX
 
     out = {}
@@ -48,6 +51,7 @@ def module_names(state: Mapping[str, Tensor], prefix: str) -> dict[str, str]:
             module = module.removeprefix("cond_stage_model.transformer.").removeprefix("text_encoders.clip_l."
                                                                                       "transformer.")  # fmt: skip
             module = module if module.startswith("text_model.") else f"text_model.{module}"
+            out.setdefault(f"{prefix}_{module.removeprefix('text_model.').replace('.', '_')}", key)
         out[f"{prefix}_{module.replace('.', '_')}"] = key
     return out
 
@@ -75,35 +79,39 @@ def merge_into_state(
     that does not fit the file's weights (another model, another size)."""
     names = module_names(state, prefix)
     index = _shape_index(state, names)
-    subsets = []
+    subsets, problems = [], []
     for f, ratio in zip(files_, ratios):
         mine = {n: t for n, t in f.modules.items() if files.prefix_of(n) == prefix}
         if mine:
             sub = AdapterFile(f.path, mine, f.metadata, {n: f.algos[n] for n in mine})
-            resolve_index(sub, index)  # every module exists and fits: problems before anything is changed
+            try:
+                resolve_index(sub, index)  # every module exists and fits: problems before anything is changed
+            except ValueError as e:
+                problems += problems_of(e)
             subsets.append((sub, ratio))
-    work: dict[str, nn.Linear] = {}
+    if problems:
+        raise ConfigError(problems, "adapter files", limit=8)
+    work: dict[str, nn.Linear] = {}  # weight key -> the weight in the working precision (only those a file changes)
     changed: list[str] = []
     for sub, ratio in subsets:
         bar = progress(len(sub.modules), f"merging {sub.path.name} x{ratio:g}")
         for name in sub.modules:
             key = names[name]
-            if name not in work:  # the weight in the working precision, only for modules a file changes
+            if key not in work:
                 out_f, in_f = state[key].shape
                 layer = nn.Linear(in_f, out_f, bias=False, device="meta")
                 layer.weight = nn.Parameter(state[key].to(working_device, dtype), requires_grad=False)
-                work[name] = layer
+                work[key] = layer
                 changed.append(key)
-            live = {name: Target(name, work[name], 0, key, "linear")}
+            live = {name: Target(name, work[key], 0, key, "linear")}
             with torch.no_grad():
                 delta = module_delta(sub, name, live, multiplier=ratio)
                 if delta is not None:
-                    work[name].weight.add_(delta.weight().to(working_device, dtype))
+                    work[key].weight.add_(delta.weight().to(working_device, dtype))
                 _merge_bias(state, key, sub, name, ratio, changed)
             bar.update(1)
         bar.close()
-    for name, layer in work.items():
-        key = names[name]
+    for key, layer in work.items():
         state[key] = layer.weight.data.to(state[key].device)
     return changed
 
