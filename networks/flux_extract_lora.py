@@ -151,6 +151,7 @@ def metadata(org: _Stripped, args: argparse.Namespace) -> dict[str, str]:
 def run(argv: Sequence[str] | None = None) -> Path:
     """Extract; returns the path written."""
     from networks.extract import ExtractOptions, extract_from_state_dicts
+    from networks.merge import output_ranks
 
     args = build_parser().parse_args(argv)
     check(args)
@@ -160,7 +161,13 @@ def run(argv: Sequence[str] | None = None) -> Path:
     opts = ExtractOptions(dim=args.dim, clamp_quantile=args.clamp_quantile, min_diff=args.min_diff,
                           device=args.device)  # fmt: skip
     state = extract_from_state_dicts(names, org, tuned, opts)
-    path = save_adapter(state, args.save_to, metadata(org, args), dtype_of(args.save_precision),
+    meta = metadata(org, args)
+    ranks = sorted({rank for rank, _ in output_ranks(state).values()})  # --dim caps at each module's size
+    if len(ranks) == 1:
+        meta["ss_network_dim"], meta["ss_network_alpha"] = str(ranks[0]), str(float(ranks[0]))
+    elif ranks:
+        meta["ss_network_dim"] = meta["ss_network_alpha"] = "Dynamic"  # as merged / resized files say it
+    path = save_adapter(state, args.save_to, meta, dtype_of(args.save_precision),
                         no_metadata=args.no_metadata)  # fmt: skip
     print(f"extracted {len(state) // 3} of {len(names)} modules into {path}")
     return path

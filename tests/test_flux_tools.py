@@ -35,13 +35,19 @@ def parts():
     return p
 
 
-def adapter(parts, path, *args, module="networks.lora", seed=0, dim=4, alpha=2.0):
-    """(path, the model copy with the adapter injected): random adapter tensors saved as a kohya file."""
+def adapter(parts, path, *args, module="networks.lora", seed=0, dim=4, alpha=2.0, spec=False):
+    """(path, the model copy with the adapter injected): random adapter tensors saved as a kohya file (``spec``:
+    with FLUX ModelSpec metadata, as a FLUX training run writes it: no prediction type)."""
     ours = copy.deepcopy(parts)
     network = inject(make_config(*args, module=module, dim=dim, alpha=alpha), FAMILY.adapter_roots(ours),
                      FAMILY.target_classes)  # fmt: skip
     perturb(network, seed=seed)
-    network.save(path, metadata={"ss_base_model_version": "flux1"})
+    meta = {"ss_base_model_version": "flux1"}
+    if spec:
+        from library.families.flux.saving import flux_modelspec
+
+        meta.update(flux_modelspec("flux-1-dev/lora", FAMILY.modelspec_implementation("lora"), "b"))
+    network.save(path, metadata=meta)
     return path, ours
 
 
@@ -232,12 +238,14 @@ def test_merge_fp8_prefixed_and_diffusers_named_files_and_peft_inputs(parts, tmp
 
 def test_lora_merges_concat_exact_svd_best_and_shuffle_keeps_delta(parts, tmp_path):
     a, _ = adapter(parts, tmp_path / "a.safetensors", seed=1)
-    b, _ = adapter(parts, tmp_path / "b.safetensors", seed=2, dim=2, alpha=1.0)
+    b, _ = adapter(parts, tmp_path / "b.safetensors", seed=2, dim=2, alpha=1.0, spec=True)
     deltas = [{n: lora_delta(t) for n, t in group_by_module(load_state_dict(p)[0]).items()} for p in (a, b)]
     for flags, name in ((["--concat", "--shuffle"], "c.safetensors"), ([], "s.safetensors")):
         assert flux_merge_lora.main(["--models", str(a), str(b), "--ratios", "0.5", "2", "--save_to",
                                      str(tmp_path / name), *flags]) == 0  # fmt: skip
-    concat = group_by_module(load_state_dict(tmp_path / "c.safetensors")[0])
+    concat, meta = load_state_dict(tmp_path / "c.safetensors")
+    concat = group_by_module(concat)
+    assert meta["modelspec.architecture"] == "flux-1-dev/lora" and "modelspec.prediction_type" not in meta
     svd = group_by_module(load_state_dict(tmp_path / "s.safetensors")[0])
     for n in deltas[0]:
         total = 0.5 * deltas[0][n] + 2 * deltas[1][n]
@@ -306,6 +314,7 @@ def test_extract_at_full_rank_reproduces_the_difference(parts, tmp_path):
     state, meta = load_state_dict(out)
     modules = group_by_module(state)
     assert meta["ss_base_model_version"] == "flux1" and meta["modelspec.architecture"] == "flux-1-dev/lora"
+    assert meta["ss_network_dim"] == "32" and "modelspec.prediction_type" not in meta  # the rank written
     assert "lora_unet_single_blocks_0_linear1" in modules and "lora_unet_img_in" not in modules  # blocks only
     for name, t in modules.items():
         key = next(k for k in org_bfl if "lora_unet_" + k.removesuffix(".weight").replace(".", "_") == name)
