@@ -255,14 +255,20 @@ def seed_everything(seed: int) -> None:
 
 
 def set_attention(modules: list[nn.Module], backend: str) -> None:
-    """Select the attention implementation of diffusers modules: "sdpa" (torch SDPA) or "xformers"."""
-    from diffusers.models.attention_processor import AttnProcessor2_0
+    """Select the attention implementation of diffusers modules: "sdpa" (torch SDPA) or "xformers".
+
+    "sdpa" gives every classic diffusers ``Attention`` (SD UNets, every VAE) ``AttnProcessor2_0``; attention classes
+    with their own processors (FLUX's ``FluxAttention``, whose ``FluxAttnProcessor`` already runs SDPA) keep them:
+    ``AttnProcessor2_0`` cannot run them (it reads ``Attention``-only attributes such as ``spatial_norm``)."""
+    from diffusers.models.attention_processor import Attention, AttnProcessor2_0
 
     for module in modules:
         if backend == "xformers":
             module.enable_xformers_memory_efficient_attention()
-        elif hasattr(module, "set_attn_processor"):
-            module.set_attn_processor(AttnProcessor2_0())
+            continue
+        for leaf in module.modules():
+            if isinstance(leaf, Attention):
+                leaf.set_processor(AttnProcessor2_0())
 
 
 def steps_per_epoch(batches_per_epoch: int, num_processes: int, grad_accum: int) -> int:

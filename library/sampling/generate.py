@@ -49,18 +49,26 @@ def random_seed() -> int:
 
 
 def resolve(
-    spec: PromptSpec, family: ModelFamily, parts: Parts, *, sampler: str = "ddim", **defaults: Any
+    spec: PromptSpec,
+    family: ModelFamily,
+    parts: Parts,
+    *,
+    sampler: str = "ddim",
+    ddpm_defaults: dict[str, Any] | None = None,
+    **defaults: Any,
 ) -> PromptSpec:
-    """``spec`` with every unset setting filled: ``defaults`` first, then the family's native size for the model's
-    prediction type, 30 steps, scale 7.5 and ``sampler``. Embedded guidance (``--g``) is noted and dropped.
+    """``spec`` with every unset setting filled: ``defaults`` first (None values are skipped), then for the DDPM
+    families ``ddpm_defaults`` (a caller's own, e.g. gen_img's 50 steps), then the family's native size for the
+    model's prediction type, 30 steps, scale 7.5 and ``sampler``. Embedded guidance (``--g``) is noted and dropped.
 
     Flow-matching families: :func:`flow_generate.resolve_flow` (20 steps, scale 1.0, guidance 3.5 where the model
-    takes it, always the Euler sampler; ``sampler`` and a default ``sampler`` are not applied)."""
+    takes it, always the Euler sampler; ``sampler``, a default ``sampler`` and ``ddpm_defaults`` are not applied)."""
     size = family.default_resolution(parts.prediction_type)
     if uses_flow_sampler(family, parts):
         spec = spec.with_defaults(**{k: v for k, v in defaults.items() if v is not None and k != "sampler"})
         return resolve_flow(spec, family, parts, size=size)
     spec = spec.with_defaults(**{k: v for k, v in defaults.items() if v is not None})
+    spec = spec.with_defaults(**(ddpm_defaults or {}))
     if spec.guidance is not None:
         log.info("prompt %d: %s", spec.index + 1, GUIDANCE_IGNORED_NOTE)
         spec = dataclasses.replace(spec, guidance=None)
