@@ -144,11 +144,17 @@ def generate_flow_latents(
 ) -> Tensor:
     """Denoised latents (B, C, H/8, W/8), float32, for resolved specs (:func:`resolve_flow`) that share their
     settings; ``generators[i]`` draws image i's noise (:func:`flow.flux_noise`). Runs under ``torch.no_grad`` (and
-    the caller's autocast, if any)."""
-    first = specs[0]
-    settings = flow_settings(family, parts)
-    device = next(parts.denoiser.parameters()).device
-    cfg = uses_cfg(first)
+    the caller's autocast, if any): :func:`encode_flow_prompts` then :func:`sample_flow_latents`."""
+    cond = encode_flow_prompts(family, parts, specs)
+    return sample_flow_latents(family, parts, specs, cond, generators)
+
+
+@torch.no_grad()
+def encode_flow_prompts(family: ModelFamily, parts: Parts, specs: Sequence[PromptSpec]) -> Any:
+    """The conditioning of resolved specs that share their settings, on the text encoders' device: the B prompts,
+    or with true CFG (:func:`uses_cfg`) the doubled batch [B negatives; B prompts] that :func:`flow.with_cfg`
+    expects. Only the text encoders run (a caller may hold the denoiser off the device meanwhile: ``--offload``)."""
+    cfg = uses_cfg(specs[0])
     if not cfg and any(s.negative_prompt for s in specs):
         log.info("negative prompt ignored because the CFG scale (--l) is 1.0")
     texts = [s.prompt for s in specs] + ([s.negative_prompt for s in specs] if cfg else [])
@@ -156,6 +162,18 @@ def generate_flow_latents(
     n = len(specs)
     if cfg:  # the doubled batch [negatives; prompts] that with_cfg expects
         cond = cat_conds(cond_rows(cond, n, 2 * n), cond_rows(cond, 0, n))
+    return cond
+
+
+@torch.no_grad()
+def sample_flow_latents(
+    family: ModelFamily, parts: Parts, specs: Sequence[PromptSpec], cond: Any, generators: Sequence[torch.Generator]
+) -> Tensor:
+    """Euler-sample the latents (B, C, H/8, W/8), float32, on the denoiser's device, from ``cond`` of
+    :func:`encode_flow_prompts` for the same specs. Only the denoiser runs."""
+    first = specs[0]
+    settings = flow_settings(family, parts)
+    device = next(parts.denoiser.parameters()).device
     cond = cond.to(device)
     seq_len = image_seq_len(first.height, first.width)
     sigmas = flow_sigmas(
@@ -163,7 +181,7 @@ def generate_flow_latents(
     )
     noise = flux_noise(generators, first.height, first.width, settings.latent_channels).to(device)
     velocity = flow_velocity(family, parts, cond, guidance=first.guidance)
-    if cfg:
+    if uses_cfg(first):
         velocity = with_cfg(velocity, first.scale)
     return sample_euler(velocity, noise, sigmas)
 
