@@ -361,7 +361,7 @@ def set_multipliers(networks: list[Any], values: list[float]) -> None:
 
 
 PROMPT_HELP = ("Enter prompt (empty to exit). Options: --w <width> --h <height> --s <steps> --d <seed> --g <guidance> "
-               "--m <multipliers for LoRA> --n <negative prompt>, `-` for empty negative prompt --c <cfg_scale>")
+               "--m <multipliers for LoRA> --n <negative prompt>, `-` for empty negative prompt --c <cfg_scale>")  # fmt: skip
 
 
 def run(argv: Sequence[str] | None = None) -> list[Path]:
