@@ -230,7 +230,7 @@ def store_fp8_parts(cfg: InferenceConfig, family: ModelFamily, parts: Parts) -> 
     modules.update(zip(("t5xxl",) if family.name == "chroma" else ("clip_l", "t5xxl"), parts.text_encoders))
     for name, module in modules.items():
         if cfg.dtypes[name].itemsize == 1:
-            count = store_in_fp8(module, FP8_COMPUTE)
+            count = store_in_fp8(module, FP8_COMPUTE, skip=family.fp8_skip if name == "flux" else ("norm",))
             log.info("%s: %d Linear / Conv2d weights stored in float8_e4m3fn, computed in bf16", name, count)
 
 

@@ -231,3 +231,23 @@ def test_gen_img_defaults_come_from_the_sampler(dev, tiny_parts):
     assert settings(FLUX_DEV, dev, "--guidance", "2", "--scale", "3", "--steps", "8") == (8, 3.0, 2.0)
     assert settings(get_family("sd1"), tiny_parts["sd1"]) == (50, 7.5, None)
     assert settings(get_family("sd1"), tiny_parts["sd1"], "--steps", "8", "--scale", "3") == (8, 3.0, None)
+
+
+def test_fp8_base_stores_flux_modulation_linears_in_float8(dev):
+    """--fp8_base stores the whole FLUX transformer in float8 as sd-scripts' model.to(float8) does, its modulation
+    Linears (norm1.linear ..., 3 GiB at real size) included, which the SD UNets' rule (skip "norm") would keep."""
+    from types import SimpleNamespace
+
+    from library.fp8 import store_in_fp8, stored_in_fp8
+    from library.run.train_setup import store_frozen_in_fp8
+
+    parts, sd_rule = copy.deepcopy(dev), copy.deepcopy(dev.denoiser)
+    run = SimpleNamespace(fp8_base=True, fp8_base_unet=False, weight_dtype=torch.bfloat16, train_dtype=torch.float32)
+    store_frozen_in_fp8(SimpleNamespace(run=run, trained_parts=(), family=FLUX_DEV), parts)
+    store_in_fp8(sd_rule, torch.bfloat16, skip=("norm",))
+    linears = [n for n, m in dev.denoiser.named_modules() if isinstance(m, torch.nn.Linear)]
+    modulation = [n for n in linears if "norm" in n]
+    assert modulation and all(stored_in_fp8(parts.denoiser.get_submodule(n)) for n in linears)
+    assert not any(stored_in_fp8(sd_rule.get_submodule(n)) for n in modulation)
+    assert all(stored_in_fp8(te.get_submodule(n)) for te in parts.text_encoders
+               for n, m in te.named_modules() if isinstance(m, torch.nn.Linear))  # fmt: skip

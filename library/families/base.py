@@ -268,6 +268,10 @@ class ModelFamily(Protocol):
     """sd-scripts' UNet block numbering for ``block_dims`` / ``*_lr_weight`` of adapters on this family."""
     denoiser_name: str
     """What the denoiser (``Parts.denoiser``) is called in messages: "UNet" (a transformer for DiT families)."""
+    fp8_skip: tuple[str, ...]
+    """``--fp8_base``: module-path parts whose frozen Linear / Conv2d weights stay in the compute dtype
+    (``library.fp8.store_in_fp8``'s ``skip``): SD UNets ("norm", diffusers' rule); FLUX none (sd-scripts stores the
+    whole transformer in float8, modulation Linears ``norm1.linear`` ... included: 3 GiB at real size)."""
     target_classes: TargetClasses
     """The module classes adapter presets select in this family's denoiser and text encoders (``networks.targets``
     resolves the built-in presets through them)."""

@@ -110,6 +110,7 @@ class SDFamily:
     adapter_prefixes = ("lora_unet", "lora_te")
     blocks = DIFFUSERS_BLOCKS
     denoiser_name = "UNet"
+    fp8_skip = ("norm",)
     target_classes = UNET_TARGET_CLASSES
 
     def __init__(

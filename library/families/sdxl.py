@@ -82,6 +82,7 @@ class SDXLFamily:
     adapter_prefixes = ("lora_unet", "lora_te1", "lora_te2")
     blocks = SGM_BLOCKS
     denoiser_name = "UNet"
+    fp8_skip = ("norm",)
     target_classes = UNET_TARGET_CLASSES  # the SD UNet and CLIP classes (``sd.UNET_TARGET_CLASSES``)
 
     def __init__(self) -> None:

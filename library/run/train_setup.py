@@ -460,7 +460,7 @@ def store_frozen_in_fp8(cfg: TrainConfig, parts: Parts) -> list[str]:
         logger.warning("--fp8_base%s: this script trains the %s, which stays in %s (float8 stores frozen weights "
                        "only)", "_unet" if run.fp8_base_unet else "", name, str(run.train_dtype).replace("torch.", ""))  # fmt: skip
     else:
-        store_in_fp8(parts.denoiser, run.weight_dtype)
+        store_in_fp8(parts.denoiser, run.weight_dtype, skip=cfg.family.fp8_skip)
         stored.append(name)
     if run.fp8_base and not run.fp8_base_unet:
         if "text_encoders" in trained:

@@ -103,6 +103,7 @@ class FluxFamily:
     ss_v2 = False
     blocks = FLUX_BLOCKS
     denoiser_name = "transformer"
+    fp8_skip = ()  # sd-scripts: the whole transformer in float8 (modulation Linears too)
 
     def __init__(self, spec: FamilySpec, *, version: str, architecture: str, implementation: str, t5_length: int,
                  targets: TargetClasses) -> None:  # fmt: skip

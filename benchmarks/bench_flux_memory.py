@@ -1,0 +1,180 @@
+"""Device memory per phase of a whole real-size FLUX.1-dev LoRA run at 1024 px, for each row of sd-scripts' VRAM table.
+
+    python benchmarks/bench_flux_memory.py                          # every row, on the simulated device (any CPU)
+    python benchmarks/bench_flux_memory.py --rows 16 8 --no_sample
+    python benchmarks/bench_flux_memory.py --tiny                   # the same run on the tiny model (a smoke check)
+
+The run is the shared training loop (``train_network.run`` with the FLUX.1-dev family and a parser that reads
+``--blocks_to_swap``, as flux_train_network.py does; that script, when present, is used instead) unchanged on the
+released architecture: transformer 11.9 B, CLIP-L, T5-XXL, the 16-channel AE, built from the family's shipped configs
+(``reference_parts``) as uninitialised host memory (no resident memory until written, no file read: only
+``family.load`` is replaced). Settings of sd-scripts' docs/flux_train_network.md ("Recommended Settings by GPU
+Memory"): ``--fp8_base --gradient_checkpointing --cache_latents --cache_text_encoder_outputs --mixed_precision bf16
+--sdpa``, a rank-16 LoRA (alpha 8) on the transformer (``--network_train_unet_only``), batch 1, one 1024 px image, one
+sample (1024 px, 4 steps, true CFG off) after the step, the save. Rows (card GiB: blocks_to_swap, optimizer):
+
+====  =========================  ==========================================================================
+card  sd-scripts' table          this run
+====  =========================  ==========================================================================
+24    no swap, AdamW8bit         0, AdamW (fp32 state: the 8-bit optimizer needs bitsandbytes and CUDA)
+16    16 (2 x the 8 GB row?)     16, AdamW
+12    16, AdamW8bit              16, AdamW
+10    22                         22, AdamW
+8     28                         28, AdamW
+====  =========================  ==========================================================================
+
+library/simulated_device.py counts every device-resident tensor per phase (load, latent caching, text caching,
+step, sampling, save) with real shapes and lifetimes, attention as the fused kernel a GPU runs. A row fits its card
+when every phase's peak + 1 GiB (CUDA context) is at most the card. Prints one JSON line per row, then a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE / "benchmarks"))
+
+ROWS = {24: 0, 16: 16, 12: 16, 10: 22, 8: 28}  # card GiB -> --blocks_to_swap (sd-scripts' docs table)
+CONTEXT_GIB = 1.0
+SETTINGS = ["--mixed_precision", "bf16", "--fp8_base", "--gradient_checkpointing", "--cache_latents",
+            "--cache_text_encoder_outputs", "--sdpa"]  # fmt: skip
+
+
+def real_size_loader(family):
+    """``family.load`` that returns the released FLUX architecture as uninitialised host memory (module docstring),
+    with the tokenizers and prompt settings of the tiny model at ``path`` (what a real load gives)."""
+    import torch
+    from accelerate import init_empty_weights
+
+    from library.families.base import PartDtypes, Parts
+    from library.families.flux.configs import ae_factory, released
+
+    tiny_load = family.load
+
+    def load(path, *, dtype=torch.float32, device="cpu", **options):
+        tiny = tiny_load(path, dtype=torch.float32, **options)
+        dtypes = PartDtypes.of(dtype)
+        reference = family.reference_parts()
+        with init_empty_weights():
+            vae = ae_factory(released(family.name)["vae"])()
+
+        def empty(module, dt):
+            return module.to(dt).to_empty(device=device).eval().requires_grad_(False)
+
+        return Parts(
+            empty(reference.denoiser, dtypes.denoiser), empty(vae, dtypes.vae),
+            [empty(te, dtypes.text_encoders) for te in reference.text_encoders], tiny.tokenizers,
+            tiny.scheduler_config, tiny.prediction_type, f"real-size {family.name}", tiny.extra,
+        )  # fmt: skip
+
+    return load
+
+
+def flux_run():
+    """flux_train_network.run if that script exists, else train_network.run with the block-swap flags read."""
+    try:
+        import flux_train_network
+
+        return flux_train_network.run
+    except ImportError:
+        pass
+    import train_network
+    from library import args as arg_groups
+    from library import demo, sampling
+    from library.config import add_config_args
+    from library.flow_matching import add_flow_matching_args
+    from networks.config import add_network_args
+
+    def build_parser():
+        parser = argparse.ArgumentParser()
+        demo.add_demo_args(parser)
+        arg_groups.add_run_groups(parser, block_swap=True)
+        for add in (arg_groups.add_optim_args, arg_groups.add_part_lr_args, add_network_args,
+                    arg_groups.add_embedding_args, sampling.add_sample_args):  # fmt: skip
+            add(parser)
+        add_flow_matching_args(parser)
+        add_config_args(parser)
+        return parser
+
+    train_network.build_parser = build_parser
+    return lambda argv: train_network.run(argv, family_names=("flux-dev", "flux-schnell", "chroma"))
+
+
+def measure(card: int, swap: int, args: argparse.Namespace, work: Path, run) -> dict:
+    from library.families import FLUX_DEV
+    from library.simulated_device import simulated_device
+
+    argv = ["--pretrained_model_name_or_path", str(work / "tiny" / "flux-dev"), "--train_data_dir", str(work / "data"),
+            "--caption_extension", ".txt", "--resolution", str(args.resolution), "--output_dir", str(work / "out"),
+            "--output_name", f"lora{card}", "--network_module", "networks.lora", "--network_dim", "16",
+            "--network_alpha", "8", "--network_train_unet_only", "--optimizer_type", "AdamW",
+            "--learning_rate", "1e-4", "--train_batch_size", "1", "--max_train_steps", "1",
+            "--max_data_loader_n_workers", "0", "--seed", "0", "--save_model_as", "safetensors",
+            *SETTINGS]  # fmt: skip
+    if swap:
+        argv += ["--blocks_to_swap", str(swap)]
+    if not args.no_sample:
+        argv += ["--sample_prompts", str(work / "prompts.txt"), "--sample_every_n_steps", "1"]
+    start = time.time()
+    with simulated_device() as sim:
+        run(argv)
+    table = {k: round(v / 1024, 2) for k, v in sim.phase_table().items()}  # MiB -> GiB
+    highest = max(table.values())
+    return {"card_gib": card, "blocks_to_swap": swap, "peak_gib": table, "highest_gib": highest,
+            "fits": highest + CONTEXT_GIB <= card, "wall_s": round(time.time() - start, 1),
+            "model": "tiny" if args.tiny else "real-size " + FLUX_DEV.name}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, nargs="+", default=sorted(ROWS, reverse=True), help="cards (GiB)")
+    parser.add_argument("--resolution", type=int, default=1024)
+    parser.add_argument("--no_sample", action="store_true", help="leave the sampling round out")
+    parser.add_argument("--tiny", action="store_true", help="the tiny model (checks the run, not the memory)")
+    parser.add_argument("--workdir", default=None)
+    args = parser.parse_args()
+    import torch
+
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    from bench_block_swap import fused_attention
+
+    from library.demo import make_example_dataset
+    from library.families import FLUX_DEV
+    from library.families.flux.tiny import build_tiny_flux
+
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="fluxmem-"))
+    if not (work / "data").exists():
+        make_example_dataset(work / "four", size=args.resolution)
+        (work / "data" / "1_sks shape").mkdir(parents=True)
+        for f in sorted((work / "four" / "10_sks shape").iterdir())[:2]:
+            (work / "data" / "1_sks shape" / f.name).write_bytes(f.read_bytes())
+    (work / "prompts.txt").write_text(f"a red circle --w {args.resolution} --h {args.resolution} --s 4\n")
+    if not (work / "tiny" / "flux-dev").exists():
+        FLUX_DEV.save(build_tiny_flux("flux-dev"), work / "tiny" / "flux-dev")
+    if not args.tiny:
+        FLUX_DEV.load = real_size_loader(FLUX_DEV)
+    fused_attention(torch)  # SDPA as the fused kernel (diffusers' FLUX passes query= / key= / value=)
+    run = flux_run()
+    rows = []
+    for card in args.rows:
+        row = measure(card, ROWS[card], args, work, run)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    phases = list(rows[0]["peak_gib"])
+    print(f"\n| card (GiB) | --blocks_to_swap | {' | '.join(phases)} | highest + {CONTEXT_GIB:g} GiB | fits |")
+    print("|---" * (len(phases) + 4) + "|")
+    for r in rows:
+        cells = " | ".join(str(r["peak_gib"].get(p, "")) for p in phases)
+        print(f"| {r['card_gib']} | {r['blocks_to_swap']} | {cells} | {r['highest_gib'] + CONTEXT_GIB:.2f} | "
+              f"{'yes' if r['fits'] else 'NO'} |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
