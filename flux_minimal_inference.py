@@ -17,7 +17,8 @@ code (``networks.inject``: any algorithm we read, kohya / LyCORIS files, live or
   computes in bfloat16 (other float8 formats are refused: we store e4m3fn only).
 * ``--offload`` loads every part to the CPU and moves each to the device only while it runs (text encoders, then
   the transformer, then the AE).
-* ``--lora_weights path;multiplier`` (several allowed); ``--merge_lora_weights`` bakes them into the weights.
+* ``--lora_weights path;multiplier`` (any algorithm we read); ``--merge_lora_weights`` bakes them into the weights,
+  as do several files (live adapters cannot be stacked yet: their multipliers are then fixed, as gen_img.py's).
 * ``--interactive`` reads prompts from stdin until an empty line, with sd-scripts' options ``--w --h --s --d --g
   --m --n (- for empty) --c``; width, height, steps, guidance and CFG scale carry over to the next prompt.
 
@@ -235,16 +236,22 @@ def store_fp8_parts(cfg: InferenceConfig, family: ModelFamily, parts: Parts) -> 
 
 
 def apply_loras(cfg: InferenceConfig, family: ModelFamily, parts: Parts, device: torch.device) -> list[Any]:
-    """The ``--lora_weights`` files at their multipliers: merged into the weights with ``--merge_lora_weights``,
-    else live adapters on ``device`` (an interactive ``--m`` changes their multipliers). Returns the live networks."""
+    """The ``--lora_weights`` files at their multipliers: merged into the weights with ``--merge_lora_weights`` or
+    when there are several (live adapters cannot be stacked on one module yet; merging is exact for every
+    algorithm, but their multipliers are then fixed), else one live adapter on ``device`` (an interactive ``--m``
+    changes its multiplier). Returns the live networks."""
     import networks as adapters
 
     roots = family.adapter_roots(parts)
+    merge = cfg.merge or len(cfg.loras) > 1
+    if merge and not cfg.merge:
+        log.info("%d LoRA files: merged into the weights (live adapters cannot be stacked yet), so an interactive "
+                 "--m cannot change their multipliers", len(cfg.loras))  # fmt: skip
     live = []
     for lora in cfg.loras:
         network = adapters.network_from_file(lora.path, roots)
         network.set_multiplier(lora.multiplier)
-        if cfg.merge:
+        if merge:
             network.merge_into_base()
             log.info("merged %s (multiplier %s)", lora.path, lora.multiplier)
         else:

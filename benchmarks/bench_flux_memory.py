@@ -8,7 +8,9 @@ The run is the shared training loop (``train_network.run`` with the FLUX.1-dev f
 ``--blocks_to_swap``, as flux_train_network.py does; that script, when present, is used instead) unchanged on the
 released architecture: transformer 11.9 B, CLIP-L, T5-XXL, the 16-channel AE, built from the family's shipped configs
 (``reference_parts``) as uninitialised host memory (no resident memory until written, no file read: only
-``family.load`` is replaced). Settings of sd-scripts' docs/flux_train_network.md ("Recommended Settings by GPU
+``family.load`` is replaced). ``--fp8_base``'s float8 cast (library/run/train_setup.py ``store_frozen_in_fp8``: the
+family's ``fp8_skip`` for the transformer, none of the encoders' Linears) is done by this loader on the meta device,
+with the same rule: cast on the host it would write 17 GB of host memory (the run then skips the stored layers). Settings of sd-scripts' docs/flux_train_network.md ("Recommended Settings by GPU
 Memory"): ``--fp8_base --gradient_checkpointing --cache_latents --cache_text_encoder_outputs --mixed_precision bf16
 --sdpa``, a rank-16 LoRA (alpha 8) on the transformer (``--network_train_unet_only``), batch 1, one 1024 px image, one
 sample (1024 px, 4 steps, true CFG off) after the step, the save. Rows (card GiB: blocks_to_swap, optimizer):
@@ -31,6 +33,7 @@ when every phase's peak + 1 GiB (CUDA context) is at most the card. Prints one J
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import tempfile
@@ -47,34 +50,91 @@ SETTINGS = ["--mixed_precision", "bf16", "--fp8_base", "--gradient_checkpointing
             "--cache_text_encoder_outputs", "--sdpa"]  # fmt: skip
 
 
-def real_size_loader(family):
+class RealSizeLoader:
     """``family.load`` that returns the released FLUX architecture as uninitialised host memory (module docstring),
-    with the tokenizers and prompt settings of the tiny model at ``path`` (what a real load gives)."""
-    import torch
-    from accelerate import init_empty_weights
+    with the tokenizers and prompt settings of the tiny model at ``path`` (what a real load gives). The parts are
+    made by :meth:`prepare` before the run starts, outside the simulated device: their meta skeletons (62 GiB in
+    float32 while they are built) are no device memory of the run's load phase."""
 
-    from library.families.base import PartDtypes, Parts
-    from library.families.flux.configs import ae_factory, released
+    def __init__(self, family) -> None:
+        self.family, self.tiny_load, self.parts = family, family.load, None
 
-    tiny_load = family.load
+    def prepare(self, dtype) -> None:
+        from accelerate import init_empty_weights
 
-    def load(path, *, dtype=torch.float32, device="cpu", **options):
-        tiny = tiny_load(path, dtype=torch.float32, **options)
-        dtypes = PartDtypes.of(dtype)
-        reference = family.reference_parts()
+        from library.families.base import Parts
+        from library.families.flux.configs import ae_factory, released
+        from library.fp8 import store_in_fp8
+
+        reference = self.family.reference_parts()
         with init_empty_weights():
-            vae = ae_factory(released(family.name)["vae"])()
+            vae = ae_factory(released(self.family.name)["vae"])()
 
-        def empty(module, dt):
-            return module.to(dt).to_empty(device=device).eval().requires_grad_(False)
+        def empty(module, fp8_skip=None):
+            module = module.to(dtype).requires_grad_(False)
+            if fp8_skip is not None:  # --fp8_base's cast, done on meta (the run's cast on the host skips stored layers)
+                store_in_fp8(module, dtype, skip=fp8_skip)
+            return module.to_empty(device="cpu").eval()
 
-        return Parts(
-            empty(reference.denoiser, dtypes.denoiser), empty(vae, dtypes.vae),
-            [empty(te, dtypes.text_encoders) for te in reference.text_encoders], tiny.tokenizers,
-            tiny.scheduler_config, tiny.prediction_type, f"real-size {family.name}", tiny.extra,
-        )  # fmt: skip
+        denoiser = empty(reference.denoiser, self.family.fp8_skip)
+        encoders = [empty(te, ("norm",)) for te in reference.text_encoders]
+        self.parts = Parts(denoiser, empty(vae), encoders, [], {}, "", f"real-size {self.family.name}")
 
-    return load
+    def __call__(self, path, *, dtype=None, device="cpu", **options):
+        import torch
+
+        from library.families.base import PartDtypes
+
+        tiny = self.tiny_load(path, dtype=torch.float32, **options)
+        parts, self.parts = self.parts, None
+        if parts is None:
+            raise RuntimeError("RealSizeLoader: call prepare() before each run")
+        want = PartDtypes.of(dtype)
+        got = next(p.dtype for p in parts.vae.parameters())
+        if str(device) != "cpu" or {want.denoiser, want.vae, want.text_encoders} != {got}:
+            raise RuntimeError(f"RealSizeLoader: prepared {got} parts on the host, the run asks {want} on {device}")
+        return dataclasses.replace(parts, tokenizers=tiny.tokenizers, scheduler_config=tiny.scheduler_config,
+                                   family=tiny.family, extra=tiny.extra)  # fmt: skip
+
+
+def lazy_host_copies() -> None:
+    """Copies from the simulated device back to the host (a part moved back after caching or sampling) come back as
+    ``torch.empty`` instead of zeros when they are large: the same shapes and bytes, but not written, so the host
+    holds no resident memory for them (the values of weights that only travel are never read). Zeros of the text
+    encoders and swapped blocks would need ~9 GB of host RAM for nothing."""
+    import torch
+
+    from library import simulated_device as sd
+
+    class LazyHostCopies(sd.SimulatedDevice):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            source = args[0] if args else None
+            if (func is sd._aten._to_copy.default and isinstance(source, torch.Tensor) and source.device == sd.DEVICE
+                    and sd._target_device(args, kwargs) not in (None, sd.DEVICE.type)
+                    and source.numel() * source.element_size() >= 2**20):  # fmt: skip
+                self._host_read()
+                return torch.empty(source.shape, dtype=kwargs.get("dtype") or source.dtype, device="cpu")
+            return super().__torch_dispatch__(func, types, args, kwargs)
+
+    sd.SimulatedDevice = LazyHostCopies
+
+
+def uncounted_swap_check() -> None:
+    """``--blocks_to_swap`` is checked against the released block lists, built on meta by
+    ``train_setup.block_swap_problems`` while the config is read: a skeleton (62 GiB in float32) that no real device
+    ever holds, but which the simulated device (meta) would count as the load phase's peak. Run it uncounted."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    from library.run import train_setup
+
+    check = train_setup.block_swap_problems
+
+    def uncounted(*args, **kwargs):
+        with _disable_current_modes():
+            return check(*args, **kwargs)
+
+    train_setup.block_swap_problems = uncounted
 
 
 def flux_run():
@@ -123,6 +183,10 @@ def measure(card: int, swap: int, args: argparse.Namespace, work: Path, run) -> 
     if not args.no_sample:
         argv += ["--sample_prompts", str(work / "prompts.txt"), "--sample_every_n_steps", "1"]
     start = time.time()
+    if isinstance(FLUX_DEV.load, RealSizeLoader):
+        import torch
+
+        FLUX_DEV.load.prepare(torch.bfloat16)  # --mixed_precision bf16: every frozen part in bf16
     with simulated_device() as sim:
         run(argv)
     table = {k: round(v / 1024, 2) for k, v in sim.phase_table().items()}  # MiB -> GiB
@@ -159,7 +223,9 @@ def main() -> None:
     if not (work / "tiny" / "flux-dev").exists():
         FLUX_DEV.save(build_tiny_flux("flux-dev"), work / "tiny" / "flux-dev")
     if not args.tiny:
-        FLUX_DEV.load = real_size_loader(FLUX_DEV)
+        FLUX_DEV.load = RealSizeLoader(FLUX_DEV)
+        lazy_host_copies()
+        uncounted_swap_check()
     fused_attention(torch)  # SDPA as the fused kernel (diffusers' FLUX passes query= / key= / value=)
     run = flux_run()
     rows = []

@@ -138,8 +138,8 @@ def test_minimal_inference_image_equals_gen_img_with_the_same_lora(model_files):
 
 
 def test_merged_lora_and_offload_give_the_live_lora_image(model_files, monkeypatch):
-    """--merge_lora_weights (W += 0.8 ΔW) and --offload (parts moved on and off the device) give the live
-    adapter's latents; --merge_lora_weights merges (the transformer's weights change)."""
+    """--merge_lora_weights (W += 0.8 ΔW) with --offload (parts moved on and off the device), and two files at 0.5
+    and 0.3 (merged), give the live adapter's latents at 0.8."""
     import flux_minimal_inference as fmi
 
     root, files = model_files
@@ -152,8 +152,11 @@ def test_merged_lora_and_offload_give_the_live_lora_image(model_files, monkeypat
     monkeypatch.setattr(flow_generate, "sample_flow_latents", lambda *a: seen.append(sample(*a)) or seen[-1])
     fmi.run(_minimal_args(root, files, "--lora_weights", lora))
     fmi.run(_minimal_args(root, files, "--lora_weights", lora, "--merge_lora_weights", "--offload"))
-    assert len(seen) == 2
+    half, rest = f"{root / 'lora.safetensors'};0.5", f"{root / 'lora.safetensors'};0.3"
+    fmi.run(_minimal_args(root, files, "--lora_weights", half, rest))  # two files: merged, W + 0.5 ΔW + 0.3 ΔW
+    assert len(seen) == 3
     torch.testing.assert_close(seen[1], seen[0], rtol=0, atol=1e-5)
+    torch.testing.assert_close(seen[2], seen[0], rtol=0, atol=1e-5)
 
 
 def test_cfg_runs_only_with_a_negative_prompt_as_sd_scripts(dev, caplog):
@@ -251,3 +254,27 @@ def test_fp8_base_stores_flux_modulation_linears_in_float8(dev):
     assert not any(stored_in_fp8(sd_rule.get_submodule(n)) for n in modulation)
     assert all(stored_in_fp8(te.get_submodule(n)) for te in parts.text_encoders
                for n, m in te.named_modules() if isinstance(m, torch.nn.Linear))  # fmt: skip
+
+
+def test_cached_sample_prompts_sample_without_the_text_encoders(dev, tmp_path):
+    """Under --cache_text_encoder_outputs the run caches the sample prompts' conditioning with the text-encoder
+    outputs (cache_sample_prompts, as sd-scripts): a round given it never runs a text encoder (so T5-XXL needs no
+    device memory while sampling) and writes the same pixels as a round that encodes (true CFG with --n too)."""
+    from library.sampling import SampleConfig, cache_sample_prompts, sample_during_training
+
+    parts = copy.deepcopy(dev)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red cat --w 64 --h 64 --s 2 --d 5\na dog --n blurry --l 3 --w 64 --h 64 --s 2 --d 6\n")
+    cfg = SampleConfig(prompts, every_n_steps=1)
+    conds = cache_sample_prompts(cfg, FLUX_DEV, parts)
+    assert set(conds) == {"a red cat", "", "a dog", "blurry"}
+    encoded = sample_during_training(cfg, FLUX_DEV, parts, output_dir=tmp_path / "a", output_name="x", step=1)
+    calls = []
+    for te in parts.text_encoders:
+        te.register_forward_pre_hook(lambda *a: calls.append(1))
+    cached = sample_during_training(cfg, FLUX_DEV, parts, output_dir=tmp_path / "b", output_name="x", step=1,
+                                    conds=conds)  # fmt: skip
+    assert not calls and len(cached) == len(encoded) == 3  # two images and the grid
+    for a, b in zip(encoded, cached):
+        assert np.array_equal(_pixels(a), _pixels(b))
+    assert cache_sample_prompts(SampleConfig(None), FLUX_DEV, parts) is None  # nothing samples: nothing cached

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -150,15 +150,24 @@ def generate_flow_latents(
 
 
 @torch.no_grad()
-def encode_flow_prompts(family: ModelFamily, parts: Parts, specs: Sequence[PromptSpec]) -> Any:
+def encode_flow_prompts(
+    family: ModelFamily, parts: Parts, specs: Sequence[PromptSpec], conds: Mapping[str, Any] | None = None
+) -> Any:
     """The conditioning of resolved specs that share their settings, on the text encoders' device: the B prompts,
     or with true CFG (:func:`uses_cfg`) the doubled batch [B negatives; B prompts] that :func:`flow.with_cfg`
-    expects. Only the text encoders run (a caller may hold the denoiser off the device meanwhile: ``--offload``)."""
+    expects. Only the text encoders run (a caller may hold the denoiser off the device meanwhile: ``--offload``).
+    ``conds``: prompt text -> its conditioning (batch 1, :func:`encode_prompt_texts`); when it has every text the
+    text encoders do not run at all (sd-scripts' cached sample prompts under ``--cache_text_encoder_outputs``)."""
     cfg = uses_cfg(specs[0])
     if not cfg and any(s.negative_prompt for s in specs):
         log.info("negative prompt ignored because the CFG scale (--l) is 1.0")
     texts = [s.prompt for s in specs] + ([s.negative_prompt for s in specs] if cfg else [])
-    cond = family.encode_prompt(parts, texts)
+    if conds is not None and all(t in conds for t in texts):
+        cond = conds[texts[0]]
+        for text in texts[1:]:
+            cond = cat_conds(cond, conds[text])
+    else:
+        cond = family.encode_prompt(parts, texts)
     n = len(specs)
     if cfg:  # the doubled batch [negatives; prompts] that with_cfg expects
         cond = cat_conds(cond_rows(cond, n, 2 * n), cond_rows(cond, 0, n))
@@ -184,6 +193,14 @@ def sample_flow_latents(
     if uses_cfg(first):
         velocity = with_cfg(velocity, first.scale)
     return sample_euler(velocity, noise, sigmas)
+
+
+@torch.no_grad()
+def encode_prompt_texts(family: ModelFamily, parts: Parts, texts: Sequence[str]) -> dict[str, Any]:
+    """Each distinct text's conditioning (batch 1, on the host) for :func:`encode_flow_prompts`' ``conds``: what a
+    run caches for its sample prompts while the text encoders are on the device for ``--cache_text_encoder_outputs``,
+    so a sampling round needs no text encoder on the device (sd-scripts does the same for FLUX)."""
+    return {text: family.encode_prompt(parts, [text]).to("cpu") for text in dict.fromkeys(texts)}
 
 
 def cond_rows(cond: Any, start: int, stop: int) -> Any:
