@@ -283,7 +283,8 @@ def on_device(modules: Sequence[torch.nn.Module], device: torch.device, offload:
 
 def settle(spec: PromptSpec, family: ModelFamily, parts: Parts) -> PromptSpec:
     """sd-scripts' rules on top of the sampler's: steps 4 (schnell) / 50; CFG only with a non-empty negative prompt
-    and a scale other than 1 (else the scale is 1 and the negative prompt unused)."""
+    and a scale other than 1 (else the scale is 1 and the negative prompt unused); ``--guidance`` only where the
+    model has an embedded guidance input (schnell and Chroma ignore it silently, as sd-scripts' models do)."""
     from library.sampling.generate import resolve
 
     steps = spec.steps or (SCHNELL_STEPS if family.name == "flux-schnell" else DEV_STEPS)
@@ -291,7 +292,9 @@ def settle(spec: PromptSpec, family: ModelFamily, parts: Parts) -> PromptSpec:
     if scale != 1.0 and not spec.negative_prompt:
         log.info("--cfg_scale %s needs a --negative_prompt (as sd-scripts): sampling without CFG", scale)
         scale = 1.0
-    spec = dataclasses.replace(spec, steps=steps, scale=scale, negative_prompt=spec.negative_prompt or "")
+    guidance = spec.guidance if family.flow_sampling(parts).embedded_guidance else None  # sd-scripts: unread there
+    spec = dataclasses.replace(spec, steps=steps, scale=scale, negative_prompt=spec.negative_prompt or "",
+                               guidance=guidance)  # fmt: skip
     return resolve(spec, family, parts)
 
 
@@ -367,8 +370,10 @@ def set_multipliers(networks: list[Any], values: list[float]) -> None:
         network.set_multiplier(value)
 
 
-PROMPT_HELP = ("Enter prompt (empty to exit). Options: --w <width> --h <height> --s <steps> --d <seed> --g <guidance> "
-               "--m <multipliers for LoRA> --n <negative prompt>, `-` for empty negative prompt --c <cfg_scale>")  # fmt: skip
+PROMPT_HELP = (
+    "Enter prompt (empty to exit). Options: --w <width> --h <height> --s <steps> --d <seed> --g <guidance> "
+    "--m <multipliers for LoRA> --n <negative prompt>, `-` for empty negative prompt --c <cfg_scale>"
+)
 
 
 def run(argv: Sequence[str] | None = None) -> list[Path]:

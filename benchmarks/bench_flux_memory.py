@@ -10,20 +10,21 @@ released architecture: transformer 11.9 B, CLIP-L, T5-XXL, the 16-channel AE, bu
 (``reference_parts``) as uninitialised host memory (no resident memory until written, no file read: only
 ``family.load`` is replaced). ``--fp8_base``'s float8 cast (library/run/train_setup.py ``store_frozen_in_fp8``: the
 family's ``fp8_skip`` for the transformer, none of the encoders' Linears) is done by this loader on the meta device,
-with the same rule: cast on the host it would write 17 GB of host memory (the run then skips the stored layers). Settings of sd-scripts' docs/flux_train_network.md ("Recommended Settings by GPU
-Memory"): ``--fp8_base --gradient_checkpointing --cache_latents --cache_text_encoder_outputs --mixed_precision bf16
---sdpa``, a rank-16 LoRA (alpha 8) on the transformer (``--network_train_unet_only``), batch 1, one 1024 px image, one
-sample (1024 px, 4 steps, true CFG off) after the step, the save. Rows (card GiB: blocks_to_swap, optimizer):
+with the same rule: cast on the host it would write 17 GB of host memory (the run then skips the stored layers).
+Settings of sd-scripts' docs/flux_train_network.md ("Recommended Settings by GPU Memory"): ``--fp8_base
+--gradient_checkpointing --cache_latents --cache_text_encoder_outputs --mixed_precision bf16 --sdpa``, a rank-16
+LoRA (alpha 8) on the transformer (``--network_train_unet_only``), two 1024 px images, one sample (1024 px, 4
+steps, true CFG off) after the step, the save. Rows:
 
-====  =========================  ==========================================================================
-card  sd-scripts' table          this run
-====  =========================  ==========================================================================
-24    no swap, AdamW8bit         0, AdamW (fp32 state: the 8-bit optimizer needs bitsandbytes and CUDA)
-16    16 (2 x the 8 GB row?)     16, AdamW
-12    16, AdamW8bit              16, AdamW
-10    22                         22, AdamW
-8     28                         28, AdamW
-====  =========================  ==========================================================================
+====  ====================================  ===============================================================
+card  sd-scripts' table                     this run (AdamW everywhere: fp32 state, 0.43 GiB more than 8-bit)
+====  ====================================  ===============================================================
+24    basic settings, batch 2               no swap, batch 2
+16    batch 1, ``--blocks_to_swap`` (no N)  16, batch 1
+12    ``--blocks_to_swap 16``, 8-bit AdamW  16, batch 1
+10    ``--blocks_to_swap 22``, fp8 T5       22, batch 1 (T5 in float8 by ``--fp8_base``)
+8     ``--blocks_to_swap 28``, fp8 T5       28, batch 1
+====  ====================================  ===============================================================
 
 library/simulated_device.py counts every device-resident tensor per phase (load, latent caching, text caching,
 step, sampling, save) with real shapes and lifetimes, attention as the fused kernel a GPU runs. A row fits its card
@@ -44,7 +45,9 @@ HERE = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE / "benchmarks"))
 
-ROWS = {24: 0, 16: 16, 12: 16, 10: 22, 8: 28}  # card GiB -> --blocks_to_swap (sd-scripts' docs table)
+# card GiB -> (--blocks_to_swap, batch size): sd-scripts' docs table (24 GB: batch 2; 16 GB: "use --blocks_to_swap",
+# no number: 16 as in benchmarks/bench_block_swap.py)
+ROWS = {24: (0, 2), 16: (16, 1), 12: (16, 1), 10: (22, 1), 8: (28, 1)}
 CONTEXT_GIB = 1.0
 SETTINGS = ["--mixed_precision", "bf16", "--fp8_base", "--gradient_checkpointing", "--cache_latents",
             "--cache_text_encoder_outputs", "--sdpa"]  # fmt: skip
@@ -167,7 +170,7 @@ def flux_run():
     return lambda argv: train_network.run(argv, family_names=("flux-dev", "flux-schnell", "chroma"))
 
 
-def measure(card: int, swap: int, args: argparse.Namespace, work: Path, run) -> dict:
+def measure(card: int, swap: int, batch: int, args: argparse.Namespace, work: Path, run) -> dict:
     from library.families import FLUX_DEV
     from library.simulated_device import simulated_device
 
@@ -175,7 +178,7 @@ def measure(card: int, swap: int, args: argparse.Namespace, work: Path, run) -> 
             "--caption_extension", ".txt", "--resolution", str(args.resolution), "--output_dir", str(work / "out"),
             "--output_name", f"lora{card}", "--network_module", "networks.lora", "--network_dim", "16",
             "--network_alpha", "8", "--network_train_unet_only", "--optimizer_type", "AdamW",
-            "--learning_rate", "1e-4", "--train_batch_size", "1", "--max_train_steps", "1",
+            "--learning_rate", "1e-4", "--train_batch_size", str(batch), "--max_train_steps", "1",
             "--max_data_loader_n_workers", "0", "--seed", "0", "--save_model_as", "safetensors",
             *SETTINGS]  # fmt: skip
     if swap:
@@ -191,7 +194,7 @@ def measure(card: int, swap: int, args: argparse.Namespace, work: Path, run) -> 
         run(argv)
     table = {k: round(v / 1024, 2) for k, v in sim.phase_table().items()}  # MiB -> GiB
     highest = max(table.values())
-    return {"card_gib": card, "blocks_to_swap": swap, "peak_gib": table, "highest_gib": highest,
+    return {"card_gib": card, "blocks_to_swap": swap, "batch": batch, "peak_gib": table, "highest_gib": highest,
             "fits": highest + CONTEXT_GIB <= card, "wall_s": round(time.time() - start, 1),
             "model": "tiny" if args.tiny else "real-size " + FLUX_DEV.name}  # fmt: skip
 
@@ -201,6 +204,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=sorted(ROWS, reverse=True), help="cards (GiB)")
     parser.add_argument("--resolution", type=int, default=1024)
     parser.add_argument("--no_sample", action="store_true", help="leave the sampling round out")
+    parser.add_argument("--batch", type=int, default=None, help="batch size of every row (default: the table's)")
     parser.add_argument("--tiny", action="store_true", help="the tiny model (checks the run, not the memory)")
     parser.add_argument("--workdir", default=None)
     args = parser.parse_args()
@@ -230,15 +234,17 @@ def main() -> None:
     run = flux_run()
     rows = []
     for card in args.rows:
-        row = measure(card, ROWS[card], args, work, run)
+        swap, batch = ROWS[card]
+        row = measure(card, swap, args.batch or batch, args, work, run)
         rows.append(row)
         print(json.dumps(row), flush=True)
     phases = list(rows[0]["peak_gib"])
-    print(f"\n| card (GiB) | --blocks_to_swap | {' | '.join(phases)} | highest + {CONTEXT_GIB:g} GiB | fits |")
-    print("|---" * (len(phases) + 4) + "|")
+    print(f"\n| card (GiB) | --blocks_to_swap | batch | {' | '.join(phases)} | highest + {CONTEXT_GIB:g} GiB | fits |")
+    print("|---" * (len(phases) + 5) + "|")
     for r in rows:
         cells = " | ".join(str(r["peak_gib"].get(p, "")) for p in phases)
-        print(f"| {r['card_gib']} | {r['blocks_to_swap']} | {cells} | {r['highest_gib'] + CONTEXT_GIB:.2f} | "
+        total = r["highest_gib"] + CONTEXT_GIB
+        print(f"| {r['card_gib']} | {r['blocks_to_swap']} | {r['batch']} | {cells} | {total:.2f} | "
               f"{'yes' if r['fits'] else 'NO'} |")  # fmt: skip
 
 

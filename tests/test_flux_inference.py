@@ -126,9 +126,10 @@ def test_minimal_inference_image_equals_gen_img_with_the_same_lora(model_files):
     root, files = model_files
     lora = str(root / "lora.safetensors")
     [minimal] = flux_minimal_inference.run(_minimal_args(root, files, "--lora_weights", f"{lora};0.8"))
-    [ours] = gen_img.run(["--ckpt", str(root / "folder"), "--prompt", PROMPT, "--seed", "5", "--steps", "3",
-                          "--W", "64", "--H", "64", "--guidance", "2.0", "--network_module", "networks.lora",
-                          "--network_weights", lora, "--network_mul", "0.8", "--outdir", str(root / "gen")])  # fmt: skip
+    gen_args = ["--ckpt", str(root / "folder"), "--prompt", PROMPT, "--seed", "5", "--steps", "3", "--W", "64",
+                "--H", "64", "--guidance", "2.0", "--network_module", "networks.lora", "--network_weights", lora,
+                "--network_mul", "0.8", "--outdir", str(root / "gen")]  # fmt: skip
+    [ours] = gen_img.run(gen_args)
     assert np.array_equal(_pixels(minimal), _pixels(ours))
     [plain] = flux_minimal_inference.run(_minimal_args(root, files))
     [other_g] = flux_minimal_inference.run(_minimal_args(root, files, "--lora_weights", f"{lora};0.8",

@@ -128,7 +128,7 @@ def _add_image_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--sampler", type=str, default="ddim", choices=list(SAMPLER_NAMES), help="sampler (scheduler)")
     g.add_argument("--scale", type=float, default=None,
                    help=f"classifier-free guidance scale (default: {GEN_IMG_DDPM_DEFAULTS['scale']}; flow-matching "
-                   f"models: {DEFAULT_FLOW_SCALE}, no CFG; another value runs true CFG with the negative prompt)")  # fmt: skip
+                   f"models: {DEFAULT_FLOW_SCALE}, no CFG; else true CFG with the negative prompt)")  # fmt: skip
     g.add_argument("--guidance", type=float, default=None,
                    help=f"embedded guidance of FLUX.1 dev (default {DEFAULT_GUIDANCE}; a prompt's --g overrides it); "
                    "noted and ignored by models without it")  # fmt: skip
