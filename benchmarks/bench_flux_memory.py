@@ -183,6 +183,7 @@ def measure(card: int, swap: int, batch: int, args: argparse.Namespace, work: Pa
             *SETTINGS]  # fmt: skip
     if swap:
         argv += ["--blocks_to_swap", str(swap)]
+    argv += args.extra.split()
     if not args.no_sample:
         argv += ["--sample_prompts", str(work / "prompts.txt"), "--sample_every_n_steps", "1"]
     start = time.time()
@@ -195,7 +196,7 @@ def measure(card: int, swap: int, batch: int, args: argparse.Namespace, work: Pa
     table = {k: round(v / 1024, 2) for k, v in sim.phase_table().items()}  # MiB -> GiB
     highest = max(table.values())
     return {"card_gib": card, "blocks_to_swap": swap, "batch": batch, "peak_gib": table, "highest_gib": highest,
-            "fits": highest + CONTEXT_GIB <= card, "wall_s": round(time.time() - start, 1),
+            "fits": highest + CONTEXT_GIB <= card, "wall_s": round(time.time() - start, 1), "extra": args.extra,
             "model": "tiny" if args.tiny else "real-size " + FLUX_DEV.name}  # fmt: skip
 
 
@@ -205,6 +206,7 @@ def main() -> None:
     parser.add_argument("--resolution", type=int, default=1024)
     parser.add_argument("--no_sample", action="store_true", help="leave the sampling round out")
     parser.add_argument("--batch", type=int, default=None, help="batch size of every row (default: the table's)")
+    parser.add_argument("--extra", default="", help="flags added to every row (one string)")
     parser.add_argument("--tiny", action="store_true", help="the tiny model (checks the run, not the memory)")
     parser.add_argument("--workdir", default=None)
     args = parser.parse_args()
@@ -221,7 +223,7 @@ def main() -> None:
     if not (work / "data").exists():
         make_example_dataset(work / "four", size=args.resolution)
         (work / "data" / "1_sks shape").mkdir(parents=True)
-        for f in sorted((work / "four" / "10_sks shape").iterdir())[:2]:
+        for f in sorted((work / "four" / "10_sks shape").iterdir())[:4]:  # two images and their captions
             (work / "data" / "1_sks shape" / f.name).write_bytes(f.read_bytes())
     (work / "prompts.txt").write_text(f"a red circle --w {args.resolution} --h {args.resolution} --s 4\n")
     if not (work / "tiny" / "flux-dev").exists():
