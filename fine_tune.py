@@ -78,7 +78,7 @@ def run(
     run = train_setup.start(cfg)  # accelerator, seed, dataset plan + bucket report, model, caches
     if cfg.noise.zero_terminal_snr:  # the trained model's files and samples carry its schedule (the ztsnr marker)
         run.parts.scheduler_config = {**run.parts.scheduler_config, "rescale_betas_zero_snr": True}
-    model = ModelTrainable(run.family, run.parts, cfg.method, run.step_models, cfg.save.save_model_as)
+    model = ModelTrainable(run.family, run.parts, cfg.method, cfg.save.save_model_as)
     model.to(device=run.accelerator.device, dtype=cfg.run.train_dtype)
     groups = model.param_groups(cfg.optim.learning_rate)
     return train(run, model, groups)  # accelerate prepares model + optimizer: DDP / FSDP / DeepSpeed wrap the UNet

@@ -48,7 +48,7 @@ def run(argv: Sequence[str] | None = None, family_names: Sequence[str] = ("sd1",
     vectors = init_vectors(run.family, run.parts, ti.token_string, ti.num_vectors_per_token, ti.init_word, ti.weights)
     embedding = TokenEmbeddings(run.family, run.parts, ti.token_string, vectors, ti.init_word)  # tokens added
     embedding.to(device=run.accelerator.device, dtype=cfg.run.train_dtype)
-    run.step_models.caption_rewrite = caption_rewriter([embedding], ti.templates)  # templates, tok -> tok tok1 ..
+    embedding.caption_rewrite = caption_rewriter([embedding], ti.templates)  # templates, tok -> tok tok1 ..
     return train(run, embedding, embedding.param_groups(cfg.optim.learning_rate))
 
 

@@ -19,6 +19,7 @@ plain-dict ``.pt`` / ``.ckpt``; :mod:`library.textual_inversion` (gen_img, sampl
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -320,6 +321,14 @@ class TokenEmbeddings(nn.Module):
         self._hooks = []
 
     # ------------------------------------------------------------------------------------------ the Trainable seam
+    caption_rewrite = None  # captions -> captions (templates; tok -> tok tok1 ...): set by the recipe
+
+    def step_models(self, models: Any) -> Any:
+        """The step's inputs with this token's caption rewrite (textual inversion), else unchanged."""
+        if self.caption_rewrite is None:
+            return models
+        return dataclasses.replace(models, caption_rewrite=self.caption_rewrite)
+
     def set_training(self, mode: bool) -> None:
         """Nothing to switch: the rows have no dropout (the text encoders stay in eval mode, as loaded)."""
 
@@ -396,5 +405,6 @@ def add_embeddings(run: Any, network: Any, groups: list[dict], cfg: EmbeddingsCo
     for e in embeddings:
         e.to(device=run.accelerator.device, dtype=run.cfg.run.train_dtype)
         groups = groups + e.param_groups(cfg.lr or learning_rate)
-    run.step_models.caption_rewrite = caption_rewriter(embeddings)
-    return TrainableSet([network, *embeddings], bundle=cfg.bundle), groups
+    trainable = TrainableSet([network, *embeddings], bundle=cfg.bundle)
+    trainable.caption_rewrite = caption_rewriter(embeddings)  # captions spell out the multi-vector tokens
+    return trainable, groups

@@ -18,18 +18,25 @@ from typing import Any
 
 from library.problems import ConfigError, did_you_mean
 
-from . import algo_options
+from . import algo_options, lora_flux
 from .algo_options import OFT_ALGOS
 from .algos import NOT_SUPPORTED
 from .targets import PRESETS
 
 logger = logging.getLogger(__name__)
 
-MODULES = ("networks.lora", "lycoris.kohya", "networks.dylora", "networks.lora_fa", "networks.oft")
+MODULES = (
+    "networks.lora",
+    "lycoris.kohya",
+    "networks.dylora",
+    "networks.lora_fa",
+    "networks.oft",
+    "networks.lora_flux",
+)
 # sd-scripts modules that are one algorithm each: the algorithm they train (their files are plain LoRA files)
 MODULE_ALGOS = {"networks.dylora": "dylora", "networks.lora_fa": "lora_fa"}
 LATER_MODULES = (
-    "networks.lora_diffusers", "networks.lora_flux",
+    "networks.lora_diffusers",
     "networks.lora_sd3", "networks.lora_lumina", "networks.lora_hunyuan_image", "networks.lora_anima",
 )  # fmt: skip
 ALGO_NAMES = ("lora", "locon", "loha", "lokr", "dora", "dylora", "diag-oft", "boft", "full", "diff", "ia3", "glora")
@@ -123,7 +130,7 @@ _DYLORA: dict[str, tuple[Any, str | None]] = {"unit": (int, "unit")}
 # Accepted, no effect here (LyCORIS execution switches, other model families, other algorithms; a known no-op).
 _NO_EFFECT = {
     "bypass_mode": "LoRA already runs as up(down(x)); other algorithms build ΔW",
-    "train_t5xxl": "no T5 text encoder in SD1/SD2/SDXL",
+    "train_t5xxl": "only networks.lora_flux reads it (LyCORIS 4.1.3 stores it but adapts no T5 module)",
     "train_llm_adapter": "not an SD1/SD2/SDXL option",
     "use_reentrant": "neither sd-scripts nor LyCORIS reads it",
 }
@@ -172,6 +179,24 @@ class NetworkConfig:
     rescaled: bool = False  # LyCORIS OFT / BOFT: a trained per-row rescale
     enable_all_linear: bool = False  # networks.oft: every Linear of the transformer blocks, not only attention
     enable_conv: bool = False  # networks.oft: also the ResNet / down / up-sampler blocks, 3x3 convs included
+    # networks.lora_flux (sd-scripts' FLUX LoRA; see networks/lora_flux.py)
+    train_blocks: str | None = None  # all | single | double
+    img_attn_dim: int | None = None
+    txt_attn_dim: int | None = None
+    img_mlp_dim: int | None = None
+    txt_mlp_dim: int | None = None
+    img_mod_dim: int | None = None
+    txt_mod_dim: int | None = None
+    single_dim: int | None = None
+    single_mod_dim: int | None = None
+    in_dims: tuple[int, ...] | None = None  # img, time, vector, guidance, txt
+    train_double_block_indices: str | None = None
+    train_single_block_indices: str | None = None
+    split_qkv: bool = False
+    train_t5xxl: bool = False
+    verbose: bool = False
+    reg_dims: tuple[tuple[str, int], ...] = ()  # (regex, rank) in order
+    reg_lrs: tuple[tuple[str, float], ...] = ()  # (regex, lr) in order
     network_weights: str | None = None
     dim_from_weights: bool = False
     base_weights: tuple[str, ...] = ()
@@ -307,9 +332,39 @@ def _split_network_args(items: list[str], errors: list[str]) -> dict[str, str]:
     return raw
 
 
+def _read_flux_arg(key: str, value: str, values: dict, errors: list[str]) -> None:
+    """One networks.lora_flux key: sd-scripts' lora_flux arguments, plus the common keys it reads."""
+    if key in lora_flux.NOT_FOR_FLUX or key in _KOHYA or key in _DYLORA or key in _OFT:
+        errors.append(f"--network_args {key}: networks.lora_flux (sd-scripts' FLUX LoRA) does not read it; FLUX "
+                      "ranks are set by img_attn_dim / single_dim / in_dims / train_*_block_indices / "
+                      "network_reg_dims, other algorithms with --network_module lycoris.kohya algo=...")  # fmt: skip
+        return
+    spec = lora_flux.FLUX_ARGS.get(key) or _COMMON.get(key)
+    if spec is None:
+        known = [*lora_flux.FLUX_ARGS, *(k for k in _COMMON if k not in lora_flux.NOT_FOR_FLUX)]
+        errors.append(f"--network_args {key}: unknown argument of networks.lora_flux{did_you_mean(key, known)}")
+        return
+    parse, name = spec
+    try:
+        parsed = (parse or _bool)(value)
+    except ValueError as e:
+        reason = {int: "expected an integer", float: "expected a number"}.get(parse, str(e))
+        errors.append(f"--network_args {key}={value}: {reason}")
+        return
+    if name is not None:
+        values[name] = parsed
+
+
 def _read_network_args(raw: dict[str, str], module: str, values: dict, errors: list[str]) -> None:
     known = [*_COMMON, *_KOHYA, *_DYLORA, *_NO_EFFECT, *_OFT]
     for key, value in raw.items():
+        if module == lora_flux.MODULE:
+            _read_flux_arg(key, value, values, errors)
+            continue
+        if key in lora_flux.FLUX_ARGS and key not in _NO_EFFECT:
+            errors.append(f"--network_args {key}: only --network_module networks.lora_flux reads it (sd-scripts' "
+                          "FLUX LoRA)")  # fmt: skip
+            continue
         if module == "networks.oft" and key not in _OFT:
             logger.warning("--network_args %s=%s is ignored by networks.oft (sd-scripts' OFT reads only "
                            "enable_all_linear and enable_conv)", key, value)  # fmt: skip
@@ -394,6 +449,8 @@ def _validate(cfg: NetworkConfig, errors: list[str]) -> None:
                        "LyCORIS)", cfg.algo)  # fmt: skip
     _validate_blocks(cfg, errors)
     _validate_files(cfg, errors)
+    if cfg.module == lora_flux.MODULE:
+        lora_flux.validate(cfg, errors)
     algo_options.validate_dylora(cfg, errors)
     algo_options.validate_lora_fa(cfg, errors)
 

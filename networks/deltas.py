@@ -87,6 +87,16 @@ def load_adapter(path: str | os.PathLike) -> AdapterFile:
 
     path = Path(path)
     state_dict, metadata = load_state_dict(path)
+    return adapter_from_state_dict(path, state_dict, metadata)
+
+
+def adapter_from_state_dict(path: Path, state_dict: Mapping[str, Tensor], metadata: dict[str, str]) -> AdapterFile:
+    """:func:`load_adapter` on tensors already read (or converted, e.g. a PEFT FLUX file in kohya names); ``path``
+    names the file in messages."""
+    peft = next((k for k in state_dict if k.endswith((".lora_A.weight", ".lora_B.weight"))), None)
+    if peft is not None:
+        raise ValueError(f"{path}: {peft} is a PEFT/diffusers-format LoRA key; convert the file to kohya format "
+                         "(FLUX.1 / Chroma: networks/convert_flux_lora.py --src ai-toolkit --dst sd-scripts)")  # fmt: skip
     modules = files.group_by_module(state_dict)
     if not modules:
         raise ValueError(f"{path}: no adapter modules in this file (expected kohya keys such as "
@@ -262,7 +272,7 @@ def resolve_index(file: AdapterFile, base_index: Mapping[str, Target] | None) ->
         raise ValueError(
             f"{file.source}: the base weight shapes of {len(needs)} module(s) (e.g. {needs[0]}) cannot be read from "
             "the file (LoHa / LoKr store conv kernels flattened) and the file does not fit a released SD1 / SD2 / "
-            "SDXL architecture; pass the base model the adapter was trained on (--base_model)"
+            "SDXL / FLUX.1 / Chroma architecture; pass the base model the adapter was trained on (--base_model)"
         )
     logger.info("%s: module shapes from the released %s architecture", file.source, family)
     return reference_index(family)

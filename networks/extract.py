@@ -128,3 +128,42 @@ def extract_metadata(
         prediction_type=prediction,
     )
     return {**meta, **spec}
+
+
+# ------------------------------------------------------------------------------------------------ two weight files
+def extract_from_state_dicts(
+    names: dict[str, str],
+    org,
+    tuned,
+    opts: ExtractOptions,
+) -> dict[str, Tensor]:
+    """A LoRA from two state dicts of one architecture (``names``: {kohya module name: weight key}; ``org`` /
+    ``tuned``: mappings read one tensor at a time, e.g. ``weight_files.SafetensorsReader``): per module ΔW = tuned −
+    org in float32 on ``opts.device``, truncated by SVD to ``opts.dim`` (up = U·S, down = Vh, alpha = rank, factors
+    clamped at ``opts.clamp_quantile``), in chunks of at most ~2^26 ΔW elements. Modules whose largest |ΔW| is at most
+    ``opts.min_diff`` (when > 0) are left out."""
+    out: dict[str, Tensor] = {}
+    items = list(names.items())
+    bar = progress(len(items), "extracting")
+    start = 0
+    while start < len(items):
+        chunk: list[tuple[str, Delta]] = []
+        size = 0
+        while start < len(items) and (not chunk or size < _CHUNK_ELEMENTS):
+            name, key = items[start]
+            w = tuned[key].to(opts.device, torch.float32) - org[key].to(opts.device, torch.float32)
+            start += 1
+            if opts.min_diff > 0 and float(w.abs().max()) <= opts.min_diff:
+                bar.update(1)
+                continue
+            chunk.append((name, Delta(tuple(w.shape), dense=w.reshape(w.shape[0], -1))))
+            size += w.numel()
+        for (name, delta), svd in zip(chunk, svd_all([d for _, d in chunk], device=opts.device)):
+            rank = min(opts.dim, int(svd.S.numel()))
+            up, down = clamp_factors(*to_lora(svd, rank, delta.shape), opts.clamp_quantile)
+            out[f"{name}.lora_up.weight"], out[f"{name}.lora_down.weight"] = up, down
+            out[f"{name}.alpha"] = torch.tensor(float(rank))
+        bar.update(len(chunk))
+    bar.close()
+    keys = [f"{n}.{s}" for n in names for s in ("lora_down.weight", "lora_up.weight", "alpha")]
+    return {k: out[k] for k in keys if k in out}

@@ -24,7 +24,7 @@ from library.families.base import TargetClasses
 from library.families.blocks import BlockLayout
 from library.problems import ConfigError
 
-from . import files
+from . import files, lora_flux
 from .algos import ALGOS, dora
 from .algos import norm as norm_algo
 from .config import NetworkConfig
@@ -44,6 +44,8 @@ def load_preset(cfg: NetworkConfig, classes: TargetClasses | None = None) -> Pre
     classes = classes or default_classes()
     if cfg.module == "networks.oft":
         return oft_preset(cfg, classes)
+    if cfg.module == lora_flux.MODULE:
+        return lora_flux.preset(cfg, classes)
     if cfg.preset is None:
         if cfg.is_lycoris:
             return builtin_preset("full", classes)
@@ -269,6 +271,8 @@ def _warn_empty_roots(roots: Sequence[Root], targets: Sequence[Target], preset: 
     for index, root in enumerate(roots):
         if not any(t.root == index for t in targets):
             classes = preset.unet_classes if root.prefix.startswith("lora_unet") else preset.te_classes_of(root.prefix)
+            if not classes:  # left out on purpose (FLUX's T5 without train_t5xxl, a preset without text encoders)
+                continue
             logger.warning("%s (%s): no module is selected by the preset's classes %s; is it the family's "
                            "target_classes (inject / prepare_network take them)?", root.prefix,
                            type(root.module).__name__, ", ".join(classes) or "(none)")  # fmt: skip
@@ -287,9 +291,17 @@ def inject(cfg: NetworkConfig, roots: Sequence[Root], classes: TargetClasses | N
     conv_dim, _ = cfg.resolved_conv()
     conv = preset.enable_conv and (bool(conv_dim) or cfg.conv_block_dims is not None or cfg.module == "networks.oft")
     targets = find_targets(active, preset, conv=conv, train_norm=cfg.train_norm)
+    errors: list[str] = []
+    flux_masks = None
+    if cfg.module == lora_flux.MODULE:
+        targets = lora_flux.select(cfg, targets)
+        unet = next((r.module for r in active if r.prefix.startswith("lora_unet")), None)
+        try:
+            flux_masks = lora_flux.block_masks(cfg, lora_flux.block_counts(targets, unet))
+        except ValueError as e:
+            errors.append(str(e))
     _warn_empty_roots(active, targets, preset)
     layout = block_layout([t.name for t in targets if t.is_unet])
-    errors: list[str] = []
     lr_weights = block_lr_weights(cfg, layout)
     tables = _block_tables(cfg, layout, lr_weights, errors)
     if errors:
@@ -299,7 +311,11 @@ def inject(cfg: NetworkConfig, roots: Sequence[Root], classes: TargetClasses | N
         if t.kind == "norm":
             plan.append((t, None))
             continue
-        rank, alpha, arg = _rank_for(cfg, t, tables, layout)
+        if flux_masks is not None:
+            rank, alpha, arg = lora_flux.rank_for(cfg, t.name, flux_masks)
+            alpha = alpha or float(rank)
+        else:
+            rank, alpha, arg = _rank_for(cfg, t, tables, layout)
         shape = tuple(t.module.weight.shape)
         # LoKr switches to full factors by itself; an OFT dim is a block size / count, not a rank; full and (IA)³ have
         # no rank
@@ -314,11 +330,15 @@ def inject(cfg: NetworkConfig, roots: Sequence[Root], classes: TargetClasses | N
             adapter = NormWeights(norm_algo.init_params(t.module.weight.shape[0], has_bias=t.module.bias is not None,
                                                         device=t.module.weight.device))  # fmt: skip
         else:
+            rows = lora_flux.split_rows(cfg, t) if flux_masks is not None else None
             try:  # a width the algorithm cannot split (networks.oft's block count, BOFT's power-of-two blocks)
-                adapter = new_adapter(cfg, t.module.weight, *spec, has_bias=t.module.bias is not None)
+                rank_alpha = spec if rows is None else lora_flux.split_spec(*spec, len(rows))
+                adapter = new_adapter(cfg, t.module.weight, *rank_alpha, has_bias=t.module.bias is not None)
             except ValueError as e:
                 unsplit.setdefault(str(e), []).append(f"{t.name} {tuple(t.module.weight.shape)}")
                 continue
+            if rows is not None:
+                lora_flux.make_split(adapter, rows, spec[0])
         built.append((t, adapter))
     errors += [f"{len(where)} layer(s), e.g. {', '.join(where[:2])}: {why}" for why, where in unsplit.items()]
     if errors:
@@ -326,6 +346,12 @@ def inject(cfg: NetworkConfig, roots: Sequence[Root], classes: TargetClasses | N
     slots = [_install(active, t, _wrap(cfg, t, adapter)) for t, adapter in built]
     logger.info("adapters: %d text-encoder and %d UNet modules", sum(not s.target.is_unet for s in slots),
                 sum(s.target.is_unet for s in slots))  # fmt: skip
+    if cfg.verbose:  # networks.lora_flux verbose=True: sd-scripts lists every module with its rank and alpha
+        for s in slots:
+            logger.info("\t%-50s %s, %s", s.target.name, s.layer.adapter.rank, float(s.layer.adapter.alpha))
+        skipped = [t.name for t in targets if t.kind != "norm" and t.name not in {s.target.name for s in slots}]
+        if skipped:
+            logger.warning("because dim (rank) is 0, %d modules are skipped: %s", len(skipped), ", ".join(skipped))
     return AdapterNetwork(slots, roots, cfg, lr_weights)
 
 
@@ -408,4 +434,6 @@ def prepare_network(cfg: NetworkConfig, roots: Sequence[Root], classes: TargetCl
     network = inject(cfg, roots, classes)
     if cfg.network_weights:
         network.load_file(cfg.network_weights, strict=False)
+        if cfg.module == lora_flux.MODULE and cfg.split_qkv:
+            lora_flux.check_loaded_splits(network, cfg.network_weights)
     return network

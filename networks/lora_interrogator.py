@@ -11,7 +11,7 @@ side plus the pooled output). The score of t is sd-scripts' ``mean |E_adapter âˆ
 them, ``[rank]: id token: score``. Any adapter algorithm training writes (LoRA, LoCon, LoHa, LoKr, DoRA...) works:
 the file's text-encoder modules are injected with the training code; its UNet modules are not needed. A file
 without text-encoder modules cannot be interrogated (an error says so). The family (SD1, SD2, SDXL) is read from
---sd_model; --v2 / --sdxl are checked against it.
+--sd_model; --v2 / --sdxl are checked against it. Models with a T5 encoder (FLUX.1, Chroma) are refused with a message.
 """
 
 from __future__ import annotations
@@ -135,6 +135,10 @@ def run(argv: Sequence[str] | None = None) -> list[tuple[int, float]]:
         family = family_as_flagged(args.sd_model, v2=args.v2, sdxl=args.sdxl)
     except ValueError as e:
         raise ConfigError([f"--sd_model {e}"]) from e
+    if any(te.layout not in ("clip", "open_clip") for te in family.spec.text_encoders):
+        raise ConfigError([f"--sd_model {args.sd_model} is a {family.spec.title} model: lora_interrogator.py scores "
+                           "CLIP tokens through CLIP text encoders (SD1 / SD2 / SDXL), as sd-scripts' tool; a T5 "
+                           "encoder's prompts are not CLIP token ids, so this model is not supported"])  # fmt: skip
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = dtype_of(args.precision, torch.float16 if torch.device(device).type == "cuda" else torch.float32)
     state, _ = load_state_dict(args.model)

@@ -245,10 +245,13 @@ def lora_metadata(
     spec = next(({k: v for k, v in f.metadata.items() if k.startswith("modelspec.")} for f in files_
                  if "modelspec.architecture" in f.metadata), {})  # fmt: skip
     if spec:
+        has_prediction = "modelspec.prediction_type" in spec
         spec = {**spec, **md.modelspec(architecture=spec["modelspec.architecture"],
                                        implementation=spec.get("modelspec.implementation", "diffusers"),
                                        title=Path(save_to).stem, resolution=_resolution(spec),
                                        prediction_type=spec.get("modelspec.prediction_type", "epsilon"))}  # fmt: skip
+        if not has_prediction:  # FLUX / Chroma ModelSpec has no prediction type (sd-scripts writes none)
+            spec.pop("modelspec.prediction_type")
         for key in (
             "modelspec.description",
             "modelspec.trigger_phrase",

@@ -10,6 +10,7 @@ import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -17,7 +18,7 @@ from torch import Tensor, nn
 from library.families import block_layout
 from library.problems import ConfigError
 
-from . import files
+from . import files, lora_flux
 from .layers import AdapterLayer, AdapterWeights, DyLoRALayer, NormAdapterLayer
 from .targets import Root, Target
 
@@ -96,6 +97,10 @@ class AdapterNetwork(nn.Module):
         return [s for s in self._slots.values() if s.target.is_unet == unet]
 
     # ------------------------------------------------------------------------------------------ the Trainable seam
+    def step_models(self, models: Any) -> Any:
+        """The step's inputs unchanged: the adapters sit inside the model the step already calls."""
+        return models
+
     def set_training(self, mode: bool) -> None:
         """Train / eval mode of every adapter layer (dropout, rank dropout, module dropout)."""
         for layer in self.layers():
@@ -149,11 +154,11 @@ class AdapterNetwork(nn.Module):
         for i, prefix in enumerate(te_prefixes):
             slots = [s for s in self._part(unet=False) if s.target.name.startswith(prefix + "_")]
             label = f"textencoder{i + 1}" if split_te else "textencoder"
-            groups += self._assemble(slots, te_lrs[i], ratio_te, label, merge_into=None if split_te else groups)
+            groups += self._with_reg_lrs(slots, te_lrs[i], ratio_te, label, None if split_te else groups)
         base_lr = unet_lr if unet_lr is not None else learning_rate
         unet_slots = self._part(unet=True)
         if self.block_lr_weight is None:
-            groups += self._assemble(unet_slots, base_lr, ratio_unet, "unet")
+            groups += self._with_reg_lrs(unet_slots, base_lr, ratio_unet, "unet")
         else:
             by_block: dict[int, list[Slot]] = {}
             layout = block_layout(s.target.name for s in unet_slots)
@@ -164,6 +169,23 @@ class AdapterNetwork(nn.Module):
                 lr = None if base_lr is None else base_lr * weight
                 groups += self._assemble(slots, lr, ratio_unet, f"unet_block{idx}")
         return groups
+
+    def _with_reg_lrs(self, slots, lr, ratio, label: str, merge_into: list[dict] | None = None) -> list[dict]:
+        """networks.lora_flux ``network_reg_lrs``: the modules a regex matches (the first that ``re.search``-es the
+        kohya name) in a ``<label> reg_lr_<i>`` group at its lr (LoRA+ inside it), placed before the part's own
+        groups as in sd-scripts; the rest as usual."""
+        regs = getattr(self.config, "reg_lrs", ()) or ()
+        if not regs:
+            return self._assemble(slots, lr, ratio, label, merge_into)
+        matched: dict[int, list[Slot]] = {}
+        rest = []
+        for s in slots:
+            i = lora_flux.reg_lr_index(self.config, s.target.name)
+            (rest if i is None else matched.setdefault(i, [])).append(s)
+        out = []
+        for i in sorted(matched):
+            out += self._assemble(matched[i], regs[i][1], ratio, f"{label} reg_lr_{i}", merge_into)
+        return out + self._assemble(rest, lr, ratio, label, merge_into)
 
     @staticmethod
     def _te_lrs(te_lr, learning_rate, count: int) -> list[float | None]:

@@ -6,6 +6,7 @@ method config through these members only (no ``getattr`` fallbacks), so a config
 
 from __future__ import annotations
 
+import copy
 import inspect
 from typing import Protocol
 
@@ -116,3 +117,38 @@ def test_a_trainable_set_satisfies_the_protocol(tiny_parts):
         assert (bundle.kind, bundle.modelspec_kind, bundle.sparse_gradients) == ("network", "lora", False)
     finally:
         network.eject()
+
+
+def _step_models(denoiser):
+    from library.run.train_step import StepModels
+
+    return StepModels(None, None, None, None, None, denoiser, train_text_encoder=True)
+
+
+def test_trainables_change_the_step_only_through_step_models(tiny_parts):
+    """A fine-tune's wrapped model and stopped text encoders, and a token's caption rewrite, reach the step through
+    ``step_models``; the run's own StepModels is never written."""
+    import torch
+
+    from library.families import SD1
+    from library.token_embeddings import caption_rewriter
+
+    parts = copy.deepcopy(tiny_parts["sd1"])  # the trainable makes the model trainable: not the shared one
+    base = _step_models(parts.denoiser)
+    model = ModelTrainable(SD1, parts, ModelTrainingConfig(text_encoder_lrs=(1e-5,), stop_text_encoder_training=2))
+    assert model.step_models(base) is base  # nothing prepared, nothing stopped yet
+    model.wrapped = wrapped = torch.nn.Identity()
+    model.steps_done += 2
+    model._apply_text_encoder_stop()  # step 2 >= stop 2
+    changed = model.step_models(base)
+    assert changed.denoiser is wrapped and changed.train_text_encoder is False
+    assert base.denoiser is parts.denoiser and base.train_text_encoder is True  # the run's inputs are untouched
+
+    class Token:  # a stand-in with TokenEmbeddings' step_models (the real one needs the token added to parts)
+        caption_rewrite = None
+        step_models = TokenEmbeddings.step_models
+
+    token = Token()
+    assert token.step_models(base) is base
+    token.caption_rewrite = rewrite = caption_rewriter([], ())
+    assert token.step_models(base).caption_rewrite is rewrite and base.caption_rewrite is None

@@ -7,6 +7,7 @@ uninterrupted one bit for bit.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 
 import numpy as np
@@ -230,15 +231,14 @@ def test_fixed_noise_loss_on_the_training_images_falls(tiny_dir, dataset, tmp_pa
     measured = {}
     original = train_textual_inversion.train
 
-    def fixed_noise_loss(run):
-        return validation_loss(run.step_models, run.make_loader().epoch(0), 123, [100, 300, 500, 700, 900])
+    def fixed_noise_loss(models):
+        return validation_loss(models, runs[0].make_loader().epoch(0), 123, [100, 300, 500, 700, 900])
 
     def measure_then_train(run, trainable, groups):
-        measured["before"] = fixed_noise_loss(run)
-        rewrite = run.step_models.caption_rewrite
-        run.step_models.caption_rewrite = lambda captions, generator: ["" for _ in captions]
-        measured["blank"] = fixed_noise_loss(run)
-        run.step_models.caption_rewrite = rewrite
+        measured["models"] = models = trainable.step_models(run.step_models)  # the token's caption rewrite
+        measured["before"] = fixed_noise_loss(models)
+        blank = dataclasses.replace(models, caption_rewrite=lambda captions, generator: ["" for _ in captions])
+        measured["blank"] = fixed_noise_loss(blank)
         unet = {k: v.clone() for k, v in run.parts.denoiser.state_dict().items()}
         result = original(run, trainable, groups)
         assert all(torch.equal(v, run.parts.denoiser.state_dict()[k]) for k, v in unet.items())
@@ -246,7 +246,7 @@ def test_fixed_noise_loss_on_the_training_images_falls(tiny_dir, dataset, tmp_pa
 
     monkeypatch.setattr(train_textual_inversion, "train", measure_then_train)
     train("sd1", *args_for(tiny_dir / "sd1", dataset, tmp_path, steps=60), runs=runs, monkeypatch=monkeypatch)
-    after = fixed_noise_loss(runs[0])
+    after = fixed_noise_loss(measured["models"])
     drop, text_effect = measured["before"] - after, measured["blank"] - measured["before"]
     assert text_effect > 0 and drop > text_effect, (measured, after)
 

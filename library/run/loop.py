@@ -47,7 +47,7 @@ def train(run: train_setup.Run, trainable: Any, groups: list[dict]) -> Result:
                 trainer.begin_epoch(epoch)
                 for batch in loader.epoch(epoch, skip=trainer.skip_batches(epoch)):
                     with trainer.micro_batch():  # DDP-wrapped models sync gradients at the window's end only
-                        loss = batch_loss(run.step_models, batch, trainer.generator).mean()
+                        loss = batch_loss(trainer.models(), batch, trainer.generator).mean()
                         if trainer.steps_in_backward:  # --fused_backward_pass: check before the weights change
                             check_finite(loss, trainer.step + 1, epoch + 1)
                         if trainer.reaches_trained(loss):  # not a TI batch without its token (a no-op step)

@@ -15,6 +15,7 @@ model, written by the family (single file with ModelSpec and the v-pred / ztsnr 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 from dataclasses import dataclass
@@ -232,11 +233,12 @@ class ModelTrainable(nn.Module):
         family: ModelFamily,
         parts: Parts,
         cfg: ModelTrainingConfig,
-        step_models: Any = None,
         save_model_as: str | None = None,
     ):
         super().__init__()
-        self.family, self.parts, self.cfg, self.step_models = family, parts, cfg, step_models
+        self.family, self.parts, self.cfg = family, parts, cfg
+        self.wrapped: Any = None  # what accelerate's prepare gave back (DDP / FSDP / DeepSpeed), called by the step
+        self.text_encoders_stopped = False  # --stop_text_encoder_training reached
         self.save_model_as = save_model_as  # "diffusers": a folder of .bin weights (sd-scripts); else by the suffix
         self.unet = parts.denoiser
         lrs = cfg.text_encoder_lrs or ()
@@ -282,6 +284,16 @@ class ModelTrainable(nn.Module):
         return groups
 
     # ------------------------------------------------------------------------------------------ the Trainable seam
+    def step_models(self, models: Any) -> Any:
+        """The step's inputs with the prepared (wrapped) model as the denoiser, and the text encoders without
+        autograd once --stop_text_encoder_training is reached."""
+        changes: dict[str, Any] = {}
+        if self.wrapped is not None:
+            changes["denoiser"] = self.wrapped
+        if self.text_encoders_stopped:
+            changes["train_text_encoder"] = False
+        return dataclasses.replace(models, **changes) if changes else models
+
     def set_training(self, mode: bool) -> None:
         self.unet.train(mode)
         for te in self.text_encoders:
@@ -304,8 +316,7 @@ class ModelTrainable(nn.Module):
             te.requires_grad_(False).train(False)
             for p in te.parameters():
                 p.grad = None
-        if self.step_models is not None:
-            self.step_models.train_text_encoder = False
+        self.text_encoders_stopped = True
 
     def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
         out = super().load_state_dict(state_dict, strict=strict, assign=assign)
@@ -319,10 +330,8 @@ class ModelTrainable(nn.Module):
 
     def prepare_with_optimizer(self, accelerator: Any, optimizer: Any, scheduler: Any) -> tuple[Any, Any]:
         """Model, optimizer and scheduler prepared in one call (DeepSpeed and FSDP need them together); the loop
-        then calls the prepared model in place of the UNet (``step_models.denoiser``)."""
-        wrapped, optimizer, scheduler = accelerator.prepare(self, optimizer, scheduler)
-        if self.step_models is not None:
-            self.step_models.denoiser = wrapped
+        then calls the prepared model in place of the UNet (:meth:`step_models`)."""
+        self.wrapped, optimizer, scheduler = accelerator.prepare(self, optimizer, scheduler)
         if self.cfg.fused_backward_pass or self.cfg.fused_optimizer_groups:
             params = [p for g in optimizer.param_groups for p in g["params"]]
             chunks = chunk_parameters(params, self.cfg.fused_optimizer_groups)

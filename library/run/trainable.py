@@ -17,6 +17,7 @@ its optimizer and scheduler in one call, as DeepSpeed and FSDP require (see :fun
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
@@ -46,6 +47,11 @@ class Trainable(Protocol):
     def set_training(self, mode: bool) -> None:
         """Train mode (dropout on) or eval mode (samples, validation, saving)."""
 
+    def step_models(self, models: Any) -> Any:
+        """The step's inputs (``library.run.train_step.StepModels``) as this trainable changes them: a model
+        accelerate wrapped, text-encoder training stopped, captions rewritten for new tokens; ``models`` itself when
+        it changes nothing. The trainer asks this before every step; trainables never write into the run's."""
+
     def after_step(self) -> dict[str, float]:
         """Called after every optimizer step (e.g. max-norm scaling); returns values to log."""
 
@@ -74,6 +80,7 @@ class TrainableSet(nn.Module):
         self.members = nn.ModuleList(members)
         self.bundle = bundle  # the primary's file also carries the others' ``bundle_tensors`` (A1111 bundle_emb.*)
         self.kind = members[0].kind
+        self.caption_rewrite = None  # captions -> captions for the members' new tokens (library/token_embeddings.py)
         self.modelspec_kind = members[0].modelspec_kind
 
     @property
@@ -83,6 +90,14 @@ class TrainableSet(nn.Module):
     def set_training(self, mode: bool) -> None:
         for m in self.members:
             m.set_training(mode)
+
+    def step_models(self, models: Any) -> Any:
+        """Each member's changes in turn, then the set's caption rewrite (pivotal tuning: every new token)."""
+        for m in self.members:
+            models = m.step_models(models)
+        if self.caption_rewrite is not None:
+            models = dataclasses.replace(models, caption_rewrite=self.caption_rewrite)
+        return models
 
     def after_step(self) -> dict[str, float]:
         logs: dict[str, float] = {}

@@ -26,7 +26,7 @@ from library import metadata_format as md
 from library.ema import EMA
 from library.optim import set_train_mode
 from library.run import resume, run_files
-from library.run.train_step import NonFiniteLoss, non_finite_message, validation_loss
+from library.run.train_step import NonFiniteLoss, StepModels, non_finite_message, validation_loss
 from library.runtime import capture_rng, restore_rng
 from library.weight_files import SaveError, is_state_file
 
@@ -166,10 +166,15 @@ class Trainer:
         accum = self.cfg.run.gradient_accumulation_steps
         return self.window + 1 >= accum or self.batches_in_epoch + 1 >= self.epoch_batches
 
+    def models(self) -> StepModels:
+        """What the step runs: the run's step inputs as the trainable changes them (its wrapped model, stopped
+        text-encoder training, caption rewrites), asked afresh each step."""
+        return self.trainable.step_models(self.run.step_models)
+
     def micro_batch(self) -> contextlib.AbstractContextManager:
         """The context of one batch's forward and backward: for a model DDP wraps (full fine-tuning on several
         processes), gradients are not all-reduced for batches inside an accumulation window, only at its end."""
-        model = self.run.step_models.denoiser
+        model = self.models().denoiser
         if self.trainable.gradient_sync == "accelerate" and self.acc.num_processes > 1 and not self.closes_window():
             return self.acc.no_sync(model)
         return contextlib.nullcontext()
@@ -327,7 +332,7 @@ class Trainer:
         seed = v.validation_seed if v.validation_seed is not None else self.cfg.run.seed
         timesteps = self.run.step_models.objective.validation_timesteps()
         with self._eval_context():
-            value = validation_loss(self.run.step_models, loader.epoch(0), seed, timesteps, v.max_validation_steps)
+            value = validation_loss(self.models(), loader.epoch(0), seed, timesteps, v.max_validation_steps)
         value = float(self.acc.reduce(torch.tensor(value, device=self.acc.device), "mean"))
         self.validation.append((self.step, value))
         logger.info("validation loss at step %d: %.5f", self.step, value)

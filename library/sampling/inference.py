@@ -30,7 +30,9 @@ model gets its sampler's defaults (``flow_generate.resolve_flow``) when the flag
 FLUX_LOAD_FLAGS = ("clip_l", "t5xxl", "ae", "t5xxl_max_token_length", "apply_t5_attn_mask")
 
 # all read as their file says
-NETWORK_MODULES = ("networks.lora", "lycoris.kohya", "networks.dylora", "networks.lora_fa", "networks.oft")
+NETWORK_MODULES = (
+    "networks.lora", "lycoris.kohya", "networks.dylora", "networks.lora_fa", "networks.oft", "networks.lora_flux",
+)  # fmt: skip
 _UNSUPPORTED_STORE = {
     "--from_module": "prompter modules",
     "--prompter_module_args": "prompter modules",
