@@ -279,3 +279,44 @@ def test_cached_sample_prompts_sample_without_the_text_encoders(dev, tmp_path):
     for a, b in zip(encoded, cached):
         assert np.array_equal(_pixels(a), _pixels(b))
     assert cache_sample_prompts(SampleConfig(None), FLUX_DEV, parts) is None  # nothing samples: nothing cached
+
+
+def test_samples_during_a_flux_run_use_the_cached_prompts(dataset, tmp_path, monkeypatch):
+    """train_network.run on the FLUX family (flux_train_network.py is its own piece) with
+    --cache_text_encoder_outputs and --sample_prompts: the run caches the sample prompts with the text-encoder
+    outputs, the round gets them and writes its image without running a text encoder."""
+    import train_network
+    from library import sampling
+    from library.flow_matching import add_flow_matching_args
+
+    build = train_network.build_parser
+    monkeypatch.setattr(train_network, "build_parser", lambda: add_flow_matching_args(build()))
+    rounds = []
+    original = sampling.sample_during_training
+
+    def recorded(cfg, family, parts, **kwargs):
+        calls = []
+        hooks = [te.register_forward_pre_hook(lambda *a: calls.append(1)) for te in parts.text_encoders]
+        try:
+            paths = original(cfg, family, parts, **kwargs)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        rounds.append((sorted(kwargs.get("conds") or {}), len(calls), paths))
+        return paths
+
+    monkeypatch.setattr(sampling, "sample_during_training", recorded)
+    model = FLUX_DEV.save(build_tiny_flux("flux-dev"), tmp_path / "model")
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red cat --w 64 --h 64 --s 2 --d 1\n")
+    argv = [
+        "--pretrained_model_name_or_path", str(model), "--train_data_dir", str(dataset), "--caption_extension", ".txt",
+        "--output_dir", str(tmp_path / "out"), "--output_name", "t", "--network_module", "networks.lora",
+        "--network_dim", "2", "--network_train_unet_only", "--cache_text_encoder_outputs", "--resolution", "64",
+        "--max_train_steps", "1", "--max_data_loader_n_workers", "0", "--seed", "1", "--sample_prompts",
+        str(prompts), "--sample_every_n_steps", "1",
+    ]  # fmt: skip
+    result = train_network.run(argv, family_names=("flux-dev",))
+    assert result.steps == 1 and result.failed is None
+    [(cached, te_calls, paths)] = rounds
+    assert cached == ["", "a red cat"] and te_calls == 0 and paths and all(p.exists() for p in paths)
