@@ -1,10 +1,14 @@
-"""Text-to-image for SD1 / SD2 / SDXL with adapters and embeddings, with sd-scripts' gen_img.py command line.
+"""Text-to-image for SD1 / SD2 / SDXL, FLUX.1 and Chroma with adapters and embeddings, with sd-scripts' gen_img.py
+command line.
 
     python gen_img.py --ckpt model.safetensors --prompt "a (cat:1.2) --n blurry --d 42" \\
         --network_module networks.lora --network_weights my_lora.safetensors --network_mul 0.8 \\
         --textual_inversion_embeddings mychar.safetensors --sampler euler_a --steps 28 --outdir out
 
-The family (SD1, SD2, SDXL) is detected from --ckpt (--v1 / --v2 / --sdxl override). Prompts use the sample-prompt
+The family (SD1, SD2, SDXL, FLUX.1 dev / schnell, Chroma) is detected from --ckpt (--v1 / --v2 / --sdxl override).
+FLUX.1 / Chroma: --ckpt is a diffusers folder, or a BFL file with sd-scripts' --clip_l --t5xxl --ae; they sample
+with the flow-matching Euler sampler (--steps 20, --scale 1.0 = no CFG, --guidance 3.5 embedded guidance by
+default; SD models keep gen_img's 50 steps and scale 7.5). Prompts use the sample-prompt
 syntax (``library.sampling.prompts``) and A1111 weighting (``library.prompt_weighting``). Several adapter files of any
 algorithm we train (LoRA, LoCon, LoHa, LoKr, DoRA; kohya / LyCORIS format) apply at once, each with its multiplier
 (a prompt's ``--am`` overrides them). Each PNG carries its prompt and settings as text chunks.
@@ -13,6 +17,7 @@ algorithm we train (LoRA, LoCon, LoHa, LoKr, DoRA; kohya / LyCORIS format) apply
 from __future__ import annotations
 
 import argparse
+import inspect
 import logging
 import sys
 import time
@@ -30,7 +35,7 @@ from library.logs import add_logging_args
 from library.runtime import console_logging
 from library.sampling.generate import generate_batch, resolve, same_settings
 from library.sampling.images import png_info, save_png
-from library.sampling.inference import GenImgConfig, Job, add_gen_img_args, plan_images
+from library.sampling.inference import GEN_IMG_DDPM_DEFAULTS, GenImgConfig, Job, add_gen_img_args, plan_images
 from networks.tool_common import main_guard
 
 log = logging.getLogger("gen_img")
@@ -54,7 +59,7 @@ def run(argv: Sequence[str] | None = None) -> list[Path]:
     family, parts = load_model(cfg)
     networks = load_networks(cfg, family, parts)
     load_embeddings(cfg, family, parts)
-    specs = [resolve(s, family, parts, **cfg.defaults) for s in cfg.prompts]
+    specs = [resolve(s, family, parts, ddpm_defaults=GEN_IMG_DDPM_DEFAULTS, **cfg.defaults) for s in cfg.prompts]
     jobs = plan_images(cfg, specs)
     log.info("%d image(s) of %d prompt(s) with %s", len(jobs), len(specs), family.name)
     written: list[Path] = []
@@ -79,9 +84,14 @@ def load_model(cfg: GenImgConfig) -> tuple[Any, Any]:
     from library.runtime import set_attention
 
     family = get_family(cfg.family) if cfg.family else detect_family(cfg.ckpt)
+    takes = inspect.signature(family.load).parameters
+    refused = [f"--{flag}" for flag in cfg.flux_load if flag not in takes]
+    if refused:
+        raise ValueError(f"{', '.join(refused)}: only FLUX.1 / Chroma models read these flags; {cfg.ckpt} is a "
+                         f"{family.name} model: drop them")  # fmt: skip
     parts = family.load(
         cfg.ckpt, dtype=cfg.dtype, vae=cfg.vae, v_parameterization=True if cfg.v_parameterization else None,
-        tokenizer_cache_dir=cfg.tokenizer_cache_dir, device=cfg.device,
+        tokenizer_cache_dir=cfg.tokenizer_cache_dir, device=cfg.device, **cfg.flux_load,
     )  # fmt: skip
     parts.vae.to(dtype=cfg.vae_dtype)
     set_attention([parts.denoiser, parts.vae], cfg.attention)

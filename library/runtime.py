@@ -257,18 +257,18 @@ def seed_everything(seed: int) -> None:
 def set_attention(modules: list[nn.Module], backend: str) -> None:
     """Select the attention implementation of diffusers modules: "sdpa" (torch SDPA) or "xformers".
 
-    "sdpa" sets ``AttnProcessor2_0`` on models whose attention layers are all diffusers' ``Attention`` (UNets, VAEs);
-    models with attention classes of their own (FLUX's ``FluxAttention``: its default processor already calls SDPA,
-    and ``AttnProcessor2_0`` does not fit it) keep their processors."""
+    "sdpa" gives every classic diffusers ``Attention`` (SD UNets, every VAE) ``AttnProcessor2_0``; attention classes
+    with their own processors (FLUX's ``FluxAttention``, whose ``FluxAttnProcessor`` already runs SDPA) keep them:
+    ``AttnProcessor2_0`` cannot run them (it reads ``Attention``-only attributes such as ``spatial_norm``)."""
     from diffusers.models.attention_processor import Attention, AttnProcessor2_0
 
     for module in modules:
         if backend == "xformers":
             module.enable_xformers_memory_efficient_attention()
-        elif hasattr(module, "set_attn_processor"):
-            layers = [m for m in module.modules() if hasattr(m, "set_processor")]
-            if all(isinstance(m, Attention) for m in layers):
-                module.set_attn_processor(AttnProcessor2_0())
+            continue
+        for leaf in module.modules():
+            if isinstance(leaf, Attention):
+                leaf.set_processor(AttnProcessor2_0())
 
 
 def steps_per_epoch(batches_per_epoch: int, num_processes: int, grad_accum: int) -> int:

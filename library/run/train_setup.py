@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from library import data
+from library import data, sampling
 from library.block_swap import BlockSwap, BlockSwapConfig, enable_offloaded_checkpointing, swap_problems
 from library.config import from_namespace
 from library.devices import on_device, to_device
@@ -309,6 +309,7 @@ class Run:
     step_models: StepModels
     latent_cache: Any = None
     text_cache: Any = None
+    sample_conds: Any = None  # flow models: the sample prompts' conditioning, cached with the text-encoder outputs
     validation_loader: Any = None  # batches of the held-out images (--validation_split), or None
     validation_latent_cache: Any = None
     validation_text_cache: Any = None
@@ -624,6 +625,7 @@ def fill_text_cache(run: Run, batch_size: int | None = None) -> None:
     te_id += "".join(f"/{k}={v}" for k, v in sorted(parts.extra.get("prompt_settings", {}).items()))  # e.g. FLUX's T5
     with on_device(parts.text_encoders, acc.device):
         run.text_cache = data.cache_text_encoder_outputs(run.plan, encode_text, te_id, batch_size=batch_size)
+        run.sample_conds = sampling.cache_sample_prompts(cfg.sample, family, parts)  # FLUX: no T5 on the device later
         if run.plan.validation is not None:
             run.validation_text_cache = data.cache_text_encoder_outputs(run.plan.validation, encode_text, te_id,
                                                                         batch_size=batch_size)  # fmt: skip

@@ -321,6 +321,7 @@ class Trainer:
                 step=step if step is not None else self.step,
                 epoch=epoch,
                 accelerator=self.acc,
+                conds=self.run.sample_conds,
             )
 
     def validate(self) -> float | None:

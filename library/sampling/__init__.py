@@ -18,7 +18,7 @@ from .generate import generate, generate_batch, random_seed, resolve, same_setti
 from .images import make_grid, png_info, sample_file_name
 from .prompts import PromptSpec, parse_prompt_line, read_prompt_file
 from .schedulers import ALL_SAMPLER_NAMES, SAMPLER_NAMES, make_scheduler
-from .training import check_sample_prompts, sample_during_training
+from .training import cache_sample_prompts, check_sample_prompts, sample_during_training
 
 __all__ = [
     "ALL_SAMPLER_NAMES",
@@ -41,6 +41,7 @@ __all__ = [
     "resolve",
     "same_settings",
     "sample_during_training",
+    "cache_sample_prompts",
     "sample_euler",
     "sample_file_name",
     "should_sample",

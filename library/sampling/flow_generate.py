@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -144,18 +144,45 @@ def generate_flow_latents(
 ) -> Tensor:
     """Denoised latents (B, C, H/8, W/8), float32, for resolved specs (:func:`resolve_flow`) that share their
     settings; ``generators[i]`` draws image i's noise (:func:`flow.flux_noise`). Runs under ``torch.no_grad`` (and
-    the caller's autocast, if any)."""
-    first = specs[0]
-    settings = flow_settings(family, parts)
-    device = next(parts.denoiser.parameters()).device
-    cfg = uses_cfg(first)
+    the caller's autocast, if any): :func:`encode_flow_prompts` then :func:`sample_flow_latents`."""
+    cond = encode_flow_prompts(family, parts, specs)
+    return sample_flow_latents(family, parts, specs, cond, generators)
+
+
+@torch.no_grad()
+def encode_flow_prompts(
+    family: ModelFamily, parts: Parts, specs: Sequence[PromptSpec], conds: Mapping[str, Any] | None = None
+) -> Any:
+    """The conditioning of resolved specs that share their settings, on the text encoders' device: the B prompts,
+    or with true CFG (:func:`uses_cfg`) the doubled batch [B negatives; B prompts] that :func:`flow.with_cfg`
+    expects. Only the text encoders run (a caller may hold the denoiser off the device meanwhile: ``--offload``).
+    ``conds``: prompt text -> its conditioning (batch 1, :func:`encode_prompt_texts`); when it has every text the
+    text encoders do not run at all (sd-scripts' cached sample prompts under ``--cache_text_encoder_outputs``)."""
+    cfg = uses_cfg(specs[0])
     if not cfg and any(s.negative_prompt for s in specs):
         log.info("negative prompt ignored because the CFG scale (--l) is 1.0")
     texts = [s.prompt for s in specs] + ([s.negative_prompt for s in specs] if cfg else [])
-    cond = family.encode_prompt(parts, texts)
+    if conds is not None and all(t in conds for t in texts):
+        cond = conds[texts[0]]
+        for text in texts[1:]:
+            cond = cat_conds(cond, conds[text])
+    else:
+        cond = family.encode_prompt(parts, texts)
     n = len(specs)
     if cfg:  # the doubled batch [negatives; prompts] that with_cfg expects
         cond = cat_conds(cond_rows(cond, n, 2 * n), cond_rows(cond, 0, n))
+    return cond
+
+
+@torch.no_grad()
+def sample_flow_latents(
+    family: ModelFamily, parts: Parts, specs: Sequence[PromptSpec], cond: Any, generators: Sequence[torch.Generator]
+) -> Tensor:
+    """Euler-sample the latents (B, C, H/8, W/8), float32, on the denoiser's device, from ``cond`` of
+    :func:`encode_flow_prompts` for the same specs. Only the denoiser runs."""
+    first = specs[0]
+    settings = flow_settings(family, parts)
+    device = next(parts.denoiser.parameters()).device
     cond = cond.to(device)
     seq_len = image_seq_len(first.height, first.width)
     sigmas = flow_sigmas(
@@ -163,9 +190,17 @@ def generate_flow_latents(
     )
     noise = flux_noise(generators, first.height, first.width, settings.latent_channels).to(device)
     velocity = flow_velocity(family, parts, cond, guidance=first.guidance)
-    if cfg:
+    if uses_cfg(first):
         velocity = with_cfg(velocity, first.scale)
     return sample_euler(velocity, noise, sigmas)
+
+
+@torch.no_grad()
+def encode_prompt_texts(family: ModelFamily, parts: Parts, texts: Sequence[str]) -> dict[str, Any]:
+    """Each distinct text's conditioning (batch 1, on the host) for :func:`encode_flow_prompts`' ``conds``: what a
+    run caches for its sample prompts while the text encoders are on the device for ``--cache_text_encoder_outputs``,
+    so a sampling round needs no text encoder on the device (sd-scripts does the same for FLUX)."""
+    return {text: family.encode_prompt(parts, [text]).to("cpu") for text in dict.fromkeys(texts)}
 
 
 def cond_rows(cond: Any, start: int, stop: int) -> Any:

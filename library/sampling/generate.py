@@ -22,7 +22,7 @@ import dataclasses
 import inspect
 import logging
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -34,7 +34,7 @@ from library.families.base import ModelFamily, Parts
 from library.prompt_weighting import encode_weighted
 
 from .config import DEFAULT_MAX_EMBEDDINGS_MULTIPLES, DEFAULT_SAMPLE_STEPS, DEFAULT_SCALE
-from .flow_generate import generate_flow_latents, resolve_flow, uses_flow_sampler
+from .flow_generate import encode_flow_prompts, resolve_flow, sample_flow_latents, uses_cfg, uses_flow_sampler
 from .prompts import GUIDANCE_IGNORED_NOTE, PromptSpec
 from .schedulers import make_scheduler
 
@@ -49,18 +49,26 @@ def random_seed() -> int:
 
 
 def resolve(
-    spec: PromptSpec, family: ModelFamily, parts: Parts, *, sampler: str = "ddim", **defaults: Any
+    spec: PromptSpec,
+    family: ModelFamily,
+    parts: Parts,
+    *,
+    sampler: str = "ddim",
+    ddpm_defaults: dict[str, Any] | None = None,
+    **defaults: Any,
 ) -> PromptSpec:
-    """``spec`` with every unset setting filled: ``defaults`` first, then the family's native size for the model's
-    prediction type, 30 steps, scale 7.5 and ``sampler``. Embedded guidance (``--g``) is noted and dropped.
+    """``spec`` with every unset setting filled: ``defaults`` first (None values are skipped), then for the DDPM
+    families ``ddpm_defaults`` (a caller's own, e.g. gen_img's 50 steps), then the family's native size for the
+    model's prediction type, 30 steps, scale 7.5 and ``sampler``. Embedded guidance (``--g``) is noted and dropped.
 
     Flow-matching families: :func:`flow_generate.resolve_flow` (20 steps, scale 1.0, guidance 3.5 where the model
-    takes it, always the Euler sampler; ``sampler`` and a default ``sampler`` are not applied)."""
+    takes it, always the Euler sampler; ``sampler``, a default ``sampler`` and ``ddpm_defaults`` are not applied)."""
     size = family.default_resolution(parts.prediction_type)
     if uses_flow_sampler(family, parts):
         spec = spec.with_defaults(**{k: v for k, v in defaults.items() if v is not None and k != "sampler"})
         return resolve_flow(spec, family, parts, size=size)
     spec = spec.with_defaults(**{k: v for k, v in defaults.items() if v is not None})
+    spec = spec.with_defaults(**(ddpm_defaults or {}))
     if spec.guidance is not None:
         log.info("prompt %d: %s", spec.index + 1, GUIDANCE_IGNORED_NOTE)
         spec = dataclasses.replace(spec, guidance=None)
@@ -85,14 +93,20 @@ def generate_batch(
     normalize: str = "original",
     zero_terminal_snr: bool = False,
     autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
+    stage: Callable[[Sequence[Any]], contextlib.AbstractContextManager] | None = None,
+    conds: Mapping[str, Any] | None = None,
 ) -> list[Image.Image]:
     """One image per spec; the specs must be resolved (:func:`resolve`) and share their settings
     (:func:`same_settings`); ``generators[i]`` draws image i's noise (a CPU generator gives the same image on any
     device). ``scheduler`` overrides ``make_scheduler(spec.sampler, ...)``. ``autocast``: a factory of the autocast
     context to run in (e.g. ``accelerator.autocast``).
 
-    Flow-matching families sample with :func:`flow_generate.generate_flow_latents` (no scheduler; ``clip_skip``,
-    ``max_embeddings_multiples``, ``normalize`` and ``zero_terminal_snr`` are DDPM/CLIP settings it does not read)."""
+    Flow-matching families sample with :func:`flow_generate.generate_flow_latents`' two steps (no scheduler;
+    ``clip_skip``, ``max_embeddings_multiples``, ``normalize`` and ``zero_terminal_snr`` are DDPM/CLIP settings it
+    does not read), in three stages that each need one part on the device: ``stage(modules)`` (e.g.
+    ``devices.on_device(modules, device)``) brings the text encoders for encoding, the denoiser for denoising, the
+    VAE for decoding; ``conds`` (:func:`flow_generate.encode_prompt_texts`) replaces encoding when it has every text.
+    The DDPM path ignores both (the pipeline wants every part on one device)."""
     first = specs[0]
     if any(not same_settings(first, s) for s in specs[1:]):
         raise ValueError("generate_batch: the prompts of one batch must share size, steps, scale and sampler")
@@ -100,9 +114,17 @@ def generate_batch(
         if scheduler is not None:
             raise ValueError("generate_batch: flow-matching models sample with their own Euler sampler; a diffusers "
                              "scheduler cannot be given")  # fmt: skip
+        stage = stage or (lambda modules: contextlib.nullcontext())
         with autocast() if autocast is not None else contextlib.nullcontext():
-            latents = generate_flow_latents(family, parts, specs, generators)
-            return to_pil(_decode(family, parts, latents))
+            if conds is not None and all(text in conds for text in _flow_texts(specs)):
+                cond = encode_flow_prompts(family, parts, specs, conds)  # no text encoder runs
+            else:
+                with stage(parts.text_encoders):
+                    cond = encode_flow_prompts(family, parts, specs)
+            with stage([parts.denoiser]):
+                latents = sample_flow_latents(family, parts, specs, cond, generators)
+            with stage([parts.vae]):
+                return to_pil(_decode(family, parts, latents))
     scheduler = scheduler or make_scheduler(first.sampler, parts.scheduler_config, zero_terminal_snr=zero_terminal_snr)
     pipe = family.pipeline(parts, scheduler)
     pipe.set_progress_bar_config(disable=True)
@@ -125,6 +147,10 @@ def generate_batch(
         ).images
         pixels = _decode(family, parts, latents)
     return to_pil(pixels)
+
+
+def _flow_texts(specs: Sequence[PromptSpec]) -> list[str]:
+    return [s.prompt for s in specs] + ([s.negative_prompt for s in specs] if uses_cfg(specs[0]) else [])
 
 
 def _decode(family: ModelFamily, parts: Parts, latents: Tensor) -> Tensor:

@@ -8,6 +8,7 @@ mode) are accepted flags that raise an error naming them when used, never silent
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,8 +20,14 @@ from library.families import family_flags
 from library.problems import ConfigError
 
 from .config import DEFAULT_MAX_EMBEDDINGS_MULTIPLES
+from .flow_generate import DEFAULT_FLOW_SCALE, DEFAULT_FLOW_STEPS, DEFAULT_GUIDANCE
 from .prompts import PromptSpec, parse_prompt_line, read_prompt_file
 from .schedulers import SAMPLER_NAMES
+
+GEN_IMG_DDPM_DEFAULTS = {"steps": 50, "scale": 7.5}
+"""sd-scripts gen_img.py's --steps / --scale defaults, for the DDPM families (SD1/SD2/SDXL) only: a flow-matching
+model gets its sampler's defaults (``flow_generate.resolve_flow``) when the flags are not given."""
+FLUX_LOAD_FLAGS = ("clip_l", "t5xxl", "ae", "t5xxl_max_token_length", "apply_t5_attn_mask")
 
 # all read as their file says
 NETWORK_MODULES = (
@@ -93,6 +100,13 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--v_parameterization", action="store_true", help="the model predicts v (SD2 768-v, v-pred SDXL)")
     g.add_argument("--vae", type=str, default=None, help="replace the model's VAE")
     g.add_argument("--tokenizer_cache_dir", type=str, default=None, help="folder with tokenizers (offline use)")
+    g = parser.add_argument_group("FLUX.1 / Chroma (a BFL single file as --ckpt; sd-scripts' flux flags)")
+    g.add_argument("--clip_l", type=str, default=None, help="CLIP-L file of a BFL --ckpt (not Chroma)")
+    g.add_argument("--t5xxl", type=str, default=None, help="T5-XXL file of a BFL --ckpt")
+    g.add_argument("--ae", type=str, default=None, help="AE file of a BFL --ckpt (or --vae)")
+    g.add_argument("--t5xxl_max_token_length", type=int, default=None,
+                   help="T5 tokens (default: 512 dev / Chroma, 256 schnell)")  # fmt: skip
+    g.add_argument("--apply_t5_attn_mask", action="store_true", help="mask T5's padding (Chroma: always)")
 
 
 def _add_image_args(parser: argparse.ArgumentParser) -> None:
@@ -110,9 +124,16 @@ def _add_image_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--crop_top", type=int, default=None, help="SDXL crop conditioning")
     g.add_argument("--crop_left", type=int, default=None, help="SDXL crop conditioning")
     g.add_argument("--batch_size", type=int, default=1, help="images generated together")
-    g.add_argument("--steps", type=int, default=50, help="denoising steps")
+    g.add_argument("--steps", type=int, default=None,
+                   help=f"denoising steps (default: {GEN_IMG_DDPM_DEFAULTS['steps']}; flow-matching models "
+                   f"(FLUX.1, Chroma): {DEFAULT_FLOW_STEPS})")  # fmt: skip
     g.add_argument("--sampler", type=str, default="ddim", choices=list(SAMPLER_NAMES), help="sampler (scheduler)")
-    g.add_argument("--scale", type=float, default=7.5, help="classifier-free guidance scale")
+    g.add_argument("--scale", type=float, default=None,
+                   help=f"classifier-free guidance scale (default: {GEN_IMG_DDPM_DEFAULTS['scale']}; flow-matching "
+                   f"models: {DEFAULT_FLOW_SCALE}, no CFG; else true CFG with the negative prompt)")  # fmt: skip
+    g.add_argument("--guidance", type=float, default=None,
+                   help=f"embedded guidance of FLUX.1 dev (default {DEFAULT_GUIDANCE}; a prompt's --g overrides it); "
+                   "noted and ignored by models without it")  # fmt: skip
     g.add_argument("--seed", type=int, default=None, help="seed, or the seed of the seeds of several images")
     g.add_argument("--iter_same_seed", action="store_true", help="one seed for all prompts of an iteration")
     g.add_argument("--shuffle_prompts", action="store_true", help="shuffle the prompts of each iteration")
@@ -177,6 +198,8 @@ class GenImgConfig:
     attention: str
     channels_last: bool
     device: str
+    flux_load: dict = dataclasses.field(default_factory=dict)
+    """FLUX load options given on the command line (``FLUX_LOAD_FLAGS``; unset ones left out)."""
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> GenImgConfig:
@@ -192,6 +215,7 @@ class GenImgConfig:
         families = [name for flag, name in family_flags().items() if getattr(args, flag, False)]
         defaults = dict(
             width=args.W, height=args.H, steps=args.steps, scale=args.scale, sampler=args.sampler,
+            guidance=args.guidance,
             original_width=args.original_width, original_height=args.original_height,
             original_width_negative=args.original_width_negative,
             original_height_negative=args.original_height_negative, crop_top=args.crop_top, crop_left=args.crop_left,
@@ -210,6 +234,7 @@ class GenImgConfig:
             dtype=dtype, vae_dtype=torch.float32 if args.no_half_vae else dtype,
             attention="xformers" if args.xformers else "sdpa", channels_last=args.opt_channels_last,
             device=args.device or ("cuda" if torch.cuda.is_available() else "cpu"),
+            flux_load={k: getattr(args, k) for k in FLUX_LOAD_FLAGS if getattr(args, k) not in (None, False)},
         )  # fmt: skip
 
 
@@ -267,6 +292,9 @@ def _check_model(args: argparse.Namespace, problems: list[str]) -> None:
         problems.append(f"--ckpt {args.ckpt}: no such file or folder")
     if sum(bool(getattr(args, f, False)) for f in family_flags()) > 1:
         problems.append("give at most one of --v1, --v2, --sdxl (or none: the family is detected from --ckpt)")
+    for flag in ("clip_l", "t5xxl", "ae"):
+        if getattr(args, flag) and not Path(getattr(args, flag)).is_file():
+            problems.append(f"--{flag} {getattr(args, flag)}: no such file")
     if args.fp16 and args.bf16:
         problems.append("give one of --fp16 / --bf16")
     if args.xformers and args.sdpa:
@@ -277,10 +305,13 @@ def _check_model(args: argparse.Namespace, problems: list[str]) -> None:
 
 
 def _check_numbers(args: argparse.Namespace, problems: list[str]) -> None:
-    for flag in ("images_per_prompt", "n_iter", "batch_size", "steps", "max_embeddings_multiples"):
+    for flag in ("images_per_prompt", "n_iter", "batch_size", "steps", "max_embeddings_multiples",
+                 "t5xxl_max_token_length"):  # fmt: skip
         value = getattr(args, flag)
         if value is not None and value < 1:
             problems.append(f"--{flag} must be >= 1, got {value}")
+    if args.guidance is not None and args.guidance < 0:
+        problems.append(f"--guidance must be >= 0, got {args.guidance}")
     for flag in ("W", "H"):
         value = getattr(args, flag)
         if value is not None and (value < 64 or value % 8):

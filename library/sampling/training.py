@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from library.problems import ConfigError
 from library.runtime import capture_rng, restore_rng
 
 from .config import SampleConfig
-from .flow_generate import prompt_problems
+from .flow_generate import encode_prompt_texts, prompt_problems, uses_flow_sampler
 from .generate import generate_batch, random_seed, resolve
 from .images import log_to_trackers, make_grid, png_info, sample_file_name, save_png, timestamp
 from .prompts import read_prompt_file
@@ -43,6 +43,7 @@ def sample_during_training(
     accelerator: Any = None,
     trackers: Sequence[Any] | None = None,
     ema_context: contextlib.AbstractContextManager | None = None,
+    conds: Mapping[str, Any] | None = None,
 ) -> list[Path]:
     """Generate the prompts of ``cfg.prompts_file`` (re-read now, so it may be edited during training) with the
     model as it is (adapters applied at their multiplier; the EMA weights inside ``ema_context`` when given).
@@ -57,6 +58,10 @@ def sample_during_training(
     on the host (the VAE under ``--cache_latents``, the text encoders under ``--cache_text_encoder_outputs``) come
     to it for the round and go back after. With several processes each generates every n-th prompt (as
     sd-scripts does) and the main process saves them all, so no process waits for one that samples alone.
+
+    Flow-matching models (FLUX) hold one part at a time on the device besides the denoiser: the text encoders while
+    prompts are encoded (not at all for texts in ``conds``, the prompts cached with the text-encoder outputs:
+    :func:`cache_sample_prompts`), the VAE while decoding. DDPM models bring every part for the round.
     """
     try:
         specs = read_prompt_file(cfg.prompts_file)
@@ -72,9 +77,12 @@ def sample_during_training(
     rng = capture_rng()
     modes = _enter_eval(parts)
     autocast = accelerator.autocast if accelerator is not None else None
+    flow = uses_flow_sampler(family, parts)
+    resident = [parts.denoiser] if flow else _modules(parts)
+    stage = (lambda modules: on_device(modules, device)) if flow else None
     try:
-        with ema_context or contextlib.nullcontext(), on_device(_modules(parts), device):
-            results = [_one(cfg, family, parts, spec, autocast) for spec in specs[rank::world]]
+        with ema_context or contextlib.nullcontext(), on_device(resident, device):
+            results = [_one(cfg, family, parts, spec, autocast, stage, conds) for spec in specs[rank::world]]
     finally:
         _restore_modes(modes)
         restore_rng(rng)
@@ -97,7 +105,24 @@ def check_sample_prompts(cfg: SampleConfig, family: ModelFamily, parts: Parts) -
         raise ConfigError(problems)
 
 
-def _one(cfg: SampleConfig, family: ModelFamily, parts: Parts, spec: Any, autocast: Any) -> tuple[Any, int, Any]:
+def cache_sample_prompts(cfg: SampleConfig, family: ModelFamily, parts: Parts) -> dict[str, Any] | None:
+    """The conditioning of every prompt and negative prompt of ``cfg.prompts_file`` (text -> batch-1 conditioning
+    on the host), for a flow-matching model whose text encoders are on the device now (the text-encoder caching
+    of a run); None when nothing samples, the model is not flow-matching or the file cannot be read (each round
+    then encodes, as before). A round reads its prompts again: texts added later are encoded then."""
+    if not cfg.enabled or not uses_flow_sampler(family, parts):
+        return None
+    try:
+        specs = read_prompt_file(cfg.prompts_file)
+    except (FileNotFoundError, ConfigError):
+        return None
+    texts = [t for s in specs for t in (s.prompt, s.negative_prompt or "")]
+    return encode_prompt_texts(family, parts, texts)
+
+
+def _one(
+    cfg: SampleConfig, family: ModelFamily, parts: Parts, spec: Any, autocast: Any, stage: Any = None, conds: Any = None
+) -> tuple[Any, int, Any]:
     spec = resolve(spec, family, parts, sampler=cfg.sampler, steps=cfg.default_steps, scale=cfg.default_scale)
     seed = spec.seed if spec.seed is not None else random_seed()
     if spec.network_multipliers:
@@ -111,6 +136,8 @@ def _one(cfg: SampleConfig, family: ModelFamily, parts: Parts, spec: Any, autoca
         max_embeddings_multiples=cfg.max_embeddings_multiples,
         zero_terminal_snr=cfg.zero_terminal_snr,
         autocast=autocast,
+        stage=stage,
+        conds=conds,
     )[0]
     return spec, seed, image
 
