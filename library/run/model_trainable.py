@@ -331,7 +331,8 @@ class ModelTrainable(nn.Module):
     def prepare_with_optimizer(self, accelerator: Any, optimizer: Any, scheduler: Any) -> tuple[Any, Any]:
         """Model, optimizer and scheduler prepared in one call (DeepSpeed and FSDP need them together); the loop
         then calls the prepared model in place of the UNet (:meth:`step_models`)."""
-        self.wrapped, optimizer, scheduler = accelerator.prepare(self, optimizer, scheduler)
+        wrapped, optimizer, scheduler = accelerator.prepare(self, optimizer, scheduler)
+        self.__dict__["wrapped"] = wrapped  # not a submodule: in one process it is this very module
         if self.cfg.fused_backward_pass or self.cfg.fused_optimizer_groups:
             params = [p for g in optimizer.param_groups for p in g["params"]]
             chunks = chunk_parameters(params, self.cfg.fused_optimizer_groups)
