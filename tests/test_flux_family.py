@@ -452,13 +452,26 @@ def test_block_targets_at_real_size_have_sd_scripts_lora_flux_names(family):
 def test_make_tiny_model_writes_sd_scripts_flux_inputs(tiny, tmp_path):
     from tools.make_tiny_model import run
 
-    written = run(["--out", str(tmp_path), "--family", "flux-schnell"])
+    written = run(["--out", str(tmp_path), "--family", "flux-schnell", "--flux_blocks", "2", "2"])  # the tests' model
     assert [p.name for p in written] == ["flux-schnell", "flux-schnell.safetensors"]
     parts = {k: tmp_path / f"flux-schnell_{k}.safetensors" for k in ("clip_l", "t5xxl", "ae")}
     loaded = FLUX_SCHNELL.load(tmp_path / "flux-schnell.safetensors", **parts)  # the configs stored in the file
     for a, b in zip((loaded.denoiser, loaded.vae, *loaded.text_encoders), (tiny["flux-schnell"].denoiser,
                     tiny["flux-schnell"].vae, *tiny["flux-schnell"].text_encoders)):  # fmt: skip
         _states_equal(a, b)
+
+
+def test_make_tiny_model_has_the_blocks_the_documented_swap_needs(tmp_path):
+    """By default the tool's FLUX models have 11 double and 20 single blocks: sd-scripts' documented
+    --blocks_to_swap 18 swaps 9 + 18 of them and keeps 2 of each kind on the device (one fewer is refused)."""
+    from library.block_swap import swap_problems
+    from tools.make_tiny_model import run
+
+    run(["--out", str(tmp_path), "--family", "flux-schnell"])
+    denoiser = FLUX_SCHNELL.load(tmp_path / "flux-schnell").denoiser
+    lists = FLUX_SCHNELL.swap_blocks(denoiser)
+    assert (len(denoiser.transformer_blocks), len(denoiser.single_transformer_blocks)) == (11, 20)
+    assert swap_problems(18, lists, "FLUX.1") == [] and swap_problems(19, lists, "FLUX.1") != []
 
 
 @pytest.mark.parametrize("name,line", [("flux-dev", "--g 2.5 --s 3"), ("flux-schnell", "--s 2")])

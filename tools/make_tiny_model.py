@@ -34,6 +34,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--family", nargs="+", choices=FAMILIES + FLUX_VARIANTS, default=list(FAMILIES),
                         help="families to write (default: the SD families)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    parser.add_argument(
+        "--flux_blocks",
+        type=int,
+        nargs=2,
+        default=[11, 20],
+        metavar=("DOUBLE", "SINGLE"),
+        help="FLUX / Chroma double and single blocks (default 11 20: enough for sd-scripts' "
+        "documented --blocks_to_swap 18, which keeps 2 blocks of each kind on the device)",
+    )
     return parser
 
 
@@ -46,7 +55,7 @@ def run(argv: Sequence[str] | None = None) -> list[Path]:
         start = time.perf_counter()
         family = get_family(name)
         flux = name in FLUX_VARIANTS
-        parts = build_tiny_flux(name, seed=args.seed) if flux else build_tiny(name, seed=args.seed)
+        parts = build_tiny_flux(name, args.seed, tuple(args.flux_blocks)) if flux else build_tiny(name, seed=args.seed)
         folder = family.save(parts, out / name)
         single = family.save(parts, out / f"{name}.safetensors")
         if flux:  # sd-scripts' --clip_l / --t5xxl / --ae files beside the BFL transformer

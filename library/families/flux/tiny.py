@@ -74,15 +74,24 @@ T5 = dict(
 )
 
 
-def tiny_transformer(variant: str = "flux-dev") -> torch.nn.Module:
-    """The tiny denoiser of ``variant`` ("flux-dev" | "flux-schnell" | "chroma"), random weights."""
+def tiny_transformer(variant: str = "flux-dev", blocks: tuple[int, int] | None = None) -> torch.nn.Module:
+    """The tiny denoiser of ``variant`` ("flux-dev" | "flux-schnell" | "chroma"), random weights; ``blocks``:
+    (double, single) block counts instead of the tests' 2 + 2 (sd-scripts' ``--blocks_to_swap N`` needs
+    N // 2 + 2 double and 2 (N - N // 2) + 2 single blocks)."""
+    import warnings
+
     from diffusers import ChromaTransformer2DModel, FluxTransformer2DModel
 
+    config = dict(TRANSFORMER)
+    if blocks is not None:
+        config.update(num_layers=blocks[0], num_single_layers=blocks[1])
     if variant == "chroma":
-        return ChromaTransformer2DModel(**TRANSFORMER, **CHROMA_EXTRA)
+        with warnings.catch_warnings():  # diffusers' own Chroma model imports a name it has deprecated
+            warnings.filterwarnings("ignore", message=".*FluxPosEmbed.*", category=FutureWarning)
+            return ChromaTransformer2DModel(**config, **CHROMA_EXTRA)
     if variant not in VARIANTS:
         raise ValueError(f"unknown FLUX variant {variant!r}; expected one of {', '.join(VARIANTS)}")
-    return FluxTransformer2DModel(**TRANSFORMER, pooled_projection_dim=32, guidance_embeds=variant == "flux-dev")
+    return FluxTransformer2DModel(**config, pooled_projection_dim=32, guidance_embeds=variant == "flux-dev")
 
 
 def tiny_ae() -> torch.nn.Module:
@@ -103,11 +112,11 @@ def tiny_t5() -> torch.nn.Module:
     return T5EncoderModel(T5Config(**T5))
 
 
-def build_tiny_flux(variant: str = "flux-dev", seed: int = 0) -> Parts:
+def build_tiny_flux(variant: str = "flux-dev", seed: int = 0, blocks: tuple[int, int] | None = None) -> Parts:
     """A tiny FLUX.1 dev / schnell or Chroma model (fp32, CPU, eval mode, frozen) with deterministic weights.
-    ``text_encoders``: [CLIP-L, T5] (Chroma: [T5]), ``tokenizers`` likewise."""
+    ``text_encoders``: [CLIP-L, T5] (Chroma: [T5]), ``tokenizers`` likewise; ``blocks``: see :func:`tiny_transformer`."""
     torch.manual_seed(seed)
-    denoiser = tiny_transformer(variant)
+    denoiser = tiny_transformer(variant, blocks)
     vae = tiny_ae()
     encoders = ([] if variant == "chroma" else [tiny_clip_l()]) + [tiny_t5()]
     tokenizers = ([] if variant == "chroma" else [load_clip_tokenizer(PAD_CLIP_L)]) + [load_t5_tokenizer()]
