@@ -5,6 +5,12 @@ diffusers folders), ``text`` (CLIP-L pooled + T5 with its shipped tokenizer and 
 2×2 packing), ``saving``, ``tiny`` (test models), ``blocks`` (double/single block numbering), ``configs``.
 """
 
+import warnings
+
 from .family import CHROMA, FLUX_DEV, FLUX_SCHNELL, FluxFamily
+
+# diffusers' own ChromaTransformer2DModel builds the FluxPosEmbed it has deprecated: every Chroma load would print a
+# FutureWarning about diffusers' code, not the user's (this one message only)
+warnings.filterwarnings("ignore", message=r"`FluxPosEmbed` is deprecated", category=FutureWarning)
 
 __all__ = ["CHROMA", "FLUX_DEV", "FLUX_SCHNELL", "FluxFamily"]

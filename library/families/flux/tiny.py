@@ -78,17 +78,13 @@ def tiny_transformer(variant: str = "flux-dev", blocks: tuple[int, int] | None =
     """The tiny denoiser of ``variant`` ("flux-dev" | "flux-schnell" | "chroma"), random weights; ``blocks``:
     (double, single) block counts instead of the tests' 2 + 2 (sd-scripts' ``--blocks_to_swap N`` needs
     N // 2 + 2 double and 2 (N - N // 2) + 2 single blocks)."""
-    import warnings
-
     from diffusers import ChromaTransformer2DModel, FluxTransformer2DModel
 
     config = dict(TRANSFORMER)
     if blocks is not None:
         config.update(num_layers=blocks[0], num_single_layers=blocks[1])
     if variant == "chroma":
-        with warnings.catch_warnings():  # diffusers' own Chroma model imports a name it has deprecated
-            warnings.filterwarnings("ignore", message=".*FluxPosEmbed.*", category=FutureWarning)
-            return ChromaTransformer2DModel(**config, **CHROMA_EXTRA)
+        return ChromaTransformer2DModel(**config, **CHROMA_EXTRA)  # (diffusers' warning: flux/__init__.py)
     if variant not in VARIANTS:
         raise ValueError(f"unknown FLUX variant {variant!r}; expected one of {', '.join(VARIANTS)}")
     return FluxTransformer2DModel(**config, pooled_projection_dim=32, guidance_embeds=variant == "flux-dev")
