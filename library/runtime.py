@@ -259,12 +259,23 @@ def set_attention(modules: list[nn.Module], backend: str) -> None:
 
     "sdpa" gives every classic diffusers ``Attention`` (SD UNets, every VAE) ``AttnProcessor2_0``; attention classes
     with their own processors (FLUX's ``FluxAttention``, whose ``FluxAttnProcessor`` already runs SDPA) keep them:
-    ``AttnProcessor2_0`` cannot run them (it reads ``Attention``-only attributes such as ``spatial_norm``)."""
+    ``AttnProcessor2_0`` cannot run them (it reads ``Attention``-only attributes such as ``spatial_norm``).
+    "xformers" likewise goes only to models whose attention layers are all classic ``Attention``; the others keep
+    their SDPA processors, said once per model."""
     from diffusers.models.attention_processor import Attention, AttnProcessor2_0
 
     for module in modules:
         if backend == "xformers":
-            module.enable_xformers_memory_efficient_attention()
+            layers = [m for m in module.modules() if hasattr(m, "set_processor")]
+            if all(isinstance(m, Attention) for m in layers):
+                module.enable_xformers_memory_efficient_attention()
+            else:  # diffusers' xformers processor cannot run FluxAttention: it keeps its own (torch SDPA)
+                import logging
+
+                logging.getLogger("sdtrain").warning(
+                    "--xformers: %s keeps its own attention (torch SDPA); xformers is used for the VAE only",
+                    type(module).__name__,
+                )
             continue
         for leaf in module.modules():
             if isinstance(leaf, Attention):

@@ -561,3 +561,21 @@ def test_lora_file_merged_by_comfyui_rule_equals_the_adapted_model(tiny, name):
         theirs = family.predict(merged, noisy, t, cond)
         base = family.predict(tiny[name].denoiser, noisy, t, cond)
     assert (ours - theirs).abs().max() < 1e-5 < (ours - base).abs().max()
+
+
+def test_attention_backends_leave_flux_attention_its_own_processor(caplog):
+    """--sdpa / --xformers set diffusers' classic processors only where every attention layer is a classic
+    ``Attention``: FLUX's ``FluxAttention`` keeps its SDPA processor (AttnProcessor2_0 crashed its forward, the
+    xformers processor cannot run it), and --xformers says so instead of failing."""
+    import logging
+
+    from library.families.flux.tiny import tiny_transformer
+    from library.runtime import set_attention
+
+    model = tiny_transformer("flux-dev")
+    before = {k: type(v) for k, v in model.attn_processors.items()}
+    set_attention([model], "sdpa")
+    with caplog.at_level(logging.WARNING, logger="sdtrain"):
+        set_attention([model], "xformers")
+    assert {k: type(v) for k, v in model.attn_processors.items()} == before
+    assert "keeps its own attention" in caplog.text
