@@ -82,19 +82,13 @@ def make_concept_dataset(
 
 
 def make_tiny_model(folder: str | Path, family: str) -> Path:
-    """A tiny diffusers folder of ``family`` (SD1/SD2/SDXL: library/families/tiny.py; FLUX.1 dev / schnell and
-    Chroma: library/families/flux/tiny.py) under ``folder``, unless one is there."""
-    from library.families import get_family
-    from library.families.flux.tiny import VARIANTS as FLUX_VARIANTS
-    from library.families.flux.tiny import build_tiny_flux
-    from library.families.tiny import build_tiny, save_diffusers
+    """A tiny diffusers folder of ``family`` (library/families/tiny.py ``tiny_model_folder``) under ``folder``,
+    unless one is there."""
+    from library.families.tiny import tiny_model_folder
 
     path = Path(folder) / family
     if not (path / "model_index.json").exists():
-        if family in FLUX_VARIANTS:
-            get_family(family).save(build_tiny_flux(family), path)
-        else:
-            save_diffusers(build_tiny(family), path)
+        tiny_model_folder(family, path)
     return path
 
 

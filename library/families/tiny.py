@@ -148,6 +148,19 @@ def build_tiny(family: str, seed: int = 0) -> Parts:
     return Parts(unet, vae, text_encoders, tokenizers, scheduler_config, family=family, source=f"tiny-{family}")
 
 
+def tiny_model_folder(family: str, folder: str | Path, seed: int = 0) -> Path:
+    """A tiny model of any registered tiny family ("sd1", "sd2", "sdxl", and FLUX.1 / Chroma from
+    library/families/flux/tiny.py) written as a diffusers folder at ``folder``."""
+    from .flux.tiny import VARIANTS as FLUX_VARIANTS
+    from .flux.tiny import build_tiny_flux
+
+    if family in FLUX_VARIANTS:
+        from .registry import get_family
+
+        return Path(get_family(family).save(build_tiny_flux(family, seed), folder))
+    return save_diffusers(build_tiny(family, seed), folder)
+
+
 def save_diffusers(parts: Parts, folder: str | Path) -> Path:
     """Write ``parts`` as a diffusers pipeline folder (model_index.json + component folders)."""
     from diffusers import (
