@@ -99,3 +99,16 @@ def test_sd_only_flags_warn_once_and_change_nothing(flux_config, caplog):
     assert cfg == base
     for flag in ("--v2", "--v_parameterization", "--clip_skip", "--max_token_length"):
         assert sum(flag + " has no effect here" in r.getMessage() for r in caplog.records) == 1, flag
+
+
+def test_weighted_captions_are_refused_before_training():
+    """sd-scripts' FLUX script accepts --weighted_captions and fails at the first step (its FLUX tokenizer has no
+    weighting); here the flag stops the run before anything loads, naming itself."""
+    import flux_train_network
+    from library.families.flux.options import FluxOptions
+    from library.problems import ConfigError
+
+    args = flux_train_network.build_parser().parse_args(["--weighted_captions"])
+    with pytest.raises(ConfigError, match="--weighted_captions"):
+        FluxOptions.from_args(args)
+    FluxOptions.from_args(flux_train_network.build_parser().parse_args([]))  # without it: read

@@ -101,6 +101,10 @@ class FluxOptions:
                 problems.append(f"--{flag} must be a positive number, got {value}")
         if not float("-inf") < args.guidance_scale < float("inf"):
             problems.append(f"--guidance_scale must be a finite number, got {args.guidance_scale}")
+        if getattr(args, "weighted_captions", False):
+            problems.append("--weighted_captions is not supported for FLUX.1 / Chroma: A1111-style weights are for CLIP "
+                            "prompts, and T5 encodes the caption as written (sd-scripts' FLUX script has no weighting "
+                            "either: it fails at the first step); drop the flag")  # fmt: skip
         if problems:
             raise ConfigError(problems)
         return from_namespace(cls, args)
