@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from ..base import Parts
+from ..tiny import _CLIP_COMMON, _VAE, TINY
 from ..tokenizers import PAD_CLIP_L, load_clip_tokenizer
 from .configs import scheduler_config
 from .text import load_t5_tokenizer
@@ -32,34 +33,11 @@ TRANSFORMER = dict(
     axes_dims_rope=(4, 6, 6),
 )
 CHROMA_EXTRA = dict(approximator_num_channels=16, approximator_hidden_dim=32, approximator_layers=2)
-AE = dict(
-    in_channels=3,
-    out_channels=3,
-    down_block_types=["DownEncoderBlock2D"] * 4,
-    up_block_types=["UpDecoderBlock2D"] * 4,
-    block_out_channels=[8, 16, 16, 16],
-    layers_per_block=1,
-    latent_channels=16,
-    norm_num_groups=8,
-    sample_size=64,
-    scaling_factor=0.3611,
-    shift_factor=0.1159,
-    use_quant_conv=False,
-    use_post_quant_conv=False,
-)
-CLIP_L = dict(
-    vocab_size=49408,
-    max_position_embeddings=77,
-    num_attention_heads=4,
-    num_hidden_layers=2,
-    bos_token_id=49406,
-    eos_token_id=49407,
-    pad_token_id=49407,
-    hidden_size=32,
-    intermediate_size=64,
-    projection_dim=32,
-    hidden_act="quick_gelu",
-)
+# the SD tiny models' AE and CLIP-L (library/families/tiny.py), with FLUX's 16 latent channels, shift and one ResNet
+# per level, and no quant convs
+AE = dict(_VAE, layers_per_block=1, latent_channels=16, scaling_factor=0.3611, shift_factor=0.1159,
+          use_quant_conv=False, use_post_quant_conv=False)  # fmt: skip
+CLIP_L = dict(_CLIP_COMMON, pad_token_id=49407, **TINY["sd1"]["text_encoders"][0])
 T5 = dict(
     vocab_size=32128,
     d_model=32,
