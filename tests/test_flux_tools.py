@@ -11,6 +11,7 @@ import copy
 
 import pytest
 import torch
+from _flux_helpers import run_flux
 from _networks_helpers import make_config, perturb, single_thread  # noqa: F401
 
 from library.families import get_family
@@ -51,19 +52,7 @@ def adapter(parts, path, *args, module="networks.lora", seed=0, dim=4, alpha=2.0
     return path, ours
 
 
-def run(model) -> torch.Tensor:
-    g = torch.Generator().manual_seed(1)
-    inputs = dict(
-        hidden_states=torch.randn(2, 16, 64, generator=g),
-        encoder_hidden_states=torch.randn(2, 5, 32, generator=g),
-        pooled_projections=torch.randn(2, 32, generator=g),
-        timestep=torch.tensor([0.3, 0.7]),
-        img_ids=torch.randint(0, 4, (16, 3), generator=g).float(),
-        txt_ids=torch.zeros(5, 3),
-        guidance=torch.tensor([3.5, 3.5]),
-    )
-    with torch.no_grad():
-        return model(**inputs, return_dict=False)[0]
+run = run_flux  # the tiny transformer's output on the shared inputs (tests/_flux_helpers.py)
 
 
 def lora_delta(tensors: dict) -> torch.Tensor:

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from _flux_helpers import run_flux
 from _networks_helpers import make_config, single_thread  # noqa: F401
 
 from library.families.base import Fused, Root, Segment, TargetClasses
@@ -79,19 +80,7 @@ def tiny_flux(seed: int = 0):
     return model.eval()
 
 
-def run(model) -> torch.Tensor:
-    g = torch.Generator().manual_seed(1)
-    inputs = dict(
-        hidden_states=torch.randn(2, 16, 64, generator=g),
-        encoder_hidden_states=torch.randn(2, 5, 32, generator=g),
-        pooled_projections=torch.randn(2, 32, generator=g),
-        timestep=torch.tensor([0.3, 0.7]),
-        img_ids=torch.randint(0, 4, (16, 3), generator=g).float(),
-        txt_ids=torch.zeros(5, 3),
-        guidance=torch.tensor([3.5, 3.5]),
-    )
-    with torch.no_grad():
-        return model(**inputs, return_dict=False)[0]
+run = run_flux  # the tiny transformer's output on the shared inputs (tests/_flux_helpers.py)
 
 
 def randomize(network, seed: int = 3) -> None:

@@ -15,6 +15,7 @@ import re
 
 import pytest
 import torch
+from _flux_helpers import flux_inputs
 from _networks_helpers import make_config, single_thread  # noqa: F401
 
 from library.families import get_family
@@ -46,17 +47,7 @@ def tiny_parts(num_double: int = 4, num_single: int = 6, seed: int = 0) -> Parts
     return Parts(model, None, encoders, [None, None], {}, family="flux-dev")
 
 
-def inputs() -> dict:
-    g = torch.Generator().manual_seed(1)
-    return dict(
-        hidden_states=torch.randn(2, 16, 64, generator=g),
-        encoder_hidden_states=torch.randn(2, 5, 32, generator=g),
-        pooled_projections=torch.randn(2, 32, generator=g),
-        timestep=torch.tensor([0.3, 0.7]),
-        img_ids=torch.randint(0, 4, (16, 3), generator=g).float(),
-        txt_ids=torch.zeros(5, 3),
-        guidance=torch.tensor([3.5, 3.5]),
-    )
+inputs = flux_inputs  # tests/_flux_helpers.py
 
 
 def run(model) -> torch.Tensor:
