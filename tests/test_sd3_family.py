@@ -427,3 +427,18 @@ def test_adapter_roots_name_every_linear_by_its_sai_module(tiny):
         assert torch.equal(weight, sai[name + ".weight"]), name
         assert re.fullmatch(r"lora_unet_[A-Za-z0-9_]+", "lora_unet_" + name.replace(".", "_"))
     assert "joint_blocks.0.x_block.attn2.qkv" in named and "joint_blocks.1.context_block.adaLN_modulation.1" in named
+
+
+def test_make_tiny_model_writes_every_sd3_layout(tmp_path):
+    """tools/make_tiny_model.py --family sd3.5-large: the diffusers folder, the SAI file with encoders, the SAI file
+    without them plus the --clip_l/--clip_g/--t5xxl/--vae files; all load the same 34-block model (sd-scripts'
+    documented --blocks_to_swap 32 keeps 2 blocks on the device)."""
+    from tools.make_tiny_model import run
+
+    run(["--out", str(tmp_path), "--family", "sd3.5-large"])
+    full = SD35_LARGE.load(tmp_path / "sd3.5-large.safetensors")
+    assert full.denoiser.config.num_layers == 34 and full.denoiser.config.qk_norm == "rms_norm"
+    split = {flag: tmp_path / f"sd3.5-large_{flag}.safetensors" for flag in ("clip_l", "clip_g", "t5xxl", "vae")}
+    _parts_equal(SD35_LARGE.load(tmp_path / "sd3.5-large_dit.safetensors", **split), full)
+    _parts_equal(SD35_LARGE.load(tmp_path / "sd3.5-large"), full)
+    assert len(SD35_LARGE.swap_blocks(full.denoiser)[0].blocks) - 32 == 2
