@@ -442,3 +442,18 @@ def test_make_tiny_model_writes_every_sd3_layout(tmp_path):
     _parts_equal(SD35_LARGE.load(tmp_path / "sd3.5-large_dit.safetensors", **split), full)
     _parts_equal(SD35_LARGE.load(tmp_path / "sd3.5-large"), full)
     assert len(SD35_LARGE.swap_blocks(full.denoiser)[0].blocks) - 32 == 2
+
+
+def test_attention_backends_keep_sd3s_joint_attention(tiny):
+    """The run layer's --sdpa / --xformers switch (library/runtime.set_attention) leaves SD3's joint attention
+    processors alone (AttnProcessor2_0 cannot return the two streams): the prediction is unchanged."""
+    from library.runtime import set_attention
+
+    parts = build_tiny_sd3("sd3.5-medium")
+    cond = SD35_MEDIUM.encode_prompt(parts, ["a cat"])
+    x, t = torch.randn(1, 16, 8, 8), torch.full((1,), 500.0)
+    with torch.no_grad():
+        before = SD35_MEDIUM.predict(parts.denoiser, x, t, cond)
+        for backend in ("sdpa", "xformers"):
+            set_attention([parts.denoiser], backend)
+            assert torch.equal(SD35_MEDIUM.predict(parts.denoiser, x, t, cond), before)
