@@ -175,6 +175,14 @@ def test_fp8_file_and_flags_replace_embedded_parts(tiny, files, tmp_path):
     loaded = family.load(fp8, dtype=torch.bfloat16)
     want = {k: v.to(torch.float8_e4m3fn).to(torch.bfloat16) for k, v in parts.denoiser.state_dict().items()}
     assert all(torch.equal(v, want[k]) for k, v in loaded.denoiser.state_dict().items())
+    # a diffusers-named transformer single file ("transformer." prefix, as some exports have)
+    from safetensors.torch import save_file
+
+    named = tmp_path / "diffusers_transformer.safetensors"
+    save_file({f"transformer.{k}": v.contiguous() for k, v in parts.denoiser.state_dict().items()}, named)
+    assert detect_family(named) is family
+    _states_equal(family.load(named, clip_l=f["clip_l"], clip_g=f["clip_g"], t5xxl=f["t5xxl"], vae=f["vae"]).denoiser,
+                  parts.denoiser)  # fmt: skip
     other = build_tiny_sd3("sd3", seed=1)
     other_files = write_tiny_files(other, tmp_path / "other")
     mixed = family.load(f["model"], clip_g=other_files["clip_g"])  # the flag wins over the embedded CLIP-G
