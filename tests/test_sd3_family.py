@@ -166,6 +166,9 @@ def test_every_input_layout_loads_the_same_parts(tiny, files, name, tmp_path):
     ours = family.save(parts, tmp_path / "ours.safetensors")
     _parts_equal(family.load(ours), parts)
     _parts_equal(family.load(family.save(parts, tmp_path / "folder")), parts)
+    with_folders = family.load(f["bare"], clip_l=f["clip_l"], clip_g=f["diffusers"] / "text_encoder_2",
+                               t5xxl=f["diffusers"], vae=f["diffusers"])  # fmt: skip
+    _parts_equal(with_folders, parts)
     assert detect_family(f["diffusers"]) is family and detect_family(ours) is family
 
 
