@@ -454,6 +454,9 @@ def test_make_tiny_model_writes_every_sd3_layout(tmp_path):
     split = {flag: tmp_path / f"sd3.5-large_{flag}.safetensors" for flag in ("clip_l", "clip_g", "t5xxl", "vae")}
     _parts_equal(SD35_LARGE.load(tmp_path / "sd3.5-large_dit.safetensors", **split), full)
     _parts_equal(SD35_LARGE.load(tmp_path / "sd3.5-large"), full)
+    from library.families.tiny import tiny_model_folder  # what the demo builds
+
+    assert detect_family(tiny_model_folder("sd3", tmp_path / "demo")) is SD3_MEDIUM
 
 
 def test_attention_backends_keep_sd3s_joint_attention(tiny):
