@@ -109,3 +109,63 @@ def test_wrong_inputs_are_named_before_anything_is_written(parts, tmp_path, caps
     assert not out.exists() and not (tmp_path / "x.ckpt").exists()
     with pytest.raises(SystemExit):  # argparse: a precision sd-scripts has but safetensors cannot store
         tool.build_parser().parse_args(["--dit", "x", "--save_precision", "fp8_e4m3fnuz"])
+
+
+def test_diffusers_single_file_loaders_read_every_part_back(tmp_path):
+    """Tiny real parts (an SD3.5-medium MMDiT in SAI names from keys.py, the 16-channel AE in ldm names, CLIP-L and
+    CLIP-G of different widths and T5 in transformers' names) merged into one file: diffusers' own single-file
+    loaders (``from_single_file``, ``create_diffusers_clip_model_from_ldm``,
+    ``create_diffusers_t5_model_from_checkpoint``) read each part back equal to what went in."""
+    from diffusers import AutoencoderKL, SD3Transformer2DModel
+    from diffusers.loaders.single_file_utils import (
+        create_diffusers_clip_model_from_ldm,
+        create_diffusers_t5_model_from_checkpoint,
+    )
+    from transformers import CLIPTextConfig, CLIPTextModelWithProjection, T5Config, T5EncoderModel
+
+    from library.families.convert import vae_to_ldm
+    from library.families.flux.tiny import tiny_ae
+    from library.families.sd3.keys import diffusers_to_sai
+
+    torch.manual_seed(0)
+    dit = SD3Transformer2DModel(sample_size=32, patch_size=2, in_channels=16, num_layers=2, attention_head_dim=8,
+                                num_attention_heads=4, joint_attention_dim=32, caption_projection_dim=32,
+                                pooled_projection_dim=64, out_channels=16, pos_embed_max_size=16,
+                                dual_attention_layers=(0,), qk_norm="rms_norm")  # fmt: skip
+    vae = tiny_ae()
+    clips = {name: CLIPTextModelWithProjection(CLIPTextConfig(
+        vocab_size=100, hidden_size=width, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=77, projection_dim=width)) for name, width in (("clip_l", 32), ("clip_g", 48))}  # fmt: skip
+    t5 = T5EncoderModel(T5Config(vocab_size=100, d_model=32, d_kv=8, d_ff=37, num_layers=2, num_heads=4,
+                                 feed_forward_proj="gated-gelu"))  # fmt: skip
+    models = {"dit": dit, "vae": vae, **clips, "t5xxl": t5}
+    files = {name: tmp_path / f"{name}.safetensors" for name in models}
+    save_file(diffusers_to_sai(dit.state_dict()), str(files["dit"]))
+    save_file(vae_to_ldm(vae.state_dict(), vae.config), str(files["vae"]))
+    for name in ("clip_l", "clip_g", "t5xxl"):
+        save_file({k: v.clone().contiguous() for k, v in models[name].state_dict().items()}, str(files[name]))
+    for name, model in models.items():
+        model.save_pretrained(tmp_path / f"{name}_config")
+    out = tmp_path / "sd3_all.safetensors"
+    assert tool.main(_argv(files, out)) == 0
+    merged = load_file(str(out))
+    config = {name: str(tmp_path / f"{name}_config") for name in models}
+    back = {
+        "dit": SD3Transformer2DModel.from_single_file(str(out), config=config["dit"]),
+        "vae": AutoencoderKL.from_single_file(str(out), config=config["vae"]),
+        "t5xxl": create_diffusers_t5_model_from_checkpoint(
+            T5EncoderModel, merged, config=config["t5xxl"], local_files_only=True
+        ),  # fmt: skip
+        **{
+            name: create_diffusers_clip_model_from_ldm(
+                CLIPTextModelWithProjection, merged, config=config[name], local_files_only=True
+            )
+            for name in clips
+        },  # fmt: skip
+    }
+    for name, model in models.items():
+        theirs = back[name].state_dict()
+        for key, value in model.state_dict().items():
+            if name == "clip_l" and key == "text_projection.weight":
+                continue  # diffusers sets SD3's CLIP-L projection to the identity, whatever the file holds
+            assert torch.equal(theirs[key], value), f"{name}: {key}"
