@@ -113,3 +113,80 @@ def test_sd_only_and_does_not_work_flags_are_marked():
     actions = _actions()
     for flag in (*SD_ONLY_FLAGS, *DOES_NOT_WORK):
         assert getattr(actions[flag], "no_effect_reason", None), flag
+
+
+def test_load_takes_every_keyword_the_options_give():
+    import inspect
+
+    from library.families import get_family
+
+    for name in sd3_train_network.FAMILIES:
+        params = inspect.signature(get_family(name).load).parameters
+        assert LOAD_KEYWORDS <= set(params), (name, LOAD_KEYWORDS - set(params))
+
+
+@pytest.fixture(scope="module")
+def sd3_config(tmp_path_factory):
+    """The typed configuration sd3_train_network.py's run reads for some extra flags, on tiny SD3.5-medium files
+    (the SAI file without its encoders, and --clip_l --clip_g --t5xxl)."""
+    import dataclasses
+
+    import train_network
+    from library.config import parse_args
+    from library.demo import make_example_dataset
+    from library.families.sd3.tiny import build_tiny_sd3, write_tiny_files
+    from library.run.train_setup import read_config
+
+    root = tmp_path_factory.mktemp("sd3_flags")
+    files = write_tiny_files(build_tiny_sd3("sd3.5-medium"), root / "model", text_encoders=False)
+    data = make_example_dataset(root / "data")
+    (data / "p.txt").write_text("a prompt\n")
+    base = ["--pretrained_model_name_or_path", str(files["model"]), "--clip_l", str(files["clip_l"]), "--clip_g",
+            str(files["clip_g"]), "--t5xxl", str(files["t5xxl"]), "--train_data_dir", str(data), "--output_dir",
+            str(data / "out"), "--network_module", "networks.lora", "--seed", "1"]  # fmt: skip
+
+    def read(*extra: str):
+        argv = [*base, *(e.replace("{data}", str(data)) for e in extra)]
+        args = parse_args(sd3_train_network.build_parser(), argv)
+        cfg = read_config(args, sd3_train_network.FAMILIES, train_network.AdapterMethod.from_args,
+                          model_options=SD3Options.from_args)  # fmt: skip
+        return dataclasses.replace(cfg, args={})  # compare what the run reads, not the raw flag list
+
+    return read
+
+
+# values for SD3 flags whose type alone gives none that means something here
+SD3_VALUES = {"--blocks_to_swap": ["1"]}
+
+
+def _flags():
+    from test_flags import NOT_A_RUN_SETTING
+
+    skip = NOT_A_RUN_SETTING | {"clip_l", "clip_g", "t5xxl"}  # the base command line gives them (a test below)
+    return [a for a in sd3_train_network.build_parser()._actions if a.option_strings and a.dest not in skip]
+
+
+@pytest.mark.parametrize("action", _flags(), ids=lambda a: a.option_strings[0])
+def test_every_flag_changes_the_run_or_is_refused(sd3_config, action, caplog):
+    import test_flags
+    from test_flags import VALUES, _value, assert_flag_acts
+
+    no_effect = {(SCRIPT, flag): "never wrapped in DDP" for flag in ("--ddp_gradient_as_bucket_view",
+                                                                     "--ddp_static_graph")}  # fmt: skip
+    no_effect.update({(SCRIPT, flag): "has no effect here" for flag in (*SD_ONLY_FLAGS, *DOES_NOT_WORK)})
+    flag = action.option_strings[0]
+    value = SD3_VALUES.get(flag) or VALUES.get(flag) or _value(action, SCRIPT)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(test_flags, "NO_EFFECT_HERE", {**test_flags.NO_EFFECT_HERE, **no_effect})
+        assert_flag_acts(sd3_config, SCRIPT, action, value, [], caplog)
+
+
+def test_the_encoder_files_are_read(sd3_config, tmp_path):
+    """--clip_l --clip_g --t5xxl (given by the base command line) reach the family's load keywords; a missing file
+    is refused naming its flag."""
+    cfg = sd3_config()
+    assert cfg.model_options.clip_g is not None and cfg.model_options.load_kwargs()["t5xxl"].endswith(
+        "t5xxl.safetensors"
+    )
+    with pytest.raises(ConfigError, match="--clip_l"):
+        sd3_config("--clip_l", str(tmp_path / "missing.safetensors"))
