@@ -18,7 +18,7 @@ algorithm we read, kohya / LyCORIS files, live or merged). As in sd-scripts:
 * ``--lora_weights path;multiplier``; ``--merge_lora_weights`` bakes them into the weights, as do several files;
 * ``--interactive`` reads prompts from stdin until an empty line, with sd-scripts' options ``--w --h --s --d --m --n
   (- for empty) --c``; width, height, steps and CFG scale carry over to the next prompt, seed and negative prompt
-  fall back to ``--seed`` / ``--negative_prompt``.
+  fall back to ``--seed`` / ``--negative_prompt``; a prompt with a size that is not a multiple of 16 is skipped.
 
 Differences on purpose: the noise comes from a CPU generator in float32 (the same image on every device; sd-scripts
 draws on the device in the model dtype), sizes must be multiples of 16 (sd-scripts rounds down to 8, which the 2x2
@@ -252,11 +252,12 @@ def run(argv: Sequence[str] | None = None) -> list[Path]:
         parsed = interactive_options(line, spec, cfg.spec.negative_prompt, networks)
         if parsed is None:
             break
-        spec, seed = parsed
-        problems = size_problems(spec.width, spec.height)
-        if problems:
+        new_spec, seed = parsed
+        problems = size_problems(new_spec.width, new_spec.height)
+        if problems:  # skipped: its settings do not carry over
             log.error("%s: prompt skipped", "; ".join(problems))
             continue
+        spec = new_spec
         written.append(generate_image(cfg, family, parts, spec, cfg.seed if seed is None else seed, device))
     return written
 
