@@ -176,3 +176,28 @@ def test_gen_img_refuses_a_flag_the_family_does_not_read(model_files, capsys):
     assert gen_img.main(["--ckpt", str(files["diffusers"]), "--prompt", "x", "--ae", str(files["vae"]),
                          "--outdir", str(root / "never")]) == 2  # fmt: skip
     assert "--ae" in capsys.readouterr().err
+
+
+def test_training_samples_equal_gen_img(model_files, dataset, tmp_path):
+    """sd3_train_network.py's sample at the first step (--sample_at_first; the new LoRA's up weights are zero, so the
+    model is the base one) writes gen_img.py's pixels for the same prompt line, seed and model, with SD3's defaults
+    for what the line leaves out (CFG 7.5 with the negative prompt); the prompt's --l reaches the training sample."""
+    import gen_img
+    import sd3_train_network
+
+    root, files = model_files
+    line = f"{PROMPT} --n {NEGATIVE} --w 64 --h 64 --d 3 --s 2"
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text(f"{line}\n{line} --l 2.0\n")
+    sd3_train_network.run([
+        "--pretrained_model_name_or_path", str(files["model"]), "--train_data_dir", str(dataset),
+        "--caption_extension", ".txt", "--resolution", "64", "--output_dir", str(tmp_path), "--output_name", "t",
+        "--network_module", "networks.lora", "--network_dim", "4", "--train_batch_size", "2",
+        "--max_train_steps", "1", "--max_data_loader_n_workers", "0", "--seed", "1", "--sample_prompts",
+        str(prompts), "--sample_at_first",
+    ])  # fmt: skip
+    samples = sorted((tmp_path / "sample").glob("t_e000000_0[01]_*.png"))
+    assert len(samples) == 2, samples
+    [ours] = gen_img.run(["--ckpt", str(files["diffusers"]), "--prompt", line, "--outdir", str(root / "gen7")])
+    assert np.array_equal(_pixels(samples[0]), _pixels(ours))
+    assert np.abs(_pixels(samples[1]) - _pixels(samples[0])).max() > 0
