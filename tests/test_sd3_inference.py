@@ -201,3 +201,54 @@ def test_training_samples_equal_gen_img(model_files, dataset, tmp_path):
     [ours] = gen_img.run(["--ckpt", str(files["diffusers"]), "--prompt", line, "--outdir", str(root / "gen7")])
     assert np.array_equal(_pixels(samples[0]), _pixels(ours))
     assert np.abs(_pixels(samples[1]) - _pixels(samples[0])).max() > 0
+
+
+@pytest.fixture(scope="module")
+def lora_file(medium, model_files):
+    """A rank-2 kohya LoRA (random up and down, alpha 1) on the SD3 family's default targets: the transformer's
+    joint blocks (fused qkv by SAI name) and the CLIP text encoders."""
+    import copy
+
+    from safetensors.torch import save_file
+
+    from networks.config import NetworkConfig
+    from networks.inject import inject
+
+    family = get_family(VARIANT)
+    parts = copy.deepcopy(medium)
+    network = inject(NetworkConfig(module="networks.lora", dim=2, alpha=1.0), family.adapter_roots(parts),
+                     family.target_classes)  # fmt: skip
+    generator = torch.Generator().manual_seed(3)
+    for p in network.parameters():
+        p.data = torch.randn(p.shape, generator=generator) * 0.2
+    state = network.state_dict_for_file()
+    assert any(k.startswith("lora_unet_joint_blocks_0_x_block_attn_qkv") for k in state)
+    path = model_files[0] / "lora.safetensors"
+    save_file(state, path)
+    return path
+
+
+def test_minimal_inference_lora_live_merged_and_gen_img(model_files, lora_file, monkeypatch):
+    """--lora_weights "file;0.8" live, merged (--merge_lora_weights, with --offload), and gen_img.py's
+    --network_weights at --network_mul 0.8 give the same latents; without the LoRA they differ."""
+    import gen_img
+    import sd3_minimal_inference as smi
+    from library.sampling import flow_generate
+
+    root, files = model_files
+    seen = []
+    sample = flow_generate.sample_flow_latents
+    monkeypatch.setattr(flow_generate, "sample_flow_latents", lambda *a: seen.append(sample(*a)) or seen[-1])
+    lora = f"{lora_file};0.8"
+    smi.run(_minimal_args(root, files, "--lora_weights", lora))
+    smi.run(_minimal_args(root, files, "--lora_weights", lora, "--merge_lora_weights", "--offload"))
+    smi.run(_minimal_args(root, files))
+    decode = get_family(VARIANT).decode_latents
+    monkeypatch.setattr(get_family(VARIANT), "decode_latents", lambda p, lat: seen.append(lat) or decode(p, lat))
+    gen_img.run(["--ckpt", str(files["diffusers"]), "--prompt", f"{PROMPT} --n {NEGATIVE}", "--seed", "5", "--steps",
+                 "3", "--W", "96", "--H", "64", "--scale", "4", "--network_module", "networks.lora",
+                 "--network_weights", str(lora_file), "--network_mul", "0.8", "--outdir", str(root / "gen_lora")])  # fmt: skip
+    live, merged, plain, ours = seen
+    torch.testing.assert_close(merged, live, rtol=0, atol=1e-5)
+    torch.testing.assert_close(ours, live, rtol=0, atol=1e-5)
+    assert (plain - live).abs().max() > 100 * 1e-5
