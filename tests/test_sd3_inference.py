@@ -118,22 +118,26 @@ def _minimal_args(root, files, *extra):
             str(root / "minimal"), *extra]  # fmt: skip
 
 
-def test_minimal_inference_image_equals_gen_img(model_files):
-    """sd3_minimal_inference.py on the SAI file (text encoders inside) writes the same pixels as gen_img.py on the
-    diffusers folder with the same settings; another --cfg_scale (here with the separate --clip_l --clip_g --t5xxl
-    files, which load the same weights) changes the image."""
-    import gen_img
-    import sd3_minimal_inference
+def test_minimal_inference_flags_reach_the_spec_and_load(model_files):
+    """sd-scripts' flags land where they act: the prompt settings in the sampler's spec, the encoder files and
+    text settings in the family's load keywords."""
+    import sd3_minimal_inference as smi
 
     root, files = model_files
-    [minimal] = sd3_minimal_inference.run(_minimal_args(root, files))
     separate = ["--clip_l", str(files["clip_l"]), "--clip_g", str(files["clip_g"]), "--t5xxl", str(files["t5xxl"])]
-    [minimal_separate] = sd3_minimal_inference.run(_minimal_args(root, files, *separate, "--cfg_scale", "1.5"))
-    gen_args = ["--ckpt", str(files["diffusers"]), "--prompt", f"{PROMPT} --n {NEGATIVE}", "--seed", "5", "--steps",
-                "3", "--W", "96", "--H", "64", "--scale", "4", "--outdir", str(root / "gen")]  # fmt: skip
-    [ours] = gen_img.run(gen_args)
-    assert np.array_equal(_pixels(minimal), _pixels(ours))
-    assert np.abs(_pixels(minimal_separate) - _pixels(minimal)).max() > 0
+    args = smi.build_parser().parse_args(_minimal_args(root, files, *separate, "--cfg_scale", "1.5", "--bf16",
+                                                       "--t5xxl_token_length", "77", "--apply_lg_attn_mask"))  # fmt: skip
+    cfg = smi.InferenceConfig.from_args(args)
+    spec = cfg.spec
+    assert (spec.prompt, spec.negative_prompt, spec.width, spec.height, spec.steps, spec.scale) == (
+        PROMPT, NEGATIVE, 96, 64, 3, 1.5)  # fmt: skip
+    assert (cfg.seed, cfg.dtype, cfg.t5xxl_max_token_length, cfg.apply_lg_attn_mask, cfg.apply_t5_attn_mask) == (
+        5, torch.bfloat16, 77, True, False)  # fmt: skip
+    assert cfg.files == {k: str(files[k]) for k in ("clip_l", "clip_g", "t5xxl")}
+    defaults = smi.InferenceConfig.from_args(smi.build_parser().parse_args(["--ckpt_path", str(files["model"])]))
+    assert (defaults.spec.scale, defaults.spec.steps, defaults.spec.width, defaults.spec.negative_prompt) == (
+        5.0, 50, 1024, "")  # fmt: skip
+    assert (defaults.seed, defaults.dtype, defaults.t5xxl_max_token_length) == (1, torch.float32, 256)
 
 
 def test_interactive_options_as_sd_scripts(model_files, monkeypatch):
@@ -230,7 +234,8 @@ def lora_file(medium, model_files):
 
 def test_minimal_inference_lora_live_merged_and_gen_img(model_files, lora_file, monkeypatch):
     """--lora_weights "file;0.8" live, merged (--merge_lora_weights, with --offload), and gen_img.py's
-    --network_weights at --network_mul 0.8 give the same latents; without the LoRA they differ."""
+    --network_weights at --network_mul 0.8 (on the diffusers folder) give the same latents, and the live run writes
+    gen_img.py's pixels; without the LoRA the latents differ."""
     import gen_img
     import sd3_minimal_inference as smi
     from library.sampling import flow_generate
@@ -240,15 +245,16 @@ def test_minimal_inference_lora_live_merged_and_gen_img(model_files, lora_file, 
     sample = flow_generate.sample_flow_latents
     monkeypatch.setattr(flow_generate, "sample_flow_latents", lambda *a: seen.append(sample(*a)) or seen[-1])
     lora = f"{lora_file};0.8"
-    smi.run(_minimal_args(root, files, "--lora_weights", lora))
+    [live_png] = smi.run(_minimal_args(root, files, "--lora_weights", lora))
     smi.run(_minimal_args(root, files, "--lora_weights", lora, "--merge_lora_weights", "--offload"))
     smi.run(_minimal_args(root, files))
     decode = get_family(VARIANT).decode_latents
     monkeypatch.setattr(get_family(VARIANT), "decode_latents", lambda p, lat: seen.append(lat) or decode(p, lat))
-    gen_img.run(["--ckpt", str(files["diffusers"]), "--prompt", f"{PROMPT} --n {NEGATIVE}", "--seed", "5", "--steps",
+    [gen_png] = gen_img.run(["--ckpt", str(files["diffusers"]), "--prompt", f"{PROMPT} --n {NEGATIVE}", "--seed", "5", "--steps",
                  "3", "--W", "96", "--H", "64", "--scale", "4", "--network_module", "networks.lora",
                  "--network_weights", str(lora_file), "--network_mul", "0.8", "--outdir", str(root / "gen_lora")])  # fmt: skip
     live, merged, plain, ours = seen
     torch.testing.assert_close(merged, live, rtol=0, atol=1e-5)
     torch.testing.assert_close(ours, live, rtol=0, atol=1e-5)
     assert (plain - live).abs().max() > 100 * 1e-5
+    assert np.array_equal(_pixels(live_png), _pixels(gen_png))
