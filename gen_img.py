@@ -1,14 +1,16 @@
-"""Text-to-image for SD1 / SD2 / SDXL, FLUX.1 and Chroma with adapters and embeddings, with sd-scripts' gen_img.py
-command line.
+"""Text-to-image for SD1 / SD2 / SDXL, FLUX.1, Chroma and SD3 / SD3.5 with adapters and embeddings, with sd-scripts'
+gen_img.py command line.
 
     python gen_img.py --ckpt model.safetensors --prompt "a (cat:1.2) --n blurry --d 42" \\
         --network_module networks.lora --network_weights my_lora.safetensors --network_mul 0.8 \\
         --textual_inversion_embeddings mychar.safetensors --sampler euler_a --steps 28 --outdir out
 
-The family (SD1, SD2, SDXL, FLUX.1 dev / schnell, Chroma) is detected from --ckpt (--v1 / --v2 / --sdxl override).
-FLUX.1 / Chroma: --ckpt is a diffusers folder, or a BFL file with sd-scripts' --clip_l --t5xxl --ae; they sample
-with the flow-matching Euler sampler (--steps 20, --scale 1.0 = no CFG, --guidance 3.5 embedded guidance by
-default; SD models keep gen_img's 50 steps and scale 7.5). Prompts use the sample-prompt
+The family (SD1, SD2, SDXL, FLUX.1 dev / schnell, Chroma, SD3 / SD3.5) is detected from --ckpt (--v1 / --v2 / --sdxl
+override). FLUX.1 / Chroma: --ckpt is a diffusers folder, or a BFL file with sd-scripts' --clip_l --t5xxl --ae; SD3:
+a diffusers folder, or an SAI file with or without its text encoders (--clip_l --clip_g --t5xxl). They sample with
+the flow-matching Euler sampler (FLUX: --steps 20, --scale 1.0 = no CFG, --guidance 3.5 embedded guidance; SD3:
+--steps 30, --scale 7.5 true CFG with the negative prompt, shift 3.0, as sd-scripts' SD3 samples; SD models keep
+gen_img's 50 steps and scale 7.5). Prompts use the sample-prompt
 syntax (``library.sampling.prompts``) and A1111 weighting (``library.prompt_weighting``). Several adapter files of any
 algorithm we train (LoRA, LoCon, LoHa, LoKr, DoRA; kohya / LyCORIS format) apply at once, each with its multiplier
 (a prompt's ``--am`` overrides them). Each PNG carries its prompt and settings as text chunks.
@@ -87,8 +89,9 @@ def load_model(cfg: GenImgConfig) -> tuple[Any, Any]:
     takes = inspect.signature(family.load).parameters
     refused = [f"--{flag}" for flag in cfg.flux_load if flag not in takes]
     if refused:
-        raise ValueError(f"{', '.join(refused)}: only FLUX.1 / Chroma models read these flags; {cfg.ckpt} is a "
-                         f"{family.name} model: drop them")  # fmt: skip
+        raise ValueError(f"{', '.join(refused)}: {cfg.ckpt} is a {family.name} model, which does not read "
+                         f"{'this flag' if len(refused) == 1 else 'these flags'}: drop "
+                         f"{'it' if len(refused) == 1 else 'them'}")  # fmt: skip
     parts = family.load(
         cfg.ckpt, dtype=cfg.dtype, vae=cfg.vae, v_parameterization=True if cfg.v_parameterization else None,
         tokenizer_cache_dir=cfg.tokenizer_cache_dir, device=cfg.device, **cfg.flux_load,

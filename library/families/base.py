@@ -158,6 +158,14 @@ class FlowSampling:
     (FLUX.1 dev and Chroma); schnell samples unshifted (BFL's reference, diffusers' schnell scheduler config and
     sd-scripts' flux_minimal_inference.py). ``latent_channels``: channels of the latents ``predict`` takes (16 for
     FLUX's AE).
+
+    ``static_shift``: a resolution-independent shift s instead (SD3 / SD3.5: 3.0, its scheduler config's ``shift``;
+    needs ``shift=False``): the schedule of diffusers' ``FlowMatchEulerDiscreteScheduler`` without dynamic shifting
+    and of sd-scripts' ``sd3_train_utils.get_all_sigmas`` (``flow.discrete_flow_sigmas``). ``packed_noise``: the
+    initial noise is drawn per image in FLUX's packed 2x2 layout (sd-scripts' FLUX sampling); False: drawn as
+    (1, C, h, w) per image (sd-scripts' SD3 ``do_sample``, diffusers' ``StableDiffusion3Pipeline``).
+    ``default_steps`` / ``default_scale``: a sample prompt's steps / true-CFG scale when it sets none (sd-scripts'
+    FLUX sampling 20 / 1.0 = no CFG; SD3 ``sample_image_inference`` 30 / 7.5).
     """
 
     embedded_guidance: bool
@@ -165,6 +173,19 @@ class FlowSampling:
     base_shift: float = 0.5
     max_shift: float = 1.15
     latent_channels: int = 16
+    static_shift: float | None = None
+    packed_noise: bool = True
+    default_steps: int = 20
+    default_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.static_shift is not None and (self.shift or self.static_shift <= 0):
+            raise ValueError(
+                f"FlowSampling: static_shift={self.static_shift} needs shift=False (a schedule has either FLUX's "
+                f"resolution-dependent shift or a static one) and a positive value (got shift={self.shift})"
+            )
+        if self.default_steps < 1:
+            raise ValueError(f"FlowSampling: default_steps must be >= 1, got {self.default_steps}")
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,8 @@ class SampleConfig:
     are encoded and denoised as the model is trained. Sample size: a prompt's ``--w/--h``, else the family's native
     resolution (SDXL 1024, SD2 768-v 768, SD1 512) -- sd-scripts uses 512 x 512 for every family.
     ``default_steps`` / ``default_scale``: a prompt's steps / CFG scale when it sets none; None: the sampler's
-    default (DDPM samplers 30 / 7.5, flow matching 20 / 1.0: ``generate.resolve``).
+    default (DDPM samplers 30 / 7.5; flow matching the family's ``FlowSampling.default_steps`` / ``default_scale``:
+    FLUX 20 / 1.0, SD3 30 / 7.5; ``generate.resolve``).
     """
 
     prompts_file: Path | None = None

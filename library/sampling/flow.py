@@ -1,5 +1,5 @@
-"""Flow-matching sampling (FLUX.1 dev / schnell, Chroma): FLUX's sigma schedule, Euler steps on the velocity, true
-classifier-free guidance, and sd-scripts' initial noise. Pure torch.
+"""Flow-matching sampling (FLUX.1 dev / schnell, Chroma, SD3 / SD3.5): the sigma schedules, Euler steps on the
+velocity, true classifier-free guidance, and sd-scripts' initial noise. Pure torch.
 
 A rectified-flow model predicts the velocity ``v = noise - x0`` of ``x_σ = (1 - σ)·x0 + σ·noise`` (σ in [0, 1],
 σ = 1 is pure noise; Liu et al. 2022, arXiv:2209.03003; Esser et al. 2024, arXiv:2403.03206). Sampling integrates
@@ -10,7 +10,8 @@ Schedule (sd-scripts ``flux_train_utils.get_schedule``, diffusers ``FluxPipeline
 ``σ = linspace(1, 0, steps + 1)``, then with the shift ``σ ← time_shift(μ, 1, σ) = e^μ / (e^μ + (1/σ - 1))``, where
 μ is linear in the packed image sequence length L = (H/16)·(W/16): μ(256) = ``base_shift`` (0.5), μ(4096) =
 ``max_shift`` (1.15). A 1024² image has L = 4096 (μ = 1.15); 512² has L = 1024 (μ ≈ 0.63). The shift keeps more
-steps at high noise for large images; schnell samples unshifted.
+steps at high noise for large images; schnell samples unshifted. SD3 / SD3.5 use a static shift instead
+(:func:`discrete_flow_sigmas`: ``σ ← s·σ / (1 + (s - 1)·σ)``, s = 3.0, on diffusers' discrete scheduler grid).
 
 Guidance. Embedded guidance (FLUX.1 dev, a prompt's ``--g``) is an input of the model, handled by the caller's
 velocity function. True CFG (a prompt's ``--l`` with its negative prompt ``--n``) runs the model on ``[x; x]`` with
@@ -74,6 +75,30 @@ def flow_sigmas(
     return sigmas
 
 
+def discrete_flow_sigmas(steps: int, shift: float, num_train_timesteps: int = 1000) -> Tensor:
+    """The (steps + 1,) float32 noise levels of SD3 / SD3.5 (a static ``shift`` s, 3.0 for SD3): diffusers'
+    ``FlowMatchEulerDiscreteScheduler.set_timesteps`` without dynamic shifting (what ``StableDiffusion3Pipeline``
+    samples with) and sd-scripts' ``sd3_train_utils.get_all_sigmas``.
+
+    With ``f(σ) = s·σ / (1 + (s - 1)·σ)`` and T = ``num_train_timesteps``: the training grid f(k/T), k = 1..T, ends
+    at σ_max = f(1) = 1 and σ_min = f(1/T) (float32, as the scheduler keeps them); the ``steps`` levels are
+    f(t/T) for t linear from T·σ_max to T·σ_min (the shift is applied to the already shifted σ_min, as both
+    references do), then 0. Computed in float64 and rounded to float32, as diffusers does."""
+    if steps < 1:
+        raise ValueError(f"discrete_flow_sigmas: steps must be >= 1, got {steps}")
+    if shift <= 0:
+        raise ValueError(f"discrete_flow_sigmas: shift must be positive, got {shift}")
+
+    def f(sigma: Tensor) -> Tensor:
+        return shift * sigma / (1 + (shift - 1) * sigma)
+
+    grid_end = torch.tensor([1.0 / num_train_timesteps], dtype=torch.float32)
+    sigma_max, sigma_min = 1.0, float(f(grid_end))
+    t = torch.linspace(sigma_max * num_train_timesteps, sigma_min * num_train_timesteps, steps, dtype=torch.float64)
+    sigmas = f(t / num_train_timesteps).to(torch.float32)
+    return torch.cat([sigmas, torch.zeros(1)])
+
+
 def image_seq_len(height: int, width: int) -> int:
     """Packed tokens of an H x W image: (H/16)·(W/16); raises ValueError unless both sides are multiples of 16."""
     bad = [f"{name} {value}" for name, value in (("height", height), ("width", width)) if value % PIXELS_PER_TOKEN]
@@ -123,6 +148,16 @@ def unpack_latents(packed: Tensor, height: int, width: int) -> Tensor:
         raise ValueError(f"unpack_latents: {tuple(packed.shape)} is not a 2x2 packing of {height}x{width} latents")
     x = packed.view(batch, height // 2, width // 2, features // 4, 2, 2)
     return x.permute(0, 3, 1, 4, 2, 5).reshape(batch, features // 4, height, width)
+
+
+def latent_noise(generators: Sequence[torch.Generator], height: int, width: int, channels: int = 16) -> Tensor:
+    """The initial noise of sd-scripts' SD3 samples (``sd3_train_utils.do_sample``) and of diffusers'
+    ``StableDiffusion3Pipeline`` given one generator per image: each image draws ``randn(1, channels, H/8, W/8)``
+    from its generator (on the generator's device) in float32; returned as (B, channels, H/8, W/8). ``height`` and
+    ``width`` must be multiples of 16 (:func:`image_seq_len`: an 8x VAE and 2x2 latent patches)."""
+    image_seq_len(height, width)
+    shape = (1, channels, height // 8, width // 8)
+    return torch.cat([torch.randn(shape, generator=g, device=g.device, dtype=torch.float32) for g in generators])
 
 
 def flux_noise(generators: Sequence[torch.Generator], height: int, width: int, channels: int = 16) -> Tensor:

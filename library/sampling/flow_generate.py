@@ -1,21 +1,25 @@
-"""Text-to-image for flow-matching families (FLUX.1 dev / schnell, Chroma) with the Euler sampler of ``flow.py``.
+"""Text-to-image for flow-matching families (FLUX.1 dev / schnell, Chroma, SD3 / SD3.5) with the Euler sampler of
+``flow.py``.
 
 Which sampler a family gets is read from the family, never from its name: a family whose ``objective(parts)`` is
 "flow_matching" samples here (:func:`uses_flow_sampler`), with the settings of its ``flow_sampling(parts)``
-(embedded guidance, schedule shift); every other family samples with diffusers' schedulers (``generate.py``).
+(embedded guidance, schedule shift, noise layout, default steps and CFG scale); every other family samples with
+diffusers' schedulers (``generate.py``).
 ``generate.generate_batch`` and ``generate.resolve`` dispatch on it, so sampling during training
 (``training.py``) and gen_img.py need no other change.
 
-Prompt options, as sd-scripts' ``flux_train_utils.sample_image_inference`` reads them:
+Prompt options, as sd-scripts' ``flux_train_utils.sample_image_inference`` (and ``sd3_train_utils``') reads them:
 
 =========  ===========================================================================================
 option     meaning for flow matching
 =========  ===========================================================================================
-``--s``    steps, default 20 (:data:`DEFAULT_FLOW_STEPS`)
+``--s``    steps, default ``FlowSampling.default_steps`` (FLUX 20, :data:`DEFAULT_FLOW_STEPS`; SD3 30)
 ``--g``    embedded guidance, default 3.5 (:data:`DEFAULT_GUIDANCE`); only for models that take it
            (``FlowSampling.embedded_guidance``: FLUX.1 dev); noted and ignored for schnell / Chroma
-``--l``    true CFG scale, default 1.0 (no CFG); any other value runs the model on the negative prompt
-           too (``--n``, empty when not given) and uses ``v_neg + l·(v_pos - v_neg)``, as sd-scripts
+``--l``    true CFG scale, default ``FlowSampling.default_scale`` (FLUX 1.0 = no CFG; SD3 7.5); any value
+           but 1 runs the model on the negative prompt too (``--n``, empty when not given) and uses
+           ``v_neg + l·(v_pos - v_neg)``, as sd-scripts (SD3's ``do_sample`` guides the x0 estimates
+           ``x - σ·v``: the same step, since the guidance is linear)
 ``--n``    the negative prompt; only read when ``--l`` is not 1 (noted otherwise, as sd-scripts)
 ``--ss``   ignored with a note: flow matching always samples with its Euler sampler. sd-scripts' FLUX
            sampling ignores ``--sample_sampler`` and ``--ss`` too; so are gen_img's ``--sampler``
@@ -23,9 +27,15 @@ option     meaning for flow matching
 ``--w/--h``  multiples of 16 (an 8x VAE, 2x2 latent patches), else an error (sd-scripts rounds down)
 =========  ===========================================================================================
 
+The schedule is FLUX's (``flow.flow_sigmas``, dynamic shift) or, for a family with ``FlowSampling.static_shift``
+(SD3: 3.0), diffusers' discrete one (``flow.discrete_flow_sigmas``, = ``StableDiffusion3Pipeline``'s and sd-scripts'
+``get_all_sigmas``); the noise is drawn packed (FLUX, ``flow.flux_noise``) or as (1, C, h, w) per image
+(``FlowSampling.packed_noise`` False: SD3, ``flow.latent_noise``).
+
 Differences from sd-scripts, on purpose: the noise comes from a per-image CPU generator in float32 (sd-scripts draws
-on the training device in the model dtype), so a seed gives the same image on every device; the default size is the
-family's native resolution (sd-scripts: 512); the Euler update is accumulated in float32 whatever the model dtype.
+FLUX's on the training device in the model dtype; SD3's on the CPU in float32 as here), so a seed gives the same
+image on every device; the default size is the family's native resolution (sd-scripts: 512); the Euler update is
+accumulated in float32 whatever the model dtype.
 Prompts are encoded by the family (``encode_prompt``) without attention weighting, as sd-scripts' FLUX sampling.
 """
 
@@ -41,13 +51,23 @@ from torch import Tensor
 
 from library.families.base import FLOW_MATCHING, FlowSampling, ModelFamily, Parts
 
-from .flow import PIXELS_PER_TOKEN, Velocity, flow_sigmas, flux_noise, image_seq_len, sample_euler, with_cfg
+from .flow import (
+    PIXELS_PER_TOKEN,
+    Velocity,
+    discrete_flow_sigmas,
+    flow_sigmas,
+    flux_noise,
+    image_seq_len,
+    latent_noise,
+    sample_euler,
+    with_cfg,
+)
 from .prompts import PromptSpec
 
 log = logging.getLogger(__name__)
 
 FLOW_SAMPLER = "euler"  # the resolved PromptSpec.sampler of flow-matching samples (written to the PNG info)
-DEFAULT_FLOW_STEPS = 20  # sd-scripts' FLUX sample defaults (flux_train_utils.sample_image_inference)
+DEFAULT_FLOW_STEPS = 20  # sd-scripts' FLUX sample defaults (flux_train_utils.sample_image_inference), = FlowSampling's
 DEFAULT_GUIDANCE = 3.5
 DEFAULT_FLOW_SCALE = 1.0
 IGNORED_SAMPLER_FLAGS = ("--sample_sampler", "--sampler", "--ss")
@@ -72,8 +92,9 @@ def flow_settings(family: ModelFamily, parts: Parts) -> FlowSampling:
 
 def resolve_flow(spec: PromptSpec, family: ModelFamily, parts: Parts, *, size: int) -> PromptSpec:
     """``spec`` (caller defaults already applied) with every unset setting filled for flow matching (module
-    docstring): ``size`` x ``size``, 20 steps, CFG scale 1.0, embedded guidance 3.5 where the model takes it (else
-    None), sampler "euler". A sampler set by ``--ss`` / ``--sample_sampler`` / ``--sampler`` is noted and replaced."""
+    docstring): ``size`` x ``size``, the family's default steps and CFG scale (``FlowSampling.default_steps`` /
+    ``default_scale``: FLUX 20 / 1.0, SD3 30 / 7.5), embedded guidance 3.5 where the model takes it (else None),
+    sampler "euler". A sampler set by ``--ss`` / ``--sample_sampler`` / ``--sampler`` is noted and replaced."""
     settings = flow_settings(family, parts)
     where = f"prompt {spec.index + 1}"
     if spec.sampler is not None and spec.sampler != FLOW_SAMPLER:
@@ -87,7 +108,7 @@ def resolve_flow(spec: PromptSpec, family: ModelFamily, parts: Parts, *, size: i
     elif guidance is None:
         guidance = DEFAULT_GUIDANCE
     spec = dataclasses.replace(spec, sampler=FLOW_SAMPLER, guidance=guidance)
-    return spec.with_defaults(width=size, height=size, steps=DEFAULT_FLOW_STEPS, scale=DEFAULT_FLOW_SCALE)
+    return spec.with_defaults(width=size, height=size, steps=settings.default_steps, scale=settings.default_scale)
 
 
 def prompt_problems(family: ModelFamily, parts: Parts, specs: Sequence[PromptSpec], where: str) -> list[str]:
@@ -184,15 +205,24 @@ def sample_flow_latents(
     settings = flow_settings(family, parts)
     device = next(parts.denoiser.parameters()).device
     cond = cond.to(device)
-    seq_len = image_seq_len(first.height, first.width)
-    sigmas = flow_sigmas(
-        first.steps, seq_len, shift=settings.shift, base_shift=settings.base_shift, max_shift=settings.max_shift
-    )
-    noise = flux_noise(generators, first.height, first.width, settings.latent_channels).to(device)
+    sigmas = sampling_sigmas(settings, first.steps, first.height, first.width)
+    draw = flux_noise if settings.packed_noise else latent_noise
+    noise = draw(generators, first.height, first.width, settings.latent_channels).to(device)
     velocity = flow_velocity(family, parts, cond, guidance=first.guidance)
     if uses_cfg(first):
         velocity = with_cfg(velocity, first.scale)
     return sample_euler(velocity, noise, sigmas)
+
+
+def sampling_sigmas(settings: FlowSampling, steps: int, height: int, width: int) -> Tensor:
+    """The (steps + 1,) noise levels for an H x W image: ``flow.discrete_flow_sigmas`` with a static shift (SD3),
+    else ``flow.flow_sigmas`` with FLUX's resolution-dependent shift (or none: schnell)."""
+    seq_len = image_seq_len(height, width)
+    if settings.static_shift is not None:
+        return discrete_flow_sigmas(steps, settings.static_shift)
+    return flow_sigmas(
+        steps, seq_len, shift=settings.shift, base_shift=settings.base_shift, max_shift=settings.max_shift
+    )
 
 
 @torch.no_grad()

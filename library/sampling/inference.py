@@ -27,11 +27,16 @@ from .schedulers import SAMPLER_NAMES
 GEN_IMG_DDPM_DEFAULTS = {"steps": 50, "scale": 7.5}
 """sd-scripts gen_img.py's --steps / --scale defaults, for the DDPM families (SD1/SD2/SDXL) only: a flow-matching
 model gets its sampler's defaults (``flow_generate.resolve_flow``) when the flags are not given."""
-FLUX_LOAD_FLAGS = ("clip_l", "t5xxl", "ae", "t5xxl_max_token_length", "apply_t5_attn_mask")
+FLUX_LOAD_FLAGS = (
+    "clip_l", "clip_g", "t5xxl", "ae", "t5xxl_max_token_length", "apply_t5_attn_mask", "apply_lg_attn_mask",
+)  # fmt: skip
+"""The DiT families' load options (FLUX.1 / Chroma, SD3): passed to ``family.load`` when given; a family whose
+``load`` does not take one refuses it (gen_img.load_model)."""
 
 # all read as their file says
 NETWORK_MODULES = (
     "networks.lora", "lycoris.kohya", "networks.dylora", "networks.lora_fa", "networks.oft", "networks.lora_flux",
+    "networks.lora_sd3",
 )  # fmt: skip
 _UNSUPPORTED_STORE = {
     "--from_module": "prompter modules",
@@ -100,13 +105,15 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--v_parameterization", action="store_true", help="the model predicts v (SD2 768-v, v-pred SDXL)")
     g.add_argument("--vae", type=str, default=None, help="replace the model's VAE")
     g.add_argument("--tokenizer_cache_dir", type=str, default=None, help="folder with tokenizers (offline use)")
-    g = parser.add_argument_group("FLUX.1 / Chroma (a BFL single file as --ckpt; sd-scripts' flux flags)")
-    g.add_argument("--clip_l", type=str, default=None, help="CLIP-L file of a BFL --ckpt (not Chroma)")
-    g.add_argument("--t5xxl", type=str, default=None, help="T5-XXL file of a BFL --ckpt")
+    g = parser.add_argument_group("FLUX.1 / Chroma / SD3 (a BFL or SAI single file as --ckpt; sd-scripts' flags)")
+    g.add_argument("--clip_l", type=str, default=None, help="CLIP-L file of a BFL / SAI --ckpt (not Chroma)")
+    g.add_argument("--clip_g", type=str, default=None, help="CLIP-G file of an SAI --ckpt (SD3 / SD3.5)")
+    g.add_argument("--t5xxl", type=str, default=None, help="T5-XXL file of a BFL / SAI --ckpt")
     g.add_argument("--ae", type=str, default=None, help="AE file of a BFL --ckpt (or --vae)")
     g.add_argument("--t5xxl_max_token_length", type=int, default=None,
-                   help="T5 tokens (default: 512 dev / Chroma, 256 schnell)")  # fmt: skip
+                   help="T5 tokens (default: 512 dev / Chroma, 256 schnell and SD3)")  # fmt: skip
     g.add_argument("--apply_t5_attn_mask", action="store_true", help="mask T5's padding (Chroma: always)")
+    g.add_argument("--apply_lg_attn_mask", action="store_true", help="mask CLIP-L / CLIP-G padding (SD3)")
 
 
 def _add_image_args(parser: argparse.ArgumentParser) -> None:
@@ -126,11 +133,12 @@ def _add_image_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--batch_size", type=int, default=1, help="images generated together")
     g.add_argument("--steps", type=int, default=None,
                    help=f"denoising steps (default: {GEN_IMG_DDPM_DEFAULTS['steps']}; flow-matching models "
-                   f"(FLUX.1, Chroma): {DEFAULT_FLOW_STEPS})")  # fmt: skip
+                   f"(FLUX.1, Chroma): {DEFAULT_FLOW_STEPS}, SD3: 30)")  # fmt: skip
     g.add_argument("--sampler", type=str, default="ddim", choices=list(SAMPLER_NAMES), help="sampler (scheduler)")
     g.add_argument("--scale", type=float, default=None,
                    help=f"classifier-free guidance scale (default: {GEN_IMG_DDPM_DEFAULTS['scale']}; flow-matching "
-                   f"models: {DEFAULT_FLOW_SCALE}, no CFG; else true CFG with the negative prompt)")  # fmt: skip
+                   f"models: FLUX.1 / Chroma {DEFAULT_FLOW_SCALE}, no CFG, SD3 7.5; else true CFG with the negative "
+                   "prompt)")  # fmt: skip
     g.add_argument("--guidance", type=float, default=None,
                    help=f"embedded guidance of FLUX.1 dev (default {DEFAULT_GUIDANCE}; a prompt's --g overrides it); "
                    "noted and ignored by models without it")  # fmt: skip

@@ -423,10 +423,13 @@ class SD3Family:
         return pipeline_of(parts, scheduler)
 
     def flow_sampling(self, parts: Parts) -> FlowSampling:
-        """No embedded guidance, no resolution-dependent shift (the scheduler's static ``shift``, 3.0, applies:
-        ``parts.scheduler_config["shift"]``), 16 latent channels (the transformer's input channels; not packed)."""
+        """No embedded guidance, no resolution-dependent shift but the scheduler's static ``shift`` (3.0:
+        ``parts.scheduler_config["shift"]``), 16 latent channels (the transformer's input channels), noise drawn
+        unpacked, and sd-scripts' SD3 sample defaults: 30 steps, CFG scale 7.5 (``sd3_train_utils``)."""
         return FlowSampling(embedded_guidance=False, shift=False,
-                            latent_channels=int(parts.denoiser.config.in_channels))  # fmt: skip
+                            latent_channels=int(parts.denoiser.config.in_channels),
+                            static_shift=float(parts.scheduler_config.get("shift", 3.0)), packed_noise=False,
+                            default_steps=30, default_scale=7.5)  # fmt: skip
 
     def default_resolution(self, prediction_type: str = FLOW_MATCHING) -> int:
         """Native resolution: 1024."""

@@ -1,0 +1,272 @@
+"""SD3 / SD3.5 text-to-image with LoRA, with sd-scripts' ``sd3_minimal_inference.py`` command line.
+
+    python sd3_minimal_inference.py --ckpt_path sd3.5_medium.safetensors --clip_l clip_l.safetensors \\
+        --clip_g clip_g.safetensors --t5xxl t5xxl_fp16.safetensors --prompt "a cat" --seed 1 --steps 28 \\
+        --cfg_scale 5 --lora_weights "my_lora.safetensors;0.8" --output_dir out [--bf16] [--offload] [--interactive]
+
+Every flag of sd-scripts' script is read: the model comes from our SD3 family (``library/families/sd3``: an SAI
+single file with or without its text encoders, ``--clip_l --clip_g --t5xxl``, or a diffusers folder), the image
+from our flow-matching Euler sampler (``library/sampling/flow*.py``: shift 3.0, the same code as gen_img.py and
+samples during training; equal to diffusers' ``StableDiffusion3Pipeline``), the LoRA from our adapter code (any
+algorithm we read, kohya / LyCORIS files, live or merged). As in sd-scripts:
+
+* true CFG ``v = v_neg + cfg·(v_pos - v_neg)`` always, with ``--negative_prompt`` (default empty) and
+  ``--cfg_scale`` (default 5.0; 1.0 gives the unguided image, so the negative pass is skipped); 50 steps, 1024 x 1024;
+* ``--t5xxl_token_length`` (256) T5 tokens; ``--apply_lg_attn_mask`` / ``--apply_t5_attn_mask`` mask the padding;
+* every part in float32, or ``--fp16`` / ``--bf16``; ``--offload`` keeps the parts on the CPU and moves each to the
+  device only while it runs (text encoders, then the transformer, then the VAE);
+* ``--lora_weights path;multiplier``; ``--merge_lora_weights`` bakes them into the weights, as do several files;
+* ``--interactive`` reads prompts from stdin until an empty line, with sd-scripts' options ``--w --h --s --d --m --n
+  (- for empty) --c``; width, height, steps and CFG scale carry over to the next prompt, seed and negative prompt
+  fall back to ``--seed`` / ``--negative_prompt``; a prompt with a size that is not a multiple of 16 is skipped.
+
+Differences on purpose: the noise comes from a CPU generator in float32 (the same image on every device; sd-scripts
+draws on the device in the model dtype), sizes must be multiples of 16 (sd-scripts rounds down to 8, which the 2x2
+patches of the transformer cannot take), the PNG carries its prompt and settings, and no image is overwritten.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from flux_minimal_inference import Lora, _lora, apply_loras, device_of_choice, on_device, set_multipliers
+from library import deferred_imports
+from library.families.base import ModelFamily, Parts
+from library.logs import add_logging_args
+from library.problems import ConfigError
+from library.runtime import console_logging
+from library.sampling.prompts import PromptSpec
+from networks.tool_common import main_guard
+
+log = logging.getLogger("sd3_minimal_inference")
+
+SD3_FAMILIES = ("sd3", "sd3.5-medium", "sd3.5-large")
+DEFAULT_SIZE = 1024  # sd-scripts' target_width / target_height
+SIZE_MULTIPLE = 16  # an 8x VAE and the transformer's 2x2 patches
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_logging_args(parser)
+    g = parser.add_argument_group("model")
+    g.add_argument("--ckpt_path", type=str, required=True, help="SAI single file or a diffusers folder")
+    g.add_argument("--clip_g", type=str, required=False, help="CLIP-G file (default: the one in --ckpt_path)")
+    g.add_argument("--clip_l", type=str, required=False, help="CLIP-L file (default: the one in --ckpt_path)")
+    g.add_argument("--t5xxl", type=str, required=False, help="T5-XXL file (default: the one in --ckpt_path)")
+    g.add_argument("--t5xxl_token_length", type=int, default=256, help="t5xxl token length, default: 256")
+    g.add_argument("--apply_lg_attn_mask", action="store_true", help="mask CLIP-L / CLIP-G padding")
+    g.add_argument("--apply_t5_attn_mask", action="store_true", help="mask T5's padding")
+    g = parser.add_argument_group("image")
+    g.add_argument("--prompt", type=str, default="A photo of a cat", help="prompt")
+    g.add_argument("--negative_prompt", type=str, default="", help="negative prompt of the true CFG")
+    g.add_argument("--cfg_scale", type=float, default=5.0, help="true CFG scale")
+    g.add_argument("--output_dir", type=str, default=".", help="folder of the PNG")
+    g.add_argument("--seed", type=int, default=1, help="seed")
+    g.add_argument("--steps", type=int, default=50, help="steps")
+    g.add_argument("--width", type=int, default=DEFAULT_SIZE, help="width, a multiple of 16")
+    g.add_argument("--height", type=int, default=DEFAULT_SIZE, help="height, a multiple of 16")
+    g.add_argument("--interactive", action="store_true", help="read prompts with options from stdin")
+    g = parser.add_argument_group("precision and memory")
+    g.add_argument("--fp16", action="store_true", help="every part in float16 (default float32)")
+    g.add_argument("--bf16", action="store_true", help="every part in bfloat16 (default float32)")
+    g.add_argument("--offload", action="store_true", help="keep the parts on the CPU, each on the device as it runs")
+    g = parser.add_argument_group("LoRA")
+    g.add_argument("--lora_weights", type=str, nargs="*", default=[], help="adapter files as path;multiplier")
+    g.add_argument("--merge_lora_weights", action="store_true", help="merge the adapters into the model weights")
+    return parser
+
+
+@dataclasses.dataclass(frozen=True)
+class InferenceConfig:
+    """The validated command line."""
+
+    ckpt: Path
+    files: dict  # load(...) keyword -> path: clip_l, clip_g, t5xxl
+    t5xxl_max_token_length: int
+    apply_lg_attn_mask: bool
+    apply_t5_attn_mask: bool
+    spec: PromptSpec
+    seed: int
+    output_dir: Path
+    interactive: bool
+    dtype: torch.dtype
+    offload: bool
+    loras: tuple[Lora, ...]
+    merge: bool
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> InferenceConfig:
+        """Every problem of the command line at once (``ConfigError``)."""
+        problems: list[str] = []
+        if args.fp16 and args.bf16:
+            problems.append("--fp16 and --bf16: pass one of them (default float32)")
+        if not Path(args.ckpt_path).exists():
+            problems.append(f"--ckpt_path {args.ckpt_path}: no such file or folder")
+        files = {k: getattr(args, k) for k in ("clip_l", "clip_g", "t5xxl") if getattr(args, k)}
+        for flag, path in files.items():
+            if not Path(path).is_file():
+                problems.append(f"--{flag} {path}: no such file")
+        loras = tuple(_lora(value, problems) for value in args.lora_weights)
+        for flag in ("steps", "t5xxl_token_length"):
+            if getattr(args, flag) < 1:
+                problems.append(f"--{flag} must be >= 1, got {getattr(args, flag)}")
+        problems += size_problems(args.width, args.height, "--width", "--height")
+        if problems:
+            raise ConfigError(problems)
+        spec = PromptSpec(args.prompt, negative_prompt=args.negative_prompt, width=args.width, height=args.height,
+                          steps=args.steps, scale=args.cfg_scale)  # fmt: skip
+        dtype = torch.float16 if args.fp16 else torch.bfloat16 if args.bf16 else torch.float32
+        return cls(
+            ckpt=Path(args.ckpt_path), files=files, t5xxl_max_token_length=args.t5xxl_token_length,
+            apply_lg_attn_mask=args.apply_lg_attn_mask, apply_t5_attn_mask=args.apply_t5_attn_mask, spec=spec,
+            seed=args.seed, output_dir=Path(args.output_dir), interactive=args.interactive, dtype=dtype,
+            offload=args.offload, loras=tuple(x for x in loras if x is not None), merge=args.merge_lora_weights,
+        )  # fmt: skip
+
+
+def size_problems(width: int, height: int, width_name: str = "--w", height_name: str = "--h") -> list[str]:
+    """Sides that are not positive multiples of 16, each with the nearest smaller size to use instead."""
+    problems = []
+    for name, value in ((width_name, width), (height_name, height)):
+        if value < SIZE_MULTIPLE or value % SIZE_MULTIPLE:
+            lower = max(SIZE_MULTIPLE, value - value % SIZE_MULTIPLE)
+            problems.append(f"{name} {value}: must be a multiple of {SIZE_MULTIPLE} (an 8x VAE and 2x2 patches); "
+                            f"try {lower}")  # fmt: skip
+    return problems
+
+
+def load_model(cfg: InferenceConfig, device: torch.device) -> tuple[ModelFamily, Parts]:
+    """The SD3 family detected from the weights and its parts in ``cfg.dtype``, on the CPU with ``--offload``, else
+    on ``device``."""
+    from library.families import detect_family
+
+    family = detect_family(cfg.ckpt)
+    if family.name not in SD3_FAMILIES:
+        raise ValueError(f"--ckpt_path {cfg.ckpt}: a {family.name} model; this script samples SD3 / SD3.5 only "
+                         "(use gen_img.py)")  # fmt: skip
+    parts = family.load(
+        cfg.ckpt, dtype=cfg.dtype, device="cpu" if cfg.offload else device,
+        t5xxl_max_token_length=cfg.t5xxl_max_token_length,
+        apply_lg_attn_mask=True if cfg.apply_lg_attn_mask else None,
+        apply_t5_attn_mask=True if cfg.apply_t5_attn_mask else None, **cfg.files,
+    )  # fmt: skip
+    return family, parts
+
+
+def generate_image(
+    cfg: InferenceConfig, family: ModelFamily, parts: Parts, spec: PromptSpec, seed: int, device: torch.device
+) -> Path:
+    """One image of ``spec`` with ``seed``, saved as a PNG; returns its path."""
+    from library.sampling.flow_generate import encode_flow_prompts, sample_flow_latents
+    from library.sampling.generate import resolve, to_pil
+    from library.sampling.images import png_info, save_png
+
+    spec = resolve(spec, family, parts)
+    log.info("seed %d, %dx%d, %d steps, CFG %s, negative prompt %r", seed, spec.width, spec.height, spec.steps,
+             spec.scale, spec.negative_prompt)  # fmt: skip
+    generator = torch.Generator("cpu").manual_seed(seed)
+    with torch.no_grad():
+        with on_device(parts.text_encoders, device, cfg.offload):
+            cond = encode_flow_prompts(family, parts, [spec])
+        with on_device([parts.denoiser], device, cfg.offload):
+            latents = sample_flow_latents(family, parts, [spec], cond, [generator])
+        with on_device([parts.vae], device, cfg.offload):
+            vae_device = next(parts.vae.parameters()).device
+            pixels = family.decode_latents(parts, latents.to(vae_device))
+    image = to_pil(pixels)[0]
+    cfg.output_dir.mkdir(parents=True, exist_ok=True)
+    stem = datetime.datetime.now().strftime("%Y%m%d_%H%M%S")
+    path, n = cfg.output_dir / f"{stem}.png", 1
+    while path.exists():  # never overwrite an earlier image
+        path, n = cfg.output_dir / f"{stem}_{n}.png", n + 1
+    save_png(image, path, png_info(spec, seed, model=cfg.ckpt.name))
+    log.info("saved %s", path)
+    return path
+
+
+def interactive_options(
+    line: str, spec: PromptSpec, default_negative: str, networks: list[Any]
+) -> tuple[PromptSpec, int | None] | None:
+    """One interactive line (sd-scripts' options) applied to the previous ``spec``: the new spec and its seed (None:
+    ``--seed``), or None for an empty line (the end). ``--w --h --s --c`` carry over; ``--n`` is per prompt (``-``:
+    empty; not given: ``default_negative``); ``--m a,b`` sets the live networks' multipliers. A bad option is logged
+    and skipped, as sd-scripts does."""
+    if not line.strip():
+        return None
+    prompt, *options = line.split("--")
+    spec = dataclasses.replace(spec, prompt=prompt.strip(), negative_prompt=default_negative)
+    seed = None
+    fields = {"w": ("width", int), "h": ("height", int), "s": ("steps", int), "c": ("scale", float)}
+    for option in options:
+        option = option.strip()
+        key, value = option[:1], option[1:].strip()
+        try:
+            if key in fields:
+                name, kind = fields[key]
+                spec = dataclasses.replace(spec, **{name: kind(value)})
+            elif key == "d":
+                seed = int(value)
+            elif key == "n":
+                spec = dataclasses.replace(spec, negative_prompt="" if value == "-" else value)
+            elif key == "m":
+                set_multipliers(networks, [float(x) for x in value.split(",")])
+            else:
+                log.error("unknown option --%s (use --w --h --s --d --m --n --c)", option)
+        except ValueError as e:
+            log.error("invalid option --%s: %s", option, e)
+    return spec, seed
+
+
+PROMPT_HELP = (
+    "Enter prompt (empty to exit). Options: --w <width> --h <height> --s <steps> --d <seed> --m <multipliers for "
+    "LoRA> --n <negative prompt>, `--n -` for empty negative prompt --c <cfg_scale>"
+)
+
+
+def run(argv: Sequence[str] | None = None) -> list[Path]:
+    """Run the script with ``argv`` (default: the command line); returns the written image paths."""
+    args = build_parser().parse_args(argv)
+    console_logging(args.console_log_level, args.console_log_file, args.console_log_simple)
+    cfg = InferenceConfig.from_args(args)
+    device = device_of_choice()
+    family, parts = load_model(cfg, device)
+    networks = apply_loras(cfg, family, parts, device)
+    if not cfg.interactive:
+        return [generate_image(cfg, family, parts, cfg.spec, cfg.seed, device)]
+    written, spec = [], cfg.spec
+    while True:
+        print(PROMPT_HELP, flush=True)
+        try:
+            line = input()
+        except EOFError:
+            break
+        parsed = interactive_options(line, spec, cfg.spec.negative_prompt, networks)
+        if parsed is None:
+            break
+        new_spec, seed = parsed
+        problems = size_problems(new_spec.width, new_spec.height)
+        if problems:  # skipped: its settings do not carry over
+            log.error("%s: prompt skipped", "; ".join(problems))
+            continue
+        spec = new_spec
+        written.append(generate_image(cfg, family, parts, spec, cfg.seed if seed is None else seed, device))
+    return written
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line: ``run(argv)`` with its exit status (2 and one ``error:`` line for bad input)."""
+    with deferred_imports.enabled():
+        return main_guard(lambda: run(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
