@@ -32,6 +32,7 @@ FLUX_LOAD_FLAGS = ("clip_l", "t5xxl", "ae", "t5xxl_max_token_length", "apply_t5_
 # all read as their file says
 NETWORK_MODULES = (
     "networks.lora", "lycoris.kohya", "networks.dylora", "networks.lora_fa", "networks.oft", "networks.lora_flux",
+    "networks.lora_sd3",
 )  # fmt: skip
 _UNSUPPORTED_STORE = {
     "--from_module": "prompter modules",
