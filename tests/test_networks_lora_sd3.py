@@ -235,6 +235,37 @@ def test_default_targets_are_every_joint_block_linear_and_both_clips():
     assert "lora_unet_joint_blocks_2_context_block_attn_proj" not in names  # the last context side is pre-only
 
 
+def test_verbose_dropouts_and_loraplus_as_sd_scripts(caplog):
+    """verbose lists every module and the skipped ones; rank / module / neuron dropout reach every module and act in
+    training only; LoRA+ puts each part's lora_up at lr × its ratio (sd-scripts' assemble_params: the transformer at
+    --unet_lr, CLIP-L / CLIP-G / T5 at their --text_encoder_lr entries)."""
+    parts = tiny_parts(2)
+    args = ("verbose=True", "x_mlp_dim=0", "rank_dropout=0.5", "module_dropout=0.25", "loraplus_unet_lr_ratio=4",
+            "loraplus_text_encoder_lr_ratio=2", "train_t5xxl=True")  # fmt: skip
+    with caplog.at_level("INFO"):
+        network = inject(sd3_config(*args, flags=("--network_dropout", "0.1")), sd3_roots(parts), CLASSES)
+    assert "lora_unet_joint_blocks_0_x_block_attn_qkv" in caplog.text
+    assert "modules are skipped" in caplog.text and "lora_unet_joint_blocks_1_x_block_mlp_fc2" in caplog.text
+    layers = [network.layer(n) for n in network.names]
+    assert all((lay.rank_dropout, lay.module_dropout, lay.dropout) == (0.5, 0.25, 0.1) for lay in layers)
+    randomize(network)
+    network.set_training(False)
+    a = run(parts.denoiser)
+    torch.testing.assert_close(run(parts.denoiser), a)
+    network.set_training(True)
+    torch.manual_seed(0)
+    assert (run(parts.denoiser) - a).abs().max() > 1e-3
+    groups = network.param_groups(unet_lr=1e-3, text_encoder_lr=[1e-4, 5e-5, 2e-5], learning_rate=3e-4)
+    lr_of = {id(p): g["lr"] for g in groups for p in g["params"]}
+    part_lr = {"lora_unet": 1e-3, "lora_te1": 1e-4, "lora_te2": 5e-5, "lora_te3": 2e-5}
+    for name, adapter in network.adapters.items():
+        lr = part_lr[name[:9].rstrip("_")]
+        ratio = 4 if name.startswith("lora_unet") else 2
+        for key, p in adapter.params.items():
+            assert lr_of[id(p)] == pytest.approx(lr * ratio if key == "lora_up" else lr), (name, key)
+    assert {n[:8] for n in network.names} == {"lora_une", "lora_te1", "lora_te2", "lora_te3"}
+
+
 # ------------------------------------------------------------------------------------------------ split_qkv
 def test_split_qkv_is_sd_scripts_split_forward_saved_fused_at_the_trained_strength(tmp_path):
     parts = tiny_parts(2)
