@@ -1,4 +1,5 @@
-"""Model families: everything that differs between SD1, SD2, SDXL, FLUX.1 dev / schnell and Chroma lives here.
+"""Model families: everything that differs between SD1, SD2, SDXL, FLUX.1 dev / schnell, Chroma and SD3 / SD3.5 lives
+here.
 
 from library.families import SD1, SD2, SDXL, get_family, detect_family
 family = detect_family("model.safetensors")          # or get_family("sdxl")
@@ -30,13 +31,15 @@ from .registry import (
     unregister_family,
 )
 from .sd import SD1, SD2, SDFamily
+from .sd3 import SD3_MEDIUM, SD35_LARGE, SD35_MEDIUM, SD3Family
 from .sdxl import SDXL, SDXLFamily
 
-for _family in (SD1, SD2, SDXL, FLUX_DEV, FLUX_SCHNELL, CHROMA):
+for _family in (SD1, SD2, SDXL, FLUX_DEV, FLUX_SCHNELL, CHROMA, SD3_MEDIUM, SD35_MEDIUM, SD35_LARGE):
     register_family(_family)
 
 __all__ = ["SD1", "SD2", "SDXL", "FAMILIES", "Cond", "ModelFamily", "Parts", "SDFamily", "SDXLFamily"]
 __all__ += ["FLUX_DEV", "FLUX_SCHNELL", "CHROMA", "FluxFamily"]
+__all__ += ["SD3_MEDIUM", "SD35_MEDIUM", "SD35_LARGE", "SD3Family"]
 __all__ += ["EPSILON", "V_PREDICTION", "FLOW_MATCHING", "OBJECTIVES"]
 __all__ += ["get_family", "detect_family", "select_family", "family_as_flagged", "family_group", "register_family"]
 __all__ += ["unregister_family", "trained_together", "family_title", "block_layout", "block_layout_title"]

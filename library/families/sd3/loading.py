@@ -1,0 +1,369 @@
+"""Loading SD3 / SD3.5 as users have it, without the hub.
+
+* ``path``: the SAI single file (``sd3.5_large.safetensors``, ``sd3_medium_incl_clips_t5xxlfp16.safetensors``): the
+  transformer under ``model.diffusion_model.`` (or no prefix), with or without the VAE (``first_stage_model.``, LDM
+  names) and the text encoders (``text_encoders.clip_l.transformer.``, ``text_encoders.clip_g.transformer.``,
+  ``text_encoders.t5xxl.transformer.``, transformers names); bf16, fp16 or float8_e4m3fn tensors, each cast to the
+  load dtype as it is read. Also a diffusers ``SD3Transformer2DModel`` single file (``transformer.`` prefix or not),
+  a diffusers transformer folder, or a full ``StableDiffusion3Pipeline`` folder (``transformer/``, ``vae/``,
+  ``text_encoder/`` CLIP-L, ``text_encoder_2/`` CLIP-G, ``text_encoder_3/`` T5, ``tokenizer*/``, ``scheduler/``).
+* ``clip_l`` / ``clip_g`` / ``t5xxl`` / ``vae`` (sd-scripts' ``--clip_l --clip_g --t5xxl --vae``): single files with
+  transformers names (CLIP: ``text_model.`` prefix or not, ``text_projection.weight`` optional: identity when absent,
+  as sd-scripts and diffusers do for CLIP-L; T5: ``shared.weight`` + ``encoder.*`` or ``encoder.*`` only, fp8 too),
+  the VAE under LDM or diffusers names, or diffusers folders. A flag replaces the part the model file or folder holds
+  (sd-scripts reads an embedded CLIP-G / T5 even when the flag is given; here the flag wins, with a log line).
+  A part neither the model nor a flag provides is an error naming the flag, raised before any weight is read.
+
+The variant (sd3 / sd3.5-medium / sd3.5-large) is read from the weights (``keys.Layout.variant``). The transformer
+config is read from the weights too, as sd-scripts' ``sd3_utils.analyze_state_dict_state`` does (width, depth,
+patch, ``pos_embed`` size, context and pooled widths, dual-attention blocks, q/k norm); the head width is 64 (every
+release), or the q/k norm's width when there is one, or the tiny model's 8 for widths no multiple of 64. Configs our
+writer stored in the file (``sdtrain.configs``) come first.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..base import PartDtypes, Parts, TextEncoderSpec
+from ..convert import clip_from_ldm, hf_for_model, strip_prefix, vae_diffusers_rename_old, vae_from_ldm, vae_ldm_keys
+from ..flux.loading import KeyView, _fitting, read_weights, t5_names
+from ..loading import META_CONFIGS, WEIGHT_SUFFIXES, finish, instantiate
+from ..tokenizers import PAD_CLIP_L, PAD_OPEN_CLIP, load_tokenizers
+from . import keys as K
+from . import tiny
+from .configs import clip_factory, released, t5_factory, transformer_factory, vae_factory
+from .text import load_t5_tokenizer
+
+log = logging.getLogger(__name__)
+
+TRANSFORMER_CLASS = "SD3Transformer2DModel"
+TE_PREFIXES = ("text_encoders.clip_l.transformer.", "text_encoders.clip_g.transformer.",
+               "text_encoders.t5xxl.transformer.")  # fmt: skip
+TE_FLAGS = ("--clip_l", "--clip_g", "--t5xxl")
+TE_FOLDERS = ("text_encoder", "text_encoder_2", "text_encoder_3")
+TE_TITLES = ("CLIP-L", "CLIP-G", "T5-XXL")
+CLIP_L_SPEC = TextEncoderSpec("text_encoders.clip_l.transformer.", "clip", True, PAD_CLIP_L,
+                              "openai/clip-vit-large-patch14", "clip_l")  # fmt: skip
+CLIP_G_SPEC = TextEncoderSpec("text_encoders.clip_g.transformer.", "clip", True, PAD_OPEN_CLIP,
+                              "laion/CLIP-ViT-bigG-14-laion2B-39B-b160k", "clip_g")  # fmt: skip
+T5_SPEC = TextEncoderSpec("text_encoders.t5xxl.transformer.", "t5", False, "<pad>", "google/t5-v1_1-xxl", "t5xxl")
+VAE_PREFIX = "first_stage_model."
+
+
+def _shape(state: Mapping[str, Any], key: str) -> tuple[int, ...]:
+    return tuple(state.shape(key)) if callable(getattr(state, "shape", None)) else tuple(state[key].shape)
+
+
+def _stored(metadata: Mapping[str, str]) -> dict | None:
+    return json.loads(metadata[META_CONFIGS]) if META_CONFIGS in metadata else None
+
+
+# ------------------------------------------------------------------------------------------------ what a path is
+def variant_of_keys(keys: list[str]) -> str | None:
+    """The variant of a single file's keys: an SAI transformer (prefix or not) or a diffusers one, else None."""
+    if K.is_sai(keys):
+        return K.sai_layout(keys).variant
+    stripped = [k.removeprefix("transformer.") for k in keys]
+    if K.is_diffusers(stripped):
+        return K.diffusers_layout(stripped).variant
+    return None
+
+
+def _transformer_config_file(folder: Path) -> Path | None:
+    for candidate in (folder / "transformer" / "config.json", folder / "config.json"):
+        if candidate.is_file():
+            try:
+                if json.loads(candidate.read_text()).get("_class_name") == TRANSFORMER_CLASS:
+                    return candidate
+            except json.JSONDecodeError:
+                return None
+    return None
+
+
+def variant_of_folder(folder: Path) -> str | None:
+    """The variant of a diffusers SD3 pipeline or transformer folder (from its transformer config), else None."""
+    config = _transformer_config_file(Path(folder))
+    if config is None:
+        return None
+    data = json.loads(config.read_text())
+    layout = K.Layout(int(data.get("num_layers", 0)), tuple(data.get("dual_attention_layers") or ()),
+                      bool(data.get("qk_norm")))  # fmt: skip
+    return layout.variant
+
+
+# ------------------------------------------------------------------------------------------------ the transformer
+def transformer_config(state: Mapping[str, Any], layout: K.Layout) -> dict:
+    """The ``SD3Transformer2DModel`` config of a diffusers-named transformer state dict (a dict or a lazy view) with
+    ``layout``, read from its shapes (module docstring)."""
+    width, in_channels, patch, _ = _shape(state, "pos_embed.proj.weight")
+    head = _shape(state, "transformer_blocks.0.attn.norm_q.weight")[0] if layout.qk_norm else (
+        64 if width % 64 == 0 else tiny.TRANSFORMER["attention_head_dim"])  # fmt: skip
+    return dict(
+        sample_size=128 if width % 64 == 0 else tiny.TRANSFORMER["sample_size"],
+        patch_size=patch,
+        in_channels=in_channels,
+        num_layers=layout.num_layers,
+        attention_head_dim=head,
+        num_attention_heads=width // head,
+        joint_attention_dim=_shape(state, "context_embedder.weight")[1],
+        caption_projection_dim=_shape(state, "context_embedder.weight")[0],
+        pooled_projection_dim=_shape(state, "time_text_embed.text_embedder.linear_1.weight")[1],
+        out_channels=_shape(state, "proj_out.weight")[0] // (patch * patch),
+        pos_embed_max_size=math.isqrt(_shape(state, "pos_embed.pos_embed")[1]),
+        dual_attention_layers=tuple(layout.dual_attention_layers),
+        qk_norm="rms_norm" if layout.qk_norm else None,
+    )
+
+
+def load_transformer_file(path: Path, state: Mapping[str, Any], metadata: Mapping[str, str], variant: str | None,
+                          dtype: Any, device: Any) -> tuple[nn.Module, str]:  # fmt: skip
+    """The transformer of an SAI or diffusers single file (``state``: its lazy reader) -> (module, variant)."""
+    keys = list(state.keys())
+    found = variant_of_keys(keys)
+    if found is None:
+        raise ValueError(
+            f"{path}: no SD3 transformer found (no joint_blocks.0.x_block.attn.qkv.weight and no diffusers "
+            "transformer_blocks.0.attn.add_k_proj.weight + pos_embed.proj.weight); pass the SAI single file "
+            "(sd3.5_large.safetensors, sd3_medium.safetensors) or a diffusers SD3 folder"
+        )
+    if variant is not None and found != variant:
+        raise ValueError(f"{path}: this is an {found} model, but {variant} was expected; load it as {found}")
+    if K.is_sai(keys):
+        transformer_keys = [k for k in keys if k.removeprefix(K.SAI_PREFIX).split(".")[0] in K.TOP_MODULES]
+        view = K.SaiToDiffusers(KeyView(state, {k: k for k in transformer_keys}))
+        missing = view.missing_sources()
+        if missing:
+            raise ValueError(f"{path}: the SAI transformer lacks {len(missing)} weights, e.g. {', '.join(missing[:3])}"
+                             " (a truncated or partial file?)")  # fmt: skip
+        unused = view.unused_sources()
+        if unused:
+            raise ValueError(f"{path}: transformer weights this {found} model has no place for: "
+                             f"{', '.join(unused[:3])}")  # fmt: skip
+        named: Mapping[str, Any] = view
+        layout = view.layout
+    else:
+        named = strip_prefix(state, "transformer.") if any(k.startswith("transformer.") for k in keys) else state
+        layout = K.diffusers_layout(list(named.keys()))
+    stored = _stored(metadata)
+    config = dict(stored["transformer"]) if stored and "transformer" in stored else transformer_config(named, layout)
+    source = "the configs stored in the file" if stored else "the shapes of its weights"
+    return instantiate(transformer_factory(config), named, "transformer", path, source, dtype, device=device), found
+
+
+# ------------------------------------------------------------------------------------------------ text encoders, VAE
+def _te_candidates(stored: Mapping | None, index: int) -> list[tuple[dict, str]]:
+    if stored is not None and len(stored.get("text_encoders", [])) > index:
+        return [(dict(stored["text_encoders"][index]), "the configs stored in the file")]
+    tiny_config = (tiny.CLIP_L, tiny.CLIP_G, tiny.T5)[index]
+    return [(released(K.SD3)["text_encoders"][index], "the released config"), (dict(tiny_config), "the tiny config")]
+
+
+def load_clip(index: int, path: Path, state: Mapping[str, Any], dtype: Any, device: Any, stored: Mapping | None,
+              what: str) -> nn.Module:  # fmt: skip
+    """CLIP-L (``index`` 0) or CLIP-G (1) as ``CLIPTextModelWithProjection`` from transformers names (``text_model.``
+    prefix or not); a missing ``text_projection.weight`` is the identity (SAI's CLIP-L has none)."""
+    for prefix in (TE_PREFIXES[index], "cond_stage_model.transformer."):
+        if any(k.startswith(prefix) for k in state.keys()):
+            state = strip_prefix(state, prefix)
+    if not any("encoder.layers.0.self_attn.q_proj.weight" in k for k in state.keys()):
+        raise ValueError(f"{what} {path}: no {TE_TITLES[index]} weights (expected transformers CLIP keys such as "
+                         "text_model.encoder.layers.0.self_attn.q_proj.weight)")  # fmt: skip
+    canonical = {k: v for k, v in clip_from_ldm(dict(state.items())).items() if not k.startswith("logit_scale")}
+    if "text_projection.weight" not in canonical:
+        width = canonical["text_model.final_layer_norm.weight"].shape[0]
+        canonical["text_projection.weight"] = torch.eye(width)
+    candidates = _te_candidates(stored, index)
+    return _fitting(candidates, clip_factory, canonical, f"{TE_TITLES[index]} ({what})", path, dtype, device,
+                    hf_for_model)  # fmt: skip
+
+
+def load_t5(path: Path, source: Mapping[str, Any], dtype: Any, device: Any, stored: Mapping | None,
+            what: str) -> nn.Module:  # fmt: skip
+    """T5-XXL from transformers names (see ``flux.loading.t5_names``), read tensor by tensor."""
+    state = KeyView(source, t5_names(list(source.keys())))
+    if "encoder.block.0.layer.0.SelfAttention.q.weight" not in state:
+        raise ValueError(f"{what} {path}: no T5 encoder weights (expected transformers T5 keys such as "
+                         "encoder.block.0.layer.0.SelfAttention.q.weight)")  # fmt: skip
+    return _fitting(_te_candidates(stored, 2), t5_factory, state, f"T5-XXL ({what})", path, dtype, device)
+
+
+def load_vae(path: Path, state: Mapping[str, Any], dtype: Any, device: Any, stored: Mapping | None,
+             what: str) -> nn.Module:  # fmt: skip
+    """The 16-channel VAE under LDM names (``first_stage_model.`` / ``vae.`` or bare) or diffusers names."""
+    candidates = (
+        [(stored["vae"], "the configs stored in the file")]
+        if stored and stored.get("vae")
+        else [(released(K.SD3)["vae"], "the released VAE config"), (dict(tiny.AE), "the tiny VAE config")]
+    )
+    ldm = vae_ldm_keys(dict(state.items()))
+    if ldm:
+        if any(k.startswith(("quant_conv.", "post_quant_conv.")) for k in ldm):
+            raise ValueError(
+                f"{what} {path}: this VAE has quant convs (an SD/SDXL VAE?); SD3's 16-channel VAE has none"
+            )
+
+        def adapt(source, model):
+            return vae_from_ldm(source, model.config, model.state_dict().keys())
+
+        return _fitting(candidates, vae_factory, ldm, f"VAE ({what})", path, dtype, device, adapt)
+    state = vae_diffusers_rename_old(strip_prefix(state, "vae.") or dict(state.items()))
+    if not any(k.startswith("encoder.down_blocks.") for k in state):
+        raise ValueError(f"{what} {path}: no VAE weights found; expected LDM keys (encoder.down.0.block.0...) or "
+                         "diffusers keys (encoder.down_blocks.*)")  # fmt: skip
+    return _fitting(candidates, vae_factory, state, f"VAE ({what})", path, dtype, device)
+
+
+def _part_file(flag: str, path: Path, index: int | None, dtype: Any, device: Any, stored: Mapping | None) -> nn.Module:
+    """A ``--clip_l / --clip_g / --t5xxl / --vae`` file or diffusers folder."""
+    if path.is_dir():
+        return _from_folder(path, None, index, dtype, device)
+    source, metadata = read_weights(path)
+    stored = _stored(metadata) or stored
+    if index is None:
+        return load_vae(path, source, dtype, device, stored, flag)
+    if index == 2:
+        return load_t5(path, source, dtype, device, stored, flag)
+    return load_clip(index, path, source, dtype, device, stored, flag)
+
+
+def _from_folder(root: Path, sub: str | None, index: int | None, dtype: Any, device: Any) -> nn.Module:
+    """A diffusers component folder (``root / sub``, or ``root`` itself / its ``vae`` or ``text_encoder*``)."""
+    from diffusers import AutoencoderKL
+    from transformers import CLIPTextModelWithProjection, T5EncoderModel
+
+    from ..loading import _tf_dtype
+
+    folder = root / sub if sub else root
+    if not (folder / "config.json").is_file():
+        raise ValueError(f"{folder}: not a diffusers / transformers model folder (no config.json)")
+    if index is None:
+        return AutoencoderKL.from_pretrained(folder, torch_dtype=dtype).to(device)
+    cls = T5EncoderModel if index == 2 else CLIPTextModelWithProjection
+    return cls.from_pretrained(folder, **_tf_dtype(dtype)).to(device)
+
+
+# ------------------------------------------------------------------------------------------------ the whole model
+def check_sd3_path(path: str | Path, flag: str = "--pretrained_model_name_or_path") -> Path:
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{flag} {path}: no such file or folder (expected an SD3 / SD3.5 SAI .safetensors "
+                                "file or a diffusers StableDiffusion3Pipeline folder)")  # fmt: skip
+    if path.is_file() and path.suffix.lower() not in WEIGHT_SUFFIXES:
+        raise ValueError(f"{flag} {path}: unsupported file type {path.suffix!r}; expected .safetensors")
+    if path.is_dir() and variant_of_folder(path) is None:
+        raise ValueError(f"{flag} {path}: not a diffusers SD3 folder (no transformer/config.json of an "
+                         "SD3Transformer2DModel)")  # fmt: skip
+    return path
+
+
+def load_sd3(
+    variant: str,
+    path: str | Path,
+    *,
+    dtype: Any = torch.float32,
+    device: Any = "cpu",
+    clip_l: str | Path | None = None,
+    clip_g: str | Path | None = None,
+    t5xxl: str | Path | None = None,
+    vae: str | Path | None = None,
+    tokenizer_cache_dir: str | None = None,
+) -> Parts:
+    """Load a ``variant`` ("sd3" | "sd3.5-medium" | "sd3.5-large") model from ``path`` and the part files (module
+    docstring); ``dtype``: one dtype or :class:`PartDtypes`. Parts come back frozen, in eval mode, on ``device``;
+    ``text_encoders`` = [CLIP-L, CLIP-G, T5-XXL]."""
+    dtypes = PartDtypes.of(dtype)
+    path = check_sd3_path(path)
+    given = {f: Path(p) for f, p in zip((*TE_FLAGS, "--vae"), (clip_l, clip_g, t5xxl, vae)) if p is not None}
+    for flag, p in given.items():
+        if not p.exists():
+            raise FileNotFoundError(f"{flag} {p}: no such file or folder")
+        if p.is_file() and p.suffix.lower() not in WEIGHT_SUFFIXES:
+            raise ValueError(f"{flag} {p}: unsupported file type {p.suffix!r}; expected .safetensors")
+    folder = path if path.is_dir() else None
+    root = folder if folder is not None and (folder / "transformer" / "config.json").is_file() else None
+    state: Mapping[str, Any] = {}
+    metadata: dict[str, str] = {}
+    if folder is None:
+        state, metadata = read_weights(path)
+        keys = list(state.keys())
+        has = {f: any(k.startswith(p) for k in keys) for f, p in zip(TE_FLAGS, TE_PREFIXES)}
+        has["--vae"] = any(k.startswith(VAE_PREFIX) for k in keys)
+    else:
+        found = variant_of_folder(path)
+        if found != variant:
+            raise ValueError(f"{path}: this is an {found} model, but {variant} was expected; load it as {found}")
+        has = {f: root is not None and (root / sub / "config.json").is_file()
+               for f, sub in zip((*TE_FLAGS, "--vae"), (*TE_FOLDERS, "vae"))}  # fmt: skip
+    missing = [f for f in (*TE_FLAGS, "--vae") if f not in given and not has[f]]
+    if missing:
+        where = f"the diffusers folder {path}" if folder is not None else f"the single file {path}"
+        raise ValueError(
+            f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} required: {where} does not hold "
+            f"{'this part' if len(missing) == 1 else 'these parts'} (SD3 needs CLIP-L, CLIP-G, T5-XXL and the VAE); "
+            "pass the single files as sd-scripts does (e.g. --clip_l clip_l.safetensors --clip_g clip_g.safetensors "
+            "--t5xxl t5xxl_fp16.safetensors), or a model file that includes them"
+        )
+    for flag in given:
+        if has[flag]:
+            log.info("%s %s replaces the part held by %s", flag, given[flag], path)
+    stored = None
+    if folder is None:
+        denoiser, _ = load_transformer_file(path, state, metadata, variant, dtypes.denoiser, device)
+        stored = _stored(metadata)
+    else:
+        denoiser = _load_transformer_folder(folder, dtypes.denoiser, device)
+    encoders = []
+    for i, flag in enumerate(TE_FLAGS):
+        if flag in given:
+            encoders.append(_part_file(flag, given[flag], i, dtypes.text_encoders, device, stored))
+        elif folder is None:
+            prefix = TE_PREFIXES[i]
+            part = KeyView(state, {k: k for k in state.keys() if k.startswith(prefix)})
+            loader = load_t5 if i == 2 else (lambda *a, i=i: load_clip(i, *a))
+            encoders.append(loader(path, part, dtypes.text_encoders, device, stored, "model file"))
+        else:
+            encoders.append(_from_folder(root, TE_FOLDERS[i], i, dtypes.text_encoders, device))
+    if "--vae" in given:
+        vae_module = _part_file("--vae", given["--vae"], None, dtypes.vae, device, stored)
+    elif folder is None:
+        part = KeyView(state, {k: k for k in state.keys() if k.startswith(VAE_PREFIX)})
+        vae_module = load_vae(path, part, dtypes.vae, device, stored, "model file")
+    else:
+        vae_module = _from_folder(root, "vae", None, dtypes.vae, device)
+    tokenizers = _tokenizers(root, tokenizer_cache_dir)
+    scheduler = _scheduler_config(variant, root, stored)
+    parts = Parts(denoiser, vae_module, encoders, tokenizers, scheduler, variant, str(path), {})
+    return finish(parts, device)
+
+
+def _load_transformer_folder(folder: Path, dtype: Any, device: Any) -> nn.Module:
+    from diffusers import SD3Transformer2DModel
+
+    return SD3Transformer2DModel.from_pretrained(_transformer_config_file(folder).parent, torch_dtype=dtype).to(device)
+
+
+def _tokenizers(root: Path | None, cache_dir: str | None) -> list:
+    """CLIP-L (pads with ``<|endoftext|>``), CLIP-G (pads with "!", id 0, as sd-scripts forces) and T5: the
+    folder's own, else ``--tokenizer_cache_dir``'s, else the bundled vocabularies."""
+    clips = load_tokenizers([CLIP_L_SPEC, CLIP_G_SPEC], root, cache_dir)
+    return [*clips, load_t5_tokenizer(root / "tokenizer_3" if root else None, cache_dir)]
+
+
+def _scheduler_config(variant: str, root: Path | None, stored: Mapping | None) -> dict:
+    config = released(variant)["scheduler"]
+    if stored is not None and "scheduler" in stored:
+        config.update(stored["scheduler"])
+    file = root / "scheduler" / "scheduler_config.json" if root is not None else None
+    if file is not None and file.is_file():
+        config.update({k: v for k, v in json.loads(file.read_text()).items() if not k.startswith("_")})
+    config["prediction_type"] = "flow_matching"
+    return config
