@@ -17,9 +17,10 @@ import re
 
 import pytest
 import torch
-from _networks_helpers import make_config, single_thread, te_rename  # noqa: F401
+from _networks_helpers import make_config, single_thread  # noqa: F401
 
-from library.families.base import Parts, Root, TargetClasses
+from library.families import get_family
+from library.families.base import Parts, Root
 from library.families.sd3 import keys as K
 from library.weight_files import load_state_dict, save_state_dict
 from networks import inject, network_from_file
@@ -27,15 +28,8 @@ from networks.inject import prepare_network
 
 DIM, ALPHA = 4, 2.0
 WIDTH = 32
-CLIP_CLASSES = ("CLIPAttention", "CLIPSdpaAttention", "CLIPFlashAttention2", "CLIPMLP")
-# the SD3 family's target classes (library/families/sd3 gives them; the same names)
-CLASSES = TargetClasses(
-    transformer=("JointTransformerBlock",),
-    attention=("Attention",),
-    text_encoder={"lora_te1": CLIP_CLASSES, "lora_te2": CLIP_CLASSES, "lora_te3": ()},
-    full_names=("pos_embed.proj", "time_text_embed", "context_embedder", "norm_out", "proj_out"),
-    text_encoder_attention={"lora_te1": CLIP_CLASSES[:3], "lora_te2": CLIP_CLASSES[:3], "lora_te3": ()},
-)
+FAMILY = get_family("sd3.5-medium")
+CLASSES = FAMILY.target_classes
 
 
 def tiny_parts(num_layers: int = 3, dual: tuple[int, ...] = (0,), seed: int = 0) -> Parts:
@@ -66,18 +60,9 @@ def tiny_parts(num_layers: int = 3, dual: tuple[int, ...] = (0,), seed: int = 0)
 
 
 def sd3_roots(parts: Parts) -> list[Root]:
-    """What the SD3 family's ``adapter_roots`` gives: the transformer under SAI module names with its fused qkv /
-    swapped modulations (library.families.sd3.keys), CLIP-L / CLIP-G with ``text_model.``, T5 as it is."""
-    model = parts.denoiser
-    layout = K.diffusers_layout(n for n, _ in model.named_parameters())
-    renames = K.module_renames(layout)
-    te1, te2, t5 = parts.text_encoders
-    return [
-        Root("lora_unet", model, renames.__getitem__, K.fused_modules(layout, WIDTH)),
-        Root("lora_te1", te1, te_rename),
-        Root("lora_te2", te2, te_rename),
-        Root("lora_te3", t5, lambda p: p),
-    ]
+    """The family's adapter roots: the transformer under SAI module names with its fused qkv / swapped modulations,
+    CLIP-L / CLIP-G with ``text_model.``, T5 as it is."""
+    return FAMILY.adapter_roots(parts)
 
 
 def inputs(seed: int = 0) -> dict:
@@ -474,6 +459,46 @@ def test_lycoris_loha_lokr_on_sd3_merge_by_comfyui_rule_with_lycoris_formulas(al
     loaded = network_from_file(tmp_path / "a.safetensors", sd3_roots(parts))
     loaded.set_training(False)
     torch.testing.assert_close(run(parts.denoiser), adapted, rtol=1e-4, atol=1e-5)
+
+
+BLOCK_KINDS = {f"{side}_{m}" for side in ("x_block", "context_block")
+               for m in ("attn_qkv", "attn_proj", "mlp_fc1", "mlp_fc2", "adaLN_modulation_1")} | {
+    "x_block_attn2_qkv", "x_block_attn2_proj"}  # fmt: skip
+ATTN_KINDS = {k for k in BLOCK_KINDS if "attn" in k}
+EMB_LINEAR = {"context_embedder", "t_embedder_mlp_0", "t_embedder_mlp_2", "y_embedder_mlp_0", "y_embedder_mlp_2",
+              "final_layer_adaLN_modulation_1", "final_layer_linear"}  # fmt: skip
+PRESET_KINDS = {
+    "kohya": (BLOCK_KINDS, "all"),
+    "attn-mlp": (BLOCK_KINDS, "all"),
+    "full": (BLOCK_KINDS | EMB_LINEAR | {"x_embedder_proj"}, "all"),
+    "full-lin": (BLOCK_KINDS | EMB_LINEAR, "all"),
+    "attn-only": (ATTN_KINDS, "attention"),
+    "unet-only": (BLOCK_KINDS | EMB_LINEAR | {"x_embedder_proj"}, ""),
+    "unet-transformer-only": (BLOCK_KINDS, ""),
+    "unet-convblock-only": ({"x_embedder_proj"}, ""),
+}
+
+
+@pytest.mark.parametrize("preset", list(PRESET_KINDS))
+def test_lycoris_presets_resolve_to_the_sd3_modules(preset):
+    """LyCORIS' built-in presets through the SD3 family's TargetClasses: the joint blocks' modules by SAI name, the
+    embedders / final layer for the full presets, attention only for attn-only; CLIP-L and CLIP-G (never T5)."""
+    from networks.targets import PRESETS
+
+    assert set(PRESET_KINDS) == set(PRESETS)
+    parts = tiny_parts(2)
+    cfg = make_config("algo=lora", f"preset={preset}", module="lycoris.kohya", dim=DIM, alpha=ALPHA)
+    names = set(inject(cfg, sd3_roots(parts), CLASSES).names)
+    kinds = {re.sub(r"^lora_unet_(joint_blocks_\d+_)?", "", n) for n in names if n.startswith("lora_unet")}
+    unet, te = PRESET_KINDS[preset]
+    assert kinds == unet
+    te_kinds = {re.sub(r"^lora_te\d_text_model_encoder_layers_\d+_", "", n) for n in names if n.startswith("lora_te")}
+    assert {n[:8] for n in names if n.startswith("lora_te")} == ({"lora_te1", "lora_te2"} if te else set())
+    if te == "all":
+        assert te_kinds == {"self_attn_q_proj", "self_attn_k_proj", "self_attn_v_proj", "self_attn_out_proj",
+                            "mlp_fc1", "mlp_fc2"}  # fmt: skip
+    elif te == "attention":
+        assert te_kinds == {"self_attn_q_proj", "self_attn_k_proj", "self_attn_v_proj", "self_attn_out_proj"}
 
 
 # ------------------------------------------------------------------------------------------------ bad input
