@@ -1,0 +1,162 @@
+"""sd3_train_network.py's model flags (sd-scripts' ``sd3_train_utils.add_sd3_training_arguments`` less
+``--training_shift``, which the objective reads: ``library.flow_matching.add_sd3_flow_args``), next to their one
+reader :class:`SD3Options`.
+
+``--clip_l --clip_g --t5xxl``: text-encoder single files that replace (or supply) the ones in an SAI file; a diffusers
+folder carries its own. ``--t5xxl_max_token_length`` (T5 tokens per caption, default 256 as sd-scripts).
+``--apply_lg_attn_mask`` / ``--apply_t5_attn_mask``: zero the CLIP-L / CLIP-G (resp. T5) outputs at padding tokens
+(sd-scripts' "attention mask (zero embs)"). ``--clip_l_dropout_rate --clip_g_dropout_rate --t5_dropout_rate``: the
+probability per caption that an encoder's output is replaced by zeros (sd-scripts' ``Sd3TextEncodingStrategy``; with
+cached outputs the dropping happens at each step, as sd-scripts' ``drop_cached_text_encoder_outputs``).
+``--pos_emb_random_crop_rate`` and ``--enable_scaled_pos_embed``: SD3.5-medium's position-embedding tricks (sd-scripts:
+"Only for SD3.5M"; refused for the other variants). ``--text_encoder_batch_size``: captions per text-encoder call while
+caching (default the batch size).
+
+sd-scripts marks ``--save_clip --save_t5xxl --t5xxl_device --t5xxl_dtype`` "[DOES NOT WORK]" and reads none of them:
+here they are accepted, said in the log once and reset (``library.config.add_no_effect``), so command lines run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from library.config import add_no_effect
+from library.problems import ConfigError
+
+FAMILY_NAMES = ("sd3", "sd3.5-medium", "sd3.5-large")
+# The flags sd-scripts documents as "Only for SD3.5M" (SD3.5-medium's position-embedding handling).
+MEDIUM_ONLY = ("pos_emb_random_crop_rate", "enable_scaled_pos_embed")
+DROPOUT_FLAGS = ("clip_l_dropout_rate", "clip_g_dropout_rate", "t5_dropout_rate")
+# The SD-only flags sd-scripts' SD3 script accepts and does not read (flag -> why); sd3_train_network.py says so
+# once in the log and resets them (library.config.reset_no_effect_flags).
+SD_ONLY_FLAGS = {
+    "--v2": "SD3 is detected from the weights (sd-scripts' SD3 script does not read --v2)",
+    "--v_parameterization": "SD3 is a flow-matching model (sd-scripts' SD3 script does not read it)",
+    "--clip_skip": "SD3 reads CLIP-L's and CLIP-G's penultimate layers and T5's last (sd-scripts' SD3 script ignores "
+    "it)",
+    "--max_token_length": "CLIP-L and CLIP-G read 77 tokens; the T5 length is --t5xxl_max_token_length (sd-scripts "
+    "warns and ignores it)",
+}
+# sd-scripts' "[DOES NOT WORK]" flags (flag -> why nothing here acts on them).
+DOES_NOT_WORK = {
+    "--save_clip": "a trained adapter file holds the adapter only, and sd-scripts marks the flag [DOES NOT WORK] "
+    "(merge the encoders with tools/merge_sd3_safetensors.py)",
+    "--save_t5xxl": "a trained adapter file holds the adapter only, and sd-scripts marks the flag [DOES NOT WORK] "
+    "(merge the encoders with tools/merge_sd3_safetensors.py)",
+    "--t5xxl_device": "T5-XXL runs where the other text encoders run (sd-scripts marks the flag [DOES NOT WORK])",
+    "--t5xxl_dtype": "T5-XXL takes the text encoders' dtype (--mixed_precision, --fp8_base); sd-scripts marks the "
+    "flag [DOES NOT WORK]",
+}
+
+
+def add_sd3_model_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The SD3 model group (sd-scripts' names, types and defaults); marks :data:`SD_ONLY_FLAGS` as having no effect
+    here. Returns the parser."""
+    g = parser.add_argument_group("SD3 model", "SD3 medium, SD3.5 medium / large (sd-scripts' sd3_train_network.py)")
+    for name, what in (("clip_l", "CLIP-L"), ("clip_g", "CLIP-G"), ("t5xxl", "T5-XXL")):
+        g.add_argument(f"--{name}", type=str, default=None,
+                       help=f"{what} .safetensors (default: the one inside the SAI model file)")  # fmt: skip
+    for flag, reason in DOES_NOT_WORK.items():
+        if flag.startswith("--save_"):
+            add_no_effect(g, flag, reason, action="store_true")
+        else:
+            add_no_effect(g, flag, reason, type=str, default=None)
+    g.add_argument("--t5xxl_max_token_length", type=int, default=256, help="T5 tokens per caption (default 256)")
+    g.add_argument("--apply_lg_attn_mask", action="store_true",
+                   help="zero CLIP-L and CLIP-G outputs at padding tokens (sd-scripts' attention mask)")  # fmt: skip
+    g.add_argument("--apply_t5_attn_mask", action="store_true",
+                   help="zero T5-XXL outputs at padding tokens (sd-scripts' attention mask)")  # fmt: skip
+    for flag, what in zip(DROPOUT_FLAGS, ("CLIP-L", "CLIP-G", "T5-XXL")):
+        g.add_argument(f"--{flag}", type=float, default=0.0,
+                       help=f"probability per caption that {what}'s output is zeroed in training (default 0)")  # fmt: skip
+    g.add_argument("--pos_emb_random_crop_rate", type=float, default=0.0,
+                   help="SD3.5-medium: probability per step that the position-embedding crop is drawn at random "
+                   "(default 0: centred)")  # fmt: skip
+    g.add_argument("--enable_scaled_pos_embed", action="store_true",
+                   help="SD3.5-medium: position embeddings scaled per bucket resolution (multi-resolution training)")  # fmt: skip
+    g.add_argument("--text_encoder_batch_size", type=int, default=None,
+                   help="captions per text-encoder call when caching (default: the training batch size)")  # fmt: skip
+    actions = {opt: a for a in parser._actions for opt in a.option_strings}
+    for flag, reason in SD_ONLY_FLAGS.items():
+        if flag in actions:
+            actions[flag].no_effect_reason = reason  # read by library.config.reset_no_effect_flags
+    return parser
+
+
+@dataclass(frozen=True)
+class SD3Options:
+    """The SD3 model flags of a run (field names = sd-scripts' flags). The run layer asks it for :meth:`load_kwargs`
+    (what the SD3 family's ``load`` takes), :meth:`family_problems` (the weights against the SD3.5-medium-only
+    flags), :meth:`metadata` (``ss_*`` keys of trained files) and ``text_encoder_batch_size``.
+
+    Raises:
+        ConfigError: every bad value at once, each naming its flag.
+    """
+
+    clip_l: str | None = None
+    clip_g: str | None = None
+    t5xxl: str | None = None
+    t5xxl_max_token_length: int = 256
+    apply_lg_attn_mask: bool = False
+    apply_t5_attn_mask: bool = False
+    clip_l_dropout_rate: float = 0.0
+    clip_g_dropout_rate: float = 0.0
+    t5_dropout_rate: float = 0.0
+    pos_emb_random_crop_rate: float = 0.0
+    enable_scaled_pos_embed: bool = False
+    text_encoder_batch_size: int | None = None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> SD3Options:
+        """The flags of :func:`add_sd3_model_args`: files must exist, counts be positive, rates lie in [0, 1]."""
+        from library.config import from_namespace
+
+        problems = []
+        for flag in ("clip_l", "clip_g", "t5xxl"):
+            path = getattr(args, flag)
+            if path is not None and not Path(path).is_file():
+                problems.append(f"--{flag} {path}: no such file (give the .safetensors file of the {flag} weights)")
+        for flag in ("t5xxl_max_token_length", "text_encoder_batch_size"):
+            value = getattr(args, flag)
+            if value is not None and value < 1:
+                problems.append(f"--{flag} must be a positive number, got {value}")
+        for flag in (*DROPOUT_FLAGS, "pos_emb_random_crop_rate"):
+            value = getattr(args, flag)
+            if not (math.isfinite(value) and 0.0 <= value <= 1.0):
+                problems.append(f"--{flag} is a probability: give a number from 0 to 1, got {value}")
+        if getattr(args, "weighted_captions", False):
+            problems.append("--weighted_captions is not supported for SD3: A1111-style weights are not implemented for "
+                            "SD3's three encoders (sd-scripts' SD3 script has no weighting either: it fails at the "
+                            "first step); drop the flag")  # fmt: skip
+        if problems:
+            raise ConfigError(problems)
+        return from_namespace(cls, args)
+
+    def load_kwargs(self) -> dict[str, Any]:
+        """What the SD3 family's ``load`` takes besides the model path (the settings travel in ``parts.extra``)."""
+        return dict(clip_l=self.clip_l, clip_g=self.clip_g, t5xxl=self.t5xxl,
+                    t5xxl_max_token_length=self.t5xxl_max_token_length, apply_lg_attn_mask=self.apply_lg_attn_mask,
+                    apply_t5_attn_mask=self.apply_t5_attn_mask, clip_l_dropout_rate=self.clip_l_dropout_rate,
+                    clip_g_dropout_rate=self.clip_g_dropout_rate, t5_dropout_rate=self.t5_dropout_rate,
+                    pos_emb_random_crop_rate=self.pos_emb_random_crop_rate,
+                    enable_scaled_pos_embed=self.enable_scaled_pos_embed)  # fmt: skip
+
+    def metadata(self) -> dict[str, Any]:
+        """sd-scripts' SD3 keys of trained files (``sd3_train_network.py: update_metadata``) beyond the objective's
+        (``ss_weighting_scheme ss_logit_mean ss_logit_std ss_mode_scale``: ``SD3FlowObjective.metadata``)."""
+        return {"ss_apply_lg_attn_mask": self.apply_lg_attn_mask, "ss_apply_t5_attn_mask": self.apply_t5_attn_mask}
+
+    def family_problems(self, family: Any, path: str | None) -> list[str]:
+        """A model of another family; the SD3.5-medium-only flags on SD3 medium or SD3.5-large weights."""
+        if family.name not in FAMILY_NAMES:
+            return [f"--pretrained_model_name_or_path {path}: a {family.spec.title} model; sd3_train_network.py "
+                    "trains SD3 medium and SD3.5 medium / large"]  # fmt: skip
+        if family.name == "sd3.5-medium":
+            return []
+        given = [f"--{flag}" for flag in MEDIUM_ONLY if getattr(self, flag)]
+        return [f"{flag}: only for SD3.5-medium (sd-scripts: 'Only for SD3.5M'), and {path} is a {family.spec.title} "
+                "model (read from its weights); remove the flag" for flag in given]  # fmt: skip
