@@ -526,3 +526,46 @@ def test_block_index_outside_the_model_is_named():
 def test_lora_sd3_keys_under_another_module_are_refused():
     with pytest.raises(ValueError, match=r"emb_dims: only --network_module networks.lora_sd3 reads it"):
         sd3_config("emb_dims=[1,1,1,1,1,1]", module="networks.lora")
+
+
+# ------------------------------------------------------------------------------------------ a training run
+def test_a_lora_sd3_run_through_sd3_train_network_saves_a_file_diffusers_reads_once_converted(dataset, tmp_path,
+                                                                                             monkeypatch):  # fmt: skip
+    """sd3_train_network.run with networks.lora_sd3 on the tiny SD3.5-medium SAI file: split_qkv + emb_dims train,
+    the file's split modules are block-diagonal with alpha 3α, the metadata names the module, every module is an SAI
+    weight (ComfyUI's rule) and the converted file loads in diffusers."""
+    import library.run.train_setup as train_setup
+    import sd3_train_network
+    from library.families.sd3.tiny import build_tiny_sd3, write_tiny_files
+    from networks.sd3_formats import kohya_to_peft
+
+    # the run layer's SD attention processor (AttnProcessor2_0) replaces SD3's JointAttnProcessor2_0 on diffusers'
+    # classic Attention and breaks the joint attention (library/runtime.py set_attention): keep SD3's own here
+    monkeypatch.setattr(train_setup, "set_attention", lambda modules, backend: None)
+
+    files = write_tiny_files(build_tiny_sd3("sd3.5-medium"), tmp_path / "model")
+    argv = [
+        "--pretrained_model_name_or_path", str(files["model"]), "--train_data_dir", str(dataset),
+        "--caption_extension", ".txt", "--output_dir", str(tmp_path / "out"), "--output_name", "t",
+        "--network_module", "networks.lora_sd3", "--network_dim", "4", "--network_alpha", "2", "--network_args",
+        "split_qkv=True", "emb_dims=[2,0,2,0,0,2]", "context_mlp_dim=0", "--train_batch_size", "2", "--resolution",
+        "64", "--max_train_steps", "2", "--max_data_loader_n_workers", "0", "--seed", "1", "--optimizer_type", "AdamW",
+        "--learning_rate", "3e-3", "--network_train_unet_only",
+    ]  # fmt: skip
+    result = sd3_train_network.run(argv)
+    assert result.steps == 2 and result.failed is None
+    state, meta = load_state_dict(result.output)
+    assert meta["ss_network_module"] == "networks.lora_sd3"
+    name = "lora_unet_joint_blocks_0_x_block_attn_qkv"
+    up = state[f"{name}.lora_up.weight"].float()
+    assert float(state[f"{name}.alpha"]) == 3 * 2.0 and up.abs().sum() > 0
+    width = up.shape[0] // 3
+    assert up[:width, 4:].abs().sum() == 0 and up[width : 2 * width, :4].abs().sum() == 0
+    assert state["lora_unet_x_embedder_proj.lora_down.weight"].dim() == 4
+    assert not any("context_block_mlp" in k for k in state)
+    sai, _ = load_state_dict(files["model"])
+    shapes = {"lora_unet_" + k.removeprefix(K.SAI_PREFIX).removesuffix(".weight").replace(".", "_"): v.shape
+              for k, v in sai.items() if k.startswith(K.SAI_PREFIX) and k.endswith(".weight")}  # fmt: skip
+    for module in {k.split(".")[0] for k in state}:
+        assert tuple(lora_delta(state, module).shape) == tuple(shapes[module]), module
+    assert any(k.startswith("transformer.transformer_blocks.0.attn.to_q.") for k in kohya_to_peft(state))
