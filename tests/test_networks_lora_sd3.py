@@ -365,12 +365,12 @@ def pipeline(parts: Parts):
                                     text_encoder_3=None, tokenizer_3=None)  # fmt: skip
 
 
-def test_diffusers_loads_our_file_only_once_converted(tmp_path, caplog):
+def test_diffusers_loads_our_file_only_once_converted(tmp_path, caplog, capsys):
     """StableDiffusion3Pipeline.load_lora_weights: a kohya SD3 file changes nothing (what the docs warn of); the file
     converted by networks/convert_sd3_lora.py gives the transformer and CLIP-L / CLIP-G outputs our injected adapters
     give, for every module kind (fused qkv, attn2, the pre-only context block, the embedders, the final layer).
     T5's modules are left out with a warning; converted back, every module's ΔW is the original."""
-    from networks import convert_sd3_lora
+    from networks import convert_sd3_lora, resize_lora
 
     parts = tiny_parts()
     ids = torch.randint(0, 1000, (1, 77), generator=torch.Generator().manual_seed(0))
@@ -400,6 +400,9 @@ def test_diffusers_loads_our_file_only_once_converted(tmp_path, caplog):
         for te, expected in zip((pipe.text_encoder, pipe.text_encoder_2), adapted_clip):
             torch.testing.assert_close(te(ids).text_embeds, expected, rtol=1e-4, atol=1e-5)
     pipe.unload_lora_weights()
+    # a PEFT file given to a kohya tool: the message names the converter
+    assert resize_lora.main(["--model", str(peft), "--save_to", str(tmp_path / "r.safetensors")]) == 2
+    assert "networks/convert_sd3_lora.py --src diffusers --dst sd-scripts" in capsys.readouterr().err
     back = tmp_path / "back.safetensors"
     assert convert_sd3_lora.main(["--src", "diffusers", "--dst", "sd-scripts", "--src_path", str(peft),
                                   "--dst_path", str(back)]) == 0  # fmt: skip
