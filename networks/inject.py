@@ -295,12 +295,12 @@ def inject(cfg: NetworkConfig, roots: Sequence[Root], classes: TargetClasses | N
                                    or (rules is not None and rules.wants_conv(cfg)))  # fmt: skip
     targets = find_targets(active, preset, conv=conv, train_norm=cfg.train_norm)
     errors: list[str] = []
-    flux_masks = None
+    masks = None
     if rules is not None:
         targets = rules.select(cfg, targets)
         unet = next((r.module for r in active if r.prefix.startswith("lora_unet")), None)
         try:
-            flux_masks = rules.block_masks(cfg, rules.block_counts(targets, unet))
+            masks = rules.block_masks(cfg, rules.block_counts(targets, unet))
         except ValueError as e:
             errors.append(str(e))
     _warn_empty_roots(active, targets, preset)
@@ -314,8 +314,8 @@ def inject(cfg: NetworkConfig, roots: Sequence[Root], classes: TargetClasses | N
         if t.kind == "norm":
             plan.append((t, None))
             continue
-        if flux_masks is not None:
-            rank, alpha, arg = rules.rank_for(cfg, t.name, flux_masks)
+        if masks is not None:
+            rank, alpha, arg = rules.rank_for(cfg, t.name, masks)
             alpha = alpha or float(rank)
         else:
             rank, alpha, arg = _rank_for(cfg, t, tables, layout)
@@ -333,7 +333,7 @@ def inject(cfg: NetworkConfig, roots: Sequence[Root], classes: TargetClasses | N
             adapter = NormWeights(norm_algo.init_params(t.module.weight.shape[0], has_bias=t.module.bias is not None,
                                                         device=t.module.weight.device))  # fmt: skip
         else:
-            rows = rules.split_rows(cfg, t) if flux_masks is not None else None
+            rows = rules.split_rows(cfg, t) if masks is not None else None
             try:  # a width the algorithm cannot split (networks.oft's block count, BOFT's power-of-two blocks)
                 rank_alpha = spec if rows is None else rules.split_spec(*spec, len(rows))
                 adapter = new_adapter(cfg, t.module.weight, *rank_alpha, has_bias=t.module.bias is not None)

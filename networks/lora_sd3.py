@@ -187,12 +187,10 @@ def rank_for(cfg: NetworkConfig, name: str, masks: dict) -> tuple[int, float, st
     """(rank, alpha, the argument that set them) of one module by sd-scripts' rules (see the module docstring);
     rank 0: no adapter."""
     index = emb_module(name)
-    if index is not None:
-        emb = arg(cfg, "emb_dims")
+    emb = arg(cfg, "emb_dims")
+    if index is not None and emb is not None:  # the embedders are targets only with emb_dims (see preset)
         if index == X_EMBEDDER and cfg.conv_dim is not None:
             return cfg.conv_dim, 1.0 if cfg.conv_alpha is None else cfg.conv_alpha, "conv_dim"
-        if emb is None:  # found by a preset= name list: sd-scripts' default rank
-            return cfg.dim, cfg.alpha, "--network_dim"
         return emb[index], cfg.alpha, f"emb_dims[{index}] ({EMB_NAMES[index]})"
     dim, which = cfg.dim, "--network_dim"
     block = block_of(name)
