@@ -259,15 +259,20 @@ def set_attention(modules: list[nn.Module], backend: str) -> None:
 
     "sdpa" gives every classic diffusers ``Attention`` (SD UNets, every VAE) ``AttnProcessor2_0``; attention classes
     with their own processors (FLUX's ``FluxAttention``, whose ``FluxAttnProcessor`` already runs SDPA) keep them:
-    ``AttnProcessor2_0`` cannot run them (it reads ``Attention``-only attributes such as ``spatial_norm``).
-    "xformers" likewise goes only to models whose attention layers are all classic ``Attention``; the others keep
-    their SDPA processors, said once per model."""
+    ``AttnProcessor2_0`` cannot run them (it reads ``Attention``-only attributes such as ``spatial_norm``). So do
+    ``Attention`` layers with a joint (image + text stream) processor (SD3's ``JointAttnProcessor2_0``, SDPA too),
+    which return two streams ``AttnProcessor2_0`` cannot.
+    "xformers" likewise goes only to models whose attention layers are all classic ``Attention`` with no joint
+    processor; the others keep their SDPA processors, said once per model."""
     from diffusers.models.attention_processor import Attention, AttnProcessor2_0
+
+    def classic(m: nn.Module) -> bool:
+        return isinstance(m, Attention) and "Joint" not in type(getattr(m, "processor", None)).__name__
 
     for module in modules:
         if backend == "xformers":
             layers = [m for m in module.modules() if hasattr(m, "set_processor")]
-            if all(isinstance(m, Attention) for m in layers):
+            if all(classic(m) for m in layers):
                 module.enable_xformers_memory_efficient_attention()
             else:  # diffusers' xformers processor cannot run FluxAttention: it keeps its own (torch SDPA)
                 import logging
@@ -278,7 +283,7 @@ def set_attention(modules: list[nn.Module], backend: str) -> None:
                 )
             continue
         for leaf in module.modules():
-            if isinstance(leaf, Attention):
+            if classic(leaf):
                 leaf.set_processor(AttnProcessor2_0())
 
 
