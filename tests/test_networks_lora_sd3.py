@@ -532,19 +532,13 @@ def test_lora_sd3_keys_under_another_module_are_refused():
 
 
 # ------------------------------------------------------------------------------------------ a training run
-def test_a_lora_sd3_run_through_sd3_train_network_saves_a_file_diffusers_reads_once_converted(dataset, tmp_path,
-                                                                                             monkeypatch):  # fmt: skip
+def test_a_lora_sd3_run_through_sd3_train_network_saves_a_file_diffusers_reads_once_converted(dataset, tmp_path):
     """sd3_train_network.run with networks.lora_sd3 on the tiny SD3.5-medium SAI file: split_qkv + emb_dims train,
     the file's split modules are block-diagonal with alpha 3α, the metadata names the module, every module is an SAI
     weight (ComfyUI's rule) and the converted file loads in diffusers."""
-    import library.run.train_setup as train_setup
     import sd3_train_network
     from library.families.sd3.tiny import build_tiny_sd3, write_tiny_files
     from networks.sd3_formats import kohya_to_peft
-
-    # the run layer's SD attention processor (AttnProcessor2_0) replaces SD3's JointAttnProcessor2_0 on diffusers'
-    # classic Attention and breaks the joint attention (library/runtime.py set_attention): keep SD3's own here
-    monkeypatch.setattr(train_setup, "set_attention", lambda modules, backend: None)
 
     files = write_tiny_files(build_tiny_sd3("sd3.5-medium"), tmp_path / "model")
     argv = [
