@@ -13,12 +13,12 @@ import argparse
 import json
 import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from library.problems import ConfigError, did_you_mean
 
-from . import algo_options, lora_flux
+from . import algo_options, lora_flux, lora_sd3
 from .algo_options import OFT_ALGOS
 from .algos import NOT_SUPPORTED
 from .targets import PRESETS
@@ -32,12 +32,16 @@ MODULES = (
     "networks.lora_fa",
     "networks.oft",
     "networks.lora_flux",
+    "networks.lora_sd3",
 )
+# sd-scripts' per-family LoRA modules whose rules live in their own networks module (the same functions each:
+# ARGS, NOT_READ, HINT, validate, preset, select, block_counts, block_masks, rank_for, split_rows, ...)
+RULE_MODULES = {lora_flux.MODULE: lora_flux, lora_sd3.MODULE: lora_sd3}
 # sd-scripts modules that are one algorithm each: the algorithm they train (their files are plain LoRA files)
 MODULE_ALGOS = {"networks.dylora": "dylora", "networks.lora_fa": "lora_fa"}
 LATER_MODULES = (
     "networks.lora_diffusers",
-    "networks.lora_sd3", "networks.lora_lumina", "networks.lora_hunyuan_image", "networks.lora_anima",
+    "networks.lora_lumina", "networks.lora_hunyuan_image", "networks.lora_anima",
 )  # fmt: skip
 ALGO_NAMES = ("lora", "locon", "loha", "lokr", "dora", "dylora", "diag-oft", "boft", "full", "diff", "ia3", "glora")
 LR_WEIGHT_PRESETS = ("cosine", "sine", "linear", "reverse_linear", "zeros")
@@ -130,7 +134,7 @@ _DYLORA: dict[str, tuple[Any, str | None]] = {"unit": (int, "unit")}
 # Accepted, no effect here (LyCORIS execution switches, other model families, other algorithms; a known no-op).
 _NO_EFFECT = {
     "bypass_mode": "LoRA already runs as up(down(x)); other algorithms build ΔW",
-    "train_t5xxl": "only networks.lora_flux reads it (LyCORIS 4.1.3 stores it but adapts no T5 module)",
+    "train_t5xxl": "only networks.lora_flux / networks.lora_sd3 read it (LyCORIS 4.1.3 stores it but adapts no T5 module)",
     "train_llm_adapter": "not an SD1/SD2/SDXL option",
     "use_reentrant": "neither sd-scripts nor LyCORIS reads it",
 }
@@ -197,6 +201,8 @@ class NetworkConfig:
     verbose: bool = False
     reg_dims: tuple[tuple[str, int], ...] = ()  # (regex, rank) in order
     reg_lrs: tuple[tuple[str, float], ...] = ()  # (regex, lr) in order
+    # the arguments of a RULE_MODULES module with no field here, as (key, parsed value) pairs (networks.lora_sd3)
+    module_args: tuple[tuple[str, Any], ...] = ()
     network_weights: str | None = None
     dim_from_weights: bool = False
     base_weights: tuple[str, ...] = ()
@@ -332,17 +338,24 @@ def _split_network_args(items: list[str], errors: list[str]) -> dict[str, str]:
     return raw
 
 
-def _read_flux_arg(key: str, value: str, values: dict, errors: list[str]) -> None:
-    """One networks.lora_flux key: sd-scripts' lora_flux arguments, plus the common keys it reads."""
-    if key in lora_flux.NOT_FOR_FLUX or key in _KOHYA or key in _DYLORA or key in _OFT:
-        errors.append(f"--network_args {key}: networks.lora_flux (sd-scripts' FLUX LoRA) does not read it; FLUX "
-                      "ranks are set by img_attn_dim / single_dim / in_dims / train_*_block_indices / "
-                      "network_reg_dims, other algorithms with --network_module lycoris.kohya algo=...")  # fmt: skip
+_FIELDS = frozenset(f.name for f in fields(NetworkConfig))
+
+
+def rules_for(module: str):
+    """The networks module holding the rules of a per-family LoRA module (networks.lora_flux...), else None."""
+    return RULE_MODULES.get(module)
+
+
+def _read_rules_arg(rules, key: str, value: str, values: dict, errors: list[str]) -> None:
+    """One key of a per-family LoRA module (networks.lora_flux / lora_sd3): its own arguments, plus the common keys
+    it reads. Arguments with no NetworkConfig field go to ``module_args``."""
+    if key in rules.NOT_READ or key in _KOHYA or key in _DYLORA or key in _OFT:
+        errors.append(f"--network_args {key}: {rules.MODULE} ({rules.DESCRIPTION}) does not read it; {rules.HINT}")
         return
-    spec = lora_flux.FLUX_ARGS.get(key) or _COMMON.get(key)
+    spec = rules.ARGS.get(key) or _COMMON.get(key)
     if spec is None:
-        known = [*lora_flux.FLUX_ARGS, *(k for k in _COMMON if k not in lora_flux.NOT_FOR_FLUX)]
-        errors.append(f"--network_args {key}: unknown argument of networks.lora_flux{did_you_mean(key, known)}")
+        known = [*rules.ARGS, *(k for k in _COMMON if k not in rules.NOT_READ)]
+        errors.append(f"--network_args {key}: unknown argument of {rules.MODULE}{did_you_mean(key, known)}")
         return
     parse, name = spec
     try:
@@ -351,19 +364,26 @@ def _read_flux_arg(key: str, value: str, values: dict, errors: list[str]) -> Non
         reason = {int: "expected an integer", float: "expected a number"}.get(parse, str(e))
         errors.append(f"--network_args {key}={value}: {reason}")
         return
-    if name is not None:
+    if name is None:
+        return
+    if name in _FIELDS:
         values[name] = parsed
+    else:
+        values["module_args"] = (*values.get("module_args", ()), (name, parsed))
 
 
 def _read_network_args(raw: dict[str, str], module: str, values: dict, errors: list[str]) -> None:
     known = [*_COMMON, *_KOHYA, *_DYLORA, *_NO_EFFECT, *_OFT]
     for key, value in raw.items():
-        if module == lora_flux.MODULE:
-            _read_flux_arg(key, value, values, errors)
+        rules = rules_for(module)
+        if rules is not None:
+            _read_rules_arg(rules, key, value, values, errors)
             continue
-        if key in lora_flux.FLUX_ARGS and key not in _NO_EFFECT:
-            errors.append(f"--network_args {key}: only --network_module networks.lora_flux reads it (sd-scripts' "
-                          "FLUX LoRA)")  # fmt: skip
+        readers = [r for r in RULE_MODULES.values() if key in r.ARGS]
+        if readers and key not in _NO_EFFECT:
+            names = " / ".join(r.MODULE for r in readers)
+            errors.append(f"--network_args {key}: only --network_module {names} "
+                          f"{'reads' if len(readers) == 1 else 'read'} it ({' / '.join(r.DESCRIPTION for r in readers)})")  # fmt: skip
             continue
         if module == "networks.oft" and key not in _OFT:
             logger.warning("--network_args %s=%s is ignored by networks.oft (sd-scripts' OFT reads only "
@@ -449,8 +469,9 @@ def _validate(cfg: NetworkConfig, errors: list[str]) -> None:
                        "LyCORIS)", cfg.algo)  # fmt: skip
     _validate_blocks(cfg, errors)
     _validate_files(cfg, errors)
-    if cfg.module == lora_flux.MODULE:
-        lora_flux.validate(cfg, errors)
+    rules = rules_for(cfg.module)
+    if rules is not None:
+        rules.validate(cfg, errors)
     algo_options.validate_dylora(cfg, errors)
     algo_options.validate_lora_fa(cfg, errors)
 

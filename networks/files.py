@@ -110,7 +110,8 @@ def algo_of(name: str, tensors: Mapping[str, Tensor], source: str) -> str:
     keys = first([f"{name}.{s}" for s in names], 3, ", ", " (and {n} more)")
     if algo == "peft":
         raise ValueError(f"{source}: {keys} are PEFT/diffusers-format LoRA keys; convert the file to kohya format "
-                         "(FLUX.1 / Chroma: networks/convert_flux_lora.py --src ai-toolkit --dst sd-scripts)")  # fmt: skip
+                         "(FLUX.1 / Chroma: networks/convert_flux_lora.py --src ai-toolkit --dst sd-scripts; SD3 / SD3.5: "
+                         "networks/convert_sd3_lora.py --src diffusers --dst sd-scripts)")  # fmt: skip
     if algo == "oft-legacy":
         raise ValueError(f"{source}: {keys}: the pre-3.0 LyCORIS OFT format (oft_diag) is not supported; lycoris-lora "
                          "4.1.3 does not read it either. Retrain with algo=diag-oft")  # fmt: skip

@@ -24,10 +24,10 @@ from library.families.base import TargetClasses
 from library.families.blocks import BlockLayout
 from library.problems import ConfigError
 
-from . import files, lora_flux
+from . import files
 from .algos import ALGOS, dora
 from .algos import norm as norm_algo
-from .config import NetworkConfig
+from .config import NetworkConfig, rules_for
 from .fused import FusedAdapterLayer, FusedLeaf
 from .layers import AdapterLayer, AdapterWeights, DyLoRALayer, NormAdapterLayer, NormWeights, max_rank
 from .network import AdapterNetwork, Slot
@@ -44,8 +44,9 @@ def load_preset(cfg: NetworkConfig, classes: TargetClasses | None = None) -> Pre
     classes = classes or default_classes()
     if cfg.module == "networks.oft":
         return oft_preset(cfg, classes)
-    if cfg.module == lora_flux.MODULE:
-        return lora_flux.preset(cfg, classes)
+    rules = rules_for(cfg.module)
+    if rules is not None:
+        return rules.preset(cfg, classes)
     if cfg.preset is None:
         if cfg.is_lycoris:
             return builtin_preset("full", classes)
@@ -289,15 +290,17 @@ def inject(cfg: NetworkConfig, roots: Sequence[Root], classes: TargetClasses | N
     active = active_roots(cfg, roots)
     preset = load_preset(cfg, classes)
     conv_dim, _ = cfg.resolved_conv()
-    conv = preset.enable_conv and (bool(conv_dim) or cfg.conv_block_dims is not None or cfg.module == "networks.oft")
+    rules = rules_for(cfg.module)
+    conv = preset.enable_conv and (bool(conv_dim) or cfg.conv_block_dims is not None or cfg.module == "networks.oft"
+                                   or (rules is not None and rules.wants_conv(cfg)))  # fmt: skip
     targets = find_targets(active, preset, conv=conv, train_norm=cfg.train_norm)
     errors: list[str] = []
-    flux_masks = None
-    if cfg.module == lora_flux.MODULE:
-        targets = lora_flux.select(cfg, targets)
+    masks = None
+    if rules is not None:
+        targets = rules.select(cfg, targets)
         unet = next((r.module for r in active if r.prefix.startswith("lora_unet")), None)
         try:
-            flux_masks = lora_flux.block_masks(cfg, lora_flux.block_counts(targets, unet))
+            masks = rules.block_masks(cfg, rules.block_counts(targets, unet))
         except ValueError as e:
             errors.append(str(e))
     _warn_empty_roots(active, targets, preset)
@@ -311,8 +314,8 @@ def inject(cfg: NetworkConfig, roots: Sequence[Root], classes: TargetClasses | N
         if t.kind == "norm":
             plan.append((t, None))
             continue
-        if flux_masks is not None:
-            rank, alpha, arg = lora_flux.rank_for(cfg, t.name, flux_masks)
+        if masks is not None:
+            rank, alpha, arg = rules.rank_for(cfg, t.name, masks)
             alpha = alpha or float(rank)
         else:
             rank, alpha, arg = _rank_for(cfg, t, tables, layout)
@@ -330,15 +333,15 @@ def inject(cfg: NetworkConfig, roots: Sequence[Root], classes: TargetClasses | N
             adapter = NormWeights(norm_algo.init_params(t.module.weight.shape[0], has_bias=t.module.bias is not None,
                                                         device=t.module.weight.device))  # fmt: skip
         else:
-            rows = lora_flux.split_rows(cfg, t) if flux_masks is not None else None
+            rows = rules.split_rows(cfg, t) if masks is not None else None
             try:  # a width the algorithm cannot split (networks.oft's block count, BOFT's power-of-two blocks)
-                rank_alpha = spec if rows is None else lora_flux.split_spec(*spec, len(rows))
+                rank_alpha = spec if rows is None else rules.split_spec(*spec, len(rows))
                 adapter = new_adapter(cfg, t.module.weight, *rank_alpha, has_bias=t.module.bias is not None)
             except ValueError as e:
                 unsplit.setdefault(str(e), []).append(f"{t.name} {tuple(t.module.weight.shape)}")
                 continue
             if rows is not None:
-                lora_flux.make_split(adapter, rows, spec[0])
+                rules.make_split(adapter, rows, spec[0])
         built.append((t, adapter))
     errors += [f"{len(where)} layer(s), e.g. {', '.join(where[:2])}: {why}" for why, where in unsplit.items()]
     if errors:
@@ -346,7 +349,7 @@ def inject(cfg: NetworkConfig, roots: Sequence[Root], classes: TargetClasses | N
     slots = [_install(active, t, _wrap(cfg, t, adapter)) for t, adapter in built]
     logger.info("adapters: %d text-encoder and %d UNet modules", sum(not s.target.is_unet for s in slots),
                 sum(s.target.is_unet for s in slots))  # fmt: skip
-    if cfg.verbose:  # networks.lora_flux verbose=True: sd-scripts lists every module with its rank and alpha
+    if cfg.verbose:  # networks.lora_flux / lora_sd3 verbose=True: sd-scripts lists every module with its rank and alpha
         for s in slots:
             logger.info("\t%-50s %s, %s", s.target.name, s.layer.adapter.rank, float(s.layer.adapter.alpha))
         skipped = [t.name for t in targets if t.kind != "norm" and t.name not in {s.target.name for s in slots}]
@@ -434,6 +437,7 @@ def prepare_network(cfg: NetworkConfig, roots: Sequence[Root], classes: TargetCl
     network = inject(cfg, roots, classes)
     if cfg.network_weights:
         network.load_file(cfg.network_weights, strict=False)
-        if cfg.module == lora_flux.MODULE and cfg.split_qkv:
-            lora_flux.check_loaded_splits(network, cfg.network_weights)
+        rules = rules_for(cfg.module)
+        if rules is not None and cfg.split_qkv:
+            rules.check_loaded_splits(network, cfg.network_weights)
     return network

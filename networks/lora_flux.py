@@ -191,11 +191,21 @@ FLUX_ARGS: dict = {
     "ggpo_beta": (refuse_ggpo, None),
     "ggpo_sigma": (refuse_ggpo, None),
 }
+ARGS = FLUX_ARGS  # the names networks.config reads every per-family module's rules by
+DESCRIPTION = "sd-scripts' FLUX LoRA"
+HINT = ("FLUX ranks are set by img_attn_dim / single_dim / in_dims / train_*_block_indices / network_reg_dims, other "
+        "algorithms with --network_module lycoris.kohya algo=...")  # fmt: skip
 # networks.lora_flux is sd-scripts' plain LoRA: these _COMMON keys of our networks.lora have no meaning there
 NOT_FOR_FLUX = ("algo", "dora_wd", "wd_on_output", "use_tucker", "use_cp", "use_conv_cp", "disable_conv_cp",
                 "use_scalar", "rs_lora", "train_norm", "factor", "decompose_both", "full_matrix",
                 "unbalanced_factorization", "preset", "train_on_input", "block_size", "constraint", "rescaled",
                 "rank_dropout_scale", "dropout")  # fmt: skip
+NOT_READ = NOT_FOR_FLUX
+
+
+def wants_conv(cfg: NetworkConfig) -> bool:
+    """FLUX has no convolution to adapt."""
+    return False
 
 
 def validate(cfg: NetworkConfig, errors: list[str]) -> None:

@@ -120,7 +120,7 @@ def test_network_module_choices():
     assert _config(["--network_module", "networks.dylora"]).algo == "dylora"
     assert _config(["--network_module", "networks.lora_fa"]).algo == "lora_fa"
     assert _config(["--network_module", "networks.oft"]).algo == "oft"
-    assert "networks.lora_sd3 is not supported yet" in _errors(["--network_module", "networks.lora_sd3"])
+    assert "networks.lora_lumina is not supported yet" in _errors(["--network_module", "networks.lora_lumina"])
     assert "did you mean 'networks.lora'?" in _errors(["--network_module", "networks.lorra"])
     assert _config(["--network_module", "lycoris.kohya"]).is_lycoris
 

@@ -558,7 +558,7 @@ def test_block_index_outside_the_model_is_named():
 
 
 def test_lora_flux_keys_under_another_module_are_refused():
-    with pytest.raises(ValueError, match="only --network_module networks.lora_flux reads it"):
+    with pytest.raises(ValueError, match="only --network_module networks.lora_flux / networks.lora_sd3 read it"):
         make_config("split_qkv=True", module="networks.lora")
 
 
