@@ -15,8 +15,13 @@ How a swapped block moves (:class:`BlockSwap`):
   are separate modules injected later (networks/inject.py), moved to the device with the network, and never touched
   here; buffers stay on the device. Only ``param.data`` changes, so the ``nn.Parameter`` objects (what fp8's hooks,
   adapter layers and optimizers hold) stay the same.
-* **Host copies** are made once and never written (the weights are frozen), so taking a block off the device is
-  ``param.data = host copy`` with no copy back. Where the device is CUDA the host copies are pinned and each block is
+* **Host copies** are made once and never written for frozen weights, so taking a block off the device is
+  ``param.data = host copy`` with no copy back. **Trained weights** (full fine-tuning, flux_train.py: the weights
+  were frozen when placed, and the trainer turned autograd on after) keep the host copy as the weight of record: when
+  an optimizer step changed the device copy while the block was in (a fused step inside backward), it is copied back
+  as the block leaves, and a gradient travels with its weight, so an ordinary step after backward updates the host
+  copy in place (on the host). Not on the simulated meta device: moving a trained weight between the CPU and meta
+  needs ``torch.utils.swap_tensors``, which poisons autograd's gradient accumulator. Where the device is CUDA the host copies are pinned and each block is
   copied in on a side stream (``non_blocking``) one block ahead of its use; the compute stream waits on the copy's
   event, and the device tensors are ``record_stream``-ed onto it so their memory is reused only after the kernels that
   read them. Elsewhere (CPU, the simulated meta device) the same steps run with plain synchronous ``.to()``: one
@@ -259,15 +264,16 @@ class _BlockDone(torch.autograd.Function):
 class _Swapped:
     """One swapped block: its parameters, their host copies, and where they are.
 
-    The parameters are the block's own when swapping is set up (adapters injected later are not among them). Those
-    that are trained (``requires_grad``: full fine-tuning) keep their host copy as the weight of record: an
+    The parameters are the block's weights frozen when swapping is set up (adapters injected later are not among
+    them; full fine-tuning turns autograd on for the weights after they are placed). Those that are trained later
+    (``requires_grad``) keep their host copy as the weight of record: an
     optimizer step that changed the device copy while the block was on the device (a fused step in backward) is
     copied back into the host copy when the block leaves, and the gradient travels with the weight (:func:`_move`),
     so an ordinary optimizer step after backward updates the host copy in place."""
 
     def __init__(self, swap: BlockSwap, block: nn.Module, name: str) -> None:
         self.swap, self.block, self.name = swap, block, name
-        self.params = list(block.parameters())
+        self.params = [p for p in block.parameters() if not p.requires_grad]  # frozen when swapping is set up
         self.host: list[Tensor] = []
         self.versions: list[int] = []  # the device copies' version counters when they came in (trained weights)
         self.pending: list[Tensor] | None = None  # device copies on their way (fetched ahead of use)

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import flux_train
+from library.block_swap import BlockSwap
 from library.families import get_family
 from library.families.flux.keys import diffusers_to_bfl
 from library.families.flux.tiny import build_tiny_flux, write_tiny_files
@@ -115,7 +116,14 @@ def adafactor_runs(model, dataset_toml, tmp_path_factory, request):
     argv = doc_command(model, dataset_toml, root / "plain", *common, "--blocks_to_swap", "0", steps=4)
     runs = {"plain": flux_train.run(argv)}
     swap = doc_command(model, dataset_toml, root / "swap", *common, "--fused_backward_pass", steps=4)
-    runs["swap_fused"] = flux_train.run(swap)
+    swappers = []
+    place = BlockSwap.place
+    BlockSwap.place = lambda self, m: (swappers.append(self), place(self, m))[1]
+    try:
+        runs["swap_fused"] = flux_train.run(swap)
+    finally:
+        BlockSwap.place = place
+    runs["swapper"] = swappers[0]
     half = [*with_flag(with_flag(swap, "--output_dir", str(root / "half")), "--max_train_steps", "2"), "--save_state"]
     flux_train.run(half)
     runs["resumed"] = flux_train.run([*with_flag(half, "--max_train_steps", "4"), "--resume",
@@ -139,6 +147,9 @@ def test_block_swap_and_fused_backward_give_the_ordinary_step(adafactor_runs):
     by alignment (measured: losses differ by <= 1e-7 relative); the steps are 1e3 times larger than the tolerance."""
     runs, _ = adafactor_runs
     plain, swapped = runs["plain"], runs["swap_fused"]
+    swapper = runs["swapper"]  # every weight of the 9 + 18 swapped blocks was on the host, and moved in and out
+    assert len(swapper.swapped) == 27 and all(len(s.params) == len(list(s.block.parameters())) for s in swapper.swapped)
+    assert swapper.moves_in >= 4 * 27 * 2 and swapper.moves_out >= 4 * 27 * 2
     torch.testing.assert_close(swapped.losses, plain.losses, rtol=1e-6, atol=0)
     assert_same(trained(swapped), trained(plain), atol=1e-6)
     base = load_state_dict(runs["source"])[0]  # BFL names
