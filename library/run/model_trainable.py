@@ -33,29 +33,32 @@ from library.problems import ConfigError
 from library.weight_files import streamed_saves
 
 logger = logging.getLogger("sdtrain")
+DIT_SCRIPTS = ("flux_train", "sd3_train")  # full fine-tunes of transformer families (block swap, blockwise steps)
 
 
 # ---------------------------------------------------------------------------------------------------------- flags
 def add_model_training_args(parser: argparse.ArgumentParser, *, script: str) -> None:
-    """sd-scripts' full-training flags of ``script`` ("fine_tune", "sdxl_train" or "train_db")."""
+    """sd-scripts' full-training flags of ``script`` ("fine_tune", "sdxl_train", "train_db", or a transformer
+    family's :data:`DIT_SCRIPTS`: "flux_train", "sd3_train")."""
     g = parser.add_argument_group("full model training")
     if script in ("fine_tune", "sdxl_train"):
         g.add_argument("--train_text_encoder", action="store_true", help="also train the text encoder(s)")
         g.add_argument("--diffusers_xformers", action="store_true", help="xformers attention (same as --xformers)")
     if script in ("fine_tune", "train_db"):
         g.add_argument("--learning_rate_te", type=float, default=None, help="text-encoder lr (default --learning_rate)")
-    if script == "flux_train":  # sd-scripts' flux_train.py: the transformer alone is trained
+    if script in DIT_SCRIPTS:  # sd-scripts' flux_train.py / sd3_train.py
         g.add_argument("--fused_optimizer_groups", type=int, default=None, help="step the optimizer in N parameter "
                        "groups during backward (less gradient memory)")  # fmt: skip
         g.add_argument("--blockwise_fused_optimizers", action="store_true", help="step the optimizer for each "
                        "transformer block (and once for the other weights) as soon as its gradients are ready")  # fmt: skip
+        g.add_argument("--skip_latents_validity_check", action="store_true", dest="skip_cache_check",
+                       help="[deprecated] same as --skip_cache_check (sd-scripts' older name)")  # fmt: skip
+    if script == "flux_train":  # the transformer alone is trained
         g.add_argument("--mem_eff_save", action="store_true", help="write the model file tensor by tensor, without a "
                        "second copy of the model in memory")  # fmt: skip
         g.add_argument("--double_blocks_to_swap", type=int, default=None, help="[deprecated] use --blocks_to_swap "
                        "(--blocks_to_swap = this + --single_blocks_to_swap // 2)")  # fmt: skip
         g.add_argument("--single_blocks_to_swap", type=int, default=None, help="[deprecated] use --blocks_to_swap")
-        g.add_argument("--skip_latents_validity_check", action="store_true", dest="skip_cache_check",
-                       help="[deprecated] same as --skip_cache_check (sd-scripts' older name)")  # fmt: skip
     if script == "sdxl_train":
         g.add_argument("--learning_rate_te1", type=float, default=None, help="text encoder 1 lr; 0 = do not train it")
         g.add_argument("--learning_rate_te2", type=float, default=None, help="text encoder 2 lr; 0 = do not train it")
