@@ -364,7 +364,7 @@ class ModelTrainable(nn.Module):
         """Model, optimizer and scheduler prepared in one call (DeepSpeed and FSDP need them together); the loop
         then calls the prepared model in place of the UNet (:meth:`step_models`)."""
         # --blocks_to_swap: the swapped blocks' weights stay on the host (place_denoiser put the model where it goes)
-        placement = [not self.cfg.block_swap, True, True]
+        placement = [False if self.cfg.block_swap else None, None, None]  # None: accelerate's default
         wrapped, optimizer, scheduler = accelerator.prepare(self, optimizer, scheduler, device_placement=placement)
         self.__dict__["wrapped"] = wrapped  # not a submodule: in one process it is this very module
         cfg = self.cfg
