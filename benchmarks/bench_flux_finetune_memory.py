@@ -6,7 +6,7 @@
     python benchmarks/bench_flux_finetune_memory.py --tiny                # the same run on the tiny model (a smoke check)
 
 The run is flux_train.run unchanged on the released architecture (transformer 11.9 B, CLIP-L, T5-XXL, AE), built as
-uninitialised host memory by bench_flux_memory.py's ``RealSizeLoader`` (no file read). Settings: sd-scripts'
+uninitialised host memory by bench_flux_memory.py's ``RealSizeLoader`` (no file read) without its float8 cast. Settings: sd-scripts'
 docs/fine_tune.md FLUX line (``--blocks_to_swap N``) with its memory flags: ``--mixed_precision bf16 --full_bf16
 --optimizer_type adafactor --optimizer_args relative_step=False scale_parameter=False warmup_init=False
 --fused_backward_pass --gradient_checkpointing --cache_latents --cache_text_encoder_outputs --sdpa``, batch 1, one
@@ -49,6 +49,32 @@ def files_to_devnull() -> None:
                                                                                       dtype)  # fmt: skip
 
 
+def full_precision_loader(family):
+    """bench_flux_memory.py's ``RealSizeLoader`` without its ``--fp8_base`` cast: every part in the run's dtype (this
+    run trains the transformer, and its text encoders are not stored in float8 without --fp8_base)."""
+    from bench_flux_memory import RealSizeLoader
+
+    class FullPrecision(RealSizeLoader):
+        def prepare(self, dtype) -> None:
+            from accelerate import init_empty_weights
+
+            from library.families.base import Parts
+            from library.families.flux.configs import ae_factory, released
+
+            reference = self.family.reference_parts()
+            with init_empty_weights():
+                vae = ae_factory(released(self.family.name)["vae"])()
+
+            def empty(module):
+                return module.to(dtype).requires_grad_(False).to_empty(device="cpu").eval()
+
+            encoders = [empty(te) for te in reference.text_encoders]
+            self.parts = Parts(empty(reference.denoiser), empty(vae), encoders, [], {}, "",
+                               f"real-size {self.family.name}")  # fmt: skip
+
+    return FullPrecision(family)
+
+
 def measure(swap: int, args: argparse.Namespace, work: Path) -> dict:
     import torch
     from bench_flux_memory import RealSizeLoader
@@ -83,7 +109,7 @@ def main() -> None:
     args = parser.parse_args()
     import torch
     from bench_block_swap import fused_attention
-    from bench_flux_memory import RealSizeLoader, lazy_host_copies, uncounted_swap_check
+    from bench_flux_memory import lazy_host_copies, uncounted_swap_check
 
     from library.demo import make_example_dataset
     from library.families import FLUX_DEV
@@ -98,7 +124,7 @@ def main() -> None:
     if not (work / "tiny" / "flux-dev").exists():  # (tiny: enough blocks for --blocks_to_swap 30)
         FLUX_DEV.save(build_tiny_flux("flux-dev", blocks=(19, 38)), work / "tiny" / "flux-dev")
     if not args.tiny:
-        FLUX_DEV.load = RealSizeLoader(FLUX_DEV)
+        FLUX_DEV.load = full_precision_loader(FLUX_DEV)
         lazy_host_copies()
         uncounted_swap_check()
     files_to_devnull()

@@ -199,6 +199,10 @@ def _assign(param: nn.Parameter, tensor: Tensor) -> None:
 def _move(param: nn.Parameter, tensor: Tensor) -> None:
     """:func:`_assign`, and a trained parameter's accumulated gradient goes where its data goes (so the next backward
     accumulates into it on the device, and an optimizer step after backward finds weight and gradient together)."""
+    if param.requires_grad and tensor.device.type == "cpu" and param.device.type == "meta":
+        # the simulated device: a trained weight cannot leave meta by swap_tensors (it would poison its gradient
+        # accumulator); it stays on meta as a stand-in without storage (no device bytes), the host copy unchanged
+        tensor = torch.empty((), dtype=tensor.dtype, device=param.device).expand(tensor.shape)
     grad = param.grad
     if grad is None or grad.device == tensor.device:
         _assign(param, tensor)
