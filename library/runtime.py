@@ -257,17 +257,17 @@ def seed_everything(seed: int) -> None:
 def set_attention(modules: list[nn.Module], backend: str) -> None:
     """Select the attention implementation of diffusers modules: "sdpa" (torch SDPA) or "xformers".
 
-    "sdpa" gives every classic diffusers ``Attention`` (SD UNets, every VAE) ``AttnProcessor2_0``; attention layers
-    with processors of their own keep them: FLUX's ``FluxAttention`` (whose ``FluxAttnProcessor`` already runs SDPA;
-    ``AttnProcessor2_0`` reads ``Attention``-only attributes such as ``spatial_norm``) and an ``Attention`` whose
-    processor is not a plain self/cross-attention one (SD3's ``JointAttnProcessor2_0``, which attends over the image
-    and text tokens together and already runs SDPA). "xformers" likewise goes only to models whose attention layers
-    are all classic; the others keep their SDPA processors, said once per model."""
-    from diffusers.models.attention_processor import Attention, AttnProcessor, AttnProcessor2_0, XFormersAttnProcessor
+    "sdpa" gives every classic diffusers ``Attention`` (SD UNets, every VAE) ``AttnProcessor2_0``; attention classes
+    with their own processors (FLUX's ``FluxAttention``, whose ``FluxAttnProcessor`` already runs SDPA) keep them:
+    ``AttnProcessor2_0`` cannot run them (it reads ``Attention``-only attributes such as ``spatial_norm``). So do
+    ``Attention`` layers with a joint (image + text stream) processor (SD3's ``JointAttnProcessor2_0``, SDPA too),
+    which return two streams ``AttnProcessor2_0`` cannot.
+    "xformers" likewise goes only to models whose attention layers are all classic ``Attention`` with no joint
+    processor; the others keep their SDPA processors, said once per model."""
+    from diffusers.models.attention_processor import Attention, AttnProcessor2_0
 
-    def classic(layer: nn.Module) -> bool:  # a plain attention a plain processor can run
-        plain = (AttnProcessor, AttnProcessor2_0, XFormersAttnProcessor)
-        return isinstance(layer, Attention) and type(layer.processor) in plain
+    def classic(m: nn.Module) -> bool:
+        return isinstance(m, Attention) and "Joint" not in type(getattr(m, "processor", None)).__name__
 
     for module in modules:
         if backend == "xformers":

@@ -1,12 +1,17 @@
-"""Write tiny SD1 / SD2-v / SDXL / FLUX.1 / Chroma models with random weights (tests, the demo, trying sdtrain offline).
+"""Write tiny SD1 / SD2-v / SDXL / FLUX.1 / Chroma / SD3 / SD3.5 models with random weights (tests, the demo, trying
+sdtrain offline).
 
-    python tools/make_tiny_model.py --out models/tiny [--family sd1 sd2 sdxl flux-dev flux-schnell chroma] [--seed 0]
+    python tools/make_tiny_model.py --out models/tiny [--family sd1 sd2 sdxl flux-dev flux-schnell chroma sd3
+        sd3.5-medium sd3.5-large] [--seed 0]
 
 writes, per family, ``<out>/<family>/`` (a diffusers folder) and ``<out>/<family>.safetensors`` (a single-file
 checkpoint in the original layout; FLUX.1 / Chroma: the BFL transformer, with the ``--clip_l``, ``--t5xxl`` and
-``--ae`` files sd-scripts takes beside it as ``<out>/<family>_{clip_l,t5xxl,ae}.safetensors``). The models have the
-real block layout, module names and tokenizers of the released models with tiny widths (see
-``library/families/tiny.py``, ``library/families/flux/tiny.py``); every training script accepts either layout.
+``--ae`` files sd-scripts takes beside it as ``<out>/<family>_{clip_l,t5xxl,ae}.safetensors``; SD3 / SD3.5: the SAI
+file with its VAE and text encoders, plus ``<out>/<family>_dit.safetensors`` (transformer and VAE only, as
+``sd3.5_large.safetensors``) and the ``--clip_l --clip_g --t5xxl --vae`` files as
+``<out>/<family>_{clip_l,clip_g,t5xxl,vae}.safetensors``). The models have the real block layout, module names and
+tokenizers of the released models with tiny widths (see ``library/families/tiny.py``, ``library/families/flux/tiny.py``,
+``library/families/sd3/tiny.py``); every training script accepts either layout.
 Without ``--family`` the SD families are written.
 """
 
@@ -24,6 +29,9 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 from library.families import get_family  # noqa: E402
 from library.families.flux.tiny import VARIANTS as FLUX_VARIANTS  # noqa: E402
 from library.families.flux.tiny import build_tiny_flux, write_tiny_files  # noqa: E402
+from library.families.sd3.configs import VARIANTS as SD3_VARIANTS  # noqa: E402
+from library.families.sd3.tiny import build_tiny_sd3  # noqa: E402
+from library.families.sd3.tiny import write_tiny_files as write_tiny_sd3_files  # noqa: E402
 from library.families.tiny import FAMILIES, build_tiny  # noqa: E402
 from networks.tool_common import main_guard  # noqa: E402
 
@@ -31,7 +39,7 @@ from networks.tool_common import main_guard  # noqa: E402
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="output folder")
-    parser.add_argument("--family", nargs="+", choices=FAMILIES + FLUX_VARIANTS, default=list(FAMILIES),
+    parser.add_argument("--family", nargs="+", choices=FAMILIES + FLUX_VARIANTS + SD3_VARIANTS, default=list(FAMILIES),
                         help="families to write (default: the SD families)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     parser.add_argument(
@@ -42,6 +50,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar=("DOUBLE", "SINGLE"),
         help="FLUX / Chroma double and single blocks (default 11 20: enough for sd-scripts' "
         "documented --blocks_to_swap 18, which keeps 2 blocks of each kind on the device)",
+    )
+    parser.add_argument(
+        "--sd3_blocks",
+        type=int,
+        default=None,
+        metavar="N",
+        help="SD3 / SD3.5 joint blocks (default: 2, and 34 for sd3.5-large: enough for sd-scripts' documented "
+        "--blocks_to_swap 32, which keeps 2 blocks on the device)",
     )
     return parser
 
@@ -54,8 +70,13 @@ def run(argv: Sequence[str] | None = None) -> list[Path]:
     for name in args.family:
         start = time.perf_counter()
         family = get_family(name)
-        flux = name in FLUX_VARIANTS
-        parts = build_tiny_flux(name, args.seed, tuple(args.flux_blocks)) if flux else build_tiny(name, seed=args.seed)
+        flux, sd3 = name in FLUX_VARIANTS, name in SD3_VARIANTS
+        if sd3:
+            parts = build_tiny_sd3(name, args.seed, args.sd3_blocks)
+        else:
+            parts = (
+                build_tiny_flux(name, args.seed, tuple(args.flux_blocks)) if flux else build_tiny(name, seed=args.seed)
+            )
         folder = family.save(parts, out / name)
         single = family.save(parts, out / f"{name}.safetensors")
         if flux:  # sd-scripts' --clip_l / --t5xxl / --ae files beside the BFL transformer
@@ -64,6 +85,14 @@ def run(argv: Sequence[str] | None = None) -> list[Path]:
                     path.replace(out / f"{name}_{part}.safetensors")
             (out / f".{name}_parts" / "model.safetensors").unlink()
             (out / f".{name}_parts").rmdir()
+        if sd3:  # the SAI file without encoders, and sd-scripts' --clip_l / --clip_g / --t5xxl / --vae files
+            family.save(parts, out / f"{name}_dit.safetensors", text_encoders=False)
+            tmp = out / f".{name}_parts"
+            for part, path in write_tiny_sd3_files(parts, tmp, diffusers=False).items():
+                if part in ("clip_l", "clip_g", "t5xxl", "vae"):
+                    path.replace(out / f"{name}_{part}.safetensors")
+            (tmp / "model.safetensors").unlink()
+            tmp.rmdir()
         params = sum(p.numel() for m in (parts.denoiser, parts.vae, *parts.text_encoders) for p in m.parameters())
         print(f"{name}: {folder}/ and {single} ({params:,} parameters, {parts.prediction_type}) "
               f"in {time.perf_counter() - start:.1f}s")  # fmt: skip

@@ -96,7 +96,10 @@ class CroppingPatchEmbed(nn.Module):
                                  f"({size}×{size} patches); use a smaller resolution")  # fmt: skip
             return _crop(self.pos_embed, size, h, w, random_crop)
         table, size = self._scaled_table(h, w)
-        return _crop(table.to(self.pos_embed.device), size, h, w, random_crop)
+        if table.device != self.pos_embed.device:  # moved once (sd-scripts keeps the moved table too)
+            table = table.to(self.pos_embed.device)
+            self.scaled[next(n for n, t in self.scaled.items() if t.shape == table.shape)] = table
+        return _crop(table, size, h, w, random_crop)
 
     def _scaled_table(self, h: int, w: int) -> tuple[Tensor, int]:
         area = h * w
@@ -115,6 +118,16 @@ class CroppingPatchEmbed(nn.Module):
         return table, size
 
 
+def _patch_class(base: type) -> type:
+    """``SD3PatchEmbed``: :class:`CroppingPatchEmbed` over diffusers' ``PatchEmbed`` (made once, on first use, so that
+    importing this module does not import diffusers; a module attribute, so pickling finds it by name)."""
+    cls = globals().get("SD3PatchEmbed")
+    if cls is None or cls.__mro__[2] is not base:
+        cls = type("SD3PatchEmbed", (CroppingPatchEmbed, base), {"__module__": __name__})
+        globals()["SD3PatchEmbed"] = cls
+    return cls
+
+
 def install(transformer: nn.Module, random_crop_rate: float = 0.0, resolutions: Iterable | None = None) -> None:
     """Give ``transformer.pos_embed`` sd-scripts' options (module docstring): ``random_crop_rate`` in [0, 1];
     ``resolutions`` (training resolutions, (w, h) or int): build the scaled tables, None: the released table."""
@@ -124,7 +137,7 @@ def install(transformer: nn.Module, random_crop_rate: float = 0.0, resolutions: 
     if getattr(embed, "pos_embed_max_size", None) is None:
         raise ValueError("this SD3 transformer has no pos_embed_max_size: its positional embedding cannot be cropped")
     if not isinstance(embed, CroppingPatchEmbed):
-        embed.__class__ = type("CroppingPatchEmbed", (CroppingPatchEmbed, type(embed)), {})
+        embed.__class__ = _patch_class(type(embed))
     embed.random_crop_rate = float(random_crop_rate)
     embed.scaled, embed.area_bounds = None, []
     if resolutions is None:

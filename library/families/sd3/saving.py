@@ -57,13 +57,14 @@ def sd3_modelspec(architecture: str, implementation: str, title: str, resolution
 
 def text_encoder_state(te: nn.Module) -> dict[str, Tensor]:
     """A text encoder's tensors under transformers names as SD3 files hold them: CLIP ``text_model.*`` +
-    ``text_projection.weight``; T5 ``shared.weight`` + ``encoder.*`` (the tied ``encoder.embed_tokens.weight`` left
-    out, as transformers re-ties it). Copies where tensors are shared."""
+    ``text_projection.weight``; T5 ``shared.weight`` + ``encoder.*``, the embedding under both names (diffusers'
+    single-file T5 reader does not tie them: without ``encoder.embed_tokens.weight`` its T5 keeps a meta tensor
+    there). Copies where tensors are shared (safetensors stores no aliases)."""
     if hasattr(te, "shared"):  # T5
         state = dict(te.state_dict())
         tied = state.get("encoder.embed_tokens.weight")
         if tied is not None and "shared.weight" in state and tied.data_ptr() == state["shared.weight"].data_ptr():
-            del state["encoder.embed_tokens.weight"]
+            state["encoder.embed_tokens.weight"] = tied.clone()
         return state
     return {k: v for k, v in hf_state_dict(te).items() if not k.endswith("position_ids")}
 

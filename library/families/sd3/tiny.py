@@ -89,13 +89,14 @@ def write_tiny_files(
     prefix: str = "model.diffusion_model.",
     text_encoders: bool = True,
     fp8: bool = False,
+    diffusers: bool = True,
 ) -> dict[str, Path]:
     """Write ``parts`` as the files SD3 users have, without any metadata: ``model`` (the SAI single file: the
     transformer under ``prefix``, the VAE under ``first_stage_model.`` (LDM names) and, with ``text_encoders``, the
     encoders under ``text_encoders.{clip_l,clip_g,t5xxl}.transformer.``; ``fp8``: the transformer in
     float8_e4m3fn), the separate ``clip_l`` / ``clip_g`` / ``t5xxl`` files (transformers names, as ComfyUI and
-    sd-scripts take them) and ``vae`` (LDM names), plus ``diffusers`` (a ``StableDiffusion3Pipeline`` folder
-    written by diffusers itself). Returns ``{"model" | "clip_l" | "clip_g" | "t5xxl" | "vae" | "diffusers": path}``."""
+    sd-scripts take them) and ``vae`` (LDM names), plus, with ``diffusers``, ``diffusers`` (a
+    ``StableDiffusion3Pipeline`` folder written by diffusers itself). Returns ``{"model" | "clip_l" | "clip_g" | "t5xxl" | "vae" | "diffusers": path}``."""
     from safetensors.torch import save_file
 
     from ..convert import vae_to_ldm
@@ -119,8 +120,9 @@ def write_tiny_files(
     for path, state in files.values():
         save_file({k: v.contiguous() for k, v in state.items()}, path)
     out = {name: path for name, (path, _) in files.items()}
-    from .family import pipeline_of
+    if diffusers:
+        from .family import pipeline_of
 
-    pipeline_of(parts).save_pretrained(folder / "diffusers")
-    out["diffusers"] = folder / "diffusers"
+        pipeline_of(parts).save_pretrained(folder / "diffusers")
+        out["diffusers"] = folder / "diffusers"
     return out
