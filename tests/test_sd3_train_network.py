@@ -196,3 +196,14 @@ def test_attention_backends_keep_sd3_joint_attention(caplog):
         set_attention([parts.denoiser], "xformers")
     assert {k: type(v) for k, v in parts.denoiser.attn_processors.items()} == before
     assert "keeps its own attention" in caplog.text
+
+
+def test_demo_trains_a_tiny_sd3_lora(tmp_path, capsys):
+    """``sd3_train_network.py --demo``: a tiny SD3 medium folder and the example images, made offline; the file loads
+    back and changes the transformer's output."""
+    result = sd3_train_network.run(["--demo", "--demo_dir", str(tmp_path), "--max_train_steps", "2"])
+    assert result.steps == 2 and result.output.exists() and not result.failed
+    assert (tmp_path / "models" / "sd3" / "model_index.json").exists()
+    assert read_metadata(result.output)["modelspec.architecture"] == ARCH["sd3"] + "/lora"
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("demo: the adapter is at"))
+    assert "sdtrain loads it" in line and "changes the transformer output" in line

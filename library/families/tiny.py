@@ -149,15 +149,19 @@ def build_tiny(family: str, seed: int = 0) -> Parts:
 
 
 def tiny_model_folder(family: str, folder: str | Path, seed: int = 0) -> Path:
-    """A tiny model of any registered tiny family ("sd1", "sd2", "sdxl", and FLUX.1 / Chroma from
-    library/families/flux/tiny.py) written as a diffusers folder at ``folder``."""
+    """A tiny model of any registered tiny family ("sd1", "sd2", "sdxl", FLUX.1 / Chroma from
+    library/families/flux/tiny.py, SD3 / SD3.5 from library/families/sd3/tiny.py) written as a diffusers folder at
+    ``folder``."""
     from .flux.tiny import VARIANTS as FLUX_VARIANTS
     from .flux.tiny import build_tiny_flux
+    from .sd3.configs import VARIANTS as SD3_VARIANTS
+    from .sd3.tiny import build_tiny_sd3
 
-    if family in FLUX_VARIANTS:
+    dit_builders = {**dict.fromkeys(FLUX_VARIANTS, build_tiny_flux), **dict.fromkeys(SD3_VARIANTS, build_tiny_sd3)}
+    if family in dit_builders:
         from .registry import get_family
 
-        return Path(get_family(family).save(build_tiny_flux(family, seed), folder))
+        return Path(get_family(family).save(dit_builders[family](family, seed), folder))
     return save_diffusers(build_tiny(family, seed), folder)
 
 
