@@ -157,11 +157,11 @@ def tiny_model_folder(family: str, folder: str | Path, seed: int = 0) -> Path:
     from .sd3.configs import VARIANTS as SD3_VARIANTS
     from .sd3.tiny import build_tiny_sd3
 
-    dit_builders = {**dict.fromkeys(FLUX_VARIANTS, build_tiny_flux), **dict.fromkeys(SD3_VARIANTS, build_tiny_sd3)}
-    if family in dit_builders:
+    if family in FLUX_VARIANTS or family in SD3_VARIANTS:
         from .registry import get_family
 
-        return Path(get_family(family).save(dit_builders[family](family, seed), folder))
+        build = build_tiny_flux if family in FLUX_VARIANTS else build_tiny_sd3
+        return Path(get_family(family).save(build(family, seed), folder))
     return save_diffusers(build_tiny(family, seed), folder)
 
 

@@ -238,12 +238,13 @@ class SD3Family:
         return save_diffusers_folder(parts, path, dtype, safetensors, self.pipeline(parts, None))
 
     def reference_parts(self) -> Parts:
-        """The released transformer, CLIP-L, CLIP-G and T5-XXL on the meta device; ``vae`` is None."""
+        """The released transformer, CLIP-L, CLIP-G and T5-XXL on the meta device, buffers too (the transformer's
+        ``pos_embed`` table would otherwise be computed: 384² × 1536 values for SD3.5-medium); ``vae`` is None."""
         from accelerate import init_empty_weights
 
         configs = released(self.name)
         factories = (clip_factory, clip_factory, t5_factory)
-        with init_empty_weights():
+        with init_empty_weights(include_buffers=True):
             denoiser = transformer_factory(configs["transformer"])()
             encoders = [f(c)() for f, c in zip(factories, configs["text_encoders"])]
         return Parts(denoiser, None, encoders, [], configs["scheduler"], self.name, extra={})

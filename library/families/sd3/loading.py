@@ -223,9 +223,11 @@ def load_vae(path: Path, state: Mapping[str, Any], dtype: Any, device: Any, stor
 
 
 def _part_file(flag: str, path: Path, index: int | None, dtype: Any, device: Any, stored: Mapping | None) -> nn.Module:
-    """A ``--clip_l / --clip_g / --t5xxl / --vae`` file or diffusers folder."""
+    """A ``--clip_l / --clip_g / --t5xxl / --vae`` file, or a component folder (or a pipeline folder holding it as
+    ``vae/`` / ``text_encoder*/``)."""
     if path.is_dir():
-        return _from_folder(path, None, index, dtype, device)
+        sub = "vae" if index is None else TE_FOLDERS[index]
+        return _from_folder(path, sub if (path / sub / "config.json").is_file() else None, index, dtype, device)
     source, metadata = read_weights(path)
     stored = _stored(metadata) or stored
     if index is None:

@@ -46,7 +46,7 @@ def transformer_config(variant: str = SD3, blocks: int | None = None) -> dict:
         raise ValueError(f"unknown SD3 variant {variant!r}; expected one of {', '.join(VARIANTS)}")
     config = dict(TRANSFORMER, **VARIANT_CONFIG[variant])
     if blocks is not None:
-        if blocks < 1 or (variant == SD35_MEDIUM and blocks < 1):
+        if blocks < 1:
             raise ValueError(f"blocks={blocks}: an SD3 transformer needs at least one block")
         config["num_layers"] = blocks
     return config
