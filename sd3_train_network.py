@@ -3,7 +3,7 @@ families.
 
     accelerate launch sd3_train_network.py --pretrained_model_name_or_path sd3.5_large.safetensors \
         --clip_l clip_l.safetensors --clip_g clip_g.safetensors --t5xxl t5xxl_fp16.safetensors \
-        --dataset_config dataset.toml --output_dir out --network_module networks.lora_sd3 --network_dim 16 \
+        --dataset_config dataset.toml --output_dir out --network_module networks.lora --network_dim 16 \
         --weighting_scheme uniform --blocks_to_swap 32 --cache_text_encoder_outputs_to_disk
 
 sd-scripts' sd3_train_network.py flags with the same meaning: train_network.py's, SD3's flow-matching objective

@@ -210,3 +210,25 @@ def test_demo_trains_a_tiny_sd3_lora(tmp_path, capsys):
     assert read_metadata(result.output)["modelspec.architecture"] == ARCH["sd3"] + "/lora"
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("demo: the adapter is at"))
     assert "sdtrain loads it" in line and "changes the transformer output" in line
+
+
+def test_fp8_base_stores_the_frozen_transformer_in_float8_and_trains(models, dataset, tmp_path):
+    """--fp8_base: the transformer's Linear layers (but those the family keeps, ``fp8_skip``) are stored in float8
+    (sd-scripts' ``mmdit.to(float8_e4m3fn)``); a bf16 step on them runs and is finite."""
+    from types import SimpleNamespace
+
+    from library.families import get_family
+    from library.fp8 import stored_in_fp8
+    from library.run.train_setup import store_frozen_in_fp8
+
+    family = get_family("sd3.5-medium")
+    parts = build_tiny_sd3("sd3.5-medium")
+    run = SimpleNamespace(fp8_base=True, fp8_base_unet=False, weight_dtype=torch.bfloat16, train_dtype=torch.float32)
+    store_frozen_in_fp8(SimpleNamespace(run=run, trained_parts=(), family=family), parts)
+    linears = [(n, m) for n, m in parts.denoiser.named_modules() if isinstance(m, torch.nn.Linear)]
+    kept = [n for n, m in linears if not stored_in_fp8(m)]
+    assert all(any(s in n for s in family.fp8_skip) for n in kept) and len(kept) < len(linears)
+    argv = base_argv(models("sd3.5-medium"), dataset, tmp_path, "--fp8_base", "--mixed_precision", "bf16",
+                     "--network_train_unet_only", steps=1)  # fmt: skip
+    result = sd3_train_network.run(argv)
+    assert result.steps == 1 and all(map(math.isfinite, result.losses))
