@@ -232,3 +232,19 @@ def test_fp8_base_stores_the_frozen_transformer_in_float8_and_trains(models, dat
                      "--network_train_unet_only", steps=1)  # fmt: skip
     result = sd3_train_network.run(argv)
     assert result.steps == 1 and all(map(math.isfinite, result.losses))
+
+
+def test_clip_adapters_train_over_the_t5_cache_as_without_it(models, dataset, tmp_path):
+    """sd-scripts' partial cache: --cache_text_encoder_outputs while CLIP-L's and CLIP-G's adapters train caches T5
+    and runs both CLIPs in every step; the losses and the trained CLIP adapters equal those of the run that encodes
+    every step."""
+    argv = base_argv(models("sd3.5-medium"), dataset, tmp_path, "--learning_rate", "1e-2", steps=3)
+    cached = sd3_train_network.run([*argv, "--cache_text_encoder_outputs", "--output_name", "cached"])
+    live = sd3_train_network.run([*argv, "--output_name", "live"])
+    torch.testing.assert_close(cached.losses, live.losses, rtol=1e-4, atol=1e-6)
+    (a, _), (b, _) = load_state_dict(cached.output), load_state_dict(live.output)
+    for prefix in ("lora_te1_", "lora_te2_"):
+        te = [k for k in a if k.startswith(prefix) and k.endswith("lora_up.weight")]
+        assert te and any(a[k].abs().max() > 0 for k in te), prefix  # the CLIP adapters trained (they start at 0)
+        for k in te:
+            torch.testing.assert_close(a[k], b[k], rtol=1e-3, atol=1e-6)
