@@ -175,7 +175,9 @@ def test_default_format_is_the_input_format_and_precision_is_applied(tiny_dir, d
     assert {t.dtype for k, t in tensors.items() if k.startswith("model.diffusion_model.")} == {torch.float16}
     result = train("sd1", *args_for(single, dataset, tmp_path / "b", "--use_safetensors", "--zero_terminal_snr",
                                     steps=1))  # fmt: skip
-    assert result.output.name == "m.safetensors" and read_metadata(result.output)["ss_train_text_encoder"] == "False"
+    meta = read_metadata(result.output)
+    assert result.output.name == "m.safetensors" and meta["ss_train_text_encoder"] == "False"
+    assert not [k for k in meta if k.startswith("sshs_")]  # whole models carry no adapter hashes (as sd-scripts)
     assert "ztsnr" in load_state_dict(result.output)[0]  # trained with zero terminal SNR: ComfyUI's marker
 
 

@@ -377,12 +377,11 @@ class ModelTrainable(nn.Module):
             self.fused = FusedStep(optimizer, chunks, cfg.max_grad_norm)
         return optimizer, scheduler
 
-    def state_dict_for_file(self, dtype: torch.dtype | None = None) -> dict[str, Tensor]:
-        """The UNet and text-encoder tensors (what the file's hash covers), cast to ``dtype``."""
-        out = {f"unet.{k}": v for k, v in self.unet.state_dict().items()}
-        for i, te in zip(self.te_indices, self.text_encoders):
-            out.update({f"te{i}.{k}": v for k, v in te.state_dict().items()})
-        return {k: v.detach().to(dtype) if dtype is not None else v.detach() for k, v in out.items()}
+    def state_dict_for_file(self, dtype: torch.dtype | None = None) -> None:
+        """None: a whole-model file carries no ``sshs_*`` hashes (sd-scripts writes none for fine-tunes; A1111 hashes
+        checkpoints from the file itself). Computing them would serialise the whole model once more in host memory
+        (22 GiB for FLUX.1)."""
+        return None
 
     def metadata(self) -> dict[str, str]:
         return {"ss_train_text_encoder": str(bool(self.text_encoders))}

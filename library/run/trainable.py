@@ -58,8 +58,9 @@ class Trainable(Protocol):
     def prepare(self, accelerator: Any) -> Trainable:
         """Hand the trainable to accelerate if it needs it (``gradient_sync == "accelerate"``); returns it."""
 
-    def state_dict_for_file(self, dtype: torch.dtype | None = None) -> dict[str, Tensor]:
-        """The tensors of the output file, cast to ``dtype`` (``--save_precision``)."""
+    def state_dict_for_file(self, dtype: torch.dtype | None = None) -> dict[str, Tensor] | None:
+        """The tensors of the output file, cast to ``dtype`` (``--save_precision``), which its ``sshs_*`` hashes
+        cover; None for a file that carries no such hashes (a whole model, as sd-scripts writes it)."""
 
     def metadata(self) -> dict[str, str]:
         """This trainable's own ``ss_*`` keys (the run's keys are added by library/run/run_metadata.py)."""

@@ -375,16 +375,13 @@ class Trainer:
             trained = self.unwrapped()
             meta = self.file_metadata(step=step, epoch=epoch)
             dtype = self.cfg.save.dtype
-            tensors = trained.state_dict_for_file(dtype)
-            trained.save(path, metadata=md.with_hashes(tensors, {**trained.metadata(), **meta}), dtype=dtype)
+            trained.save(path, metadata=_with_hashes(trained, dtype, {**trained.metadata(), **meta}), dtype=dtype)
             logger.info("saved %s", path)
             if self.ema is not None:
                 with self.ema.applied():
                     ema_path = path.with_name(path.stem + "-ema" + path.suffix)
-                    tensors = trained.state_dict_for_file(dtype)
-                    trained.save(
-                        ema_path, metadata=md.with_hashes(tensors, {**trained.metadata(), **meta}), dtype=dtype
-                    )
+                    ema_meta = _with_hashes(trained, dtype, {**trained.metadata(), **meta})
+                    trained.save(ema_path, metadata=ema_meta, dtype=dtype)
         finally:
             set_train_mode(self.optimizer, True)
 
@@ -512,3 +509,9 @@ class Trainer:
                 if self.acc.is_main_process:
                     print(f"no resumable state could be written either: {e}", file=sys.stderr)
         return self.result(failed=str(error))
+
+
+def _with_hashes(trained: Any, dtype: Any, metadata: dict[str, str]) -> dict[str, str]:
+    """``metadata`` plus the file's ``sshs_*`` hashes where the trainable's file carries them (adapters, embeddings)."""
+    tensors = trained.state_dict_for_file(dtype)
+    return metadata if tensors is None else md.with_hashes(tensors, metadata)
