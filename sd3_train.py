@@ -65,6 +65,8 @@ class SD3TrainingConfig(ModelTrainingConfig):
         shared = argparse.Namespace(**vars(args))
         shared.train_text_encoder = False  # the SD3 reader decides the encoders (and their cache) below
         shared.cache_text_encoder_outputs = False
+        for name in ("learning_rate_te1", "learning_rate_te2"):  # (their presence means sdxl_train.py's rules there)
+            delattr(shared, name)
         try:
             base = ModelTrainingConfig.from_args(shared)
         except ConfigError as e:

@@ -97,6 +97,12 @@ def problems(args: argparse.Namespace) -> list[str]:
     if args.train_t5xxl and cache:
         out.append("--train_t5xxl with a text-encoder cache (--cache_text_encoder_outputs, --use_t5xxl_cache_only): "
                    "T5-XXL's outputs cannot be cached while it trains; drop one of them")  # fmt: skip
+    given = [f"--learning_rate_te{i}" for i, v in enumerate(
+        (args.learning_rate_te1, args.learning_rate_te2, args.learning_rate_te3), 1) if v is not None]  # fmt: skip
+    if given and not args.train_text_encoder:
+        logger.warning("%s: no text encoder is trained without --train_text_encoder; ignored", " ".join(given))
+    if args.learning_rate_te3 is not None and args.train_text_encoder and not args.train_t5xxl:
+        logger.warning("--learning_rate_te3: T5-XXL is trained only with --train_t5xxl; ignored")
     if args.use_t5xxl_cache_only and not args.train_text_encoder:
         logger.info("--use_t5xxl_cache_only without --train_text_encoder: every encoder output comes from the cache")
     lrs = [(f"--learning_rate_te{i}", v) for i, v in enumerate(
