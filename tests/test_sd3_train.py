@@ -141,12 +141,18 @@ def test_held_out_loss_falls_with_partial_cache_frozen_encoder_and_frozen_blocks
 
 def test_t5xxl_alone_trains(model, dataset_toml, tmp_path):
     """--train_text_encoder --train_t5xxl with --learning_rate_te1 0 --learning_rate_te2 0: T5 is written next to the
-    model file and moved; no CLIP file (sd-scripts writes CLIP-L / CLIP-G only when one of them trains)."""
+    model file and moved; no CLIP file (sd-scripts writes CLIP-L / CLIP-G only when one of them trains). With
+    --save_every_n_steps 1 --save_last_n_steps 1 a step file's T5 file goes when the step file goes."""
     argv = doc_command(model, dataset_toml, tmp_path, "--train_t5xxl", "--learning_rate_te1", "0",
-                       "--learning_rate_te2", "0", "--learning_rate_te3", "1e-3", steps=2)  # fmt: skip
+                       "--learning_rate_te2", "0", "--learning_rate_te3", "1e-3", "--save_every_n_steps", "1",
+                       "--save_last_n_steps", "1", steps=4)  # fmt: skip
     result = sd3_train.run(with_flag(argv, "--blocks_to_swap", "0"))
     names = sorted(p.name for p in tmp_path.glob("sd3_finetuned*.safetensors"))
-    assert names == ["sd3_finetuned.safetensors", "sd3_finetuned_t5xxl.safetensors"]
+    assert names[-2:] == ["sd3_finetuned.safetensors", "sd3_finetuned_t5xxl.safetensors"]
+    steps = names[:-2]  # step 1's file and its T5 file are gone; each kept step file has its own
+    assert steps and not any("step00000001" in n for n in steps), names
+    assert steps == sorted([n for n in steps if "_t5xxl" not in n] + [n.replace(".", "_t5xxl.") for n in steps
+                                                                    if "_t5xxl" not in n]), names  # fmt: skip
     saved, base = encoder_file(result, "t5xxl"), load_state_dict(model["t5xxl"])[0]
     assert saved.keys() == base.keys() and 0 < worst(saved, base)
 
