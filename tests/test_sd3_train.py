@@ -229,3 +229,25 @@ def test_resume_with_swap_and_fused_steps_repeats_the_uninterrupted_run(adafacto
         a = load_state_dict(runs["swap_fused"].output.with_name(f"sd3_finetuned{name}.safetensors"))[0]
         b = load_state_dict(runs["resumed"].output.with_name(f"sd3_finetuned{name}.safetensors"))[0]
         assert worst(a, b) == 0.0
+
+
+def test_diffusers_folder_output(model, dataset_toml, tmp_path):
+    """--save_model_as diffusers_safetensors writes every part as a ``StableDiffusion3Pipeline`` folder: diffusers'
+    and transformers' ``from_pretrained`` read the trained transformer and CLIP-L back exactly, and the frozen
+    CLIP-G (--learning_rate_te2 0) equal to the input's."""
+    from diffusers import SD3Transformer2DModel
+    from transformers import CLIPTextModelWithProjection
+
+    argv = doc_command(model, dataset_toml, tmp_path, "--learning_rate_te2", "0", "--save_model_as",
+                       "diffusers_safetensors", "--save_state_on_train_end", steps=1)  # fmt: skip
+    result = sd3_train.run(with_flag(with_flag(argv, "--blocks_to_swap", "0"), "--learning_rate", "1e-3"))
+    assert result.output.is_dir() and (result.output / "model_index.json").exists()
+    theirs = SD3Transformer2DModel.from_pretrained(result.output, subfolder="transformer")
+    assert worst(trained(result), theirs.state_dict()) == 0.0
+    clip_l = CLIPTextModelWithProjection.from_pretrained(result.output, subfolder="text_encoder")
+    clip_g = CLIPTextModelWithProjection.from_pretrained(result.output, subfolder="text_encoder_2")
+    own = {k: v for k, v in clip_l.state_dict().items() if not k.endswith("position_ids")}
+    assert worst(trained(result, "text_encoders.0."), own) == 0.0
+    base = load_state_dict(model["clip_g"])[0]
+    assert worst(base, {k: v for k, v in clip_g.state_dict().items() if k in base}) == 0.0
+    assert 0 < worst(trained(result, "text_encoders.0."), load_state_dict(model["clip_l"])[0])
