@@ -13,6 +13,7 @@ back with ``weights_only=True``; the folder is written under a temporary name an
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import pickle
@@ -229,8 +230,14 @@ def embeddings_dir(model: Path) -> Path:
     return model.with_name(f"{model.stem}_embeddings")
 
 
+def companion_files(model: Path) -> list[Path]:
+    """Files a recipe writes next to the model file ``model`` and that belong to it: ``<stem>_<part><suffix>``
+    (sd3_train.py's trained text encoders, ``<stem>_clip_l.safetensors``); removed with it."""
+    return sorted(p for p in model.parent.glob(f"{glob.escape(model.stem)}_*{model.suffix}") if p.is_file())
+
+
 def rotate(cfg: SaveConfig, *, epoch: int | None = None, step: int | None = None, num_epochs: int = 0) -> list[Path]:
-    """Remove files (with their embeddings folders) and state folders older than --save_last_n_epochs /
+    """Remove files (with their embeddings folders and companion files) and state folders older than --save_last_n_epochs /
     --save_last_n_steps allow."""
     removed = []
     for is_state in (False, True):
@@ -250,8 +257,8 @@ def rotate(cfg: SaveConfig, *, epoch: int | None = None, step: int | None = None
         for path in Path(cfg.output_dir).glob("*"):
             match = regex.match(path.name)
             if match and int(match.group(1)) <= limit:
-                companion = [] if is_state else [embeddings_dir(path)]
-                for old in [path, *(c for c in companion if c.is_dir())]:
+                companion = [] if is_state else [embeddings_dir(path), *companion_files(path)]
+                for old in [path, *(c for c in companion if c.exists())]:
                     shutil.rmtree(old) if old.is_dir() else old.unlink()
                     removed.append(old)
     return removed
