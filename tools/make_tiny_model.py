@@ -36,6 +36,11 @@ from library.families.tiny import FAMILIES, build_tiny  # noqa: E402
 from networks.tool_common import main_guard  # noqa: E402
 
 
+# joint blocks of the tiny SD3 models this tool writes (None: the variant's tiny default, 34 for sd3.5-large): the
+# fewest that sd-scripts' documented command lines accept (docs/fine_tune.md's sd3_train.py --blocks_to_swap 10)
+CLI_SD3_BLOCKS = {"sd3": 12, "sd3.5-medium": 12}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="output folder")
@@ -56,8 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         metavar="N",
-        help="SD3 / SD3.5 joint blocks (default: 2, and 34 for sd3.5-large: enough for sd-scripts' documented "
-        "--blocks_to_swap 32, which keeps 2 blocks on the device)",
+        help="SD3 / SD3.5 joint blocks (default: 12, enough for sd-scripts' documented sd3_train.py "
+        "--blocks_to_swap 10; 34 for sd3.5-large, enough for its sd3_train_network.py --blocks_to_swap 32; swapping "
+        "keeps 2 blocks on the device)",
     )
     return parser
 
@@ -72,7 +78,7 @@ def run(argv: Sequence[str] | None = None) -> list[Path]:
         family = get_family(name)
         flux, sd3 = name in FLUX_VARIANTS, name in SD3_VARIANTS
         if sd3:
-            parts = build_tiny_sd3(name, args.seed, args.sd3_blocks)
+            parts = build_tiny_sd3(name, args.seed, args.sd3_blocks or CLI_SD3_BLOCKS.get(name))
         else:
             parts = (
                 build_tiny_flux(name, args.seed, tuple(args.flux_blocks)) if flux else build_tiny(name, seed=args.seed)
