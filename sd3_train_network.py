@@ -3,7 +3,7 @@ families.
 
     accelerate launch sd3_train_network.py --pretrained_model_name_or_path sd3.5_large.safetensors \
         --clip_l clip_l.safetensors --clip_g clip_g.safetensors --t5xxl t5xxl_fp16.safetensors \
-        --dataset_config dataset.toml --output_dir out --network_module networks.lora_sd3 --network_dim 16 \
+        --dataset_config dataset.toml --output_dir out --network_module networks.lora --network_dim 16 \
         --weighting_scheme uniform --blocks_to_swap 32 --cache_text_encoder_outputs_to_disk
 
 sd-scripts' sd3_train_network.py flags with the same meaning: train_network.py's, SD3's flow-matching objective
@@ -14,7 +14,8 @@ sd-scripts' sd3_train_network.py flags with the same meaning: train_network.py's
 --t5_dropout_rate --pos_emb_random_crop_rate --enable_scaled_pos_embed --text_encoder_batch_size``:
 library/families/sd3/options.py). The model is an SAI single file with or without its text encoders (then
 ``--clip_l --clip_g --t5xxl``), or a diffusers folder; SD3 medium, SD3.5 medium and SD3.5 large are read from the
-weights.
+weights. ``python sd3_train_network.py --demo`` trains a LoRA on a tiny SD3 medium model and example images (no
+download).
 """
 
 from __future__ import annotations

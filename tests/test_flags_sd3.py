@@ -11,6 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 from test_flags import _expected
 
 import sd3_train_network
@@ -126,7 +127,15 @@ def test_load_takes_every_keyword_the_options_give():
 
 
 @pytest.fixture(scope="module")
-def sd3_config(tmp_path_factory):
+def sd3_files(tmp_path_factory):
+    """Tiny SD3.5-medium files: the SAI file without its encoders, and the separate CLIP-L / CLIP-G / T5 files."""
+    from library.families.sd3.tiny import build_tiny_sd3, write_tiny_files
+
+    return write_tiny_files(build_tiny_sd3("sd3.5-medium"), tmp_path_factory.mktemp("sd3_files"), text_encoders=False)
+
+
+@pytest.fixture(scope="module")
+def sd3_config(sd3_files, tmp_path_factory):
     """The typed configuration sd3_train_network.py's run reads for some extra flags, on tiny SD3.5-medium files
     (the SAI file without its encoders, and --clip_l --clip_g --t5xxl)."""
     import dataclasses
@@ -134,11 +143,9 @@ def sd3_config(tmp_path_factory):
     import train_network
     from library.config import parse_args
     from library.demo import make_example_dataset
-    from library.families.sd3.tiny import build_tiny_sd3, write_tiny_files
     from library.run.train_setup import read_config
 
-    root = tmp_path_factory.mktemp("sd3_flags")
-    files = write_tiny_files(build_tiny_sd3("sd3.5-medium"), root / "model", text_encoders=False)
+    root, files = tmp_path_factory.mktemp("sd3_flags"), sd3_files
     data = make_example_dataset(root / "data")
     (data / "p.txt").write_text("a prompt\n")
     base = ["--pretrained_model_name_or_path", str(files["model"]), "--clip_l", str(files["clip_l"]), "--clip_g",
@@ -190,3 +197,63 @@ def test_the_encoder_files_are_read(sd3_config, tmp_path):
     )
     with pytest.raises(ConfigError, match="--clip_l"):
         sd3_config("--clip_l", str(tmp_path / "missing.safetensors"))
+
+
+def test_sd3_model_flags_change_what_the_family_computes(sd3_files):
+    """Direct checks, from the command line through SD3Options.load_kwargs into the family: --t5xxl_max_token_length
+    sets T5's token count in the context (77 CLIP + T5 tokens); --apply_t5_attn_mask / --apply_lg_attn_mask mask
+    the padding in T5's / the CLIP models' attention (sd-scripts passes the masks to the encoders), changing that
+    part of the context only; --t5_dropout_rate 1 zeroes T5's part of the context in
+    a training step's prediction (grad enabled), not in inference; --pos_emb_random_crop_rate 1 moves the
+    position-embedding crop in training steps."""
+    from library.families import get_family
+
+    family = get_family("sd3.5-medium")
+    files = ["--clip_l", str(sd3_files["clip_l"]), "--clip_g", str(sd3_files["clip_g"]), "--t5xxl",
+             str(sd3_files["t5xxl"])]  # fmt: skip
+
+    def load(*flags: str):
+        options = SD3Options.from_args(_parse(*files, *flags))
+        return family.load(str(sd3_files["model"]), **options.load_kwargs())
+
+    captions = ["a cat"]
+    base = load()
+    plain = family.encode_prompt(base, captions).hidden_states
+    assert plain.shape[1] == 77 + 256
+    assert family.encode_prompt(load("--t5xxl_max_token_length", "77"), captions).hidden_states.shape[1] == 77 + 77
+    t5_masked = family.encode_prompt(load("--apply_t5_attn_mask"), captions).hidden_states
+    assert not torch.equal(t5_masked[:, 77:], plain[:, 77:]) and torch.equal(t5_masked[:, :77], plain[:, :77])
+    lg_masked = family.encode_prompt(load("--apply_lg_attn_mask"), captions).hidden_states
+    assert not torch.equal(lg_masked[:, :77], plain[:, :77]) and torch.equal(lg_masked[:, 77:], plain[:, 77:])
+
+    dropped = load("--t5_dropout_rate", "1")
+    objective_options = family.training_objective(dropped, *_noise_and_loss()).predict_options
+    cond = family.encode_prompt(dropped, captions)
+    noisy, t = torch.randn(1, 16, 8, 8, generator=torch.Generator().manual_seed(0)), torch.tensor([500.0])
+    zeroed = type(cond)(cond.hidden_states.clone(), cond.pooled)
+    zeroed.hidden_states[:, 77:] = 0
+    with torch.enable_grad():
+        trained = family.predict(dropped.denoiser, noisy, t, cond, **objective_options)
+        expected = family.predict(dropped.denoiser, noisy, t, zeroed)
+    torch.testing.assert_close(trained, expected)
+    with torch.no_grad():
+        assert not torch.equal(family.predict(dropped.denoiser, noisy, t, cond, **objective_options), expected)
+
+    cropped = load("--pos_emb_random_crop_rate", "1")
+    with torch.enable_grad():
+        torch.manual_seed(0)
+        a = family.predict(cropped.denoiser, noisy, t, cond)
+        b = family.predict(base.denoiser, noisy, t, cond)
+    assert not torch.equal(a, b)
+    with torch.no_grad():
+        torch.testing.assert_close(family.predict(cropped.denoiser, noisy, t, cond),
+                                   family.predict(base.denoiser, noisy, t, cond))  # fmt: skip
+
+
+def _noise_and_loss():
+    """The run's default noise and loss settings as sd3_train_network.py reads them."""
+    from library.losses import LossConfig
+    from library.noising import NoiseConfig
+
+    args = _parse()
+    return NoiseConfig.from_args(args), LossConfig.from_args(args)

@@ -169,3 +169,27 @@ def test_diffusers_single_file_loaders_read_every_part_back(tmp_path):
             if name == "clip_l" and key == "text_projection.weight":
                 continue  # diffusers sets SD3's CLIP-L projection to the identity, whatever the file holds
             assert torch.equal(theirs[key], value), f"{name}: {key}"
+
+
+@pytest.mark.parametrize("variant", ["sd3.5-medium"])
+def test_our_sd3_loader_reads_the_merged_file_as_the_parts(tmp_path, variant):
+    """The tiny SD3 files users have (the SAI file with its VAE but no encoders, and --clip_l --clip_g --t5xxl)
+    merged into one file: the SD3 family loads it alone to the same weights as the tiny model the files came from,
+    and detects the variant from it."""
+    from library.families import detect_family, get_family
+    from library.families.sd3.tiny import build_tiny_sd3, write_tiny_files
+
+    parts = build_tiny_sd3(variant)
+    files = write_tiny_files(parts, tmp_path / "files", text_encoders=False)
+    out = tmp_path / "merged.safetensors"
+    argv = ["--dit", str(files["model"]), "--clip_l", str(files["clip_l"]), "--clip_g", str(files["clip_g"]),
+            "--t5xxl", str(files["t5xxl"]), "--output", str(out)]  # fmt: skip
+    assert tool.main(argv) == 0
+    assert detect_family(str(out)).name == variant
+    loaded = get_family(variant).load(str(out))
+    pairs = [(parts.denoiser, loaded.denoiser), (parts.vae, loaded.vae)]
+    pairs += list(zip(parts.text_encoders, loaded.text_encoders, strict=True))
+    for want, got in pairs:
+        theirs = got.state_dict()
+        for key, value in want.state_dict().items():
+            assert torch.equal(theirs[key], value), f"{type(want).__name__}: {key}"

@@ -4,8 +4,9 @@ reader :class:`SD3Options`.
 
 ``--clip_l --clip_g --t5xxl``: text-encoder single files that replace (or supply) the ones in an SAI file; a diffusers
 folder carries its own. ``--t5xxl_max_token_length`` (T5 tokens per caption, default 256 as sd-scripts).
-``--apply_lg_attn_mask`` / ``--apply_t5_attn_mask``: zero the CLIP-L / CLIP-G (resp. T5) outputs at padding tokens
-(sd-scripts' "attention mask (zero embs)"). ``--clip_l_dropout_rate --clip_g_dropout_rate --t5_dropout_rate``: the
+``--apply_lg_attn_mask`` / ``--apply_t5_attn_mask``: CLIP-L and CLIP-G (resp. T5) get their padding masks, so
+their outputs come from the caption's tokens only (sd-scripts passes the masks to the encoders; the transformer gets
+none). ``--clip_l_dropout_rate --clip_g_dropout_rate --t5_dropout_rate``: the
 probability per caption that an encoder's output is replaced by zeros (sd-scripts' ``Sd3TextEncodingStrategy``; with
 cached outputs the dropping happens at each step, as sd-scripts' ``drop_cached_text_encoder_outputs``).
 ``--pos_emb_random_crop_rate`` and ``--enable_scaled_pos_embed``: SD3.5-medium's position-embedding tricks (sd-scripts:
@@ -67,9 +68,9 @@ def add_sd3_model_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
             add_no_effect(g, flag, reason, type=str, default=None)
     g.add_argument("--t5xxl_max_token_length", type=int, default=256, help="T5 tokens per caption (default 256)")
     g.add_argument("--apply_lg_attn_mask", action="store_true",
-                   help="zero CLIP-L and CLIP-G outputs at padding tokens (sd-scripts' attention mask)")  # fmt: skip
+                   help="mask the padding in CLIP-L's and CLIP-G's attention")  # fmt: skip
     g.add_argument("--apply_t5_attn_mask", action="store_true",
-                   help="zero T5-XXL outputs at padding tokens (sd-scripts' attention mask)")  # fmt: skip
+                   help="mask the padding in T5-XXL's attention")  # fmt: skip
     for flag, what in zip(DROPOUT_FLAGS, ("CLIP-L", "CLIP-G", "T5-XXL")):
         g.add_argument(f"--{flag}", type=float, default=0.0,
                        help=f"probability per caption that {what}'s output is zeroed in training (default 0)")  # fmt: skip
