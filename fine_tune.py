@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from library import args as arg_groups
 from library import deferred_imports
@@ -32,10 +33,14 @@ from networks.tool_common import main_guard
 MODEL_FORMATS = ("safetensors", "ckpt", "diffusers", "diffusers_safetensors")
 
 
-def build_parser(script: str = "fine_tune") -> argparse.ArgumentParser:
-    """sd-scripts' flags of ``script``: "fine_tune", "sdxl_train" or "train_db"."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    arg_groups.add_model_training_groups(parser, script)
+def build_parser(
+    script: str = "fine_tune", description: str | None = __doc__, block_swap: bool = False
+) -> argparse.ArgumentParser:
+    """sd-scripts' flags of ``script``: "fine_tune", "sdxl_train", "train_db" or a DiT family's full fine-tune
+    ("flux_train"); ``block_swap``: the block-swap flags are read (DiT scripts), not refused. A DiT script adds its
+    flow-matching and model groups to this parser (flux_train.py)."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    arg_groups.add_model_training_groups(parser, script, block_swap=block_swap)
     return parser
 
 
@@ -55,31 +60,49 @@ def output_format(args: argparse.Namespace) -> str | None:
 
 
 def read_config(
-    argv: Sequence[str] | None, family_names: Sequence[str] = ("sd1", "sd2"), script: str = "fine_tune"
+    argv: Sequence[str] | None,
+    family_names: Sequence[str] = ("sd1", "sd2"),
+    script: str = "fine_tune",
+    parser: Callable[[], argparse.ArgumentParser] | None = None,
+    model_options: Callable[[argparse.Namespace], Any] | None = None,
+    formats: Sequence[str] = MODEL_FORMATS,
 ) -> train_setup.TrainConfig | None:
-    """The typed configuration the run uses, every problem reported at once; None after --output_config."""
-    args = parse_args(build_parser(script), argv)  # --config_file merged
+    """The typed configuration the run uses, every problem reported at once; None after --output_config.
+    ``parser``: builds the script's parser (default ``build_parser(script)``); ``model_options``: the reader of the
+    family model flags (flux_train.py: ``FluxOptions.from_args``); ``formats``: the --save_model_as values the
+    family writes."""
+    args = parse_args(parser() if parser is not None else build_parser(script), argv)  # --config_file merged
     if args is None:  # --output_config wrote the file
         return None
     args.save_model_as = output_format(args)
     args.xformers = args.xformers or getattr(args, "diffusers_xformers", False)
     training = "dreambooth" if script == "train_db" else "fine_tune"  # names the script for another family's model
     return train_setup.read_config(
-        args, tuple(family_names), ModelTrainingConfig.from_args, MODEL_FORMATS, training=training
-    )  # all errors at once
+        args, tuple(family_names), ModelTrainingConfig.from_args, tuple(formats), training=training,
+        model_options=model_options,
+    )  # all errors at once  # fmt: skip
 
 
 def run(
-    argv: Sequence[str] | None = None, family_names: Sequence[str] = ("sd1", "sd2"), script: str = "fine_tune"
+    argv: Sequence[str] | None = None,
+    family_names: Sequence[str] = ("sd1", "sd2"),
+    script: str = "fine_tune",
+    parser: Callable[[], argparse.ArgumentParser] | None = None,
+    model_options: Callable[[argparse.Namespace], Any] | None = None,
+    formats: Sequence[str] = MODEL_FORMATS,
 ) -> Result | None:
-    cfg = read_config(argv, family_names, script)
+    """Train the whole model. ``family_names``: the families the script takes; ``script``: whose flags it has;
+    ``parser`` / ``model_options`` / ``formats``: a DiT script's parser, model-flag reader and file formats (see
+    :func:`read_config`; flux_train.py)."""
+    cfg = read_config(argv, family_names, script, parser, model_options, formats)
     if cfg is None:
         return None
     run = train_setup.start(cfg)  # accelerator, seed, dataset plan + bucket report, model, caches
     if cfg.noise.zero_terminal_snr:  # the trained model's files and samples carry its schedule (the ztsnr marker)
         run.parts.scheduler_config = {**run.parts.scheduler_config, "rescale_betas_zero_snr": True}
     model = ModelTrainable(run.family, run.parts, cfg.method, cfg.save.save_model_as)
-    model.to(device=run.accelerator.device, dtype=cfg.run.train_dtype)
+    if run.block_swap is None:  # (--blocks_to_swap: place_for_training put each weight where it lives)
+        model.to(device=run.accelerator.device, dtype=cfg.run.train_dtype)
     groups = model.param_groups(cfg.optim.learning_rate)
     return train(run, model, groups)  # accelerate prepares model + optimizer: DDP / FSDP / DeepSpeed wrap the UNet
 

@@ -70,9 +70,10 @@ def add_textual_inversion_groups(parser: argparse.ArgumentParser) -> None:
         add(parser)
 
 
-def add_model_training_groups(parser: argparse.ArgumentParser, script: str) -> None:
-    """fine_tune.py, sdxl_train.py, train_db.py (``script``); --save_model_as defaults to the input's format."""
-    add_run_groups(parser, default_format=None, deepspeed=True)
+def add_model_training_groups(parser: argparse.ArgumentParser, script: str, block_swap: bool = False) -> None:
+    """fine_tune.py, sdxl_train.py, train_db.py, flux_train.py (``script``); --save_model_as defaults to the input's
+    format. ``block_swap``: the block-swap flags are read (DiT scripts), not refused."""
+    add_run_groups(parser, default_format=None, deepspeed=True, block_swap=block_swap)
     add_optim_args(parser)
     add_model_training_args(parser, script=script)
     sampling.add_sample_args(parser)

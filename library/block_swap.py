@@ -15,8 +15,13 @@ How a swapped block moves (:class:`BlockSwap`):
   are separate modules injected later (networks/inject.py), moved to the device with the network, and never touched
   here; buffers stay on the device. Only ``param.data`` changes, so the ``nn.Parameter`` objects (what fp8's hooks,
   adapter layers and optimizers hold) stay the same.
-* **Host copies** are made once and never written (the weights are frozen), so taking a block off the device is
-  ``param.data = host copy`` with no copy back. Where the device is CUDA the host copies are pinned and each block is
+* **Host copies** are made once and never written for frozen weights, so taking a block off the device is
+  ``param.data = host copy`` with no copy back. **Trained weights** (full fine-tuning, flux_train.py: the weights
+  were frozen when placed, and the trainer turned autograd on after) keep the host copy as the weight of record: when
+  an optimizer step changed the device copy while the block was in (a fused step inside backward), it is copied back
+  as the block leaves, and a gradient travels with its weight, so an ordinary step after backward updates the host
+  copy in place (on the host). Not on the simulated meta device: moving a trained weight between the CPU and meta
+  needs ``torch.utils.swap_tensors``, which poisons autograd's gradient accumulator. Where the device is CUDA the host copies are pinned and each block is
   copied in on a side stream (``non_blocking``) one block ahead of its use; the compute stream waits on the copy's
   event, and the device tensors are ``record_stream``-ed onto it so their memory is reused only after the kernels that
   read them. Elsewhere (CPU, the simulated meta device) the same steps run with plain synchronous ``.to()``: one
@@ -62,7 +67,6 @@ import torch
 from torch import Tensor, nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from library.config import from_namespace
 from library.families.base import BlockList
 from library.problems import ConfigError
 
@@ -105,15 +109,30 @@ class BlockSwapConfig:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> BlockSwapConfig:
-        """Read :func:`add_block_swap_args`' flags (absent from a script's parser: the defaults)."""
-        n = getattr(args, "blocks_to_swap", None)
+        """Read :func:`add_block_swap_args`' flags (absent from a script's parser: the defaults), and sd-scripts'
+        deprecated ``--double_blocks_to_swap`` / ``--single_blocks_to_swap`` (:func:`requested_blocks_to_swap`)."""
+        n = requested_blocks_to_swap(args)
         if n is not None and n < 0:
             raise ConfigError([f"--blocks_to_swap must be >= 0 (0: no swapping), got {n}"])
-        cfg = from_namespace(cls, args)
+        if n and n != getattr(args, "blocks_to_swap", None):
+            logger.warning("--double_blocks_to_swap %s and --single_blocks_to_swap %s are deprecated (sd-scripts): read "
+                           "as --blocks_to_swap %d; use that flag", args.double_blocks_to_swap,
+                           args.single_blocks_to_swap, n)  # fmt: skip
+        cfg = cls(n, bool(getattr(args, "cpu_offload_checkpointing", False)))
         if cfg.cpu_offload_checkpointing and not getattr(args, "gradient_checkpointing", False):
             logger.warning("--cpu_offload_checkpointing: gradient checkpointing is turned on too (as sd-scripts' "
                            "flux_train.py does); pass --gradient_checkpointing to say so")  # fmt: skip
         return cfg
+
+
+def requested_blocks_to_swap(args: argparse.Namespace) -> int | None:
+    """``--blocks_to_swap``; without it, sd-scripts' flux_train.py reading of its deprecated flags:
+    ``N = --double_blocks_to_swap + --single_blocks_to_swap // 2`` (None: no swapping asked for)."""
+    n = getattr(args, "blocks_to_swap", None)
+    double, single = getattr(args, "double_blocks_to_swap", None), getattr(args, "single_blocks_to_swap", None)
+    if n is None and (double or single):
+        n = (double or 0) + (single or 0) // 2
+    return n
 
 
 def split_blocks_to_swap(n: int, lists: Sequence[BlockList]) -> list[int]:
@@ -177,6 +196,23 @@ def _assign(param: nn.Parameter, tensor: Tensor) -> None:
         torch.utils.swap_tensors(param, nn.Parameter(tensor, requires_grad=param.requires_grad))
 
 
+def _move(param: nn.Parameter, tensor: Tensor) -> None:
+    """:func:`_assign`, and a trained parameter's accumulated gradient goes where its data goes (so the next backward
+    accumulates into it on the device, and an optimizer step after backward finds weight and gradient together)."""
+    if param.requires_grad and tensor.device.type == "cpu" and param.device.type == "meta":
+        # the simulated device: a trained weight cannot leave meta by swap_tensors (it would poison its gradient
+        # accumulator); it stays on meta as a stand-in without storage (no device bytes), the host copy unchanged
+        tensor = torch.empty((), dtype=tensor.dtype, device=param.device).expand(tensor.shape)
+    grad = param.grad
+    if grad is None or grad.device == tensor.device:
+        _assign(param, tensor)
+        return
+    param.grad = None
+    _assign(param, tensor)
+    with torch.no_grad():
+        param.grad = grad.to(tensor.device)
+
+
 def _others_hook_saved_tensors() -> bool:
     top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
     return top is None or top(False) is not None
@@ -230,12 +266,20 @@ class _BlockDone(torch.autograd.Function):
 
 
 class _Swapped:
-    """One swapped block: its frozen parameters, their host copies, and where they are."""
+    """One swapped block: its parameters, their host copies, and where they are.
+
+    The parameters are the block's weights frozen when swapping is set up (adapters injected later are not among
+    them; full fine-tuning turns autograd on for the weights after they are placed). Those that are trained later
+    (``requires_grad``) keep their host copy as the weight of record: an
+    optimizer step that changed the device copy while the block was on the device (a fused step in backward) is
+    copied back into the host copy when the block leaves, and the gradient travels with the weight (:func:`_move`),
+    so an ordinary optimizer step after backward updates the host copy in place."""
 
     def __init__(self, swap: BlockSwap, block: nn.Module, name: str) -> None:
         self.swap, self.block, self.name = swap, block, name
-        self.params = [p for p in block.parameters() if not p.requires_grad]
+        self.params = [p for p in block.parameters() if not p.requires_grad]  # frozen when swapping is set up
         self.host: list[Tensor] = []
+        self.versions: list[int] = []  # the device copies' version counters when they came in (trained weights)
         self.pending: list[Tensor] | None = None  # device copies on their way (fetched ahead of use)
         self.event: Any = None
         self.resident = False
@@ -282,18 +326,24 @@ class _Swapped:
             for t in self.pending:
                 t.record_stream(current)
         for p, t in zip(self.params, self.pending):
-            _assign(p, t)
+            _move(p, t)
+        self.versions = [p._version for p in self.params]  # an optimizer step in place bumps these
         self.storages = {t.untyped_storage()._cdata: p for p, t in zip(self.params, self.pending)}
         self.pending, self.event, self.resident = None, None, True
         self.swap.moves_in += 1
 
     def evict(self) -> None:
-        """Back to the host copies (frozen weights: nothing to copy back); a fetch not used is dropped."""
+        """Back to the host copies (a frozen weight: nothing to copy back; a trained one: copied back when a step
+        changed it on the device); a fetch not used is dropped."""
         self.pending = self.event = None
         if not self.resident and all(p.device.type == "cpu" for p in self.params):
             return
-        for p, h in zip(self.params, self.host):
-            _assign(p, h)
+        changed = [self.resident and p.requires_grad and p._version != v for p, v in zip(self.params, self.versions)]
+        with torch.no_grad():
+            for p, h, c in zip(self.params, self.host, changed):
+                if c and p.device.type != "meta":  # (the simulated device holds no values)
+                    h.copy_(p.data)
+                _move(p, h)
         self.storages = {}
         if self.resident:
             self.swap.moves_out += 1
@@ -345,7 +395,8 @@ def _fetch_in_forward(swapped: _Swapped) -> None:
 
 
 class BlockSwap:
-    """Keep the last ``counts[i]`` blocks of each block list on the host; see the module docstring.
+    """Keep the last ``counts[i]`` blocks of each block list on the host; see the module docstring (trained
+    weights: :class:`_Swapped`).
 
     ``lists``: the denoiser's block lists in forward order (:meth:`ModelFamily.swap_blocks`); ``blocks_to_swap``: N,
     split by :func:`split_blocks_to_swap`; ``device``: the accelerator's device. :meth:`place` puts the model there.

@@ -18,6 +18,7 @@ import tempfile
 from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -25,6 +26,13 @@ from torch import Tensor
 SAFETENSORS_SUFFIXES = (".safetensors",)
 PICKLE_SUFFIXES = (".ckpt", ".pt", ".pth", ".bin")
 _NO_MMAP: ContextVar[bool] = ContextVar("sdtrain_no_mmap", default=False)
+_STREAMED: ContextVar[bool] = ContextVar("sdtrain_streamed_saves", default=False)
+# safetensors' dtype names (its format spec)
+_SAFETENSORS_DTYPES = {
+    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.int64: "I64",
+    torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL",
+    torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2",
+}  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -224,6 +232,56 @@ def _load_pickle(path: Path, device: str) -> tuple[dict[str, Tensor], dict[str, 
     return {k: v for k, v in obj.items() if isinstance(v, Tensor)}, metadata
 
 
+@contextlib.contextmanager
+def streamed_saves(enabled: bool = True) -> Iterator[None]:
+    """Inside: :func:`save_state_dict` writes ``.safetensors`` files tensor by tensor (``--mem_eff_save``)."""
+    token = _STREAMED.set(enabled)
+    try:
+        yield
+    finally:
+        _STREAMED.reset(token)
+
+
+def _for_file(tensor: Tensor, dtype: torch.dtype | None) -> Tensor:
+    tensor = tensor.detach()
+    if dtype is not None and tensor.is_floating_point():
+        tensor = tensor.to(dtype)
+    return tensor.to("cpu").contiguous()
+
+
+def write_safetensors_streamed(
+    state: Mapping[str, Tensor], path: Path, metadata: Mapping[str, str] | None, dtype: torch.dtype | None
+) -> None:
+    """A safetensors file (its format: an 8-byte little-endian header length, the JSON header of every tensor's dtype,
+    shape and byte range, then the bytes) written one tensor at a time: at most one converted tensor is in memory
+    besides ``state`` (whose values may be computed on access, e.g. the BFL view of a diffusers transformer). The
+    values are taken twice (shapes for the header, then the bytes). Tensors are laid out in key order."""
+    header: dict[str, Any] = {"__metadata__": {str(k): str(v) for k, v in metadata.items()}} if metadata else {}
+    offset = 0
+    for key in sorted(state):
+        t = _for_file(state[key], dtype)
+        if t.dtype not in _SAFETENSORS_DTYPES:
+            raise ValueError(f"{path}: tensor {key!r} has dtype {t.dtype}, which safetensors cannot store")
+        size = t.numel() * t.element_size()
+        header[key] = {
+            "dtype": _SAFETENSORS_DTYPES[t.dtype],
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + size],
+        }
+        offset += size
+        del t
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned (as safetensors writes)
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little"))
+        f.write(text)
+        for key in sorted(state):
+            t = _for_file(state[key], dtype)
+            if t.numel():
+                f.write(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+            del t
+
+
 def save_state_dict(
     state_dict: dict[str, Tensor],
     path: str | os.PathLike,
@@ -236,17 +294,17 @@ def save_state_dict(
     ``dtype`` converts floating-point tensors (e.g. ``torch.float16`` for ``--save_precision fp16``). Pickle files
     hold ``{"state_dict": ..., **metadata}`` for ``.ckpt`` (the layout every SD tool reads for full models; metadata
     values are plain strings next to the state dict) and the plain dict of tensors for ``.pt`` (metadata is dropped
-    there). ``wrap_ckpt=False`` writes the plain dict for ``.ckpt`` too: adapter files (sd-scripts, diffusers, A1111
+    there). Inside :func:`streamed_saves` a ``.safetensors`` file is written tensor by tensor
+    (:func:`write_safetensors_streamed`). ``wrap_ckpt=False`` writes the plain dict for ``.ckpt`` too: adapter files (sd-scripts, diffusers, A1111
     and ComfyUI read LoRA pickles as a plain dict of tensors).
     """
     path = Path(path)
-    tensors = {}
-    for k, v in state_dict.items():
-        v = v.detach()
-        if dtype is not None and v.is_floating_point():
-            v = v.to(dtype)
-        tensors[k] = v.to("cpu").contiguous()
     suffix = path.suffix.lower()
+    if suffix in SAFETENSORS_SUFFIXES and _STREAMED.get():  # --mem_eff_save
+        with atomic_path(path) as tmp:
+            write_safetensors_streamed(state_dict, tmp, metadata, dtype)
+        return path
+    tensors = {k: _for_file(v, dtype) for k, v in state_dict.items()}
     with atomic_path(path) as tmp:
         if suffix in SAFETENSORS_SUFFIXES:
             from safetensors.torch import save_file

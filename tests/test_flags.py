@@ -125,7 +125,7 @@ NO_EFFECT_HERE = {
 # flux_train_network.py: DDP as above; the SD-only flags sd-scripts' FLUX script ignores (flux/options.py)
 NO_EFFECT_HERE.update({("flux_train_network.py", flag): "never wrapped in DDP"
                        for flag in ("--ddp_gradient_as_bucket_view", "--ddp_static_graph")})  # fmt: skip
-NO_EFFECT_HERE.update({("flux_train_network.py", flag): "has no effect here"
+NO_EFFECT_HERE.update({(script, flag): "has no effect here" for script in ("flux_train_network.py", "flux_train.py")
                        for flag in ("--v2", "--v_parameterization", "--clip_skip", "--max_token_length")})  # fmt: skip
 NOT_A_RUN_SETTING = {"help", "config_file", "output_config", "demo", "demo_dir"}
 

@@ -5,7 +5,10 @@ optimizer steps that chunk alone (its param groups temporarily narrowed to the c
 freed at once, so the gradients of the whole model never sit in memory together:
 
 * ``--fused_backward_pass``: one chunk per parameter (sd-scripts: Adafactor only);
-* ``--fused_optimizer_groups N``: N chunks of about equal size, any per-parameter optimizer.
+* ``--fused_optimizer_groups N``: N chunks of about equal size, any per-parameter optimizer;
+* ``--blockwise_fused_optimizers`` (flux_train.py): one chunk per transformer block and one for every other weight
+  (:func:`block_chunks`), sd-scripts' one optimizer per block: with a per-parameter optimizer, stepping one
+  optimizer narrowed to a block is the same update as a separate optimizer over that block.
 
 For optimizers whose update of a parameter depends only on that parameter (Adafactor, AdamW, Lion, SGD...) the
 result equals the ordinary step. ``--max_grad_norm`` then clips each parameter's gradient on its own (as
@@ -37,6 +40,23 @@ def chunk_parameters(params: Sequence[nn.Parameter], groups: int | None) -> list
     return [c for c in chunks if c]
 
 
+def block_chunks(
+    params: Sequence[nn.Parameter], block_lists: Sequence[Sequence[nn.Module]]
+) -> list[list[nn.Parameter]]:
+    """One chunk per block of ``block_lists`` (its parameters among ``params``), then one chunk of the remaining
+    ``params`` (embedders, norms, output layer); empty chunks are left out. sd-scripts' flux_train.py
+    ``--blockwise_fused_optimizers`` groups: ``(double, i)``, ``(single, i)`` and ``other``."""
+    wanted = {id(p) for p in params}
+    chunks, taken = [], set()
+    for blocks in block_lists:
+        for block in blocks:
+            chunk = [p for p in block.parameters() if id(p) in wanted and id(p) not in taken]
+            taken |= {id(p) for p in chunk}
+            chunks.append(chunk)
+    chunks.append([p for p in params if id(p) not in taken])
+    return [c for c in chunks if c]
+
+
 class FusedStep:
     """Hooks that step ``optimizer`` chunk by chunk during backward (module docstring)."""
 
@@ -61,6 +81,11 @@ class FusedStep:
         if self.max_grad_norm:
             for p in params:  # one norm per parameter, not the chunk's joint norm
                 torch.nn.utils.clip_grad_norm_(p, self.max_grad_norm)
+        for p in params:  # state loaded on another device (a resumed run whose weight sat on the host): to the weight's
+            state = self.optimizer.state.get(p, {})
+            for k, v in state.items():
+                if isinstance(v, torch.Tensor) and v.dim() > 0 and v.device != p.device:
+                    state[k] = v.to(p.device)
         ids = {id(p) for p in params}
         saved = [group["params"] for group in self.optimizer.param_groups]
         for group in self.optimizer.param_groups:

@@ -24,24 +24,41 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from library.block_swap import requested_blocks_to_swap
 from library.engines import DeepSpeedConfig, launch_problems
 from library.families.base import ModelFamily, Parts
 from library.families.unet_keys import block_map, diffusers_to_ldm
-from library.optim.fused import FusedStep, chunk_parameters
+from library.optim.fused import FusedStep, block_chunks, chunk_parameters
 from library.problems import ConfigError
+from library.weight_files import streamed_saves
 
 logger = logging.getLogger("sdtrain")
+DIT_SCRIPTS = ("flux_train", "sd3_train")  # full fine-tunes of transformer families (block swap, blockwise steps)
 
 
 # ---------------------------------------------------------------------------------------------------------- flags
 def add_model_training_args(parser: argparse.ArgumentParser, *, script: str) -> None:
-    """sd-scripts' full-training flags of ``script`` ("fine_tune", "sdxl_train" or "train_db")."""
+    """sd-scripts' full-training flags of ``script`` ("fine_tune", "sdxl_train", "train_db", or a transformer
+    family's :data:`DIT_SCRIPTS`: "flux_train", "sd3_train")."""
     g = parser.add_argument_group("full model training")
     if script in ("fine_tune", "sdxl_train"):
         g.add_argument("--train_text_encoder", action="store_true", help="also train the text encoder(s)")
         g.add_argument("--diffusers_xformers", action="store_true", help="xformers attention (same as --xformers)")
     if script in ("fine_tune", "train_db"):
         g.add_argument("--learning_rate_te", type=float, default=None, help="text-encoder lr (default --learning_rate)")
+    if script in DIT_SCRIPTS:  # sd-scripts' flux_train.py / sd3_train.py
+        g.add_argument("--fused_optimizer_groups", type=int, default=None, help="step the optimizer in N parameter "
+                       "groups during backward (less gradient memory)")  # fmt: skip
+        g.add_argument("--blockwise_fused_optimizers", action="store_true", help="step the optimizer for each "
+                       "transformer block (and once for the other weights) as soon as its gradients are ready")  # fmt: skip
+        g.add_argument("--skip_latents_validity_check", action="store_true", dest="skip_cache_check",
+                       help="[deprecated] same as --skip_cache_check (sd-scripts' older name)")  # fmt: skip
+    if script == "flux_train":  # the transformer alone is trained
+        g.add_argument("--mem_eff_save", action="store_true", help="write the model file tensor by tensor, without a "
+                       "second copy of the model in memory")  # fmt: skip
+        g.add_argument("--double_blocks_to_swap", type=int, default=None, help="[deprecated] use --blocks_to_swap "
+                       "(--blocks_to_swap = this + --single_blocks_to_swap // 2)")  # fmt: skip
+        g.add_argument("--single_blocks_to_swap", type=int, default=None, help="[deprecated] use --blocks_to_swap")
     if script == "sdxl_train":
         g.add_argument("--learning_rate_te1", type=float, default=None, help="text encoder 1 lr; 0 = do not train it")
         g.add_argument("--learning_rate_te2", type=float, default=None, help="text encoder 2 lr; 0 = do not train it")
@@ -72,6 +89,9 @@ class ModelTrainingConfig:
     max_grad_norm: float = 0.0  # fused steps clip each parameter on its own (sd-scripts)
     no_token_padding: bool = False  # train_db.py: captions padded to the batch's longest caption, not to 77
     train_unet: bool = True  # sdxl_train.py --learning_rate 0: False (only the text encoders train)
+    blockwise_fused_optimizers: bool = False  # flux_train.py: one fused step per transformer block (+ the rest)
+    mem_eff_save: bool = False  # flux_train.py: files written tensor by tensor (library/weight_files.py)
+    block_swap: bool = False  # --blocks_to_swap: the swapped blocks' trained weights live on the host
 
     def deepspeed_plugin(self, cfg: Any) -> Any:
         """accelerate's DeepSpeed plugin for ``--deepspeed`` (None without it); ``cfg``: the run's TrainConfig."""
@@ -102,7 +122,7 @@ class ModelTrainingConfig:
         if hasattr(args, "stop_text_encoder_training"):  # train_db.py trains the text encoder unless told -1
             train_te = stop is None or stop >= 0
         else:
-            train_te = bool(args.train_text_encoder)
+            train_te = bool(getattr(args, "train_text_encoder", False))  # flux_train.py: never
         train_unet = True
         if hasattr(args, "learning_rate_te1"):  # sdxl_train.py: a part whose lr is 0 is left out of training
             lrs: tuple[float | None, ...] = tuple(
@@ -116,7 +136,7 @@ class ModelTrainingConfig:
             elif not train_unet and getattr(args, "block_lr", None):
                 logger.warning("--block_lr is ignored: --learning_rate 0 leaves the UNet out of training")
         else:
-            lrs = (args.learning_rate_te,)
+            lrs = (getattr(args, "learning_rate_te", None),)
         if any(lr is not None and lr < 0 for lr in lrs):
             problems.append(f"text-encoder learning rates must be >= 0, got {[lr for lr in lrs if lr is not None]}")
         if train_te and args.cache_text_encoder_outputs:
@@ -125,7 +145,8 @@ class ModelTrainingConfig:
                 "(drop --train_text_encoder, or set --stop_text_encoder_training -1 in train_db.py)"
             )
         groups = getattr(args, "fused_optimizer_groups", None)
-        problems += _fused_problems(args, groups)
+        blockwise = bool(getattr(args, "blockwise_fused_optimizers", False))
+        problems += _fused_problems(args, groups, blockwise)
         if train_te and stop is not None and stop > 0 and int(os.environ.get("WORLD_SIZE", "1")) > 1:
             problems.append("--stop_text_encoder_training with several processes is not supported yet (DDP needs "
                             "the same trained parameters at every step); use one process or -1")  # fmt: skip
@@ -134,11 +155,12 @@ class ModelTrainingConfig:
         block_lr = _block_lrs(getattr(args, "block_lr", None), problems)
         deepspeed = DeepSpeedConfig.from_args(args, problems)
         problems += launch_problems()
+        swaps = bool(requested_blocks_to_swap(args))
         if problems:
             raise ConfigError(problems)
         return cls(
             lrs if train_te else None, stop, block_lr, deepspeed, args.fused_backward_pass, groups, args.max_grad_norm,
-            no_padding, train_unet,
+            no_padding, train_unet, blockwise, bool(getattr(args, "mem_eff_save", False)), swaps,
         )  # fmt: skip
 
 
@@ -155,19 +177,23 @@ def _no_padding_problems(args: argparse.Namespace) -> list[str]:
     ]
 
 
-def _fused_problems(args: argparse.Namespace, groups: int | None) -> list[str]:
-    if not (args.fused_backward_pass or groups):
+def _fused_problems(args: argparse.Namespace, groups: int | None, blockwise: bool = False) -> list[str]:
+    if not (args.fused_backward_pass or groups or blockwise):
         return []
     problems = []
     if groups is not None and groups < 1:
         problems.append(f"--fused_optimizer_groups must be >= 1, got {groups}")
-    if args.fused_backward_pass and groups:
-        problems.append("choose one of --fused_backward_pass and --fused_optimizer_groups")
-    if groups and args.gradient_accumulation_steps != 1:
-        problems.append("--fused_optimizer_groups does not work with --gradient_accumulation_steps > 1")
+    given = [f for f, v in (("--fused_backward_pass", args.fused_backward_pass), ("--fused_optimizer_groups", groups),
+                            ("--blockwise_fused_optimizers", blockwise)) if v]  # fmt: skip
+    if len(given) > 1:
+        problems.append(f"choose one of {' and '.join(given)}")
+    for flag, value in (("--fused_optimizer_groups", groups), ("--blockwise_fused_optimizers", blockwise)):
+        if value and args.gradient_accumulation_steps != 1:
+            problems.append(f"{flag} does not work with --gradient_accumulation_steps > 1")
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 or getattr(args, "deepspeed", False):
         problems.append("fused optimizer steps with several processes or DeepSpeed are not supported yet (they would "
-                        "step before DDP averages the gradients); drop --fused_backward_pass / --fused_optimizer_groups")  # fmt: skip
+                        "step before DDP averages the gradients); drop --fused_backward_pass / --fused_optimizer_groups"
+                        " / --blockwise_fused_optimizers")  # fmt: skip
     if args.mixed_precision == "fp16":
         problems.append("fused optimizer steps with --mixed_precision fp16 are not supported yet (the loss scaler "
                         "unscales after backward); use bf16")  # fmt: skip
@@ -261,6 +287,12 @@ class ModelTrainable(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.unet(*args, **kwargs)
 
+    @property
+    def config(self) -> Any:
+        """The denoiser's config: a family's ``predict`` reads it from the model it is given (FLUX: whether guidance
+        is embedded), and the loop gives it this module (or accelerate's wrapper of it) in place of the denoiser."""
+        return self.unet.config
+
     # ------------------------------------------------------------------------------------------ optimizer groups
     def param_groups(self, lr: float) -> list[dict]:
         """UNet group(s) (one per ``--block_lr`` block when given; none when the UNet is not trained) then one
@@ -331,12 +363,18 @@ class ModelTrainable(nn.Module):
     def prepare_with_optimizer(self, accelerator: Any, optimizer: Any, scheduler: Any) -> tuple[Any, Any]:
         """Model, optimizer and scheduler prepared in one call (DeepSpeed and FSDP need them together); the loop
         then calls the prepared model in place of the UNet (:meth:`step_models`)."""
-        wrapped, optimizer, scheduler = accelerator.prepare(self, optimizer, scheduler)
+        # --blocks_to_swap: the swapped blocks' weights stay on the host (place_denoiser put the model where it goes)
+        placement = [False if self.cfg.block_swap else None, None, None]  # None: accelerate's default
+        wrapped, optimizer, scheduler = accelerator.prepare(self, optimizer, scheduler, device_placement=placement)
         self.__dict__["wrapped"] = wrapped  # not a submodule: in one process it is this very module
-        if self.cfg.fused_backward_pass or self.cfg.fused_optimizer_groups:
+        cfg = self.cfg
+        if cfg.fused_backward_pass or cfg.fused_optimizer_groups or cfg.blockwise_fused_optimizers:
             params = [p for g in optimizer.param_groups for p in g["params"]]
-            chunks = chunk_parameters(params, self.cfg.fused_optimizer_groups)
-            self.fused = FusedStep(optimizer, chunks, self.cfg.max_grad_norm)
+            if cfg.blockwise_fused_optimizers:
+                chunks = block_chunks(params, [bl.blocks for bl in self.family.swap_blocks(self.unet)])
+            else:
+                chunks = chunk_parameters(params, cfg.fused_optimizer_groups)
+            self.fused = FusedStep(optimizer, chunks, cfg.max_grad_norm)
         return optimizer, scheduler
 
     def state_dict_for_file(self, dtype: torch.dtype | None = None) -> dict[str, Tensor]:
@@ -353,4 +391,5 @@ class ModelTrainable(nn.Module):
         """The whole model (single file or diffusers folder, by the path's suffix), atomically, by the family."""
         meta = {k: v for k, v in (metadata or {}).items() if isinstance(v, str)}
         safetensors = self.save_model_as != "diffusers"  # a diffusers folder's weights; single files: the suffix
-        self.family.save(self.parts, path, dtype=dtype, metadata=meta, safetensors=safetensors)
+        with streamed_saves(self.cfg.mem_eff_save):  # --mem_eff_save: .safetensors written tensor by tensor
+            self.family.save(self.parts, path, dtype=dtype, metadata=meta, safetensors=safetensors)

@@ -467,11 +467,35 @@ def load_model(cfg: TrainConfig, accelerator: Any) -> Parts:
         if accelerator.num_processes > 1:
             accelerator.wait_for_everyone()
     set_attention([parts.denoiser, parts.vae], run.attention)
+    own_storage([parts.denoiser] if "denoiser" in cfg.trained_parts else [])
+    if "text_encoders" in cfg.trained_parts:
+        own_storage(parts.text_encoders)
     store_frozen_in_fp8(cfg, parts)
     offload = cfg.block_swap.cpu_offload_checkpointing  # implies checkpointing (BlockSwapConfig.from_args says so)
     if run.gradient_checkpointing or offload:
         enable_checkpointing(parts.denoiser, parts.text_encoders if cfg.train_text_encoder else [], offload)
     return parts
+
+
+def own_storage(modules: list[torch.nn.Module]) -> int:
+    """Give every parameter of the trained ``modules`` that shares its storage with another (a single-file loader
+    splits a fused tensor, e.g. FLUX's ``qkv`` into ``to_q`` / ``to_k`` / ``to_v``) a storage of its own: such
+    tensors share one autograd version counter, so an optimizer step inside backward (``--fused_backward_pass``) on
+    one of them would invalidate what the others saved for their backward. The module gets new Parameter objects (a
+    fresh counter; nothing holds the old ones yet). Returns how many were copied."""
+    seen: dict[int, int] = {}  # storage -> the first Parameter on it (a tied Parameter, met twice, stays tied)
+    copied = 0
+    with torch.no_grad():
+        for module in modules:
+            for sub in module.modules():
+                for name, p in list(sub._parameters.items()):
+                    if p is None or p.device.type == "meta":
+                        continue
+                    ptr = p.untyped_storage().data_ptr()
+                    if seen.setdefault(ptr, id(p)) != id(p):
+                        sub._parameters[name] = torch.nn.Parameter(p.detach().clone(), requires_grad=p.requires_grad)
+                        copied += 1
+    return copied
 
 
 def store_frozen_in_fp8(cfg: TrainConfig, parts: Parts) -> list[str]:

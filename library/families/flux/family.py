@@ -313,7 +313,7 @@ class FluxFamily:
             if cond.pooled is None:
                 raise ValueError("FLUX.1 needs the CLIP-L pooled embedding (cond.pooled) to predict")
             kwargs["pooled_projections"] = cond.pooled
-            if getattr(denoiser.config, "guidance_embeds", False):
+            if getattr(_config_of(denoiser), "guidance_embeds", False):
                 g = DEFAULT_GUIDANCE if guidance is None else guidance
                 kwargs["guidance"] = torch.as_tensor(g, dtype=torch.float32, device=noisy.device).expand(b)
             if cond.mask is not None:
@@ -439,3 +439,10 @@ FLUX_SCHNELL = FluxFamily(_spec("flux-schnell", "FLUX.1-schnell", "FluxPipeline"
                           targets=FLUX_TARGETS)  # fmt: skip
 CHROMA = FluxFamily(_spec("chroma", "Chroma", "ChromaPipeline", (T5_SPEC,)), version="chroma", architecture="chroma",
                     implementation=IMPL_CHROMA, t5_length=512, targets=CHROMA_TARGETS)  # fmt: skip
+
+
+def _config_of(model: nn.Module) -> Any:
+    """The config of the transformer ``model`` is or wraps (a DDP / FSDP wrapper holds it as ``module``)."""
+    while not hasattr(model, "config") and hasattr(model, "module"):
+        model = model.module
+    return model.config

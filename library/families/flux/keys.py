@@ -276,17 +276,37 @@ def bfl_to_diffusers(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
 def diffusers_to_bfl(state: Mapping[str, Tensor], prefix: str = "") -> dict[str, Tensor]:
     """A diffusers FLUX.1 / Chroma transformer state dict -> BFL names (fused tensors concatenated, the final
     modulation's halves swapped back); ``prefix``: e.g. ``model.diffusion_model.``."""
-    layout = diffusers_layout(state.keys())
-    out = {}
-    for entry in layout.table:
-        for bfl_param, diff_param in entry.params:
-            tensors = [state[f"{m}.{diff_param}"] for m in entry.diffusers]
-            tensor = torch.cat(tensors, dim=0) if entry.kind == "rows" else tensors[0]
-            out[f"{prefix}{entry.bfl}.{bfl_param}"] = _swap_halves(tensor) if entry.kind == "swap" else tensor
-    unused = set(state) - {f"{m}.{d}" for e in layout.table for _, d in e.params for m in e.diffusers}
-    if unused:
-        raise KeyError(f"diffusers transformer keys with no BFL name: {', '.join(sorted(unused)[:5])}")
-    return out
+    view = BflView(state, prefix)
+    return {k: view[k] for k in view}
+
+
+class BflView(Mapping):
+    """The BFL state dict of a diffusers transformer ``state``, each tensor made when asked for (a fused tensor is
+    concatenated then): ``--mem_eff_save`` writes it without a second copy of the model in memory."""
+
+    def __init__(self, state: Mapping[str, Tensor], prefix: str = "") -> None:
+        layout = diffusers_layout(state.keys())
+        unused = set(state) - {f"{m}.{d}" for e in layout.table for _, d in e.params for m in e.diffusers}
+        if unused:
+            raise KeyError(f"diffusers transformer keys with no BFL name: {', '.join(sorted(unused)[:5])}")
+        self.state = state
+        self.sources = {
+            f"{prefix}{entry.bfl}.{bfl_param}": (entry.kind, [f"{m}.{diff_param}" for m in entry.diffusers])
+            for entry in layout.table
+            for bfl_param, diff_param in entry.params
+        }
+
+    def __getitem__(self, key: str) -> Tensor:
+        kind, names = self.sources[key]
+        tensors = [self.state[n] for n in names]
+        tensor = torch.cat(tensors, dim=0) if kind == "rows" else tensors[0]
+        return _swap_halves(tensor) if kind == "swap" else tensor
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.sources)
+
+    def __len__(self) -> int:
+        return len(self.sources)
 
 
 # ------------------------------------------------------------------------------------------------ adapter names

@@ -53,8 +53,9 @@ def flux_modelspec(architecture: str, implementation: str, title: str, resolutio
 def save_bfl_file(
     parts: Parts, path: Path, dtype: torch.dtype | None, metadata: Mapping[str, str], spec_meta: Mapping[str, str]
 ) -> Path:
-    """The transformer under BFL names (atomic; ``metadata`` is merged over ours)."""
-    state = K.diffusers_to_bfl(parts.denoiser.state_dict())
+    """The transformer under BFL names (atomic; ``metadata`` is merged over ours); each BFL tensor is made as the
+    writer takes it (:class:`keys.BflView`; ``--mem_eff_save`` writes them one at a time)."""
+    state = K.BflView(parts.denoiser.state_dict())
     meta = {META_FAMILY: parts.family, META_CONFIGS: json.dumps(model_configs(parts)), **spec_meta, **metadata}
     return save_state_dict(state, path, meta, dtype)
 
