@@ -2,7 +2,7 @@
 ``--fused_backward_pass``, for several ``--blocks_to_swap`` settings.
 
     python benchmarks/bench_flux_finetune_memory.py                       # swap 0, 18, 25, 30 on the simulated device
-    python benchmarks/bench_flux_finetune_memory.py --swaps 18 --extra "--cpu_offload_checkpointing"
+    python benchmarks/bench_flux_finetune_memory.py --swaps 18 --extra=--cpu_offload_checkpointing
     python benchmarks/bench_flux_finetune_memory.py --tiny                # the same run on the tiny model (a smoke check)
 
 The run is flux_train.run unchanged on the released architecture (transformer 11.9 B, CLIP-L, T5-XXL, AE), built as

@@ -189,11 +189,17 @@ def _in_backward() -> bool:
 
 def _assign(param: nn.Parameter, tensor: Tensor) -> None:
     """``param.data = tensor`` (the same Parameter object, its data moved); between the CPU and the simulated meta
-    device, whose tensor types torch will not exchange that way, the tensor is swapped in under the same object."""
+    device, whose tensor types torch will not exchange that way, the tensor is swapped in under the same object.
+    ``swap_tensors`` leaves the parameter's post-accumulate-grad hooks (``--fused_backward_pass``'s optimizer steps,
+    library/optim/fused.py) registered on the old tensor: they are set again on the new one, or a trained weight
+    swapped onto the simulated device would never be stepped in backward and its gradient would stay there."""
     if torch._has_compatible_shallow_copy_type(param, tensor):
         param.data = tensor
-    else:
-        torch.utils.swap_tensors(param, nn.Parameter(tensor, requires_grad=param.requires_grad))
+        return
+    hooks = param._post_accumulate_grad_hooks
+    torch.utils.swap_tensors(param, nn.Parameter(tensor, requires_grad=param.requires_grad))
+    if hooks:
+        param._post_accumulate_grad_hooks = hooks  # (the setter registers them with the tensor's autograd data)
 
 
 def _move(param: nn.Parameter, tensor: Tensor) -> None:
