@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from test_flags import _expected
+from test_flags import assert_choices_accepted, defaults_that_differ
 
 import sd3_train_network
 from library.families.sd3.options import DOES_NOT_WORK, SD_ONLY_FLAGS, SD3Options
@@ -40,22 +40,9 @@ def test_all_218_flags_exist_with_sd_scripts_defaults():
     assert len(FLAGS) == 218
     missing = sorted(set(FLAGS) - set(actions))
     assert not missing, f"flags of sd-scripts' sd3_train_network.py missing here: {missing}"
-    wrong = {}
-    for flag, info in FLAGS.items():
-        expected, actual = _expected(info["default"]), actions[flag].default
-        if isinstance(actual, (int, float)) and not isinstance(actual, bool) and isinstance(expected, (int, float)):
-            ok = float(actual) == float(expected)
-        elif expected is None:
-            ok = actual in (None, False, [])
-        else:
-            ok = actual == expected or str(actual) == str(expected)
-        if not ok:
-            wrong[flag] = (expected, actual)
+    wrong = defaults_that_differ(FLAGS, actions)
     assert not wrong, f"defaults that differ from sd-scripts' sd3_train_network.py (flag: (sd-scripts, ours)): {wrong}"
-    for flag, info in FLAGS.items():  # the choices sd-scripts lists are all accepted
-        if "{" in info["type"] and actions[flag].choices:
-            theirs = set(info["type"].split("{")[1].rstrip("}").split(","))
-            assert theirs - {"None"} <= {str(c) for c in actions[flag].choices}, flag
+    assert_choices_accepted(FLAGS, actions)  # the choices sd-scripts lists are all accepted
 
 
 def test_options_give_the_family_contract_keywords():
