@@ -49,6 +49,7 @@ from library.sampling.minimal import (
     apply_options,
     device_of_choice,
     flow_image,
+    prompt_loop,
     save_new_png,
 )
 from library.sampling.prompts import PromptSpec
@@ -315,19 +316,13 @@ def run(argv: Sequence[str] | None = None) -> list[Path]:
     store_fp8_parts(cfg, family, parts)
     if not cfg.interactive:
         return [generate_image(cfg, family, parts, cfg.spec, cfg.seed, device)]
-    written, spec = [], cfg.spec
-    while True:
-        print(PROMPT_HELP, flush=True)
-        try:
-            line = input()
-        except EOFError:
-            break
-        parsed = interactive_options(line, spec, networks)
-        if parsed is None:
-            break
-        spec, seed = parsed
-        written.append(generate_image(cfg, family, parts, spec, seed, device))
-    return written
+    return prompt_loop(
+        cfg.spec,
+        PROMPT_HELP,
+        lambda line, spec: interactive_options(line, spec, networks),
+        lambda spec, seed: generate_image(cfg, family, parts, spec, seed, device),
+        log,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -43,7 +43,7 @@ from library.families.base import ModelFamily, Parts
 from library.logs import add_logging_args
 from library.problems import ConfigError
 from library.runtime import console_logging
-from library.sampling.minimal import apply_options, device_of_choice, flow_image, save_new_png
+from library.sampling.minimal import apply_options, device_of_choice, flow_image, prompt_loop, save_new_png
 from library.sampling.prompts import PromptSpec
 from networks.tool_common import main_guard
 
@@ -202,24 +202,14 @@ def run(argv: Sequence[str] | None = None) -> list[Path]:
     networks = apply_loras(cfg, family, parts, device)
     if not cfg.interactive:
         return [generate_image(cfg, family, parts, cfg.spec, cfg.seed, device)]
-    written, spec = [], cfg.spec
-    while True:
-        print(PROMPT_HELP, flush=True)
-        try:
-            line = input()
-        except EOFError:
-            break
-        parsed = interactive_options(line, spec, cfg.spec.negative_prompt, networks)
-        if parsed is None:
-            break
-        new_spec, seed = parsed
-        problems = size_problems(new_spec.width, new_spec.height)
-        if problems:  # skipped: its settings do not carry over
-            log.error("%s: prompt skipped", "; ".join(problems))
-            continue
-        spec = new_spec
-        written.append(generate_image(cfg, family, parts, spec, cfg.seed if seed is None else seed, device))
-    return written
+    return prompt_loop(
+        cfg.spec,
+        PROMPT_HELP,
+        lambda line, spec: interactive_options(line, spec, cfg.spec.negative_prompt, networks),
+        lambda spec, seed: generate_image(cfg, family, parts, spec, cfg.seed if seed is None else seed, device),
+        log,
+        problems_of=lambda spec: size_problems(spec.width, spec.height),
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

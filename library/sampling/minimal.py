@@ -8,7 +8,7 @@ import contextlib
 import dataclasses
 import datetime
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -126,3 +126,34 @@ def apply_options(
 
 
 _OPTION_ORDER = "whsdgmnc"  # the order sd-scripts' help lists them in
+
+
+def prompt_loop(
+    spec: PromptSpec,
+    help_text: str,
+    parse: Callable[[str, PromptSpec], tuple[PromptSpec, int | None] | None],
+    generate: Callable[[PromptSpec, int | None], Path],
+    log: logging.Logger,
+    problems_of: Callable[[PromptSpec], list[str]] | None = None,
+) -> list[Path]:
+    """sd-scripts' ``--interactive``: print ``help_text``, read a line, ``parse(line, previous spec)`` and
+    ``generate(spec, seed)``, until an empty line or the end of input; a spec with ``problems_of`` is skipped (logged;
+    its settings do not carry over). Returns the written paths."""
+    written = []
+    while True:
+        print(help_text, flush=True)
+        try:
+            line = input()
+        except EOFError:
+            break
+        parsed = parse(line, spec)
+        if parsed is None:
+            break
+        new_spec, seed = parsed
+        problems = problems_of(new_spec) if problems_of is not None else []
+        if problems:  # skipped: its settings do not carry over
+            log.error("%s: prompt skipped", "; ".join(problems))
+            continue
+        spec = new_spec
+        written.append(generate(spec, seed))
+    return written
