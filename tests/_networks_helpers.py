@@ -281,3 +281,17 @@ def real_parts(family: str):
             cls = CLIPTextModelWithProjection if i == 1 else CLIPTextModel
             tes.append(cls(CLIPTextConfig(**te)))
     return SimpleNamespace(denoiser=unet, text_encoders=tes)
+
+
+def lycoris_delta(state: dict, module: str) -> torch.Tensor:
+    """ΔW of a LoHa / LoKr module of an adapter file (``state``) by lycoris-lora's own functional formulas on the
+    file's tensors (LoHa: gamma = alpha / r; LoKr: gamma = alpha)."""
+    from lycoris.functional import loha, lokr
+
+    alpha = state[f"{module}.alpha"].float()
+    if f"{module}.hada_w1_a" in state:
+        t = {k: state[f"{module}.hada_{k}"] for k in ("w1_a", "w1_b", "w2_a", "w2_b")}
+        gamma = alpha / t["w1_b"].shape[0]
+        return loha.diff_weight(t["w1_b"], t["w1_a"], t["w2_b"], t["w2_a"], None, None, gamma=gamma)
+    names = ("lokr_w1", "lokr_w1_a", "lokr_w1_b", "lokr_w2", "lokr_w2_a", "lokr_w2_b", "lokr_t2")
+    return lokr.diff_weight(*(state.get(f"{module}.{k}") for k in names), gamma=alpha)
