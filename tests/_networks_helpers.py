@@ -295,3 +295,19 @@ def lycoris_delta(state: dict, module: str) -> torch.Tensor:
         return loha.diff_weight(t["w1_b"], t["w1_a"], t["w2_b"], t["w2_a"], None, None, gamma=gamma)
     names = ("lokr_w1", "lokr_w1_a", "lokr_w1_b", "lokr_w2", "lokr_w2_a", "lokr_w2_b", "lokr_t2")
     return lokr.diff_weight(*(state.get(f"{module}.{k}") for k in names), gamma=alpha)
+
+
+def random_lora_state(family, parts, seed: int = 3) -> dict[str, torch.Tensor]:
+    """The kohya file tensors of a rank-2 LoRA (alpha 1) on ``family``'s default targets of a deep copy of ``parts``,
+    every up and down matrix random (N(0, 0.2²), seeded), so that each module changes the output."""
+    import copy
+
+    from networks.config import NetworkConfig
+    from networks.inject import inject
+
+    network = inject(NetworkConfig(module="networks.lora", dim=2, alpha=1.0), family.adapter_roots(copy.deepcopy(parts)),
+                     family.target_classes)  # fmt: skip
+    generator = torch.Generator().manual_seed(seed)
+    for p in network.parameters():
+        p.data = torch.randn(p.shape, generator=generator) * 0.2
+    return network.state_dict_for_file()
