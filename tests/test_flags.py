@@ -81,6 +81,11 @@ def assert_choices_accepted(flags: dict, actions: dict) -> None:
             assert theirs - {"None"} <= {str(c) for c in actions[flag].choices}, flag
 
 
+def run_flags(parser, skip=frozenset()) -> list:
+    """The actions of ``parser`` that are run settings: every flag but ``NOT_A_RUN_SETTING`` and ``skip`` (dests)."""
+    return [a for a in parser._actions if a.option_strings and a.dest not in NOT_A_RUN_SETTING | set(skip)]
+
+
 def assert_deepspeed_flag_acts(build_parser, action) -> None:
     """A DeepSpeed flag is read with --deepspeed only, which needs CUDA: it must change the DeepSpeed configuration
     ``DeepSpeedConfig.from_args`` makes from ``build_parser()``'s arguments."""

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 from test_flags import (
-    NOT_A_RUN_SETTING,
     VALUES,
     _value,
     assert_deepspeed_flag_acts,
     assert_flag_acts,
     defaults_that_differ,
+    run_flags,
 )
 
 import flux_train
@@ -80,7 +80,7 @@ def ft_config(tmp_path_factory):
 
 
 def _flags():
-    return [a for a in flux_train.build_parser()._actions if a.option_strings and a.dest not in NOT_A_RUN_SETTING]
+    return run_flags(flux_train.build_parser())
 
 
 @pytest.mark.parametrize("action", _flags(), ids=lambda a: a.option_strings[0])

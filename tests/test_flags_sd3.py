@@ -154,10 +154,10 @@ SD3_VALUES = {"--blocks_to_swap": ["1"]}
 
 
 def _flags():
-    from test_flags import NOT_A_RUN_SETTING
+    from test_flags import run_flags
 
-    skip = NOT_A_RUN_SETTING | {"clip_l", "clip_g", "t5xxl"}  # the base command line gives them (a test below)
-    return [a for a in sd3_train_network.build_parser()._actions if a.option_strings and a.dest not in skip]
+    # the base command line gives clip_l / clip_g / t5xxl (a test below)
+    return run_flags(sd3_train_network.build_parser(), skip={"clip_l", "clip_g", "t5xxl"})
 
 
 @pytest.mark.parametrize("action", _flags(), ids=lambda a: a.option_strings[0])
