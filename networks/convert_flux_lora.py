@@ -19,7 +19,6 @@ the source is kept (as sd-scripts); --save_precision casts the tensors (default:
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: import the repository, not this folder
@@ -29,20 +28,11 @@ from networks.convert_lora_cli import LoraConverter
 
 FORMATS = {"ai-toolkit": "ai-toolkit", "peft": "ai-toolkit", "diffusers": "ai-toolkit", "sd-scripts": "sd-scripts",
            "kohya": "sd-scripts"}  # fmt: skip
-CONVERTER = LoraConverter(__doc__, FORMATS, peft_format="ai-toolkit", default_src="ai-toolkit", default_dst="sd-scripts",
-                          formats_module="networks.flux_formats")  # fmt: skip
-build_parser, check, convert = CONVERTER.build_parser, CONVERTER.check, CONVERTER.convert
-
-
-def run(argv: Sequence[str] | None = None) -> Path:
-    """Convert; returns the path written."""
-    return CONVERTER.run(argv)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """The command line: ``run(argv)`` with its exit status (2 and one ``error:`` line for bad input)."""
-    return CONVERTER.main(argv)
-
+CONVERTER = LoraConverter(__doc__, FORMATS, peft_format="ai-toolkit", default_src="ai-toolkit",
+                          default_dst="sd-scripts", formats_module="networks.flux_formats")  # fmt: skip
+# the command line: run(argv) returns the path written; main(argv) its exit status (2 and one error: line)
+build_parser, check, convert, run, main = (CONVERTER.build_parser, CONVERTER.check, CONVERTER.convert, CONVERTER.run,
+                                           CONVERTER.main)  # fmt: skip
 
 if __name__ == "__main__":
     sys.exit(main())

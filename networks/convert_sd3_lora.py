@@ -23,7 +23,6 @@ the source is kept (as sd-scripts); --save_precision casts the tensors (default:
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: import the repository, not this folder
@@ -35,18 +34,9 @@ FORMATS = {"diffusers": "diffusers", "peft": "diffusers", "ai-toolkit": "diffuse
            "kohya": "sd-scripts"}  # fmt: skip
 CONVERTER = LoraConverter(__doc__, FORMATS, peft_format="diffusers", default_src="sd-scripts", default_dst="diffusers",
                           formats_module="networks.sd3_formats")  # fmt: skip
-build_parser, check, convert = CONVERTER.build_parser, CONVERTER.check, CONVERTER.convert
-
-
-def run(argv: Sequence[str] | None = None) -> Path:
-    """Convert; returns the path written."""
-    return CONVERTER.run(argv)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """The command line: ``run(argv)`` with its exit status (2 and one ``error:`` line for bad input)."""
-    return CONVERTER.main(argv)
-
+# the command line: run(argv) returns the path written; main(argv) its exit status (2 and one error: line)
+build_parser, check, convert, run, main = (CONVERTER.build_parser, CONVERTER.check, CONVERTER.convert, CONVERTER.run,
+                                           CONVERTER.main)  # fmt: skip
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -305,8 +305,8 @@ def random_lora_state(family, parts, seed: int = 3) -> dict[str, torch.Tensor]:
     from networks.config import NetworkConfig
     from networks.inject import inject
 
-    network = inject(NetworkConfig(module="networks.lora", dim=2, alpha=1.0), family.adapter_roots(copy.deepcopy(parts)),
-                     family.target_classes)  # fmt: skip
+    roots = family.adapter_roots(copy.deepcopy(parts))
+    network = inject(NetworkConfig(module="networks.lora", dim=2, alpha=1.0), roots, family.target_classes)
     generator = torch.Generator().manual_seed(seed)
     for p in network.parameters():
         p.data = torch.randn(p.shape, generator=generator) * 0.2
