@@ -73,6 +73,15 @@ def defaults_that_differ(flags: dict, actions: dict, skip=()) -> dict:
     return wrong
 
 
+def assert_sd_scripts_flags(flags: dict, actions: dict, script: str) -> None:
+    """Every flag of sd-scripts' ``script`` (``flags``: its argparse list) is one of ours (``actions``: option ->
+    action) with sd-scripts' default."""
+    missing = sorted(set(flags) - set(actions))
+    assert not missing, f"flags of sd-scripts' {script} missing here: {missing}"
+    wrong = defaults_that_differ(flags, actions)
+    assert not wrong, f"defaults that differ from sd-scripts' {script} (flag: (sd-scripts, ours)): {wrong}"
+
+
 def assert_choices_accepted(flags: dict, actions: dict) -> None:
     """Every choice sd-scripts lists for a flag (``{a,b}`` in its type) is one of ours."""
     for flag, info in flags.items():

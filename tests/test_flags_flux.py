@@ -14,7 +14,7 @@ from test_flags import (
     _value,
     assert_choices_accepted,
     assert_flag_acts,
-    defaults_that_differ,
+    assert_sd_scripts_flags,
     run_flags,
 )
 
@@ -35,10 +35,7 @@ def _actions() -> dict:
 def test_all_215_flags_exist_with_sd_scripts_defaults():
     actions = _actions()
     assert len(FLAGS) == 215
-    missing = sorted(set(FLAGS) - set(actions))
-    assert not missing, f"flags of sd-scripts' flux_train_network.py missing here: {missing}"
-    wrong = defaults_that_differ(FLAGS, actions)
-    assert not wrong, f"defaults that differ from sd-scripts' flux_train_network.py (flag: (sd-scripts, ours)): {wrong}"
+    assert_sd_scripts_flags(FLAGS, actions, SCRIPT)
     assert_choices_accepted(FLAGS, actions)  # the choices sd-scripts lists are all accepted
 
 

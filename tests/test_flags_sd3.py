@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from test_flags import assert_choices_accepted, defaults_that_differ
+from test_flags import assert_choices_accepted, assert_sd_scripts_flags
 
 import sd3_train_network
 from library.families.sd3.options import DOES_NOT_WORK, SD_ONLY_FLAGS, SD3Options
@@ -38,10 +38,7 @@ def _actions() -> dict:
 def test_all_218_flags_exist_with_sd_scripts_defaults():
     actions = _actions()
     assert len(FLAGS) == 218
-    missing = sorted(set(FLAGS) - set(actions))
-    assert not missing, f"flags of sd-scripts' sd3_train_network.py missing here: {missing}"
-    wrong = defaults_that_differ(FLAGS, actions)
-    assert not wrong, f"defaults that differ from sd-scripts' sd3_train_network.py (flag: (sd-scripts, ours)): {wrong}"
+    assert_sd_scripts_flags(FLAGS, actions, SCRIPT)
     assert_choices_accepted(FLAGS, actions)  # the choices sd-scripts lists are all accepted
 
 
