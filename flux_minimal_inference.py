@@ -30,13 +30,11 @@ prompt and settings, and an existing image is never overwritten.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-import datetime
 import logging
 import random
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +45,13 @@ from library.families.base import ModelFamily, PartDtypes, Parts
 from library.logs import add_logging_args
 from library.problems import ConfigError
 from library.runtime import console_logging
+from library.sampling.minimal import (
+    apply_options,
+    device_of_choice,
+    flow_image,
+    prompt_loop,
+    save_new_png,
+)
 from library.sampling.prompts import PromptSpec
 from networks.tool_common import main_guard
 
@@ -182,15 +187,6 @@ def _lora(value: str, problems: list[str]) -> Lora | None:
     return Lora(Path(path), mul)
 
 
-def device_of_choice() -> torch.device:
-    """sd-scripts' ``get_preferred_device``: CUDA, else MPS, else the CPU."""
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-        return torch.device("mps")
-    return torch.device("cpu")
-
-
 # ----------------------------------------------------------------------------------------------------------------------
 # Loading
 
@@ -265,22 +261,6 @@ def apply_loras(cfg: InferenceConfig, family: ModelFamily, parts: Parts, device:
 # Generation
 
 
-@contextlib.contextmanager
-def on_device(modules: Sequence[torch.nn.Module], device: torch.device, offload: bool) -> Iterator[None]:
-    """With ``offload``: ``modules`` on ``device`` inside the block, back on the CPU after it; else nothing moves."""
-    if offload:
-        for module in modules:
-            module.to(device)
-    try:
-        yield
-    finally:
-        if offload:
-            for module in modules:
-                module.to("cpu")
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-
-
 def settle(spec: PromptSpec, family: ModelFamily, parts: Parts) -> PromptSpec:
     """sd-scripts' rules on top of the sampler's: steps 4 (schnell) / 50; CFG only with a non-empty negative prompt
     and a scale other than 1 (else the scale is 1 and the negative prompt unused); ``--guidance`` only where the
@@ -302,74 +282,23 @@ def generate_image(
     cfg: InferenceConfig, family: ModelFamily, parts: Parts, spec: PromptSpec, seed: int | None, device: torch.device
 ) -> Path:
     """One image of ``spec`` (:func:`settle`) with ``seed`` (None: random), saved as a PNG; returns its path."""
-    from library.sampling.flow_generate import encode_flow_prompts, sample_flow_latents
-    from library.sampling.generate import to_pil
-    from library.sampling.images import png_info, save_png
-
     seed = seed if seed is not None else random.randint(0, 2**32 - 1)
     spec = settle(spec, family, parts)
     log.info("seed %d, %dx%d, %d steps, guidance %s, CFG %s", seed, spec.width, spec.height, spec.steps,
              spec.guidance, spec.scale)  # fmt: skip
-    generator = torch.Generator("cpu").manual_seed(seed)
-    with torch.no_grad():
-        with on_device(parts.text_encoders, device, cfg.offload):
-            cond = encode_flow_prompts(family, parts, [spec])
-        with on_device([parts.denoiser], device, cfg.offload):
-            latents = sample_flow_latents(family, parts, [spec], cond, [generator])
-        with on_device([parts.vae], device, cfg.offload):
-            vae_device = next(parts.vae.parameters()).device
-            pixels = family.decode_latents(parts, latents.to(vae_device))
-    image = to_pil(pixels)[0]
-    cfg.output_dir.mkdir(parents=True, exist_ok=True)
-    stem = datetime.datetime.now().strftime("%Y%m%d_%H%M%S")
-    path, n = cfg.output_dir / f"{stem}.png", 1
-    while path.exists():  # never overwrite an earlier image
-        path, n = cfg.output_dir / f"{stem}_{n}.png", n + 1
-    save_png(image, path, png_info(spec, seed, model=cfg.ckpt.name))
-    log.info("saved %s", path)
-    return path
+    image = flow_image(family, parts, spec, seed, device, cfg.offload)
+    return save_new_png(image, cfg.output_dir, spec, seed, cfg.ckpt.name, log)
 
 
 def interactive_options(line: str, spec: PromptSpec, networks: list[Any]) -> tuple[PromptSpec, int | None] | None:
     """One interactive line (sd-scripts' options) applied to the previous ``spec``: the new spec and its seed, or
     None for an empty line (the end). ``--m a,b`` sets the live networks' multipliers; a bad option is logged and
     skipped, as sd-scripts does."""
-    if not line.strip():
-        return None
-    prompt, *options = line.split("--")
-    spec = dataclasses.replace(spec, prompt=prompt.strip(), negative_prompt="")
-    seed = None
-    fields = {"w": ("width", int), "h": ("height", int), "s": ("steps", int), "g": ("guidance", float),
-              "c": ("scale", float)}  # fmt: skip
-    for option in options:
-        option = option.strip()
-        key, value = option[:1], option[1:].strip()
-        try:
-            if key in fields:
-                name, kind = fields[key]
-                spec = dataclasses.replace(spec, **{name: kind(value)})
-            elif key == "d":
-                seed = int(value)
-            elif key == "n":
-                spec = dataclasses.replace(spec, negative_prompt="" if value == "-" else value)
-            elif key == "m":
-                set_multipliers(networks, [float(x) for x in value.split(",")])
-            else:
-                log.error("unknown option --%s (use --w --h --s --d --g --m --n --c)", option)
-        except ValueError as e:
-            log.error("invalid option --%s: %s", option, e)
-    return spec, seed
+    return apply_options(line, spec, networks, OPTIONS, "", log)
 
 
-def set_multipliers(networks: list[Any], values: list[float]) -> None:
-    """``--m``: one multiplier per live network; ValueError when the count differs (merged networks are fixed)."""
-    if len(values) != len(networks):
-        raise ValueError(f"{len(values)} multiplier(s) for {len(networks)} live network(s) (merged networks "
-                         "cannot change their multiplier)")  # fmt: skip
-    for network, value in zip(networks, values):
-        network.set_multiplier(value)
-
-
+OPTIONS = {"w": ("width", int), "h": ("height", int), "s": ("steps", int), "g": ("guidance", float),
+           "c": ("scale", float)}  # fmt: skip
 PROMPT_HELP = (
     "Enter prompt (empty to exit). Options: --w <width> --h <height> --s <steps> --d <seed> --g <guidance> "
     "--m <multipliers for LoRA> --n <negative prompt>, `-` for empty negative prompt --c <cfg_scale>"
@@ -387,19 +316,13 @@ def run(argv: Sequence[str] | None = None) -> list[Path]:
     store_fp8_parts(cfg, family, parts)
     if not cfg.interactive:
         return [generate_image(cfg, family, parts, cfg.spec, cfg.seed, device)]
-    written, spec = [], cfg.spec
-    while True:
-        print(PROMPT_HELP, flush=True)
-        try:
-            line = input()
-        except EOFError:
-            break
-        parsed = interactive_options(line, spec, networks)
-        if parsed is None:
-            break
-        spec, seed = parsed
-        written.append(generate_image(cfg, family, parts, spec, seed, device))
-    return written
+    return prompt_loop(
+        cfg.spec,
+        PROMPT_HELP,
+        lambda line, spec: interactive_options(line, spec, networks),
+        lambda spec, seed: generate_image(cfg, family, parts, spec, seed, device),
+        log,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

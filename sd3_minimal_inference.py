@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import logging
 import sys
 from collections.abc import Sequence
@@ -38,12 +37,13 @@ from typing import Any
 
 import torch
 
-from flux_minimal_inference import Lora, _lora, apply_loras, device_of_choice, on_device, set_multipliers
+from flux_minimal_inference import Lora, _lora, apply_loras
 from library import deferred_imports
 from library.families.base import ModelFamily, Parts
 from library.logs import add_logging_args
 from library.problems import ConfigError
 from library.runtime import console_logging
+from library.sampling.minimal import apply_options, device_of_choice, flow_image, prompt_loop, save_new_png
 from library.sampling.prompts import PromptSpec
 from networks.tool_common import main_guard
 
@@ -166,31 +166,13 @@ def generate_image(
     cfg: InferenceConfig, family: ModelFamily, parts: Parts, spec: PromptSpec, seed: int, device: torch.device
 ) -> Path:
     """One image of ``spec`` with ``seed``, saved as a PNG; returns its path."""
-    from library.sampling.flow_generate import encode_flow_prompts, sample_flow_latents
-    from library.sampling.generate import resolve, to_pil
-    from library.sampling.images import png_info, save_png
+    from library.sampling.generate import resolve
 
     spec = resolve(spec, family, parts)
     log.info("seed %d, %dx%d, %d steps, CFG %s, negative prompt %r", seed, spec.width, spec.height, spec.steps,
              spec.scale, spec.negative_prompt)  # fmt: skip
-    generator = torch.Generator("cpu").manual_seed(seed)
-    with torch.no_grad():
-        with on_device(parts.text_encoders, device, cfg.offload):
-            cond = encode_flow_prompts(family, parts, [spec])
-        with on_device([parts.denoiser], device, cfg.offload):
-            latents = sample_flow_latents(family, parts, [spec], cond, [generator])
-        with on_device([parts.vae], device, cfg.offload):
-            vae_device = next(parts.vae.parameters()).device
-            pixels = family.decode_latents(parts, latents.to(vae_device))
-    image = to_pil(pixels)[0]
-    cfg.output_dir.mkdir(parents=True, exist_ok=True)
-    stem = datetime.datetime.now().strftime("%Y%m%d_%H%M%S")
-    path, n = cfg.output_dir / f"{stem}.png", 1
-    while path.exists():  # never overwrite an earlier image
-        path, n = cfg.output_dir / f"{stem}_{n}.png", n + 1
-    save_png(image, path, png_info(spec, seed, model=cfg.ckpt.name))
-    log.info("saved %s", path)
-    return path
+    image = flow_image(family, parts, spec, seed, device, cfg.offload)
+    return save_new_png(image, cfg.output_dir, spec, seed, cfg.ckpt.name, log)
 
 
 def interactive_options(
@@ -200,32 +182,10 @@ def interactive_options(
     ``--seed``), or None for an empty line (the end). ``--w --h --s --c`` carry over; ``--n`` is per prompt (``-``:
     empty; not given: ``default_negative``); ``--m a,b`` sets the live networks' multipliers. A bad option is logged
     and skipped, as sd-scripts does."""
-    if not line.strip():
-        return None
-    prompt, *options = line.split("--")
-    spec = dataclasses.replace(spec, prompt=prompt.strip(), negative_prompt=default_negative)
-    seed = None
-    fields = {"w": ("width", int), "h": ("height", int), "s": ("steps", int), "c": ("scale", float)}
-    for option in options:
-        option = option.strip()
-        key, value = option[:1], option[1:].strip()
-        try:
-            if key in fields:
-                name, kind = fields[key]
-                spec = dataclasses.replace(spec, **{name: kind(value)})
-            elif key == "d":
-                seed = int(value)
-            elif key == "n":
-                spec = dataclasses.replace(spec, negative_prompt="" if value == "-" else value)
-            elif key == "m":
-                set_multipliers(networks, [float(x) for x in value.split(",")])
-            else:
-                log.error("unknown option --%s (use --w --h --s --d --m --n --c)", option)
-        except ValueError as e:
-            log.error("invalid option --%s: %s", option, e)
-    return spec, seed
+    return apply_options(line, spec, networks, OPTIONS, default_negative, log)
 
 
+OPTIONS = {"w": ("width", int), "h": ("height", int), "s": ("steps", int), "c": ("scale", float)}
 PROMPT_HELP = (
     "Enter prompt (empty to exit). Options: --w <width> --h <height> --s <steps> --d <seed> --m <multipliers for "
     "LoRA> --n <negative prompt>, `--n -` for empty negative prompt --c <cfg_scale>"
@@ -242,24 +202,14 @@ def run(argv: Sequence[str] | None = None) -> list[Path]:
     networks = apply_loras(cfg, family, parts, device)
     if not cfg.interactive:
         return [generate_image(cfg, family, parts, cfg.spec, cfg.seed, device)]
-    written, spec = [], cfg.spec
-    while True:
-        print(PROMPT_HELP, flush=True)
-        try:
-            line = input()
-        except EOFError:
-            break
-        parsed = interactive_options(line, spec, cfg.spec.negative_prompt, networks)
-        if parsed is None:
-            break
-        new_spec, seed = parsed
-        problems = size_problems(new_spec.width, new_spec.height)
-        if problems:  # skipped: its settings do not carry over
-            log.error("%s: prompt skipped", "; ".join(problems))
-            continue
-        spec = new_spec
-        written.append(generate_image(cfg, family, parts, spec, cfg.seed if seed is None else seed, device))
-    return written
+    return prompt_loop(
+        cfg.spec,
+        PROMPT_HELP,
+        lambda line, spec: interactive_options(line, spec, cfg.spec.negative_prompt, networks),
+        lambda spec, seed: generate_image(cfg, family, parts, spec, cfg.seed if seed is None else seed, device),
+        log,
+        problems_of=lambda spec: size_problems(spec.width, spec.height),
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -121,6 +121,27 @@ def _split_scale(scale: float) -> tuple[float, float]:
     return scale / s_b, s_b
 
 
+def kohya_factors(name: str, t: Mapping[str, Tensor], source: str, problems: list[str]) -> tuple[Tensor, ...] | None:
+    """(A, B, down) of one plain kohya LoRA module, alpha / r folded in: A = s_A · down, B = s_B · up with
+    s_A · s_B = alpha / r (``_split_scale``); None, with the problem added, for any other algorithm's tensors."""
+    if set(t) - {"lora_down.weight", "lora_up.weight", "alpha"} or "lora_down.weight" not in t:
+        kinds = ", ".join(sorted(set(t) - {"alpha"}))
+        problems.append(f"{source}: {name} ({kinds}) is not a plain LoRA module; PEFT files hold LoRA only: make "
+                        "it a LoRA first (svd_merge_lora.py --models FILE --new_rank R)")  # fmt: skip
+        return None
+    down, up = t["lora_down.weight"].float(), t["lora_up.weight"].float()
+    rank = down.shape[0]
+    alpha = float(t["alpha"]) if "alpha" in t else float(rank)
+    s_a, s_b = _split_scale(alpha / rank)
+    return (down * s_a).contiguous(), up * s_b, down
+
+
+def kohya_module(name: str, down: Tensor, up: Tensor) -> dict[str, Tensor]:
+    """One kohya module's tensors, alpha = the rank (scale 1: the factors carry the strength)."""
+    return {f"{name}.lora_down.weight": down.contiguous(), f"{name}.lora_up.weight": up.contiguous(),
+            f"{name}.alpha": torch.tensor(float(down.shape[0]))}  # fmt: skip
+
+
 # ------------------------------------------------------------------------------------------------ kohya -> PEFT
 def kohya_to_peft(state_dict: Mapping[str, Tensor], source: str = "the file") -> dict[str, Tensor]:
     """A kohya FLUX / Chroma LoRA (lora_unet_ BFL names, lora_te1_ CLIP-L) -> PEFT / diffusers keys with the scale
@@ -132,19 +153,12 @@ def kohya_to_peft(state_dict: Mapping[str, Tensor], source: str = "the file") ->
     out: dict[str, Tensor] = {}
     problems: list[str] = []
     for name, t in modules.items():
-        if set(t) - {"lora_down.weight", "lora_up.weight", "alpha"} or "lora_down.weight" not in t:
-            kinds = ", ".join(sorted(set(t) - {"alpha"}))
-            problems.append(f"{source}: {name} ({kinds}) is not a plain LoRA module; PEFT files hold LoRA only: make "
-                            "it a LoRA first (svd_merge_lora.py --models FILE --new_rank R)")  # fmt: skip
+        if (factors := kohya_factors(name, t, source, problems)) is None:
             continue
-        down, up = t["lora_down.weight"].float(), t["lora_up.weight"].float()
+        a, b, down = factors
         if down.dim() != 2:
             problems.append(f"{source}: {name} is a conv LoRA ({tuple(down.shape)}); FLUX has no conv modules")
             continue
-        rank = down.shape[0]
-        alpha = float(t["alpha"]) if "alpha" in t else float(rank)
-        s_a, s_b = _split_scale(alpha / rank)
-        a, b = (down * s_a).contiguous(), up * s_b
         if name.startswith("lora_unet_"):
             entry = fmap.by_kohya.get(name)
             if entry is None:
@@ -172,8 +186,11 @@ def kohya_to_peft(state_dict: Mapping[str, Tensor], source: str = "the file") ->
 
 
 # ------------------------------------------------------------------------------------------------ PEFT -> kohya
-def _peft_modules(state_dict: Mapping[str, Tensor], source: str, problems: list[str]) -> dict[str, dict[str, Tensor]]:
-    """{(prefix, module path): {"A": .., "B": .., "alpha": ..}} of a PEFT state dict."""
+def peft_modules(
+    state_dict: Mapping[str, Tensor], source: str, problems: list[str], prefixes=PEFT_PREFIXES, strip: str = ""
+) -> dict[tuple[str, str], dict[str, Tensor]]:
+    """{(prefix, module path): {"A": .., "B": .., "alpha": ..}} of a PEFT state dict; a key whose first part is not
+    one of ``prefixes`` is the transformer's (``strip`` taken off its path)."""
     modules: dict[tuple[str, str], dict[str, Tensor]] = {}
     for key, tensor in state_dict.items():
         found = next(((key.removesuffix(suffix), what) for suffix, what in _PEFT_TENSORS if key.endswith(suffix)), None)
@@ -183,8 +200,8 @@ def _peft_modules(state_dict: Mapping[str, Tensor], source: str, problems: list[
             continue
         path, what = found
         head, _, rest = path.partition(".")
-        if head not in PEFT_PREFIXES:  # ai-toolkit and diffusers write transformer.; some files have no prefix
-            head, rest = "transformer", path.removeprefix("diffusion_model.")
+        if head not in prefixes:  # ai-toolkit and diffusers write transformer.; some files have no prefix
+            head, rest = "transformer", path.removeprefix(strip) if strip else path
         modules.setdefault((head, rest), {})[what] = tensor
     for (head, path), t in modules.items():
         if "A" not in t or "B" not in t:
@@ -192,7 +209,8 @@ def _peft_modules(state_dict: Mapping[str, Tensor], source: str, problems: list[
     return modules
 
 
-def _leaf_factors(t: Mapping[str, Tensor]) -> tuple[Tensor, Tensor]:
+def leaf_factors(t: Mapping[str, Tensor]) -> tuple[Tensor, Tensor]:
+    """(A, B) of one PEFT leaf, a stored alpha folded into B (B · alpha / r)."""
     a, b = t["A"].float(), t["B"].float()
     if "alpha" in t:
         b = b * (float(t["alpha"]) / a.shape[0])
@@ -203,7 +221,7 @@ def peft_to_kohya(state_dict: Mapping[str, Tensor], source: str = "the file") ->
     """A PEFT / diffusers / ai-toolkit FLUX LoRA -> kohya names on BFL modules (see the module docstring).
     ``ConfigError`` naming every key that is not a FLUX transformer / CLIP-L LoRA tensor."""
     problems: list[str] = []
-    modules = _peft_modules(state_dict, source, problems)
+    modules = peft_modules(state_dict, source, problems, strip="diffusion_model.")
     fmap = ModuleMap.for_names([p for h, p in modules if h == "transformer"], diffusers=True)
     fused: dict[str, dict[int, tuple[Tensor, Tensor]]] = {}
     entries: dict[str, K.Entry] = {}
@@ -211,14 +229,13 @@ def peft_to_kohya(state_dict: Mapping[str, Tensor], source: str = "the file") ->
     for (head, path), t in modules.items():
         if "A" not in t or "B" not in t:
             continue
-        a, b = _leaf_factors(t)
+        a, b = leaf_factors(t)
         if head == "text_encoder":
             name = "lora_te1_" + (path if path.startswith("text_model.") else f"text_model.{path}").replace(".", "_")
             if not _CLIP.match(name):
                 problems.append(f"{source}: text_encoder.{path} is not a CLIP-L attention / MLP Linear")
                 continue
-            out.update({f"{name}.lora_down.weight": a, f"{name}.lora_up.weight": b,
-                        f"{name}.alpha": torch.tensor(float(a.shape[0]))})  # fmt: skip
+            out.update(kohya_module(name, a, b))
             continue
         found = fmap.by_diffusers.get(path)
         if found is None:
@@ -233,8 +250,7 @@ def peft_to_kohya(state_dict: Mapping[str, Tensor], source: str = "the file") ->
     for bfl, leaves in fused.items():
         name = kohya_name(bfl)
         down, up = _stack(entries[bfl], leaves)
-        out.update({f"{name}.lora_down.weight": down.contiguous(), f"{name}.lora_up.weight": up.contiguous(),
-                    f"{name}.alpha": torch.tensor(float(down.shape[0]))})  # fmt: skip
+        out.update(kohya_module(name, down, up))
     return out
 
 
@@ -249,7 +265,13 @@ def _stack(entry: K.Entry, leaves: Mapping[int, tuple[Tensor, Tensor]]) -> tuple
     n = len(entry.diffusers)
     known = {j: b.shape[0] for j, (_, b) in leaves.items()}
     default = next(iter(known.values())) if n == 3 else width
-    rows = [known.get(j, default if (n == 3 or j < 3) else MLP_RATIO * width) for j in range(n)]
+    return stack_leaves(leaves, [known.get(j, default if (n == 3 or j < 3) else MLP_RATIO * width) for j in range(n)])
+
+
+def stack_leaves(leaves: Mapping[int, tuple[Tensor, Tensor]], rows: list[int]) -> tuple[Tensor, Tensor]:
+    """(down, up) of one fused module from its leaves' (A, B), leaf j owning ``rows[j]`` output rows: when every leaf
+    is given and all share A, (A, cat(B)) (the original rank back); else down = cat(A_j) and up block-diagonal."""
+    n = len(rows)
     first_a = next(iter(leaves.values()))[0]
     if len(leaves) == n and all(torch.equal(a, first_a) for a, _ in leaves.values()):
         return first_a, torch.cat([leaves[j][1] for j in range(n)])

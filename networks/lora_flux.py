@@ -73,20 +73,26 @@ _BLOCK = re.compile(r"lora_unet_(double|single)_blocks_(\d+)_")
 
 
 # ---------------------------------------------------------------------------------------------------- parsing
-def parse_in_dims(value: str) -> tuple[int, ...]:
-    """``"[4,0,0,0,4]"`` (brackets optional) -> 5 ranks (img, time, vector, guidance, txt)."""
+def parse_rank_list(value: str, names: Sequence[str], negative: str = "ranks must not be negative") -> tuple[int, ...]:
+    """``"[4,0,4]"`` (brackets optional) -> one rank per name; ``negative`` is the message for a rank below 0."""
+    listed = ",".join(names)
     text = value.strip()
     if text.startswith("[") and text.endswith("]"):
         text = text[1:-1]
     try:
         dims = tuple(int(x) for x in text.split(","))
     except ValueError:
-        raise ValueError("expected 5 comma-separated integers [img,time,vector,guidance,txt]") from None
-    if len(dims) != 5:
-        raise ValueError(f"{len(dims)} values given; 5 are needed [img,time,vector,guidance,txt]")
+        raise ValueError(f"expected {len(names)} comma-separated integers [{listed}]") from None
+    if len(dims) != len(names):
+        raise ValueError(f"{len(dims)} values given; {len(names)} are needed [{listed}]")
     if any(d < 0 for d in dims):
-        raise ValueError("ranks must not be negative")
+        raise ValueError(negative)
     return dims
+
+
+def parse_in_dims(value: str) -> tuple[int, ...]:
+    """``"[4,0,0,0,4]"`` (brackets optional) -> 5 ranks (img, time, vector, guidance, txt)."""
+    return parse_rank_list(value, ("img", "time", "vector", "guidance", "txt"))
 
 
 def check_block_selection(value: str) -> str:
@@ -163,23 +169,21 @@ def refuse_ggpo(value: str) -> float:
     )
 
 
-def _dim_key(key: str):
-    def parse(value: str) -> int:
-        try:
-            dim = int(value)
-        except ValueError:
-            raise ValueError("expected an integer rank (0 skips these modules)") from None
-        if dim < 0:
-            raise ValueError("must not be negative (0 skips these modules)")
-        return dim
-
-    return parse
+def parse_dim(value: str) -> int:
+    """One module type's rank (``img_attn_dim=4``, ``context_attn_dim=4``): an integer >= 0, 0 skips the modules."""
+    try:
+        dim = int(value)
+    except ValueError:
+        raise ValueError("expected an integer rank (0 skips these modules)") from None
+    if dim < 0:
+        raise ValueError("must not be negative (0 skips these modules)")
+    return dim
 
 
 # key -> (parser, NetworkConfig field). The keys only networks.lora_flux reads (sd-scripts' create_network).
 FLUX_ARGS: dict = {
     "train_blocks": (str.strip, "train_blocks"),
-    **{key: (_dim_key(key), key) for key, _ in TYPE_DIMS},
+    **{key: (parse_dim, key) for key, _ in TYPE_DIMS},
     "in_dims": (parse_in_dims, "in_dims"),
     "train_double_block_indices": (check_block_selection, "train_double_block_indices"),
     "train_single_block_indices": (check_block_selection, "train_single_block_indices"),

@@ -38,7 +38,15 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from . import lora_flux
-from .lora_flux import check_block_selection, check_loaded_splits, make_split, parse_block_selection, split_spec
+from .lora_flux import (
+    check_block_selection,
+    check_loaded_splits,
+    make_split,
+    parse_block_selection,
+    parse_dim,
+    parse_rank_list,
+    split_spec,
+)
 from .targets import Preset, Target
 
 if TYPE_CHECKING:
@@ -76,34 +84,13 @@ _BLOCK = re.compile(r"lora_unet_joint_blocks_(\d+)_")
 
 def parse_emb_dims(value: str) -> tuple[int, ...]:
     """``"[4,0,0,0,4,4]"`` (brackets optional) -> 6 ranks (context, t, x, y, final_mod, final_linear)."""
-    text = value.strip()
-    if text.startswith("[") and text.endswith("]"):
-        text = text[1:-1]
-    try:
-        dims = tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise ValueError("expected 6 comma-separated integers [context,t,x,y,final_mod,final_linear]") from None
-    if len(dims) != 6:
-        raise ValueError(f"{len(dims)} values given; 6 are needed [context,t,x,y,final_mod,final_linear]")
-    if any(d < 0 for d in dims):
-        raise ValueError("ranks must not be negative (0 skips that embedder)")
-    return dims
-
-
-def _dim(value: str) -> int:
-    try:
-        dim = int(value)
-    except ValueError:
-        raise ValueError("expected an integer rank (0 skips these modules)") from None
-    if dim < 0:
-        raise ValueError("must not be negative (0 skips these modules)")
-    return dim
+    return parse_rank_list(value, EMB_NAMES, "ranks must not be negative (0 skips that embedder)")
 
 
 # key -> (parser, NetworkConfig field or module arg). The keys only networks.lora_sd3 reads (sd-scripts'
 # create_network); the common ones (conv_dim, rank_dropout, loraplus_*...) come from networks.config.
 ARGS: dict = {
-    **{key: (_dim, key) for key, _ in TYPE_DIMS},
+    **{key: (parse_dim, key) for key, _ in TYPE_DIMS},
     "emb_dims": (parse_emb_dims, "emb_dims"),
     "train_block_indices": (check_block_selection, "train_block_indices"),
     "split_qkv": (None, "split_qkv"),  # the bool parser is config's

@@ -36,13 +36,20 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import torch
 from torch import Tensor
 
 from library.families.sd3 import keys as K
 from library.problems import ConfigError
 
-from .flux_formats import PEFT_SUFFIXES, _split_scale, swap_halves
+from .flux_formats import (
+    PEFT_SUFFIXES,
+    kohya_factors,
+    kohya_module,
+    leaf_factors,
+    peft_modules,
+    stack_leaves,
+    swap_halves,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -115,16 +122,9 @@ def kohya_to_peft(state_dict: Mapping[str, Tensor], source: str = "the file") ->
         if name.startswith("lora_te3_"):
             t5.append(name)
             continue
-        if set(t) - {"lora_down.weight", "lora_up.weight", "alpha"} or "lora_down.weight" not in t:
-            kinds = ", ".join(sorted(set(t) - {"alpha"}))
-            problems.append(f"{source}: {name} ({kinds}) is not a plain LoRA module; PEFT files hold LoRA only: make "
-                            "it a LoRA first (svd_merge_lora.py --models FILE --new_rank R)")  # fmt: skip
+        if (factors := kohya_factors(name, t, source, problems)) is None:
             continue
-        down, up = t["lora_down.weight"].float(), t["lora_up.weight"].float()
-        rank = down.shape[0]
-        alpha = float(t["alpha"]) if "alpha" in t else float(rank)
-        s_a, s_b = _split_scale(alpha / rank)
-        a, b = (down * s_a).contiguous(), up * s_b
+        a, b, down = factors
         if name.startswith("lora_unet_"):
             entry = fmap.by_kohya.get(name)
             if entry is None:
@@ -157,30 +157,11 @@ def kohya_to_peft(state_dict: Mapping[str, Tensor], source: str = "the file") ->
 
 
 # ------------------------------------------------------------------------------------------------ PEFT -> kohya
-def _peft_modules(state_dict: Mapping[str, Tensor], source: str, problems: list[str]) -> dict[tuple[str, str], dict]:
-    modules: dict[tuple[str, str], dict[str, Tensor]] = {}
-    for key, tensor in state_dict.items():
-        found = next(((key.removesuffix(suffix), what) for suffix, what in _PEFT_TENSORS if key.endswith(suffix)), None)
-        if found is None:
-            problems.append(f"{source}: {key} is not a PEFT LoRA tensor (expected *.lora_A.weight / *.lora_B.weight; "
-                            "DoRA's lora_magnitude_vector and other PEFT methods are not converted)")  # fmt: skip
-            continue
-        path, what = found
-        head, _, rest = path.partition(".")
-        if head not in PEFT_PREFIXES:  # some files have no prefix
-            head, rest = "transformer", path
-        modules.setdefault((head, rest), {})[what] = tensor
-    for (head, path), t in modules.items():
-        if "A" not in t or "B" not in t:
-            problems.append(f"{source}: {head}.{path} lacks lora_{'A' if 'A' not in t else 'B'}.weight")
-    return modules
-
-
 def peft_to_kohya(state_dict: Mapping[str, Tensor], source: str = "the file") -> dict[str, Tensor]:
     """A PEFT / diffusers SD3 LoRA -> kohya names on SAI modules (see the module docstring). ``ConfigError`` naming
     every key that is not an SD3 transformer / CLIP LoRA tensor."""
     problems: list[str] = []
-    modules = _peft_modules(state_dict, source, problems)
+    modules = peft_modules(state_dict, source, problems, PEFT_PREFIXES)
     fmap = ModuleMap.for_names([p for h, p in modules if h == "transformer"], diffusers=True)
     leaves_of: dict[str, dict[int, tuple[Tensor, Tensor]]] = {}
     entries: dict[str, K.Entry] = {}
@@ -188,16 +169,13 @@ def peft_to_kohya(state_dict: Mapping[str, Tensor], source: str = "the file") ->
     for (head, path), t in modules.items():
         if "A" not in t or "B" not in t:
             continue
-        a, b = t["A"].float(), t["B"].float()
-        if "alpha" in t:
-            b = b * (float(t["alpha"]) / a.shape[0])
+        a, b = leaf_factors(t)
         if head != "transformer":
             name = f"{PEFT_PREFIXES[head]}_{path}".replace(".", "_")
             if not _CLIP.match(name):
                 problems.append(f"{source}: {head}.{path} is not a CLIP attention / MLP Linear")
                 continue
-            out.update({f"{name}.lora_down.weight": a, f"{name}.lora_up.weight": b,
-                        f"{name}.alpha": torch.tensor(float(a.shape[0]))})  # fmt: skip
+            out.update(kohya_module(name, a, b))
             continue
         found = fmap.by_diffusers.get(path)
         if found is None:
@@ -218,22 +196,11 @@ def peft_to_kohya(state_dict: Mapping[str, Tensor], source: str = "the file") ->
             if _swapped(entry, up.shape[0], down.shape[1]):
                 up = swap_halves(up)
         name = kohya_name(sai)
-        out.update({f"{name}.lora_down.weight": down.contiguous(), f"{name}.lora_up.weight": up.contiguous(),
-                    f"{name}.alpha": torch.tensor(float(down.shape[0]))})  # fmt: skip
+        out.update(kohya_module(name, down, up))
     return out
 
 
 def _stack(leaves: Mapping[int, tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
     """(down, up) of one fused qkv from its leaves' (A, B): compact when all three share A, else block-diagonal."""
     rows = next(iter(leaves.values()))[1].shape[0]  # q, k and v have the same rows
-    first_a = next(iter(leaves.values()))[0]
-    if len(leaves) == 3 and all(torch.equal(a, first_a) for a, _ in leaves.values()):
-        return first_a, torch.cat([leaves[j][1] for j in range(3)])
-    down = torch.cat([leaves[j][0] for j in sorted(leaves)])
-    up = torch.zeros(3 * rows, down.shape[0], dtype=down.dtype)
-    col = 0
-    for j in sorted(leaves):
-        a, b = leaves[j]
-        up[j * rows : (j + 1) * rows, col : col + a.shape[0]] = b
-        col += a.shape[0]
-    return down, up
+    return stack_leaves(leaves, [rows] * 3)

@@ -281,3 +281,33 @@ def real_parts(family: str):
             cls = CLIPTextModelWithProjection if i == 1 else CLIPTextModel
             tes.append(cls(CLIPTextConfig(**te)))
     return SimpleNamespace(denoiser=unet, text_encoders=tes)
+
+
+def lycoris_delta(state: dict, module: str) -> torch.Tensor:
+    """ΔW of a LoHa / LoKr module of an adapter file (``state``) by lycoris-lora's own functional formulas on the
+    file's tensors (LoHa: gamma = alpha / r; LoKr: gamma = alpha)."""
+    from lycoris.functional import loha, lokr
+
+    alpha = state[f"{module}.alpha"].float()
+    if f"{module}.hada_w1_a" in state:
+        t = {k: state[f"{module}.hada_{k}"] for k in ("w1_a", "w1_b", "w2_a", "w2_b")}
+        gamma = alpha / t["w1_b"].shape[0]
+        return loha.diff_weight(t["w1_b"], t["w1_a"], t["w2_b"], t["w2_a"], None, None, gamma=gamma)
+    names = ("lokr_w1", "lokr_w1_a", "lokr_w1_b", "lokr_w2", "lokr_w2_a", "lokr_w2_b", "lokr_t2")
+    return lokr.diff_weight(*(state.get(f"{module}.{k}") for k in names), gamma=alpha)
+
+
+def random_lora_state(family, parts, seed: int = 3) -> dict[str, torch.Tensor]:
+    """The kohya file tensors of a rank-2 LoRA (alpha 1) on ``family``'s default targets of a deep copy of ``parts``,
+    every up and down matrix random (N(0, 0.2²), seeded), so that each module changes the output."""
+    import copy
+
+    from networks.config import NetworkConfig
+    from networks.inject import inject
+
+    roots = family.adapter_roots(copy.deepcopy(parts))
+    network = inject(NetworkConfig(module="networks.lora", dim=2, alpha=1.0), roots, family.target_classes)
+    generator = torch.Generator().manual_seed(seed)
+    for p in network.parameters():
+        p.data = torch.randn(p.shape, generator=generator) * 0.2
+    return network.state_dict_for_file()

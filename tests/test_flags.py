@@ -54,6 +54,59 @@ def _expected(text: str):
     return text.strip('"')
 
 
+def _default_matches(expected, actual) -> bool:
+    """sd-scripts' default (as ``_expected`` reads it) == ours: numbers by value, None also as False / []."""
+    if isinstance(actual, (int, float)) and not isinstance(actual, bool) and isinstance(expected, (int, float)):
+        return float(actual) == float(expected)
+    if expected is None:
+        return actual in (None, False, [])
+    return actual == expected or str(actual) == str(expected)
+
+
+def defaults_that_differ(flags: dict, actions: dict, skip=()) -> dict:
+    """flag -> (sd-scripts' default, ours) for every flag of ``flags`` (sd-scripts' list) whose default differs."""
+    wrong = {}
+    for flag, info in flags.items():
+        expected = _expected(info["default"])
+        if flag not in skip and not _default_matches(expected, actions[flag].default):
+            wrong[flag] = (expected, actions[flag].default)
+    return wrong
+
+
+def assert_sd_scripts_flags(flags: dict, actions: dict, script: str) -> None:
+    """Every flag of sd-scripts' ``script`` (``flags``: its argparse list) is one of ours (``actions``: option ->
+    action) with sd-scripts' default."""
+    missing = sorted(set(flags) - set(actions))
+    assert not missing, f"flags of sd-scripts' {script} missing here: {missing}"
+    wrong = defaults_that_differ(flags, actions)
+    assert not wrong, f"defaults that differ from sd-scripts' {script} (flag: (sd-scripts, ours)): {wrong}"
+
+
+def assert_choices_accepted(flags: dict, actions: dict) -> None:
+    """Every choice sd-scripts lists for a flag (``{a,b}`` in its type) is one of ours."""
+    for flag, info in flags.items():
+        if "{" in info["type"] and actions[flag].choices:
+            theirs = set(info["type"].split("{")[1].rstrip("}").split(","))
+            assert theirs - {"None"} <= {str(c) for c in actions[flag].choices}, flag
+
+
+def run_flags(parser, skip=frozenset()) -> list:
+    """The actions of ``parser`` that are run settings: every flag but ``NOT_A_RUN_SETTING`` and ``skip`` (dests)."""
+    return [a for a in parser._actions if a.option_strings and a.dest not in NOT_A_RUN_SETTING | set(skip)]
+
+
+def assert_deepspeed_flag_acts(build_parser, action) -> None:
+    """A DeepSpeed flag is read with --deepspeed only, which needs CUDA: it must change the DeepSpeed configuration
+    ``DeepSpeedConfig.from_args`` makes from ``build_parser()``'s arguments."""
+    from library.engines import DeepSpeedConfig
+
+    def ds(*extra: str):
+        return DeepSpeedConfig.from_args(build_parser().parse_args(["--deepspeed", *extra]), [])
+
+    flag = action.option_strings[0]
+    assert ds(flag, *_value(action)) != ds(), f"{flag} changes nothing DeepSpeed is given"
+
+
 def test_all_193_flags_exist():
     assert len(FLAGS) == 193
     missing = sorted(set(FLAGS) - set(_actions()))
@@ -65,19 +118,7 @@ def test_defaults_match_sd_scripts(script):
     flags, actions = SCRIPTS[script][0], _actions(script)
     missing = sorted(set(flags) - set(actions))
     assert not missing, f"flags of sd-scripts' {script}.py missing here: {missing}"
-    wrong = {}
-    for flag, info in flags.items():
-        if flag in DIFFERENT_DEFAULTS:
-            continue
-        expected, actual = _expected(info["default"]), actions[flag].default
-        if isinstance(actual, (int, float)) and not isinstance(actual, bool) and isinstance(expected, (int, float)):
-            ok = float(actual) == float(expected)
-        elif expected is None:
-            ok = actual in (None, False, [])
-        else:
-            ok = actual == expected or str(actual) == str(expected)
-        if not ok:
-            wrong[flag] = (expected, actual)
+    wrong = defaults_that_differ(flags, actions, skip=DIFFERENT_DEFAULTS)
     assert not wrong, f"defaults that differ from sd-scripts' {script}.py (flag: (sd-scripts, ours)): {wrong}"
 
 

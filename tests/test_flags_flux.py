@@ -9,7 +9,14 @@ import json
 from pathlib import Path
 
 import pytest
-from test_flags import NOT_A_RUN_SETTING, VALUES, _expected, _value, assert_flag_acts
+from test_flags import (
+    VALUES,
+    _value,
+    assert_choices_accepted,
+    assert_flag_acts,
+    assert_sd_scripts_flags,
+    run_flags,
+)
 
 import flux_train_network
 from library.config import parse_args
@@ -28,24 +35,8 @@ def _actions() -> dict:
 def test_all_215_flags_exist_with_sd_scripts_defaults():
     actions = _actions()
     assert len(FLAGS) == 215
-    missing = sorted(set(FLAGS) - set(actions))
-    assert not missing, f"flags of sd-scripts' flux_train_network.py missing here: {missing}"
-    wrong = {}
-    for flag, info in FLAGS.items():
-        expected, actual = _expected(info["default"]), actions[flag].default
-        if isinstance(actual, (int, float)) and not isinstance(actual, bool) and isinstance(expected, (int, float)):
-            ok = float(actual) == float(expected)
-        elif expected is None:
-            ok = actual in (None, False, [])
-        else:
-            ok = actual == expected or str(actual) == str(expected)
-        if not ok:
-            wrong[flag] = (expected, actual)
-    assert not wrong, f"defaults that differ from sd-scripts' flux_train_network.py (flag: (sd-scripts, ours)): {wrong}"
-    for flag, info in FLAGS.items():  # the choices sd-scripts lists are all accepted
-        if "{" in info["type"] and actions[flag].choices:
-            theirs = set(info["type"].split("{")[1].rstrip("}").split(","))
-            assert theirs - {"None"} <= {str(c) for c in actions[flag].choices}, flag
+    assert_sd_scripts_flags(FLAGS, actions, SCRIPT)
+    assert_choices_accepted(FLAGS, actions)  # the choices sd-scripts lists are all accepted
 
 
 @pytest.fixture(scope="module")
@@ -78,9 +69,7 @@ def flux_config(tmp_path_factory):
 
 
 def _flags():
-    return [
-        a for a in flux_train_network.build_parser()._actions if a.option_strings and a.dest not in NOT_A_RUN_SETTING
-    ]
+    return run_flags(flux_train_network.build_parser())
 
 
 @pytest.mark.parametrize("action", _flags(), ids=lambda a: a.option_strings[0])

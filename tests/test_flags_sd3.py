@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from test_flags import _expected
+from test_flags import assert_choices_accepted, assert_sd_scripts_flags
 
 import sd3_train_network
 from library.families.sd3.options import DOES_NOT_WORK, SD_ONLY_FLAGS, SD3Options
@@ -38,24 +38,8 @@ def _actions() -> dict:
 def test_all_218_flags_exist_with_sd_scripts_defaults():
     actions = _actions()
     assert len(FLAGS) == 218
-    missing = sorted(set(FLAGS) - set(actions))
-    assert not missing, f"flags of sd-scripts' sd3_train_network.py missing here: {missing}"
-    wrong = {}
-    for flag, info in FLAGS.items():
-        expected, actual = _expected(info["default"]), actions[flag].default
-        if isinstance(actual, (int, float)) and not isinstance(actual, bool) and isinstance(expected, (int, float)):
-            ok = float(actual) == float(expected)
-        elif expected is None:
-            ok = actual in (None, False, [])
-        else:
-            ok = actual == expected or str(actual) == str(expected)
-        if not ok:
-            wrong[flag] = (expected, actual)
-    assert not wrong, f"defaults that differ from sd-scripts' sd3_train_network.py (flag: (sd-scripts, ours)): {wrong}"
-    for flag, info in FLAGS.items():  # the choices sd-scripts lists are all accepted
-        if "{" in info["type"] and actions[flag].choices:
-            theirs = set(info["type"].split("{")[1].rstrip("}").split(","))
-            assert theirs - {"None"} <= {str(c) for c in actions[flag].choices}, flag
+    assert_sd_scripts_flags(FLAGS, actions, SCRIPT)
+    assert_choices_accepted(FLAGS, actions)  # the choices sd-scripts lists are all accepted
 
 
 def test_options_give_the_family_contract_keywords():
@@ -167,10 +151,10 @@ SD3_VALUES = {"--blocks_to_swap": ["1"]}
 
 
 def _flags():
-    from test_flags import NOT_A_RUN_SETTING
+    from test_flags import run_flags
 
-    skip = NOT_A_RUN_SETTING | {"clip_l", "clip_g", "t5xxl"}  # the base command line gives them (a test below)
-    return [a for a in sd3_train_network.build_parser()._actions if a.option_strings and a.dest not in skip]
+    # the base command line gives clip_l / clip_g / t5xxl (a test below)
+    return run_flags(sd3_train_network.build_parser(), skip={"clip_l", "clip_g", "t5xxl"})
 
 
 @pytest.mark.parametrize("action", _flags(), ids=lambda a: a.option_strings[0])

@@ -10,6 +10,7 @@ import io
 import numpy as np
 import pytest
 import torch
+from _networks_helpers import random_lora_state
 from PIL import Image
 from safetensors.torch import save_file
 
@@ -29,16 +30,7 @@ def dev():
 @pytest.fixture(scope="module")
 def lora_state(dev):
     """A rank-2 LoRA (random up and down, alpha 1) on the family's default targets: transformer and CLIP-L."""
-    from networks.config import NetworkConfig
-    from networks.inject import inject
-
-    parts = copy.deepcopy(dev)
-    network = inject(NetworkConfig(module="networks.lora", dim=2, alpha=1.0), FLUX_DEV.adapter_roots(parts),
-                     FLUX_DEV.target_classes)  # fmt: skip
-    generator = torch.Generator().manual_seed(3)
-    for p in network.parameters():
-        p.data = torch.randn(p.shape, generator=generator) * 0.2
-    state = network.state_dict_for_file()
+    state = random_lora_state(FLUX_DEV, dev)
     assert any(k.startswith("lora_te1_") for k in state) and any(k.endswith("_linear1.alpha") for k in state)
     return state
 

@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+from _train_helpers import assert_comfyui_loads, write_dataset_toml
 
 import flux_train_network
 from library.families import get_family
@@ -33,10 +34,7 @@ def models(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def dataset_toml(dataset, tmp_path_factory):
-    path = tmp_path_factory.mktemp("toml") / "my_flux_dataset_config.toml"
-    path.write_text(f'[general]\ncaption_extension = ".txt"\n[[datasets]]\nresolution = 64\nbatch_size = 2\n'
-                    f'[[datasets.subsets]]\nimage_dir = "{(dataset / "10_sks shape").as_posix()}"\n')  # fmt: skip
-    return path
+    return write_dataset_toml(dataset, tmp_path_factory.mktemp("toml") / "my_flux_dataset_config.toml")
 
 
 def doc_command(files: dict, toml, out, layout: str) -> list[str]:
@@ -64,23 +62,6 @@ def bfl_shapes(folder: str) -> dict[str, tuple]:
     return {k: tuple(v.shape) for k, v in diffusers_to_bfl(sd).items()}
 
 
-def assert_comfyui_loads(lora: str, shapes: dict[str, tuple], te_prefixes: tuple[str, ...] = ()) -> None:
-    """ComfyUI's rule: ``lora_unet_`` + the BFL weight key's module with dots as underscores; up @ down fits. Modules
-    under ``te_prefixes`` (text encoders) are left out here."""
-    by_name = {
-        "lora_unet_" + k[: -len(".weight")].replace(".", "_"): s for k, s in shapes.items() if k.endswith(".weight")
-    }
-    sd, _ = load_state_dict(lora)
-    modules = {k.split(".")[0] for k in sd if not k.startswith(te_prefixes)}
-    assert modules and all(m.startswith("lora_unet_") for m in modules)
-    assert all(k.startswith(("lora_unet_", *te_prefixes)) for k in sd)
-    assert not te_prefixes or any(k.startswith(te_prefixes) for k in sd)
-    for m in modules:
-        assert m in by_name, f"{m}: no BFL key of that name"
-        delta = sd[f"{m}.lora_up.weight"].float() @ sd[f"{m}.lora_down.weight"].float()
-        assert tuple(delta.shape) == by_name[m], m
-
-
 @pytest.mark.parametrize("layout", ["bfl", "folder"])
 def test_docs_command_line_runs(models, dataset_toml, tmp_path, layout, monkeypatch):
     """The docs' example trains 2 steps; FLUX.1-dev's transformer gets --guidance_scale 1.0 as its embedded guidance
@@ -98,7 +79,7 @@ def test_docs_command_line_runs(models, dataset_toml, tmp_path, layout, monkeypa
     result = flux_train_network.run(doc_command(files, dataset_toml, tmp_path, layout))
     assert len(seen) == 2 and all(torch.equal(g, torch.full_like(g, 1.0)) for g in seen)
     assert result.steps == 2 and result.failed is None and all(map(math.isfinite, result.losses))
-    assert_comfyui_loads(str(result.output), bfl_shapes(files["folder"]), te_prefixes=("lora_te1_",))
+    assert_comfyui_loads(str(result.output), bfl_shapes(files["folder"]), te_prefixes=("lora_te1_",), names="BFL")
     meta = read_metadata(result.output)
     assert meta["ss_base_model_version"] == "flux1"
     assert meta["modelspec.architecture"] == "flux-1-dev/lora"
@@ -132,7 +113,7 @@ def test_chroma_trains_with_the_docs_flags(models, dataset, tmp_path):
     result = flux_train_network.run(argv)
     assert result.steps == 2 and all(map(math.isfinite, result.losses))
     assert len([p for p in (tmp_path / "sample").glob("t_000002_00_*.png")]) == 1
-    assert_comfyui_loads(str(result.output), bfl_shapes(files["folder"]))
+    assert_comfyui_loads(str(result.output), bfl_shapes(files["folder"]), names="BFL")
     meta = read_metadata(result.output)
     assert meta["ss_base_model_version"] == "chroma" and meta["modelspec.architecture"] == "chroma/lora"
     assert (meta["ss_model_type"], meta["ss_guidance_scale"], meta["ss_apply_t5_attn_mask"]) == (

@@ -16,7 +16,7 @@ import re
 import pytest
 import torch
 from _flux_helpers import flux_inputs
-from _networks_helpers import make_config, single_thread  # noqa: F401
+from _networks_helpers import lycoris_delta, make_config, single_thread  # noqa: F401
 
 from library.families import get_family
 from library.families.base import Parts
@@ -339,19 +339,6 @@ def test_a_plain_file_loaded_into_a_split_network_is_kept_and_named(tmp_path, ca
 def lora_delta(state: dict, module: str) -> torch.Tensor:
     down, up = state[f"{module}.lora_down.weight"], state[f"{module}.lora_up.weight"]
     return float(state[f"{module}.alpha"]) / down.shape[0] * up @ down
-
-
-def lycoris_delta(state: dict, module: str) -> torch.Tensor:
-    """ΔW of a LoHa / LoKr module by lycoris-lora's own functional formulas on the file's tensors."""
-    from lycoris.functional import loha, lokr
-
-    alpha = state[f"{module}.alpha"].float()
-    if f"{module}.hada_w1_a" in state:
-        t = {k: state[f"{module}.hada_{k}"] for k in ("w1_a", "w1_b", "w2_a", "w2_b")}
-        gamma = alpha / t["w1_b"].shape[0]
-        return loha.diff_weight(t["w1_b"], t["w1_a"], t["w2_b"], t["w2_a"], None, None, gamma=gamma)
-    names = ("lokr_w1", "lokr_w1_a", "lokr_w1_b", "lokr_w2", "lokr_w2_a", "lokr_w2_b", "lokr_t2")
-    return lokr.diff_weight(*(state.get(f"{module}.{k}") for k in names), gamma=alpha)
 
 
 def comfy_merge(parts: Parts, state: dict, delta=lora_delta) -> torch.nn.Module:

@@ -17,7 +17,7 @@ import re
 
 import pytest
 import torch
-from _networks_helpers import make_config, single_thread  # noqa: F401
+from _networks_helpers import lycoris_delta, make_config, single_thread  # noqa: F401
 
 from library.families import get_family
 from library.families.base import Parts, Root
@@ -285,19 +285,6 @@ def lora_delta(state: dict, module: str) -> torch.Tensor:
     if down.dim() == 4:  # ComfyUI: conv LoRA, (out, r) @ (r, in·kh·kw)
         return scale * (up.flatten(1) @ down.flatten(1)).reshape(up.shape[0], *down.shape[1:])
     return scale * up @ down
-
-
-def lycoris_delta(state: dict, module: str) -> torch.Tensor:
-    """ΔW of a LoHa / LoKr module by lycoris-lora's own functional formulas on the file's tensors."""
-    from lycoris.functional import loha, lokr
-
-    alpha = state[f"{module}.alpha"].float()
-    if f"{module}.hada_w1_a" in state:
-        t = {k: state[f"{module}.hada_{k}"] for k in ("w1_a", "w1_b", "w2_a", "w2_b")}
-        gamma = alpha / t["w1_b"].shape[0]
-        return loha.diff_weight(t["w1_b"], t["w1_a"], t["w2_b"], t["w2_a"], None, None, gamma=gamma)
-    names = ("lokr_w1", "lokr_w1_a", "lokr_w1_b", "lokr_w2", "lokr_w2_a", "lokr_w2_b", "lokr_t2")
-    return lokr.diff_weight(*(state.get(f"{module}.{k}") for k in names), gamma=alpha)
 
 
 def comfy_merge(parts: Parts, state: dict, delta=lora_delta) -> torch.nn.Module:

@@ -87,11 +87,9 @@ class ToyCond:
         return ToyCond(*(t.to(*args, **kwargs) if t is not None else None for t in fields))
 
 
-class ToyFlux:
-    """What sampling asks of a flow-matching family: objective, flow_sampling, encode_prompt, predict (FLUX's packed
-    2x2 tokens, ids and guidance, as FluxPipeline builds them), decode_latents, default_resolution."""
-
-    name = "toyflux"
+class ToyFlowFamily:
+    """What sampling asks of a flow-matching family, but ``predict``: objective, flow_sampling, encode_prompt (looked
+    up in ``embeds``: caption -> (hidden states, pooled)), decode_latents (scale and shift), default_resolution."""
 
     def __init__(self, settings: FlowSampling, embeds: dict[str, tuple[torch.Tensor, torch.Tensor]]):
         self.settings, self.embeds, self.predict_calls = settings, embeds, []
@@ -109,6 +107,16 @@ class ToyFlux:
         hidden, pooled = zip(*(self.embeds[c] for c in captions))
         return ToyCond(torch.cat(hidden), torch.cat(pooled))
 
+    def decode_latents(self, parts, latents):
+        vae = parts.vae
+        return vae.decode(latents / vae.config.scaling_factor + vae.config.shift_factor).sample
+
+
+class ToyFlux(ToyFlowFamily):
+    """The toy flow family with FLUX's predict: packed 2x2 tokens, ids and guidance, as FluxPipeline builds them."""
+
+    name = "toyflux"
+
     def predict(self, denoiser, noisy, t, cond, **options):
         from diffusers import FluxPipeline
 
@@ -123,10 +131,6 @@ class ToyFlux:
             img_ids=img_ids, return_dict=False,
         )[0]  # fmt: skip
         return FluxPipeline._unpack_latents(out, h * 8, w * 8, 8)
-
-    def decode_latents(self, parts, latents):
-        vae = parts.vae
-        return vae.decode(latents / vae.config.scaling_factor + vae.config.shift_factor).sample
 
 
 def _tiny(guidance_embeds: bool):

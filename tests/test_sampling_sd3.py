@@ -12,6 +12,7 @@ import dataclasses
 
 import pytest
 import torch
+from test_sampling_flow import ToyFlowFamily
 
 from library.families.base import FlowSampling, Parts
 from library.sampling import generate_batch, parse_prompt_line, resolve
@@ -91,38 +92,11 @@ def test_static_shift_needs_dynamic_shift_off():
 # A toy SD3 family around a tiny diffusers SD3Transformer2DModel
 
 
-@dataclasses.dataclass
-class ToyCond:
-    hidden_states: torch.Tensor
-    pooled: torch.Tensor | None = None
-    mask: torch.Tensor | None = None
-
-    def to(self, *args, **kwargs):
-        fields = (self.hidden_states, self.pooled, self.mask)
-        return ToyCond(*(t.to(*args, **kwargs) if t is not None else None for t in fields))
-
-
-class ToySD3:
-    """What sampling asks of a flow-matching family, for SD3: the transformer on unpacked latents with the joint
-    text embeddings and the pooled CLIP-L|CLIP-G embedding, timestep t = σ·1000 as StableDiffusion3Pipeline gives."""
+class ToySD3(ToyFlowFamily):
+    """The toy flow family with SD3's predict: the transformer on unpacked latents with the joint text embeddings and
+    the pooled CLIP-L|CLIP-G embedding, timestep t = σ·1000 as StableDiffusion3Pipeline gives."""
 
     name = "toysd3"
-
-    def __init__(self, settings: FlowSampling, embeds: dict[str, tuple[torch.Tensor, torch.Tensor]]):
-        self.settings, self.embeds, self.predict_calls = settings, embeds, []
-
-    def objective(self, parts):
-        return "flow_matching"
-
-    def flow_sampling(self, parts):
-        return self.settings
-
-    def default_resolution(self, prediction_type="epsilon"):
-        return 64
-
-    def encode_prompt(self, parts, captions, clip_skip=None, max_token_length=None):
-        hidden, pooled = zip(*(self.embeds[c] for c in captions))
-        return ToyCond(torch.cat(hidden), torch.cat(pooled))
 
     def predict(self, denoiser, noisy, t, cond, **options):
         self.predict_calls.append((noisy.shape[0], t.clone(), options))
@@ -130,10 +104,6 @@ class ToySD3:
             hidden_states=noisy, timestep=t, encoder_hidden_states=cond.hidden_states,
             pooled_projections=cond.pooled, return_dict=False,
         )[0]  # fmt: skip
-
-    def decode_latents(self, parts, latents):
-        vae = parts.vae
-        return vae.decode(latents / vae.config.scaling_factor + vae.config.shift_factor).sample
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ import io
 import numpy as np
 import pytest
 import torch
+from _networks_helpers import random_lora_state
 from PIL import Image
 
 from library.families import get_family
@@ -211,21 +212,9 @@ def test_training_samples_equal_gen_img(model_files, dataset, tmp_path):
 def lora_file(medium, model_files):
     """A rank-2 kohya LoRA (random up and down, alpha 1) on the SD3 family's default targets: the transformer's
     joint blocks (fused qkv by SAI name) and the CLIP text encoders."""
-    import copy
-
     from safetensors.torch import save_file
 
-    from networks.config import NetworkConfig
-    from networks.inject import inject
-
-    family = get_family(VARIANT)
-    parts = copy.deepcopy(medium)
-    network = inject(NetworkConfig(module="networks.lora", dim=2, alpha=1.0), family.adapter_roots(parts),
-                     family.target_classes)  # fmt: skip
-    generator = torch.Generator().manual_seed(3)
-    for p in network.parameters():
-        p.data = torch.randn(p.shape, generator=generator) * 0.2
-    state = network.state_dict_for_file()
+    state = random_lora_state(get_family(VARIANT), medium)
     assert any(k.startswith("lora_unet_joint_blocks_0_x_block_attn_qkv") for k in state)
     path = model_files[0] / "lora.safetensors"
     save_file(state, path)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _train_helpers import write_dataset_toml
 
 import sd3_train
 from library.families import get_family
@@ -38,10 +39,7 @@ def model(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def dataset_toml(dataset, tmp_path_factory):
-    path = tmp_path_factory.mktemp("toml") / "dataset.toml"
-    path.write_text(f'[general]\ncaption_extension = ".txt"\n[[datasets]]\nresolution = 64\nbatch_size = 2\n'
-                    f'[[datasets.subsets]]\nimage_dir = "{(dataset / "10_sks shape").as_posix()}"\n')  # fmt: skip
-    return path
+    return write_dataset_toml(dataset, tmp_path_factory.mktemp("toml") / "dataset.toml")
 
 
 def doc_command(model, toml, out, *extra, steps=3) -> list[str]:

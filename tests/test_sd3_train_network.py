@@ -11,6 +11,7 @@ import math
 
 import pytest
 import torch
+from _train_helpers import assert_comfyui_loads, write_dataset_toml
 from safetensors.torch import load_file, save_file
 
 import sd3_train_network
@@ -21,6 +22,8 @@ from library.weight_files import load_state_dict, read_metadata
 
 ARCH = {"sd3": "stable-diffusion-3-medium", "sd3.5-medium": "stable-diffusion-3-5-medium",
         "sd3.5-large": "stable-diffusion-3-5-large"}  # fmt: skip
+
+FUSED_QKV = "joint_blocks_0_x_block_attn_qkv"  # the fused q|k|v: one kohya module
 
 
 @pytest.fixture(scope="module")
@@ -46,10 +49,7 @@ def models(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def dataset_toml(dataset, tmp_path_factory):
-    path = tmp_path_factory.mktemp("toml") / "my_sd3_dataset_config.toml"
-    path.write_text(f'[general]\ncaption_extension = ".txt"\n[[datasets]]\nresolution = 64\nbatch_size = 2\n'
-                    f'[[datasets.subsets]]\nimage_dir = "{(dataset / "10_sks shape").as_posix()}"\n')  # fmt: skip
-    return path
+    return write_dataset_toml(dataset, tmp_path_factory.mktemp("toml") / "my_sd3_dataset_config.toml")
 
 
 def doc_command(files: dict, toml, out, layout: str, blocks_to_swap: int = 32) -> list[str]:
@@ -74,25 +74,6 @@ def doc_command(files: dict, toml, out, layout: str, blocks_to_swap: int = 32) -
     ]  # fmt: skip
 
 
-def assert_comfyui_loads(lora: str, shapes: dict[str, tuple], te_prefixes: tuple[str, ...] = ()) -> None:
-    """ComfyUI's rule: ``lora_unet_`` + the SAI weight key's module with dots as underscores; up @ down fits. Modules
-    under ``te_prefixes`` (text encoders) must be there too and are left out of the shape check."""
-    by_name = {
-        "lora_unet_" + k[: -len(".weight")].replace(".", "_"): s for k, s in shapes.items() if k.endswith(".weight")
-    }
-    sd, _ = load_state_dict(lora)
-    modules = {k.split(".")[0] for k in sd if not k.startswith(te_prefixes)}
-    assert modules and all(m.startswith("lora_unet_") for m in modules)
-    assert all(k.startswith(("lora_unet_", *te_prefixes)) for k in sd)
-    for prefix in te_prefixes:
-        assert any(k.startswith(prefix) for k in sd), prefix
-    for m in modules:
-        assert m in by_name, f"{m}: no SAI key of that name"
-        delta = sd[f"{m}.lora_up.weight"].float() @ sd[f"{m}.lora_down.weight"].float()
-        assert tuple(delta.shape) == by_name[m], m
-    assert any("joint_blocks_0_x_block_attn_qkv" in m for m in modules)  # the fused q|k|v, one kohya module
-
-
 @pytest.mark.parametrize("layout,variant", [("separate", "sd3.5-large"), ("embedded", "sd3"),
                                             ("diffusers", "sd3.5-medium")])  # fmt: skip
 def test_docs_command_line_runs(models, dataset_toml, tmp_path, layout, variant):
@@ -105,7 +86,9 @@ def test_docs_command_line_runs(models, dataset_toml, tmp_path, layout, variant)
     argv = doc_command(files, dataset_toml, tmp_path, layout, 32 if variant == "sd3.5-large" else 0)
     result = sd3_train_network.run(argv)
     assert result.steps == 2 and result.failed is None and all(map(math.isfinite, result.losses))
-    assert_comfyui_loads(str(result.output), files["shapes"], te_prefixes=("lora_te1_", "lora_te2_"))
+    assert_comfyui_loads(
+        str(result.output), files["shapes"], te_prefixes=("lora_te1_", "lora_te2_"), names="SAI", fused=FUSED_QKV
+    )
     assert not any(k.startswith("lora_te3_") for k in load_state_dict(result.output)[0])
     meta = read_metadata(result.output)
     assert meta["modelspec.architecture"] == ARCH[variant] + "/lora"
@@ -139,7 +122,7 @@ def test_loss_falls_and_resume_equals_an_uninterrupted_run(models, dataset, tmp_
     values = [v for _, v in full.validation]
     assert len(values) == 2 and values[-1] < 0.97 * values[0], values  # measured: 1.195 -> 1.147
     assert read_metadata(full.output)["modelspec.architecture"] == ARCH["sd3.5-medium"] + "/lora"
-    assert_comfyui_loads(str(full.output), files["shapes"])
+    assert_comfyui_loads(str(full.output), files["shapes"], names="SAI", fused=FUSED_QKV)
     assert any("x_block_attn2_qkv" in k for k in load_state_dict(full.output)[0])  # SD3.5-medium's second attention
     draws = ["--network_train_unet_only", "--t5_dropout_rate", "0.5", "--pos_emb_random_crop_rate", "0.5"]
     straight = sd3_train_network.run(base_argv(files, dataset, tmp_path / "straight", *draws, steps=6))
