@@ -35,7 +35,6 @@ from library.families.sd3.tiny import write_tiny_files as write_tiny_sd3_files  
 from library.families.tiny import FAMILIES, build_tiny  # noqa: E402
 from networks.tool_common import main_guard  # noqa: E402
 
-
 # joint blocks of the tiny SD3 models this tool writes (None: the variant's tiny default, 34 for sd3.5-large): the
 # fewest that sd-scripts' documented command lines accept (docs/fine_tune.md's sd3_train.py --blocks_to_swap 10)
 CLI_SD3_BLOCKS = {"sd3": 12, "sd3.5-medium": 12}

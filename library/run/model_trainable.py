@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from library.block_swap import requested_blocks_to_swap
 from library.engines import DeepSpeedConfig, launch_problems
