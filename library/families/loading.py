@@ -167,6 +167,33 @@ def resolve_prediction(
 
 
 # ------------------------------------------------------------------------------------------------ building modules
+def _fit(
+    model: nn.Module, state: Mapping[str, Tensor], adapt: Callable | None
+) -> tuple[Mapping[str, Tensor], list[str], list[str], list[tuple[str, tuple, tuple]]]:
+    """``state`` as ``model`` names it (``adapt``), and what keeps it from loading: missing keys, unexpected keys and
+    ``(key, file shape, model shape)`` mismatches. Shapes are read without reading tensors where the mapping can
+    (SafetensorsReader, lazy key-converting views)."""
+    if adapt is not None:
+        state = adapt(state, model)
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    shape = state.shape if callable(getattr(state, "shape", None)) else lambda k: state[k].shape
+    wrong = [(k, tuple(shape(k)), tuple(v.shape)) for k, v in expected.items()
+             if k in state and tuple(shape(k)) != tuple(v.shape)]  # fmt: skip
+    return state, missing, unexpected, wrong
+
+
+def _assign(model: nn.Module, state: Mapping[str, Tensor], dtype: Any, device: Any) -> nn.Module:
+    """Load ``state`` into the weightless ``model``: each tensor cast to ``dtype`` (floating point only) and placed on
+    ``device`` before it is assigned, one at a time (no second copy of the model; on the device the host holds one
+    tensor at a time; no diffusers ``ModelMixin.to`` warnings)."""
+    state = {k: v.to(device=device, dtype=dtype) if v.is_floating_point() else v.to(device=device)
+             for k, v in state.items()}  # fmt: skip
+    model.load_state_dict(state, strict=True, assign=True)
+    return model
+
+
 def instantiate(
     factory: Callable[[], nn.Module],
     state: Mapping[str, Tensor],
@@ -187,31 +214,95 @@ def instantiate(
 
     with init_empty_weights():
         model = factory()
-    if adapt is not None:
-        state = adapt(state, model)
-    expected = model.state_dict()
-    missing = [k for k in expected if k not in state]
-    unexpected = [k for k in state if k not in expected]
-    # read shapes without reading tensors where the mapping can (SafetensorsReader, lazy key-converting views)
-    shape = state.shape if callable(getattr(state, "shape", None)) else lambda k: state[k].shape
-    wrong = [f"{k}: file {tuple(shape(k))} vs model {tuple(v.shape)}" for k, v in expected.items()
-             if k in state and shape(k) != v.shape]  # fmt: skip
+    state, missing, unexpected, wrong = _fit(model, state, adapt)
     if missing or unexpected or wrong:
+        shapes = [f"{k}: file {f} vs model {m}" for k, f, m in wrong]
         details = "; ".join(
             f"{label} {len(items)} (e.g. {', '.join(items[:3])})"
-            for label, items in (("missing", missing), ("unexpected", unexpected), ("shape mismatches", wrong))
+            for label, items in (("missing", missing), ("unexpected", unexpected), ("shape mismatches", shapes))
             if items
         )
         raise ValueError(
             f"{path}: the {what} weights do not fit the architecture of {source}: {details}. Is this the right "
             "model family and a complete checkpoint?"
         )
-    # cast and place before assigning, one tensor at a time: no second copy of the model (on the device: the host
-    # holds one tensor at a time), and no diffusers ``ModelMixin.to`` warnings
-    state = {k: v.to(device=device, dtype=dtype) if v.is_floating_point() else v.to(device=device)
-             for k, v in state.items()}  # fmt: skip
-    model.load_state_dict(state, strict=True, assign=True)
-    return model
+    return _assign(model, state, dtype, device)
+
+
+def instantiate_fitting(
+    candidates: list[tuple[dict, str]],
+    factory: Callable[[Mapping], Callable[[], nn.Module]],
+    state: Mapping[str, Any],
+    what: str,
+    path: Path,
+    dtype: Any,
+    device: Any,
+    adapt: Callable | None = None,
+) -> nn.Module:
+    """The first of ``candidates`` (``(config, where it comes from)``) whose keys and shapes fit ``state``, loaded as
+    :func:`instantiate` does (the DiT families' parts, whose files carry no config: stored, released, tiny); a
+    ``ValueError`` naming the file, the part and, per candidate, the first differing keys when none fits."""
+    from accelerate import init_empty_weights
+
+    problems = []
+    for config, source in candidates:
+        with init_empty_weights():
+            model = factory(config)()
+        named, missing, unexpected, wrong = _fit(model, state, adapt)
+        if not (missing or unexpected or wrong):
+            log.info("%s: %s built from %s", path, what, source)
+            return _assign(model, named, dtype, device)
+        shapes = [f"{k}: file {f} vs {m}" for k, f, m in wrong]
+        found = [f"{label} {', '.join(items[:2])}" for label, items in
+                 (("missing", missing), ("unexpected", unexpected), ("shapes", shapes)) if items]  # fmt: skip
+        problems.append(f"{source}: {'; '.join(found)}")
+    raise ValueError(f"{path}: the {what} weights fit no known architecture ({' | '.join(problems)}); is this the "
+                     "right file for this part?")  # fmt: skip
+
+
+def check_weights_path(
+    path: str | Path, flag: str, variant_of_folder: Callable[[Path], str | None], expected: str, not_folder: str
+) -> Path:
+    """``path`` of a DiT family's model: an existing .safetensors file or a folder ``variant_of_folder`` recognises;
+    else an error naming ``flag`` and the path (``expected``: what it should be; ``not_folder``: why a folder is not
+    one)."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{flag} {path}: no such file or folder (expected {expected})")
+    if path.is_file() and path.suffix.lower() not in WEIGHT_SUFFIXES:
+        raise ValueError(f"{flag} {path}: unsupported file type {path.suffix!r}; expected .safetensors")
+    if path.is_dir() and variant_of_folder(path) is None:
+        raise ValueError(f"{flag} {path}: {not_folder}")
+    return path
+
+
+def read_weights(path: Path) -> tuple[Mapping[str, Any], dict[str, str]]:
+    """A lazy reader for .safetensors (nothing read until asked), else the whole (pickle) file, and its metadata."""
+    if path.suffix.lower() in SAFETENSORS_SUFFIXES:
+        reader = SafetensorsReader(path)
+        return reader, dict(reader.metadata)
+    return load_state_dict(path)
+
+
+class KeyView(Mapping):
+    """``source`` (a dict or a lazy ``SafetensorsReader``) under other names (``names``: new -> source key), read
+    when asked: a 9.5 GB T5 file is cast tensor by tensor, never held whole."""
+
+    def __init__(self, source: Mapping[str, Any], names: Mapping[str, str]) -> None:
+        self.source, self.names = source, dict(names)
+
+    def __getitem__(self, key: str) -> Tensor:
+        return self.source[self.names[key]]
+
+    def shape(self, key: str) -> torch.Size:
+        source, name = self.source, self.names[key]
+        return torch.Size(source.shape(name) if callable(getattr(source, "shape", None)) else source[name].shape)
+
+    def __iter__(self):
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
 
 
 def build_unet(

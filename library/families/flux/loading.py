@@ -22,17 +22,33 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from ...weight_files import SAFETENSORS_SUFFIXES, SafetensorsReader, load_state_dict
+from ...weight_files import load_state_dict
 from ..base import PartDtypes, Parts
-from ..convert import clip_from_ldm, hf_for_model, strip_prefix, vae_diffusers_rename_old, vae_from_ldm, vae_ldm_keys
-from ..loading import META_CONFIGS, WEIGHT_SUFFIXES, finish, instantiate
+from ..convert import (
+    clip_from_ldm,
+    hf_for_model,
+    strip_prefix,
+    t5_names,
+    vae_diffusers_rename_old,
+    vae_from_ldm,
+    vae_ldm_keys,
+)
+from ..loading import (
+    META_CONFIGS,
+    WEIGHT_SUFFIXES,
+    KeyView,
+    check_weights_path,
+    finish,
+    instantiate_fitting,
+    read_weights,
+)
 from ..tokenizers import PAD_CLIP_L, load_tokenizers
 from . import keys as K
 from . import tiny
@@ -46,20 +62,8 @@ TRANSFORMER_CLASSES = ("FluxTransformer2DModel", "ChromaTransformer2DModel")
 
 
 # ------------------------------------------------------------------------------------------------ reading files
-def read_weights(path: Path) -> tuple[Mapping[str, Any], dict[str, str]]:
-    """A lazy reader for .safetensors (nothing read until asked), else the whole (pickle) file, and its metadata."""
-    if path.suffix.lower() in SAFETENSORS_SUFFIXES:
-        reader = SafetensorsReader(path)
-        return reader, dict(reader.metadata)
-    return load_state_dict(path)
-
-
 def _keys(state: Mapping[str, Any]) -> list[str]:
     return list(state.keys())
-
-
-def _shape(state: Mapping[str, Any], key: str) -> tuple[int, ...]:
-    return tuple(state.shape(key)) if callable(getattr(state, "shape", None)) else tuple(state[key].shape)
 
 
 # ------------------------------------------------------------------------------------------------ what a path is
@@ -101,40 +105,6 @@ def _variant(layout: K.Layout) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ configs that fit
-def _fitting(
-    candidates: list[tuple[dict, str]],
-    factory: Callable[[Mapping], Callable[[], nn.Module]],
-    state: Mapping[str, Any],
-    what: str,
-    path: Path,
-    dtype: Any,
-    device: Any,
-    adapt: Callable | None = None,
-) -> nn.Module:
-    """Build the first candidate config whose keys and shapes fit ``state`` and load it; a ``ValueError`` naming the
-    file, the part and, per candidate, the first differing keys when none fits."""
-    from accelerate import init_empty_weights
-
-    problems = []
-    for config, source in candidates:
-        with init_empty_weights():
-            model = factory(config)()
-        named = adapt(state, model) if adapt else state
-        expected = model.state_dict()
-        missing = [k for k in expected if k not in named]
-        unexpected = [k for k in named if k not in expected]
-        wrong = [f"{k}: file {_shape(named, k)} vs {tuple(v.shape)}" for k, v in expected.items()
-                 if k in named and _shape(named, k) != tuple(v.shape)]  # fmt: skip
-        if not (missing or unexpected or wrong):
-            log.info("%s: %s built from %s", path, what, source)
-            return instantiate(factory(config), state, what, path, source, dtype, adapt=adapt, device=device)
-        found = [f"{label} {', '.join(items[:2])}" for label, items in
-                 (("missing", missing), ("unexpected", unexpected), ("shapes", wrong)) if items]  # fmt: skip
-        problems.append(f"{source}: {'; '.join(found)}")
-    raise ValueError(f"{path}: the {what} weights fit no known architecture ({' | '.join(problems)}); is this the "
-                     "right file for this part?")  # fmt: skip
-
-
 def _with_blocks(config: dict, layout: K.Layout) -> dict:
     config = dict(config, num_layers=layout.num_double, num_single_layers=layout.num_single)
     if layout.variant == K.CHROMA:
@@ -195,7 +165,7 @@ def load_transformer_file(
             state = strip_prefix(state, "transformer.")
         layout = K.diffusers_layout(_keys(state))
     candidates = transformer_candidates(found, layout, stored)
-    module = _fitting(candidates, transformer_factory, state, "transformer", path, dtype, device)
+    module = instantiate_fitting(candidates, transformer_factory, state, "transformer", path, dtype, device)
     return module, found, stored
 
 
@@ -223,41 +193,9 @@ def load_clip_l(path: Path, dtype: Any, device: Any, stored: Mapping | None = No
     canonical = {k: v for k, v in clip_from_ldm(state).items() if not k.startswith(("text_projection", "logit_scale"))}
     stored = _stored(metadata) or stored
     candidates = _te_candidates(stored, 0, "flux-dev", tiny.CLIP_L)
-    return _fitting(candidates, clip_l_factory, canonical, "CLIP-L (--clip_l)", path, dtype, device, hf_for_model)
-
-
-class KeyView(Mapping):
-    """``source`` (a dict or a lazy ``SafetensorsReader``) under other names (``names``: new -> source key), read
-    when asked: a 9.5 GB T5 file is cast tensor by tensor, never held whole."""
-
-    def __init__(self, source: Mapping[str, Any], names: Mapping[str, str]) -> None:
-        self.source, self.names = source, dict(names)
-
-    def __getitem__(self, key: str) -> torch.Tensor:
-        return self.source[self.names[key]]
-
-    def shape(self, key: str) -> torch.Size:
-        return torch.Size(_shape(self.source, self.names[key]))
-
-    def __iter__(self):
-        return iter(self.names)
-
-    def __len__(self) -> int:
-        return len(self.names)
-
-
-def t5_names(keys: list[str]) -> dict[str, str]:
-    """transformers ``T5EncoderModel`` key -> key in a T5 file: ``shared.weight`` + ``encoder.*`` (the embedding taken
-    from ``encoder.embed_tokens.weight`` when ``shared.weight`` is absent, as in encoder-only files; keys under
-    ``text_encoders.t5xxl.transformer.`` too); a full T5's decoder and ``lm_head`` are left out."""
-    prefix = next((p for p in ("text_encoders.t5xxl.transformer.",) if any(k.startswith(p) for k in keys)), "")
-    names = {k[len(prefix) :]: k for k in keys if k.startswith(prefix)}
-    names = {k: v for k, v in names.items() if k.startswith("encoder.") or k == "shared.weight"}
-    if "shared.weight" not in names and "encoder.embed_tokens.weight" in names:
-        names["shared.weight"] = names["encoder.embed_tokens.weight"]
-    if "encoder.embed_tokens.weight" not in names and "shared.weight" in names:
-        names["encoder.embed_tokens.weight"] = names["shared.weight"]
-    return names
+    return instantiate_fitting(
+        candidates, clip_l_factory, canonical, "CLIP-L (--clip_l)", path, dtype, device, hf_for_model
+    )
 
 
 def load_t5(path: Path, dtype: Any, device: Any, stored: Mapping | None = None, variant: str = "flux-dev") -> nn.Module:
@@ -271,7 +209,7 @@ def load_t5(path: Path, dtype: Any, device: Any, stored: Mapping | None = None, 
     stored = _stored(metadata) or stored
     index = 0 if variant == "chroma" else 1
     candidates = _te_candidates(stored, index, variant, tiny.T5)
-    return _fitting(candidates, t5_factory, state, "T5 (--t5xxl)", path, dtype, device)
+    return instantiate_fitting(candidates, t5_factory, state, "T5 (--t5xxl)", path, dtype, device)
 
 
 def _te_candidates(stored: Mapping | None, index: int, variant: str, tiny_config: Mapping) -> list[tuple[dict, str]]:
@@ -305,26 +243,21 @@ def load_ae(path: Path, dtype: Any, device: Any, stored: Mapping | None = None) 
         def adapt(source, model):
             return vae_from_ldm(source, model.config, model.state_dict().keys())
 
-        return _fitting(candidates, ae_factory, ldm, "AE (--ae)", path, dtype, device, adapt)
+        return instantiate_fitting(candidates, ae_factory, ldm, "AE (--ae)", path, dtype, device, adapt)
     state = vae_diffusers_rename_old(strip_prefix(state, "vae.") or state)
     if not any(k.startswith("encoder.down_blocks.") for k in state):
         raise ValueError(f"--ae {path}: no AE weights found; expected BFL/LDM keys (encoder.down.0.block.0...) or "
                          "diffusers keys (encoder.down_blocks.*)")  # fmt: skip
-    return _fitting(candidates, ae_factory, state, "AE (--ae)", path, dtype, device)
+    return instantiate_fitting(candidates, ae_factory, state, "AE (--ae)", path, dtype, device)
 
 
 # ------------------------------------------------------------------------------------------------ the whole model
 def check_flux_path(path: str | Path, flag: str = "--pretrained_model_name_or_path") -> Path:
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"{flag} {path}: no such file or folder (expected a FLUX.1 / Chroma BFL .safetensors "
-                                "file or a diffusers FLUX folder)")  # fmt: skip
-    if path.is_file() and path.suffix.lower() not in WEIGHT_SUFFIXES:
-        raise ValueError(f"{flag} {path}: unsupported file type {path.suffix!r}; expected .safetensors")
-    if path.is_dir() and variant_of_folder(path) is None:
-        raise ValueError(f"{flag} {path}: not a diffusers FLUX / Chroma folder (no transformer/config.json of a "
-                         "FluxTransformer2DModel or ChromaTransformer2DModel)")  # fmt: skip
-    return path
+    return check_weights_path(
+        path, flag, variant_of_folder, "a FLUX.1 / Chroma BFL .safetensors file or a diffusers FLUX folder",
+        "not a diffusers FLUX / Chroma folder (no transformer/config.json of a FluxTransformer2DModel or "
+        "ChromaTransformer2DModel)",
+    )  # fmt: skip
 
 
 def load_flux(

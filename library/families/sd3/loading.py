@@ -34,9 +34,25 @@ import torch
 from torch import nn
 
 from ..base import PartDtypes, Parts, TextEncoderSpec
-from ..convert import clip_from_ldm, hf_for_model, strip_prefix, vae_diffusers_rename_old, vae_from_ldm, vae_ldm_keys
-from ..flux.loading import KeyView, _fitting, read_weights, t5_names
-from ..loading import META_CONFIGS, WEIGHT_SUFFIXES, finish, instantiate
+from ..convert import (
+    clip_from_ldm,
+    hf_for_model,
+    strip_prefix,
+    t5_names,
+    vae_diffusers_rename_old,
+    vae_from_ldm,
+    vae_ldm_keys,
+)
+from ..loading import (
+    META_CONFIGS,
+    WEIGHT_SUFFIXES,
+    KeyView,
+    check_weights_path,
+    finish,
+    instantiate,
+    instantiate_fitting,
+    read_weights,
+)
 from ..tokenizers import PAD_CLIP_L, PAD_OPEN_CLIP, load_tokenizers
 from . import keys as K
 from . import tiny
@@ -182,18 +198,18 @@ def load_clip(index: int, path: Path, state: Mapping[str, Any], dtype: Any, devi
         width = canonical["text_model.final_layer_norm.weight"].shape[0]
         canonical["text_projection.weight"] = torch.eye(width)
     candidates = _te_candidates(stored, index)
-    return _fitting(candidates, clip_factory, canonical, f"{TE_TITLES[index]} ({what})", path, dtype, device,
+    return instantiate_fitting(candidates, clip_factory, canonical, f"{TE_TITLES[index]} ({what})", path, dtype, device,
                     hf_for_model)  # fmt: skip
 
 
 def load_t5(path: Path, source: Mapping[str, Any], dtype: Any, device: Any, stored: Mapping | None,
             what: str) -> nn.Module:  # fmt: skip
-    """T5-XXL from transformers names (see ``flux.loading.t5_names``), read tensor by tensor."""
+    """T5-XXL from transformers names (see ``convert.t5_names``), read tensor by tensor."""
     state = KeyView(source, t5_names(list(source.keys())))
     if "encoder.block.0.layer.0.SelfAttention.q.weight" not in state:
         raise ValueError(f"{what} {path}: no T5 encoder weights (expected transformers T5 keys such as "
                          "encoder.block.0.layer.0.SelfAttention.q.weight)")  # fmt: skip
-    return _fitting(_te_candidates(stored, 2), t5_factory, state, f"T5-XXL ({what})", path, dtype, device)
+    return instantiate_fitting(_te_candidates(stored, 2), t5_factory, state, f"T5-XXL ({what})", path, dtype, device)
 
 
 def load_vae(path: Path, state: Mapping[str, Any], dtype: Any, device: Any, stored: Mapping | None,
@@ -214,12 +230,12 @@ def load_vae(path: Path, state: Mapping[str, Any], dtype: Any, device: Any, stor
         def adapt(source, model):
             return vae_from_ldm(source, model.config, model.state_dict().keys())
 
-        return _fitting(candidates, vae_factory, ldm, f"VAE ({what})", path, dtype, device, adapt)
+        return instantiate_fitting(candidates, vae_factory, ldm, f"VAE ({what})", path, dtype, device, adapt)
     state = vae_diffusers_rename_old(strip_prefix(state, "vae.") or dict(state.items()))
     if not any(k.startswith("encoder.down_blocks.") for k in state):
         raise ValueError(f"{what} {path}: no VAE weights found; expected LDM keys (encoder.down.0.block.0...) or "
                          "diffusers keys (encoder.down_blocks.*)")  # fmt: skip
-    return _fitting(candidates, vae_factory, state, f"VAE ({what})", path, dtype, device)
+    return instantiate_fitting(candidates, vae_factory, state, f"VAE ({what})", path, dtype, device)
 
 
 def _part_file(flag: str, path: Path, index: int | None, dtype: Any, device: Any, stored: Mapping | None) -> nn.Module:
@@ -255,16 +271,11 @@ def _from_folder(root: Path, sub: str | None, index: int | None, dtype: Any, dev
 
 # ------------------------------------------------------------------------------------------------ the whole model
 def check_sd3_path(path: str | Path, flag: str = "--pretrained_model_name_or_path") -> Path:
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"{flag} {path}: no such file or folder (expected an SD3 / SD3.5 SAI .safetensors "
-                                "file or a diffusers StableDiffusion3Pipeline folder)")  # fmt: skip
-    if path.is_file() and path.suffix.lower() not in WEIGHT_SUFFIXES:
-        raise ValueError(f"{flag} {path}: unsupported file type {path.suffix!r}; expected .safetensors")
-    if path.is_dir() and variant_of_folder(path) is None:
-        raise ValueError(f"{flag} {path}: not a diffusers SD3 folder (no transformer/config.json of an "
-                         "SD3Transformer2DModel)")  # fmt: skip
-    return path
+    return check_weights_path(
+        path, flag, variant_of_folder,
+        "an SD3 / SD3.5 SAI .safetensors file or a diffusers StableDiffusion3Pipeline folder",
+        "not a diffusers SD3 folder (no transformer/config.json of an SD3Transformer2DModel)",
+    )  # fmt: skip
 
 
 def load_sd3(
