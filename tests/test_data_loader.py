@@ -336,3 +336,21 @@ def test_mask_file_weights_by_its_red_channel(tmp_path):
     Image.fromarray(np.full((2, 2), 255, np.uint8)).save(tmp_path / "grey.png")
     grey = to_mask(load_mask_source(str(tmp_path / "grey.png"), Image.new("RGB", (8, 6)), alpha_mask=False))
     assert grey.shape == (1, 6, 8) and grey.eq(1).all()
+
+
+def test_the_validation_split_follows_the_images_not_the_folder_they_lie_in():
+    """--validation_split holds out the same images of a dataset wherever its folder lies (a moved copy, another
+    machine, pytest's numbered temporary folders), a different set for another seed, never an image twice."""
+    from library.data.plan import split_validation
+    from library.data.sources import ImageRecord
+
+    def records(root: str) -> list[ImageRecord]:
+        return [ImageRecord(f"{root}/10_sks/{i:02d}.png", (64, 64), "", 0, False, 10) for i in range(20)]
+
+    def held(root: str, seed: int) -> list[str]:
+        train, val = split_validation(records(root), 0.25, seed)
+        assert len(val) == 5 and len(train) == 15 and not {r.path for r in val} & {r.path for r in train}
+        return sorted(r.path.removeprefix(root) for r in val)
+
+    assert held("/data/a", 1) == held("/mnt/copy/b", 1) == held("/tmp/pytest-7/data0", 1)
+    assert held("/data/a", 1) != held("/data/a", 2)

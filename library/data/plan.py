@@ -63,16 +63,23 @@ class Plan:
 def split_validation(records: list[ImageRecord], fraction: float, seed: int) -> tuple[list, list]:
     """Hold out ``fraction`` of each subset's training images (never regularisation images) for validation.
 
-    Leak-free and deterministic: an image's place is decided by a hash of (seed, path), so the two sets never
-    overlap and the same seed always gives the same split, whatever the file order. Subsets with one image keep
-    it for training. Validation images are used once each (no repeats).
+    Leak-free and deterministic: an image's place is decided by a hash of (seed, its path relative to the subset's
+    common folder), so the two sets never overlap and the same seed always gives the same split, whatever the file
+    order and wherever the dataset folder lies (a run resumed on another machine, or from a moved copy, holds out the
+    same images). Subsets with one image keep it for training. Validation images are used once each (no repeats).
     """
     train, val = [], []
     by_subset: dict[int, list[ImageRecord]] = {}
     for r in records:
         (train.append(r) if r.is_reg else by_subset.setdefault(r.subset_index, []).append(r))
     for group in by_subset.values():
-        ranked = sorted(group, key=lambda r: hashlib.sha256(f"{seed}:{r.path}".encode()).hexdigest())
+        base = os.path.commonpath([os.path.abspath(r.path) for r in group]) if len(group) > 1 else ""
+
+        def rank(r: ImageRecord, base: str = base) -> str:
+            where = os.path.relpath(os.path.abspath(r.path), base) if base else r.path
+            return hashlib.sha256(f"{seed}:{where}".encode()).hexdigest()
+
+        ranked = sorted(group, key=rank)
         n_val = min(len(group) - 1, math.ceil(len(group) * fraction)) if fraction > 0 else 0
         val += [replace(r, num_repeats=1) for r in ranked[:n_val]]
         held = {r.path for r in ranked[:n_val]}
