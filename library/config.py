@@ -184,6 +184,25 @@ def write_config_file(parser: argparse.ArgumentParser, args: argparse.Namespace,
         tmp.write_text(toml.dumps(sections), encoding="utf-8")
 
 
+def missing_path_problems(args: argparse.Namespace, flags: Sequence[str], folders: bool = False) -> list[str]:
+    """One problem per given path flag (``--clip_l`` ...) whose file (``folders``: or folder) does not exist."""
+    problems = []
+    for flag in flags:
+        path = getattr(args, flag)
+        if path is None or (Path(path).is_file() or (folders and Path(path).is_dir())):
+            continue
+        what = "no such file or folder" if folders else "no such file"
+        other = ", or a diffusers folder holding it" if folders else ""
+        problems.append(f"--{flag} {path}: {what} (give the .safetensors file of the {flag} weights{other})")
+    return problems
+
+
+def positive_count_problems(args: argparse.Namespace, flags: Sequence[str]) -> list[str]:
+    """One problem per given count flag below 1."""
+    return [f"--{flag} must be a positive number, got {getattr(args, flag)}" for flag in flags
+            if getattr(args, flag) is not None and getattr(args, flag) < 1]  # fmt: skip
+
+
 def from_namespace(cls: type, args: argparse.Namespace, **overrides: Any) -> Any:
     """Build the dataclass ``cls`` from the same-named attributes of ``args`` (missing ones keep their default)."""
     import dataclasses

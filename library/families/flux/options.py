@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from library.config import add_unsupported
@@ -88,17 +87,10 @@ class FluxOptions:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> FluxOptions:
         """The flags of :func:`add_flux_model_args`: files must exist, counts be positive, the guidance finite."""
-        from library.config import from_namespace
+        from library.config import from_namespace, missing_path_problems, positive_count_problems
 
-        problems = []
-        for flag in ("clip_l", "t5xxl", "ae"):
-            path = getattr(args, flag)
-            if path is not None and not Path(path).is_file():
-                problems.append(f"--{flag} {path}: no such file (give the .safetensors file of the {flag} weights)")
-        for flag in ("t5xxl_max_token_length", "text_encoder_batch_size"):
-            value = getattr(args, flag)
-            if value is not None and value < 1:
-                problems.append(f"--{flag} must be a positive number, got {value}")
+        problems = missing_path_problems(args, ("clip_l", "t5xxl", "ae"))
+        problems += positive_count_problems(args, ("t5xxl_max_token_length", "text_encoder_batch_size"))
         if not float("-inf") < args.guidance_scale < float("inf"):
             problems.append(f"--guidance_scale must be a finite number, got {args.guidance_scale}")
         if getattr(args, "weighted_captions", False):

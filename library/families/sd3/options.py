@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from library.config import add_no_effect
@@ -114,17 +113,11 @@ class SD3Options:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> SD3Options:
         """The flags of :func:`add_sd3_model_args`: files must exist, counts be positive, rates lie in [0, 1]."""
-        from library.config import from_namespace
+        from library.config import from_namespace, missing_path_problems, positive_count_problems
 
-        problems = []
-        for flag in ("clip_l", "clip_g", "t5xxl"):
-            path = getattr(args, flag)
-            if path is not None and not Path(path).is_file():
-                problems.append(f"--{flag} {path}: no such file (give the .safetensors file of the {flag} weights)")
-        for flag in ("t5xxl_max_token_length", "text_encoder_batch_size"):
-            value = getattr(args, flag)
-            if value is not None and value < 1:
-                problems.append(f"--{flag} must be a positive number, got {value}")
+        # the SD3 loader also reads an encoder from a diffusers folder (library/families/sd3/loading.py)
+        problems = missing_path_problems(args, ("clip_l", "clip_g", "t5xxl"), folders=True)
+        problems += positive_count_problems(args, ("t5xxl_max_token_length", "text_encoder_batch_size"))
         for flag in (*DROPOUT_FLAGS, "pos_emb_random_crop_rate"):
             value = getattr(args, flag)
             if not (math.isfinite(value) and 0.0 <= value <= 1.0):
