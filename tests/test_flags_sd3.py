@@ -74,7 +74,6 @@ def test_bad_values_are_all_named_at_once(tmp_path):
     assert "missing.safetensors" in text and "no such file" in text
 
 
-
 def test_encoder_flags_take_the_diffusers_folders_the_loader_reads(tmp_path):
     """--clip_l / --clip_g / --t5xxl may name a diffusers folder (the SD3 loader reads text_encoder*/ there): the
     options accept an existing folder, and still name a missing one."""
@@ -83,6 +82,7 @@ def test_encoder_flags_take_the_diffusers_folders_the_loader_reads(tmp_path):
     assert options.load_kwargs()["clip_l"] == str(tmp_path / "text_encoder")
     with pytest.raises(ConfigError, match="no_folder: no such file or folder"):
         SD3Options.from_args(_parse("--t5xxl", str(tmp_path / "no_folder")))
+
 
 def test_family_problems_medium_only_flags_and_other_families():
     """--pos_emb_random_crop_rate and --enable_scaled_pos_embed are for SD3.5-medium only (sd-scripts' docs); a model
