@@ -21,14 +21,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from library import args as arg_groups
-from library import deferred_imports
-from library.config import parse_args
+from library.cli import deferred_imports
+from library.cli.main_guard import main_guard
+from library.cli.parse import parse_args
+from library.run import args as arg_groups
 from library.run import train_setup
 from library.run.loop import train
 from library.run.model_trainable import ModelTrainable, ModelTrainingConfig
 from library.run.trainer import Result
-from networks.tool_common import main_guard
 
 MODEL_FORMATS = ("safetensors", "ckpt", "diffusers", "diffusers_safetensors")
 

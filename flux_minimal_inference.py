@@ -40,11 +40,11 @@ from typing import Any
 
 import torch
 
-from library import deferred_imports
+from library.cli import deferred_imports
+from library.cli.console import add_logging_args, console_logging
+from library.cli.main_guard import main_guard
+from library.cli.problems import ConfigError
 from library.families.base import ModelFamily, PartDtypes, Parts
-from library.logs import add_logging_args
-from library.problems import ConfigError
-from library.runtime import console_logging
 from library.sampling.minimal import (
     apply_options,
     device_of_choice,
@@ -53,7 +53,6 @@ from library.sampling.minimal import (
     save_new_png,
 )
 from library.sampling.prompts import PromptSpec
-from networks.tool_common import main_guard
 
 log = logging.getLogger("flux_minimal_inference")
 
@@ -221,7 +220,7 @@ def _widest(a: torch.dtype, b: torch.dtype) -> torch.dtype:
 
 def store_fp8_parts(cfg: InferenceConfig, family: ModelFamily, parts: Parts) -> None:
     """float8 storage for the parts whose dtype is fp8 (after merging, so merged LoRAs are stored once)."""
-    from library.fp8 import store_in_fp8
+    from library.device.fp8 import store_in_fp8
 
     modules = {"flux": parts.denoiser, "ae": parts.vae}
     modules.update(zip(("t5xxl",) if family.name == "chroma" else ("clip_l", "t5xxl"), parts.text_encoders))

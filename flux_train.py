@@ -9,7 +9,7 @@
 sd-scripts' flux_train.py flags with the same meaning: fine_tune.py's, the flow-matching objective
 (library/flow_matching.py), the FLUX model flags (library/families/flux/options.py), block swapping (``--blocks_to_swap``;
 the deprecated ``--double_blocks_to_swap`` / ``--single_blocks_to_swap`` read as sd-scripts reads them,
-``--cpu_offload_checkpointing``: library/block_swap.py) and the steps in backward (``--fused_backward_pass``: Adafactor,
+``--cpu_offload_checkpointing``: library/run/block_swap.py) and the steps in backward (``--fused_backward_pass``: Adafactor,
 one parameter at a time; ``--blockwise_fused_optimizers``: one step per transformer block; ``--fused_optimizer_groups``:
 library/optim/fused.py). Only the transformer is trained (sd-scripts' script has no text-encoder training). The output
 is what sd-scripts writes, the transformer as a BFL single file with the input's keys and shapes
@@ -24,10 +24,10 @@ import sys
 from collections.abc import Sequence
 
 import fine_tune
-from library import deferred_imports
+from library.cli import deferred_imports
+from library.cli.main_guard import main_guard
 from library.families.flux.options import FluxOptions, add_flux_model_args
 from library.flow_matching import add_flow_matching_args
-from networks.tool_common import main_guard
 
 FAMILIES = ("flux-dev", "flux-schnell", "chroma")
 FORMATS = ("safetensors", "diffusers", "diffusers_safetensors")  # sd-scripts' ckpt: refused (FLUX has no pickle)

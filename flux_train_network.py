@@ -8,7 +8,7 @@
 sd-scripts' flux_train_network.py flags with the same meaning: train_network.py's, the flow-matching objective
 (library/flow_matching.py: ``--timestep_sampling --sigmoid_scale --discrete_flow_shift --model_prediction_type
 --weighting_scheme --logit_mean --logit_std --mode_scale``), block swapping (``--blocks_to_swap``,
-``--cpu_offload_checkpointing``: library/block_swap.py) and the FLUX model flags (``--clip_l --t5xxl --ae
+``--cpu_offload_checkpointing``: library/run/block_swap.py) and the FLUX model flags (``--clip_l --t5xxl --ae
 --model_type --t5xxl_max_token_length --apply_t5_attn_mask --guidance_scale --text_encoder_batch_size``:
 library/families/flux/options.py). The model is a BFL single file with ``--clip_l --t5xxl --ae``, or a diffusers
 folder; dev / schnell / Chroma are read from the weights (``--model_type`` must agree). ``python
@@ -23,10 +23,10 @@ import sys
 from collections.abc import Sequence
 
 import train_network
-from library import deferred_imports
+from library.cli import deferred_imports
+from library.cli.main_guard import main_guard
 from library.families.flux.options import FluxOptions, add_flux_model_args
 from library.flow_matching import add_flow_matching_args
-from networks.tool_common import main_guard
 
 FAMILIES = ("flux-dev", "flux-schnell", "chroma")  # the first is what --demo builds
 

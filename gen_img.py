@@ -11,7 +11,7 @@ a diffusers folder, or an SAI file with or without its text encoders (--clip_l -
 the flow-matching Euler sampler (FLUX: --steps 20, --scale 1.0 = no CFG, --guidance 3.5 embedded guidance; SD3:
 --steps 30, --scale 7.5 true CFG with the negative prompt, shift 3.0, as sd-scripts' SD3 samples; SD models keep
 gen_img's 50 steps and scale 7.5). Prompts use the sample-prompt
-syntax (``library.sampling.prompts``) and A1111 weighting (``library.prompt_weighting``). Several adapter files of any
+syntax (``library.sampling.prompts``) and A1111 weighting (``library.text.prompt_weighting``). Several adapter files of any
 algorithm we train (LoRA, LoCon, LoHa, LoKr, DoRA; kohya / LyCORIS format) apply at once, each with its multiplier
 (a prompt's ``--am`` overrides them). Each PNG carries its prompt and settings as text chunks.
 """
@@ -30,15 +30,14 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from library import deferred_imports
-from library.config import add_config_args, parse_args
+from library.cli import deferred_imports
+from library.cli.console import add_logging_args, console_logging
+from library.cli.main_guard import main_guard
+from library.cli.parse import add_config_args, parse_args
 from library.families.base import ModelFamily, Parts
-from library.logs import add_logging_args
-from library.runtime import console_logging
 from library.sampling.generate import generate_batch, resolve, same_settings
 from library.sampling.images import png_info, save_png
 from library.sampling.inference import GEN_IMG_DDPM_DEFAULTS, GenImgConfig, Job, add_gen_img_args, plan_images
-from networks.tool_common import main_guard
 
 log = logging.getLogger("gen_img")
 
@@ -83,7 +82,7 @@ def run(argv: Sequence[str] | None = None) -> list[Path]:
 def load_model(cfg: GenImgConfig) -> tuple[Any, Any]:
     """The family (from the flags or detected from the file) and its loaded parts, ready for inference."""
     from library.families import detect_family, get_family
-    from library.runtime import set_attention
+    from library.run.runtime import set_attention
 
     family = get_family(cfg.family) if cfg.family else detect_family(cfg.ckpt)
     takes = inspect.signature(family.load).parameters
@@ -110,7 +109,7 @@ def load_networks(cfg: GenImgConfig, family: ModelFamily, parts: Parts) -> list[
     if not cfg.networks:
         return []
     import networks as adapters
-    from library.weight_files import read_metadata
+    from library.files.weights import read_metadata
 
     if cfg.network_show_meta:
         for net in cfg.networks:
@@ -135,7 +134,7 @@ def set_multipliers(networks: list[Any], cfg: GenImgConfig, override: tuple[floa
 
 
 def load_embeddings(cfg: GenImgConfig, family: ModelFamily, parts: Parts) -> None:
-    from library.textual_inversion import add_embedding
+    from library.text.textual_inversion import add_embedding
 
     for path in cfg.embeddings:
         ids = add_embedding(family, parts, path)

@@ -38,14 +38,13 @@ from typing import Any
 import torch
 
 from flux_minimal_inference import Lora, _lora, apply_loras
-from library import deferred_imports
+from library.cli import deferred_imports
+from library.cli.console import add_logging_args, console_logging
+from library.cli.main_guard import main_guard
+from library.cli.problems import ConfigError
 from library.families.base import ModelFamily, Parts
-from library.logs import add_logging_args
-from library.problems import ConfigError
-from library.runtime import console_logging
 from library.sampling.minimal import apply_options, device_of_choice, flow_image, prompt_loop, save_new_png
 from library.sampling.prompts import PromptSpec
-from networks.tool_common import main_guard
 
 log = logging.getLogger("sd3_minimal_inference")
 

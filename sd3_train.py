@@ -6,7 +6,7 @@
 
 sd-scripts' sd3_train.py flags with the same meaning: fine_tune.py's, SD3's flow-matching objective
 (library/flow_matching.py ``add_sd3_flow_args``), the SD3 model flags (library/families/sd3/options.py), block
-swapping (``--blocks_to_swap``: library/block_swap.py), the steps in backward (``--fused_backward_pass``: Adafactor,
+swapping (``--blocks_to_swap``: library/run/block_swap.py), the steps in backward (``--fused_backward_pass``: Adafactor,
 one parameter at a time; ``--blockwise_fused_optimizers``: one step per joint block; ``--fused_optimizer_groups``:
 library/optim/fused.py) and sd3_train.py's own (library/families/sd3/full_training.py): ``--train_text_encoder``
 (CLIP-L and CLIP-G), ``--train_t5xxl``, ``--learning_rate_te1 / te2 / te3`` (0 = that encoder is not trained),
@@ -27,16 +27,16 @@ from pathlib import Path
 from typing import Any
 
 import fine_tune
-from library import deferred_imports
-from library.config import parse_args
+from library.cli import deferred_imports
+from library.cli.main_guard import main_guard
+from library.cli.parse import parse_args
+from library.cli.problems import ConfigError
 from library.families.sd3 import full_training
 from library.families.sd3.options import FAMILY_NAMES, SD3Options, add_sd3_model_args
 from library.flow_matching import add_sd3_flow_args
-from library.problems import ConfigError
 from library.run import train_setup
 from library.run.model_trainable import ModelTrainable, ModelTrainingConfig
 from library.run.trainer import Result
-from networks.tool_common import main_guard
 
 FAMILIES = FAMILY_NAMES
 FORMATS = ("safetensors", "diffusers", "diffusers_safetensors")  # sd-scripts' ckpt: refused (SD3 has no pickle)
@@ -97,7 +97,7 @@ class SD3ModelTrainable(ModelTrainable):
         """A ``.safetensors`` path: the SAI file (transformer + VAE) and the trained encoders' files next to it
         (``<stem>_clip_l.safetensors`` ...), each atomic; a folder: the whole pipeline (:meth:`ModelTrainable.save`)."""
         from library.families.sd3.saving import text_encoder_state
-        from library.weight_files import save_state_dict, streamed_saves
+        from library.files.weights import save_state_dict, streamed_saves
 
         path = Path(path)
         if path.suffix.lower() != ".safetensors":

@@ -9,7 +9,7 @@ families.
 sd-scripts' sd3_train_network.py flags with the same meaning: train_network.py's, SD3's flow-matching objective
 (library/flow_matching.py ``add_sd3_flow_args``: ``--weighting_scheme --logit_mean --logit_std --mode_scale
 --training_shift`` with ``--min_timestep --max_timestep``), block swapping (``--blocks_to_swap``,
-``--cpu_offload_checkpointing``: library/block_swap.py) and the SD3 model flags (``--clip_l --clip_g --t5xxl
+``--cpu_offload_checkpointing``: library/run/block_swap.py) and the SD3 model flags (``--clip_l --clip_g --t5xxl
 --t5xxl_max_token_length --apply_lg_attn_mask --apply_t5_attn_mask --clip_l_dropout_rate --clip_g_dropout_rate
 --t5_dropout_rate --pos_emb_random_crop_rate --enable_scaled_pos_embed --text_encoder_batch_size``:
 library/families/sd3/options.py). The model is an SAI single file with or without its text encoders (then
@@ -26,10 +26,10 @@ import sys
 from collections.abc import Sequence
 
 import train_network
-from library import deferred_imports
+from library.cli import deferred_imports
+from library.cli.main_guard import main_guard
 from library.families.sd3.options import FAMILY_NAMES, SD3Options, add_sd3_model_args
 from library.flow_matching import add_sd3_flow_args
-from networks.tool_common import main_guard
 
 FAMILIES = FAMILY_NAMES  # the first is what --demo builds
 

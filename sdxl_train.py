@@ -11,8 +11,8 @@ import sys
 from collections.abc import Sequence
 
 import fine_tune
-from library import deferred_imports
-from networks.tool_common import main_guard
+from library.cli import deferred_imports
+from library.cli.main_guard import main_guard
 
 run = functools.partial(fine_tune.run, family_names=("sdxl",), script="sdxl_train")
 

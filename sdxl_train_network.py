@@ -10,8 +10,8 @@ import sys
 from collections.abc import Sequence
 
 import train_network
-from library import deferred_imports
-from networks.tool_common import main_guard
+from library.cli import deferred_imports
+from library.cli.main_guard import main_guard
 
 run = functools.partial(train_network.run, family_names=("sdxl",))
 

@@ -11,8 +11,8 @@ import sys
 from collections.abc import Sequence
 
 import train_textual_inversion
-from library import deferred_imports
-from networks.tool_common import main_guard
+from library.cli import deferred_imports
+from library.cli.main_guard import main_guard
 
 run = functools.partial(train_textual_inversion.run, family_names=("sdxl",))
 

@@ -15,17 +15,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from library import args as arg_groups
-from library import deferred_imports, demo
-from library.config import parse_args
-from library.problems import Problems
-from library.run import resume, train_setup
+from library.cli import deferred_imports
+from library.cli.main_guard import main_guard
+from library.cli.parse import parse_args
+from library.cli.problems import Problems
+from library.run import args as arg_groups
+from library.run import demo, resume, train_setup
 from library.run.loop import train
+from library.run.token_embeddings import EmbeddingsConfig, add_embeddings
 from library.run.trainer import Result
-from library.token_embeddings import EmbeddingsConfig, add_embeddings
 from networks.config import NetworkConfig, add_network_args
 from networks.inject import prepare_network
-from networks.tool_common import main_guard
 
 
 def build_parser(description: str | None = __doc__, block_swap: bool = False) -> argparse.ArgumentParser:

@@ -16,14 +16,14 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from library import args as arg_groups
-from library import deferred_imports
-from library.config import parse_args
+from library.cli import deferred_imports
+from library.cli.main_guard import main_guard
+from library.cli.parse import parse_args
+from library.run import args as arg_groups
 from library.run import resume, train_setup
 from library.run.loop import train
+from library.run.token_embeddings import TextualInversionConfig, TokenEmbeddings, caption_rewriter, init_vectors
 from library.run.trainer import Result
-from library.token_embeddings import TextualInversionConfig, TokenEmbeddings, caption_rewriter, init_vectors
-from networks.tool_common import main_guard
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,7 +14,7 @@ sd-scripts' ``networks.lora_flux`` adapts by default (q|k|v, proj, mlp 0/2, modu
 modulation). Then: ``BlockSwap.place`` (the swapped blocks' frozen weights on the host), one forward + backward +
 ``optimizer.step()``.
 
-library/simulated_device.py counts the bytes of every tensor on the device (meta) with their real shapes and
+library/measure/simulated_device.py counts the bytes of every tensor on the device (meta) with their real shapes and
 lifetimes, without arithmetic; attention is counted as the fused kernel a GPU runs. Printed per N: the device bytes
 after placement (weights, adapters) and the peak of the step, in GiB, and the host bytes of the swapped weights; the
 last column says whether the step fits each card of the table with 1 GiB left for the CUDA context. Not measured:
@@ -83,10 +83,10 @@ def measure(n: int, args: argparse.Namespace) -> dict:
     from diffusers import FluxTransformer2DModel
     from torch import nn
 
-    from library.block_swap import BlockSwap, offloaded_checkpoint
+    from library.device.fp8 import store_in_fp8
     from library.families.base import BlockList
-    from library.fp8 import store_in_fp8
-    from library.simulated_device import DEVICE, SimulatedDevice
+    from library.measure.simulated_device import DEVICE, SimulatedDevice
+    from library.run.block_swap import BlockSwap, offloaded_checkpoint
 
     gc.collect()
     bf16 = torch.bfloat16
@@ -162,7 +162,7 @@ def main() -> None:
     parser.add_argument("--cpu_offload_checkpointing", action="store_true")
     parser.add_argument("--no_fp8", action="store_true", help="bf16 weights instead of --fp8_base")
     parser.add_argument("--fp8_skip", default="", help="module-path parts whose Linear weights stay bf16, comma-"
-                        "separated (library/fp8.py's default for UNets is 'norm', which in FLUX names the modulation "
+                        "separated (library/device/fp8.py's default for UNets is 'norm', which in FLUX names the modulation "
                         "Linears norm1.linear / norm.linear); default: none, as sd-scripts")  # fmt: skip
     args = parser.parse_args()
     import torch

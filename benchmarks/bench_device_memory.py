@@ -11,7 +11,7 @@ LoRA dim 16 / alpha 8, AdamW, batch 1, one training image, one sample (4 steps, 
 save. Only ``family.load`` is replaced: it hands over the real-size modules without reading a file (random weights
 on CUDA; on the simulated device uninitialised host memory, which costs no resident memory until it is cast).
 
-``--device meta`` (default): library/simulated_device.py counts the bytes of every tensor on the device, phase by
+``--device meta`` (default): library/measure/simulated_device.py counts the bytes of every tensor on the device, phase by
 phase (load, latent caching, text caching, step, sampling, save), with real shapes and lifetimes and no arithmetic.
 Attention is counted as the fused kernel a GPU runs (on meta, torch's SDPA would take its math path and hold the
 whole attention matrix). ``--device cuda``: ``torch.cuda.max_memory_allocated`` per phase.
@@ -39,7 +39,8 @@ CONFIGS = {"sd1": "sd15", "sdxl": "sdxl-base"}
 
 
 def load_own(name: str, path: Path) -> None:
-    """Import this checkout's ``library/<name>.py`` as ``library.<name>`` (for runs against another checkout)."""
+    """Import this checkout's ``library/<name>.py`` (``name``: dotted, e.g. ``measure.phases``) as ``library.<name>``
+    (for runs against another checkout)."""
     spec = importlib.util.spec_from_file_location(f"library.{name}", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[f"library.{name}"] = module
@@ -129,16 +130,16 @@ def main() -> None:
     repo = Path(args.repo).resolve()
     sys.path.insert(0, str(repo))
     if repo != HERE:
-        load_own("tensor_memory", HERE / "library" / "tensor_memory.py")
-        load_own("phases", HERE / "library" / "phases.py")
-        load_own("simulated_device", HERE / "library" / "simulated_device.py")
+        load_own("measure.tensor_memory", HERE / "library" / "measure" / "tensor_memory.py")
+        load_own("measure.phases", HERE / "library" / "measure" / "phases.py")
+        load_own("measure.simulated_device", HERE / "library" / "measure" / "simulated_device.py")
     import torch
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
     import train_network
-    from library.demo import make_example_dataset, make_tiny_model
     from library.families import get_family
     from library.families.registry import trained_together
+    from library.run.demo import make_example_dataset, make_tiny_model
 
     family = get_family(args.family)
     resolution = args.resolution or family.default_resolution()
@@ -169,14 +170,14 @@ def main() -> None:
     speed = speed_probe() if args.device == "cuda" and args.steps > 2 else None
     start = time.time()
     if args.device == "meta":
-        from library.simulated_device import simulated_device
+        from library.measure.simulated_device import simulated_device
 
         fused_attention()
         with simulated_device(strict=repo == HERE) as sim:
             result = train_network.run(argv, family_names=names)
         table = sim.phase_table()
     else:
-        from library.phases import cuda_phase_peaks, instrumented
+        from library.measure.phases import cuda_phase_peaks, instrumented
 
         with instrumented(cuda_phase_peaks()) as peaks:
             result = train_network.run(argv, family_names=names)

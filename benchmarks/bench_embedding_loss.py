@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 import fine_tune  # noqa: E402
 import train_network  # noqa: E402
 import train_textual_inversion  # noqa: E402
-from library.demo import make_concept_dataset  # noqa: E402
+from library.run.demo import make_concept_dataset  # noqa: E402
 from library.run.train_step import validation_loss  # noqa: E402
 
 TOKEN = "shapetok"

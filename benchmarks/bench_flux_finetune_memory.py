@@ -11,7 +11,7 @@ docs/fine_tune.md FLUX line (``--blocks_to_swap N``) with its memory flags: ``--
 --optimizer_type adafactor --optimizer_args relative_step=False scale_parameter=False warmup_init=False
 --fused_backward_pass --gradient_checkpointing --cache_latents --cache_text_encoder_outputs --sdpa``, batch 1, one
 step, the save (``--mem_eff_save``: the BFL file written tensor by tensor; the bytes go to /dev/null, the device side
-is what is measured). library/simulated_device.py counts every device-resident tensor per phase (load, latent caching,
+is what is measured). library/measure/simulated_device.py counts every device-resident tensor per phase (load, latent caching,
 text caching, step, save). A setting fits a card when its highest phase + 1 GiB (CUDA context) is at most the card.
 """
 
@@ -38,9 +38,10 @@ SETTINGS = ["--mixed_precision", "bf16", "--full_bf16", "--optimizer_type", "ada
 
 def files_to_devnull() -> None:
     """The streamed writer sends the bytes to /dev/null (a 22 GiB file is not what this measures), and the file's
-    ``sshs_*`` hashes are left out: library/metadata_format.py ``sshs_hashes`` serialises the whole model in host
+    ``sshs_*`` hashes are left out: library/files/metadata.py ``sshs_hashes`` serialises the whole model in host
     memory (22 GiB for the FLUX transformer), more than this machine's host RAM; host memory, not device memory."""
-    from library import metadata_format, weight_files
+    from library.files import metadata as metadata_format
+    from library.files import weights as weight_files
 
     metadata_format.with_hashes = lambda tensors, metadata: dict(metadata)
 
@@ -81,7 +82,7 @@ def measure(swap: int, args: argparse.Namespace, work: Path) -> dict:
 
     import flux_train
     from library.families import FLUX_DEV
-    from library.simulated_device import simulated_device
+    from library.measure.simulated_device import simulated_device
 
     argv = ["--pretrained_model_name_or_path", str(work / "tiny" / "flux-dev"), "--train_data_dir", str(work / "data"),
             "--caption_extension", ".txt", "--resolution", str(args.resolution), "--output_dir", str(work / "out"),
@@ -111,9 +112,9 @@ def main() -> None:
     from bench_block_swap import fused_attention
     from bench_flux_memory import lazy_host_copies, uncounted_swap_check
 
-    from library.demo import make_example_dataset
     from library.families import FLUX_DEV
     from library.families.flux.tiny import build_tiny_flux
+    from library.run.demo import make_example_dataset
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="fluxftmem-"))
     if not (work / "data").exists():

@@ -26,7 +26,7 @@ card  sd-scripts' table                     this run (AdamW everywhere: fp32 sta
 8     ``--blocks_to_swap 28``, fp8 T5       28, batch 1
 ====  ====================================  ===============================================================
 
-library/simulated_device.py counts every device-resident tensor per phase (load, latent caching, text caching,
+library/measure/simulated_device.py counts every device-resident tensor per phase (load, latent caching, text caching,
 step, sampling, save) with real shapes and lifetimes, attention as the fused kernel a GPU runs. A row fits its card
 when every phase's peak + 1 GiB (CUDA context) is at most the card. Prints one JSON line per row, then a table.
 """
@@ -65,9 +65,9 @@ class RealSizeLoader:
     def prepare(self, dtype) -> None:
         from accelerate import init_empty_weights
 
+        from library.device.fp8 import store_in_fp8
         from library.families.base import Parts
         from library.families.flux.configs import ae_factory, released
-        from library.fp8 import store_in_fp8
 
         reference = self.family.reference_parts()
         with init_empty_weights():
@@ -107,7 +107,7 @@ def lazy_host_copies() -> None:
     encoders and swapped blocks would need ~9 GB of host RAM for nothing."""
     import torch
 
-    from library import simulated_device as sd
+    from library.measure import simulated_device as sd
 
     class LazyHostCopies(sd.SimulatedDevice):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -149,10 +149,11 @@ def flux_run():
     except ImportError:
         pass
     import train_network
-    from library import args as arg_groups
-    from library import demo, sampling
-    from library.config import add_config_args
+    from library import sampling
+    from library.cli.parse import add_config_args
     from library.flow_matching import add_flow_matching_args
+    from library.run import args as arg_groups
+    from library.run import demo
     from networks.config import add_network_args
 
     def build_parser():
@@ -172,7 +173,7 @@ def flux_run():
 
 def measure(card: int, swap: int, batch: int, args: argparse.Namespace, work: Path, run) -> dict:
     from library.families import FLUX_DEV
-    from library.simulated_device import simulated_device
+    from library.measure.simulated_device import simulated_device
 
     argv = ["--pretrained_model_name_or_path", str(work / "tiny" / "flux-dev"), "--train_data_dir", str(work / "data"),
             "--caption_extension", ".txt", "--resolution", str(args.resolution), "--output_dir", str(work / "out"),
@@ -215,9 +216,9 @@ def main() -> None:
     torch.set_num_threads(max(1, torch.get_num_threads()))
     from bench_block_swap import fused_attention
 
-    from library.demo import make_example_dataset
     from library.families import FLUX_DEV
     from library.families.flux.tiny import build_tiny_flux
+    from library.run.demo import make_example_dataset
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="fluxmem-"))
     if not (work / "data").exists():

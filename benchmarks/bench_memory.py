@@ -10,7 +10,7 @@ unless the setting says otherwise, sdpa attention. Per run it reports
 
   peak RSS         the process's maximum resident set size (getrusage), load and caching included
   RSS at phases    after the model is loaded, after the caches, at the first step and at the end
-  tensor peak      the most bytes held by live tensor storages during a training step (library/tensor_memory.py),
+  tensor peak      the most bytes held by live tensor storages during a training step (library/measure/tensor_memory.py),
                    and how much of it is above what was alive when the step began (weights, caches, optimizer)
   s/step           median wall seconds per step
 
@@ -84,8 +84,8 @@ def child(argv: list[str], family: str) -> dict:
 
     from step_probe import run_training
 
+    from library.measure.tensor_memory import TensorMemory
     from library.run import train_setup
-    from library.tensor_memory import TensorMemory
 
     sampler = RssSampler()
     sampler.start()
@@ -145,13 +145,13 @@ def meta_step(family_name: str, resolution: int, fp8: bool = True, checkpointing
     from transformers import CLIPTextConfig
 
     import train_network
+    from library.device.fp8 import store_in_fp8
     from library.families import get_family
     from library.families.base import Cond, Parts
     from library.families.loading import shipped_configs, text_encoder_class
-    from library.fp8 import store_in_fp8
+    from library.measure.tensor_memory import TensorMemory
+    from library.run.runtime import set_attention
     from library.run.train_setup import enable_checkpointing
-    from library.runtime import set_attention
-    from library.tensor_memory import TensorMemory
     from networks.config import NetworkConfig
     from networks.inject import prepare_network
 
@@ -219,7 +219,7 @@ def prepare_inputs(args: argparse.Namespace) -> None:
         args.model = str(build(args.family, work / f"real-{args.family}", "bf16" if args.family == "sdxl" else "fp32"))
     if args.data is None:
         sys.path.insert(0, str(ROOT))
-        from library.demo import make_example_dataset
+        from library.run.demo import make_example_dataset
 
         args.data = str(make_example_dataset(work / f"data{args.resolution}", size=args.resolution))
 

@@ -67,7 +67,7 @@ sys.exit(code)
 def case_argv(case: str, workdir: Path, steps: int) -> list[str]:
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from library.demo import make_example_dataset
+    from library.run.demo import make_example_dataset
 
     if case == "demo":
         return ["--demo", "--demo_dir", str(workdir / "demo"), "--max_train_steps", str(steps)]

@@ -19,7 +19,7 @@ sample after the step (1024 px, 4 steps, CFG 7.5 with an empty negative prompt: 
 save. Rows ``VARIANT:N`` (``--blocks_to_swap N``; 0: none): ``medium:0`` (the 8 GiB goal), ``medium:12``,
 ``large:0``, ``large:16``, ``large:32`` (sd-scripts' docs line for SD3.5-large).
 
-library/simulated_device.py counts every device-resident tensor per phase (load, latent caching, text caching, step,
+library/measure/simulated_device.py counts every device-resident tensor per phase (load, latent caching, text caching, step,
 sampling, save) with real shapes and lifetimes, attention as the fused kernel a GPU runs. A row meets the goal when
 every phase's peak + 1 GiB (CUDA context) is at most 8 GiB. Prints one JSON line per row, then a table.
 """
@@ -57,8 +57,8 @@ class RealSizeLoader:
     def prepare(self, dtype, fp8: bool = True) -> None:
         from accelerate import init_empty_weights
 
+        from library.device.fp8 import store_in_fp8
         from library.families.sd3.configs import released, vae_factory
-        from library.fp8 import store_in_fp8
 
         reference = self.family.reference_parts()
         with init_empty_weights(include_buffers=True):
@@ -101,7 +101,7 @@ def measure(row: str, args: argparse.Namespace, work: Path) -> dict:
 
     import sd3_train_network
     from library.families import get_family
-    from library.simulated_device import simulated_device
+    from library.measure.simulated_device import simulated_device
 
     name, swap = row.split(":")
     variant, swap = VARIANTS[name], int(swap)
@@ -134,9 +134,9 @@ def measure(row: str, args: argparse.Namespace, work: Path) -> dict:
 def prepare_work(work: Path, variants: set[str], resolution: int) -> None:
     """Two images (one image and its caption) at ``resolution``, the sample prompt, and the tiny models whose
     tokenizers and settings the real-size loader takes (diffusers folders under ``work/tiny``)."""
-    from library.demo import make_example_dataset
     from library.families import get_family
     from library.families.sd3.tiny import build_tiny_sd3
+    from library.run.demo import make_example_dataset
 
     if not (work / "data").exists():
         make_example_dataset(work / "four", size=resolution)

@@ -47,8 +47,8 @@ def child(family: str, steps: int, workdir: Path) -> dict:
     import torch
 
     import train_network
-    from library.demo import make_example_dataset, make_tiny_model
     from library.run import loop
+    from library.run.demo import make_example_dataset, make_tiny_model
 
     model = make_tiny_model(workdir / "models", family)
     data = make_example_dataset(workdir / "data")
@@ -148,8 +148,8 @@ def real_child(family: str, steps: int, workdir: Path, tiny: bool, extra: list[s
     from step_probe import run_training
     from torch.utils.flop_counter import FlopCounterMode
 
-    from library.demo import make_example_dataset, make_tiny_model
     from library.families import get_family
+    from library.run.demo import make_example_dataset, make_tiny_model
 
     resolution = 64 if tiny else get_family(family).default_resolution()
     model = make_tiny_model(workdir / "models", family) if tiny else build(family, workdir / f"real-{family}", "bf16")

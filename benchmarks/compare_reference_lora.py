@@ -440,7 +440,7 @@ def main() -> None:
     import logging
 
     logging.disable(logging.WARNING)
-    from library.demo import make_example_dataset
+    from library.run.demo import make_example_dataset
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -19,9 +19,9 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: import the repository, not this folder
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
+from library.cli.main_guard import main_guard
 from library.data.caption_cleaning import clean_caption, clean_tags
 from library.data.metadata_json import read_metadata_json, write_metadata_json
-from networks.tool_common import main_guard
 
 logger = logging.getLogger("sdtrain")
 

@@ -30,6 +30,7 @@ if __package__ in (None, ""):  # run as a script: import the repository, not thi
 
 import torch
 
+from library.cli.main_guard import main_guard
 from library.data.captioning import (
     caption_file,
     check_extension,
@@ -40,7 +41,6 @@ from library.data.captioning import (
     write_text_atomic,
 )
 from library.data.images import load_image
-from networks.tool_common import main_guard
 
 DEFAULT_MODEL = "Salesforce/blip-image-captioning-large"
 PROMPT = "a picture of"  # sd-scripts' BLIP prompt, removed from the captions

@@ -20,8 +20,8 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: import the repository, not this folder
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
+from library.cli.main_guard import main_guard
 from library.data.metadata_json import find_images, merge_text_files, read_metadata_json, write_metadata_json
-from networks.tool_common import main_guard
 
 FIELD, DEFAULT_EXTENSION = "caption", ".caption"
 logger = logging.getLogger("sdtrain")

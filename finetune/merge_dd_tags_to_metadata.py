@@ -18,7 +18,7 @@ if __package__ in (None, ""):  # run as a script: import the repository, not thi
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 from finetune.merge_captions_to_metadata import run as _merge
-from networks.tool_common import main_guard
+from library.cli.main_guard import main_guard
 
 run = functools.partial(_merge, field="tags", default_extension=".txt")
 

@@ -41,6 +41,7 @@ if __package__ in (None, ""):  # run as a script: import the repository, not thi
 
 import numpy as np
 
+from library.cli.main_guard import main_guard
 from library.data import wd14_tags
 from library.data.captioning import (
     caption_file,
@@ -50,7 +51,6 @@ from library.data.captioning import (
     require,
     write_text_atomic,
 )
-from networks.tool_common import main_guard
 
 DEFAULT_WD14_TAGGER_REPO = "SmilingWolf/wd-v1-4-convnext-tagger-v2"
 MODEL_FILE, TAGS_FILE = "model.onnx", "selected_tags.csv"

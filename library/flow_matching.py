@@ -49,7 +49,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from library.problems import ConfigError
+from library.cli.problems import ConfigError
 
 FLOW_TIMESTEP_SAMPLINGS = ("sigma", "uniform", "sigmoid", "shift", "flux_shift")
 WEIGHTING_SCHEMES = ("sigma_sqrt", "logit_normal", "mode", "cosmap", "none", "uniform")
@@ -169,7 +169,7 @@ class SD3FlowConfig:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> SD3FlowConfig:
         """The same-named flags of a parser built with :func:`add_sd3_flow_args`."""
-        from library.config import from_namespace
+        from library.cli.parse import from_namespace
 
         return from_namespace(cls, args)
 
@@ -201,7 +201,7 @@ class FlowMatchingConfig:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> FlowMatchingConfig:
         """The same-named flags of a parser built with :func:`add_flow_matching_args`."""
-        from library.config import from_namespace
+        from library.cli.parse import from_namespace
 
         return from_namespace(cls, args)
 

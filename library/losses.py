@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from library.problems import ConfigError
+from library.cli.problems import ConfigError
 
 if TYPE_CHECKING:  # type hints only: losses.py needs any object with ``alphas_cumprod`` and ``snr(t)``
     from library.noising import NoiseSchedule
@@ -97,7 +97,7 @@ class LossConfig:
         """The same-named flags; ``flow_matching`` when the parser has the flow-matching flags
         (``library.flow_matching.uses_flow_flags``): the v-prediction cross-checks are then not made, since
         flow matching ignores those flags (with a warning, as sd-scripts ignores them)."""
-        from library.config import from_namespace
+        from library.cli.parse import from_namespace
         from library.flow_matching import uses_flow_flags
 
         return from_namespace(cls, args, flow_matching=uses_flow_flags(args) is not None)

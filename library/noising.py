@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from library.cli.problems import ConfigError
 from library.flow_matching import FlowMatchingConfig, SD3FlowConfig, uses_flow_flags
-from library.problems import ConfigError
 
 TIMESTEP_SAMPLINGS = ("uniform", "logit_normal", "sigmoid")
 BETA_SCHEDULES = ("linear", "scaled_linear", "squaredcos_cap_v2")
@@ -114,7 +114,7 @@ class NoiseConfig:
     def from_args(cls, args: argparse.Namespace) -> NoiseConfig:
         """The same-named flags; ``flow`` from the flow-matching flags when the parser has them
         (:func:`library.flow_matching.uses_flow_flags`)."""
-        from library.config import from_namespace
+        from library.cli.parse import from_namespace
 
         kind = uses_flow_flags(args)
         flow = {"flux": FlowMatchingConfig, "sd3": SD3FlowConfig}[kind].from_args(args) if kind else None

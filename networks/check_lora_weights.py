@@ -23,9 +23,9 @@ if __package__ in (None, ""):  # run as a script: import the repository, not thi
 
 import torch
 
+from library.cli.main_guard import main_guard
 from networks import deltas as dl
 from networks import files
-from networks.tool_common import main_guard
 
 _ADAPTER_MARKS = ("lora_up", "lora_down", "lora_mid", "lora_A", "lora_B", "hada_", "lokr_", "oft_", "dora_scale",
                   "w_norm", "b_norm")  # fmt: skip

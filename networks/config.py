@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from library.problems import ConfigError, did_you_mean
+from library.cli.problems import ConfigError, did_you_mean
 
 from . import algo_options, lora_flux, lora_sd3
 from .algo_options import OFT_ALGOS

@@ -14,8 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from library.problems import ConfigError
-from networks.tool_common import check_adapter_path, dtype_of, main_guard
+from library.cli.main_guard import main_guard
+from library.cli.problems import ConfigError
+from networks.tool_common import check_adapter_path, dtype_of
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ class LoraConverter:
 
     def convert(self, args: argparse.Namespace) -> Path:
         """Read ``--src_path``, convert every module's factors, write ``--dst_path`` atomically with the metadata."""
-        from library.weight_files import load_state_dict, save_state_dict
+        from library.files.weights import load_state_dict, save_state_dict
 
         ff = importlib.import_module(self.formats_module)
         src, dst = self.check(args)

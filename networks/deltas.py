@@ -1,6 +1,6 @@
 """Adapter files as per-module ΔW, for the post-training tools (resize, merge, SVD-merge, check).
 
-An :class:`AdapterFile` is a kohya / LyCORIS file read safely (``library.weight_files.load_state_dict``) and grouped
+An :class:`AdapterFile` is a kohya / LyCORIS file read safely (``library.files.weights.load_state_dict``) and grouped
 per module, each module's algorithm detected (``networks.files``). :func:`module_delta` turns one module into a
 :class:`~networks.lowrank.Delta` through the same functions training uses (``AdapterWeights.delta_weight``, the
 LoRA ``factors``, ``AdapterLayer.delta`` for DoRA), so no formula is written twice.
@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from library.cli.problems import ConfigError, problems_of
 from library.families.base import ModelFamily, Parts
-from library.problems import ConfigError, problems_of
 
 from . import files
 from .algos import ALGOS
@@ -83,7 +83,7 @@ class AdapterFile:
 def load_adapter(path: str | os.PathLike) -> AdapterFile:
     """Read an adapter file; ``ValueError`` naming the file for unsafe pickles, non-adapter files and algorithms
     that are not supported (every module's problem at once)."""
-    from library.weight_files import load_state_dict
+    from library.files.weights import load_state_dict
 
     path = Path(path)
     state_dict, metadata = load_state_dict(path)

@@ -109,7 +109,7 @@ def extract_metadata(
     family: ModelFamily, parts: Parts, opts: ExtractOptions, title: str, prediction: str
 ) -> dict[str, str]:
     """sd-scripts' metadata of an extracted LoRA (+ ModelSpec)."""
-    from library import metadata_format as md
+    from library.files import metadata as md
 
     args = {"conv_dim": str(opts.conv_dim), "conv_alpha": str(float(opts.conv_dim))} if opts.conv_dim else None
     meta = {

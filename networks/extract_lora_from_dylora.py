@@ -23,9 +23,10 @@ if __package__ in (None, ""):  # run as a script: import the repository, not thi
 
 from torch import Tensor
 
-from library.problems import ConfigError
+from library.cli.main_guard import main_guard
+from library.cli.problems import ConfigError
 from networks.algos import dylora
-from networks.tool_common import check_adapter_path, main_guard, progress, save_adapter
+from networks.tool_common import check_adapter_path, progress, save_adapter
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -89,7 +90,7 @@ def cut_state_dict(state_dict: Mapping[str, Tensor], rank: int) -> dict[str, Ten
 
 def run(argv: Sequence[str] | None = None) -> list[Path]:
     """Cut and save; returns the files written."""
-    from library.weight_files import load_state_dict
+    from library.files.weights import load_state_dict
 
     args = build_parser().parse_args(argv)
     check(args)

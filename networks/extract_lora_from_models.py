@@ -22,9 +22,10 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: import the repository, not this folder
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from library.problems import ConfigError
+from library.cli.main_guard import main_guard
+from library.cli.problems import ConfigError
 from networks.extract import ExtractOptions, extract, extract_metadata
-from networks.tool_common import check_adapter_path, dtype_of, main_guard, save_adapter
+from networks.tool_common import check_adapter_path, dtype_of, save_adapter
 
 
 def build_parser() -> argparse.ArgumentParser:

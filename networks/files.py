@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor
 
+from library.cli.problems import first
 from library.families import adapter_family_label
-from library.problems import first
 
 from .algos import ALGOS, NOT_SUPPORTED, detect_algo, oft_variant
 from .fused import FusedLeaf

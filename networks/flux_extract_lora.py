@@ -27,8 +27,9 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: import the repository, not this folder
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from library.problems import ConfigError
-from networks.tool_common import check_adapter_path, device_problem, dtype_of, main_guard, save_adapter
+from library.cli.main_guard import main_guard
+from library.cli.problems import ConfigError
+from networks.tool_common import check_adapter_path, device_problem, dtype_of, save_adapter
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -91,7 +92,7 @@ class _Stripped(Mapping):
 def read_bfl(path: str, flag: str, lazy: bool) -> _Stripped:
     """The transformer of ``path`` under BFL names without prefix; diffusers-named files are converted."""
     from library.families.flux import keys as K
-    from library.weight_files import SafetensorsReader, load_state_dict
+    from library.files.weights import SafetensorsReader, load_state_dict
 
     lazy = lazy and Path(path).suffix.lower() == ".safetensors"
     source = SafetensorsReader(path) if lazy else load_state_dict(path)[0]

@@ -44,8 +44,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from library.cli.problems import ConfigError
 from library.families.flux import keys as K
-from library.problems import ConfigError
 
 PEFT_SUFFIXES = (".lora_A.weight", ".lora_B.weight")
 PEFT_PREFIXES = {"transformer": "lora_unet", "text_encoder": "lora_te1"}

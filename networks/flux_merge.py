@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
-from library.problems import ConfigError, problems_of
+from library.cli.problems import ConfigError, problems_of
 
 from . import files
 from .deltas import AdapterFile, module_delta, resolve_index
@@ -157,8 +157,8 @@ def load_flux_adapters(paths: Sequence[str]) -> list[AdapterFile]:
     diffusers / ai-toolkit files converted to kohya names first (``networks.flux_formats``, exact)."""
     from pathlib import Path
 
-    from library.problems import ConfigError, problems_of
-    from library.weight_files import load_state_dict
+    from library.cli.problems import ConfigError, problems_of
+    from library.files.weights import load_state_dict
 
     from .deltas import adapter_from_state_dict
     from .flux_formats import is_peft, peft_to_kohya

@@ -39,16 +39,9 @@ if __package__ in (None, ""):  # run as a script: import the repository, not thi
 
 import torch
 
-from library.problems import ConfigError
-from networks.tool_common import (
-    check_adapter_path,
-    check_inputs,
-    device_problem,
-    dtype_of,
-    main_guard,
-    ratios_for,
-    save_adapter,
-)
+from library.cli.main_guard import main_guard
+from library.cli.problems import ConfigError
+from networks.tool_common import check_adapter_path, check_inputs, device_problem, dtype_of, ratios_for, save_adapter
 
 logger = logging.getLogger(__name__)
 SAVE_PRECISIONS = {"float": torch.float32, "float32": torch.float32, "fp32": torch.float32, "fp16": torch.float16,
@@ -117,7 +110,7 @@ def check(args: argparse.Namespace) -> list[float]:
 def _read_transformer(args: argparse.Namespace):
     """(BFL state dict, to_output(BFL state) -> state under the input's names, metadata)."""
     from library.families.flux import keys as K
-    from library.weight_files import load_state_dict
+    from library.files.weights import load_state_dict
 
     state, metadata = load_state_dict(args.flux_model, device=args.loading_device)
     keys = list(state)
@@ -145,7 +138,7 @@ def _read_transformer(args: argparse.Namespace):
 
 
 def merge_into_models(args: argparse.Namespace, files, ratios: list[float]) -> list[Path]:
-    from library.weight_files import load_state_dict, save_state_dict
+    from library.files.weights import load_state_dict, save_state_dict
     from networks import flux_merge
     from networks.merge import merged_from
 

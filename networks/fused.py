@@ -36,8 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from library.device.fp8 import compute_weight
 from library.families.base import Fused
-from library.fp8 import compute_weight
 
 from .layers import AdapterLayer, AdapterWeights
 

@@ -19,10 +19,10 @@ from dataclasses import replace
 import torch
 from torch import Tensor, nn
 
+from library.cli.problems import ConfigError
 from library.families import block_layout, block_layout_title
 from library.families.base import TargetClasses
 from library.families.blocks import BlockLayout
-from library.problems import ConfigError
 
 from . import files
 from .algos import ALGOS, dora
@@ -409,7 +409,7 @@ def network_from_state_dict(
 
 def network_from_file(path: str | os.PathLike, roots: Sequence[Root], cfg: NetworkConfig | None = None):
     """:func:`network_from_state_dict` for a file (safetensors or a safe pickle)."""
-    from library.weight_files import load_state_dict
+    from library.files.weights import load_state_dict
 
     state_dict, _ = load_state_dict(path)
     return network_from_state_dict(state_dict, roots, cfg, source=str(path))

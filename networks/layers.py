@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from library.fp8 import compute_weight
+from library.device.fp8 import compute_weight
 
 from .algos import ALGOS, dora, dylora
 from .algos import lora as lora_algo

@@ -28,8 +28,9 @@ if __package__ in (None, ""):  # run as a script: import the repository, not thi
 import torch
 from torch import Tensor
 
-from library.problems import ConfigError
-from networks.tool_common import device_problem, dtype_of, main_guard, progress
+from library.cli.main_guard import main_guard
+from library.cli.problems import ConfigError
+from networks.tool_common import device_problem, dtype_of, progress
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +127,7 @@ def token_scores(family, parts, network, batch_size: int, clip_skip: int | None)
 def run(argv: Sequence[str] | None = None) -> list[tuple[int, float]]:
     """Interrogate; prints the top ``--top_k`` and returns every token as (id, score), highest score first."""
     from library.families import family_as_flagged
-    from library.weight_files import load_state_dict
+    from library.files.weights import load_state_dict
     from networks import network_from_state_dict
 
     args = build_parser().parse_args(argv)

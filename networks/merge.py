@@ -23,9 +23,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from library.cli.problems import ConfigError, problems_of
 from library.families import adapter_families, adapter_family_label
 from library.families.base import ModelFamily, Parts
-from library.problems import ConfigError, problems_of
 
 from . import files
 from .deltas import AdapterFile, file_deltas, fits, resolve_index, shape_from_tensors
@@ -235,7 +235,7 @@ def lora_metadata(
 ) -> dict[str, str]:
     """Metadata of a merged LoRA: ss_network_* from the result (``Dynamic`` when ranks differ), the base-model keys
     and ModelSpec of the first input that has them, ``modelspec.merged_from`` and a training comment."""
-    from library import metadata_format as md
+    from library.files import metadata as md
 
     meta: dict[str, str] = {}
     for key in ("ss_v2", "ss_base_model_version", "ss_sd_model_name"):

@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from library.cli.problems import ConfigError
 from library.families import block_layout
-from library.problems import ConfigError
 
 from . import files, lora_flux
 from .layers import AdapterLayer, AdapterWeights, DyLoRALayer, NormAdapterLayer
@@ -260,7 +260,7 @@ class AdapterNetwork(nn.Module):
 
     def save(self, path: str | os.PathLike, metadata: dict[str, str] | None = None, dtype=None) -> None:
         """Write the adapter file atomically (``--save_precision`` as ``dtype``; metadata = ``metadata()`` + yours)."""
-        from library.weight_files import save_state_dict
+        from library.files.weights import save_state_dict
 
         meta = {**self.metadata(), **(metadata or {})}
         save_state_dict(self.state_dict_for_file(dtype), path, metadata=meta, wrap_ckpt=False)
@@ -268,7 +268,7 @@ class AdapterNetwork(nn.Module):
     # ------------------------------------------------------------------------------------------------- file input
     def load_file(self, path: str | os.PathLike, strict: bool = True) -> LoadReport:
         """Load an adapter file into this network (``--network_weights``); see :meth:`load_kohya_state_dict`."""
-        from library.weight_files import load_state_dict
+        from library.files.weights import load_state_dict
 
         state_dict, _ = load_state_dict(path)
         return self.load_kohya_state_dict(state_dict, strict=strict, source=str(path))

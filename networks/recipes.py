@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from library.problems import ConfigError
+from library.cli.problems import ConfigError
 
 from .lowrank import SVD
 

@@ -26,12 +26,13 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: import the repository, not this folder
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from library.problems import ConfigError, problems_of
+from library.cli.main_guard import main_guard
+from library.cli.problems import ConfigError, problems_of
 from networks import deltas as dl
 from networks.lowrank import DYNAMIC_METHODS
 from networks.recipes import Recipe, fmt, parse_recipes
 from networks.resize import ResizeOptions, describe, resize_file, resized_metadata
-from networks.tool_common import check_adapter_path, dtype_of, main_guard, save_adapter
+from networks.tool_common import check_adapter_path, dtype_of, save_adapter
 
 DEFAULT_RECIPE = "fro_ckpt=1,thr=-3.5"  # elias-gaeros/resize_lora's default
 

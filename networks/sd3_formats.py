@@ -38,8 +38,8 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
+from library.cli.problems import ConfigError
 from library.families.sd3 import keys as K
-from library.problems import ConfigError
 
 from .flux_formats import (
     PEFT_SUFFIXES,

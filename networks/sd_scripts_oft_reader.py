@@ -49,7 +49,7 @@ def apply_sd_scripts_oft(
     """Patch the UNet modules of ``roots`` (a family's ``adapter_roots``: UNet first) named in the ``oft_unet_…``
     file ``path`` with sd-scripts' OFT forward; returns how many modules were patched. ``ValueError`` naming the key
     when a module of the file is not in the model."""
-    from library.weight_files import load_state_dict
+    from library.files.weights import load_state_dict
 
     state_dict, _ = load_state_dict(path)
     _, unet, rename = roots[0][:3]

@@ -12,8 +12,8 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: import the repository, not this folder
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
+from library.cli.main_guard import main_guard
 from networks import merge_lora
-from networks.tool_common import main_guard
 
 
 def run(argv: Sequence[str] | None = None) -> Path:

@@ -22,11 +22,12 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: import the repository, not this folder
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from library.config import add_unsupported, unsupported_problems
-from library.problems import ConfigError
+from library.cli.main_guard import main_guard
+from library.cli.parse import add_unsupported, unsupported_problems
+from library.cli.problems import ConfigError
 from networks import deltas as dl
 from networks import merge
-from networks.tool_common import check_adapter_path, check_inputs, dtype_of, main_guard, ratios_for, save_adapter
+from networks.tool_common import check_adapter_path, check_inputs, dtype_of, ratios_for, save_adapter
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -69,9 +68,9 @@ def save_adapter(
     no_metadata: bool = False,
 ) -> Path:
     """Cast, hash (``sshs_model_hash`` / ``sshs_legacy_hash`` over the tensors as written) and write atomically.
-    ``no_metadata``: only the minimal ss_* keys and ModelSpec (``library.metadata_format.minimal``)."""
-    from library import metadata_format as md
-    from library.weight_files import save_state_dict
+    ``no_metadata``: only the minimal ss_* keys and ModelSpec (``library.files.metadata.minimal``)."""
+    from library.files import metadata as md
+    from library.files.weights import save_state_dict
 
     tensors = cast(state_dict, dtype)
     meta = md.to_str_values(dict(metadata))
@@ -79,38 +78,6 @@ def save_adapter(
         meta = md.minimal(meta)
     meta = md.with_hashes(tensors, {k: v for k, v in meta.items() if not k.startswith("sshs_")})
     return save_state_dict(tensors, path, metadata=meta, wrap_ckpt=False)  # adapter pickles: a plain dict
-
-
-def main_guard(func: Callable[[], Any]) -> int:
-    """The exit status of ``func()`` (an entry script's ``run(argv)``) run as a command line; every entry script's
-    ``main(argv)`` is this. Problems with the user's input (``ValueError``, ``ConfigError``) and with the files and
-    disks it names (``OSError``: no such file, no permission, disk full while saving) print as one ``error:`` line
-    and give status 2; a run that stopped early (a training ``Result`` that failed or was interrupted, a check that
-    returned False) gives 1; Ctrl-C gives 130 without a traceback. Anything else is a bug and propagates with its
-    traceback. ``--help`` exits 0 through argparse's ``SystemExit``."""
-    from library.logs import library_output
-
-    library_output(False)  # the libraries' bars and notices (as in a training run); our bars and messages stay
-    try:
-        result = func()
-    except (ValueError, OSError) as e:
-        from library.logs import print_error
-
-        print_error(user_message(e))
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    stopped = getattr(result, "failed", None) or getattr(result, "interrupted", False)
-    return 1 if result is False or stopped else 0
-
-
-def user_message(error: BaseException) -> str:
-    """The text of an input error; an ``OSError`` without a file name in its text gets it (``[Errno 13] Permission
-    denied: 'x'`` becomes ``x: permission denied``)."""
-    if isinstance(error, OSError) and error.strerror and error.filename is not None:
-        return f"{error.filename}: {error.strerror[0].lower()}{error.strerror[1:]}"
-    return str(error)
 
 
 def ratios_for(models: list[str] | None, ratios: list[float] | None, problems: list[str]) -> list[float]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from library.demo import make_example_dataset
+from library.run.demo import make_example_dataset
 
 TOKEN = "shapetok"
 

@@ -9,7 +9,7 @@ import torch
 from _networks_helpers import make_config, oracle_delta, oracle_weight, perturb
 
 from library.families import get_family
-from library.weight_files import load_state_dict
+from library.files.weights import load_state_dict
 from networks import inject
 from networks.files import group_by_module, module_index
 

@@ -20,7 +20,7 @@ def assert_comfyui_loads(
     BFL ``names``) with dots as underscores; up @ down fits that weight. Modules under each of ``te_prefixes`` (text
     encoders) must be there too and are left out of the shape check; a module named with ``fused`` (one kohya module
     on a fused weight, e.g. SD3's ``joint_blocks_0_x_block_attn_qkv``) must be there."""
-    from library.weight_files import load_state_dict
+    from library.files.weights import load_state_dict
 
     by_name = {
         "lora_unet_" + k[: -len(".weight")].replace(".", "_"): s for k, s in shapes.items() if k.endswith(".weight")

@@ -49,7 +49,7 @@ def tiny_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
     """The example images and captions of the demo, one copy per test module (a module may override it)."""
-    from library.demo import make_example_dataset
+    from library.run.demo import make_example_dataset
 
     return make_example_dataset(tmp_path_factory.mktemp("data"))
 

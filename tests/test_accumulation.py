@@ -20,9 +20,9 @@ from _token_helpers import token_dataset
 
 import library.objectives as O
 import library.run.train_step as T
-from library.demo import make_tiny_model
+from library.files.weights import load_state_dict
 from library.run import loop
-from library.weight_files import load_state_dict
+from library.run.demo import make_tiny_model
 
 # one script of each trainable kind also shows that the comparison notices a step of half the length
 SENSITIVITY = ("sdxl_train_network", "train_textual_inversion", "fine_tune")

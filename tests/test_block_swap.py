@@ -1,4 +1,4 @@
-"""library/block_swap.py: ``--blocks_to_swap`` and ``--cpu_offload_checkpointing`` on a tiny diffusers FLUX transformer.
+"""library/run/block_swap.py: ``--blocks_to_swap`` and ``--cpu_offload_checkpointing`` on a tiny diffusers FLUX transformer.
 
 Oracles:
 * sd-scripts' split of N between FLUX's double and single blocks (``FluxModel.enable_block_swap``, re-typed here):
@@ -7,7 +7,7 @@ Oracles:
   device), with and without gradient checkpointing, offloaded checkpointing and float8 storage. Each device copy a
   block leaves is zeroed as it leaves ("poisoned"), so a gradient computed from a copy that should have gone differs;
   the same test without the saved-weight notes does differ (the oracle can fail);
-* on the simulated device (meta, library/simulated_device.py): the device-tensor peak of a step falls by the
+* on the simulated device (meta, library/measure/simulated_device.py): the device-tensor peak of a step falls by the
   swapped blocks' bytes less the two blocks in flight, and offloaded checkpointing lowers it below plain
   checkpointing.
 """
@@ -20,8 +20,10 @@ import pytest
 import torch
 from torch import nn
 
-import library.block_swap as block_swap
-from library.block_swap import (
+import library.run.block_swap as block_swap
+from library.cli.problems import ConfigError
+from library.families.base import BlockList
+from library.run.block_swap import (
     BlockSwap,
     BlockSwapConfig,
     add_block_swap_args,
@@ -29,8 +31,6 @@ from library.block_swap import (
     offloaded_checkpoint,
     split_blocks_to_swap,
 )
-from library.families.base import BlockList
-from library.problems import ConfigError
 
 
 class Adapted(nn.Module):
@@ -84,7 +84,7 @@ def train_step(swap: int = 0, checkpointing: bool = False, offload: bool = False
     """One forward + backward of the adapted tiny FLUX on the CPU: (loss, {name: grad}, the BlockSwap or None)."""
     model = tiny_flux()
     if fp8:
-        from library.fp8 import store_in_fp8
+        from library.device.fp8 import store_in_fp8
 
         store_in_fp8(model, torch.float32)
     if checkpointing:
@@ -287,7 +287,7 @@ def device_peak(swap: int, offload: bool = False) -> dict:
     are kept, so no meta tensor outlives the measurement."""
     import gc
 
-    from library.simulated_device import SimulatedDevice
+    from library.measure.simulated_device import SimulatedDevice
 
     gc.collect()  # the previous measurement's meta tensors are not counted in this one
     model = tiny_flux(width_heads=16)
@@ -350,7 +350,7 @@ def test_sd_scripts_refuse_blocks_to_swap_with_a_reason():
     """SD1/SD2/SDXL: the flag is refused before anything loads, saying it is for FLUX / SD3; the family has no lists,
     and placing an SD UNet with swapping fails the same way."""
     import train_network
-    from library.config import parse_args
+    from library.cli.parse import parse_args
     from library.families import SD1
     from library.run.train_setup import place_denoiser
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from library.weight_files import atomic_path, load_state_dict, read_metadata, save_state_dict
+from library.files.weights import atomic_path, load_state_dict, read_metadata, save_state_dict
 
 
 def test_round_trip_each_format(tmp_path):
@@ -73,7 +73,7 @@ def test_saved_file_has_default_permissions(tmp_path):
 
 _SAVE_ON_A_FULL_DISK = """
 import os, sys, torch
-from library.weight_files import SaveError, save_state_dict
+from library.files.weights import SaveError, save_state_dict
 try:
     save_state_dict({"w": torch.zeros(100_000)}, sys.argv[1] + "/m.safetensors")
 except SaveError as e:

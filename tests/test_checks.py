@@ -6,7 +6,7 @@ import pytest
 from _data_utils import make_png, parse, small_args
 
 import train_network
-from library.config import ConfigError, read_config_file
+from library.cli.parse import ConfigError, read_config_file
 from library.data import build_datasets
 
 

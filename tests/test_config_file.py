@@ -4,7 +4,7 @@ import argparse
 
 import pytest
 
-from library.config import ConfigError, add_config_args, add_unsupported, parse_args
+from library.cli.parse import ConfigError, add_config_args, add_unsupported, parse_args
 
 
 def _parser():

@@ -12,7 +12,7 @@ from huggingface_hub import utils as hub_utils
 from transformers.utils import logging as transformers_logging
 
 import train_network
-from library import logs, runtime
+from library.cli import console as logs
 from library.run import train_setup
 
 NOTICE_LOGGERS = {  # where each library's notices come from
@@ -70,7 +70,7 @@ def test_their_bars_and_notices_only_with_debug(tiny_dir, dataset, tmp_path, cap
     err = set_up(tiny_dir, dataset, tmp_path / "b", capsys, "--console_log_level", "DEBUG")
     assert "Loading weights" in err
     assert all(shown().values()), shown()
-    runtime.console_logging(None, None, False)  # the next run's logging setup in this process: off again
+    logs.console_logging(None, None, False)  # the next run's logging setup in this process: off again
     assert not any(shown().values()), shown()
 
 

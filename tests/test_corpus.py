@@ -16,8 +16,8 @@ import pytest
 import torch
 
 import train_network
-from library.demo import make_example_dataset
-from library.weight_files import load_state_dict, read_metadata
+from library.files.weights import load_state_dict, read_metadata
+from library.run.demo import make_example_dataset
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
 SIZE_FLAGS = ("resolution", "min_bucket_reso", "max_bucket_reso", "skip_image_resolution")

@@ -291,7 +291,7 @@ def test_flag_defaults_match_sd_scripts_and_bad_flags_are_clear():
     assert "--resolution: expected a resolution like" in msg and "--train_batch_size: must be >= 1" in msg
     import argparse
 
-    from library.config import ConfigError, parse_args
+    from library.cli.parse import ConfigError, parse_args
     from library.data.data_args import add_dataset_args
 
     parser = argparse.ArgumentParser()

@@ -1,4 +1,4 @@
-"""library.deferred_imports: importing sdtrain changes nothing in the import system; inside ``enabled()`` (the entry
+"""library.cli.deferred_imports: importing sdtrain changes nothing in the import system; inside ``enabled()`` (the entry
 scripts' ``main()``) diffusers' eager model subpackages load only what is used, every name still resolves, and the
 hook is gone afterwards; a diffusers release other than the checked one imports plainly.
 
@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from library import deferred_imports
+from library.cli import deferred_imports
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -19,7 +19,7 @@ import json, logging, sys
 before = list(sys.meta_path)
 import library, train_network, sdxl_train_network, train_textual_inversion, fine_tune, train_db, gen_img
 untouched = sys.meta_path == before and logging.getLogger("bitsandbytes").level == logging.NOTSET
-from library import deferred_imports
+from library.cli import deferred_imports
 with deferred_imports.enabled() as on:
     from diffusers import AutoencoderKL, UNet2DConditionModel
     loaded_before = sorted(m for m in sys.modules if m.startswith("diffusers.models.unets.")
@@ -57,11 +57,11 @@ def test_diffusers_model_packages_load_lazily_and_completely():
 
 WHOLE = r"""
 import json, sys
-from library import deferred_imports
+from library.cli import deferred_imports
 with deferred_imports.enabled():
     from diffusers import AutoencoderKL, UNet2DConditionModel
     import diffusers.loaders.single_file_model  # what the families' single-file loading imports
-from library.deferred_imports import DeferredPackage
+from library.cli.deferred_imports import DeferredPackage
 waiting = {name: isinstance(sys.modules.get(name), DeferredPackage) for name in ("bitsandbytes", "scipy.stats")}
 skipped = [name for name in ("diffusers.hooks.layerwise_casting", "diffusers.hooks.faster_cache") if name in sys.modules]
 out = {"waiting": waiting, "skipped": skipped}

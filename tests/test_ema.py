@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from library.ema import EMA
+from library.run.ema import EMA
 
 
 def _params():

@@ -49,7 +49,7 @@ def test_every_entry_script_has_main_argv_and_help_exits_0(name, capsys):
     with pytest.raises(SystemExit) as exit_info:
         module.main(["--help"])
     assert exit_info.value.code in (0, None)
-    hooks = [f for f in sys.meta_path if type(f).__module__ == "library.deferred_imports"]
+    hooks = [f for f in sys.meta_path if type(f).__module__ == "library.cli.deferred_imports"]
     assert not hooks  # main()'s start-up import hook is gone again
     assert "usage:" in capsys.readouterr().out
 
@@ -75,7 +75,7 @@ SAME_TYPE = {"train_network": "sdxl_train_network.py", "sdxl_train_network": "tr
 def test_a_model_of_the_other_family_names_the_script_of_the_same_training_type(script, tiny_dir, dataset, tmp_path):
     from _scripts import family_of, run_script, script_args
 
-    from library.problems import ConfigError
+    from library.cli.problems import ConfigError
 
     other = "sd1" if family_of(script) == "sdxl" else "sdxl"
     with pytest.raises(ConfigError, match=rf"is an {other} model but this script trains \w+; use ") as e:

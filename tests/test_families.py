@@ -19,7 +19,7 @@ from library.families import SD1, SD2, SDXL, detect_family, get_family
 from library.families.convert import vae_to_ldm
 from library.families.loading import META_CONFIGS
 from library.families.tiny import build_tiny
-from library.weight_files import load_state_dict, save_state_dict
+from library.files.weights import load_state_dict, save_state_dict
 
 FAMILIES = ["sd1", "sd2", "sdxl"]
 

@@ -70,7 +70,7 @@ def check_full_size(stem: str, tmp_path, init_device: str) -> None:
     """The body of the full-size test (also runnable on a large CPU machine with init_device="cpu")."""
     from diffusers import StableDiffusionPipeline, StableDiffusionXLPipeline
 
-    from library.weight_files import load_state_dict, save_state_dict
+    from library.files.weights import load_state_dict, save_state_dict
 
     parts = _random_full_size(stem, init_device)
     family = get_family(parts.family)

@@ -11,7 +11,7 @@ from diffusers import DDIMScheduler, EulerDiscreteScheduler, StableDiffusionPipe
 
 from library.families import SD1, SD2, SDXL
 from library.families.convert import hf_state_dict
-from library.weight_files import load_state_dict
+from library.files.weights import load_state_dict
 
 CAPTIONS = ["a photo of an astronaut riding a horse on mars", "a red cat"]
 WORDS = ["a", "photo", "of", "red", "cat", "dog", "blue", "sky", "tree", "house"]  # one CLIP token each

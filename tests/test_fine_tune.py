@@ -17,12 +17,12 @@ from diffusers import DDPMScheduler, DiffusionPipeline, StableDiffusionPipeline,
 import fine_tune
 import sdxl_train
 import train_db
-from library.config import ConfigError
-from library.demo import make_example_dataset
+from library.cli.parse import ConfigError
 from library.families import get_family
+from library.files.weights import load_state_dict, read_metadata
 from library.run import loop
+from library.run.demo import make_example_dataset
 from library.run.model_trainable import lr_block_count
-from library.weight_files import load_state_dict, read_metadata
 
 FAMILIES = ["sd1", "sd2", "sdxl"]
 

@@ -85,7 +85,7 @@ def _run(tmp: Path, name: str, data: Path, model: Path, processes: int, batch: i
 @pytest.fixture(scope="module")
 def two_images(tmp_path_factory):
     """Two different images, one repeat, a new token in the captions: every step sees both."""
-    from library.demo import make_example_dataset, make_tiny_model
+    from library.run.demo import make_example_dataset, make_tiny_model
 
     root = tmp_path_factory.mktemp("two")
     model = make_tiny_model(root / "model", "sd1")
@@ -124,7 +124,7 @@ def test_two_processes_agree_and_equal_one_process_with_the_total_batch(tmp_path
 
 # ------------------------------------------------------------------------------------------------ FSDP / DeepSpeed
 def test_deepspeed_flags_map_to_accelerates_plugin():
-    from library.engines import DeepSpeedConfig
+    from library.run.engines import DeepSpeedConfig
 
     ds = DeepSpeedConfig(zero_stage=3, offload_optimizer_device="cpu", offload_param_device="nvme",
                          offload_param_nvme_path="/nvme", zero3_save_16bit_model=True)  # fmt: skip
@@ -142,7 +142,7 @@ def test_deepspeed_flags_map_to_accelerates_plugin():
 
 def _error(tmp_path, *extra) -> str:
     import fine_tune
-    from library.demo import make_example_dataset, make_tiny_model
+    from library.run.demo import make_example_dataset, make_tiny_model
 
     model, data = make_tiny_model(tmp_path / "model", "sd1"), make_example_dataset(tmp_path / "data")
     with pytest.raises(ValueError) as e:
@@ -163,7 +163,7 @@ def test_deepspeed_zero2_trains_on_a_gpu(tmp_path, monkeypatch):
     """One CUDA process with --deepspeed --zero_stage 2 (needs the deepspeed package): trains and saves."""
     pytest.importorskip("deepspeed")
     import fine_tune
-    from library.demo import make_example_dataset, make_tiny_model
+    from library.run.demo import make_example_dataset, make_tiny_model
 
     model, data = make_tiny_model(tmp_path / "model", "sd1"), make_example_dataset(tmp_path / "data")
     env = {"WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29512"}

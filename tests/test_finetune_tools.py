@@ -9,8 +9,8 @@ import pytest
 
 import fine_tune
 from finetune import merge_captions_to_metadata, merge_dd_tags_to_metadata
-from library.demo import make_example_dataset
-from library.weight_files import read_metadata
+from library.files.weights import read_metadata
+from library.run.demo import make_example_dataset
 
 
 @pytest.fixture()

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import train_network
-from library import weight_files
-from library.config import ConfigError, parse_args
+from library.cli.parse import ConfigError, parse_args
+from library.files import weights as weight_files
 from library.run.train_setup import TrackerConfig, read_config
 from library.run.train_step import encode_captions
 
@@ -25,7 +25,7 @@ def _argv(model, dataset, out, *extra):
 @pytest.mark.parametrize("family", ["sd1", "sdxl"])
 def test_weighted_captions_weigh_the_tokens_like_the_sampler(tiny_parts, family):
     from library.families import get_family
-    from library.prompt_weighting import encode_weighted
+    from library.text.prompt_weighting import encode_weighted
 
     fam, parts = get_family(family), tiny_parts[family]
     with torch.no_grad():
@@ -105,7 +105,7 @@ def test_fused_backward_pass_is_refused_clearly(tiny_dir, dataset, tmp_path):
 
 
 def test_cpu_threads_one_for_tiny_models_and_omp_num_threads_honoured(monkeypatch):
-    from library.runtime import choose_cpu_threads
+    from library.device.host import choose_cpu_threads
 
     cpu = torch.device("cpu")
     try:

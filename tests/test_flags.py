@@ -12,7 +12,7 @@ import pytest
 
 import train_network
 import train_textual_inversion
-from library.config import ConfigError, parse_args
+from library.cli.parse import ConfigError, parse_args
 
 ROOT = Path(__file__).resolve().parents[1]
 FLAGS = json.loads((ROOT / "tests" / "data" / "sd_scripts_train_network_flags.json").read_text())
@@ -98,7 +98,7 @@ def run_flags(parser, skip=frozenset()) -> list:
 def assert_deepspeed_flag_acts(build_parser, action) -> None:
     """A DeepSpeed flag is read with --deepspeed only, which needs CUDA: it must change the DeepSpeed configuration
     ``DeepSpeedConfig.from_args`` makes from ``build_parser()``'s arguments."""
-    from library.engines import DeepSpeedConfig
+    from library.run.engines import DeepSpeedConfig
 
     def ds(*extra: str):
         return DeepSpeedConfig.from_args(build_parser().parse_args(["--deepspeed", *extra]), [])
@@ -201,7 +201,7 @@ def run_config(tiny_dir, tmp_path_factory):
     import dataclasses
 
     import gen_img
-    from library.demo import make_example_dataset
+    from library.run.demo import make_example_dataset
     from library.run.train_setup import read_config
     from library.sampling.inference import GenImgConfig
 
@@ -225,7 +225,7 @@ def run_config(tiny_dir, tmp_path_factory):
         return GenImgConfig.from_args(parse_args(gen_img.build_parser(), argv))
 
     def ti(argv):
-        from library.token_embeddings import TextualInversionConfig
+        from library.run.token_embeddings import TextualInversionConfig
 
         args = parse_args(train_textual_inversion.build_parser(), argv)
         args.output_name = args.output_name or args.token_string  # as train_textual_inversion.run

@@ -14,7 +14,7 @@ import pytest
 from test_flags import _expected
 
 import fine_tune
-from library.config import ConfigError, parse_args
+from library.cli.parse import ConfigError, parse_args
 from library.run.model_trainable import ModelTrainingConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,7 +78,7 @@ def ft_config(tiny_dir, tmp_path_factory):
     script's parser, every group's reader and every cross-check)."""
     import dataclasses
 
-    from library.demo import make_example_dataset
+    from library.run.demo import make_example_dataset
 
     data = make_example_dataset(tmp_path_factory.mktemp("ft_flags_data"))
     (data / "p.txt").write_text("a prompt\n")

@@ -19,7 +19,7 @@ from test_flags import (
 )
 
 import flux_train_network
-from library.config import parse_args
+from library.cli.parse import parse_args
 
 ROOT = Path(__file__).resolve().parents[1]
 FLAGS = json.loads((ROOT / "tests" / "data" / "sd_scripts_flux_train_network_flags.json").read_text())
@@ -45,9 +45,9 @@ def flux_config(tmp_path_factory):
     import dataclasses
 
     import train_network
-    from library.demo import make_example_dataset
     from library.families.flux.options import FluxOptions
     from library.families.flux.tiny import build_tiny_flux, write_tiny_files
+    from library.run.demo import make_example_dataset
     from library.run.train_setup import read_config
 
     root = tmp_path_factory.mktemp("flux_flags")
@@ -94,8 +94,8 @@ def test_weighted_captions_are_refused_before_training():
     """sd-scripts' FLUX script accepts --weighted_captions and fails at the first step (its FLUX tokenizer has no
     weighting); here the flag stops the run before anything loads, naming itself."""
     import flux_train_network
+    from library.cli.problems import ConfigError
     from library.families.flux.options import FluxOptions
-    from library.problems import ConfigError
 
     args = flux_train_network.build_parser().parse_args(["--weighted_captions"])
     with pytest.raises(ConfigError, match="--weighted_captions"):

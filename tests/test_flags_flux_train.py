@@ -20,7 +20,7 @@ from test_flags import (
 )
 
 import flux_train
-from library.config import parse_args
+from library.cli.parse import parse_args
 
 ROOT = Path(__file__).resolve().parents[1]
 FLAGS = json.loads((ROOT / "tests" / "data" / "sd_scripts_flux_train_flags.json").read_text())
@@ -51,9 +51,9 @@ def ft_config(tmp_path_factory):
     import dataclasses
 
     import fine_tune
-    from library.demo import make_example_dataset
     from library.families.flux.options import FluxOptions
     from library.families.flux.tiny import build_tiny_flux, write_tiny_files
+    from library.run.demo import make_example_dataset
     from library.run.model_trainable import ModelTrainingConfig
     from library.run.train_setup import read_config
 
@@ -106,7 +106,7 @@ def test_deprecated_swap_flags_read_as_sd_scripts_reads_them(ft_config, caplog):
 def test_refusals_name_the_flag(ft_config):
     """A pickle output (FLUX files are BFL safetensors or diffusers folders), two fused modes at once, and
     --train_text_encoder (not a flag of sd-scripts' flux_train.py) stop the run before anything loads."""
-    from library.problems import ConfigError
+    from library.cli.problems import ConfigError
 
     with pytest.raises(ConfigError, match="ckpt"):
         ft_config("--save_model_as", "ckpt")

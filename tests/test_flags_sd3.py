@@ -15,8 +15,8 @@ import torch
 from test_flags import assert_choices_accepted, assert_sd_scripts_flags
 
 import sd3_train_network
+from library.cli.problems import ConfigError
 from library.families.sd3.options import DOES_NOT_WORK, SD_ONLY_FLAGS, SD3Options
-from library.problems import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 FLAGS = json.loads((ROOT / "tests" / "data" / "sd_scripts_sd3_train_network_flags.json").read_text())
@@ -135,8 +135,8 @@ def sd3_config(sd3_files, tmp_path_factory):
     import dataclasses
 
     import train_network
-    from library.config import parse_args
-    from library.demo import make_example_dataset
+    from library.cli.parse import parse_args
+    from library.run.demo import make_example_dataset
     from library.run.train_setup import read_config
 
     root, files = tmp_path_factory.mktemp("sd3_flags"), sd3_files

@@ -23,9 +23,9 @@ from test_flags import (
 )
 
 import sd3_train
+from library.cli.problems import ConfigError
 from library.families.sd3 import full_training
 from library.families.sd3.options import DOES_NOT_WORK, SD_ONLY_FLAGS
-from library.problems import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 FLAGS = json.loads((ROOT / "tests" / "data" / "sd_scripts_sd3_train_flags.json").read_text())
@@ -55,8 +55,8 @@ def test_all_201_flags_exist_with_sd_scripts_defaults():
 def ft_config(tmp_path_factory):
     """The typed configuration sd3_train.py's run reads for some extra flags, on a tiny SD3 medium SAI file with its
     text encoders embedded (4 joint blocks)."""
-    from library.demo import make_example_dataset
     from library.families.sd3.tiny import build_tiny_sd3, write_tiny_files
+    from library.run.demo import make_example_dataset
 
     root = tmp_path_factory.mktemp("sd3_ft_flags")
     files = write_tiny_files(build_tiny_sd3("sd3", blocks=4), root / "model", diffusers=False)

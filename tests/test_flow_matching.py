@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from library import flow_matching as fm
+from library.cli.problems import ConfigError
 from library.losses import LossConfig, add_loss_args
 from library.noising import NoiseConfig, add_noise_args
 from library.objectives import (
@@ -27,7 +28,6 @@ from library.objectives import (
     flow_matching_objective,
     sd3_flow_objective,
 )
-from library.problems import ConfigError
 
 LATENTS = torch.randn(3, 4, 8, 6, generator=torch.Generator().manual_seed(0))
 SEED = 1234

@@ -20,7 +20,7 @@ from library.families.flux import keys as K
 from library.families.flux import latents as L
 from library.families.flux.text import T5_TOKENIZER_FILE
 from library.families.flux.tiny import build_tiny_flux, write_tiny_files
-from library.weight_files import read_metadata
+from library.files.weights import read_metadata
 
 VARIANTS = {"flux-dev": FLUX_DEV, "flux-schnell": FLUX_SCHNELL, "chroma": CHROMA}
 
@@ -464,7 +464,7 @@ def test_make_tiny_model_writes_sd_scripts_flux_inputs(tiny, tmp_path):
 def test_make_tiny_model_has_the_blocks_the_documented_swap_needs(tmp_path):
     """By default the tool's FLUX models have 11 double and 20 single blocks: sd-scripts' documented
     --blocks_to_swap 18 swaps 9 + 18 of them and keeps 2 of each kind on the device (one fewer is refused)."""
-    from library.block_swap import swap_problems
+    from library.run.block_swap import swap_problems
     from tools.make_tiny_model import run
 
     run(["--out", str(tmp_path), "--family", "flux-schnell"])
@@ -570,7 +570,7 @@ def test_attention_backends_leave_flux_attention_its_own_processor(caplog):
     import logging
 
     from library.families.flux.tiny import tiny_transformer
-    from library.runtime import set_attention
+    from library.run.runtime import set_attention
 
     model = tiny_transformer("flux-dev")
     before = {k: type(v) for k, v in model.attn_processors.items()}

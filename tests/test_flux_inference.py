@@ -234,7 +234,7 @@ def test_fp8_base_stores_flux_modulation_linears_in_float8(dev):
     Linears (norm1.linear ..., 3 GiB at real size) included, which the SD UNets' rule (skip "norm") would keep."""
     from types import SimpleNamespace
 
-    from library.fp8 import store_in_fp8, stored_in_fp8
+    from library.device.fp8 import store_in_fp8, stored_in_fp8
     from library.run.train_setup import store_frozen_in_fp8
 
     parts, sd_rule = copy.deepcopy(dev), copy.deepcopy(dev.denoiser)

@@ -15,11 +15,11 @@ import torch
 from _train_helpers import write_dataset_toml
 
 import flux_train
-from library.block_swap import BlockSwap
 from library.families import get_family
 from library.families.flux.keys import diffusers_to_bfl
 from library.families.flux.tiny import build_tiny_flux, write_tiny_files
-from library.weight_files import load_state_dict, read_metadata
+from library.files.weights import load_state_dict, read_metadata
+from library.run.block_swap import BlockSwap
 
 ADAFACTOR = ["--optimizer_type", "adafactor", "--optimizer_args", "relative_step=False", "scale_parameter=False",
              "warmup_init=False"]  # fmt: skip
@@ -178,7 +178,7 @@ def test_ordinary_steps_with_swap_give_the_weights_of_no_swap(model, dataset_tom
     """The docs line's AdamW (the step after backward: swapped weights and their gradients on the host) with
     --blocks_to_swap 18 against 0, 2 steps. The second run has --mem_eff_save: its file is written by the streaming
     writer, and holds the same tensors as the first run's ordinary save (within the tolerance of the swap)."""
-    from library import weight_files
+    from library.files import weights as weight_files
 
     argv = doc_command(model, dataset_toml, tmp_path / "a", "--learning_rate", "1e-3", "--save_state_on_train_end",
                        steps=2)  # fmt: skip
@@ -199,7 +199,7 @@ def test_mem_eff_save_writes_the_same_tensors(tmp_path):
     keys, dtypes and bytes, and the same metadata but the date and title (the file's name); safetensors reads it."""
     from safetensors import safe_open
 
-    from library.weight_files import streamed_saves
+    from library.files.weights import streamed_saves
 
     parts = build_tiny_flux("flux-dev", seed=3)
     family = get_family("flux-dev")

@@ -13,11 +13,11 @@ import torch
 from _train_helpers import assert_comfyui_loads, write_dataset_toml
 
 import flux_train_network
+from library.cli.problems import ConfigError
 from library.families import get_family
 from library.families.flux.keys import diffusers_to_bfl
 from library.families.flux.tiny import build_tiny_flux, write_tiny_files
-from library.problems import ConfigError
-from library.weight_files import load_state_dict, read_metadata
+from library.files.weights import load_state_dict, read_metadata
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +168,7 @@ def test_fp8_base_stores_every_flux_linear_and_trains(models, dataset, tmp_path)
     ``model.to(float8_e4m3fn)``; T5's ``wo`` stays (transformers keeps it); a bf16 step runs and is finite."""
     from types import SimpleNamespace
 
-    from library.fp8 import stored_in_fp8
+    from library.device.fp8 import stored_in_fp8
     from library.run.train_setup import store_frozen_in_fp8
 
     parts = build_tiny_flux("flux-dev")
@@ -190,9 +190,9 @@ def test_blocks_to_swap_swaps_the_flux_transformer_and_trains_the_same(dataset, 
     a BlockSwap of 1 double + 2 single blocks (sd-scripts' split), and on the CPU its losses equal a run without."""
     from diffusers import FluxTransformer2DModel
 
-    from library.block_swap import BlockSwap
     from library.families.flux.tiny import TRANSFORMER
     from library.run import train_setup
+    from library.run.block_swap import BlockSwap
 
     parts = build_tiny_flux("flux-dev")
     torch.manual_seed(0)

@@ -1,4 +1,4 @@
-"""library/fp8.py: float8 storage of frozen Linear / Conv2d weights, computed in the compute dtype.
+"""library/device/fp8.py: float8 storage of frozen Linear / Conv2d weights, computed in the compute dtype.
 
 Oracle: the same layers holding the float8-rounded weights in the compute dtype, without any hook: outputs and
 gradients are equal bit for bit, whether autograd keeps the compute copy or a note to cast it again, and with
@@ -14,8 +14,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from library.fp8 import compute_weight, store_in_fp8, stored_in_fp8
-from library.tensor_memory import TensorMemory
+from library.device.fp8 import compute_weight, store_in_fp8, stored_in_fp8
+from library.measure.tensor_memory import TensorMemory
 
 BF16 = torch.bfloat16
 

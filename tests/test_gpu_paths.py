@@ -16,11 +16,11 @@ from _token_helpers import token_dataset
 from torch.utils._pytree import tree_leaves
 
 import train_network
-from library.config import parse_args
-from library.demo import make_tiny_model
-from library.problems import ConfigError
+from library.cli.parse import parse_args
+from library.cli.problems import ConfigError
+from library.files.weights import load_state_dict
 from library.run import train_setup
-from library.weight_files import load_state_dict
+from library.run.demo import make_tiny_model
 
 FLOAT8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 

@@ -14,10 +14,10 @@ import torch
 from _tools_helpers import base_weights, file_deltas, write_adapter
 from safetensors.torch import save_file
 
-from library.config import ConfigError
+from library.cli.parse import ConfigError
 from library.families import get_family
 from library.families.convert import hf_state_dict
-from library.weight_files import load_state_dict
+from library.files.weights import load_state_dict
 from networks import lora_interrogator
 from networks.files import module_index
 

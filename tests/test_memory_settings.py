@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import train_network
+from library.files.weights import load_state_dict
 from library.run import train_setup
-from library.weight_files import load_state_dict
 
 CACHED = ["--cache_latents", "--cache_text_encoder_outputs", "--network_train_unet_only"]
 
@@ -110,7 +110,7 @@ def test_only_lowram_gives_freed_memory_back_on_cpu(tiny_dir, dataset, tmp_path,
 
 FREED = """
 import sys, torch
-from library.runtime import return_freed_memory, reuse_heap_for_small_models
+from library.device.host import return_freed_memory, reuse_heap_for_small_models
 if sys.argv[1] != "off":
     assert return_freed_memory(torch.device("cpu"))
     assert not reuse_heap_for_small_models(torch.device("cpu"), 10**9)  # a real-size model: no change
@@ -148,7 +148,7 @@ def test_diffusers_folder_read_tensor_by_tensor_equals_diffusers(tiny_dir, dtype
     from diffusers import AutoencoderKL, UNet2DConditionModel
 
     from library.families import get_family
-    from library.weight_files import SafetensorsReader
+    from library.files.weights import SafetensorsReader
 
     parts = get_family("sd1").load(tiny_dir / "sd1", dtype=dtype)
     for module, cls, sub in ((parts.denoiser, UNet2DConditionModel, "unet"), (parts.vae, AutoencoderKL, "vae")):

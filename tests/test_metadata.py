@@ -4,8 +4,8 @@ import hashlib
 
 import torch
 
-from library.metadata_format import file_legacy_hash, minimal, modelspec, sshs_hashes, with_hashes
-from library.weight_files import read_metadata, save_state_dict
+from library.files.metadata import file_legacy_hash, minimal, modelspec, sshs_hashes, with_hashes
+from library.files.weights import read_metadata, save_state_dict
 
 
 def _hash_after_header(path):

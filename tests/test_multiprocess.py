@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from _launch import two_processes
 
-from library.weight_files import load_state_dict
+from library.files.weights import load_state_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 

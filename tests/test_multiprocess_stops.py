@@ -14,7 +14,7 @@ import pytest
 import torch
 from _launch import two_processes
 
-from library.weight_files import load_state_dict
+from library.files.weights import load_state_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,7 +25,7 @@ import train_network
 import library.sampling.training as sampling_training
 from library.run import loop, train_setup
 from library.run.trainer import Trainer
-from library.weight_files import save_error
+from library.files.weights import save_error
 
 scenario, out = {scenario!r}, {out!r}
 rank = int(os.environ["RANK"])
@@ -70,7 +70,7 @@ sys.exit(train_network.main(sys.argv[1:]))
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
-    from library.demo import make_example_dataset, make_tiny_model
+    from library.run.demo import make_example_dataset, make_tiny_model
 
     root = tmp_path_factory.mktemp("inputs")
     prompts = root / "prompts.txt"

@@ -235,7 +235,7 @@ def test_lycoris_network_file_loads_into_ours(tiny_parts, tmp_path, monkeypatch)
     from test_networks_oracles import _lycoris_te
     from test_networks_oracles import lycoris as lycoris_fixture
 
-    from library.weight_files import save_state_dict
+    from library.files.weights import save_state_dict
 
     kohya = lycoris_fixture.__wrapped__(monkeypatch)
     parts = copy.deepcopy(tiny_parts["sd1"])
@@ -293,7 +293,7 @@ def trained_file(tiny_parts, tmp_path_factory):
 def test_extract_cuts_the_first_units_and_diffusers_loads_the_cut(trained_file, tiny_parts, tmp_path):
     from diffusers import DDIMScheduler, StableDiffusionPipeline
 
-    from library.weight_files import load_state_dict
+    from library.files.weights import load_state_dict
     from networks import extract_lora_from_dylora as tool
 
     network, _, path = trained_file
@@ -319,7 +319,7 @@ def test_extract_cuts_the_first_units_and_diffusers_loads_the_cut(trained_file, 
 
 
 def test_extract_refuses_what_is_not_a_dylora_file(tmp_path, capsys):
-    from library.weight_files import save_state_dict
+    from library.files.weights import save_state_dict
     from networks import extract_lora_from_dylora as tool
 
     save_state_dict({"lora_unet_x.hada_w1_a": torch.zeros(2, 2)}, tmp_path / "loha.safetensors")
@@ -410,7 +410,7 @@ def test_lora_fa_training_keeps_down_bit_identical_and_trains_up(tiny_dir, datas
     """A real run (AdamW with weight decay, 3 steps) from a saved init: lora_down is bit-identical, lora_up moved."""
     from test_train_network import args_for, train
 
-    from library.weight_files import load_state_dict
+    from library.files.weights import load_state_dict
 
     init = tmp_path / "init.safetensors"
     network = inject(make_config(module="networks.lora_fa", dim=4, alpha=2.0), adapter_roots(copy.deepcopy(
@@ -432,7 +432,7 @@ def test_dylora_resume_repeats_the_uninterrupted_run(tiny_dir, dataset, tmp_path
     """The block draws come from Python's ``random``, which --save_state keeps: a resumed run is bitwise the same."""
     from test_train_network import args_for, train
 
-    from library.weight_files import load_state_dict
+    from library.files.weights import load_state_dict
 
     common = ["--network_module", "networks.dylora", "--network_args", "unit=2", "--save_every_n_steps", "1",
               "--save_state"]  # fmt: skip

@@ -194,7 +194,7 @@ def test_saved_file_holds_fused_names_and_shapes(tmp_path):
     network = build("lora", model)
     randomize(network)
     network.save(tmp_path / "f.safetensors")
-    from library.weight_files import load_state_dict
+    from library.files.weights import load_state_dict
 
     sd, _ = load_state_dict(tmp_path / "f.safetensors")
     assert tuple(sd["lora_unet_double_blocks_0_img_attn_qkv.lora_up.weight"].shape) == (3 * INNER, 4)
@@ -278,7 +278,7 @@ def test_extract_diffs_the_stacked_weights():
 def test_fp8_stored_leaves(tmp_path):
     """DoRA (ΔW and the norm over the stacked weight) on float8-stored leaves equals the same adapter on a float32
     model holding the float8-rounded weights; merge and unmerge work on float8 storage."""
-    from library.fp8 import store_in_fp8
+    from library.device.fp8 import store_in_fp8
 
     model = tiny_flux().requires_grad_(False)
     rounded = tiny_flux()

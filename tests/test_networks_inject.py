@@ -20,7 +20,7 @@ from _networks_helpers import (
 )
 from torch import nn
 
-from library.weight_files import load_state_dict, save_state_dict
+from library.files.weights import load_state_dict, save_state_dict
 from networks import inject, merge_files_into_base, network_from_file, prepare_network
 from networks.layers import AdapterLayer, NormAdapterLayer
 

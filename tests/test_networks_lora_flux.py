@@ -22,7 +22,7 @@ from library.families import get_family
 from library.families.base import Parts
 from library.families.flux import keys as K
 from library.families.flux.tiny import TRANSFORMER, build_tiny_flux, tiny_clip_l, tiny_t5
-from library.weight_files import load_state_dict
+from library.files.weights import load_state_dict
 from networks import inject, network_from_file
 from networks.inject import prepare_network
 from networks.lora_flux import block_diagonal_mask

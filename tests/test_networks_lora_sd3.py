@@ -22,7 +22,7 @@ from _networks_helpers import lycoris_delta, make_config, single_thread  # noqa:
 from library.families import get_family
 from library.families.base import Parts, Root
 from library.families.sd3 import keys as K
-from library.weight_files import load_state_dict, save_state_dict
+from library.files.weights import load_state_dict, save_state_dict
 from networks import inject, network_from_file
 from networks.inject import prepare_network
 

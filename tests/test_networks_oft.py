@@ -24,7 +24,7 @@ from _networks_helpers import (
 )
 from torch import nn
 
-from library.weight_files import load_state_dict
+from library.files.weights import load_state_dict
 from networks import inject
 from networks.algos import ALGOS, boft, lokr
 from networks.algos.oft import cayley

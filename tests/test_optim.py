@@ -17,6 +17,7 @@ import sys
 import pytest
 import torch
 
+from library.cli.problems import ConfigError
 from library.optim import (
     OPTIMIZERS,
     SCHEDULERS,
@@ -31,7 +32,6 @@ from library.optim import (
     resolve_optimizer,
     set_train_mode,
 )
-from library.problems import ConfigError
 
 pytestmark = pytest.mark.filterwarnings("ignore:Paged optimizers are not supported on CPU")
 

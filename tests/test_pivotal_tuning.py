@@ -14,8 +14,8 @@ from PIL import Image
 
 import gen_img
 import train_network
-from library.config import ConfigError
-from library.weight_files import load_state_dict
+from library.cli.parse import ConfigError
+from library.files.weights import load_state_dict
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""One way to report problems (library/problems.py) and one home per flag (library/args.py defines none).
+"""One way to report problems (library/cli/problems.py) and one home per flag (library/run/args.py defines none).
 
 A run with problems in several groups (dataset file, network args, optimizer args, noise, EMA, a flag of the
 config file) gets one message listing each problem once, as its reader wrote it; entry scripts print it as
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 import train_network
-from library.config import parse_args
-from library.problems import ConfigError, Problems, did_you_mean, first, problems_of
+from library.cli.parse import parse_args
+from library.cli.problems import ConfigError, Problems, did_you_mean, first, problems_of
 from library.run.train_setup import read_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -137,7 +137,7 @@ def test_every_sd_scripts_flag_is_read_outside_its_definition_or_refused(script)
 
 
 def test_args_defines_no_flag_and_no_tool_imports_an_entry_script():
-    tree = ast.parse((ROOT / "library" / "args.py").read_text())
+    tree = ast.parse((ROOT / "library" / "run" / "args.py").read_text())
     calls = [n.func.attr for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)]
     assert "add_argument" not in calls and "add_argument_group" not in calls
     scripts = {p.stem for p in ROOT.glob("*.py")}

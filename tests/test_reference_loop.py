@@ -15,8 +15,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from library.demo import make_example_dataset
 from library.run import loop
+from library.run.demo import make_example_dataset
 
 # At 64 px the mid block sees one latent pixel: its self-attention has one key, so the softmax is 1 and the gradients
 # of to_q / to_k are exactly zero but for float noise, which Adam turns into lr-sized steps that differ between runs.
@@ -74,7 +74,7 @@ def test_sdxl_lora_steps_equal_a_plain_peft_loop(bench, tmp_path, monkeypatch):
     import library.objectives as O
     import library.run.train_step as T
     import sdxl_train_network
-    from library.demo import make_tiny_model
+    from library.run.demo import make_tiny_model
     from library.run.trainer import Trainer
 
     model = make_tiny_model(tmp_path / "model", "sdxl")

@@ -20,8 +20,8 @@ import fine_tune
 import library.objectives as O
 import library.run.train_step as T
 import train_textual_inversion
-from library.demo import make_example_dataset, make_tiny_model
-from library.weight_files import load_state_dict
+from library.files.weights import load_state_dict
+from library.run.demo import make_example_dataset, make_tiny_model
 
 STEPS, LR, CLIP = 2, 1e-3, 0.5
 

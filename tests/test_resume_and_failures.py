@@ -16,8 +16,8 @@ import torch
 from test_train_network import args_for, train
 
 import train_network
+from library.files.weights import load_state_dict, save_state_dict
 from library.run import loop, train_setup
-from library.weight_files import load_state_dict, save_state_dict
 
 
 def snapshot(folder):
@@ -291,7 +291,7 @@ def test_each_run_logs_to_its_own_folder_and_a_resumed_run_continues_it(tiny_dir
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     stamps = iter(["20260101000000", "20260101000001", "20260101000002"])
-    monkeypatch.setattr("library.logs._timestamp", lambda: next(stamps))
+    monkeypatch.setattr("library.run.trackers._timestamp", lambda: next(stamps))
     logs = tmp_path / "logs"
     common = ["--logging_dir", str(logs), "--log_prefix", "p-", "--save_every_n_steps", "2", "--save_state"]
     train("sd1", *args_for(tiny_dir / "sd1", dataset, tmp_path / "a", *common, steps=4))

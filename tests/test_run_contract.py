@@ -15,8 +15,8 @@ import pytest
 import train_network
 from library.run.method import MethodConfig, NothingTrained, method_members
 from library.run.model_trainable import ModelTrainable, ModelTrainingConfig
+from library.run.token_embeddings import TextualInversionConfig, TokenEmbeddings
 from library.run.trainable import Trainable, TrainableSet
-from library.token_embeddings import TextualInversionConfig, TokenEmbeddings
 from networks.network import AdapterNetwork
 
 
@@ -131,7 +131,7 @@ def test_trainables_change_the_step_only_through_step_models(tiny_parts):
     import torch
 
     from library.families import SD1
-    from library.token_embeddings import caption_rewriter
+    from library.run.token_embeddings import caption_rewriter
 
     parts = copy.deepcopy(tiny_parts["sd1"])  # the trainable makes the model trainable: not the shared one
     base = _step_models(parts.denoiser)

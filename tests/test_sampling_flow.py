@@ -403,7 +403,7 @@ def test_fp8_stored_bf16_model_samples_in_its_compute_dtype(dev):
     from the biases), accumulates in float32, and the result stays near the float32 model's."""
     import copy
 
-    from library.fp8 import store_in_fp8
+    from library.device.fp8 import store_in_fp8
     from library.sampling.flow_generate import compute_dtype
 
     parts, embeds = dev
@@ -423,8 +423,8 @@ def test_fp8_stored_bf16_model_samples_in_its_compute_dtype(dev):
 def test_sizes_a_flow_model_cannot_sample_are_found_before_training(dev, tiny_parts, tmp_path, caplog):
     """--w 72 parses (a multiple of 8) but a flow model needs multiples of 16: check_sample_prompts says so before
     training (file, prompt, option, a fix); a round whose re-read file has it is skipped with that error; SD is fine."""
+    from library.cli.problems import ConfigError
     from library.families import get_family
-    from library.problems import ConfigError
     from library.sampling import SampleConfig, check_sample_prompts, sample_during_training
 
     parts, embeds = dev

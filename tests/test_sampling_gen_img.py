@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 
 import gen_img
-from library.config import ConfigError
+from library.cli.parse import ConfigError
 
 BASE = ["--steps", "3", "--W", "64", "--H", "64", "--scale", "6"]
 
@@ -64,7 +64,7 @@ def test_textual_inversion_rows_equal_diffusers(tiny_parts, tiny_dir, tmp_path, 
     from safetensors.torch import save_file
 
     from library.families import get_family
-    from library.textual_inversion import add_embedding
+    from library.text.textual_inversion import add_embedding
 
     family, parts = get_family(family_name), copy.deepcopy(tiny_parts[family_name])
     widths = [te.get_input_embeddings().weight.shape[1] for te in parts.text_encoders]
@@ -105,7 +105,7 @@ def test_embedding_errors(tiny_parts, tmp_path):
     from safetensors.torch import save_file
 
     from library.families import get_family
-    from library.textual_inversion import add_embedding, read_embedding
+    from library.text.textual_inversion import add_embedding, read_embedding
 
     save_file({"clip_l": torch.zeros(1, 32), "clip_g": torch.zeros(1, 32)}, str(tmp_path / "xl.safetensors"))
     with pytest.raises(ValueError, match="a sd1 embedding needs one tensor"):

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from library.config import ConfigError
+from library.cli.parse import ConfigError
 from library.sampling import (
     PromptSpec,
     SampleConfig,

@@ -123,7 +123,7 @@ def test_training_losses_identical_with_and_without_sampling(tiny_parts, tmp_pat
 
 
 def test_ema_weights_are_used_and_restored(tiny_parts, tmp_path):
-    from library.ema import EMA
+    from library.run.ema import EMA
 
     family, parts = _family("sd1"), copy.deepcopy(tiny_parts["sd1"])
     params = list(parts.denoiser.conv_out.parameters())
@@ -176,8 +176,8 @@ def test_train_network_with_sampling_trains_identically(tiny_dir, tmp_path):
     RNG) writes the same LoRA as the run without samples."""
     pytest.importorskip("networks.inject", reason="needs the networks package (networks branch)")
     import train_network
-    from library.demo import make_example_dataset
-    from library.weight_files import load_state_dict
+    from library.files.weights import load_state_dict
+    from library.run.demo import make_example_dataset
 
     data = make_example_dataset(tmp_path / "data")
     prompts = tmp_path / "p.txt"

@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from library.prompt_weighting import (
+from library.text.prompt_weighting import (
     apply_weights,
     chunk_ids,
     encode_weighted,
@@ -130,7 +130,7 @@ def test_textual_inversion_token_is_expanded(tiny_parts, tmp_path):
     from safetensors.torch import save_file
 
     from library.families import get_family
-    from library.textual_inversion import add_embedding
+    from library.text.textual_inversion import add_embedding
 
     family, parts = get_family("sd1"), copy.deepcopy(tiny_parts["sd1"])
     save_file({"emb_params": torch.randn(3, 32)}, str(tmp_path / "mychar.safetensors"))

@@ -6,7 +6,8 @@ import random
 import pytest
 import torch
 
-from library.config import ConfigError
+from library.cli.parse import ConfigError
+from library.device.rng import capture_rng, restore_rng
 from library.run.run_files import (
     SaveConfig,
     add_save_args,
@@ -20,7 +21,6 @@ from library.run.run_files import (
     save_train_state,
     state_dir,
 )
-from library.runtime import capture_rng, restore_rng
 
 
 def _cfg(tmp_path, *argv):

@@ -462,7 +462,7 @@ def test_make_tiny_model_writes_every_sd3_layout(tmp_path):
 def test_attention_backends_keep_sd3s_joint_attention(tiny):
     """The run layer's --sdpa / --xformers switch (library/runtime.set_attention) leaves SD3's joint attention
     processors alone (AttnProcessor2_0 cannot return the two streams): the prediction is unchanged."""
-    from library.runtime import set_attention
+    from library.run.runtime import set_attention
 
     parts = build_tiny_sd3("sd3.5-medium")
     cond = SD35_MEDIUM.encode_prompt(parts, ["a cat"])

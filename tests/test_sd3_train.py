@@ -18,7 +18,7 @@ import sd3_train
 from library.families import get_family
 from library.families.sd3.keys import SAI_PREFIX, sai_to_diffusers
 from library.families.sd3.tiny import build_tiny_sd3, tiny_transformer, write_tiny_files
-from library.weight_files import load_state_dict, read_metadata
+from library.files.weights import load_state_dict, read_metadata
 
 ADAFACTOR = ["--optimizer_type", "adafactor", "--optimizer_args", "relative_step=False", "scale_parameter=False",
              "warmup_init=False"]  # fmt: skip

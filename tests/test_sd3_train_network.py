@@ -15,10 +15,10 @@ from _train_helpers import assert_comfyui_loads, write_dataset_toml
 from safetensors.torch import load_file, save_file
 
 import sd3_train_network
+from library.cli.problems import ConfigError
 from library.families.sd3.keys import diffusers_to_sai
 from library.families.sd3.tiny import build_tiny_sd3, write_tiny_files
-from library.problems import ConfigError
-from library.weight_files import load_state_dict, read_metadata
+from library.files.weights import load_state_dict, read_metadata
 
 ARCH = {"sd3": "stable-diffusion-3-medium", "sd3.5-medium": "stable-diffusion-3-5-medium",
         "sd3.5-large": "stable-diffusion-3-5-large"}  # fmt: skip
@@ -173,7 +173,7 @@ def test_attention_backends_keep_sd3_joint_attention(caplog):
 
     from diffusers.models.attention_processor import AttnProcessor, AttnProcessor2_0
 
-    from library.runtime import set_attention
+    from library.run.runtime import set_attention
 
     parts = build_tiny_sd3("sd3.5-medium")
     before = {k: type(v) for k, v in parts.denoiser.attn_processors.items()}
@@ -204,8 +204,8 @@ def test_fp8_base_stores_the_frozen_transformer_in_float8_and_trains(models, dat
     (sd-scripts' ``mmdit.to(float8_e4m3fn)``); a bf16 step on them runs and is finite."""
     from types import SimpleNamespace
 
+    from library.device.fp8 import stored_in_fp8
     from library.families import get_family
-    from library.fp8 import stored_in_fp8
     from library.run.train_setup import store_frozen_in_fp8
 
     family = get_family("sd3.5-medium")

@@ -1,4 +1,4 @@
-"""Whole runs with the meta device standing in for the GPU (library/simulated_device.py): every tensor the run puts
+"""Whole runs with the meta device standing in for the GPU (library/measure/simulated_device.py): every tensor the run puts
 on the device is checked the way CUDA checks it, heavy compute left on the host fails, and the device-resident bytes
 are counted per phase.
 
@@ -14,9 +14,9 @@ import torch
 
 import sdxl_train_network
 import train_network
-from library.demo import make_example_dataset, make_tiny_model
+from library.measure.simulated_device import DeviceMismatch, simulated_device
 from library.run import train_setup
-from library.simulated_device import DeviceMismatch, simulated_device
+from library.run.demo import make_example_dataset, make_tiny_model
 
 SEED_004 = Path(__file__).parent / "corpus" / "guide_sdxl_locon.sh"
 
@@ -61,7 +61,7 @@ def seed_004_argv(model: Path, data: Path, out: Path, prompts: Path) -> list[str
 def test_seed_004_sdxl_command_runs_on_the_simulated_device(models, data_once, tmp_path):
     """Seed 004's command (--lowram, fp16 with a GradScaler, --no_half_vae, cached latents, trained text-encoder
     adapters, checkpointing, accumulation 6, euler_a samples after step 2): every phase runs with its tensors on the
-    device (the checks of library/simulated_device.py), and the samples and the adapter are written."""
+    device (the checks of library/measure/simulated_device.py), and the samples and the adapter are written."""
     prompts = tmp_path / "sample-prompts.txt"
     prompts.write_text("a sks shape --w 64 --h 64 --s 3\nsks shape, red --w 64 --h 64 --s 3 --n blurry\n")
     argv = seed_004_argv(models["sdxl"], data_once, tmp_path / "out", prompts)
@@ -164,7 +164,7 @@ def test_a_step_reads_the_device_once(models, data, tmp_path):
 
 def test_device_mismatch_is_caught_where_meta_kernels_do_not_check():
     """conv2d of a meta input with host weights runs on meta kernels without a word; the simulated device fails it."""
-    from library.simulated_device import SimulatedDevice
+    from library.measure.simulated_device import SimulatedDevice
 
     x, w = torch.ones(1, 2, 4, 4, device="meta"), torch.ones(2, 2, 3, 3)
     assert torch.nn.functional.conv2d(x, w).device.type == "meta"  # no check without the mode

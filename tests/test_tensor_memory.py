@@ -1,11 +1,11 @@
-"""library/tensor_memory.py: live and peak tensor bytes, checked against byte counts worked out by hand."""
+"""library/measure/tensor_memory.py: live and peak tensor bytes, checked against byte counts worked out by hand."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from library.tensor_memory import TensorMemory
+from library.measure.tensor_memory import TensorMemory
 
 KIB256 = 256 * 256 * 4  # one 256 x 256 float32 matrix
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from library.config import ConfigError
+from library.cli.parse import ConfigError
 from library.families import SDXL
 from tools import cache_text_encoder_outputs
 
@@ -18,7 +18,7 @@ def run(main, *argv):
 
 def test_training_after_the_tool_encodes_nothing_and_has_the_same_loss(tiny_dir, tmp_path, monkeypatch):
     import sdxl_train_network
-    from library.demo import make_example_dataset
+    from library.run.demo import make_example_dataset
 
     data = make_example_dataset(tmp_path / "data")
     flags = ["--pretrained_model_name_or_path", tiny_dir / "sdxl", "--train_data_dir", data, "--caption_extension",
@@ -53,7 +53,7 @@ def test_training_after_the_tool_encodes_nothing_and_has_the_same_loss(tiny_dir,
 
 
 def test_flags_that_cannot_work_are_refused_together(tiny_dir, tmp_path):
-    from library.demo import make_example_dataset
+    from library.run.demo import make_example_dataset
 
     data = make_example_dataset(tmp_path / "data")
     with pytest.raises(ConfigError) as e:

@@ -13,9 +13,9 @@ import torch
 from _tools_helpers import write_adapter
 
 import gen_img
-from library import logs
+from library.cli import console as logs
+from library.cli.main_guard import main_guard
 from networks import check_lora_weights, merge_lora, sdxl_merge_lora
-from networks.tool_common import main_guard
 
 
 def guarded(capsys, main, *argv):
@@ -121,7 +121,7 @@ def test_only_the_main_process_writes_info_lines(monkeypatch):
 
 
 def test_library_notices_are_silenced_and_real_warnings_are_not():
-    from library.logs import library_output
+    from library.cli.console import library_output
 
     library_output(False)  # what a run's logging setup does (importing library changes nothing)
 

@@ -10,9 +10,9 @@ import torch
 from _networks_helpers import make_config
 from _tools_helpers import base_weights, file_deltas, svdvals
 
-from library.config import ConfigError
+from library.cli.parse import ConfigError
 from library.families import get_family
-from library.weight_files import load_state_dict
+from library.files.weights import load_state_dict
 from networks import extract_lora_from_models, inject, merge_lora
 from networks.files import module_index
 

@@ -18,9 +18,9 @@ from test_networks_oracles import (
     lycoris_kohya,
 )
 
-from library.config import ConfigError
+from library.cli.parse import ConfigError
 from library.families import get_family
-from library.weight_files import load_state_dict
+from library.files.weights import load_state_dict
 from networks import check_lora_weights, merge_lora, resize_lora, svd_merge_lora
 from networks.files import group_by_module
 from networks.lycoris_reader import _ia3_reads_on_input
@@ -125,7 +125,7 @@ def test_check_lora_weights_lists_every_tensor_and_finds_untrained_modules(adapt
     state, meta = load_state_dict(adapters["glora"])
     name = next(k for k in state if k.endswith("a2.weight")).removesuffix(".a2.weight")
     state[f"{name}.b2.weight"].zero_()  # the B term is 0, W·a1·a2 is not: ΔW ≠ 0
-    from library.weight_files import save_state_dict
+    from library.files.weights import save_state_dict
 
     save_state_dict(state, tmp_path / "half.safetensors")
     assert not check_lora_weights.check_file(tmp_path / "half.safetensors").problems

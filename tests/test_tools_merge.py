@@ -19,9 +19,9 @@ from test_networks_oracles import (
     lycoris_kohya,
 )
 
-from library.config import ConfigError
+from library.cli.parse import ConfigError
 from library.families import get_family
-from library.weight_files import load_state_dict
+from library.files.weights import load_state_dict
 from networks import merge_lora, sdxl_merge_lora, svd_merge_lora
 
 

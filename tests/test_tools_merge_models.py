@@ -12,10 +12,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from library.config import ConfigError
+from library.cli.parse import ConfigError
 from library.families import get_family
 from library.families import tiny as tiny_mod
-from library.weight_files import load_state_dict
+from library.files.weights import load_state_dict
 from tools import merge_models
 
 

@@ -13,9 +13,9 @@ from PIL import Image
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from library.config import ConfigError
+from library.cli.parse import ConfigError
 from library.families import SD1, get_family
-from library.weight_files import load_state_dict
+from library.files.weights import load_state_dict
 from networks import check_lora_weights
 from tools import (
     cache_latents,
@@ -130,7 +130,7 @@ def test_resize_images_to_resolution(tmp_path):
 # ------------------------------------------------------------------------------------------------- cache latents
 def test_cache_latents_fills_the_cache_training_reads(tiny_dir, tmp_path, monkeypatch):
     import train_network
-    from library.demo import make_example_dataset
+    from library.run.demo import make_example_dataset
 
     data = make_example_dataset(tmp_path / "data")
     flags = ["--pretrained_model_name_or_path", tiny_dir / "sd1", "--train_data_dir", data, "--caption_extension",

@@ -19,9 +19,9 @@ from test_networks_oracles import (
     lycoris_kohya,
 )
 
-from library.config import ConfigError
+from library.cli.parse import ConfigError
 from library.families import get_family
-from library.weight_files import load_state_dict
+from library.files.weights import load_state_dict
 from networks import inject, merge_lora, resize_lora, svd_merge_lora
 from networks.files import group_by_module
 from networks.sd_scripts_oft_reader import apply_sd_scripts_oft
@@ -161,7 +161,7 @@ def test_check_reads_oft_blocks_and_constraints(tiny_parts, tmp_path, doft):
     frozen = _write(tiny_parts["sd1"], tmp_path / "frozen.safetensors", module="networks.oft", alpha=1e-3)
     state, meta = load_state_dict(frozen)
     state = {k: torch.zeros(()) if k.endswith(".alpha") else v for k, v in state.items()}
-    from library.weight_files import save_state_dict
+    from library.files.weights import save_state_dict
 
     save_state_dict(state, tmp_path / "zero.safetensors", metadata=meta, wrap_ckpt=False)
     assert any("alpha <= 0" in p for p in check_file(tmp_path / "zero.safetensors").problems)  # sd-scripts: frozen

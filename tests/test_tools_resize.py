@@ -8,9 +8,9 @@ import torch
 from _tools_helpers import base_weights, file_deltas, ranks, svdvals, write_adapter
 from test_tools_lowrank import cumulative_rank, fro_rank, ratio_rank
 
-from library import metadata_format as md
-from library.config import ConfigError
-from library.weight_files import load_state_dict
+from library.cli.parse import ConfigError
+from library.files import metadata as md
+from library.files.weights import load_state_dict
 from networks import resize_lora
 
 

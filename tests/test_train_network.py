@@ -14,9 +14,9 @@ import pytest
 import torch
 
 import train_network
-from library.config import ConfigError
+from library.cli.parse import ConfigError
+from library.files.weights import load_state_dict, read_metadata
 from library.run import loop
-from library.weight_files import load_state_dict, read_metadata
 
 
 def args_for(model, dataset, out, *extra, steps=3):

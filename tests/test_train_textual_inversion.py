@@ -18,10 +18,10 @@ from PIL import Image
 
 import gen_img
 import train_textual_inversion
-from library.config import ConfigError
+from library.cli.parse import ConfigError
 from library.families import get_family
+from library.files.weights import load_state_dict, read_metadata
 from library.run import train_setup
-from library.weight_files import load_state_dict, read_metadata
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +83,7 @@ def _load_into_diffusers(pipe, family, path):
 
 @pytest.mark.parametrize("family_name", ["sd1", "sd2", "sdxl"])
 def test_only_new_rows_train_and_diffusers_reads_the_file(tiny_dir, dataset, tmp_path, monkeypatch, family_name):
-    from library.prompt_weighting import encode_weighted
+    from library.text.prompt_weighting import encode_weighted
 
     family = get_family(family_name)
     runs = []
@@ -273,7 +273,7 @@ def test_a_batch_without_the_token_is_a_step_that_changes_nothing(tiny_dir, tmp_
     with "element 0 of tensors does not require grad"). Oracle for the counters and the random stream: the same run
     with the rows wired into every batch (a zero gradient there, so an ordinary optimizer step) has the same
     learning rates and draws the same noise and timesteps, step for step."""
-    from library.token_embeddings import TokenEmbeddings
+    from library.run.token_embeddings import TokenEmbeddings
 
     data = token_dataset(tmp_path / "data")
     lacking = next(data.rglob("00_circle.txt"))

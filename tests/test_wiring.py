@@ -12,9 +12,9 @@ from PIL import Image
 
 import sdxl_train_network
 import train_network
-from library.demo import draw_shape
+from library.files.weights import load_state_dict
 from library.run import loop, train_setup
-from library.weight_files import load_state_dict
+from library.run.demo import draw_shape
 
 
 def lora_args(model: Path, data: Path, out: Path, *extra: str, steps: int = 3) -> list[str]:
@@ -28,7 +28,7 @@ def lora_args(model: Path, data: Path, out: Path, *extra: str, steps: int = 3) -
 
 # ------------------------------------------------------------------------------------------------- EMA
 def test_ema_file_follows_the_documented_recurrence(tiny_dir, dataset, tmp_path):
-    """library/ema.py's recurrence, rebuilt from the live per-step files: the shadow starts at the initial weights
+    """library/run/ema.py's recurrence, rebuilt from the live per-step files: the shadow starts at the initial weights
     and, every ``update_every``-th step, moves ``(1 - d)`` of the way to the live weights with ``d = decay **
     update_every``, capped by the warm-up ``(1 + n) / (10 + n)``. decay 0.3, every 2 steps: d = 0.09, below the
     warm-up, so the decay itself shows (the default 0.999 would give 0.1, 0.18, 0.25)."""
@@ -136,12 +136,12 @@ def test_sdxl_step_hands_the_unet_diffusers_time_ids(tiny_dir, odd_sizes, tmp_pa
 # ------------------------------------------------------------------------------------------------- checkpointing
 def test_gradient_checkpointing_checkpoints_and_lowers_the_step_peak(tiny_dir, dataset, tmp_path, monkeypatch):
     """--gradient_checkpointing: the UNet's blocks run through torch.utils.checkpoint, and the step adds fewer tensor
-    bytes to what was alive when it began (counted by library/tensor_memory.py; 13 MiB without, none with, at 256 px)
+    bytes to what was alive when it began (counted by library/measure/tensor_memory.py; 13 MiB without, none with, at 256 px)
     than the same step without it; the losses agree."""
     import torch.utils.checkpoint as ckpt
 
-    from library.phases import PhasePeaks, instrumented
-    from library.tensor_memory import TensorMemory
+    from library.measure.phases import PhasePeaks, instrumented
+    from library.measure.tensor_memory import TensorMemory
 
     def run(out: Path, *extra: str) -> tuple[list[float], float, int]:
         calls = []

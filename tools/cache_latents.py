@@ -21,13 +21,13 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: import the repository, not this folder
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from library.args import add_network_training_groups
-from library.config import parse_args
+from library.cli.main_guard import main_guard
+from library.cli.parse import parse_args
 from library.families import family_group
 from library.run import train_setup
-from library.runtime import make_accelerator
+from library.run.args import add_network_training_groups
+from library.run.runtime import make_accelerator
 from networks.config import add_network_args
-from networks.tool_common import main_guard
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -23,14 +23,14 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: import the repository, not this folder
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from library.args import add_network_training_groups
-from library.config import add_no_effect, add_unsupported, parse_args
+from library.cli.main_guard import main_guard
+from library.cli.parse import add_no_effect, add_unsupported, parse_args
+from library.cli.problems import ConfigError
 from library.families import family_group
-from library.problems import ConfigError
 from library.run import train_setup
-from library.runtime import make_accelerator
+from library.run.args import add_network_training_groups
+from library.run.runtime import make_accelerator
 from networks.config import add_network_args
-from networks.tool_common import main_guard
 
 # sd-scripts' FLUX flags (flux_train_utils.add_flux_train_arguments, and --t5xxl_dtype of the tool itself)
 FLUX_FLAGS = ("--t5xxl_dtype", "--clip_l", "--t5xxl", "--ae", "--controlnet_model_name_or_path",

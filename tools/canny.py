@@ -20,8 +20,8 @@ if __package__ in (None, ""):  # run as a script: import the repository, not thi
 
 import numpy as np
 
+from library.cli.main_guard import main_guard
 from library.data.captioning import require
-from networks.tool_common import main_guard
 
 
 def read_image(cv2, path: str | Path, flags: int) -> np.ndarray:

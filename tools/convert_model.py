@@ -28,9 +28,9 @@ if __package__ in (None, ""):  # run as a script: import the repository, not thi
 
 import torch
 
-from library.config import add_unsupported, unsupported_problems
-from library.problems import ConfigError
-from networks.tool_common import main_guard
+from library.cli.main_guard import main_guard
+from library.cli.parse import add_unsupported, unsupported_problems
+from library.cli.problems import ConfigError
 
 logger = logging.getLogger(__name__)
 SINGLE_FILE = (".safetensors", ".ckpt")

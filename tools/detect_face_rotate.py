@@ -37,8 +37,8 @@ if __package__ in (None, ""):  # run as a script: import the repository, not thi
 import numpy as np
 from tqdm.auto import tqdm
 
+from library.cli.main_guard import main_guard
 from library.data.captioning import MissingPackage, images_or_error, require
-from networks.tool_common import main_guard
 from tools.canny import read_image, write_image
 
 logger = logging.getLogger("sdtrain")

@@ -26,6 +26,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from library.cli.main_guard import main_guard  # noqa: E402
 from library.families import get_family  # noqa: E402
 from library.families.flux.tiny import VARIANTS as FLUX_VARIANTS  # noqa: E402
 from library.families.flux.tiny import build_tiny_flux, write_tiny_files  # noqa: E402
@@ -33,7 +34,6 @@ from library.families.sd3.configs import VARIANTS as SD3_VARIANTS  # noqa: E402
 from library.families.sd3.tiny import build_tiny_sd3  # noqa: E402
 from library.families.sd3.tiny import write_tiny_files as write_tiny_sd3_files  # noqa: E402
 from library.families.tiny import FAMILIES, build_tiny  # noqa: E402
-from networks.tool_common import main_guard  # noqa: E402
 
 # joint blocks of the tiny SD3 models this tool writes (None: the variant's tiny default, 34 for sd3.5-large): the
 # fewest that sd-scripts' documented command lines accept (docs/fine_tune.md's sd3_train.py --blocks_to_swap 10)

@@ -36,8 +36,9 @@ if __package__ in (None, ""):  # run as a script: import the repository, not thi
 import torch
 from torch import Tensor
 
-from library.problems import ConfigError
-from networks.tool_common import device_problem, dtype_of, main_guard, progress
+from library.cli.main_guard import main_guard
+from library.cli.problems import ConfigError
+from networks.tool_common import device_problem, dtype_of, progress
 
 logger = logging.getLogger(__name__)
 SINGLE_FILE = (".safetensors", ".ckpt")
@@ -187,7 +188,7 @@ def unread_keys(path: Path, family) -> list[str]:
     """Keys of a single file that the family's loader does not read (EMA copies, schedule buffers...)."""
     from library.families.convert import UNET_PREFIX, VAE_PREFIX
     from library.families.loading import check_model_path
-    from library.weight_files import load_state_dict
+    from library.files.weights import load_state_dict
 
     path = check_model_path(path)
     if path.is_dir():

@@ -29,8 +29,9 @@ if __package__ in (None, ""):  # run as a script: import the repository, not thi
 
 import torch
 
-from library.weight_files import SafetensorsReader, atomic_path
-from networks.tool_common import device_problem, main_guard
+from library.cli.main_guard import main_guard
+from library.files.weights import SafetensorsReader, atomic_path
+from networks.tool_common import device_problem
 
 logger = logging.getLogger(__name__)
 

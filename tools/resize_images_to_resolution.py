@@ -24,9 +24,9 @@ if __package__ in (None, ""):  # run as a script: import the repository, not thi
 
 from PIL import Image
 
+from library.cli.main_guard import main_guard
+from library.cli.problems import ConfigError
 from library.data.images import load_image, resample_filter
-from library.problems import ConfigError
-from networks.tool_common import main_guard
 
 logger = logging.getLogger(__name__)
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp")

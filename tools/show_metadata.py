@@ -17,8 +17,8 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: import the repository, not this folder
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from library.weight_files import PICKLE_SUFFIXES, load_state_dict, read_metadata
-from networks.tool_common import main_guard
+from library.cli.main_guard import main_guard
+from library.files.weights import PICKLE_SUFFIXES, load_state_dict, read_metadata
 
 
 def read(path: str | Path) -> dict[str, str]:

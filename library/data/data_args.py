@@ -6,8 +6,8 @@ import argparse
 import logging
 from dataclasses import dataclass, fields
 
-from library.config import add_unsupported
-from library.problems import ConfigError
+from library.cli.parse import add_unsupported
+from library.cli.problems import ConfigError
 
 from .resolution import Size, parse_resolutions
 from .schema import INTERPOLATIONS
@@ -72,7 +72,7 @@ class DataArgs:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> DataArgs:
         """Read the parsed flags of :func:`add_dataset_args`; every problem is reported at once."""
-        errors: list[str] = []  # (flags sdtrain refuses are refused at parsing: library.config.add_unsupported)
+        errors: list[str] = []  # (flags sdtrain refuses are refused at parsing: library.cli.parse.add_unsupported)
         values = {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)}
         if getattr(args, "caption_extention", None):
             values["caption_extension"] = args.caption_extention

@@ -14,7 +14,8 @@ import json
 import os
 from dataclasses import dataclass, field
 
-from library.problems import ConfigError, Problems
+from library.cli.parse import bom_hint
+from library.cli.problems import ConfigError, Problems
 
 from .buckets import BucketSpec
 from .captions import CaptionConfig
@@ -105,14 +106,6 @@ def read_dataset_file(path: str) -> dict:
         return _toml_loads(text) if ext == ".toml" else json.loads(text)
     except (_TomlError, json.JSONDecodeError) as e:
         raise ConfigError([f"{path}: not valid {ext[1:].upper()}: {e}{bom_hint(text)}"]) from None
-
-
-def bom_hint(text: str) -> str:
-    """Why a file that looks right does not parse: a byte-order mark that Windows editors put in front."""
-    if text.startswith("\ufeff"):
-        return (" (the file starts with a byte-order mark, BOM: the editor saved it as 'UTF-8 with BOM'; save it as "
-                "plain UTF-8)")  # fmt: skip
-    return ""
 
 
 def _folder_subsets(parent: str, flag: str, is_reg: bool, problems: Problems) -> list[dict]:

@@ -11,8 +11,8 @@ import json
 import os
 from pathlib import Path
 
+from library.cli.problems import ConfigError
 from library.data.sources import list_images
-from library.problems import ConfigError
 
 
 def find_images(folder: str | os.PathLike, recursive: bool = False) -> list[Path]:

@@ -14,7 +14,7 @@ import math
 import os
 from dataclasses import dataclass, replace
 
-from library.problems import Problems
+from library.cli.problems import Problems
 
 from .buckets import Assignment, predefined_buckets, select_bucket
 from .data_args import DataArgs

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
-from library.problems import first
+from library.cli.problems import first
 
 from .batching import epoch_batches, per_process
 from .resolution import format_size

@@ -14,7 +14,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from library.problems import Problems, did_you_mean
+from library.cli.problems import Problems, did_you_mean
 
 from .resolution import parse_resolutions
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from PIL import Image, UnidentifiedImageError
 
-from library.problems import Problems
+from library.cli.problems import Problems
 
 from .captions import finetune_caption
 

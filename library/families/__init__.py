@@ -72,7 +72,7 @@ def detect_family(source: str | os.PathLike | Mapping[str, Any]) -> ModelFamily:
 
 
 def _peek(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
-    from ..weight_files import load_state_dict
+    from library.files.weights import load_state_dict
 
     if path.suffix.lower() != ".safetensors":
         return load_state_dict(path)

@@ -229,7 +229,7 @@ class Root(NamedTuple):
 
 class BlockList(NamedTuple):
     """One list of a denoiser's transformer blocks that ``--blocks_to_swap`` may keep on the host
-    (:meth:`ModelFamily.swap_blocks`, library/block_swap.py).
+    (:meth:`ModelFamily.swap_blocks`, library/run/block_swap.py).
 
     ``blocks``: the model's own ``nn.ModuleList`` (diffusers FLUX: ``transformer_blocks``, 19 double blocks, and
     ``single_transformer_blocks``, 38 single blocks). ``per_unit``: how many of these blocks one unit of
@@ -296,7 +296,7 @@ class ModelFamily(Protocol):
     sd-scripts; Chroma ``()``); None for SD / SDXL, whose every output comes from a trained encoder."""
     fp8_skip: tuple[str, ...]
     """``--fp8_base``: denoiser Linear / Conv2d layers whose module path contains one of these stay in the compute
-    dtype (``library.fp8.store_in_fp8``'s ``skip``): ("norm",) for the SD UNets (diffusers' rule); () for FLUX, whose
+    dtype (``library.device.fp8.store_in_fp8``'s ``skip``): ("norm",) for the SD UNets (diffusers' rule); () for FLUX, whose
     "norm" Linears are the adaLN modulations (3.2 B parameters, stored in float8 by sd-scripts too)."""
     target_classes: TargetClasses
     """The module classes adapter presets select in this family's denoiser and text encoders (``networks.targets``

@@ -22,13 +22,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..weight_files import (
+from library.files.weights import (
     PICKLE_SUFFIXES,
     SAFETENSORS_SUFFIXES,
     SafetensorsReader,
     load_state_dict,
     mmap_disabled,
 )
+
 from .base import FamilySpec, PartDtypes, Parts
 from .convert import (
     UNET_PREFIX,

@@ -28,7 +28,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..weight_files import save_state_dict
+from library.files.weights import save_state_dict
+
 from .base import FamilySpec, ModelFamily, Parts
 from .convert import VAE_PREFIX, hf_state_dict, text_encoder_to_ldm, unet_to_ldm, vae_to_ldm
 from .loading import META_CONFIGS, META_FAMILY, shipped_configs, subfolder

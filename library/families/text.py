@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..fp8 import is_fp8
+from library.device.fp8 import is_fp8
 
 CHUNK = 75
 SEQ = CHUNK + 2

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from library.cli.problems import ConfigError
 from library.optim.optimizers import (
     ADAFACTOR,
     SCHEDULE_FREE,
@@ -28,7 +29,6 @@ from library.optim.optimizers import (
     resolve_optimizer_kwargs,
 )
 from library.optim.schedulers import scheduler_problems
-from library.problems import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -200,7 +200,7 @@ WHAT = "optimizer / LR scheduler settings"  # the header of their problems
 
 @dataclass(frozen=True)
 class OptimConfig:
-    """Optimizer and LR-schedule settings, validated on construction (raises :class:`~library.problems.ConfigError`).
+    """Optimizer and LR-schedule settings, validated on construction (raises :class:`~library.cli.problems.ConfigError`).
 
     ``lr_warmup_steps`` / ``lr_decay_steps``: an int is a number of optimizer steps, a float in [0, 1] a fraction
     of the run. ``lr_scheduler`` is stored lower-case (``"adafactor:<lr>"`` becomes ``"adafactor"``).
@@ -284,7 +284,7 @@ class OptimConfig:
 
         Missing attributes take sd-scripts' defaults. With Adafactor and relative_step=True the scheduler is forced
         to ``adafactor`` as in sd-scripts (logged). ``--fused_backward_pass`` also reads
-        ``args.gradient_accumulation_steps`` (must be 1). Raises one :class:`~library.problems.ConfigError` (a ``ValueError``)
+        ``args.gradient_accumulation_steps`` (must be 1). Raises one :class:`~library.cli.problems.ConfigError` (a ``ValueError``)
         listing every problem.
         """
         raw = {flag.name: getattr(args, flag.name, flag.default) for flag in _FLAGS}

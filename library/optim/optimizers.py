@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from library.problems import did_you_mean as suggest
+from library.cli.problems import did_you_mean as suggest
 
 if TYPE_CHECKING:
     from library.optim.config import OptimConfig

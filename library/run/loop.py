@@ -13,13 +13,13 @@ from typing import Any
 
 import torch
 
-from library.logs import print_error
+from library.cli.console import print_error
+from library.files.weights import SaveError
 from library.optim import effective_lrs, make_optimizer, make_scheduler, step_without_optimizer
 from library.run import train_setup
 from library.run.train_step import Interrupt, LossTracker, NonFiniteLoss, batch_loss, check_finite
 from library.run.trainable import prepare_for_training
 from library.run.trainer import Result, Trainer
-from library.weight_files import SaveError
 
 
 def train(run: train_setup.Run, trainable: Any, groups: list[dict]) -> Result:

@@ -1,7 +1,7 @@
 """What a recipe trains, as the run layer reads it: the :class:`MethodConfig` protocol.
 
 Every training script reads its own method flags into one frozen config (``AdapterMethod`` in train_network.py,
-``TextualInversionConfig`` in library/token_embeddings.py, ``ModelTrainingConfig`` in library/run/model_trainable.py)
+``TextualInversionConfig`` in library/run/token_embeddings.py, ``ModelTrainingConfig`` in library/run/model_trainable.py)
 and hands its reader to ``train_setup.read_config``. The run set-up asks the config only these members;
 tests/test_run_contract.py checks every method config against this list.
 """

@@ -24,13 +24,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from library.block_swap import requested_blocks_to_swap
-from library.engines import DeepSpeedConfig, launch_problems
+from library.cli.problems import ConfigError
 from library.families.base import ModelFamily, Parts
 from library.families.unet_keys import block_map, diffusers_to_ldm
+from library.files.weights import streamed_saves
 from library.optim.fused import FusedStep, block_chunks, chunk_parameters
-from library.problems import ConfigError
-from library.weight_files import streamed_saves
+from library.run.block_swap import requested_blocks_to_swap
+from library.run.engines import DeepSpeedConfig, launch_problems
 
 logger = logging.getLogger("sdtrain")
 DIT_SCRIPTS = ("flux_train", "sd3_train")  # full fine-tunes of transformer families (block swap, blockwise steps)
@@ -90,7 +90,7 @@ class ModelTrainingConfig:
     no_token_padding: bool = False  # train_db.py: captions padded to the batch's longest caption, not to 77
     train_unet: bool = True  # sdxl_train.py --learning_rate 0: False (only the text encoders train)
     blockwise_fused_optimizers: bool = False  # flux_train.py: one fused step per transformer block (+ the rest)
-    mem_eff_save: bool = False  # flux_train.py: files written tensor by tensor (library/weight_files.py)
+    mem_eff_save: bool = False  # flux_train.py: files written tensor by tensor (library/files/weights.py)
     block_swap: bool = False  # --blocks_to_swap: the swapped blocks' trained weights live on the host
 
     def deepspeed_plugin(self, cfg: Any) -> Any:

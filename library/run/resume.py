@@ -162,7 +162,7 @@ def nothing_left(save: Any, run: Any) -> bool:
     reason = budget_left(read_counters(Path(save.resume)), run.max_train_steps, run.max_train_epochs)
     if reason is None:
         return False
-    from library.logs import is_main_process
+    from library.cli.console import is_main_process
     from library.run.run_files import model_file
 
     final = model_file(save)

@@ -26,10 +26,10 @@ from typing import Any
 
 import torch
 
-from library.config import add_unsupported
-from library.problems import ConfigError
+from library.cli.parse import add_unsupported
+from library.cli.problems import ConfigError
+from library.files.weights import is_write_failure, load_state_dict, read_metadata, save_error, save_state_dict
 from library.run.resume import REQUIRED_FILES, find_state, read_counters
-from library.weight_files import is_write_failure, load_state_dict, read_metadata, save_error, save_state_dict
 
 EXTENSIONS = {"safetensors": ".safetensors", "ckpt": ".ckpt", "pt": ".pt"}
 # --metadata_<name> flags, written as modelspec.<name>

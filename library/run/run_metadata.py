@@ -18,7 +18,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from library import metadata_format as md
+from library.files import metadata as md
 
 _SESSION_ID = str(uuid.uuid4().int & (2**31 - 1))
 

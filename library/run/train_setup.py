@@ -22,39 +22,37 @@ from typing import Any
 import torch
 
 from library import data, sampling
-from library.block_swap import BlockSwap, BlockSwapConfig, enable_offloaded_checkpointing, swap_problems
-from library.config import from_namespace
-from library.devices import on_device, to_device
-from library.ema import EMAConfig
+from library.cli.console import console_logging
+from library.cli.parse import from_namespace
+from library.cli.problems import ConfigError, Problems
+from library.device.fp8 import store_in_fp8
+from library.device.host import choose_cpu_threads, return_freed_memory, reuse_heap_for_small_models
+from library.device.placement import on_device, to_device
 from library.families import select_family
 from library.families.base import ModelFamily, PartDtypes, Parts
-from library.fp8 import store_in_fp8
-from library.logs import TrackerConfig
+from library.files.weights import without_mmap
 from library.losses import LossConfig
 from library.noising import NoiseConfig
 from library.optim import OptimConfig
 from library.optim.optimizers import full_fp16_problem
-from library.problems import ConfigError, Problems
 from library.run import resume
+from library.run.block_swap import BlockSwap, BlockSwapConfig, enable_offloaded_checkpointing, swap_problems
+from library.run.ema import EMAConfig
 from library.run.method import MethodConfig, NothingTrained
 from library.run.run_files import SaveConfig
-from library.run.train_step import StepModels, encode_captions, text_cache_entry
-from library.runtime import (
+from library.run.runtime import (
     RunConfig,
     allow_fp16_gradients,
-    choose_cpu_threads,
-    console_logging,
     make_accelerator,
     num_workers,
-    return_freed_memory,
-    reuse_heap_for_small_models,
     seed_everything,
     set_attention,
     shared_seed,
     total_steps,
 )
+from library.run.trackers import TrackerConfig
+from library.run.train_step import StepModels, encode_captions, text_cache_entry
 from library.sampling import SampleConfig
-from library.weight_files import without_mmap
 
 logger = logging.getLogger("sdtrain")
 
@@ -343,7 +341,7 @@ def start(cfg: TrainConfig) -> Run:
             "are the same either way (sd-scripts' flag only changes how files on slow drives are read)"
         )
     trackers = cfg.trackers
-    engine = cfg.method.deepspeed_plugin(cfg)  # full models: --deepspeed (library/engines.py); else None
+    engine = cfg.method.deepspeed_plugin(cfg)  # full models: --deepspeed (library/run/engines.py); else None
     accelerator = make_accelerator(
         cfg.run,
         log_with=trackers.trackers,
@@ -533,7 +531,7 @@ def enable_checkpointing(
 ) -> None:
     """--gradient_checkpointing on the UNet and the given (trained) text encoders; ``cpu_offload``
     (``--cpu_offload_checkpointing``): the denoiser's checkpointed blocks keep their saved inputs on the host
-    (library/block_swap.py ``offloaded_checkpoint``).
+    (library/run/block_swap.py ``offloaded_checkpoint``).
 
     transformers checkpoints an encoder's layers only in training mode, so the trained encoders are put in it
     (their dropout rates are 0 in every released SD text encoder; sd-scripts does the same); sampling and
@@ -577,7 +575,7 @@ def place_denoiser(
 ) -> BlockSwap | None:
     """The denoiser onto ``device``; with ``--blocks_to_swap`` N all but the frozen weights of the last blocks of the
     family's block lists (:meth:`ModelFamily.swap_blocks`), which then move in for each block's forward and backward
-    (library/block_swap.py). Returns the :class:`BlockSwap`, or None without swapping."""
+    (library/run/block_swap.py). Returns the :class:`BlockSwap`, or None without swapping."""
     if not cfg.swaps:
         denoiser.to(device)
         return None

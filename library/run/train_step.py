@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from library.devices import to_device
+from library.device.placement import to_device
 from library.families.base import Cond, ModelFamily, Parts
 from library.losses import LossConfig
 from library.noising import NoiseConfig
@@ -95,7 +95,7 @@ def encode_captions(
     pad: bool = True,
 ) -> Cond:
     """The conditioning of training captions. ``weighted`` (``--weighted_captions``): A1111 ``(tag:1.3)`` weights
-    as sd-scripts applies them to captions (the prompt encoder of :mod:`library.prompt_weighting`, one 75-token
+    as sd-scripts applies them to captions (the prompt encoder of :mod:`library.text.prompt_weighting`, one 75-token
     chunk per 75 of ``--max_token_length``); otherwise the family's plain encoding, brackets kept as text.
     ``pad=False`` (``--no_token_padding``, plain encoding only): ids padded to the batch's longest caption."""
     if not weighted:
@@ -104,7 +104,7 @@ def encode_captions(
                                     **unpadded)  # fmt: skip
     if not pad:
         raise ValueError("--no_token_padding with --weighted_captions is not supported yet; drop one of the two")
-    from library.prompt_weighting import encode_weighted
+    from library.text.prompt_weighting import encode_weighted
 
     chunks = (max_token_length or 75) // 75
     return encode_weighted(family, parts, captions, clip_skip=clip_skip, max_embeddings_multiples=chunks)
@@ -210,7 +210,7 @@ class Interrupt:
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
-        from library.logs import is_main_process
+        from library.cli.console import is_main_process
 
         if is_main_process():  # every process of a launch gets the signal; one says so
             print("\ninterrupt received: saving a resumable state after this step (press Ctrl-C again to quit now)")

@@ -4,7 +4,7 @@ The trainer, the session and the file metadata never know *what* is trained; a r
 implements :class:`Trainable` and hands it to :class:`library.run.trainer.Trainer`:
 
 * ``networks.network.AdapterNetwork`` (``kind == "network"``): LoRA-family adapters (train_network.py);
-* ``library.token_embeddings.TokenEmbeddings`` (``kind == "embedding"``): new token rows (textual inversion);
+* ``library.run.token_embeddings.TokenEmbeddings`` (``kind == "embedding"``): new token rows (textual inversion);
 * :class:`TrainableSet`: several of them trained together (pivotal tuning: an adapter plus token embeddings).
 
 A model-sized trainable (full fine-tune) sets ``gradient_sync = "accelerate"`` and returns the object accelerate's
@@ -81,7 +81,9 @@ class TrainableSet(nn.Module):
         self.members = nn.ModuleList(members)
         self.bundle = bundle  # the primary's file also carries the others' ``bundle_tensors`` (A1111 bundle_emb.*)
         self.kind = members[0].kind
-        self.caption_rewrite = None  # captions -> captions for the members' new tokens (library/token_embeddings.py)
+        self.caption_rewrite = (
+            None  # captions -> captions for the members' new tokens (library/run/token_embeddings.py)
+        )
         self.modelspec_kind = members[0].modelspec_kind
 
     @property
@@ -125,7 +127,7 @@ class TrainableSet(nn.Module):
 
     def save(self, path: str | os.PathLike, metadata: dict[str, str] | None = None, dtype: Any = None) -> None:
         """The primary's file (with the bundled tensors when asked), then each other member's own file."""
-        from library.weight_files import save_state_dict
+        from library.files.weights import save_state_dict
 
         if self.bundle:
             meta = {**self.metadata(), **(metadata or {})}

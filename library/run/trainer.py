@@ -21,14 +21,15 @@ from typing import Any
 
 import torch
 
-from library import logs
-from library import metadata_format as md
-from library.ema import EMA
+from library.cli import console
+from library.device.rng import capture_rng, restore_rng
+from library.files import metadata as md
+from library.files.weights import SaveError, is_state_file
 from library.optim import set_train_mode
 from library.run import resume, run_files
+from library.run.ema import EMA
+from library.run.trackers import init_trackers
 from library.run.train_step import NonFiniteLoss, StepModels, non_finite_message, validation_loss
-from library.runtime import capture_rng, restore_rng
-from library.weight_files import SaveError, is_state_file
 
 logger = logging.getLogger("sdtrain")
 _TRACKER_NAMES = {"network": "network_train", "embedding": "textual_inversion"}  # sd-scripts' default run names
@@ -134,7 +135,7 @@ class Trainer:
         if "wandb" in trackers.trackers and trackers.wandb_run_name:
             init_kwargs.setdefault("wandb", {})["name"] = trackers.wandb_run_name
         trackers.login()
-        self.log_run = logs.init_trackers(self.acc, trackers, self.cfg.save.resume, config, init_kwargs, name)
+        self.log_run = init_trackers(self.acc, trackers, self.cfg.save.resume, config, init_kwargs, name)
 
     def _progress_bar(self):
         from tqdm.auto import tqdm
@@ -501,7 +502,7 @@ class Trainer:
         """A save failed (disk full, I/O error): say which file, then leave a resumable state if one can still be
         written (not when the state itself was what failed)."""
         if self.acc.is_main_process:
-            logs.print_error(error)
+            console.print_error(error)
         if not is_state_file(error):  # every process takes part (the state gathers their RNG states)
             try:
                 self.save_state(interrupted=True)

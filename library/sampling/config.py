@@ -6,7 +6,7 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from library.problems import ConfigError
+from library.cli.problems import ConfigError
 
 from .prompts import read_prompt_file
 from .schedulers import SAMPLER_NAMES

@@ -2,7 +2,7 @@
 
 The family builds the pipeline (``family.pipeline(parts, scheduler)``: StableDiffusionPipeline or
 StableDiffusionXLPipeline over the same modules, no copies). Prompts are encoded here with
-:func:`library.prompt_weighting.encode_weighted` (weighting, long prompts, clip_skip, textual inversion) and passed
+:func:`library.text.prompt_weighting.encode_weighted` (weighting, long prompts, clip_skip, textual inversion) and passed
 as ``prompt_embeds`` / ``negative_prompt_embeds`` (+ the pooled embeddings where the pipeline takes them), so the
 denoising loop, classifier-free guidance and the scheduler are diffusers' own. The pipeline returns latents and the
 family's VAE decodes them (fp16 VAEs that overflow are upcast there).
@@ -31,7 +31,7 @@ from PIL import Image
 from torch import Tensor
 
 from library.families.base import ModelFamily, Parts
-from library.prompt_weighting import encode_weighted
+from library.text.prompt_weighting import encode_weighted
 
 from .config import DEFAULT_MAX_EMBEDDINGS_MULTIPLES, DEFAULT_SAMPLE_STEPS, DEFAULT_SCALE
 from .flow_generate import encode_flow_prompts, resolve_flow, sample_flow_latents, uses_cfg, uses_flow_sampler

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 
-from library.config import add_unsupported
+from library.cli.parse import add_unsupported
+from library.cli.problems import ConfigError
 from library.families import family_flags
-from library.problems import ConfigError
 
 from .config import DEFAULT_MAX_EMBEDDINGS_MULTIPLES
 from .flow_generate import DEFAULT_FLOW_SCALE, DEFAULT_FLOW_STEPS, DEFAULT_GUIDANCE

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from library.problems import ConfigError, did_you_mean
+from library.cli.problems import ConfigError, did_you_mean
 
 from .schedulers import ALL_SAMPLER_NAMES
 

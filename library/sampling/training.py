@@ -17,10 +17,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from library.devices import on_device
+from library.cli.problems import ConfigError
+from library.device.placement import on_device
+from library.device.rng import capture_rng, restore_rng
 from library.families.base import ModelFamily, Parts, module_device
-from library.problems import ConfigError
-from library.runtime import capture_rng, restore_rng
 
 from .config import SampleConfig
 from .flow_generate import encode_prompt_texts, prompt_problems, uses_flow_sampler

@@ -29,7 +29,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ...weight_files import load_state_dict
+from library.files.weights import load_state_dict
+
 from ..base import PartDtypes, Parts
 from ..convert import (
     clip_from_ldm,

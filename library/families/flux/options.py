@@ -17,15 +17,15 @@ import argparse
 from dataclasses import dataclass
 from typing import Any
 
-from library.config import add_unsupported
-from library.problems import ConfigError
+from library.cli.parse import add_unsupported
+from library.cli.problems import ConfigError
 
 MODEL_TYPES = ("flux", "chroma")
 # What --model_type names, by family: FLUX.1 dev and schnell are both "flux" (sd-scripts reads dev / schnell from
 # the weights too).
 MODEL_TYPE_OF_FAMILY = {"flux-dev": "flux", "flux-schnell": "flux", "chroma": "chroma"}
 # The SD-only flags sd-scripts' FLUX script accepts and does not read (flag -> why); flux_train_network.py says so
-# once in the log and resets them (library.config.reset_no_effect_flags).
+# once in the log and resets them (library.cli.parse.reset_no_effect_flags).
 SD_ONLY_FLAGS = {
     "--v2": "FLUX is detected from the weights (sd-scripts' FLUX script does not read --v2)",
     "--v_parameterization": "FLUX is a flow-matching model, trained on the velocity (sd-scripts' FLUX script does "
@@ -61,7 +61,7 @@ def add_flux_model_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     actions = {opt: a for a in parser._actions for opt in a.option_strings}
     for flag, reason in SD_ONLY_FLAGS.items():
         if flag in actions:
-            actions[flag].no_effect_reason = reason  # read by library.config.reset_no_effect_flags
+            actions[flag].no_effect_reason = reason  # read by library.cli.parse.reset_no_effect_flags
     return parser
 
 
@@ -87,7 +87,7 @@ class FluxOptions:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> FluxOptions:
         """The flags of :func:`add_flux_model_args`: files must exist, counts be positive, the guidance finite."""
-        from library.config import from_namespace, missing_path_problems, positive_count_problems
+        from library.cli.parse import from_namespace, missing_path_problems, positive_count_problems
 
         problems = missing_path_problems(args, ("clip_l", "t5xxl", "ae"))
         problems += positive_count_problems(args, ("t5xxl_max_token_length", "text_encoder_batch_size"))

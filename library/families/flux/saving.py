@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from ...weight_files import save_state_dict
+from library.files.weights import save_state_dict
+
 from ..base import Parts
 from ..loading import META_CONFIGS, META_FAMILY
 from ..saving import _save_weights, atomic_dir, clean_config

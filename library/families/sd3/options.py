@@ -14,7 +14,7 @@ cached outputs the dropping happens at each step, as sd-scripts' ``drop_cached_t
 caching (default the batch size).
 
 sd-scripts marks ``--save_clip --save_t5xxl --t5xxl_device --t5xxl_dtype`` "[DOES NOT WORK]" and reads none of them:
-here they are accepted, said in the log once and reset (``library.config.add_no_effect``), so command lines run.
+here they are accepted, said in the log once and reset (``library.cli.parse.add_no_effect``), so command lines run.
 """
 
 from __future__ import annotations
@@ -24,15 +24,15 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from library.config import add_no_effect
-from library.problems import ConfigError
+from library.cli.parse import add_no_effect
+from library.cli.problems import ConfigError
 
 FAMILY_NAMES = ("sd3", "sd3.5-medium", "sd3.5-large")
 # The flags sd-scripts documents as "Only for SD3.5M" (SD3.5-medium's position-embedding handling).
 MEDIUM_ONLY = ("pos_emb_random_crop_rate", "enable_scaled_pos_embed")
 DROPOUT_FLAGS = ("clip_l_dropout_rate", "clip_g_dropout_rate", "t5_dropout_rate")
 # The SD-only flags sd-scripts' SD3 script accepts and does not read (flag -> why); sd3_train_network.py says so
-# once in the log and resets them (library.config.reset_no_effect_flags).
+# once in the log and resets them (library.cli.parse.reset_no_effect_flags).
 SD_ONLY_FLAGS = {
     "--v2": "SD3 is detected from the weights (sd-scripts' SD3 script does not read --v2)",
     "--v_parameterization": "SD3 is a flow-matching model (sd-scripts' SD3 script does not read it)",
@@ -83,7 +83,7 @@ def add_sd3_model_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     actions = {opt: a for a in parser._actions for opt in a.option_strings}
     for flag, reason in SD_ONLY_FLAGS.items():
         if flag in actions:
-            actions[flag].no_effect_reason = reason  # read by library.config.reset_no_effect_flags
+            actions[flag].no_effect_reason = reason  # read by library.cli.parse.reset_no_effect_flags
     return parser
 
 
@@ -113,7 +113,7 @@ class SD3Options:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> SD3Options:
         """The flags of :func:`add_sd3_model_args`: files must exist, counts be positive, rates lie in [0, 1]."""
-        from library.config import from_namespace, missing_path_problems, positive_count_problems
+        from library.cli.parse import from_namespace, missing_path_problems, positive_count_problems
 
         # the SD3 loader also reads an encoder from a diffusers folder (library/families/sd3/loading.py)
         problems = missing_path_problems(args, ("clip_l", "clip_g", "t5xxl"), folders=True)

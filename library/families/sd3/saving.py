@@ -20,7 +20,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ...weight_files import save_state_dict
+from library.files.weights import save_state_dict
+
 from ..base import Parts
 from ..convert import hf_state_dict, vae_to_ldm
 from ..loading import META_CONFIGS, META_FAMILY

@@ -11,7 +11,7 @@ Which key feeds which text encoder is the family's (``family.ti_embedding_keys``
 ``("clip_l", "clip_g")`` for SDXL). The token written in prompts is the file name without extension, as in A1111,
 sd-scripts' gen_img and ComfyUI (``embedding:<name>`` works too). An embedding with n vectors adds the tokens
 ``name, name_1, ..., name_{n-1}`` (diffusers' naming) to every tokenizer and their rows to the encoders' token
-embedding matrices; :func:`token_expansions` tells the prompt encoder (:mod:`library.prompt_weighting`) to expand
+embedding matrices; :func:`token_expansions` tells the prompt encoder (:mod:`library.text.prompt_weighting`) to expand
 ``name`` to all n ids. Loaded rows equal diffusers' ``load_textual_inversion`` (tested).
 """
 
@@ -63,7 +63,7 @@ def _load(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"--textual_inversion_embeddings {path}: no such file")
     if path.suffix.lower() == ".safetensors":
-        from library.weight_files import load_state_dict
+        from library.files.weights import load_state_dict
 
         return load_state_dict(path)[0]
     try:

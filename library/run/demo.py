@@ -99,7 +99,7 @@ def expand(argv: Sequence[str] | None, family_names: Sequence[str]) -> list[str]
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--demo" not in argv:
         return argv
-    from library.logs import console_level_in, library_output
+    from library.cli.console import console_level_in, library_output
 
     library_output(show=console_level_in(argv) == "DEBUG")  # before the run's logging setup: the model is written now
     root = Path(argv[argv.index("--demo_dir") + 1]) if "--demo_dir" in argv else DEMO_DIR

@@ -9,7 +9,7 @@ its own) pads the current 75-token chunk so the following text starts a new one.
 Encoding (sd-scripts ``lpw_stable_diffusion.get_weighted_text_embeddings``):
 
 1. Every weighted span is tokenized on its own (no BOS/EOS); textual-inversion tokens are expanded to all their
-   vectors (:mod:`library.textual_inversion`). Tokens beyond ``75 * max_embeddings_multiples`` are dropped.
+   vectors (:mod:`library.text.textual_inversion`). Tokens beyond ``75 * max_embeddings_multiples`` are dropped.
 2. k = the number of 75-token chunks the longest prompt of the batch (negative prompts included) needs, at least 1,
    at most ``max_embeddings_multiples``. Ids are laid out as ``family.tokenize`` does for ``max_token_length`` = 75k
    (BOS, tokens, EOS, padding; cut into k chunks of 77), so an unweighted prompt gives exactly the ids and the
@@ -131,7 +131,7 @@ def weighted_token_ids(
     """Token ids of ``prompt`` without BOS/EOS and one weight per id; ``expansions`` maps a textual-inversion token id
     to all its vector ids (ComfyUI's ``embedding:<name>`` is accepted for ``<name>`` then)."""
     if expansions:
-        from library.textual_inversion import strip_embedding_prefix
+        from library.text.textual_inversion import strip_embedding_prefix
 
         prompt = strip_embedding_prefix(prompt)
     spans = parse_weighted(prompt)
@@ -230,7 +230,7 @@ def encode_weighted(
     ``min_chunks``). Hidden states (B, 75k + 2, D); pooled (B, P) or None as the family gives it.
     """
     from library.families.base import Cond
-    from library.textual_inversion import token_expansions
+    from library.text.textual_inversion import token_expansions
 
     expansions = token_expansions(parts)
     per_tokenizer = [

@@ -8,7 +8,7 @@ hook creates these packages without running their ``__init__``; a submodule impo
 (``diffusers.models.unets.unet_2d_condition``, what ``from diffusers import UNet2DConditionModel`` resolves to) loads
 alone, and the first lookup of any other name on the package (``from diffusers.models.unets import X``) runs the
 real ``__init__`` then, so every name is still there. ``diffusers.hooks`` is treated the same way (its ``__init__``
-imports peft; a run needs none of its hooks: ``--fp8_base`` uses library/fp8.py).
+imports peft; a run needs none of its hooks: ``--fp8_base`` uses library/device/fp8.py).
 
 ``WHOLE_PACKAGES`` (bitsandbytes, scipy.stats) are imported by diffusers at start-up for features a run rarely uses
 (8-bit loading, beta sigmas): their ``__init__`` runs at the first name looked up on them, ``__path__`` included,

@@ -13,8 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from library.config import add_no_effect, add_unsupported
-from library.problems import ConfigError
+from library.cli.parse import add_no_effect, add_unsupported
+from library.cli.problems import ConfigError
 
 DTYPES = {"no": torch.float32, "float": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -22,7 +22,7 @@ DTYPES = {"no": torch.float32, "float": torch.float32, "fp16": torch.float16, "b
 def add_run_args(parser: argparse.ArgumentParser, deepspeed: bool = False, block_swap: bool = False) -> None:
     """Run length, batching, data loading, seed, precision, attention and distributed settings. ``block_swap``: the
     script's denoiser is a transformer whose blocks can be swapped and checkpointed with host-side inputs (FLUX, SD3):
-    ``--blocks_to_swap`` and ``--cpu_offload_checkpointing`` are read (library/block_swap.py) instead of refused."""
+    ``--blocks_to_swap`` and ``--cpu_offload_checkpointing`` are read (library/run/block_swap.py) instead of refused."""
     g = parser.add_argument_group("run")
     g.add_argument("--max_train_steps", type=int, default=1600, help="training steps")
     g.add_argument("--max_train_epochs", type=int, default=None, help="training epochs (overrides --max_train_steps)")
@@ -37,7 +37,7 @@ def add_run_args(parser: argparse.ArgumentParser, deepspeed: bool = False, block
     g.add_argument("--fp8_base_unet", action="store_true", help="store only the frozen UNet in float8")
     g.add_argument("--gradient_checkpointing", action="store_true")
     if block_swap:
-        from library.block_swap import add_block_swap_args
+        from library.run.block_swap import add_block_swap_args
 
         add_block_swap_args(parser)
     else:
@@ -62,7 +62,7 @@ def add_run_args(parser: argparse.ArgumentParser, deepspeed: bool = False, block
     g.add_argument("--dynamo_backend", type=str, default="inductor", help="torch.compile backend")
     g.add_argument("--ddp_timeout", type=int, default=None, help="DDP timeout in minutes")
     if deepspeed:  # full-model trainers: accelerate wraps the model in DDP; the DeepSpeed flags are real ones
-        from library.engines import add_deepspeed_args
+        from library.run.engines import add_deepspeed_args
 
         g.add_argument("--ddp_gradient_as_bucket_view", action="store_true", help="DDP: gradients as bucket views")
         g.add_argument("--ddp_static_graph", action="store_true", help="DDP: the graph is the same every step")
@@ -180,7 +180,7 @@ def make_accelerator(
     cfg: RunConfig, *, log_with: list[str] | None = None, logging_dir: str | None = None, deepspeed_plugin: Any = None
 ):
     """An ``accelerate.Accelerator`` for the run (DDP kwargs, mixed precision, gradient accumulation, trackers;
-    ``deepspeed_plugin`` from library/engines.py for full models)."""
+    ``deepspeed_plugin`` from library/run/engines.py for full models)."""
     from accelerate import Accelerator, DistributedDataParallelKwargs, InitProcessGroupKwargs
     from accelerate.utils import ProjectConfiguration
 
@@ -301,121 +301,5 @@ def total_steps(cfg: RunConfig, batches_per_epoch: int, num_processes: int) -> t
     return steps, math.ceil(steps / per_epoch)
 
 
-def console_logging(level: str | None, file: str | None, simple: bool) -> None:
-    """``--console_log_level`` / ``--console_log_file`` / ``--console_log_simple`` (sd-scripts' flags): one handler
-    on the root logger, replaced (not added to) when a second run in the same process sets it up again. The
-    libraries' own progress bars and notices are off unless the level is DEBUG (:func:`library.logs.library_output`).
-    """
-    import logging
-
-    fmt = "%(message)s" if simple else "%(asctime)s %(levelname)s %(name)s: %(message)s"
-    if not simple and not file:
-        fmt = "%(levelname)s %(message)s"
-    from library.logs import console_handler, library_output
-
-    library_output(show=level == "DEBUG")
-
-    handler = console_handler(file)  # the console: above the progress bar, INFO from the main process only
-    handler.setFormatter(logging.Formatter(fmt))
-    root = logging.getLogger()
-    for old in [h for h in root.handlers if getattr(h, "_sdtrain", False)]:
-        root.removeHandler(old)
-    handler._sdtrain = True
-    root.addHandler(handler)
-    root.setLevel(getattr(logging, level or "INFO"))
-
-
-TINY_MODEL_PARAMS = 50_000_000  # tiny test/demo models have a few million; SD1's UNet alone has 860 million
-
-
-MMAP_THRESHOLD = 128 * 1024  # glibc's own starting value: blocks this large or larger get their own mapping
-TRIM_THRESHOLD = 64 << 20  # the heap's top is given back only past 64 MiB: small blocks are not faulted in each step
-HEAP_REUSE_THRESHOLD = 32 << 20  # glibc's ceiling for its moving threshold: blocks below it are reused from the heap
-
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # malloc.h
-
-
-def _mallopt(*settings: tuple[int, int]) -> bool:
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return all(libc.mallopt(option, value) == 1 for option, value in settings)  # 1 on success
-    except (OSError, AttributeError):  # not glibc (musl, macOS, Windows): nothing to set
-        return False
-
-
-def return_freed_memory(device: torch.device) -> bool:
-    """On CPU with glibc: serve every allocation of 128 KiB or more from its own mapping, so that a freed activation
-    goes back to the system at once. glibc's default raises this threshold (up to 32 MiB) each time such a block is
-    freed and then keeps later blocks in its heap, where they stay resident: about 1.5 GiB of a real-size SD1.5
-    step's peak RSS. The heap's top is trimmed only past 64 MiB, so the small blocks a step frees and takes again are
-    not faulted in every step. The numbers computed do not change; the price is that the next step faults the large
-    blocks in again (docs/training.md, "The price of the lower peak on CPU"), so only ``--lowram`` asks for it.
-    Called before the model loads (the load peaks too); :func:`reuse_heap_for_small_models` undoes it for tiny
-    models. ``MALLOC_MMAP_THRESHOLD_`` in the environment wins. Returns whether the setting was made."""
-    if device.type != "cpu" or "MALLOC_MMAP_THRESHOLD_" in os.environ:
-        return False
-    return _mallopt((M_MMAP_THRESHOLD, MMAP_THRESHOLD), (M_TRIM_THRESHOLD, TRIM_THRESHOLD))
-
-
-def reuse_heap_for_small_models(device: torch.device, model_params: int) -> bool:
-    """After :func:`return_freed_memory`, for a tiny model (under ``TINY_MODEL_PARAMS``): serve blocks under 32 MiB
-    from the heap again, as glibc's default does once it has warmed up. A tiny model's blocks are small, so returning
-    them saves nothing, and mapping each one anew costs ~15 % of its step (measured on the tiny SD1 model). Returns
-    whether the setting was made."""
-    if device.type != "cpu" or "MALLOC_MMAP_THRESHOLD_" in os.environ or model_params >= TINY_MODEL_PARAMS:
-        return False
-    return _mallopt((M_MMAP_THRESHOLD, HEAP_REUSE_THRESHOLD))
-
-
-def choose_cpu_threads(device: torch.device, model_params: int, num_processes: int = 1) -> str:
-    """Set torch's CPU thread count for training on the CPU and say why (one start-up line).
-
-    ``OMP_NUM_THREADS`` (which ``accelerate launch --num_cpu_threads_per_process`` sets) is honoured as given.
-    Otherwise a tiny model gets one thread: its matrices are too small to split, and extra threads only spin, up to
-    ~300x slower on a busy machine (measured on the tiny test models); a real model gets the machine's cores shared by
-    the processes. On a GPU nothing changes (the CPU only feeds data).
-    """
-    if device.type != "cpu":
-        return f"CPU threads: {torch.get_num_threads()} (training on {device.type})"
-    env = os.environ.get("OMP_NUM_THREADS")
-    if env and env.strip().isdigit() and int(env) > 0:
-        torch.set_num_threads(int(env))
-        why = "from OMP_NUM_THREADS / accelerate launch --num_cpu_threads_per_process"
-    elif model_params < TINY_MODEL_PARAMS:
-        torch.set_num_threads(1)
-        why = "a tiny model: more threads only wait on each other; set OMP_NUM_THREADS to change"
-    else:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, num_processes)))
-        why = (
-            f"the machine's {os.cpu_count()} CPUs shared by {num_processes} process(es); set OMP_NUM_THREADS to change"
-        )
-    return f"CPU threads: {torch.get_num_threads()} ({why})"
-
-
 def num_workers(cfg: RunConfig) -> int:
     return max(0, min(cfg.max_data_loader_n_workers, (os.cpu_count() or 1) - 1))
-
-
-def capture_rng(generators: dict[str, torch.Generator] | None = None) -> dict:
-    """Every random state a training step reads: torch CPU/CUDA, Python's ``random`` and our named generators."""
-    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    state["generators"] = {name: g.get_state() for name, g in (generators or {}).items()}
-    return state
-
-
-def restore_rng(state: dict, generators: dict[str, torch.Generator] | None = None) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate(_as_tuple(state["python"]))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-    for name, g in (generators or {}).items():
-        g.set_state(state["generators"][name])
-
-
-def _as_tuple(x):
-    return tuple(_as_tuple(v) for v in x) if isinstance(x, (list, tuple)) else x

@@ -1,4 +1,4 @@
-"""Command line + ``--config_file`` TOML -> one validated Namespace; problems reported all at once (library.problems).
+"""Command line + ``--config_file`` TOML -> one validated Namespace; problems reported all at once (library.cli.problems).
 
 sd-scripts semantics: the TOML holds flag names (without ``--``) as keys, optionally inside sections (sections are
 flattened); values on the command line win over the file. ``--output_config`` writes the effective arguments to the
@@ -21,7 +21,7 @@ from typing import Any
 
 import toml
 
-from library.problems import ConfigError, did_you_mean
+from library.cli.problems import ConfigError, did_you_mean
 
 _CONFIG_DESTS = ("config_file", "output_config")
 logger = logging.getLogger("sdtrain")
@@ -110,13 +110,19 @@ def _flatten(table: dict, where: str, out: dict, problems: list[str]) -> None:
             out[key] = value
 
 
+def bom_hint(text: str) -> str:
+    """Why a file that looks right does not parse: a byte-order mark that Windows editors put in front."""
+    if text.startswith("\ufeff"):
+        return (" (the file starts with a byte-order mark, BOM: the editor saved it as 'UTF-8 with BOM'; save it as "
+                "plain UTF-8)")  # fmt: skip
+    return ""
+
+
 def read_config_file(parser: argparse.ArgumentParser, path: str | os.PathLike) -> dict[str, Any]:
     """Load a ``--config_file`` TOML into ``{dest: value}``, checking names and types against ``parser``."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError([f"--config_file {path}: no such file"])
-    from library.data.dataset_config import bom_hint
-
     text = path.read_text(encoding="utf-8")
     if bom_hint(text):  # the toml package would read the mark as part of the first key
         raise ConfigError([f"{path}: not valid TOML{bom_hint(text)}"])
@@ -168,7 +174,7 @@ def _one(convert: Any, value: Any, action: argparse.Action) -> Any:
 
 def write_config_file(parser: argparse.ArgumentParser, args: argparse.Namespace, path: str | os.PathLike) -> None:
     """Write every argument that differs from its default, grouped by argparse group, as TOML (atomic)."""
-    from library.weight_files import atomic_path
+    from library.files.weights import atomic_path
 
     sections: dict[str, dict[str, Any]] = {}
     for group in parser._action_groups:

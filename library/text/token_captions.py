@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from library.cli.problems import ConfigError
 from library.data.captions import CaptionConfig, caption_lines, split_tags
-from library.problems import ConfigError
 
 
 @dataclass

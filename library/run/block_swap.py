@@ -11,7 +11,7 @@ list keeping at least two blocks on the device, hence N <= 35 for FLUX.1).
 How a swapped block moves (:class:`BlockSwap`):
 
 * **What moves**: the block's parameters that are frozen when swapping is set up (before adapters are injected):
-  the base weights, in whatever dtype they are stored (float8 with ``--fp8_base``, library/fp8.py). Adapter tensors
+  the base weights, in whatever dtype they are stored (float8 with ``--fp8_base``, library/device/fp8.py). Adapter tensors
   are separate modules injected later (networks/inject.py), moved to the device with the network, and never touched
   here; buffers stay on the device. Only ``param.data`` changes, so the ``nn.Parameter`` objects (what fp8's hooks,
   adapter layers and optimizers hold) stay the same.
@@ -67,8 +67,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from library.cli.problems import ConfigError
 from library.families.base import BlockList
-from library.problems import ConfigError
 
 logger = logging.getLogger("sdtrain")
 
@@ -234,7 +234,7 @@ class _WeightNote(NamedTuple):
 
 
 class _NotePack:
-    """The pack hook of a swapped block's forward. ``weight_notes`` tells library/fp8.py that these hooks only note
+    """The pack hook of a swapped block's forward. ``weight_notes`` tells library/device/fp8.py that these hooks only note
     weights, so its own (inner) hooks still note its float8 copies."""
 
     weight_notes = True

@@ -4,9 +4,9 @@ The rule (docs/configuration.md): a flag lives next to what reads it. Each domai
 group, ``add_<group>_args(parser)``, beside the frozen dataclass whose ``from_args(args)`` is the only reader of
 those flags (sd-scripts' names, types and defaults), e.g. ``library.noising.add_noise_args`` + ``NoiseConfig``,
 ``networks.config.add_network_args`` + ``NetworkConfig``. Library functions take the dataclasses, never an
-``argparse.Namespace``. The readers report through ``library.problems`` (``ConfigError``), and
+``argparse.Namespace``. The readers report through ``library.cli.problems`` (``ConfigError``), and
 ``library.run.train_setup.read_config`` runs them all so a run lists every problem at once. Flags sd-scripts has but we do
-not support yet are added with :func:`library.config.add_unsupported`: using one is an error, never a no-op.
+not support yet are added with :func:`library.cli.parse.add_unsupported`: using one is an error, never a no-op.
 """
 
 from __future__ import annotations
@@ -15,18 +15,19 @@ import argparse
 from collections.abc import Callable
 
 from library import sampling
-from library.config import add_config_args
+from library.cli.console import add_logging_args
+from library.cli.parse import add_config_args
 from library.data.data_args import add_dataset_args
-from library.ema import add_ema_args
-from library.logs import add_logging_args, add_tracker_args
 from library.losses import add_loss_args
 from library.noising import add_noise_args
 from library.optim import add_optim_args, add_part_lr_args
+from library.run.ema import add_ema_args
 from library.run.model_trainable import add_model_training_args
 from library.run.run_files import add_save_args, add_state_args
+from library.run.runtime import add_run_args
+from library.run.token_embeddings import add_embedding_args, add_textual_inversion_args
+from library.run.trackers import add_tracker_args
 from library.run.train_setup import add_model_args, add_validation_args
-from library.runtime import add_run_args
-from library.token_embeddings import add_embedding_args, add_textual_inversion_args
 
 
 def add_run_groups(
@@ -38,7 +39,7 @@ def add_run_groups(
     """The groups every training recipe takes, in order: logging, model, dataset, run, save (``default_format``:
     ``--save_model_as``'s default), state, trackers, validation, EMA, noise, loss. ``deepspeed``: the DeepSpeed
     flags are read (full-model recipes) instead of refused. ``block_swap``: ``--blocks_to_swap`` and
-    ``--cpu_offload_checkpointing`` are read (FLUX / SD3 scripts, library/block_swap.py) instead of refused."""
+    ``--cpu_offload_checkpointing`` are read (FLUX / SD3 scripts, library/run/block_swap.py) instead of refused."""
     add_logging_args(parser)
     add_model_args(parser)
     add_dataset_args(parser)

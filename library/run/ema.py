@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from library.config import from_namespace
-from library.problems import ConfigError
+from library.cli.parse import from_namespace
+from library.cli.problems import ConfigError
 
 
 class EMA:

@@ -55,7 +55,7 @@ def _unpack(saved: object) -> object:
 
 def _others_hook_saved_tensors() -> bool:
     """Whether saved-tensor hooks are active already (torch.utils.checkpoint's, or a caller's): ours stand aside.
-    Hooks that only note weights (library/block_swap.py, whose pack function says ``weight_notes``) are not in the
+    Hooks that only note weights (library/run/block_swap.py, whose pack function says ``weight_notes``) are not in the
     way: ours go inside them for the layer's call, and note the compute-dtype copy they would not recognise."""
     top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
     if top is None:

@@ -8,12 +8,12 @@ only ever sees the new rows: every other row of the table, and every other weigh
 trains the whole table and restores the old rows after each step; the result for the new rows is the same except
 that ``--max_grad_norm`` here measures the new rows' gradient only, and that a step whose batch holds no caption
 with the token changes nothing here, where sd-scripts' optimizer steps with a zero gradient for the new rows, which
-a momentum optimizer still moves: library/token_captions.py).
+a momentum optimizer still moves: library/text/token_captions.py).
 
 Files (docs/formats.md "Textual-inversion embeddings"; sd-scripts' ``train_textual_inversion.py`` and
 ``sdxl_train_textual_inversion.py: save_weights``): ``{"emb_params": (n, dim)}`` for SD1/SD2, ``{"clip_l": (n, 768),
 "clip_g": (n, 1280)}`` for SDXL (the keys are the family's ``ti_embedding_keys``), ``.safetensors`` with metadata or a
-plain-dict ``.pt`` / ``.ckpt``; :mod:`library.textual_inversion` (gen_img, samples) and diffusers read them.
+plain-dict ``.pt`` / ``.ckpt``; :mod:`library.text.textual_inversion` (gen_img, samples) and diffusers read them.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from library.cli.problems import ConfigError
 from library.families.base import ModelFamily, Parts
-from library.problems import ConfigError
-from library.textual_inversion import EXPANSIONS_KEY, read_embedding
+from library.text.textual_inversion import EXPANSIONS_KEY, read_embedding
 
 # The textual-inversion paper's caption templates (sd-scripts' --use_object_template / --use_style_template).
 OBJECT_TEMPLATES = tuple(
@@ -112,8 +112,8 @@ class TextualInversionConfig:
 
     def check_plan(self, plan: Any) -> list[str]:
         """Before the model loads: the notes on captions that lack the token (none with templates, which put it in
-        every caption); raises ``ConfigError`` when no caption holds it (library/token_captions.py)."""
-        from library.token_captions import check_captions
+        every caption); raises ``ConfigError`` when no caption holds it (library/text/token_captions.py)."""
+        from library.text.token_captions import check_captions
 
         return [] if self.templates else check_captions(plan, self.token_string)
 
@@ -376,7 +376,7 @@ class TokenEmbeddings(nn.Module):
 
     def save(self, path: str | os.PathLike, metadata: dict[str, str] | None = None, dtype: Any = None) -> None:
         """The embedding file (.safetensors with metadata, or a plain-dict .pt / .ckpt), atomically."""
-        from library.weight_files import save_state_dict
+        from library.files.weights import save_state_dict
 
         meta = {**self.metadata(), **(metadata or {})}
         save_state_dict(self.state_dict_for_file(dtype), path, metadata=meta, wrap_ckpt=False)

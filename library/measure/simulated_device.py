@@ -34,8 +34,8 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves
 
-from library.phases import PhasePeaks, instrumented
-from library.tensor_memory import TensorMemory
+from library.measure.phases import PhasePeaks, instrumented
+from library.measure.tensor_memory import TensorMemory
 
 DEVICE = torch.device("meta")
 HOST_PHASES = ("load", "save")  # the phases that compute on the host by design (building the model, writing files)

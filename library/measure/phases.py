@@ -4,7 +4,7 @@ A run goes load -> latent caching -> text caching -> step; sampling rounds and s
 and return to it. :func:`instrumented` wraps the functions that start each phase (library/run/train_setup.py and the
 Trainer's ``sample`` / ``save_model`` / ``save_state``) so that a :class:`PhasePeaks` sees every change; it reads
 and resets a peak through two callables, so the same bookkeeping serves ``torch.cuda.max_memory_allocated`` on a GPU
-and the meta-device byte count of library/simulated_device.py.
+and the meta-device byte count of library/measure/simulated_device.py.
 
 Nothing in a normal run imports this module.
 """
