@@ -19,28 +19,34 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from library.cli import deferred_imports
 from library.cli.main_guard import main_guard
 from library.cli.parse import parse_args
+from library.families import get_family
 from library.run import args as arg_groups
-from library.run import train_setup
+from library.run import config as run_config
+from library.run import setup as run_setup
 from library.run.loop import train
 from library.run.model_trainable import ModelTrainable, ModelTrainingConfig
 from library.run.trainer import Result
 
 MODEL_FORMATS = ("safetensors", "ckpt", "diffusers", "diffusers_safetensors")
+FAMILIES = ("sd1", "sd2")
+FLAG_SETS = ("train_text_encoder",)  # sd-scripts' fine_tune.py: --train_text_encoder, --diffusers_xformers
 
 
 def build_parser(
-    script: str = "fine_tune", description: str | None = __doc__, block_swap: bool = False
+    family_names: Sequence[str] = FAMILIES,
+    flag_sets: Sequence[str] = FLAG_SETS,
+    description: str | None = __doc__,
+    block_swap: bool = False,
 ) -> argparse.ArgumentParser:
-    """sd-scripts' flags of ``script``: "fine_tune", "sdxl_train", "train_db" or a DiT family's full fine-tune
-    ("flux_train"); ``block_swap``: the block-swap flags are read (DiT scripts), not refused. A DiT script adds its
-    flow-matching and model groups to this parser (flux_train.py)."""
+    """The flags of a full-model recipe for ``family_names``: the run groups, the full-training ``flag_sets``
+    (library/run/model_trainable.py ``FLAG_SETS``) and the families' own flags; ``block_swap``: the block-swap flags
+    are read (transformer scripts), not refused."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    arg_groups.add_model_training_groups(parser, script, block_swap=block_swap)
+    arg_groups.add_model_training_groups(parser, flag_sets, family_names, block_swap=block_swap)
     return parser
 
 
@@ -61,43 +67,39 @@ def output_format(args: argparse.Namespace) -> str | None:
 
 def read_config(
     argv: Sequence[str] | None,
-    family_names: Sequence[str] = ("sd1", "sd2"),
-    script: str = "fine_tune",
+    family_names: Sequence[str] = FAMILIES,
     parser: Callable[[], argparse.ArgumentParser] | None = None,
-    model_options: Callable[[argparse.Namespace], Any] | None = None,
     formats: Sequence[str] = MODEL_FORMATS,
-) -> train_setup.TrainConfig | None:
+    training: str = "fine_tune",
+) -> run_config.TrainConfig | None:
     """The typed configuration the run uses, every problem reported at once; None after --output_config.
-    ``parser``: builds the script's parser (default ``build_parser(script)``); ``model_options``: the reader of the
-    family model flags (flux_train.py: ``FluxOptions.from_args``); ``formats``: the --save_model_as values the
-    family writes."""
-    args = parse_args(parser() if parser is not None else build_parser(script), argv)  # --config_file merged
+    ``parser``: builds the script's parser (default :func:`build_parser`); ``formats``: the --save_model_as values
+    the family writes; ``training``: "fine_tune" or "dreambooth" (the text encoders train by default, and a model
+    of another family names that family's DreamBooth script)."""
+    args = parse_args(parser() if parser is not None else build_parser(family_names), argv)  # --config_file merged
     if args is None:  # --output_config wrote the file
         return None
+    family = get_family(family_names[0])
+    family.full_training.prepare_args(args)  # deprecated / implied flags, before the groups are read
     args.save_model_as = output_format(args)
     args.xformers = args.xformers or getattr(args, "diffusers_xformers", False)
-    training = "dreambooth" if script == "train_db" else "fine_tune"  # names the script for another family's model
-    return train_setup.read_config(
-        args, tuple(family_names), ModelTrainingConfig.from_args, tuple(formats), training=training,
-        model_options=model_options,
-    )  # all errors at once  # fmt: skip
+    method = ModelTrainingConfig.reader(family, training)
+    return run_config.read_config(args, tuple(family_names), method, tuple(formats), training=training)
 
 
 def run(
     argv: Sequence[str] | None = None,
-    family_names: Sequence[str] = ("sd1", "sd2"),
-    script: str = "fine_tune",
+    family_names: Sequence[str] = FAMILIES,
     parser: Callable[[], argparse.ArgumentParser] | None = None,
-    model_options: Callable[[argparse.Namespace], Any] | None = None,
     formats: Sequence[str] = MODEL_FORMATS,
+    training: str = "fine_tune",
 ) -> Result | None:
-    """Train the whole model. ``family_names``: the families the script takes; ``script``: whose flags it has;
-    ``parser`` / ``model_options`` / ``formats``: a DiT script's parser, model-flag reader and file formats (see
-    :func:`read_config`; flux_train.py)."""
-    cfg = read_config(argv, family_names, script, parser, model_options, formats)
+    """Train the whole model. ``family_names``: the families the script takes; ``parser`` / ``formats`` /
+    ``training``: see :func:`read_config`."""
+    cfg = read_config(argv, family_names, parser, formats, training)
     if cfg is None:
         return None
-    run = train_setup.start(cfg)  # accelerator, seed, dataset plan + bucket report, model, caches
+    run = run_setup.start(cfg)  # accelerator, seed, dataset plan + bucket report, model, caches
     if cfg.noise.zero_terminal_snr:  # the trained model's files and samples carry its schedule (the ztsnr marker)
         run.parts.scheduler_config = {**run.parts.scheduler_config, "rescale_betas_zero_snr": True}
     model = ModelTrainable(run.family, run.parts, cfg.method, cfg.save.save_model_as)

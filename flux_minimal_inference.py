@@ -45,10 +45,14 @@ from library.cli.console import add_logging_args, console_logging
 from library.cli.main_guard import main_guard
 from library.cli.problems import ConfigError
 from library.families.base import ModelFamily, PartDtypes, Parts
+from library.families.flux import FluxFamily
+from library.families.flux.options import MODEL_TYPE_OF_FAMILY, FluxOptions
 from library.sampling.minimal import (
+    Lora,
     apply_options,
     device_of_choice,
     flow_image,
+    parse_lora,
     prompt_loop,
     save_new_png,
 )
@@ -102,17 +106,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 @dataclasses.dataclass(frozen=True)
-class Lora:
-    path: Path
-    multiplier: float
-
-
-@dataclasses.dataclass(frozen=True)
 class InferenceConfig:
     """The validated command line. Dtypes: ``fp8`` means float8 storage computed in bf16 (:data:`FP8_COMPUTE`)."""
 
     ckpt: Path
-    chroma: bool
+    model_type: str  # --model_type: flux or chroma
     files: dict  # load(...) keyword -> path: clip_l, t5xxl, ae
     apply_t5_attn_mask: bool
     spec: PromptSpec
@@ -136,7 +134,7 @@ class InferenceConfig:
         for flag, path in files.items():
             if not Path(path).is_file():
                 problems.append(f"--{flag} {path}: no such file")
-        loras = tuple(_lora(value, problems) for value in args.lora_weights)
+        loras = tuple(parse_lora(value, problems) for value in args.lora_weights)
         for flag in ("steps", "width", "height"):
             value = getattr(args, flag)
             if value is not None and value < 1:
@@ -145,13 +143,12 @@ class InferenceConfig:
             problems.append(f"--guidance must be >= 0, got {args.guidance}")
         if problems:
             raise ConfigError(problems)
-        chroma = args.model_type == "chroma"
-        if chroma and "clip_l" in files:
+        if MODEL_TYPE_OF_FAMILY.get("chroma") == args.model_type and "clip_l" in files:
             log.info("--clip_l %s is not read: Chroma has no CLIP-L (as sd-scripts)", files.pop("clip_l"))
         spec = PromptSpec(args.prompt, negative_prompt=args.negative_prompt or "", width=args.width, height=args.height,
                           steps=args.steps, scale=args.cfg_scale, guidance=args.guidance)  # fmt: skip
         return cls(
-            ckpt=Path(args.ckpt_path), chroma=chroma, files=files, apply_t5_attn_mask=args.apply_t5_attn_mask,
+            ckpt=Path(args.ckpt_path), model_type=args.model_type, files=files, apply_t5_attn_mask=args.apply_t5_attn_mask,
             spec=spec, seed=args.seed, output_dir=Path(args.output_dir), interactive=args.interactive,
             dtypes=dtypes, offload=args.offload, loras=tuple(x for x in loras if x is not None),
             merge=args.merge_lora_weights,
@@ -173,19 +170,6 @@ def _dtype(flag: str, value: str | None, problems: list[str], default: torch.dty
     return torch.bfloat16
 
 
-def _lora(value: str, problems: list[str]) -> Lora | None:
-    path, _, multiplier = value.partition(";")
-    try:
-        mul = float(multiplier) if multiplier else 1.0
-    except ValueError:
-        problems.append(f"--lora_weights {value!r}: the multiplier after ';' must be a number (path;0.8)")
-        return None
-    if not Path(path).is_file():
-        problems.append(f"--lora_weights {value!r}: no such file {path}")
-        return None
-    return Lora(Path(path), mul)
-
-
 # ----------------------------------------------------------------------------------------------------------------------
 # Loading
 
@@ -196,22 +180,27 @@ def load_model(cfg: InferenceConfig, device: torch.device) -> tuple[ModelFamily,
     from library.families import detect_family
 
     family = detect_family(cfg.ckpt)
-    if family.name not in ("flux-dev", "flux-schnell", "chroma"):
+    if not isinstance(family, FluxFamily):
         raise ValueError(f"--ckpt_path {cfg.ckpt}: a {family.name} model; this script samples FLUX.1 / Chroma only "
                          "(use gen_img.py)")  # fmt: skip
-    if (family.name == "chroma") != cfg.chroma:
-        want = "chroma" if family.name == "chroma" else "flux"
+    model_type = MODEL_TYPE_OF_FAMILY[family.name]
+    if model_type != cfg.model_type:
         raise ValueError(f"--ckpt_path {cfg.ckpt} holds a {family.name} model but --model_type is "
-                         f"{'chroma' if cfg.chroma else 'flux'}: pass --model_type {want}")  # fmt: skip
+                         f"{cfg.model_type}: pass --model_type {model_type}")  # fmt: skip
     loaded = {p: FP8_COMPUTE if d.itemsize == 1 else d for p, d in cfg.dtypes.items()}
-    te = loaded["t5xxl"] if family.name == "chroma" else _widest(loaded["clip_l"], loaded["t5xxl"])
+    names = encoder_names(family)
+    te = loaded[names[0]] if len(names) == 1 else _widest(*(loaded[n] for n in names))
     dtypes = PartDtypes(denoiser=loaded["flux"], vae=loaded["ae"], text_encoders=te)
-    parts = family.load(cfg.ckpt, dtype=dtypes, device="cpu" if cfg.offload else device,
-                        apply_t5_attn_mask=True if cfg.apply_t5_attn_mask else None, **cfg.files)  # fmt: skip
-    encoders = dict(zip(("t5xxl",) if family.name == "chroma" else ("clip_l", "t5xxl"), parts.text_encoders))
-    for name, encoder in encoders.items():
+    options = FluxOptions(**cfg.files, apply_t5_attn_mask=cfg.apply_t5_attn_mask)
+    parts = family.load(cfg.ckpt, dtype=dtypes, device="cpu" if cfg.offload else device, options=options)
+    for name, encoder in zip(names, parts.text_encoders):
         encoder.to(loaded[name])
     return family, parts
+
+
+def encoder_names(family: ModelFamily) -> tuple[str, ...]:
+    """The text encoders' flag names (``clip_l``, ``t5xxl``; Chroma: ``t5xxl``), in ``Parts.text_encoders`` order."""
+    return tuple(te.ti_key for te in family.spec.text_encoders)
 
 
 def _widest(a: torch.dtype, b: torch.dtype) -> torch.dtype:
@@ -223,37 +212,20 @@ def store_fp8_parts(cfg: InferenceConfig, family: ModelFamily, parts: Parts) -> 
     from library.device.fp8 import store_in_fp8
 
     modules = {"flux": parts.denoiser, "ae": parts.vae}
-    modules.update(zip(("t5xxl",) if family.name == "chroma" else ("clip_l", "t5xxl"), parts.text_encoders))
+    modules.update(zip(encoder_names(family), parts.text_encoders))
     for name, module in modules.items():
         if cfg.dtypes[name].itemsize == 1:
             count = store_in_fp8(module, FP8_COMPUTE, skip=family.fp8_skip if name == "flux" else ("norm",))
             log.info("%s: %d Linear / Conv2d weights stored in float8_e4m3fn, computed in bf16", name, count)
 
 
-def apply_loras(cfg: InferenceConfig, family: ModelFamily, parts: Parts, device: torch.device) -> list[Any]:
-    """The ``--lora_weights`` files at their multipliers: merged into the weights with ``--merge_lora_weights`` or
-    when there are several (live adapters cannot be stacked on one module yet; merging is exact for every
-    algorithm, but their multipliers are then fixed), else one live adapter on ``device`` (an interactive ``--m``
-    changes its multiplier). Returns the live networks."""
-    import networks as adapters
+def apply_loras(cfg: Any, family: ModelFamily, parts: Parts, device: torch.device) -> list[Any]:
+    """The ``--lora_weights`` files at their multipliers (``networks.apply``: merged with ``--merge_lora_weights`` or
+    when there are several, else one live adapter on ``device``). Returns the live networks."""
+    from networks.apply import apply_adapter_files
 
-    roots = family.adapter_roots(parts)
-    merge = cfg.merge or len(cfg.loras) > 1
-    if merge and not cfg.merge:
-        log.info("%d LoRA files: merged into the weights (live adapters cannot be stacked yet), so an interactive "
-                 "--m cannot change their multipliers", len(cfg.loras))  # fmt: skip
-    live = []
-    for lora in cfg.loras:
-        network = adapters.network_from_file(lora.path, roots)
-        network.set_multiplier(lora.multiplier)
-        if merge:
-            network.merge_into_base()
-            log.info("merged %s (multiplier %s)", lora.path, lora.multiplier)
-        else:
-            network.to(device)
-            live.append(network)
-            log.info("applied %s (multiplier %s)", lora.path, lora.multiplier)
-    return live
+    files = [(lora.path, lora.multiplier) for lora in cfg.loras]
+    return apply_adapter_files(files, family.adapter_roots(parts), cfg.merge, device, log)
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@
         "warmup_init=False" --fused_backward_pass --blocks_to_swap 18 --full_bf16
 
 sd-scripts' flux_train.py flags with the same meaning: fine_tune.py's, the flow-matching objective
-(library/flow_matching.py), the FLUX model flags (library/families/flux/options.py), block swapping (``--blocks_to_swap``;
+(library/objectives/flow.py), the FLUX model flags (library/families/flux/options.py), block swapping (``--blocks_to_swap``;
 the deprecated ``--double_blocks_to_swap`` / ``--single_blocks_to_swap`` read as sd-scripts reads them,
 ``--cpu_offload_checkpointing``: library/run/block_swap.py) and the steps in backward (``--fused_backward_pass``: Adafactor,
 one parameter at a time; ``--blockwise_fused_optimizers``: one step per transformer block; ``--fused_optimizer_groups``:
@@ -26,22 +26,21 @@ from collections.abc import Sequence
 import fine_tune
 from library.cli import deferred_imports
 from library.cli.main_guard import main_guard
-from library.families.flux.options import FluxOptions, add_flux_model_args
-from library.flow_matching import add_flow_matching_args
 
 FAMILIES = ("flux-dev", "flux-schnell", "chroma")
 FORMATS = ("safetensors", "diffusers", "diffusers_safetensors")  # sd-scripts' ckpt: refused (FLUX has no pickle)
 
 
+FLAG_SETS = ("fused_groups", "blockwise")  # + FLUX's own: --mem_eff_save, the deprecated block-swap flags
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """fine_tune.py's flags for flux_train.py (block swapping read), plus the flow-matching and FLUX model groups."""
-    parser = fine_tune.build_parser("flux_train", __doc__, block_swap=True)
-    add_flow_matching_args(parser)
-    return add_flux_model_args(parser)
+    """fine_tune.py's groups for flux_train.py (block swapping read), plus the FLUX families' own flags (objective,
+    model, full fine-tuning)."""
+    return fine_tune.build_parser(FAMILIES, FLAG_SETS, __doc__, block_swap=True)
 
 
-run = functools.partial(fine_tune.run, family_names=FAMILIES, script="flux_train", parser=build_parser,
-                        model_options=FluxOptions.from_args, formats=FORMATS)  # fmt: skip
+run = functools.partial(fine_tune.run, family_names=FAMILIES, parser=build_parser, formats=FORMATS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

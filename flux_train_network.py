@@ -6,7 +6,7 @@
         --guidance_scale 1.0 --timestep_sampling flux_shift --model_prediction_type raw
 
 sd-scripts' flux_train_network.py flags with the same meaning: train_network.py's, the flow-matching objective
-(library/flow_matching.py: ``--timestep_sampling --sigmoid_scale --discrete_flow_shift --model_prediction_type
+(library/objectives/flow.py: ``--timestep_sampling --sigmoid_scale --discrete_flow_shift --model_prediction_type
 --weighting_scheme --logit_mean --logit_std --mode_scale``), block swapping (``--blocks_to_swap``,
 ``--cpu_offload_checkpointing``: library/run/block_swap.py) and the FLUX model flags (``--clip_l --t5xxl --ae
 --model_type --t5xxl_max_token_length --apply_t5_attn_mask --guidance_scale --text_encoder_batch_size``:
@@ -25,21 +25,16 @@ from collections.abc import Sequence
 import train_network
 from library.cli import deferred_imports
 from library.cli.main_guard import main_guard
-from library.families.flux.options import FluxOptions, add_flux_model_args
-from library.flow_matching import add_flow_matching_args
 
 FAMILIES = ("flux-dev", "flux-schnell", "chroma")  # the first is what --demo builds
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """train_network.py's flags with block swapping read, plus the flow-matching and FLUX model groups."""
-    parser = train_network.build_parser(__doc__, block_swap=True)
-    add_flow_matching_args(parser)
-    return add_flux_model_args(parser)
+    """train_network.py's flags with block swapping read, plus the FLUX families' own (objective and model)."""
+    return train_network.build_parser(__doc__, block_swap=True, family_names=FAMILIES)
 
 
-run = functools.partial(train_network.run, family_names=FAMILIES, parser=build_parser,
-                        model_options=FluxOptions.from_args)  # fmt: skip
+run = functools.partial(train_network.run, family_names=FAMILIES, parser=build_parser)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

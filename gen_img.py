@@ -19,7 +19,6 @@ algorithm we train (LoRA, LoCon, LoHa, LoKr, DoRA; kohya / LyCORIS format) apply
 from __future__ import annotations
 
 import argparse
-import inspect
 import logging
 import sys
 import time
@@ -82,18 +81,20 @@ def run(argv: Sequence[str] | None = None) -> list[Path]:
 def load_model(cfg: GenImgConfig) -> tuple[Any, Any]:
     """The family (from the flags or detected from the file) and its loaded parts, ready for inference."""
     from library.families import detect_family, get_family
+    from library.families.options import option_actions
     from library.run.runtime import set_attention
 
     family = get_family(cfg.family) if cfg.family else detect_family(cfg.ckpt)
-    takes = inspect.signature(family.load).parameters
-    refused = [f"--{flag}" for flag in cfg.flux_load if flag not in takes]
+    takes = {a.dest for a in option_actions(family.options, training=False)}
+    refused = [f"--{flag}" for flag in cfg.load_flags if flag not in takes]
     if refused:
         raise ValueError(f"{', '.join(refused)}: {cfg.ckpt} is a {family.name} model, which does not read "
                          f"{'this flag' if len(refused) == 1 else 'these flags'}: drop "
                          f"{'it' if len(refused) == 1 else 'them'}")  # fmt: skip
+    options = family.options.from_args(argparse.Namespace(**cfg.load_flags), training=False)
     parts = family.load(
         cfg.ckpt, dtype=cfg.dtype, vae=cfg.vae, v_parameterization=True if cfg.v_parameterization else None,
-        tokenizer_cache_dir=cfg.tokenizer_cache_dir, device=cfg.device, **cfg.flux_load,
+        tokenizer_cache_dir=cfg.tokenizer_cache_dir, device=cfg.device, options=options,
     )  # fmt: skip
     parts.vae.to(dtype=cfg.vae_dtype)
     set_attention([parts.denoiser, parts.vae], cfg.attention)

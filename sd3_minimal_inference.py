@@ -37,18 +37,25 @@ from typing import Any
 
 import torch
 
-from flux_minimal_inference import Lora, _lora, apply_loras
 from library.cli import deferred_imports
 from library.cli.console import add_logging_args, console_logging
 from library.cli.main_guard import main_guard
 from library.cli.problems import ConfigError
 from library.families.base import ModelFamily, Parts
-from library.sampling.minimal import apply_options, device_of_choice, flow_image, prompt_loop, save_new_png
+from library.families.sd3.options import FAMILY_NAMES, SD3Options
+from library.sampling.minimal import (
+    Lora,
+    apply_options,
+    device_of_choice,
+    flow_image,
+    parse_lora,
+    prompt_loop,
+    save_new_png,
+)
 from library.sampling.prompts import PromptSpec
 
 log = logging.getLogger("sd3_minimal_inference")
 
-SD3_FAMILIES = ("sd3", "sd3.5-medium", "sd3.5-large")
 DEFAULT_SIZE = 1024  # sd-scripts' target_width / target_height
 SIZE_MULTIPLE = 16  # an 8x VAE and the transformer's 2x2 patches
 
@@ -114,7 +121,7 @@ class InferenceConfig:
         for flag, path in files.items():
             if not Path(path).is_file():
                 problems.append(f"--{flag} {path}: no such file")
-        loras = tuple(_lora(value, problems) for value in args.lora_weights)
+        loras = tuple(parse_lora(value, problems) for value in args.lora_weights)
         for flag in ("steps", "t5xxl_token_length"):
             if getattr(args, flag) < 1:
                 problems.append(f"--{flag} must be >= 1, got {getattr(args, flag)}")
@@ -149,15 +156,12 @@ def load_model(cfg: InferenceConfig, device: torch.device) -> tuple[ModelFamily,
     from library.families import detect_family
 
     family = detect_family(cfg.ckpt)
-    if family.name not in SD3_FAMILIES:
+    if family.name not in FAMILY_NAMES:
         raise ValueError(f"--ckpt_path {cfg.ckpt}: a {family.name} model; this script samples SD3 / SD3.5 only "
                          "(use gen_img.py)")  # fmt: skip
-    parts = family.load(
-        cfg.ckpt, dtype=cfg.dtype, device="cpu" if cfg.offload else device,
-        t5xxl_max_token_length=cfg.t5xxl_max_token_length,
-        apply_lg_attn_mask=True if cfg.apply_lg_attn_mask else None,
-        apply_t5_attn_mask=True if cfg.apply_t5_attn_mask else None, **cfg.files,
-    )  # fmt: skip
+    options = SD3Options(**cfg.files, t5xxl_max_token_length=cfg.t5xxl_max_token_length,
+                         apply_lg_attn_mask=cfg.apply_lg_attn_mask, apply_t5_attn_mask=cfg.apply_t5_attn_mask)  # fmt: skip
+    parts = family.load(cfg.ckpt, dtype=cfg.dtype, device="cpu" if cfg.offload else device, options=options)
     return family, parts
 
 
@@ -198,7 +202,10 @@ def run(argv: Sequence[str] | None = None) -> list[Path]:
     cfg = InferenceConfig.from_args(args)
     device = device_of_choice()
     family, parts = load_model(cfg, device)
-    networks = apply_loras(cfg, family, parts, device)
+    from networks.apply import apply_adapter_files
+
+    files = [(lora.path, lora.multiplier) for lora in cfg.loras]
+    networks = apply_adapter_files(files, family.adapter_roots(parts), cfg.merge, device, log)
     if not cfg.interactive:
         return [generate_image(cfg, family, parts, cfg.spec, cfg.seed, device)]
     return prompt_loop(

@@ -7,7 +7,7 @@ families.
         --weighting_scheme uniform --blocks_to_swap 32 --cache_text_encoder_outputs_to_disk
 
 sd-scripts' sd3_train_network.py flags with the same meaning: train_network.py's, SD3's flow-matching objective
-(library/flow_matching.py ``add_sd3_flow_args``: ``--weighting_scheme --logit_mean --logit_std --mode_scale
+(library/objectives/flow.py ``add_sd3_flow_args``: ``--weighting_scheme --logit_mean --logit_std --mode_scale
 --training_shift`` with ``--min_timestep --max_timestep``), block swapping (``--blocks_to_swap``,
 ``--cpu_offload_checkpointing``: library/run/block_swap.py) and the SD3 model flags (``--clip_l --clip_g --t5xxl
 --t5xxl_max_token_length --apply_lg_attn_mask --apply_t5_attn_mask --clip_l_dropout_rate --clip_g_dropout_rate
@@ -28,21 +28,17 @@ from collections.abc import Sequence
 import train_network
 from library.cli import deferred_imports
 from library.cli.main_guard import main_guard
-from library.families.sd3.options import FAMILY_NAMES, SD3Options, add_sd3_model_args
-from library.flow_matching import add_sd3_flow_args
+from library.families.sd3.options import FAMILY_NAMES
 
 FAMILIES = FAMILY_NAMES  # the first is what --demo builds
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """train_network.py's flags with block swapping read, plus SD3's flow-matching and model groups."""
-    parser = train_network.build_parser(__doc__, block_swap=True)
-    add_sd3_flow_args(parser)
-    return add_sd3_model_args(parser)
+    """train_network.py's flags with block swapping read, plus the SD3 families' own (objective and model)."""
+    return train_network.build_parser(__doc__, block_swap=True, family_names=FAMILIES)
 
 
-run = functools.partial(train_network.run, family_names=FAMILIES, parser=build_parser,
-                        model_options=SD3Options.from_args)  # fmt: skip
+run = functools.partial(train_network.run, family_names=FAMILIES, parser=build_parser)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

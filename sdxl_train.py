@@ -6,6 +6,7 @@ accelerate launch sdxl_train.py --pretrained_model_name_or_path sd_xl_base_1.0.s
 
 from __future__ import annotations
 
+import argparse
 import functools
 import sys
 from collections.abc import Sequence
@@ -14,7 +15,16 @@ import fine_tune
 from library.cli import deferred_imports
 from library.cli.main_guard import main_guard
 
-run = functools.partial(fine_tune.run, family_names=("sdxl",), script="sdxl_train")
+FAMILIES = ("sdxl",)
+FLAG_SETS = ("train_text_encoder", "fused_groups")  # + SDXL's own: --learning_rate_te1 / te2, --block_lr
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """fine_tune.py's groups with sdxl_train.py's flag sets and the SDXL family's own full-training flags."""
+    return fine_tune.build_parser(FAMILIES, FLAG_SETS, __doc__)
+
+
+run = functools.partial(fine_tune.run, family_names=FAMILIES, parser=build_parser)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

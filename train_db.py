@@ -8,6 +8,7 @@ accelerate launch train_db.py --pretrained_model_name_or_path model.safetensors 
 
 from __future__ import annotations
 
+import argparse
 import functools
 import sys
 from collections.abc import Sequence
@@ -16,7 +17,16 @@ import fine_tune
 from library.cli import deferred_imports
 from library.cli.main_guard import main_guard
 
-run = functools.partial(fine_tune.run, script="train_db")
+FAMILIES = ("sd1", "sd2")
+FLAG_SETS = ("dreambooth",)  # --stop_text_encoder_training, --no_token_padding (+ the family's --learning_rate_te)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """fine_tune.py's groups with train_db.py's flag sets."""
+    return fine_tune.build_parser(FAMILIES, FLAG_SETS, __doc__)
+
+
+run = functools.partial(fine_tune.run, family_names=FAMILIES, parser=build_parser, training="dreambooth")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -20,21 +20,28 @@ from library.cli.main_guard import main_guard
 from library.cli.parse import parse_args
 from library.cli.problems import Problems
 from library.run import args as arg_groups
-from library.run import demo, resume, train_setup
+from library.run import config as run_config
+from library.run import demo, resume
+from library.run import setup as run_setup
 from library.run.loop import train
 from library.run.token_embeddings import EmbeddingsConfig, add_embeddings
 from library.run.trainer import Result
 from networks.config import NetworkConfig, add_network_args
 from networks.inject import prepare_network
 
+FAMILIES = ("sd1", "sd2")  # the first is what --demo builds
 
-def build_parser(description: str | None = __doc__, block_swap: bool = False) -> argparse.ArgumentParser:
-    """The flags of train_network.py; ``block_swap``: the block-swap flags read (DiT scripts), not refused."""
+
+def build_parser(
+    description: str | None = __doc__, block_swap: bool = False, family_names: Sequence[str] = FAMILIES
+) -> argparse.ArgumentParser:
+    """The flags of train_network.py, then those of ``family_names``' own (their load, objective and training
+    flags: ``family.options``); ``block_swap``: the block-swap flags read (DiT scripts), not refused."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     demo.add_demo_args(parser)
     # run groups, optimizer, network, embeddings, sampling, config
     arg_groups.add_network_training_groups(parser, add_network_args, block_swap=block_swap)
-    return parser
+    return run_config.script_options(tuple(family_names)).add_args(parser, training=True)
 
 
 @dataclass(frozen=True)
@@ -68,23 +75,20 @@ class AdapterMethod:
 
 def run(
     argv: Sequence[str] | None = None,
-    family_names: Sequence[str] = ("sd1", "sd2"),
+    family_names: Sequence[str] = FAMILIES,
     parser: Callable[[], argparse.ArgumentParser] | None = None,
-    model_options: Callable[[argparse.Namespace], Any] | None = None,
 ) -> Result | None:
     """Train an adapter. ``family_names``: the families the script takes; ``parser``: builds the script's parser
-    (default :func:`build_parser`); ``model_options``: the reader of the script's family model flags
-    (flux_train_network.py: ``FluxOptions.from_args``), see ``train_setup.read_config``."""
+    (default :func:`build_parser`)."""
     build = parser or build_parser
     args = parse_args(build(), demo.expand(argv, family_names))  # --config_file merged; --demo filled in
     if args is None:  # --output_config wrote the file
         return None
-    cfg = train_setup.read_config(args, tuple(family_names), AdapterMethod.from_args,
-                                  model_options=model_options)  # all errors at once  # fmt: skip
+    cfg = run_config.read_config(args, tuple(family_names), AdapterMethod.from_args)  # all errors at once
     if resume.nothing_left(cfg.save, cfg.run):  # --resume of a finished run: say so, write nothing
         return None
-    run = train_setup.start(cfg)  # accelerator, seed, dataset plan + bucket report, model, caches
-    train_setup.release_unused_parts(run)  # the VAE / text encoders whose outputs are all cached
+    run = run_setup.start(cfg)  # accelerator, seed, dataset plan + bucket report, model, caches
+    run_setup.release_unused_parts(run)  # the VAE / text encoders whose outputs are all cached
     network = prepare_network(cfg.method.network, run.family.adapter_roots(run.parts), run.family.target_classes)
     network.to(device=run.accelerator.device, dtype=cfg.run.train_dtype)
     groups = network.param_groups(cfg.optim.unet_lr, cfg.optim.text_encoder_lr, cfg.optim.learning_rate)

@@ -20,7 +20,9 @@ from library.cli import deferred_imports
 from library.cli.main_guard import main_guard
 from library.cli.parse import parse_args
 from library.run import args as arg_groups
-from library.run import resume, train_setup
+from library.run import config as run_config
+from library.run import resume
+from library.run import setup as run_setup
 from library.run.loop import train
 from library.run.token_embeddings import TextualInversionConfig, TokenEmbeddings, caption_rewriter, init_vectors
 from library.run.trainer import Result
@@ -37,13 +39,13 @@ def run(argv: Sequence[str] | None = None, family_names: Sequence[str] = ("sd1",
     if args is None:  # --output_config wrote the file
         return None
     args.output_name = args.output_name or args.token_string  # sd-scripts: files are named after the token
-    cfg = train_setup.read_config(
+    cfg = run_config.read_config(
         args, tuple(family_names), TextualInversionConfig.from_args, training="textual_inversion"
     )  # all errors at once
     if resume.nothing_left(cfg.save, cfg.run):  # --resume of a finished run: say so, write nothing
         return None
-    run = train_setup.start(cfg)  # accelerator, seed, dataset plan + bucket report, model, caches
-    train_setup.release_unused_parts(run)  # the VAE when every latent is cached
+    run = run_setup.start(cfg)  # accelerator, seed, dataset plan + bucket report, model, caches
+    run_setup.release_unused_parts(run)  # the VAE when every latent is cached
     ti = cfg.method
     vectors = init_vectors(run.family, run.parts, ti.token_string, ti.num_vectors_per_token, ti.init_word, ti.weights)
     embedding = TokenEmbeddings(run.family, run.parts, ti.token_string, vectors, ti.init_word)  # tokens added

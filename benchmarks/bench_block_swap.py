@@ -109,7 +109,7 @@ def measure(n: int, args: argparse.Namespace) -> dict:
         swap = None
         if n:
             swap = BlockSwap(lists, n, DEVICE)
-            swap.place(model)  # as library/run/train_setup.py place_denoiser
+            swap.place(model)  # as library/run/setup.py place_denoiser
         else:
             model.to(DEVICE)
         adapters = []  # injected after placement (as train_network.py), created on the device

@@ -8,7 +8,7 @@ The run is the shared training loop (``train_network.run`` with the FLUX.1-dev f
 ``--blocks_to_swap``, as flux_train_network.py does; that script, when present, is used instead) unchanged on the
 released architecture: transformer 11.9 B, CLIP-L, T5-XXL, the 16-channel AE, built from the family's shipped configs
 (``reference_parts``) as uninitialised host memory (no resident memory until written, no file read: only
-``family.load`` is replaced). ``--fp8_base``'s float8 cast (library/run/train_setup.py ``store_frozen_in_fp8``: the
+``family.load`` is replaced). ``--fp8_base``'s float8 cast (library/run/run_setup.py ``store_frozen_in_fp8``: the
 family's ``fp8_skip`` for the transformer, none of the encoders' Linears) is done by this loader on the meta device,
 with the same rule: cast on the host it would write 17 GB of host memory (the run then skips the stored layers).
 Settings of sd-scripts' docs/flux_train_network.md ("Recommended Settings by GPU Memory"): ``--fp8_base
@@ -125,19 +125,19 @@ def lazy_host_copies() -> None:
 
 def uncounted_swap_check() -> None:
     """``--blocks_to_swap`` is checked against the released block lists, built on meta by
-    ``train_setup.block_swap_problems`` while the config is read: a skeleton (62 GiB in float32) that no real device
+    ``run_config.block_swap_problems`` while the config is read: a skeleton (62 GiB in float32) that no real device
     ever holds, but which the simulated device (meta) would count as the load phase's peak. Run it uncounted."""
     from torch.utils._python_dispatch import _disable_current_modes
 
-    from library.run import train_setup
+    from library.run import config as run_config
 
-    check = train_setup.block_swap_problems
+    check = run_config.block_swap_problems
 
     def uncounted(*args, **kwargs):
         with _disable_current_modes():
             return check(*args, **kwargs)
 
-    train_setup.block_swap_problems = uncounted
+    run_config.block_swap_problems = uncounted
 
 
 def flux_run():
@@ -151,7 +151,7 @@ def flux_run():
     import train_network
     from library import sampling
     from library.cli.parse import add_config_args
-    from library.flow_matching import add_flow_matching_args
+    from library.families.flux.objective import add_flow_matching_args
     from library.run import args as arg_groups
     from library.run import demo
     from networks.config import add_network_args

@@ -85,13 +85,13 @@ def child(argv: list[str], family: str) -> dict:
     from step_probe import run_training
 
     from library.measure.tensor_memory import TensorMemory
-    from library.run import train_setup
+    from library.run import setup as run_setup
 
     sampler = RssSampler()
     sampler.start()
     marks: dict[str, float] = {"start": time.time()}
     for name, label in (("load_model", "loaded"), ("fill_caches", "cached")):
-        setattr(train_setup, name, _marked(getattr(train_setup, name), label, marks))
+        setattr(run_setup, name, _marked(getattr(run_setup, name), label, marks))
     mem, steps = TensorMemory(), []
 
     def on_start(i: int) -> None:
@@ -151,7 +151,7 @@ def meta_step(family_name: str, resolution: int, fp8: bool = True, checkpointing
     from library.families.loading import shipped_configs, text_encoder_class
     from library.measure.tensor_memory import TensorMemory
     from library.run.runtime import set_attention
-    from library.run.train_setup import enable_checkpointing
+    from library.run.setup import enable_checkpointing
     from networks.config import NetworkConfig
     from networks.inject import prepare_network
 

@@ -187,7 +187,7 @@ class Evaluator:
 # ---------------------------------------------------------------------------------------------------- our run
 def run_ours(model_dir: Path, data_dir: Path, out_dir: Path, seed: int, a) -> dict:
     """train_network.run in-process; returns targets, initial params, per-step draws and per-step params."""
-    import library.objectives as objectives
+    import library.objectives.ddpm as objectives
     import library.run.train_step as training
     import train_network
     from library.run import loop

@@ -294,7 +294,7 @@ class NetworkConfig:
         algo_options.switch_off_ignored(values)
         cfg = cls(**values)  # holds every value that parsed, so the checks below still report their problems
         _validate(cfg, errors)
-        # cached outputs with text-encoder adapters: library/run/train_setup.py read_config asks the family
+        # cached outputs with text-encoder adapters: library/run/setup.py read_config asks the family
         # (FLUX.1 recomputes CLIP-L's pooled output over the T5 cache, as sd-scripts); T5 adapters never can
         if getattr(args, "cache_text_encoder_outputs", False) and cfg.train_t5xxl and not cfg.train_unet_only:
             errors.append("--cache_text_encoder_outputs cannot be used with train_t5xxl=True (T5's outputs change as "

@@ -18,7 +18,7 @@ import torch
 from _scripts import SCRIPTS, family_of, run_script, script_args
 from _token_helpers import token_dataset
 
-import library.objectives as O
+import library.objectives.ddpm as O
 import library.run.train_step as T
 from library.files.weights import load_state_dict
 from library.run import loop

@@ -20,12 +20,12 @@ PHASES = ["load", "latent caching", "text caching", "step", "sampling", "save"]
 def test_tiny_rows_run_every_phase(tmp_path, monkeypatch):
     from safetensors import safe_open
 
-    from library.run import train_setup
+    from library.run import config as run_config
 
     # the bench patches SDPA (fused kernel on meta) and the swap check (uncounted) globally: restored after the test
     functional = torch.nn.functional
     monkeypatch.setattr(functional, "scaled_dot_product_attention", functional.scaled_dot_product_attention)
-    monkeypatch.setattr(train_setup, "block_swap_problems", train_setup.block_swap_problems)
+    monkeypatch.setattr(run_config, "block_swap_problems", run_config.block_swap_problems)
     monkeypatch.setitem(bench_sd3_memory.TINY_BLOCKS, "sd3.5-medium", 4)  # (24 by default: every released N runs)
     rows = bench_sd3_memory.main(["--tiny", "--rows", "medium:2", "--resolution", "64", "--workdir", str(tmp_path)])
     (row,) = rows

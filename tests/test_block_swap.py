@@ -352,7 +352,7 @@ def test_sd_scripts_refuse_blocks_to_swap_with_a_reason():
     import train_network
     from library.cli.parse import parse_args
     from library.families import SD1
-    from library.run.train_setup import place_denoiser
+    from library.run.setup import place_denoiser
 
     with pytest.raises(ConfigError, match="--blocks_to_swap.*FLUX / SD3"):
         parse_args(train_network.build_parser(), ["--blocks_to_swap", "4"])
@@ -365,7 +365,7 @@ def test_place_denoiser_swaps_the_family_lists():
     """The run's placement hook asks the family for its lists and keeps the last blocks on the host."""
     from types import SimpleNamespace
 
-    from library.run.train_setup import place_denoiser
+    from library.run.setup import place_denoiser
 
     family = SimpleNamespace(swap_blocks=flux_lists, spec=SimpleNamespace(title="FLUX.1"))
     model = tiny_flux()
@@ -418,7 +418,7 @@ def test_read_config_checks_n_against_the_released_architecture():
     from types import SimpleNamespace
 
     from library.families import SD1
-    from library.run.train_setup import block_swap_problems
+    from library.run.config import block_swap_problems
 
     assert block_swap_problems(SD1, BlockSwapConfig()) == []  # no flag: the architecture is not even built
     assert "FLUX and SD3" in block_swap_problems(SD1, BlockSwapConfig(4))[0]

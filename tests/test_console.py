@@ -13,7 +13,7 @@ from transformers.utils import logging as transformers_logging
 
 import train_network
 from library.cli import console as logs
-from library.run import train_setup
+from library.run import setup as run_setup
 
 NOTICE_LOGGERS = {  # where each library's notices come from
     "transformers": transformers_logging.get_logger("transformers.modeling_utils"),
@@ -36,7 +36,7 @@ def their_defaults(monkeypatch):
     before = [lib.get_verbosity() for lib in (transformers_logging, diffusers_logging)]
     for lib in (transformers_logging, diffusers_logging):
         lib.set_verbosity_warning()
-    monkeypatch.setattr(train_setup, "release_unused_parts", lambda run: (_ for _ in ()).throw(SetUp()))
+    monkeypatch.setattr(run_setup, "release_unused_parts", lambda run: (_ for _ in ()).throw(SetUp()))
     yield
     logs.library_output(show=True)
     for lib, verbosity in zip((transformers_logging, diffusers_logging), before):

@@ -25,11 +25,11 @@ from library.families import (
     unregister_family,
 )
 from library.families.base import FamilySpec, family_members, missing_members
+from library.families.flux.objective import FlowMatchingConfig
 from library.files.weights import load_state_dict, read_metadata
-from library.flow_matching import FlowMatchingConfig
-from library.losses import LossConfig
-from library.noising import NoiseConfig
-from library.objectives import Objective
+from library.objectives.base import Objective
+from library.objectives.losses import LossConfig
+from library.objectives.noising import NoiseConfig
 from networks.inject import network_from_file
 from networks.targets import builtin_preset, find_targets
 

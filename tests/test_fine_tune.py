@@ -247,14 +247,15 @@ def test_no_token_padding_trains_on_unpadded_captions(tiny_dir, dataset, tmp_pat
     """train_db.py --no_token_padding: the UNet sees the captions' tokens padded only to the batch's longest caption
     (<BOS> tokens <EOS>), which changes what is trained: the same seeded run gives other losses than the padded one.
     With --cache_text_encoder_outputs the losses are those of the run that encodes every step."""
-    from library.run import train_setup
+    from library.run import config as run_config
+    from library.run import setup as run_setup
     from library.run.model_trainable import ModelTrainingConfig
     from library.run.train_step import batch_cond
 
     argv = args_for(tiny_dir / "sd1", dataset, tmp_path / "probe", "--no_token_padding")
     args = fine_tune.build_parser("train_db").parse_args(argv)
-    cfg = train_setup.read_config(args, ("sd1", "sd2"), ModelTrainingConfig.from_args, fine_tune.MODEL_FORMATS)
-    run = train_setup.start(cfg)
+    cfg = run_config.read_config(args, ("sd1", "sd2"), ModelTrainingConfig.from_args, fine_tune.MODEL_FORMATS)
+    run = run_setup.start(cfg)
     batch = next(iter(run.make_loader().epoch(0)))
     tok = run.parts.tokenizers[0]
     longest = max(len(tok(c).input_ids) for c in batch.captions)  # with <BOS> and <EOS>
@@ -349,8 +350,9 @@ def test_prior_preservation_loss_is_the_hand_computed_formula(tiny_dir, dataset,
     """train_db.py with class images: regularisation samples are balanced to the instance samples (sd-scripts'
     rule), and a mixed batch's loss is mean_i(w_i * mean((pred_i - target_i)^2)), w = --prior_loss_weight for class
     images, 1 for instance images."""
-    from library.noising import make_example
-    from library.run import train_setup
+    from library.objectives.noising import make_example
+    from library.run import config as run_config
+    from library.run import setup as run_setup
     from library.run.model_trainable import ModelTrainingConfig
     from library.run.train_step import batch_cond, batch_latents, batch_loss
 
@@ -359,8 +361,8 @@ def test_prior_preservation_loss_is_the_hand_computed_formula(tiny_dir, dataset,
     argv = args_for(tiny_dir / "sd1", dataset, tmp_path / "out", "--reg_data_dir", str(reg), "--prior_loss_weight",
                     "0.3", "--train_batch_size", "4", "--save_model_as", "safetensors")  # fmt: skip
     args = fine_tune.build_parser("train_db").parse_args(argv)
-    cfg = train_setup.read_config(args, ("sd1", "sd2"), ModelTrainingConfig.from_args, fine_tune.MODEL_FORMATS)
-    run = train_setup.start(cfg)
+    cfg = run_config.read_config(args, ("sd1", "sd2"), ModelTrainingConfig.from_args, fine_tune.MODEL_FORMATS)
+    run = run_setup.start(cfg)
     batches = list(run.make_loader().epoch(0))
     flags = torch.cat([b.is_reg for b in batches])
     assert int(flags.sum()) == int((~flags).sum()) == 40  # 4 images x 10 repeats; the 4 class images repeat to 40

@@ -22,7 +22,7 @@ _WRAPPER = """
 import sys, zlib, torch
 sys.path.insert(0, {root!r})
 import {script}, train_network
-import library.objectives as O
+import library.objectives.ddpm as O
 import library.run.train_step as T
 from library.run import loop
 from library.run.trainer import Trainer

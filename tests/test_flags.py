@@ -201,8 +201,8 @@ def run_config(tiny_dir, tmp_path_factory):
     import dataclasses
 
     import gen_img
+    from library.run.config import read_config
     from library.run.demo import make_example_dataset
-    from library.run.train_setup import read_config
     from library.sampling.inference import GenImgConfig
 
     data = make_example_dataset(tmp_path_factory.mktemp("flags_data"))

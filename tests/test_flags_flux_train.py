@@ -53,9 +53,9 @@ def ft_config(tmp_path_factory):
     import fine_tune
     from library.families.flux.options import FluxOptions
     from library.families.flux.tiny import build_tiny_flux, write_tiny_files
+    from library.run.config import read_config
     from library.run.demo import make_example_dataset
     from library.run.model_trainable import ModelTrainingConfig
-    from library.run.train_setup import read_config
 
     root = tmp_path_factory.mktemp("flux_ft_flags")
     files = write_tiny_files(build_tiny_flux("flux-dev", blocks=(11, 20)), root / "model")

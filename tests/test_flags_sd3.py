@@ -136,8 +136,8 @@ def sd3_config(sd3_files, tmp_path_factory):
 
     import train_network
     from library.cli.parse import parse_args
+    from library.run.config import read_config
     from library.run.demo import make_example_dataset
-    from library.run.train_setup import read_config
 
     root, files = tmp_path_factory.mktemp("sd3_flags"), sd3_files
     data = make_example_dataset(root / "data")
@@ -246,8 +246,8 @@ def test_sd3_model_flags_change_what_the_family_computes(sd3_files):
 
 def _noise_and_loss():
     """The run's default noise and loss settings as sd3_train_network.py reads them."""
-    from library.losses import LossConfig
-    from library.noising import NoiseConfig
+    from library.objectives.losses import LossConfig
+    from library.objectives.noising import NoiseConfig
 
     args = _parse()
     return NoiseConfig.from_args(args), LossConfig.from_args(args)

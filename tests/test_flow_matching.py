@@ -17,17 +17,12 @@ import numpy as np
 import pytest
 import torch
 
-from library import flow_matching as fm
 from library.cli.problems import ConfigError
-from library.losses import LossConfig, add_loss_args
-from library.noising import NoiseConfig, add_noise_args
-from library.objectives import (
-    SIGMA_SCALED_WARNING,
-    FlowMatchingObjective,
-    SD3FlowObjective,
-    flow_matching_objective,
-    sd3_flow_objective,
-)
+from library.families.flux.objective import SIGMA_SCALED_WARNING, FlowMatchingObjective, flow_matching_objective
+from library.families.sd3.objective import SD3FlowObjective, sd3_flow_objective
+from library.objectives import flow as fm
+from library.objectives.losses import LossConfig, add_loss_args
+from library.objectives.noising import NoiseConfig, add_noise_args
 
 LATENTS = torch.randn(3, 4, 8, 6, generator=torch.Generator().manual_seed(0))
 SEED = 1234

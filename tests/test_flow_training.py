@@ -18,9 +18,14 @@ import library.run.train_step as T
 import train_network
 from library.families import SD1, SDFamily, register_family, unregister_family
 from library.families.base import FLOW_MATCHING, FamilySpec, missing_members
+from library.families.flux.objective import (
+    SIGMA_SCALED_WARNING,
+    FlowMatchingObjective,
+    add_flow_matching_args,
+    flow_matching_objective,
+)
 from library.files.weights import read_metadata
-from library.flow_matching import add_flow_matching_args
-from library.objectives import SIGMA_SCALED_WARNING, FlowMatchingObjective, Objective, flow_matching_objective
+from library.objectives.base import Objective
 from library.run import loop
 
 TOY_SPEC = FamilySpec(
@@ -123,7 +128,8 @@ def test_a_flow_matching_family_trains_through_train_network(toy, tiny_parts, da
 def test_flow_validation_is_deterministic_and_draws_sigma_per_pass(toy, tiny_parts, dataset, tmp_path, monkeypatch):
     """validation_loss over the objective's passes (None: σ drawn as in training, from seeded generators): the
     same weights give the same value, another seed another one."""
-    from library.run import train_setup
+    from library.run import config as run_config
+    from library.run import setup as run_setup
 
     parts = copy.deepcopy(tiny_parts["sd1"])
     parts.family = toy.name
@@ -133,8 +139,8 @@ def test_flow_validation_is_deterministic_and_draws_sigma_per_pass(toy, tiny_par
         ".txt", "--output_dir", str(tmp_path / "out"), "--network_module", "networks.lora", "--train_batch_size",
         "2", "--max_data_loader_n_workers", "0", "--model_prediction_type", "raw",
     ])  # fmt: skip
-    cfg = train_setup.read_config(args, (toy.name,), train_network.AdapterMethod.from_args)
-    run = train_setup.start(cfg)
+    cfg = run_config.read_config(args, (toy.name,), train_network.AdapterMethod.from_args)
+    run = run_setup.start(cfg)
     batches = list(run.make_loader().epoch(0))[:2]
     passes = run.step_models.objective.validation_timesteps()
     first = T.validation_loss(run.step_models, batches, 5, passes)

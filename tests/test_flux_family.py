@@ -497,9 +497,9 @@ def test_training_objective_and_block_lists(tiny):
     training example goes through predict: x_σ = (1 − σ) x0 + σ ε at t = 1000 σ; swap_blocks names the block lists."""
     import argparse
 
-    from library import flow_matching as fm
-    from library.losses import LossConfig, add_loss_args
-    from library.noising import NoiseConfig, add_noise_args
+    from library.objectives import flow as fm
+    from library.objectives.losses import LossConfig, add_loss_args
+    from library.objectives.noising import NoiseConfig, add_noise_args
 
     parser = argparse.ArgumentParser()
     add_noise_args(parser)

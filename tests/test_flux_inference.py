@@ -235,7 +235,7 @@ def test_fp8_base_stores_flux_modulation_linears_in_float8(dev):
     from types import SimpleNamespace
 
     from library.device.fp8 import store_in_fp8, stored_in_fp8
-    from library.run.train_setup import store_frozen_in_fp8
+    from library.run.setup import store_frozen_in_fp8
 
     parts, sd_rule = copy.deepcopy(dev), copy.deepcopy(dev.denoiser)
     run = SimpleNamespace(fp8_base=True, fp8_base_unet=False, weight_dtype=torch.bfloat16, train_dtype=torch.float32)
@@ -282,7 +282,7 @@ def test_samples_during_a_flux_run_use_the_cached_prompts(dataset, tmp_path, mon
     outputs, the round gets them and writes its image without running a text encoder."""
     import train_network
     from library import sampling
-    from library.flow_matching import add_flow_matching_args
+    from library.families.flux.objective import add_flow_matching_args
 
     build = train_network.build_parser
     monkeypatch.setattr(train_network, "build_parser", lambda: add_flow_matching_args(build()))

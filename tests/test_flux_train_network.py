@@ -169,7 +169,7 @@ def test_fp8_base_stores_every_flux_linear_and_trains(models, dataset, tmp_path)
     from types import SimpleNamespace
 
     from library.device.fp8 import stored_in_fp8
-    from library.run.train_setup import store_frozen_in_fp8
+    from library.run.setup import store_frozen_in_fp8
 
     parts = build_tiny_flux("flux-dev")
     run = SimpleNamespace(fp8_base=True, fp8_base_unet=False, weight_dtype=torch.bfloat16, train_dtype=torch.float32)
@@ -191,7 +191,7 @@ def test_blocks_to_swap_swaps_the_flux_transformer_and_trains_the_same(dataset, 
     from diffusers import FluxTransformer2DModel
 
     from library.families.flux.tiny import TRANSFORMER
-    from library.run import train_setup
+    from library.run import setup as run_setup
     from library.run.block_swap import BlockSwap
 
     parts = build_tiny_flux("flux-dev")
@@ -199,13 +199,13 @@ def test_blocks_to_swap_swaps_the_flux_transformer_and_trains_the_same(dataset, 
     config = {**TRANSFORMER, "num_layers": 3, "num_single_layers": 4}
     parts.denoiser = FluxTransformer2DModel(**config, pooled_projection_dim=32, guidance_embeds=True).eval()
     folder = str(get_family("flux-dev").save(parts, tmp_path / "model"))
-    swaps, place = [], train_setup.place_denoiser
+    swaps, place = [], run_setup.place_denoiser
 
     def spy(*args, **kwargs):
         swaps.append(place(*args, **kwargs))
         return swaps[-1]
 
-    monkeypatch.setattr(train_setup, "place_denoiser", spy)
+    monkeypatch.setattr(run_setup, "place_denoiser", spy)
     argv = base_argv({"model": folder}, dataset, tmp_path, "--network_train_unet_only")
     plain = flux_train_network.run([*argv, "--output_name", "plain"])
     swapped = flux_train_network.run([*argv, "--output_name", "swapped", "--blocks_to_swap", "2"])

@@ -19,7 +19,8 @@ import train_network
 from library.cli.parse import parse_args
 from library.cli.problems import ConfigError
 from library.files.weights import load_state_dict
-from library.run import train_setup
+from library.run import config as run_config
+from library.run import setup as run_setup
 from library.run.demo import make_tiny_model
 
 FLOAT8 = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -38,8 +39,8 @@ def models(tmp_path_factory):
 
 def capture_runs(monkeypatch) -> list:
     runs = []
-    start = train_setup.start
-    monkeypatch.setattr(train_setup, "start", lambda cfg: runs.append(start(cfg)) or runs[-1])
+    start = run_setup.start
+    monkeypatch.setattr(run_setup, "start", lambda cfg: runs.append(start(cfg)) or runs[-1])
     return runs
 
 
@@ -48,7 +49,7 @@ def capture_runs(monkeypatch) -> list:
 def test_full_fp16_steps_through_a_grad_scaler(script, models, data, tmp_path, monkeypatch):
     """Every script with fp16 trained tensors and a GradScaler (as on CUDA): the scaler scales the loss, unscales
     the fp16 gradients, clips and steps; the trained tensors are fp16 and change."""
-    make = train_setup.make_accelerator
+    make = run_setup.make_accelerator
     scalers = []
 
     def with_scaler(*args, **kwargs):
@@ -57,7 +58,7 @@ def test_full_fp16_steps_through_a_grad_scaler(script, models, data, tmp_path, m
         scalers.append(acc.scaler)
         return acc
 
-    monkeypatch.setattr(train_setup, "make_accelerator", with_scaler)
+    monkeypatch.setattr(run_setup, "make_accelerator", with_scaler)
     steps = []
     step = torch.amp.GradScaler.step
     monkeypatch.setattr(torch.amp.GradScaler, "step", lambda self, *a, **k: steps.append(1) or step(self, *a, **k))
@@ -88,7 +89,7 @@ def test_full_fp16_refuses_adam_state_in_float16_before_loading(models, data, tm
 
     def read(extra):
         args = parse_args(train_network.build_parser(), [*argv, *extra])
-        return train_setup.read_config(args, ("sd1", "sd2"), train_network.AdapterMethod.from_args)
+        return run_config.read_config(args, ("sd1", "sd2"), train_network.AdapterMethod.from_args)
 
     with pytest.raises(ConfigError, match=r"--full_fp16 with --optimizer_type AdamW: .*AdamW8bit"):
         read([])
@@ -206,7 +207,7 @@ def test_each_part_is_loaded_in_its_own_precision(models, data, tmp_path, monkey
     reference = get_family("sd1").load(models["sd1"])  # float32, as in the file
     runs = capture_runs(monkeypatch)
     captured = {}
-    load_model = train_setup.load_model
+    load_model = run_setup.load_model
 
     def keep_loaded(cfg, acc):
         parts = load_model(cfg, acc)
@@ -215,7 +216,7 @@ def test_each_part_is_loaded_in_its_own_precision(models, data, tmp_path, monkey
         captured["vae"] = {k: v.clone() for k, v in parts.vae.state_dict().items()}
         return parts
 
-    monkeypatch.setattr(train_setup, "load_model", keep_loaded)
+    monkeypatch.setattr(run_setup, "load_model", keep_loaded)
     argv = script_args("fine_tune", models["sd1"], data, tmp_path, "--mixed_precision", "bf16", "--no_half_vae",
                        "--save_model_as", "safetensors", steps=1)  # fmt: skip
     assert run_script("fine_tune", argv).steps == 1

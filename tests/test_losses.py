@@ -1,4 +1,4 @@
-"""library/losses.py against torch's losses, sd-scripts' formulas typed out here, and the papers' closed forms."""
+"""library/objectives/losses.py against torch's losses, sd-scripts' formulas typed out here, and the papers' closed forms."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from library.families.tiny import SCHEDULE
-from library.losses import (
+from library.objectives.losses import (
     LossConfig,
     apply_mask,
     debiased_weight,
@@ -19,7 +19,7 @@ from library.losses import (
     min_snr_weight,
     resize_mask,
 )
-from library.noising import NoiseSchedule
+from library.objectives.noising import NoiseSchedule
 
 B, C, H, W = 4, 4, 8, 8
 T = torch.tensor([0, 250, 700, 999])

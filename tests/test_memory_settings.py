@@ -1,6 +1,6 @@
 """The low-memory settings on the tiny models.
 
-Frozen parts whose outputs are all cached are freed before training (library/run/train_setup.py release_unused_parts): the
+Frozen parts whose outputs are all cached are freed before training (library/run/run_setup.py release_unused_parts): the
 run trains exactly as with them kept, and a freed part refuses to run with a clear message. ``--fp8_base`` stores
 the frozen weights (UNet and text encoders) in float8 and trains the same with ``--gradient_checkpointing``."""
 
@@ -15,7 +15,7 @@ import torch
 
 import train_network
 from library.files.weights import load_state_dict
-from library.run import train_setup
+from library.run import setup as run_setup
 
 CACHED = ["--cache_latents", "--cache_text_encoder_outputs", "--network_train_unet_only"]
 
@@ -32,12 +32,12 @@ def args_for(model, dataset, out, *extra):
 def run_keeping(monkeypatch, family, argv, release=True):
     """Train; returns (result, run) with ``run`` the session's Run (its parts as training left them)."""
     runs = []
-    start = train_setup.start
+    start = run_setup.start
     names = ("sdxl",) if family == "sdxl" else ("sd1", "sd2")
     with monkeypatch.context() as m:
-        m.setattr(train_setup, "start", lambda cfg: runs.append(start(cfg)) or runs[-1])
+        m.setattr(run_setup, "start", lambda cfg: runs.append(start(cfg)) or runs[-1])
         if not release:
-            m.setattr(train_setup, "release_unused_parts", lambda run: [])
+            m.setattr(run_setup, "release_unused_parts", lambda run: [])
         return train_network.run(argv, family_names=names), runs[-1]
 
 
@@ -92,8 +92,8 @@ def test_only_lowram_gives_freed_memory_back_on_cpu(tiny_dir, dataset, tmp_path,
     """glibc's mmap threshold (a lower peak RSS, a slower step) is set by --lowram only: the default keeps glibc's
     own behaviour. The run stops once set up (model loaded); the settings are recorded, not made in this process."""
     calls = []
-    monkeypatch.setattr(train_setup, "return_freed_memory", lambda device: calls.append("freed") or True)
-    monkeypatch.setattr(train_setup, "reuse_heap_for_small_models", lambda device, n: calls.append("reuse") or True)
+    monkeypatch.setattr(run_setup, "return_freed_memory", lambda device: calls.append("freed") or True)
+    monkeypatch.setattr(run_setup, "reuse_heap_for_small_models", lambda device, n: calls.append("reuse") or True)
 
     class SetUp(Exception):
         pass
@@ -101,7 +101,7 @@ def test_only_lowram_gives_freed_memory_back_on_cpu(tiny_dir, dataset, tmp_path,
     def stop(run):
         raise SetUp  # model loaded, parameters counted
 
-    monkeypatch.setattr(train_setup, "release_unused_parts", stop)
+    monkeypatch.setattr(run_setup, "release_unused_parts", stop)
     argv = args_for(tiny_dir / "sd1", dataset, tmp_path, *(["--lowram"] if lowram else []))
     with pytest.raises(SetUp):
         train_network.run(argv)

@@ -23,13 +23,13 @@ import json, os, signal, sys, torch
 sys.path.insert(0, {root!r})
 import train_network
 import library.sampling.training as sampling_training
-from library.run import loop, train_setup
+from library.run import loop, setup as run_setup
 from library.run.trainer import Trainer
 from library.files.weights import save_error
 
 scenario, out = {scenario!r}, {out!r}
 rank = int(os.environ["RANK"])
-start, batch_loss, step_done, write = train_setup.start, loop.batch_loss, Trainer.step_done, Trainer._write_model
+start, batch_loss, step_done, write = run_setup.start, loop.batch_loss, Trainer.step_done, Trainer._write_model
 one = sampling_training._one
 calls = {{"batches": 0, "sampled": 0}}
 
@@ -62,7 +62,7 @@ def sampled(*args, **kwargs):
         f.write(args[3].prompt + "\\n")
     return one(*args, **kwargs)
 
-train_setup.start, loop.batch_loss, Trainer.step_done, Trainer._write_model = started, loss, done, written
+run_setup.start, loop.batch_loss, Trainer.step_done, Trainer._write_model = started, loss, done, written
 sampling_training._one = sampled
 sys.exit(train_network.main(sys.argv[1:]))
 """

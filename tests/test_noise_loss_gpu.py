@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from library.losses import LossConfig, diffusion_loss_per_sample
-from library.noising import NoiseConfig, NoiseSchedule, make_example
+from library.objectives.losses import LossConfig, diffusion_loss_per_sample
+from library.objectives.noising import NoiseConfig, NoiseSchedule, make_example
 
 pytestmark = pytest.mark.gpu
 

@@ -1,4 +1,4 @@
-"""library/noising.py against diffusers' DDPMScheduler, sd-scripts' order of draws, direct loops and closed forms."""
+"""library/objectives/noising.py against diffusers' DDPMScheduler, sd-scripts' order of draws, direct loops and closed forms."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from diffusers import DDPMScheduler
 
 from library.families.tiny import SCHEDULE
-from library.noising import (
+from library.objectives.noising import (
     NoiseConfig,
     NoiseSchedule,
     make_example,

@@ -16,7 +16,7 @@ import pytest
 import train_network
 from library.cli.parse import parse_args
 from library.cli.problems import ConfigError, Problems, did_you_mean, first, problems_of
-from library.run.train_setup import read_config
+from library.run.config import read_config
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -71,7 +71,7 @@ def test_sdxl_lora_steps_equal_a_plain_peft_loop(bench, tmp_path, monkeypatch):
     import torch.nn.functional as F
     from diffusers import DDPMScheduler, StableDiffusionXLPipeline
 
-    import library.objectives as O
+    import library.objectives.ddpm as O
     import library.run.train_step as T
     import sdxl_train_network
     from library.run.demo import make_tiny_model

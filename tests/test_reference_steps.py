@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import fine_tune
-import library.objectives as O
+import library.objectives.ddpm as O
 import library.run.train_step as T
 import train_textual_inversion
 from library.files.weights import load_state_dict

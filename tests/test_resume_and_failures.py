@@ -17,7 +17,8 @@ from test_train_network import args_for, train
 
 import train_network
 from library.files.weights import load_state_dict, save_state_dict
-from library.run import loop, train_setup
+from library.run import loop
+from library.run import setup as run_setup
 
 
 def snapshot(folder):
@@ -43,7 +44,7 @@ def no_model_load(monkeypatch):
     def refuse(*a, **kw):
         raise AssertionError("the model was loaded before the problem was reported")
 
-    monkeypatch.setattr(train_setup, "load_model", refuse)
+    monkeypatch.setattr(run_setup, "load_model", refuse)
 
 
 def one_error_line(err: str) -> str:

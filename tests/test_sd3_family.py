@@ -293,10 +293,10 @@ def test_text_dropout_follows_sd_scripts_and_acts_only_in_training_steps(tiny, f
     import random
 
     from library.families.sd3.family import text_dropout_of
+    from library.families.sd3.objective import SD3FlowConfig
     from library.families.sd3.text import drop_encoders
-    from library.flow_matching import SD3FlowConfig
-    from library.losses import LossConfig
-    from library.noising import NoiseConfig
+    from library.objectives.losses import LossConfig
+    from library.objectives.noising import NoiseConfig
 
     parts = SD3_MEDIUM.load(files["sd3"]["model"], clip_l_dropout_rate=0.5, clip_g_dropout_rate=0.3,
                             t5_dropout_rate=0.4)  # fmt: skip

@@ -206,7 +206,7 @@ def test_fp8_base_stores_the_frozen_transformer_in_float8_and_trains(models, dat
 
     from library.device.fp8 import stored_in_fp8
     from library.families import get_family
-    from library.run.train_setup import store_frozen_in_fp8
+    from library.run.setup import store_frozen_in_fp8
 
     family = get_family("sd3.5-medium")
     parts = build_tiny_sd3("sd3.5-medium")

@@ -15,7 +15,7 @@ import torch
 import sdxl_train_network
 import train_network
 from library.measure.simulated_device import DeviceMismatch, simulated_device
-from library.run import train_setup
+from library.run import setup as run_setup
 from library.run.demo import make_example_dataset, make_tiny_model
 
 SEED_004 = Path(__file__).parent / "corpus" / "guide_sdxl_locon.sh"
@@ -94,7 +94,7 @@ def test_only_the_part_that_computes_is_on_the_device(models, data, tmp_path, mo
     from library import data as data_module
 
     inside, current = {}, {}
-    fill_latent_cache, cache_latents = train_setup.fill_latent_cache, data_module.cache_latents
+    fill_latent_cache, cache_latents = run_setup.fill_latent_cache, data_module.cache_latents
     cache_texts = data_module.cache_text_encoder_outputs
 
     def devices(*modules):
@@ -117,7 +117,7 @@ def test_only_the_part_that_computes_is_on_the_device(models, data, tmp_path, mo
     monkeypatch.setattr(data_module, "cache_latents", latents)
     monkeypatch.setattr(data_module, "cache_text_encoder_outputs", texts)
 
-    monkeypatch.setattr(train_setup, "place_for_training", spy("step", train_setup.place_for_training))
+    monkeypatch.setattr(run_setup, "place_for_training", spy("step", run_setup.place_for_training))
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a sks shape --w 64 --h 64 --s 2\n")
     argv = ["--pretrained_model_name_or_path", str(models["sd1"]), "--train_data_dir", str(data), "--caption_extension",
@@ -125,7 +125,7 @@ def test_only_the_part_that_computes_is_on_the_device(models, data, tmp_path, mo
             "networks.lora", "--network_train_unet_only", "--max_train_steps", "2", "--max_data_loader_n_workers",
             "0", "--seed", "1", "--mixed_precision", "bf16", "--fp8_base", "--cache_latents",
             "--cache_text_encoder_outputs", "--sample_prompts", str(prompts), "--sample_every_n_steps", "2"]  # fmt: skip
-    monkeypatch.setattr(train_setup, "fill_latent_cache", keep_run)
+    monkeypatch.setattr(run_setup, "fill_latent_cache", keep_run)
     with simulated_device():
         result = train_network.run(argv)
     assert result.steps == 2 and len(list((tmp_path / "sample").glob("*.png"))) == 2

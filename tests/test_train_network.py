@@ -62,11 +62,11 @@ def test_lora_loads_in_diffusers_and_changes_the_output(tiny_dir, dataset, tmp_p
     2, rank 4: the scale travels through the file), and our own reader agrees."""
     from diffusers import DiffusionPipeline
 
-    from library.run import train_setup
+    from library.run import setup as run_setup
 
     runs = []
-    start = train_setup.start
-    monkeypatch.setattr(train_setup, "start", lambda cfg: runs.append(start(cfg)) or runs[-1])
+    start = run_setup.start
+    monkeypatch.setattr(run_setup, "start", lambda cfg: runs.append(start(cfg)) or runs[-1])
     result = train(family, *args_for(tiny_dir / family, dataset, tmp_path, "--learning_rate", "1e-2"))
     assert result.output.exists() and result.steps == 3 and all(torch.isfinite(torch.tensor(result.losses)))
     trained_unet = runs[0].parts.denoiser.eval()

@@ -21,7 +21,7 @@ import train_textual_inversion
 from library.cli.parse import ConfigError
 from library.families import get_family
 from library.files.weights import load_state_dict, read_metadata
-from library.run import train_setup
+from library.run import setup as run_setup
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +51,8 @@ def args_for(model, dataset, out, *extra, steps=3):
 def train(family, *argv, runs=None, monkeypatch=None):
     """Run the recipe in-process; with ``runs`` (a list) and ``monkeypatch``, the session's Run is appended to it."""
     if runs is not None:
-        start = train_setup.start
-        monkeypatch.setattr(train_setup, "start", lambda cfg: runs.append(start(cfg)) or runs[-1])
+        start = run_setup.start
+        monkeypatch.setattr(run_setup, "start", lambda cfg: runs.append(start(cfg)) or runs[-1])
     names = ("sdxl",) if family == "sdxl" else ("sd1", "sd2")
     return train_textual_inversion.run(list(argv), family_names=names)
 
@@ -320,7 +320,7 @@ def test_captions_without_the_token_anywhere_are_refused_before_the_model_loads(
     data = token_dataset(tmp_path / "data")
     for txt in data.rglob("*.txt"):
         txt.write_text(txt.read_text().replace(f"{TOKEN} ", ""))
-    monkeypatch.setattr(train_setup, "load_model", lambda *a: pytest.fail("the model loaded"))
+    monkeypatch.setattr(run_setup, "load_model", lambda *a: pytest.fail("the model loaded"))
     with pytest.raises(ConfigError, match=f"none of the 4 training captions holds the token .*{data.name}") as e:
         train("sd1", *args_for(tiny_dir / "sd1", data, tmp_path / "o"))
     assert "--use_object_template" in str(e.value) and f"--caption_prefix {TOKEN}" in str(e.value)

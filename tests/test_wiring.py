@@ -13,7 +13,8 @@ from PIL import Image
 import sdxl_train_network
 import train_network
 from library.files.weights import load_state_dict
-from library.run import loop, train_setup
+from library.run import loop
+from library.run import setup as run_setup
 from library.run.demo import draw_shape
 
 
@@ -95,8 +96,8 @@ def test_sdxl_step_hands_the_unet_diffusers_time_ids(tiny_dir, odd_sizes, tmp_pa
 
     seen: list[tuple] = []
     runs = []
-    start = train_setup.start
-    monkeypatch.setattr(train_setup, "start", lambda cfg: runs.append(start(cfg)) or runs[-1])
+    start = run_setup.start
+    monkeypatch.setattr(run_setup, "start", lambda cfg: runs.append(start(cfg)) or runs[-1])
     batch_loss = loop.batch_loss
 
     def spy(m, batch, generator, **kwargs):

@@ -8,7 +8,8 @@ for training are ignored), reads the datasets exactly as training does (same buc
 every latent a run can ask for into the disk cache: --cache_dir when given, else next to the images (as
 --cache_latents_to_disk). A training run with the same model, VAE precision and dataset settings and
 --cache_latents_to_disk (or the same --cache_dir) then finds every entry. With --cache_text_encoder_outputs_to_disk
-the text-encoder outputs are cached too. The family (SD1 / SD2 / SDXL) is read from the model (--sdxl is accepted).
+the text-encoder outputs are cached too. The family is read from the model (sd-scripts' --sdxl is accepted), and the
+flags are those of its training script (library/families: ``family.options``).
 """
 
 from __future__ import annotations
@@ -22,45 +23,43 @@ if __package__ in (None, ""):  # run as a script: import the repository, not thi
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 from library.cli.main_guard import main_guard
-from library.cli.parse import parse_args
+from library.cli.parse import parse_args, peek
 from library.families import family_group
-from library.run import train_setup
-from library.run.args import add_network_training_groups
-from library.run.runtime import make_accelerator
+from library.run import config as run_config
+from library.run import setup as run_setup
+from library.run.args import add_caching_tool_groups
 from networks.config import add_network_args
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """train_network.py's groups (a training command line works) with caching on: latents always, on disk in
-    --cache_dir or next to the images; --output_dir is not needed (caching writes nothing there)."""
+def build_parser(family_names: Sequence[str] = ("sd1", "sd2")) -> argparse.ArgumentParser:
+    """The training flags of ``family_names``' adapter script (a training command line works) with caching on:
+    latents always, on disk in --cache_dir or next to the images; --output_dir is not needed (caching writes
+    nothing there)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_network_training_groups(parser, add_network_args)
+    add_caching_tool_groups(parser, family_names, add_network_args)
     parser.set_defaults(cache_latents=True, cache_latents_to_disk=True, output_dir=".")
     extra = parser.add_argument_group("cache_latents")
-    extra.add_argument("--sdxl", action="store_true", help="accepted: the family is read from the model")
     extra.add_argument("--skip_existing", action="store_true", help="accepted (sd-scripts: deprecated, no effect)")
     return parser
 
 
-def family_names(args: argparse.Namespace) -> tuple[str, ...]:
-    return family_group(args.pretrained_model_name_or_path, sdxl=args.sdxl)
+def family_names(argv: Sequence[str] | None) -> tuple[str, ...]:
+    """The families trained together with the model the command line names (read from the file; sd-scripts'
+    ``--sdxl`` when the file does not exist yet)."""
+    return family_group(peek(argv, "pretrained_model_name_or_path"), sdxl=bool(peek(argv, "sdxl")))
 
 
-def run(argv: Sequence[str] | None = None) -> train_setup.Run | None:
+def run(argv: Sequence[str] | None = None) -> run_setup.Run | None:
     """Fill the caches; returns the run (plan, caches) for inspection."""
-    args = parse_args(build_parser(), argv)
+    names = family_names(argv)
+    args = parse_args(build_parser(names), argv)
     if args is None:  # --output_config wrote the file
         return None
-    cfg = train_setup.read_config(args, family_names(args))  # every dataset / model problem at once
-    train_setup.setup_logging(cfg)
-    accelerator = make_accelerator(cfg.run)
-    plan = train_setup.build_plan(cfg, accelerator)
-    parts = train_setup.load_model(cfg, accelerator)
-    run = train_setup.Run(cfg, accelerator, cfg.family, parts, plan, step_models=None)
-    train_setup.fill_caches(run)
+    cfg = run_config.read_config(args, names)  # every dataset / model problem at once
+    run = run_setup.prepare_caches(cfg)
     where = cfg.data.cache_dir or "next to the images"
     entries = len(set(run.latent_cache.keys.values()))
-    print(f"latent cache: {entries} entries for {sum(len(d.records) for d in plan.datasets)} images in {where}")
+    print(f"latent cache: {entries} entries for {sum(len(d.records) for d in run.plan.datasets)} images in {where}")
     return run
 
 

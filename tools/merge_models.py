@@ -162,7 +162,7 @@ def scale_into(target: dict[str, Tensor], source: dict[str, Tensor] | None, rati
 def merge_extras(first, others: Sequence[tuple[str, list]], ratios: Sequence[float], dtype, show_skipped: bool) -> None:
     """Text-encoder tensors outside the HF modules (SD2's OpenCLIP extras), merged with sd-scripts' rule for keys
     not in every model (module docstring), into ``first``'s extras; ``others``: (source, its extras) per model."""
-    firsts = first.extra.get("text_encoder_extras") or []
+    firsts = first.text_encoder_extras
     for i, extras in enumerate(firsts):
         original = {k: v.clone() for k, v in extras.items()}
         for k, v in extras.items():
@@ -230,7 +230,7 @@ def merge_models(args: argparse.Namespace, family, ratios: list[float]):
             scale_into(state, theirs[name].state_dict(), ratio, dtype)
             bar.update(len(state))
         bar.close()
-        others.append((other.source, other.extra.get("text_encoder_extras") or []))  # small tensors only
+        others.append((other.source, other.text_encoder_extras))  # small tensors only
         del other, theirs  # one input at a time besides the merge
     if not args.unet_only:
         merge_extras(first, others, ratios, dtype, args.show_skipped)

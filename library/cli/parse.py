@@ -100,6 +100,26 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = Non
     return args
 
 
+def peek(argv: Sequence[str] | None, dest: str) -> Any:
+    """The value of ``--<dest>`` on the command line ``argv`` (None: ``sys.argv``), else in its ``--config_file``
+    TOML, else None, read before the script's parser exists (a tool whose flags depend on the model, e.g. its
+    family's). Nothing else is checked here: the full parse does that."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument(f"--{dest}", default=None)
+    pre.add_argument("--config_file", default=None)
+    known, _ = pre.parse_known_args(list(argv) if argv is not None else None)
+    value = getattr(known, dest)
+    path = Path(known.config_file) if known.config_file else None
+    if value is None and path is not None and path.is_file():
+        flat: dict[str, Any] = {}
+        try:
+            _flatten(toml.loads(path.read_text(encoding="utf-8")), path.name, flat, [])
+        except (toml.TomlDecodeError, UnicodeDecodeError):
+            return None  # the full parse reports it
+        value = flat.get(dest)
+    return value
+
+
 def _flatten(table: dict, where: str, out: dict, problems: list[str]) -> None:
     for key, value in table.items():
         if isinstance(value, dict):

@@ -1,7 +1,7 @@
 """Where modules and tensors live during a run: the device for what computes, the host for what waits.
 
 On an 8-12 GB card the model does not fit next to everything else, so a run keeps on the device only what the
-current phase computes with (library/run/train_setup.py): the VAE alone while latents are cached, the text encoders
+current phase computes with (library/run/setup.py): the VAE alone while latents are cached, the text encoders
 alone while their outputs are cached, then the denoiser (and whatever the step still runs) for training; parts that
 only sampling needs come in for a sampling round and leave after it (:func:`on_device`).
 
@@ -25,7 +25,7 @@ def _has_parameters(module: nn.Module) -> bool:
 
 
 def is_freed(module: nn.Module) -> bool:
-    """A part whose weights were given back (library/run/train_setup.py ``release_unused_parts``): it stays where it is."""
+    """A part whose weights were given back (library/run/setup.py ``release_unused_parts``): it stays where it is."""
     return _has_parameters(module) and module_device(module).type == "meta"
 
 

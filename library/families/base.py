@@ -9,17 +9,20 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor, nn
 
-from .blocks import BlockLayout
+from library.objectives.base import EPSILON, FLOW_MATCHING, OBJECTIVES, V_PREDICTION, Objective
+from library.objectives.losses import LossConfig
+from library.objectives.noising import NoiseConfig
 
-if TYPE_CHECKING:  # type hints only: the objective modules import this one
-    from library.losses import LossConfig
-    from library.noising import NoiseConfig
-    from library.objectives import Objective
+from .blocks import BlockLayout
+from .full_training import FullTraining
+from .options import FamilyOptions
+
+__all__ = ["EPSILON", "FLOW_MATCHING", "OBJECTIVES", "V_PREDICTION"]  # the objective names, for the families
 
 
 @dataclass
@@ -29,8 +32,12 @@ class Parts:
     ``text_encoders`` and ``tokenizers`` are lists: one entry for SD1/SD2, two for SDXL (CLIP-L, then OpenCLIP-bigG).
     ``scheduler_config`` is the noise schedule (diffusers scheduler config dict: betas, num_train_timesteps,
     prediction_type "epsilon" | "v_prediction", and ``rescale_betas_zero_snr: True`` for zero-terminal-SNR models).
-    ``extra["text_encoder_extras"]``: per text encoder, OpenCLIP tensors of the source file that the HF model does not
-    hold (SD2's 24th block, ``logit_scale``...), written back unchanged when the model is saved as a single file.
+    ``options``: the family's options the model was loaded with (``ModelFamily.options``, the defaults filled in:
+    prompt lengths, masks, guidance, dropouts; None for a family without options of its own), read by the family's
+    prompts, objective and files. ``text_encoder_extras``: per text encoder, OpenCLIP tensors of the source file that
+    the HF model does not hold (SD2's 24th block, ``logit_scale``...), written back unchanged when the model is saved
+    as a single file. ``token_expansions``: per tokenizer, {first token id: [all vector ids]} of the multi-vector
+    textual-inversion tokens added to it (``library.text.textual_inversion``).
     """
 
     denoiser: nn.Module
@@ -40,7 +47,9 @@ class Parts:
     scheduler_config: dict
     family: str
     source: str = ""
-    extra: dict = field(default_factory=dict)
+    options: FamilyOptions | None = None
+    text_encoder_extras: list[dict] = field(default_factory=list)
+    token_expansions: list[dict] = field(default_factory=list)
 
     @property
     def prediction_type(self) -> str:
@@ -138,13 +147,19 @@ class FamilySpec:
     detect: Callable[[Mapping[str, Any], Mapping[str, str]], bool] | None = None
     detect_folder: Callable[[Path], bool] | None = None
     """Whether a folder is this family's model (families whose diffusers folders have no ``unet/``, e.g. FLUX)."""
+    group: str = ""
+    """The name of the family group its training script trains, for messages that list groups ("FLUX" for
+    FLUX.1 dev / schnell and Chroma); "" : the title."""
+    block_swap: bool = False
+    """Whether ``--blocks_to_swap`` applies (the denoiser has transformer block lists: ``ModelFamily.swap_blocks``)."""
+    tool_flag: str = ""
+    """The flag (without dashes) sd-scripts' model-agnostic tools take to name this family where ``flag`` is none
+    (tools/cache_text_encoder_outputs.py's ``--flux``); accepted there, the family being read from the model."""
 
+    @property
+    def group_title(self) -> str:
+        return self.group or self.title
 
-# The training objectives a family can state (``ModelFamily.objective``): what the denoiser is trained to predict.
-EPSILON = "epsilon"  # the noise (DDPM)
-V_PREDICTION = "v_prediction"  # v = sqrt(a_t) noise - sqrt(1 - a_t) x0 (Salimans & Ho 2022)
-FLOW_MATCHING = "flow_matching"  # the velocity noise - x0 of a rectified flow (SD3, FLUX)
-OBJECTIVES = (EPSILON, V_PREDICTION, FLOW_MATCHING)
 
 
 @dataclass(frozen=True)
@@ -301,11 +316,17 @@ class ModelFamily(Protocol):
     target_classes: TargetClasses
     """The module classes adapter presets select in this family's denoiser and text encoders (``networks.targets``
     resolves the built-in presets through them)."""
+    options: type[FamilyOptions]
+    """The family's own flags and their reader (``library/families/options.py``; :class:`~.options.NoOptions` when
+    every flag it reads is a shared one). The families one script trains share one options class."""
+    full_training: FullTraining
+    """Its full fine-tuning rules: its own flags, the trained parts and their learning rates, what stays frozen, how
+    the trained model is written (``library/families/full_training.py``)."""
 
     def load(self, path: str | Path, **options: Any) -> Parts:
         """A diffusers folder or a single file -> frozen modules in eval mode (options: dtype (one dtype, or
         :class:`PartDtypes` per part), vae, v_parameterization, tokenizer_cache_dir, device: where each weight goes
-        as it is read)."""
+        as it is read; ``options``: an instance of :attr:`options`, kept as ``Parts.options``)."""
         ...
 
     def save(self, parts: Parts, path: str | Path, **options: Any) -> Path:
@@ -349,6 +370,11 @@ class ModelFamily(Protocol):
 
     def objective(self, parts: Parts) -> str:
         """What the loaded model is trained to predict: one of :data:`OBJECTIVES` (the loss target follows it)."""
+        ...
+
+    def objective_problems(self, noise: NoiseConfig, loss: LossConfig, options: FamilyOptions) -> list[str]:
+        """The run's noise / loss settings (and the family's own ``options``) this family's objective cannot train
+        with, one line each, checked before anything loads."""
         ...
 
     def training_objective(self, parts: Parts, noise: NoiseConfig, loss: LossConfig) -> Objective:

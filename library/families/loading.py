@@ -398,7 +398,7 @@ def parts_from_single_file(
     scheduler = dict(configs["scheduler"], prediction_type=pred)
     if ztsnr:
         scheduler["rescale_betas_zero_snr"] = True
-    return Parts(unet, vae, text_encoders, [], scheduler, spec.name, str(path), {"text_encoder_extras": extras})
+    return Parts(unet, vae, text_encoders, [], scheduler, spec.name, str(path), text_encoder_extras=extras)
 
 
 def _vae(
@@ -467,7 +467,7 @@ def load_diffusers(
         scheduler["prediction_type"] = "v_prediction" if v_parameterization else "epsilon"
     scheduler.setdefault("prediction_type", "epsilon")
     log.info("%s: prediction type %s", folder, scheduler["prediction_type"])
-    return Parts(unet, vae, text_encoders, [], scheduler, spec.name, str(folder), {})
+    return Parts(unet, vae, text_encoders, [], scheduler, spec.name, str(folder))
 
 
 def _read_component(sub: Path, build: Callable, dtype: Any, device: Any = None) -> nn.Module | None:
@@ -543,8 +543,8 @@ def finish(parts: Parts, device: Any) -> Parts:
     """Move to ``device``, set eval mode and freeze every module (trainers unfreeze what they train)."""
     for module in (parts.denoiser, parts.vae, *parts.text_encoders):
         module.to(device).eval().requires_grad_(False)
-    parts.extra["text_encoder_extras"] = [
-        {k: v.to(device) for k, v in extra.items()} for extra in parts.extra.get("text_encoder_extras", [])
+    parts.text_encoder_extras = [
+        {k: v.to(device) for k, v in extra.items()} for extra in parts.text_encoder_extras
     ] or [{} for _ in parts.text_encoders]
     return parts
 

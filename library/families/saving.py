@@ -72,7 +72,7 @@ def single_file_state_dict(spec: FamilySpec, parts: Parts) -> dict[str, Tensor]:
     """All weights of ``parts`` under single-file keys (UNet, VAE, text encoders, v-prediction markers)."""
     sd = unet_to_ldm(parts.denoiser)
     sd.update({VAE_PREFIX + k: v for k, v in vae_to_ldm(parts.vae.state_dict(), parts.vae.config).items()})
-    extras = parts.extra.get("text_encoder_extras") or [{} for _ in parts.text_encoders]
+    extras = parts.text_encoder_extras or [{} for _ in parts.text_encoders]
     for te, te_spec, extra in zip(parts.text_encoders, spec.text_encoders, extras):
         add_block = te_spec.final_block_after is not None and te.config.num_hidden_layers == te_spec.final_block_after
         converted = text_encoder_to_ldm(te, te_spec.layout, extra, add_block)

@@ -16,10 +16,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from library.objectives.ddpm import DDPMObjective, ddpm_objective, ddpm_problems
+from library.objectives.losses import LossConfig
+from library.objectives.noising import NoiseConfig
 
 from . import text
 from .base import BlockList, Cond, FamilySpec, PartDtypes, Parts, Root, TargetClasses, TextEncoderSpec, module_device
@@ -27,13 +31,10 @@ from .blocks import DIFFUSERS_BLOCKS
 from .convert import UNET_PREFIX, hf_module_path
 from .latents import decode_latents, encode_latents
 from .loading import load_model, reference_parts
+from .options import NoOptions
 from .saving import IMPL_SGM, make_pipeline, save_family_model, with_kind
+from .sd_full_training import SDFullTraining
 from .tokenizers import PAD_CLIP_L, PAD_OPEN_CLIP
-
-if TYPE_CHECKING:  # type hints only: library.objectives imports the families' base module
-    from library.losses import LossConfig
-    from library.noising import NoiseConfig
-    from library.objectives import DDPMObjective
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +112,8 @@ class SDFamily:
     blocks = DIFFUSERS_BLOCKS
     denoiser_name = "UNet"
     partial_text_cache = None  # every text output comes from an encoder adapters may train
+    options = NoOptions  # every flag an SD model reads is a shared one
+    full_training = SDFullTraining()
     fp8_skip = ("norm",)  # --fp8_base keeps the UNet's norm layers in the compute dtype (diffusers' rule)
     target_classes = UNET_TARGET_CLASSES
 
@@ -146,6 +149,7 @@ class SDFamily:
         v_parameterization: bool | None = None,
         tokenizer_cache_dir: str | None = None,
         device: Any = "cpu",
+        options: NoOptions | None = None,
     ) -> Parts:
         """Load a diffusers folder or a single file (.safetensors / .ckpt). Modules come back frozen, in eval mode.
 
@@ -217,10 +221,12 @@ class SDFamily:
         """The loaded model's prediction type: "epsilon" or "v_prediction" (SD2 768-v, v-pred fine-tunes)."""
         return parts.prediction_type
 
+    def objective_problems(self, noise: NoiseConfig, loss: LossConfig, options: NoOptions) -> list[str]:
+        """What the DDPM objective cannot train with (``library.objectives.ddpm.ddpm_problems``)."""
+        return ddpm_problems(noise, loss)
+
     def training_objective(self, parts: Parts, noise: NoiseConfig, loss: LossConfig) -> DDPMObjective:
         """Epsilon or v-prediction (:meth:`objective`) on the model's DDPM schedule."""
-        from library.objectives import ddpm_objective
-
         return ddpm_objective(self.spec.title, self.objective(parts), parts.scheduler_config, noise, loss)
 
     def size_conditioning(self, original_sizes: Any, crop_top_lefts: Any, target_sizes: Any) -> None:

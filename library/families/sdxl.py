@@ -16,10 +16,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from library.objectives.ddpm import DDPMObjective, ddpm_objective, ddpm_problems
+from library.objectives.losses import LossConfig
+from library.objectives.noising import NoiseConfig
 
 from . import text
 from .base import BlockList, Cond, FamilySpec, PartDtypes, Parts, Root, TextEncoderSpec, module_device
@@ -27,15 +31,12 @@ from .blocks import SGM_BLOCKS
 from .convert import hf_module_path
 from .latents import decode_latents, encode_latents
 from .loading import load_model, reference_parts
+from .options import NoOptions
 from .saving import IMPL_SGM, make_pipeline, save_family_model, with_kind
 from .sd import UNET_TARGET_CLASSES
+from .sd_full_training import SDXLFullTraining
 from .tokenizers import PAD_CLIP_L, PAD_OPEN_CLIP
 from .unet_keys import block_map, diffusers_to_ldm
-
-if TYPE_CHECKING:  # type hints only: library.objectives imports the families' base module
-    from library.losses import LossConfig
-    from library.noising import NoiseConfig
-    from library.objectives import DDPMObjective
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,8 @@ class SDXLFamily:
     blocks = SGM_BLOCKS
     denoiser_name = "UNet"
     partial_text_cache = None  # every text output comes from an encoder adapters may train
+    options = NoOptions  # every flag an SD model reads is a shared one
+    full_training = SDXLFullTraining()
     fp8_skip = ("norm",)  # --fp8_base keeps the UNet's norm layers in the compute dtype (diffusers' rule)
     target_classes = UNET_TARGET_CLASSES  # the SD UNet and CLIP classes (``sd.UNET_TARGET_CLASSES``)
 
@@ -102,6 +105,7 @@ class SDXLFamily:
         v_parameterization: bool | None = None,
         tokenizer_cache_dir: str | None = None,
         device: Any = "cpu",
+        options: NoOptions | None = None,
     ) -> Parts:
         """Load a diffusers folder or a single file; see ``SDFamily.load`` (v-prediction also from ``v_pred``)."""
         return load_model(
@@ -175,10 +179,12 @@ class SDXLFamily:
         """The loaded model's prediction type: "epsilon" (SDXL base) or "v_prediction" (v-pred fine-tunes)."""
         return parts.prediction_type
 
+    def objective_problems(self, noise: NoiseConfig, loss: LossConfig, options: NoOptions) -> list[str]:
+        """What the DDPM objective cannot train with (``library.objectives.ddpm.ddpm_problems``)."""
+        return ddpm_problems(noise, loss)
+
     def training_objective(self, parts: Parts, noise: NoiseConfig, loss: LossConfig) -> DDPMObjective:
         """Epsilon or v-prediction (:meth:`objective`) on the model's DDPM schedule."""
-        from library.objectives import ddpm_objective
-
         return ddpm_objective(self.spec.title, self.objective(parts), parts.scheduler_config, noise, loss)
 
     def cond_with_trained_encoders(self, parts: Parts, captions: list[str], cached: Cond) -> Cond:

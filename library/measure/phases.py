@@ -1,7 +1,7 @@
 """The phases of a training run, for measuring device memory phase by phase (benchmarks and the simulated device).
 
 A run goes load -> latent caching -> text caching -> step; sampling rounds and saves happen inside the step phase
-and return to it. :func:`instrumented` wraps the functions that start each phase (library/run/train_setup.py and the
+and return to it. :func:`instrumented` wraps the functions that start each phase (library/run/run_setup.py and the
 Trainer's ``sample`` / ``save_model`` / ``save_state``) so that a :class:`PhasePeaks` sees every change; it reads
 and resets a peak through two callables, so the same bookkeeping serves ``torch.cuda.max_memory_allocated`` on a GPU
 and the meta-device byte count of library/measure/simulated_device.py.
@@ -75,18 +75,18 @@ def _wrap(owner: Any, name: str, phase: str, peaks: PhasePeaks, undo: list, stay
 @contextlib.contextmanager
 def instrumented(peaks: PhasePeaks) -> Iterator[PhasePeaks]:
     """Training runs started inside the block report their phases to ``peaks`` (in-process runs only)."""
-    from library.run import train_setup
+    from library.run import setup as run_setup
     from library.run.trainer import Trainer
 
     undo: list[tuple[Any, str, Any]] = []
-    _wrap(train_setup, "load_model", "load", peaks, undo, stays=True)
-    _wrap(train_setup, "fill_latent_cache", "latent caching", peaks, undo, stays=False)
-    _wrap(train_setup, "fill_text_cache", "text caching", peaks, undo, stays=False)
-    if not hasattr(train_setup, "fill_latent_cache"):  # before the caches were split: one caching phase
-        _wrap(train_setup, "fill_caches", "latent caching", peaks, undo, stays=False)
-    _wrap(train_setup, "place_for_training", "step", peaks, undo, stays=True)
-    if not hasattr(train_setup, "place_for_training"):
-        _wrap(train_setup, "release_unused_parts", "step", peaks, undo, stays=True)
+    _wrap(run_setup, "load_model", "load", peaks, undo, stays=True)
+    _wrap(run_setup, "fill_latent_cache", "latent caching", peaks, undo, stays=False)
+    _wrap(run_setup, "fill_text_cache", "text caching", peaks, undo, stays=False)
+    if not hasattr(run_setup, "fill_latent_cache"):  # before the caches were split: one caching phase
+        _wrap(run_setup, "fill_caches", "latent caching", peaks, undo, stays=False)
+    _wrap(run_setup, "place_for_training", "step", peaks, undo, stays=True)
+    if not hasattr(run_setup, "place_for_training"):
+        _wrap(run_setup, "release_unused_parts", "step", peaks, undo, stays=True)
     _wrap(Trainer, "sample", "sampling", peaks, undo, stays=False)
     _wrap(Trainer, "save_model", "save", peaks, undo, stays=False)
     _wrap(Trainer, "save_state", "save", peaks, undo, stays=False)

@@ -125,7 +125,7 @@ class SimulatedDevice(TensorMemory):
         return super().__torch_dispatch__(func, types, args, kwargs)
 
     def forget(self, module: torch.nn.Module) -> None:
-        """Stop counting a module's tensors: a part freed with ``module.to("meta")`` (library/run/train_setup.py
+        """Stop counting a module's tensors: a part freed with ``module.to("meta")`` (library/run/run_setup.py
         ``release_unused_parts``) holds no memory on a real run, though meta is the simulated device here."""
         for tensor in (*module.parameters(), *module.buffers()):
             entry = self._live.pop(tensor.untyped_storage()._cdata, None)
@@ -190,10 +190,10 @@ def simulated_device(strict: bool = True) -> Iterator[SimulatedDevice]:
 
     Yields the :class:`SimulatedDevice` whose ``phase_table()`` gives the device-resident peak per phase.
     """
-    from library.run import train_setup
+    from library.run import setup as run_setup
 
     sim = SimulatedDevice(strict)
-    make_accelerator, load_model, release = train_setup.make_accelerator, train_setup.load_model, train_setup._release
+    make_accelerator, load_model, release = run_setup.make_accelerator, run_setup.load_model, run_setup._release
 
     def simulated_accelerator(*args: Any, **kwargs: Any) -> Any:
         return make_simulated(make_accelerator(*args, **kwargs))
@@ -209,10 +209,10 @@ def simulated_device(strict: bool = True) -> Iterator[SimulatedDevice]:
         sim.forget(module)
         return out
 
-    train_setup.make_accelerator, train_setup.load_model, train_setup._release = simulated_accelerator, loaded, released
+    run_setup.make_accelerator, run_setup.load_model, run_setup._release = simulated_accelerator, loaded, released
     try:
         with instrumented(sim.phases), sim:
             yield sim
     finally:
-        train_setup.make_accelerator, train_setup.load_model = make_accelerator, load_model
-        train_setup._release = release
+        run_setup.make_accelerator, run_setup.load_model = make_accelerator, load_model
+        run_setup._release = release

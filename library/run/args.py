@@ -2,32 +2,32 @@
 
 The rule (docs/configuration.md): a flag lives next to what reads it. Each domain module defines its argparse
 group, ``add_<group>_args(parser)``, beside the frozen dataclass whose ``from_args(args)`` is the only reader of
-those flags (sd-scripts' names, types and defaults), e.g. ``library.noising.add_noise_args`` + ``NoiseConfig``,
+those flags (sd-scripts' names, types and defaults), e.g. ``library.objectives.noising.add_noise_args`` + ``NoiseConfig``,
 ``networks.config.add_network_args`` + ``NetworkConfig``. Library functions take the dataclasses, never an
 ``argparse.Namespace``. The readers report through ``library.cli.problems`` (``ConfigError``), and
-``library.run.train_setup.read_config`` runs them all so a run lists every problem at once. Flags sd-scripts has but we do
+``library.run.config.read_config`` runs them all so a run lists every problem at once. Flags sd-scripts has but we do
 not support yet are added with :func:`library.cli.parse.add_unsupported`: using one is an error, never a no-op.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from library import sampling
 from library.cli.console import add_logging_args
 from library.cli.parse import add_config_args
 from library.data.data_args import add_dataset_args
-from library.losses import add_loss_args
-from library.noising import add_noise_args
+from library.objectives.losses import add_loss_args
+from library.objectives.noising import add_noise_args
 from library.optim import add_optim_args, add_part_lr_args
+from library.run.config import add_model_args, add_validation_args
 from library.run.ema import add_ema_args
 from library.run.model_trainable import add_model_training_args
 from library.run.run_files import add_save_args, add_state_args
 from library.run.runtime import add_run_args
 from library.run.token_embeddings import add_embedding_args, add_textual_inversion_args
 from library.run.trackers import add_tracker_args
-from library.run.train_setup import add_model_args, add_validation_args
 
 
 def add_run_groups(
@@ -71,11 +71,51 @@ def add_textual_inversion_groups(parser: argparse.ArgumentParser) -> None:
         add(parser)
 
 
-def add_model_training_groups(parser: argparse.ArgumentParser, script: str, block_swap: bool = False) -> None:
-    """fine_tune.py, sdxl_train.py, train_db.py, flux_train.py (``script``); --save_model_as defaults to the input's
-    format. ``block_swap``: the block-swap flags are read (DiT scripts), not refused."""
+def add_model_training_groups(
+    parser: argparse.ArgumentParser, flag_sets: Sequence[str], family_names: Sequence[str], block_swap: bool = False
+) -> None:
+    """fine_tune.py, sdxl_train.py, train_db.py and the transformer families' full fine-tunes: the run groups
+    (--save_model_as defaults to the input's format), the optimizer, the full-training flags of the script's
+    ``flag_sets`` (``library.run.model_trainable.add_model_training_args``), sampling, --config_file, then the
+    families' own flags (``family.options``) and full-training flags (``family.full_training``). ``block_swap``: the
+    block-swap flags are read (transformer scripts), not refused."""
+    from library.families import get_family
+    from library.run.config import script_options
+
     add_run_groups(parser, default_format=None, deepspeed=True, block_swap=block_swap)
     add_optim_args(parser)
-    add_model_training_args(parser, script=script)
+    add_model_training_args(parser, flag_sets)
     sampling.add_sample_args(parser)
     add_config_args(parser)
+    script_options(tuple(family_names)).add_args(parser, training=True)
+    get_family(family_names[0]).full_training.add_args(parser)
+
+
+def add_caching_tool_groups(parser: argparse.ArgumentParser, family_names: Sequence[str],
+                            add_network_args: Callable[[argparse.ArgumentParser], object]) -> argparse.ArgumentParser:  # fmt: skip
+    """tools/cache_latents.py and tools/cache_text_encoder_outputs.py: the flags of the adapter-training script of
+    ``family_names`` (the model's family; a whole training command line works), then, accepted with no effect,
+    sd-scripts' family flags of every registered family (``--sdxl`` ...: the family is read from the model) and the
+    other families' training flags (caching does not read them). Returns the parser."""
+    from library.cli.parse import add_no_effect
+    from library.families import FAMILIES, get_family
+    from library.families.options import option_actions
+    from library.run.config import script_options
+
+    swaps = get_family(family_names[0]).spec.block_swap
+    add_network_training_groups(parser, add_network_args, block_swap=swaps)
+    own = script_options(tuple(family_names))
+    own.add_args(parser, training=True)
+    g = parser.add_argument_group("caching", "flags a training command line may hold that caching does not read")
+    for spec in (f.spec for f in FAMILIES.values()):
+        for flag in (spec.flag, spec.tool_flag):
+            if flag and f"--{flag}" not in parser._option_string_actions:
+                add_no_effect(g, f"--{flag}", "the family is read from the model", action="store_true")
+    others = {f.options for f in FAMILIES.values()} - {own}
+    for options in others:
+        for action in option_actions(options, training=True):
+            flag = action.option_strings[0]
+            if flag not in parser._option_string_actions:
+                kind = {"action": "store_true"} if action.nargs == 0 else {"nargs": action.nargs, "default": None}
+                add_no_effect(g, flag, "a training flag of other models; caching does not read it", **kind)
+    return parser

@@ -109,30 +109,15 @@ class BlockSwapConfig:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> BlockSwapConfig:
-        """Read :func:`add_block_swap_args`' flags (absent from a script's parser: the defaults), and sd-scripts'
-        deprecated ``--double_blocks_to_swap`` / ``--single_blocks_to_swap`` (:func:`requested_blocks_to_swap`)."""
-        n = requested_blocks_to_swap(args)
+        """Read :func:`add_block_swap_args`' flags (absent from a script's parser: the defaults)."""
+        n = getattr(args, "blocks_to_swap", None)
         if n is not None and n < 0:
             raise ConfigError([f"--blocks_to_swap must be >= 0 (0: no swapping), got {n}"])
-        if n and n != getattr(args, "blocks_to_swap", None):
-            logger.warning("--double_blocks_to_swap %s and --single_blocks_to_swap %s are deprecated (sd-scripts): read "
-                           "as --blocks_to_swap %d; use that flag", args.double_blocks_to_swap,
-                           args.single_blocks_to_swap, n)  # fmt: skip
         cfg = cls(n, bool(getattr(args, "cpu_offload_checkpointing", False)))
         if cfg.cpu_offload_checkpointing and not getattr(args, "gradient_checkpointing", False):
             logger.warning("--cpu_offload_checkpointing: gradient checkpointing is turned on too (as sd-scripts' "
                            "flux_train.py does); pass --gradient_checkpointing to say so")  # fmt: skip
         return cfg
-
-
-def requested_blocks_to_swap(args: argparse.Namespace) -> int | None:
-    """``--blocks_to_swap``; without it, sd-scripts' flux_train.py reading of its deprecated flags:
-    ``N = --double_blocks_to_swap + --single_blocks_to_swap // 2`` (None: no swapping asked for)."""
-    n = getattr(args, "blocks_to_swap", None)
-    double, single = getattr(args, "double_blocks_to_swap", None), getattr(args, "single_blocks_to_swap", None)
-    if n is None and (double or single):
-        n = (double or 0) + (single or 0) // 2
-    return n
 
 
 def split_blocks_to_swap(n: int, lists: Sequence[BlockList]) -> list[int]:
@@ -172,8 +157,11 @@ def swap_problems(n: int | None, lists: Sequence[BlockList], family_title: str) 
     if not n:
         return []
     if not lists:
+        from library.families.registry import block_swap_groups
+
+        groups, scripts = block_swap_groups()
         return [f"--blocks_to_swap {n}: the {family_title} denoiser has no transformer block lists to swap; sd-scripts "
-                "swaps blocks for FLUX and SD3 only (flux_train_network.py, sd3_train_network.py): remove the flag"]  # fmt: skip
+                f"swaps blocks for {' and '.join(groups)} only ({', '.join(scripts)}): remove the flag"]  # fmt: skip
     try:
         split_blocks_to_swap(n, lists)
     except ValueError as e:

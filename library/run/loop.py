@@ -16,13 +16,13 @@ import torch
 from library.cli.console import print_error
 from library.files.weights import SaveError
 from library.optim import effective_lrs, make_optimizer, make_scheduler, step_without_optimizer
-from library.run import train_setup
+from library.run import setup as run_setup
 from library.run.train_step import Interrupt, LossTracker, NonFiniteLoss, batch_loss, check_finite
 from library.run.trainable import prepare_for_training
 from library.run.trainer import Result, Trainer
 
 
-def train(run: train_setup.Run, trainable: Any, groups: list[dict]) -> Result:
+def train(run: run_setup.Run, trainable: Any, groups: list[dict]) -> Result:
     """The loop around a Trainable (any recipe's: adapters here, token embeddings in train_textual_inversion.py)."""
     cfg = run.cfg
     trainable = trainable.prepare(run.accelerator)  # adapters / embeddings: themselves (gradients averaged by hand)

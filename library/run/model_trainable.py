@@ -1,24 +1,30 @@
-"""The whole model as a Trainable: full fine-tuning and DreamBooth (fine_tune.py, sdxl_train.py, train_db.py).
+"""The whole model as a Trainable: full fine-tuning and DreamBooth (fine_tune.py, sdxl_train.py, train_db.py and the
+transformer families' full fine-tunes).
 
-The UNet is trained (sdxl_train.py: unless ``--learning_rate 0``, sd-scripts' "train the text encoders only"); the
-text encoders too with ``--train_text_encoder`` (fine_tune.py / sdxl_train.py) or by default in train_db.py
-(``--stop_text_encoder_training -1`` there means never). Each trained part has its own learning rate
-(``--learning_rate_te``, SDXL ``--learning_rate_te1`` / ``--learning_rate_te2``, else ``--learning_rate``; 0 = keep
-that encoder frozen), and ``--block_lr`` gives each of the UNet's blocks its own (sd-scripts' order: time/label
-embeddings, ``input_blocks.*``, ``middle_block.*``, ``output_blocks.*``, ``out``; 0 = freeze the block).
+The denoiser is trained (unless the family's rules leave it out: ``--learning_rate 0`` where its script reads it
+so); the text encoders too where the method trains them (``--train_text_encoder``, or by default in train_db.py,
+whose ``--stop_text_encoder_training -1`` means never), each at the learning rate the family's rules give it (0 =
+that encoder stays frozen). What differs between families (their own flags, per-encoder learning rates, per-block
+learning rates, frozen parameters, the files written) is the family's (``family.full_training``: its
+:class:`~library.families.full_training.TrainingRules` for the run); what differs between recipes (fine-tune vs
+DreamBooth) is the flag groups the script adds (:func:`add_model_training_args`).
 
 The trainable is handed to ``accelerate.prepare`` (``gradient_sync == "accelerate"``): the loop calls the prepared
-object in place of the UNet, so DDP / FSDP / DeepSpeed come from the user's accelerate config. Files are the whole
-model, written by the family (single file with ModelSpec and the v-pred / ztsnr markers, or a diffusers folder).
+object in place of the denoiser, so DDP / FSDP / DeepSpeed come from the user's accelerate config. Files are the
+whole model, written by the family's rules (a single file with ModelSpec and the v-pred / ztsnr markers, or a
+diffusers folder).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import logging
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,10 +32,8 @@ from torch import nn
 
 from library.cli.problems import ConfigError
 from library.families.base import ModelFamily, Parts
-from library.families.unet_keys import block_map, diffusers_to_ldm
-from library.files.weights import streamed_saves
+from library.families.full_training import PlainRules, TrainingRules
 from library.optim.fused import FusedStep, block_chunks, chunk_parameters
-from library.run.block_swap import requested_blocks_to_swap
 from library.run.engines import DeepSpeedConfig, launch_problems
 
 logger = logging.getLogger("sdtrain")
@@ -37,60 +41,60 @@ DIT_SCRIPTS = ("flux_train", "sd3_train")  # full fine-tunes of transformer fami
 
 
 # ---------------------------------------------------------------------------------------------------------- flags
-def add_model_training_args(parser: argparse.ArgumentParser, *, script: str) -> None:
-    """sd-scripts' full-training flags of ``script`` ("fine_tune", "sdxl_train", "train_db", or a transformer
-    family's :data:`DIT_SCRIPTS`: "flux_train", "sd3_train")."""
+def _train_text_encoder(g: Any) -> None:
+    g.add_argument("--train_text_encoder", action="store_true", help="also train the text encoder(s)")
+    g.add_argument("--diffusers_xformers", action="store_true", help="xformers attention (same as --xformers)")
+
+
+def _dreambooth(g: Any) -> None:
+    g.add_argument("--stop_text_encoder_training", type=int, default=None, help="step at which the text encoder "
+                   "stops training (-1: never train it)")  # fmt: skip
+    g.add_argument("--no_token_padding", action="store_true", help="pad captions only to the batch's longest, not "
+                   "to 77 tokens (diffusers' DreamBooth)")  # fmt: skip
+
+
+def _fused_groups(g: Any) -> None:
+    g.add_argument("--fused_optimizer_groups", type=int, default=None, help="step the optimizer in N parameter "
+                   "groups during backward (less gradient memory)")  # fmt: skip
+
+
+def _blockwise(g: Any) -> None:
+    g.add_argument("--blockwise_fused_optimizers", action="store_true", help="step the optimizer for each "
+                   "transformer block (and once for the other weights) as soon as its gradients are ready")  # fmt: skip
+    g.add_argument("--skip_latents_validity_check", action="store_true", dest="skip_cache_check",
+                   help="[deprecated] same as --skip_cache_check (sd-scripts' older name)")  # fmt: skip
+
+
+# The full-training flag sets a script picks from (each the flags of one concept): "train_text_encoder" (fine-tuning
+# that trains the encoders on request), "dreambooth" (train_db.py: the encoders train by default until a step),
+# "fused_groups" (--fused_optimizer_groups), "blockwise" (a transformer's per-block fused steps).
+FLAG_SETS = {"train_text_encoder": _train_text_encoder, "dreambooth": _dreambooth, "fused_groups": _fused_groups,
+             "blockwise": _blockwise}  # fmt: skip
+
+
+def add_model_training_args(parser: argparse.ArgumentParser, flag_sets: Sequence[str]) -> None:
+    """The "full model training" group with the script's ``flag_sets`` (:data:`FLAG_SETS`) and ``--use_safetensors``
+    (the family's own full-training flags are ``family.full_training.add_args``)."""
     g = parser.add_argument_group("full model training")
-    if script in ("fine_tune", "sdxl_train"):
-        g.add_argument("--train_text_encoder", action="store_true", help="also train the text encoder(s)")
-        g.add_argument("--diffusers_xformers", action="store_true", help="xformers attention (same as --xformers)")
-    if script in ("fine_tune", "train_db"):
-        g.add_argument("--learning_rate_te", type=float, default=None, help="text-encoder lr (default --learning_rate)")
-    if script in DIT_SCRIPTS:  # sd-scripts' flux_train.py / sd3_train.py
-        g.add_argument("--fused_optimizer_groups", type=int, default=None, help="step the optimizer in N parameter "
-                       "groups during backward (less gradient memory)")  # fmt: skip
-        g.add_argument("--blockwise_fused_optimizers", action="store_true", help="step the optimizer for each "
-                       "transformer block (and once for the other weights) as soon as its gradients are ready")  # fmt: skip
-        g.add_argument("--skip_latents_validity_check", action="store_true", dest="skip_cache_check",
-                       help="[deprecated] same as --skip_cache_check (sd-scripts' older name)")  # fmt: skip
-    if script == "flux_train":  # the transformer alone is trained
-        g.add_argument("--mem_eff_save", action="store_true", help="write the model file tensor by tensor, without a "
-                       "second copy of the model in memory")  # fmt: skip
-        g.add_argument("--double_blocks_to_swap", type=int, default=None, help="[deprecated] use --blocks_to_swap "
-                       "(--blocks_to_swap = this + --single_blocks_to_swap // 2)")  # fmt: skip
-        g.add_argument("--single_blocks_to_swap", type=int, default=None, help="[deprecated] use --blocks_to_swap")
-    if script == "sdxl_train":
-        g.add_argument("--learning_rate_te1", type=float, default=None, help="text encoder 1 lr; 0 = do not train it")
-        g.add_argument("--learning_rate_te2", type=float, default=None, help="text encoder 2 lr; 0 = do not train it")
-        g.add_argument("--block_lr", type=str, default=None, help="23 comma-separated UNet block lrs (0 = freeze)")
-        g.add_argument("--fused_optimizer_groups", type=int, default=None, help="step the optimizer in N parameter "
-                       "groups during backward (less gradient memory)")  # fmt: skip
-    if script == "train_db":
-        g.add_argument(
-            "--stop_text_encoder_training", type=int, default=None, help="step at which the text encoder stops "
-            "training (-1: never train it)",
-        )  # fmt: skip
-        g.add_argument("--no_token_padding", action="store_true", help="pad captions only to the batch's longest, "
-                       "not to 77 tokens (diffusers' DreamBooth)")  # fmt: skip
+    for name in flag_sets:
+        FLAG_SETS[name](g)
     g.add_argument("--use_safetensors", action="store_true", help="save in safetensors (with --save_model_as ckpt: "
                    "a .safetensors file; diffusers: safetensors weights), as sd-scripts")  # fmt: skip
 
 
 @dataclass(frozen=True)
 class ModelTrainingConfig:
-    """What of the model is trained, and at which learning rates (``None``: --learning_rate)."""
+    """What of the model is trained, at which learning rates, how the optimizer steps: the recipe's flags and the
+    family's ``rules`` (``family.full_training.read``)."""
 
-    text_encoder_lrs: tuple[float | None, ...] | None  # per text encoder; None = the encoders are not trained
+    rules: TrainingRules = PlainRules()
     stop_text_encoder_training: int | None = None
-    block_lr: tuple[float, ...] | None = None
     deepspeed: DeepSpeedConfig | None = None
     fused_backward_pass: bool = False
     fused_optimizer_groups: int | None = None
     max_grad_norm: float = 0.0  # fused steps clip each parameter on its own (sd-scripts)
     no_token_padding: bool = False  # train_db.py: captions padded to the batch's longest caption, not to 77
-    train_unet: bool = True  # sdxl_train.py --learning_rate 0: False (only the text encoders train)
-    blockwise_fused_optimizers: bool = False  # flux_train.py: one fused step per transformer block (+ the rest)
-    mem_eff_save: bool = False  # flux_train.py: files written tensor by tensor (library/files/weights.py)
+    blockwise_fused_optimizers: bool = False  # one fused step per transformer block (+ the rest)
     block_swap: bool = False  # --blocks_to_swap: the swapped blocks' trained weights live on the host
 
     def deepspeed_plugin(self, cfg: Any) -> Any:
@@ -106,6 +110,15 @@ class ModelTrainingConfig:
         return []
 
     @property
+    def text_encoder_lrs(self) -> tuple[float | None, ...] | None:
+        """Per text encoder its learning rate (None: ``--learning_rate``; 0: frozen), or None: none trains."""
+        return self.rules.text_encoder_lrs
+
+    @property
+    def train_unet(self) -> bool:
+        return self.rules.train_denoiser
+
+    @property
     def trains_text_encoder(self) -> bool:
         return self.text_encoder_lrs is not None and any(lr != 0 for lr in self.text_encoder_lrs)
 
@@ -116,34 +129,23 @@ class ModelTrainingConfig:
         return tuple(name for name, trained in parts if trained)
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> ModelTrainingConfig:
+    def reader(cls, family: Any, training: str = "fine_tune") -> Callable[[argparse.Namespace], ModelTrainingConfig]:
+        """The reader of :func:`add_model_training_args`' flags for ``family``'s script; ``training`` "dreambooth":
+        the text encoders train unless ``--stop_text_encoder_training -1`` (train_db.py), else on
+        ``--train_text_encoder``."""
+        return functools.partial(cls.from_args, family=family, dreambooth=training == "dreambooth")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, family: Any, dreambooth: bool = False) -> ModelTrainingConfig:
+        """The recipe's flags (absent ones keep their defaults) and the family's rules, every problem at once."""
         problems = []
         stop = getattr(args, "stop_text_encoder_training", None)
-        if hasattr(args, "stop_text_encoder_training"):  # train_db.py trains the text encoder unless told -1
-            train_te = stop is None or stop >= 0
-        else:
-            train_te = bool(getattr(args, "train_text_encoder", False))  # flux_train.py: never
-        train_unet = True
-        if hasattr(args, "learning_rate_te1"):  # sdxl_train.py: a part whose lr is 0 is left out of training
-            lrs: tuple[float | None, ...] = tuple(
-                args.learning_rate if lr is None else lr for lr in (args.learning_rate_te1, args.learning_rate_te2)
-            )
-            train_unet = args.learning_rate != 0
-            if not train_unet and not (train_te and any(lrs)):
-                problems.append("--learning_rate 0 leaves the UNet out of training and no text encoder is trained, "
-                                "so this run trains nothing; add --train_text_encoder (with a non-zero "
-                                "--learning_rate_te1 / --learning_rate_te2) to train the text encoders only")  # fmt: skip
-            elif not train_unet and getattr(args, "block_lr", None):
-                logger.warning("--block_lr is ignored: --learning_rate 0 leaves the UNet out of training")
-        else:
-            lrs = (getattr(args, "learning_rate_te", None),)
-        if any(lr is not None and lr < 0 for lr in lrs):
-            problems.append(f"text-encoder learning rates must be >= 0, got {[lr for lr in lrs if lr is not None]}")
-        if train_te and args.cache_text_encoder_outputs:
-            problems.append(
-                "--cache_text_encoder_outputs cannot be used while training the text encoder "
-                "(drop --train_text_encoder, or set --stop_text_encoder_training -1 in train_db.py)"
-            )
+        train_te = (stop is None or stop >= 0) if dreambooth else bool(getattr(args, "train_text_encoder", False))
+        rules = None
+        try:
+            rules = family.full_training.read(args, train_te)
+        except ConfigError as e:
+            problems += e.problems
         groups = getattr(args, "fused_optimizer_groups", None)
         blockwise = bool(getattr(args, "blockwise_fused_optimizers", False))
         problems += _fused_problems(args, groups, blockwise)
@@ -152,16 +154,12 @@ class ModelTrainingConfig:
                             "the same trained parameters at every step); use one process or -1")  # fmt: skip
         no_padding = bool(getattr(args, "no_token_padding", False))
         problems += _no_padding_problems(args) if no_padding else []
-        block_lr = _block_lrs(getattr(args, "block_lr", None), problems)
         deepspeed = DeepSpeedConfig.from_args(args, problems)
         problems += launch_problems()
-        swaps = bool(requested_blocks_to_swap(args))
         if problems:
             raise ConfigError(problems)
-        return cls(
-            lrs if train_te else None, stop, block_lr, deepspeed, args.fused_backward_pass, groups, args.max_grad_norm,
-            no_padding, train_unet, blockwise, bool(getattr(args, "mem_eff_save", False)), swaps,
-        )  # fmt: skip
+        return cls(rules, stop, deepspeed, args.fused_backward_pass, groups, args.max_grad_norm, no_padding, blockwise,
+                   bool(getattr(args, "blocks_to_swap", None)))  # fmt: skip
 
 
 def _no_padding_problems(args: argparse.Namespace) -> list[str]:
@@ -200,46 +198,6 @@ def _fused_problems(args: argparse.Namespace, groups: int | None, blockwise: boo
     return problems
 
 
-def _block_lrs(text: str | None, problems: list[str]) -> tuple[float, ...] | None:
-    if not text:
-        return None
-    try:
-        values = tuple(float(v) for v in text.split(","))
-    except ValueError:
-        problems.append(f"--block_lr {text!r}: expected comma-separated numbers")
-        return None
-    if any(v < 0 for v in values):
-        problems.append(f"--block_lr {text!r}: learning rates must be >= 0")
-    return values
-
-
-# ---------------------------------------------------------------------------------------------------------- blocks
-def lr_block_count(config: Any) -> int:
-    """Number of ``--block_lr`` blocks of a UNet: embeddings, input blocks, 3 middle, output blocks, out (SDXL: 23)."""
-    names = {v.split(".")[0] + "." + v.split(".")[1] for v, _ in block_map(config).values() if "_blocks." in v}
-    n_in = len({n for n in names if n.startswith("input_blocks.")})
-    n_out = len({n for n in names if n.startswith("output_blocks.")})
-    return 1 + n_in + 3 + n_out + 1
-
-
-def lr_block_index(ldm_name: str, config: Any) -> int:
-    """sd-scripts' block index of a UNet parameter, from its original (ldm/sgm) name."""
-    n = lr_block_count(config)
-    n_in = (n - 5) // 2
-    head, _, rest = ldm_name.partition(".")
-    if head in ("time_embed", "label_emb"):
-        return 0
-    if head == "input_blocks":
-        return 1 + int(rest.split(".")[0])
-    if head == "middle_block":
-        return 1 + n_in + int(rest.split(".")[0])
-    if head == "output_blocks":
-        return 1 + n_in + 3 + int(rest.split(".")[0])
-    if head == "out":
-        return n - 1
-    raise ValueError(f"UNet parameter {ldm_name!r} belongs to no --block_lr block")
-
-
 # ---------------------------------------------------------------------------------------------------------- trainable
 class ModelTrainable(nn.Module):
     """The UNet (+ the trained text encoders) of ``parts``; a :class:`library.run.trainable.Trainable`.
@@ -275,13 +233,7 @@ class ModelTrainable(nn.Module):
         for te in self.text_encoders:
             te.requires_grad_(True)
         self.fused: FusedStep | None = None  # --fused_backward_pass / --fused_optimizer_groups hooks
-        if cfg.block_lr is not None and cfg.train_unet:
-            expected = lr_block_count(self.unet.config)
-            if len(cfg.block_lr) != expected:
-                raise ConfigError([f"--block_lr has {len(cfg.block_lr)} values; this UNet has {expected} blocks"])
-            for name, p in self.unet.named_parameters():
-                if cfg.block_lr[lr_block_index(diffusers_to_ldm(name, self.unet.config), self.unet.config)] == 0:
-                    p.requires_grad_(False)
+        cfg.rules.freeze(self.unet)  # the family's frozen parameters (blocks at lr 0, the last N ...)
         self._apply_text_encoder_stop()
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -295,20 +247,12 @@ class ModelTrainable(nn.Module):
 
     # ------------------------------------------------------------------------------------------ optimizer groups
     def param_groups(self, lr: float) -> list[dict]:
-        """UNet group(s) (one per ``--block_lr`` block when given; none when the UNet is not trained) then one
-        group per trained text encoder."""
-        groups = []
-        if self.cfg.block_lr is None:
+        """The denoiser's group(s) (the family's rules may split it, e.g. one per ``--block_lr`` block; none when the
+        denoiser is not trained) then one group per trained text encoder."""
+        groups = self.cfg.rules.denoiser_groups(self.unet, lr)
+        if groups is None:
             unet = [p for p in self.unet.parameters() if p.requires_grad]
-            groups += [{"params": unet, "lr": lr, "name": "unet"}] if unet else []
-        else:
-            blocks: dict[int, list[nn.Parameter]] = {}
-            for name, p in self.unet.named_parameters():
-                if p.requires_grad:
-                    i = lr_block_index(diffusers_to_ldm(name, self.unet.config), self.unet.config)
-                    blocks.setdefault(i, []).append(p)
-            for i, params in sorted(blocks.items()):
-                groups.append({"params": params, "lr": self.cfg.block_lr[i], "name": f"unet_block{i:02d}"})
+            groups = [{"params": unet, "lr": lr, "name": "unet"}] if unet else []
         lrs = self.cfg.text_encoder_lrs or ()
         for i, te in zip(self.te_indices, self.text_encoders):
             name = "textencoder" if len(self.parts.text_encoders) == 1 else f"textencoder{i + 1}"
@@ -387,8 +331,8 @@ class ModelTrainable(nn.Module):
         return {"ss_train_text_encoder": str(bool(self.text_encoders))}
 
     def save(self, path: str | os.PathLike, metadata: dict[str, str] | None = None, dtype: Any = None) -> None:
-        """The whole model (single file or diffusers folder, by the path's suffix), atomically, by the family."""
+        """The whole model (single file or diffusers folder, by the path's suffix), atomically, as the family's rules
+        write it."""
         meta = {k: v for k, v in (metadata or {}).items() if isinstance(v, str)}
         safetensors = self.save_model_as != "diffusers"  # a diffusers folder's weights; single files: the suffix
-        with streamed_saves(self.cfg.mem_eff_save):  # --mem_eff_save: .safetensors written tensor by tensor
-            self.family.save(self.parts, path, dtype=dtype, metadata=meta, safetensors=safetensors)
+        self.cfg.rules.save(self.family, self.parts, Path(path), dtype=dtype, metadata=meta, safetensors=safetensors)

@@ -168,7 +168,7 @@ def file_metadata(trainer: Any, *, step: int | None = None, epoch: int | None = 
         **_training_keys(cfg, run),
         **_noise_loss_keys(run),
         **run.step_models.objective.metadata(),  # flow matching: sd-scripts' FLUX objective keys
-        **(cfg.model_options.metadata() if cfg.model_options is not None else {}),  # FLUX: ss_model_type ...
+        **cfg.options.metadata(),  # the family's own keys (e.g. ss_model_type)
         **_dataset_keys(cfg, run),
         **md.model_source_metadata(cfg.model.path),
     }

@@ -41,17 +41,20 @@ def add_run_args(parser: argparse.ArgumentParser, deepspeed: bool = False, block
 
         add_block_swap_args(parser)
     else:
+        from library.families.registry import block_swap_groups
+
+        groups, scripts = block_swap_groups()
         add_unsupported(
             g,
             "--cpu_offload_checkpointing",
-            "diffusers' SD/SDXL UNets cannot offload checkpointed activations; use --gradient_checkpointing",
+            "diffusers' UNets cannot offload checkpointed activations; use --gradient_checkpointing",
             action="store_true",
         )
         add_unsupported(
             g,
             "--blocks_to_swap",
-            "block swapping is for FLUX / SD3 transformers (flux_train_network.py, sd3_train_network.py); an SD "
-            "UNet has no block lists to swap, and sd-scripts' SD scripts have no such flag",
+            f"block swapping is for {' / '.join(groups)} transformers ({', '.join(scripts)}); a UNet has no block "
+            "lists to swap, and sd-scripts' scripts for UNet models have no such flag",
             type=int,
             default=None,
         )

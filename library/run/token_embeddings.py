@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from library.cli.problems import ConfigError
 from library.families.base import ModelFamily, Parts
-from library.text.textual_inversion import EXPANSIONS_KEY, read_embedding
+from library.text.textual_inversion import expansions_of, read_embedding
 
 # The textual-inversion paper's caption templates (sd-scripts' --use_object_template / --use_style_template).
 OBJECT_TEMPLATES = tuple(
@@ -300,7 +300,7 @@ class TokenEmbeddings(nn.Module):
             encoder.set_input_embeddings(table)
             encoder.config.vocab_size = weight.shape[0]
             self._hooks.append(table.register_forward_hook(self._hook(i, ids[0])))
-            parts.extra.setdefault(EXPANSIONS_KEY, [{} for _ in parts.tokenizers])[i][ids[0]] = list(ids)
+            expansions_of(parts)[i][ids[0]] = list(ids)
             self.ids.append(list(ids))
 
     def _hook(self, index: int, first: int):

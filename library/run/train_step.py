@@ -19,9 +19,9 @@ from torch import Tensor, nn
 
 from library.device.placement import to_device
 from library.families.base import Cond, ModelFamily, Parts
-from library.losses import LossConfig
-from library.noising import NoiseConfig
-from library.objectives import Objective
+from library.objectives.base import Objective
+from library.objectives.losses import LossConfig
+from library.objectives.noising import NoiseConfig
 
 
 class NonFiniteLoss(RuntimeError):

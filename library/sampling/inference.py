@@ -17,7 +17,8 @@ import torch
 
 from library.cli.parse import add_unsupported
 from library.cli.problems import ConfigError
-from library.families import family_flags
+from library.families import FAMILIES, family_flags, family_title
+from library.families.options import option_actions
 
 from .config import DEFAULT_MAX_EMBEDDINGS_MULTIPLES
 from .flow_generate import DEFAULT_FLOW_SCALE, DEFAULT_FLOW_STEPS, DEFAULT_GUIDANCE
@@ -27,11 +28,6 @@ from .schedulers import SAMPLER_NAMES
 GEN_IMG_DDPM_DEFAULTS = {"steps": 50, "scale": 7.5}
 """sd-scripts gen_img.py's --steps / --scale defaults, for the DDPM families (SD1/SD2/SDXL) only: a flow-matching
 model gets its sampler's defaults (``flow_generate.resolve_flow``) when the flags are not given."""
-FLUX_LOAD_FLAGS = (
-    "clip_l", "clip_g", "t5xxl", "ae", "t5xxl_max_token_length", "apply_t5_attn_mask", "apply_lg_attn_mask",
-)  # fmt: skip
-"""The DiT families' load options (FLUX.1 / Chroma, SD3): passed to ``family.load`` when given; a family whose
-``load`` does not take one refuses it (gen_img.load_model)."""
 
 # all read as their file says
 NETWORK_MODULES = (
@@ -97,23 +93,25 @@ def add_gen_img_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
+    """The model flags: ``--ckpt``, sd-scripts' family flags (``--v1 --v2 --sdxl``: the registry's), and every
+    registered family's load flags (``family.options``, e.g. the part files beside a single-file model)."""
     g = parser.add_argument_group("model")
     g.add_argument("--ckpt", type=str, default=None, help="model: a diffusers folder or a single file")
-    g.add_argument("--v1", action="store_true", help="the model is SD 1.x (default: detected from the file)")
-    g.add_argument("--v2", action="store_true", help="the model is SD 2.x (default: detected from the file)")
-    g.add_argument("--sdxl", action="store_true", help="the model is SDXL (default: detected from the file)")
-    g.add_argument("--v_parameterization", action="store_true", help="the model predicts v (SD2 768-v, v-pred SDXL)")
+    for flag, name in family_flags().items():
+        g.add_argument(f"--{flag}", action="store_true",
+                       help=f"the model is {family_title(name)} (default: detected from the file)")  # fmt: skip
+    g.add_argument("--v_parameterization", action="store_true", help="the model predicts v (v-prediction models)")
     g.add_argument("--vae", type=str, default=None, help="replace the model's VAE")
     g.add_argument("--tokenizer_cache_dir", type=str, default=None, help="folder with tokenizers (offline use)")
-    g = parser.add_argument_group("FLUX.1 / Chroma / SD3 (a BFL or SAI single file as --ckpt; sd-scripts' flags)")
-    g.add_argument("--clip_l", type=str, default=None, help="CLIP-L file of a BFL / SAI --ckpt (not Chroma)")
-    g.add_argument("--clip_g", type=str, default=None, help="CLIP-G file of an SAI --ckpt (SD3 / SD3.5)")
-    g.add_argument("--t5xxl", type=str, default=None, help="T5-XXL file of a BFL / SAI --ckpt")
-    g.add_argument("--ae", type=str, default=None, help="AE file of a BFL --ckpt (or --vae)")
-    g.add_argument("--t5xxl_max_token_length", type=int, default=None,
-                   help="T5 tokens (default: 512 dev / Chroma, 256 schnell and SD3)")  # fmt: skip
-    g.add_argument("--apply_t5_attn_mask", action="store_true", help="mask T5's padding (Chroma: always)")
-    g.add_argument("--apply_lg_attn_mask", action="store_true", help="mask CLIP-L / CLIP-G padding (SD3)")
+    for options in dict.fromkeys(f.options for f in FAMILIES.values()):
+        options.add_args(parser, training=False)
+
+
+def load_flag_dests() -> list[str]:
+    """The dests of every registered family's load flags (what ``_add_model_args`` added for them)."""
+    dests = (a.dest for o in dict.fromkeys(f.options for f in FAMILIES.values())
+             for a in option_actions(o, training=False))  # fmt: skip
+    return list(dict.fromkeys(dests))
 
 
 def _add_image_args(parser: argparse.ArgumentParser) -> None:
@@ -206,8 +204,9 @@ class GenImgConfig:
     attention: str
     channels_last: bool
     device: str
-    flux_load: dict = dataclasses.field(default_factory=dict)
-    """FLUX load options given on the command line (``FLUX_LOAD_FLAGS``; unset ones left out)."""
+    load_flags: dict = dataclasses.field(default_factory=dict)
+    """The families' load flags given on the command line (:func:`load_flag_dests`; unset ones left out): the
+    model's family reads them into its options (gen_img.load_model), and refuses those it does not take."""
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> GenImgConfig:
@@ -242,7 +241,7 @@ class GenImgConfig:
             dtype=dtype, vae_dtype=torch.float32 if args.no_half_vae else dtype,
             attention="xformers" if args.xformers else "sdpa", channels_last=args.opt_channels_last,
             device=args.device or ("cuda" if torch.cuda.is_available() else "cpu"),
-            flux_load={k: getattr(args, k) for k in FLUX_LOAD_FLAGS if getattr(args, k) not in (None, False)},
+            load_flags={k: getattr(args, k) for k in load_flag_dests() if getattr(args, k) not in (None, False)},
         )  # fmt: skip
 
 
@@ -299,10 +298,12 @@ def _check_model(args: argparse.Namespace, problems: list[str]) -> None:
     elif not Path(args.ckpt).exists():
         problems.append(f"--ckpt {args.ckpt}: no such file or folder")
     if sum(bool(getattr(args, f, False)) for f in family_flags()) > 1:
-        problems.append("give at most one of --v1, --v2, --sdxl (or none: the family is detected from --ckpt)")
-    for flag in ("clip_l", "t5xxl", "ae"):
-        if getattr(args, flag) and not Path(getattr(args, flag)).is_file():
-            problems.append(f"--{flag} {getattr(args, flag)}: no such file")
+        flags = ", ".join(f"--{f}" for f in family_flags())
+        problems.append(f"give at most one of {flags} (or none: the family is detected from --ckpt)")
+    for dest in load_flag_dests():  # a part file beside the model (the family's reader checks the rest)
+        value = getattr(args, dest)
+        if isinstance(value, str) and not Path(value).exists():
+            problems.append(f"--{dest} {value}: no such file")
     if args.fp16 and args.bf16:
         problems.append("give one of --fp16 / --bf16")
     if args.xformers and args.sdpa:

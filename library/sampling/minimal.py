@@ -9,6 +9,7 @@ import dataclasses
 import datetime
 import logging
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -157,3 +158,25 @@ def prompt_loop(
         spec = new_spec
         written.append(generate(spec, seed))
     return written
+
+
+@dataclass(frozen=True)
+class Lora:
+    """An adapter file and its multiplier (a minimal inference script's ``--lora_weights path;multiplier``)."""
+
+    path: Path
+    multiplier: float
+
+
+def parse_lora(value: str, problems: list[str]) -> Lora | None:
+    """``path;multiplier`` (multiplier 1.0 when left out); a problem (and None) for a bad number or a missing file."""
+    path, _, multiplier = value.partition(";")
+    try:
+        mul = float(multiplier) if multiplier else 1.0
+    except ValueError:
+        problems.append(f"--lora_weights {value!r}: the multiplier after ';' must be a number (path;0.8)")
+        return None
+    if not Path(path).is_file():
+        problems.append(f"--lora_weights {value!r}: no such file {path}")
+        return None
+    return Lora(Path(path), mul)

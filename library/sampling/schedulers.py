@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from library.noising import NoiseSchedule
+from library.objectives.noising import NoiseSchedule
 
 # name -> (diffusers class, extra config)
 SAMPLERS: dict[str, tuple[str, dict[str, Any]]] = {

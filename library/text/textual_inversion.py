@@ -30,7 +30,6 @@ from library.families import ti_keys_of_other_families
 from library.families.base import ModelFamily, Parts
 
 _COMFY_PREFIX = re.compile(r"\bembedding:(?=\S)")
-EXPANSIONS_KEY = "token_expansions"  # Parts.extra key: per tokenizer, {first token id: [all vector ids]}
 
 
 def read_embedding(path: str | Path, family: ModelFamily) -> list[Tensor]:
@@ -105,15 +104,21 @@ def add_embedding(family: ModelFamily, parts: Parts, path: str | Path, token: st
         table = encoder.get_input_embeddings()
         with torch.no_grad():
             table.weight[ids] = rows.to(table.weight.device, table.weight.dtype)
-        expansions = parts.extra.setdefault(EXPANSIONS_KEY, [{} for _ in parts.tokenizers])
-        expansions[i][ids[0]] = list(ids)
+        expansions_of(parts)[i][ids[0]] = list(ids)
         all_ids.append(list(ids))
     return all_ids
 
 
 def token_expansions(parts: Parts) -> list[dict[int, list[int]]]:
     """Per tokenizer, ``{first id of an embedding: all its ids}`` (empty dicts when no embedding is loaded)."""
-    return parts.extra.get(EXPANSIONS_KEY) or [{} for _ in parts.tokenizers]
+    return parts.token_expansions or [{} for _ in parts.tokenizers]
+
+
+def expansions_of(parts: Parts) -> list[dict[int, list[int]]]:
+    """``parts.token_expansions``, one (empty) dict per tokenizer made the first time, to add an embedding's ids to."""
+    if not parts.token_expansions:
+        parts.token_expansions = [{} for _ in parts.tokenizers]
+    return parts.token_expansions
 
 
 def strip_embedding_prefix(prompt: str) -> str:

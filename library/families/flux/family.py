@@ -9,13 +9,17 @@ latents packed 2×2.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from library.objectives.losses import LossConfig
+from library.objectives.noising import NoiseConfig
 
 from ..base import (
     FLOW_MATCHING,
@@ -37,28 +41,22 @@ from . import latents as L
 from . import text
 from .blocks import FLUX_BLOCKS
 from .configs import clip_l_factory, released, scheduler_kwargs, t5_factory, transformer_factory
+from .full_training import FluxFullTraining
 from .loading import load_flux, variant_of_folder, variant_of_keys
+from .objective import FlowMatchingObjective, flow_matching_objective, objective_problems
+from .options import FluxOptions
 from .saving import flux_modelspec, save_bfl_file, save_diffusers_folder
-
-if TYPE_CHECKING:  # type hints only: library.objectives imports the families' base module
-    from library.losses import LossConfig
-    from library.noising import NoiseConfig
-    from library.objectives import FlowMatchingObjective
 
 log = logging.getLogger(__name__)
 
 IMPL_FLUX = "https://github.com/black-forest-labs/flux"  # sd-scripts' sai_model_spec.py
 IMPL_CHROMA = "https://huggingface.co/lodestones/Chroma"
+GROUP = "FLUX"  # the group flux_train_network.py trains, in messages that list families by group
 SCRIPTS = {"network": "flux_train_network.py", "fine_tune": "flux_train.py", "dreambooth": "flux_train.py"}
 CLIP_L_SPEC = TextEncoderSpec("text_encoders.clip_l.transformer.", "clip", False, PAD_CLIP_L,
                               "openai/clip-vit-large-patch14", "clip_l")  # fmt: skip
 T5_SPEC = TextEncoderSpec("text_encoders.t5xxl.transformer.", "t5", False, "<pad>", text.T5_TOKENIZER_ID, "t5xxl")
-DEFAULT_GUIDANCE = 3.5  # sd-scripts' --guidance_scale default
-# ``parts.extra`` key of the prompt settings given at load time (they change the text-encoder outputs, so the
-# text-encoder-output cache key includes them)
-PROMPT_SETTINGS = "prompt_settings"
-# ``parts.extra`` key of sd-scripts' --guidance_scale given at load time: the training steps' embedded guidance
-TRAIN_GUIDANCE = "guidance_scale"
+DEFAULT_GUIDANCE = FluxOptions.guidance_scale  # sd-scripts' --guidance_scale default (3.5)
 
 # sd-scripts' networks/lora_flux.py: every Linear of the double / single blocks, and CLIP-L's attention and MLP
 # modules; T5 only with its network_arg train_t5xxl (T5_TARGET_CLASSES under lora_te3), so the presets leave T5 out.
@@ -93,6 +91,9 @@ def _spec(name: str, title: str, pipeline: str, encoders: tuple[TextEncoderSpec,
         load_hint="flux_train_network.py (with --clip_l --t5xxl --ae for a BFL file)",
         detect=lambda sd, metadata: variant_of_keys(list(sd.keys())) == name,
         detect_folder=lambda folder: variant_of_folder(Path(folder)) == name,
+        group=GROUP,
+        block_swap=True,
+        tool_flag="flux",  # sd-scripts' tools/cache_text_encoder_outputs.py --flux
     )
 
 
@@ -106,6 +107,8 @@ class FluxFamily:
     blocks = FLUX_BLOCKS
     denoiser_name = "transformer"
     fp8_skip = ()  # --fp8_base: every Linear in float8, the adaLN modulations too (as sd-scripts' model.to(fp8))
+    options = FluxOptions
+    full_training = FluxFullTraining()
 
     def __init__(self, spec: FamilySpec, *, version: str, architecture: str, implementation: str, t5_length: int,
                  targets: TargetClasses) -> None:  # fmt: skip
@@ -142,35 +145,27 @@ class FluxFamily:
         v_parameterization: bool | None = None,
         tokenizer_cache_dir: str | None = None,
         device: Any = "cpu",
-        clip_l: str | Path | None = None,
-        t5xxl: str | Path | None = None,
-        ae: str | Path | None = None,
-        t5xxl_max_token_length: int | None = None,
-        apply_t5_attn_mask: bool | None = None,
-        guidance_scale: float | None = None,
+        options: FluxOptions | None = None,
     ) -> Parts:
-        """Load a BFL single file (+ ``clip_l``, ``t5xxl``, ``ae``: sd-scripts' ``--clip_l --t5xxl --ae``) or a
-        diffusers folder (see ``flux/loading.py``). ``vae``: the same as ``ae`` (``--vae``). ``t5xxl_max_token_length``
-        (default 512 dev / Chroma, 256 schnell) and ``apply_t5_attn_mask`` (default False; Chroma: always) become the
-        loaded model's prompt settings (``parts.extra["prompt_settings"]``). Raises ``ValueError`` naming the missing
-        flag / the wrong file. ``guidance_scale`` (``--guidance_scale``): the embedded guidance every training step
-        gives FLUX.1-dev (``parts.extra["guidance_scale"]``, read by :meth:`training_objective`; default 3.5)."""
+        """Load a BFL single file (+ ``options.clip_l``, ``t5xxl``, ``ae``: sd-scripts' ``--clip_l --t5xxl --ae``) or a
+        diffusers folder (see ``flux/loading.py``). ``vae``: the same as ``ae`` (``--vae``). The options (default
+        :class:`FluxOptions`) become ``parts.options`` with the variant's T5 length (512 dev / Chroma, 256 schnell)
+        and Chroma's mask filled in; their ``guidance_scale`` is the embedded guidance every training step gives
+        FLUX.1-dev (read by :meth:`training_objective`). Raises ``ValueError`` naming the missing flag / the wrong
+        file."""
+        options = options or FluxOptions()
+        ae = options.ae
         if v_parameterization:
             raise ValueError(f"--v_parameterization does not apply to {self.spec.title}: it is a flow-matching model")
         if vae is not None and ae is not None and Path(vae) != Path(ae):
             raise ValueError("--vae and --ae name different files; FLUX has one AE: pass --ae only")
-        if self.chroma and apply_t5_attn_mask is False:
-            raise ValueError("Chroma needs the T5 attention mask: use --apply_t5_attn_mask (sd-scripts requires it)")
-        if t5xxl_max_token_length is not None and t5xxl_max_token_length < 1:
-            raise ValueError(f"--t5xxl_max_token_length {t5xxl_max_token_length}: must be a positive token count")
-        parts = load_flux(self.name, path, dtype=dtype, device=device, clip_l=clip_l, t5xxl=t5xxl, ae=ae or vae,
-                          tokenizer_cache_dir=tokenizer_cache_dir)  # fmt: skip
-        parts.extra[PROMPT_SETTINGS] = {
-            "t5xxl_max_token_length": t5xxl_max_token_length or self.t5_max_length,
-            "apply_t5_attn_mask": True if self.chroma else bool(apply_t5_attn_mask),
-        }
-        if guidance_scale is not None:
-            parts.extra[TRAIN_GUIDANCE] = float(guidance_scale)
+        length = options.t5xxl_max_token_length
+        if length is not None and length < 1:
+            raise ValueError(f"--t5xxl_max_token_length {length}: must be a positive token count")
+        parts = load_flux(self.name, path, dtype=dtype, device=device, clip_l=options.clip_l, t5xxl=options.t5xxl,
+                          ae=ae or vae, tokenizer_cache_dir=tokenizer_cache_dir)  # fmt: skip
+        parts.options = dataclasses.replace(options, t5xxl_max_token_length=length or self.t5_max_length,
+                                            apply_t5_attn_mask=self.chroma or options.apply_t5_attn_mask)  # fmt: skip
         return parts
 
     def save(
@@ -201,7 +196,7 @@ class FluxFamily:
         with init_empty_weights():
             denoiser = transformer_factory(configs["transformer"])()
             encoders = [f(c)() for f, c in zip(factories, configs["text_encoders"])]
-        return Parts(denoiser, None, encoders, [], configs["scheduler"], self.name, extra={})
+        return Parts(denoiser, None, encoders, [], configs["scheduler"], self.name)
 
     # ------------------------------------------------------------------------------------------- prompts
     def tokenize(
@@ -218,8 +213,7 @@ class FluxFamily:
         if max_token_length not in (None, 75):
             self._warn_once("mtl", "--max_token_length %s is ignored for FLUX (CLIP-L reads 77 tokens; the T5 length "
                             "is --t5xxl_max_token_length)", max_token_length)  # fmt: skip
-        settings = parts.extra.get(PROMPT_SETTINGS, {})
-        length = t5xxl_max_token_length or settings.get("t5xxl_max_token_length") or self.t5_max_length
+        length = t5xxl_max_token_length or _options(parts).t5xxl_max_token_length or self.t5_max_length
         t5_ids, mask = text.tokenize_t5(parts.tokenizers[-1], captions, length)
         clip = [] if self.chroma else [text.tokenize_clip_l(parts.tokenizers[0], captions)]
         return [*clip, t5_ids, mask]
@@ -238,7 +232,7 @@ class FluxFamily:
         if clip_skip is not None:
             self._warn_once("clip_skip", "--clip_skip %s is ignored for FLUX (as in sd-scripts)", clip_skip)
         if apply_t5_attn_mask is None:
-            apply_t5_attn_mask = parts.extra.get(PROMPT_SETTINGS, {}).get("apply_t5_attn_mask", False)
+            apply_t5_attn_mask = _options(parts).apply_t5_attn_mask
         apply = self.chroma or bool(apply_t5_attn_mask)
         *clip_ids, t5_ids, mask = tokens
         pooled = None if self.chroma else text.clip_l_pooled(parts.text_encoders[0], clip_ids[0])
@@ -326,19 +320,25 @@ class FluxFamily:
         """Always "flow_matching" (the velocity noise - x0)."""
         return FLOW_MATCHING
 
-    def training_objective(self, parts: Parts, noise: NoiseConfig, loss: LossConfig) -> FlowMatchingObjective:
-        """sd-scripts' FLUX.1 flow matching (``library.objectives.FlowMatchingObjective``: ``--timestep_sampling``,
-        ``--model_prediction_type``, ``--weighting_scheme``... from the run's flow flags); ValueError when the
-        script has no flow-matching flags.
+    def objective_problems(self, noise: NoiseConfig, loss: LossConfig, options: FluxOptions) -> list[str]:
+        """What FLUX.1's flow matching cannot train with (``objective.objective_problems``)."""
+        return objective_problems(self.spec.title, noise, loss)
 
-        Every step's ``predict`` gets ``guidance`` = ``--guidance_scale`` (``parts.extra["guidance_scale"]``, default
+    def training_objective(self, parts: Parts, noise: NoiseConfig, loss: LossConfig) -> FlowMatchingObjective:
+        """sd-scripts' FLUX.1 flow matching (``objective.FlowMatchingObjective``: ``--timestep_sampling``,
+        ``--model_prediction_type``, ``--weighting_scheme``... from ``parts.options.flow``, the script's objective
+        flags); ValueError when the model was loaded without them (not by a training script).
+
+        Every step's ``predict`` gets ``guidance`` = ``--guidance_scale`` (``parts.options.guidance_scale``, default
         3.5), as sd-scripts' ``get_noise_pred_and_target`` builds ``guidance_vec`` for every model type: FLUX.1-dev
         embeds it; schnell has no guidance input (:meth:`predict` leaves it out); Chroma's diffusers model has none
         either (:meth:`predict` warns once when it is not 0: sd-scripts' docs give Chroma ``--guidance_scale 0``)."""
-        from library.objectives import flow_matching_objective
-
-        guidance = float(parts.extra.get(TRAIN_GUIDANCE, DEFAULT_GUIDANCE))
-        return flow_matching_objective(self.spec.title, noise, loss, predict_options={"guidance": guidance})
+        options = _options(parts)
+        if options.flow is None:
+            raise ValueError(f"{self.spec.title} trains by flow matching, but the model was loaded without the "
+                             "objective's flags (FluxOptions.from_args(args, training=True))")  # fmt: skip
+        return flow_matching_objective(self.spec.title, options.flow, noise, loss,
+                                       predict_options={"guidance": float(options.guidance_scale)})  # fmt: skip
 
     def swap_blocks(self, denoiser: nn.Module) -> list[BlockList]:
         """``--blocks_to_swap`` lists: the double blocks (1 per unit) and the single blocks (2 per unit), as
@@ -439,6 +439,11 @@ FLUX_SCHNELL = FluxFamily(_spec("flux-schnell", "FLUX.1-schnell", "FluxPipeline"
                           targets=FLUX_TARGETS)  # fmt: skip
 CHROMA = FluxFamily(_spec("chroma", "Chroma", "ChromaPipeline", (T5_SPEC,)), version="chroma", architecture="chroma",
                     implementation=IMPL_CHROMA, t5_length=512, targets=CHROMA_TARGETS)  # fmt: skip
+
+
+def _options(parts: Parts) -> FluxOptions:
+    """The options the model was loaded with (defaults for parts built another way, e.g. a tiny model)."""
+    return parts.options if isinstance(parts.options, FluxOptions) else FluxOptions()
 
 
 def _config_of(model: nn.Module) -> Any:

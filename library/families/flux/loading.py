@@ -317,7 +317,7 @@ def load_flux(
                     else _from_folder(pipeline_root, te_folders[-1], dtypes.text_encoders, device))  # fmt: skip
     tokenizers = _tokenizers(variant, pipeline_root, tokenizer_cache_dir)
     scheduler = _scheduler_config(variant, pipeline_root, stored)
-    parts = Parts(denoiser, vae, encoders, tokenizers, scheduler, variant, str(path), {})
+    parts = Parts(denoiser, vae, encoders, tokenizers, scheduler, variant, str(path))
     return finish(parts, device)
 
 

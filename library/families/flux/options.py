@@ -1,5 +1,6 @@
-"""flux_train_network.py's model flags (sd-scripts' ``flux_train_utils.add_flux_train_arguments`` and
-``flux_train_network.py``'s own), next to their one reader :class:`FluxOptions`.
+"""FLUX.1 / Chroma's own flags (sd-scripts' ``flux_train_utils.add_flux_train_arguments`` and
+``flux_train_network.py``'s own), next to their one reader :class:`FluxOptions` (``FluxFamily.options``; see
+``library/families/options.py``).
 
 ``--clip_l --t5xxl --ae``: the single files beside a BFL transformer file (a diffusers folder carries its own);
 ``--model_type flux|chroma``: what the user says the weights are (checked against the weights, which decide);
@@ -8,7 +9,9 @@
 given in every training step, default 3.5; schnell has no guidance input and Chroma's diffusers model none either:
 sd-scripts passes the value to them all, the models ignore it); ``--text_encoder_batch_size`` (captions per
 text-encoder call while caching; default the batch size). ``--split_mode`` (deprecated in sd-scripts, which turns it
-into ``--blocks_to_swap 18``) and ``--controlnet_model_name_or_path`` (FLUX ControlNet training) are refused.
+into ``--blocks_to_swap 18``) and ``--controlnet_model_name_or_path`` (FLUX ControlNet training) are refused. Every
+entry point that loads a FLUX model takes the load flags (``--clip_l --t5xxl --ae --t5xxl_max_token_length
+--apply_t5_attn_mask``); a training script also the objective's (``objective.add_flow_matching_args``) and the rest.
 """
 
 from __future__ import annotations
@@ -19,6 +22,9 @@ from typing import Any
 
 from library.cli.parse import add_unsupported
 from library.cli.problems import ConfigError
+
+from ..options import add_once, identity_of, mark_no_effect
+from .objective import FlowMatchingConfig, add_flow_matching_args
 
 MODEL_TYPES = ("flux", "chroma")
 # What --model_type names, by family: FLUX.1 dev and schnell are both "flux" (sd-scripts reads dev / schnell from
@@ -36,40 +42,13 @@ SD_ONLY_FLAGS = {
 }
 
 
-def add_flux_model_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """The FLUX model group (sd-scripts' names, types and defaults); marks :data:`SD_ONLY_FLAGS` as having no effect
-    here. Returns the parser."""
-    g = parser.add_argument_group("FLUX model", "FLUX.1 dev / schnell and Chroma (sd-scripts' flux_train_network.py)")
-    g.add_argument("--clip_l", type=str, default=None, help="CLIP-L .safetensors beside a BFL model file (not Chroma)")
-    g.add_argument("--t5xxl", type=str, default=None, help="T5-XXL .safetensors beside a BFL model file")
-    g.add_argument("--ae", type=str, default=None, help="the 16-channel AE .safetensors beside a BFL model file")
-    g.add_argument("--model_type", type=str, default="flux", choices=list(MODEL_TYPES),
-                   help="flux (FLUX.1 dev / schnell) or chroma; must agree with the weights")  # fmt: skip
-    g.add_argument("--t5xxl_max_token_length", type=int, default=None,
-                   help="T5 tokens per caption (default: 512 for dev and Chroma, 256 for schnell)")  # fmt: skip
-    g.add_argument("--apply_t5_attn_mask", action="store_true",
-                   help="mask T5's padding in T5 and in the transformer's attention (required for Chroma)")  # fmt: skip
-    g.add_argument("--guidance_scale", type=float, default=3.5,
-                   help="embedded guidance given to FLUX.1-dev in training (schnell and Chroma have no guidance "
-                   "input: use 0 for Chroma, as sd-scripts' docs)")  # fmt: skip
-    g.add_argument("--text_encoder_batch_size", type=int, default=None,
-                   help="captions per text-encoder call when caching (default: the training batch size)")  # fmt: skip
-    add_unsupported(g, "--split_mode", "sd-scripts deprecated it; use --blocks_to_swap 18, which it stands for",
-                    action="store_true")  # fmt: skip
-    add_unsupported(g, "--controlnet_model_name_or_path", "FLUX ControlNet training is not implemented", type=str,
-                    default=None)  # fmt: skip
-    actions = {opt: a for a in parser._actions for opt in a.option_strings}
-    for flag, reason in SD_ONLY_FLAGS.items():
-        if flag in actions:
-            actions[flag].no_effect_reason = reason  # read by library.cli.parse.reset_no_effect_flags
-    return parser
-
-
 @dataclass(frozen=True)
 class FluxOptions:
-    """The FLUX model flags of a run (field names = sd-scripts' flags). The run layer asks it for
-    :meth:`load_kwargs` (what ``FluxFamily.load`` takes), :meth:`family_problems` (the weights against
-    ``--model_type``), :meth:`metadata` (``ss_*`` keys of trained files) and ``text_encoder_batch_size``.
+    """The FLUX flags of a run or a load (field names = sd-scripts' flags); ``flow``: the objective's settings
+    (training only). ``FluxFamily.load(..., options=)`` keeps them as ``Parts.options`` with the defaults filled in
+    (the T5 length of the variant, Chroma's mask); the run layer asks :meth:`problems` (the weights against
+    ``--model_type``), :meth:`metadata` (``ss_*`` keys of trained files), :meth:`prompt_identity` and
+    ``text_encoder_batch_size``.
 
     Raises:
         ConfigError: every bad value at once, each naming its flag.
@@ -83,37 +62,78 @@ class FluxOptions:
     apply_t5_attn_mask: bool = False
     guidance_scale: float = 3.5
     text_encoder_batch_size: int | None = None
+    flow: FlowMatchingConfig | None = None
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> FluxOptions:
-        """The flags of :func:`add_flux_model_args`: files must exist, counts be positive, the guidance finite."""
+    def add_args(cls, parser: argparse.ArgumentParser, *, training: bool) -> argparse.ArgumentParser:
+        """The FLUX model group (sd-scripts' names, types and defaults): the load flags; with ``training`` the
+        objective's flags, ``--model_type --guidance_scale --text_encoder_batch_size``, the refused ``--split_mode``
+        / ``--controlnet_model_name_or_path``, and :data:`SD_ONLY_FLAGS` marked as having no effect. Returns the
+        parser."""
+        if training:
+            add_flow_matching_args(parser)
+        g = parser.add_argument_group("FLUX model", "FLUX.1 dev / schnell and Chroma (sd-scripts' flux_train_network.py)")
+        add_once(g, parser, "--clip_l", type=str, default=None,
+                 help="CLIP-L .safetensors beside a BFL model file (not Chroma)")  # fmt: skip
+        add_once(g, parser, "--t5xxl", type=str, default=None, help="T5-XXL .safetensors beside a BFL model file")
+        add_once(g, parser, "--ae", type=str, default=None, help="the 16-channel AE .safetensors beside a BFL model file")
+        if training:
+            g.add_argument("--model_type", type=str, default="flux", choices=list(MODEL_TYPES),
+                           help="flux (FLUX.1 dev / schnell) or chroma; must agree with the weights")  # fmt: skip
+        add_once(g, parser, "--t5xxl_max_token_length", type=int, default=None,
+                 help="T5 tokens per caption (default: 512 for dev and Chroma, 256 for schnell)")  # fmt: skip
+        add_once(g, parser, "--apply_t5_attn_mask", action="store_true",
+                 help="mask T5's padding in T5 and in the transformer's attention (required for Chroma)")  # fmt: skip
+        if not training:
+            return parser
+        g.add_argument("--guidance_scale", type=float, default=3.5,
+                       help="embedded guidance given to FLUX.1-dev in training (schnell and Chroma have no guidance "
+                       "input: use 0 for Chroma, as sd-scripts' docs)")  # fmt: skip
+        g.add_argument("--text_encoder_batch_size", type=int, default=None,
+                       help="captions per text-encoder call when caching (default: the training batch size)")  # fmt: skip
+        add_unsupported(g, "--split_mode", "sd-scripts deprecated it; use --blocks_to_swap 18, which it stands for",
+                        action="store_true")  # fmt: skip
+        add_unsupported(g, "--controlnet_model_name_or_path", "FLUX ControlNet training is not implemented", type=str,
+                        default=None)  # fmt: skip
+        mark_no_effect(parser, SD_ONLY_FLAGS)
+        return parser
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, *, training: bool) -> FluxOptions:
+        """The flags of :meth:`add_args`: files must exist, counts be positive, the guidance finite; with
+        ``training`` the objective's settings (``flow``)."""
         from library.cli.parse import from_namespace, missing_path_problems, positive_count_problems
 
         problems = missing_path_problems(args, ("clip_l", "t5xxl", "ae"))
         problems += positive_count_problems(args, ("t5xxl_max_token_length", "text_encoder_batch_size"))
-        if not float("-inf") < args.guidance_scale < float("inf"):
-            problems.append(f"--guidance_scale must be a finite number, got {args.guidance_scale}")
-        if getattr(args, "weighted_captions", False):
+        guidance = getattr(args, "guidance_scale", cls.guidance_scale)
+        if not float("-inf") < guidance < float("inf"):
+            problems.append(f"--guidance_scale must be a finite number, got {guidance}")
+        if training and getattr(args, "weighted_captions", False):
             problems.append("--weighted_captions is not supported for FLUX.1 / Chroma: A1111-style weights are for CLIP "
                             "prompts, and T5 encodes the caption as written (sd-scripts' FLUX script has no weighting "
                             "either: it fails at the first step); drop the flag")  # fmt: skip
+        flow = None
+        if training:
+            try:
+                flow = FlowMatchingConfig.from_args(args)
+            except ConfigError as e:
+                problems += e.problems
         if problems:
             raise ConfigError(problems)
-        return from_namespace(cls, args)
+        return from_namespace(cls, args, flow=flow)
 
-    def load_kwargs(self) -> dict[str, Any]:
-        """What ``FluxFamily.load`` takes besides the model path: the part files, T5 settings and the training
-        guidance (``parts.extra["guidance_scale"]``, read by ``FluxFamily.training_objective``)."""
-        return dict(clip_l=self.clip_l, t5xxl=self.t5xxl, ae=self.ae, guidance_scale=self.guidance_scale,
-                    t5xxl_max_token_length=self.t5xxl_max_token_length,
-                    apply_t5_attn_mask=self.apply_t5_attn_mask)  # fmt: skip
+    def prompt_identity(self) -> str:
+        """The T5 length and mask (what changes the text encoders' outputs)."""
+        return identity_of((("t5xxl_max_token_length", self.t5xxl_max_token_length),
+                            ("apply_t5_attn_mask", self.apply_t5_attn_mask)))  # fmt: skip
 
     def metadata(self) -> dict[str, Any]:
         """sd-scripts' FLUX keys of trained files (``flux_train_network.py: update_metadata``) beyond the objective's."""
         return {"ss_model_type": self.model_type, "ss_apply_t5_attn_mask": self.apply_t5_attn_mask,
                 "ss_guidance_scale": self.guidance_scale}  # fmt: skip
 
-    def family_problems(self, family: Any, path: str | None) -> list[str]:
+    def problems(self, family: Any, path: str | None) -> list[str]:
         """``--model_type`` against the family read from the weights at ``path``; Chroma without
         ``--apply_t5_attn_mask`` (sd-scripts asserts it); ``--clip_l`` for Chroma (it has no CLIP-L)."""
         expected = MODEL_TYPE_OF_FAMILY.get(family.name)

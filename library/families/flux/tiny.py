@@ -97,7 +97,7 @@ def build_tiny_flux(variant: str = "flux-dev", seed: int = 0, blocks: tuple[int,
     for module in (denoiser, vae, *encoders):
         module.eval().requires_grad_(False)
     return Parts(denoiser, vae, encoders, tokenizers, copy.deepcopy(scheduler_config(variant)), family=variant,
-                 source=f"tiny-{variant}", extra={})  # fmt: skip
+                 source=f"tiny-{variant}")  # fmt: skip
 
 
 def write_tiny_files(

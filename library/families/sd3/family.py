@@ -14,10 +14,13 @@ import dataclasses
 import logging
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from library.objectives.losses import LossConfig
+from library.objectives.noising import NoiseConfig
 
 from ..base import (
     FLOW_MATCHING,
@@ -37,24 +40,18 @@ from . import keys as K
 from . import pos_embed, text
 from .blocks import SD3_BLOCKS
 from .configs import SCALE, SHIFT, clip_factory, released, scheduler_kwargs, t5_factory, transformer_factory
+from .full_training import SD3FullTraining
 from .loading import CLIP_G_SPEC, CLIP_L_SPEC, T5_SPEC, load_sd3, variant_of_folder, variant_of_keys
+from .objective import SD3FlowObjective, objective_problems, sd3_flow_objective
+from .options import SD3Options
 from .saving import save_diffusers_folder, save_sai_file, sd3_modelspec
-
-if TYPE_CHECKING:  # type hints only: library.objectives imports the families' base module
-    from library.losses import LossConfig
-    from library.noising import NoiseConfig
-    from library.objectives import SD3FlowObjective
 
 log = logging.getLogger(__name__)
 
 IMPL_STABILITY_AI = "https://github.com/Stability-AI/generative-models"  # sd-scripts' sai_model_spec.py
 IMPL_DIFFUSERS = "diffusers"
+GROUP = "SD3"  # the group sd3_train_network.py trains, in messages that list families by group
 SCRIPTS = {"network": "sd3_train_network.py", "fine_tune": "sd3_train.py", "dreambooth": "sd3_train.py"}
-# ``parts.extra`` keys: the prompt settings given at load time (they change the text-encoder outputs, so the
-# text-encoder-output cache key includes them), the per-encoder dropout and the positional-embedding options
-PROMPT_SETTINGS = "prompt_settings"
-TEXT_DROPOUT = "text_dropout"
-POS_EMBED = "pos_embed"
 
 # sd-scripts' networks/lora_sd3.py: every Linear of the joint blocks (its SingleDiTBlock = our x / context sides),
 # CLIP-L's and CLIP-G's attention and MLP modules; T5 only with its network_arg train_t5xxl (so the presets leave T5
@@ -82,6 +79,8 @@ def _spec(name: str, title: str) -> FamilySpec:
         load_hint="sd3_train_network.py (with --clip_l --clip_g --t5xxl for an SAI file without text encoders)",
         detect=lambda sd, metadata: variant_of_keys(list(sd.keys())) == name,
         detect_folder=lambda folder: variant_of_folder(Path(folder)) == name,
+        group=GROUP,
+        block_swap=True,
     )
 
 
@@ -101,14 +100,19 @@ def pipeline_of(parts: Parts, scheduler: Any = None) -> Any:
     )  # fmt: skip
 
 
+def options_of(parts: Parts) -> SD3Options:
+    """The options the model was loaded with (defaults for parts built another way, e.g. a tiny model)."""
+    return parts.options if isinstance(parts.options, SD3Options) else SD3Options()
+
+
 def text_dropout_of(parts: Parts) -> text.TextDropout:
-    """The loaded model's per-encoder dropout (rates from ``load``; widths from its CLIP-L / CLIP-G)."""
-    rates = parts.extra.get(TEXT_DROPOUT, {})
+    """The loaded model's per-encoder dropout (rates from its options; widths from its CLIP-L / CLIP-G)."""
+    options = options_of(parts)
     clip_l, clip_g = parts.text_encoders[0], parts.text_encoders[1]
     return text.TextDropout(
-        clip_l_rate=float(rates.get("clip_l", 0.0)),
-        clip_g_rate=float(rates.get("clip_g", 0.0)),
-        t5_rate=float(rates.get("t5", 0.0)),
+        clip_l_rate=float(options.clip_l_dropout_rate),
+        clip_g_rate=float(options.clip_g_dropout_rate),
+        t5_rate=float(options.t5_dropout_rate),
         l_width=int(clip_l.config.hidden_size),
         g_width=int(clip_g.config.hidden_size),
         l_pooled=int(clip_l.config.projection_dim),
@@ -131,6 +135,8 @@ class SD3Family:
     partial_text_cache = (0, 1)
     fp8_skip = ()  # --fp8_base: every Linear in float8, the adaLN modulations too (as sd-scripts' mmdit.to(fp8))
     target_classes = SD3_TARGETS
+    options = SD3Options
+    full_training = SD3FullTraining()
 
     def __init__(self, spec: FamilySpec, *, model_type: str) -> None:
         self.spec = spec
@@ -157,55 +163,38 @@ class SD3Family:
         device: Any = "cpu",
         tokenizer_cache_dir: str | None = None,
         v_parameterization: bool | None = None,
-        clip_l: str | Path | None = None,
-        clip_g: str | Path | None = None,
-        t5xxl: str | Path | None = None,
-        t5xxl_max_token_length: int | None = None,
-        apply_lg_attn_mask: bool | None = None,
-        apply_t5_attn_mask: bool | None = None,
-        clip_l_dropout_rate: float | None = None,
-        clip_g_dropout_rate: float | None = None,
-        t5_dropout_rate: float | None = None,
-        pos_emb_random_crop_rate: float | None = None,
-        enable_scaled_pos_embed: bool | Iterable | None = None,
+        options: SD3Options | None = None,
     ) -> Parts:
-        """Load an SAI single file (with or without its VAE and text encoders; + ``clip_l``, ``clip_g``, ``t5xxl``,
-        ``vae``: sd-scripts' flags) or a diffusers folder (see ``sd3/loading.py``). Raises ``ValueError`` naming the
-        missing flag / the wrong file.
+        """Load an SAI single file (with or without its VAE and text encoders; + ``options.clip_l``, ``clip_g``,
+        ``t5xxl`` and ``vae``: sd-scripts' flags) or a diffusers folder (see ``sd3/loading.py``). Raises
+        ``ValueError`` naming the missing flag / the wrong file.
 
-        The settings (None: sd-scripts' default) become the loaded model's: ``t5xxl_max_token_length`` (256),
-        ``apply_lg_attn_mask`` / ``apply_t5_attn_mask`` (False) in ``parts.extra["prompt_settings"]``; the dropout
-        rates (0) in ``parts.extra["text_dropout"]`` (used by training steps only, see :meth:`predict`);
-        ``pos_emb_random_crop_rate`` (0) and ``enable_scaled_pos_embed`` (False; True: tables for the default
-        resolution 1024, or an iterable of training resolutions (w, h) / int; :meth:`set_pos_embed` changes them once
-        the dataset's resolutions are known) are installed on the transformer (``sd3/pos_embed.py``)."""
+        The options (default :class:`SD3Options`: sd-scripts' defaults) become ``parts.options``: the T5 length
+        (256) and the masks (prompts), the dropout rates (training steps only, see :meth:`predict`), and
+        ``pos_emb_random_crop_rate`` (0) / ``enable_scaled_pos_embed`` (tables for the default resolution 1024, or
+        ``pos_embed_resolutions``; :meth:`set_pos_embed` changes them once the dataset's resolutions are known),
+        installed on the transformer (``sd3/pos_embed.py``)."""
+        options = options or SD3Options()
         if v_parameterization:
             raise ValueError(f"--v_parameterization does not apply to {self.spec.title}: it is a flow-matching model")
-        if t5xxl_max_token_length is not None and t5xxl_max_token_length < 1:
-            raise ValueError(f"--t5xxl_max_token_length {t5xxl_max_token_length}: must be a positive token count")
-        rates = {"clip_l": clip_l_dropout_rate, "clip_g": clip_g_dropout_rate, "t5": t5_dropout_rate}
-        for name, rate in rates.items():
-            if rate is not None and not 0.0 <= rate <= 1.0:
-                flag = {"clip_l": "--clip_l_dropout_rate", "clip_g": "--clip_g_dropout_rate"}.get(
-                    name, "--t5_dropout_rate"
-                )
+        length = options.t5xxl_max_token_length
+        if length is not None and length < 1:
+            raise ValueError(f"--t5xxl_max_token_length {length}: must be a positive token count")
+        rates = {"--clip_l_dropout_rate": options.clip_l_dropout_rate, "--clip_g_dropout_rate":
+                 options.clip_g_dropout_rate, "--t5_dropout_rate": options.t5_dropout_rate}  # fmt: skip
+        for flag, rate in rates.items():
+            if not 0.0 <= rate <= 1.0:
                 raise ValueError(f"{flag} {rate}: must be a probability in [0, 1]")
-        if pos_emb_random_crop_rate is not None and not 0.0 <= pos_emb_random_crop_rate <= 1.0:
-            raise ValueError(f"--pos_emb_random_crop_rate {pos_emb_random_crop_rate}: must be a probability in [0, 1]")
-        parts = load_sd3(self.name, path, dtype=dtype, device=device, clip_l=clip_l, clip_g=clip_g, t5xxl=t5xxl,
-                         vae=vae, tokenizer_cache_dir=tokenizer_cache_dir)  # fmt: skip
-        parts.extra[PROMPT_SETTINGS] = {
-            "t5xxl_max_token_length": t5xxl_max_token_length or text.T5_DEFAULT_LENGTH,
-            "apply_lg_attn_mask": bool(apply_lg_attn_mask),
-            "apply_t5_attn_mask": bool(apply_t5_attn_mask),
-        }
-        parts.extra[TEXT_DROPOUT] = {k: float(v or 0.0) for k, v in rates.items()}
-        resolutions = None
-        if enable_scaled_pos_embed is True:
+        if not 0.0 <= options.pos_emb_random_crop_rate <= 1.0:
+            raise ValueError(f"--pos_emb_random_crop_rate {options.pos_emb_random_crop_rate}: must be a probability "
+                             "in [0, 1]")  # fmt: skip
+        parts = load_sd3(self.name, path, dtype=dtype, device=device, clip_l=options.clip_l, clip_g=options.clip_g,
+                         t5xxl=options.t5xxl, vae=vae, tokenizer_cache_dir=tokenizer_cache_dir)  # fmt: skip
+        parts.options = dataclasses.replace(options, t5xxl_max_token_length=length or text.T5_DEFAULT_LENGTH)
+        resolutions = options.pos_embed_resolutions
+        if resolutions is None and options.enable_scaled_pos_embed:
             resolutions = [self.default_resolution()]
-        elif enable_scaled_pos_embed not in (None, False):
-            resolutions = list(enable_scaled_pos_embed)
-        self.set_pos_embed(parts, float(pos_emb_random_crop_rate or 0.0), resolutions)
+        self.set_pos_embed(parts, float(options.pos_emb_random_crop_rate), resolutions)
         return parts
 
     def set_pos_embed(self, parts: Parts, random_crop_rate: float = 0.0, resolutions: Iterable | None = None) -> None:
@@ -214,7 +203,7 @@ class SD3Family:
         the released table)."""
         resolutions = None if resolutions is None else list(resolutions)
         pos_embed.install(parts.denoiser, random_crop_rate, resolutions)
-        parts.extra[POS_EMBED] = {"random_crop_rate": random_crop_rate, "resolutions": resolutions}
+        parts.options = options_of(parts).with_pos_embed(random_crop_rate, resolutions)
 
     def save(
         self,
@@ -247,12 +236,9 @@ class SD3Family:
         with init_empty_weights(include_buffers=True):
             denoiser = transformer_factory(configs["transformer"])()
             encoders = [f(c)() for f, c in zip(factories, configs["text_encoders"])]
-        return Parts(denoiser, None, encoders, [], configs["scheduler"], self.name, extra={})
+        return Parts(denoiser, None, encoders, [], configs["scheduler"], self.name)
 
     # ------------------------------------------------------------------------------------------- prompts
-    def _settings(self, parts: Parts) -> dict:
-        return parts.extra.get(PROMPT_SETTINGS, {})
-
     def tokenize(
         self,
         parts: Parts,
@@ -267,7 +253,7 @@ class SD3Family:
         if max_token_length not in (None, 75):
             self._warn_once("mtl", "--max_token_length %s is ignored for SD3 (CLIP reads 77 tokens; the T5 length is "
                             "--t5xxl_max_token_length)", max_token_length)  # fmt: skip
-        length = t5xxl_max_token_length or self._settings(parts).get("t5xxl_max_token_length") or text.T5_DEFAULT_LENGTH
+        length = t5xxl_max_token_length or options_of(parts).t5xxl_max_token_length or text.T5_DEFAULT_LENGTH
         l_ids, l_mask = text.tokenize_clip(parts.tokenizers[0], captions)
         g_ids, g_mask = text.tokenize_clip(parts.tokenizers[1], captions)
         t5_ids, t5_mask = text.tokenize_t5(parts.tokenizers[2], captions, length)
@@ -287,9 +273,9 @@ class SD3Family:
         settings) say so. ``clip_skip`` is ignored with a warning (sd-scripts ignores it for SD3)."""
         if clip_skip is not None:
             self._warn_once("clip_skip", "--clip_skip %s is ignored for SD3 (as in sd-scripts)", clip_skip)
-        settings = self._settings(parts)
-        lg = settings.get("apply_lg_attn_mask", False) if apply_lg_attn_mask is None else apply_lg_attn_mask
-        t5 = settings.get("apply_t5_attn_mask", False) if apply_t5_attn_mask is None else apply_t5_attn_mask
+        options = options_of(parts)
+        lg = options.apply_lg_attn_mask if apply_lg_attn_mask is None else apply_lg_attn_mask
+        t5 = options.apply_t5_attn_mask if apply_t5_attn_mask is None else apply_t5_attn_mask
         l_ids, g_ids, t5_ids, l_mask, g_mask, t5_mask = tokens
         l_out, l_pooled = text.clip_outputs(parts.text_encoders[0], l_ids, l_mask if lg else None)
         g_out, g_pooled = text.clip_outputs(parts.text_encoders[1], g_ids, g_mask if lg else None)
@@ -320,8 +306,7 @@ class SD3Family:
         """sd-scripts' partial text cache (``--cache_text_encoder_outputs`` with CLIP adapters): T5's tokens from
         ``cached``, CLIP-L's and CLIP-G's features (the first 77 tokens) and pooled outputs recomputed from
         ``captions`` with autograd (the adapters train through them)."""
-        settings = self._settings(parts)
-        lg = settings.get("apply_lg_attn_mask", False)
+        lg = options_of(parts).apply_lg_attn_mask
         l_ids, l_mask = text.tokenize_clip(parts.tokenizers[0], captions)
         g_ids, g_mask = text.tokenize_clip(parts.tokenizers[1], captions)
         l_out, l_pooled = text.clip_outputs(parts.text_encoders[0], l_ids, l_mask if lg else None)
@@ -363,13 +348,20 @@ class SD3Family:
         """Always "flow_matching"."""
         return FLOW_MATCHING
 
-    def training_objective(self, parts: Parts, noise: NoiseConfig, loss: LossConfig) -> SD3FlowObjective:
-        """sd-scripts' SD3 flow matching (``library.objectives.sd3_flow_objective``: ``--weighting_scheme``,
-        ``--logit_mean/std``, ``--mode_scale``, ``--training_shift``, the x0 target), whose every step gives
-        :meth:`predict` the loaded model's text-encoder dropout (``--clip_l/clip_g/t5_dropout_rate``)."""
-        from library.objectives import sd3_flow_objective
+    def objective_problems(self, noise: NoiseConfig, loss: LossConfig, options: SD3Options) -> list[str]:
+        """What SD3's flow matching cannot train with (``objective.objective_problems``)."""
+        return objective_problems(self.spec.title, noise, loss)
 
-        objective = sd3_flow_objective(self.spec.title, noise, loss)
+    def training_objective(self, parts: Parts, noise: NoiseConfig, loss: LossConfig) -> SD3FlowObjective:
+        """sd-scripts' SD3 flow matching (``objective.sd3_flow_objective``: ``--weighting_scheme``,
+        ``--logit_mean/std``, ``--mode_scale``, ``--training_shift`` from ``parts.options.flow``, the x0 target),
+        whose every step gives :meth:`predict` the loaded model's text-encoder dropout
+        (``--clip_l/clip_g/t5_dropout_rate``); ValueError when the model was loaded without the objective's flags."""
+        flow = options_of(parts).flow
+        if flow is None:
+            raise ValueError(f"{self.spec.title} trains by flow matching, but the model was loaded without the "
+                             "objective's flags (SD3Options.from_args(args, training=True))")  # fmt: skip
+        objective = sd3_flow_objective(self.spec.title, flow, noise, loss)
         dropout = text_dropout_of(parts)
         if not dropout.active:
             return objective

@@ -27,10 +27,16 @@ from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from torch import nn
 
+from library.files.weights import save_state_dict
+
+from ..full_training import PlainRules, raise_if
 from . import keys as K
 
 logger = logging.getLogger("sdtrain")
@@ -42,10 +48,58 @@ SAVE_REASON = ("sd-scripts' sd3_train.py marks it [DOES NOT WORK] (no unified ch
                "T5-XXL are written next to the model file as <name>_clip_l / _clip_g / _t5xxl.safetensors anyway")  # fmt: skip
 
 
-def add_sd3_full_training_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """sd-scripts' sd3_train.py-only flags (names, types, defaults as there); ``--save_clip`` / ``--save_t5xxl``
-    (added by ``add_sd3_model_args``) get this script's reason. Returns the parser."""
-    g = parser.add_argument_group("SD3 full fine-tuning", "sd-scripts' sd3_train.py")
+@dataclass(frozen=True)
+class SD3Rules(PlainRules):
+    """sd3_train.py's rules: per-encoder learning rates (CLIP-L, CLIP-G, T5), ``--learning_rate 0`` = the
+    transformer stays frozen, ``--num_last_block_to_freeze``, the trained encoders written next to the model file."""
+
+    num_last_block_to_freeze: int | None = None
+
+    def freeze(self, denoiser: nn.Module) -> None:
+        if self.train_denoiser:
+            freeze_last_x_block_parameters(denoiser, self.num_last_block_to_freeze)
+
+    def save(self, family: Any, parts: Any, path: Path, *, dtype: Any, metadata: Mapping[str, str],
+             safetensors: bool) -> None:  # fmt: skip
+        """A ``.safetensors`` path: the SAI file (transformer + VAE) and the trained encoders' files next to it
+        (``<stem>_clip_l.safetensors`` ...), each atomic; a folder: the whole pipeline."""
+        from .saving import text_encoder_state
+
+        if path.suffix.lower() != ".safetensors":
+            return super().save(family, parts, path, dtype=dtype, metadata=metadata, safetensors=safetensors)
+        family.save(parts, path, dtype=dtype, metadata=metadata, text_encoders=False)
+        for name in sidecar_names(self.text_encoder_lrs):
+            te = parts.text_encoders[TEXT_ENCODER_NAMES.index(name)]
+            save_state_dict(text_encoder_state(te), path.with_name(f"{path.stem}_{name}.safetensors"), {}, dtype)
+        return None
+
+
+class SD3FullTraining:
+    """sd3_train.py's own flags (module docstring) and their reader."""
+
+    def add_args(self, parser: argparse.ArgumentParser) -> None:
+        add_sd3_full_training_args(parser.add_argument_group("SD3 full fine-tuning", "sd-scripts' sd3_train.py"))
+
+    def prepare_args(self, args: argparse.Namespace) -> None:
+        imply_text_cache(args)
+
+    def read(self, args: argparse.Namespace, train_text_encoder: bool) -> SD3Rules:
+        """The rules of :func:`problems`, :func:`text_encoder_lrs` and ``--learning_rate 0`` = the transformer is not
+        trained (the method's ``train_text_encoder`` is not used: ``--train_text_encoder`` is this group's flag)."""
+        out = problems(args)
+        lrs = text_encoder_lrs(args)
+        train_denoiser = args.learning_rate != 0
+        if not train_denoiser and not (lrs and any(lrs)):
+            out.append("--learning_rate 0 leaves the transformer out of training and no text encoder is "
+                       "trained, so this run trains nothing; add --train_text_encoder (with a non-zero "
+                       "--learning_rate_te1 / --learning_rate_te2) to train the text encoders only")  # fmt: skip
+        raise_if(out)
+        return SD3Rules(lrs, train_denoiser, args.num_last_block_to_freeze)
+
+
+def add_sd3_full_training_args(g: Any) -> Any:
+    """sd-scripts' sd3_train.py-only flags (names, types, defaults as there) on the group ``g``; ``--save_clip`` /
+    ``--save_t5xxl`` (the SD3 model flags) get this script's reason. Returns the group."""
     g.add_argument("--train_text_encoder", action="store_true", help="train CLIP-L and CLIP-G too")
     g.add_argument("--train_t5xxl", action="store_true", help="train T5-XXL too (with --train_text_encoder)")
     g.add_argument("--use_t5xxl_cache_only", action="store_true", help="cache the text-encoder outputs and recompute "
@@ -55,11 +109,11 @@ def add_sd3_full_training_args(parser: argparse.ArgumentParser) -> argparse.Argu
                        help=f"{what} learning rate (default --learning_rate; 0 = do not train it)")  # fmt: skip
     g.add_argument("--num_last_block_to_freeze", type=int, default=None, help="freeze the last N x_block parameters "
                    "of the transformer (sd-scripts counts parameters, in the MMDiT's order)")  # fmt: skip
-    for action in parser._actions:
+    for action in g._actions:
         if action.option_strings and action.option_strings[0] in ("--save_clip", "--save_t5xxl"):
             action.no_effect_reason = SAVE_REASON
             action.help = f"accepted for sd-scripts, no effect here: {SAVE_REASON}"
-    return parser
+    return g
 
 
 def caches_text(args: argparse.Namespace) -> bool:

@@ -354,7 +354,7 @@ def load_sd3(
         vae_module = _from_folder(root, "vae", None, dtypes.vae, device)
     tokenizers = _tokenizers(root, tokenizer_cache_dir)
     scheduler = _scheduler_config(variant, root, stored)
-    parts = Parts(denoiser, vae_module, encoders, tokenizers, scheduler, variant, str(path), {})
+    parts = Parts(denoiser, vae_module, encoders, tokenizers, scheduler, variant, str(path))
     return finish(parts, device)
 
 

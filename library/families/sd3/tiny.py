@@ -79,7 +79,7 @@ def build_tiny_sd3(variant: str = SD3, seed: int = 0, blocks: int | None = None)
     for module in (denoiser, vae, *encoders):
         module.eval().requires_grad_(False)
     return Parts(denoiser, vae, encoders, tokenizers, copy.deepcopy(scheduler_config(variant)), family=variant,
-                 source=f"tiny-{variant}", extra={})  # fmt: skip
+                 source=f"tiny-{variant}")  # fmt: skip
 
 
 def write_tiny_files(

@@ -30,7 +30,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from library.cli.problems import ConfigError
-from library.flow_matching import FlowMatchingConfig, SD3FlowConfig, uses_flow_flags
 
 TIMESTEP_SAMPLINGS = ("uniform", "logit_normal", "sigmoid")
 BETA_SCHEDULES = ("linear", "scaled_linear", "squaredcos_cap_v2")
@@ -42,7 +41,7 @@ def _is_int(value: object) -> bool:
 
 
 def add_noise_args(parser: argparse.ArgumentParser) -> None:
-    """Noise and timestep flags; read into ``library.noising.NoiseConfig`` (same field names)."""
+    """Noise and timestep flags; read into ``library.objectives.noising.NoiseConfig`` (same field names)."""
     g = parser.add_argument_group("noise")
     g.add_argument("--noise_offset", type=float, default=None, help="offset noise strength (around 0.1 is usual)")
     g.add_argument("--noise_offset_random_strength", action="store_true", help="offset strength ~ U(0, offset)")
@@ -78,10 +77,10 @@ class NoiseConfig:
     mean 0). ``timestep_shift`` s maps the unit draw u to ``s u / (1 + (s - 1) u)`` (SD3's shift; > 1 trains more at
     high noise, as OneTrainer's "timestep shift"). With the defaults the draws are exactly sd-scripts'.
 
-    ``flow``: the flow-matching settings when the script takes sd-scripts' FLUX flags
-    (:func:`library.flow_matching.add_flow_matching_args`: a :class:`FlowMatchingConfig`) or its SD3 flags
-    (``add_sd3_flow_args``: an :class:`SD3FlowConfig`); None otherwise. The fields here hold the same flags' values
-    (FLUX: ``timestep_sampling`` takes the flow choices); the family's objective says which settings it reads.
+    These are the shared noise flags every training script has (sd-scripts' names). The DDPM objective reads them
+    all (:mod:`library.objectives.ddpm`, whose :func:`~library.objectives.ddpm.ddpm_problems` checks the timestep law
+    against :data:`TIMESTEP_SAMPLINGS`); a flow-matching family's objective reads the ones it shares and says which it
+    ignores (its script may give ``--timestep_sampling`` other choices).
 
     Raises:
         ValueError: listing every bad field at once, each naming its flag.
@@ -103,7 +102,6 @@ class NoiseConfig:
     sigmoid_scale: float = 1.0
     timestep_shift: float = 1.0
     v_parameterization: bool = False
-    flow: FlowMatchingConfig | SD3FlowConfig | None = None
 
     def __post_init__(self) -> None:
         errors = _noise_config_errors(self)
@@ -112,13 +110,10 @@ class NoiseConfig:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> NoiseConfig:
-        """The same-named flags; ``flow`` from the flow-matching flags when the parser has them
-        (:func:`library.flow_matching.uses_flow_flags`)."""
+        """The same-named flags."""
         from library.cli.parse import from_namespace
 
-        kind = uses_flow_flags(args)
-        flow = {"flux": FlowMatchingConfig, "sd3": SD3FlowConfig}[kind].from_args(args) if kind else None
-        return from_namespace(cls, args, flow=flow)
+        return from_namespace(cls, args)
 
 
 def _noise_config_errors(cfg: NoiseConfig) -> list[str]:
@@ -150,22 +145,6 @@ def _timestep_errors(cfg: NoiseConfig) -> list[str]:
     if lo_ok and hi_ok and lo is not None and hi is not None and lo > hi:
         errors.append(
             f"--min_timestep ({lo}) must not exceed --max_timestep ({hi}); equal values train at that one timestep"
-        )
-    if isinstance(cfg.flow, SD3FlowConfig) and cfg.timestep_sampling != "uniform":
-        errors.append(
-            f"--timestep_sampling {cfg.timestep_sampling} is not read by SD3's flow matching: its timesteps follow "
-            "--weighting_scheme (logit_normal, mode, uniform) and --training_shift"
-        )
-    if cfg.flow is not None:  # the flow settings check their own choices
-        if cfg.timestep_shift != 1.0:
-            use = "--training_shift" if isinstance(cfg.flow, SD3FlowConfig) else "--timestep_sampling shift with "
-            use += "" if isinstance(cfg.flow, SD3FlowConfig) else "--discrete_flow_shift (or flux_shift)"
-            errors.append(
-                f"--timestep_shift {cfg.timestep_shift} shifts SD's DDPM timesteps; for flow matching use {use}"
-            )
-    elif cfg.timestep_sampling not in TIMESTEP_SAMPLINGS:
-        errors.append(
-            f"--timestep_sampling must be one of {', '.join(TIMESTEP_SAMPLINGS)}, got {cfg.timestep_sampling!r}"
         )
     for flag in ("logit_std", "sigmoid_scale", "timestep_shift"):
         value = getattr(cfg, flag)

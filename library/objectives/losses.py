@@ -32,7 +32,7 @@ from torch import Tensor
 from library.cli.problems import ConfigError
 
 if TYPE_CHECKING:  # type hints only: losses.py needs any object with ``alphas_cumprod`` and ``snr(t)``
-    from library.noising import NoiseSchedule
+    from library.objectives.noising import NoiseSchedule
 
 LOSS_TYPES = ("l2", "l1", "huber", "smooth_l1")
 HUBER_SCHEDULES = ("constant", "exponential", "snr")
@@ -40,7 +40,7 @@ SNR_MIN, SNR_MAX = 1e-3, 1e3  # clamp of SNR' (sd-scripts: upper bound 1000 only
 
 
 def add_loss_args(parser: argparse.ArgumentParser) -> None:
-    """Loss flags; read into ``library.losses.LossConfig`` (same field names)."""
+    """Loss flags; read into ``library.objectives.losses.LossConfig`` (same field names)."""
     g = parser.add_argument_group("loss")
     g.add_argument("--loss_type", type=str, default="l2", choices=["l1", "l2", "huber", "smooth_l1"])
     g.add_argument("--huber_schedule", type=str, default="snr", choices=["constant", "exponential", "snr"])
@@ -62,8 +62,8 @@ class LossConfig:
     """Loss settings; field names and defaults are sd-scripts' flags (without ``--``).
 
     ``v_parameterization`` is the same flag as ``NoiseConfig.v_parameterization`` (the config reader fills both from
-    one flag): it picks the v variants of the SNR weightings. ``flow_matching``: read for a flow-matching script (see
-    :meth:`from_args`). The masked-loss options are OneTrainer's
+    one flag): it picks the v variants of the SNR weightings (the DDPM objective checks the v-prediction flags against
+    it: :func:`library.objectives.ddpm.ddpm_problems`). The masked-loss options are OneTrainer's
     (``unmasked_probability``, ``unmasked_weight``, ``normalize_masked_area_loss``); their defaults (0, 0, False)
     give sd-scripts' masked loss (``loss * mask``, no re-normalisation).
 
@@ -85,7 +85,6 @@ class LossConfig:
     unmasked_weight: float = 0.0
     normalize_masked_area_loss: bool = False
     prior_loss_weight: float = 1.0
-    flow_matching: bool = False
 
     def __post_init__(self) -> None:
         errors = _loss_config_errors(self)
@@ -94,13 +93,10 @@ class LossConfig:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> LossConfig:
-        """The same-named flags; ``flow_matching`` when the parser has the flow-matching flags
-        (``library.flow_matching.uses_flow_flags``): the v-prediction cross-checks are then not made, since
-        flow matching ignores those flags (with a warning, as sd-scripts ignores them)."""
+        """The same-named flags."""
         from library.cli.parse import from_namespace
-        from library.flow_matching import uses_flow_flags
 
-        return from_namespace(cls, args, flow_matching=uses_flow_flags(args) is not None)
+        return from_namespace(cls, args)
 
 
 def _loss_config_errors(cfg: LossConfig) -> list[str]:
@@ -117,12 +113,6 @@ def _loss_config_errors(cfg: LossConfig) -> list[str]:
         errors.append(f"--min_snr_gamma must be a finite number > 0 (5 is the paper's value), got {cfg.min_snr_gamma}")
     if cfg.v_pred_like_loss is not None and not cfg.v_pred_like_loss >= 0:
         errors.append(f"--v_pred_like_loss must be >= 0, got {cfg.v_pred_like_loss}")
-    if cfg.scale_v_pred_loss_like_noise_pred and not cfg.v_parameterization and not cfg.flow_matching:
-        errors.append(
-            "--scale_v_pred_loss_like_noise_pred needs --v_parameterization (it rescales a v-prediction loss)"
-        )
-    if cfg.v_pred_like_loss and cfg.v_parameterization and not cfg.flow_matching:
-        errors.append("--v_pred_like_loss cannot be used with --v_parameterization (the loss already is v-prediction)")
     for flag in ("unmasked_probability", "unmasked_weight"):
         if not 0 <= getattr(cfg, flag) <= 1:
             errors.append(f"--{flag} must be in [0, 1], got {getattr(cfg, flag)}")
