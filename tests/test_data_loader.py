@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from library.data import build_datasets, make_loader
-from library.data.plan import balance_regularisation
+from library.data.dataset_plan import balance_regularisation
 from library.data.sources import ImageRecord
 
 SIZES = [(64, 64), (96, 64), (64, 96), (80, 80), (128, 64), (64, 64)]
@@ -341,7 +341,7 @@ def test_mask_file_weights_by_its_red_channel(tmp_path):
 def test_the_validation_split_follows_the_images_not_the_folder_they_lie_in():
     """--validation_split holds out the same images of a dataset wherever its folder lies (a moved copy, another
     machine, pytest's numbered temporary folders), a different set for another seed, never an image twice."""
-    from library.data.plan import split_validation
+    from library.data.dataset_plan import split_validation
     from library.data.sources import ImageRecord
 
     def records(root: str) -> list[ImageRecord]:

@@ -17,7 +17,7 @@ import torch
 
 from library.families.base import FlowSampling, Parts
 from library.sampling import PromptSpec, generate_batch, generate_flow_latents, parse_prompt_line, resolve
-from library.sampling.flow import flow_sigmas, flux_noise, sample_euler, unpack_latents, with_cfg
+from library.sampling.flow import flow_sigmas, packed_noise, sample_euler, unpack_latents, with_cfg
 
 DEV = FlowSampling(embedded_guidance=True, shift=True)
 SCHNELL = FlowSampling(embedded_guidance=False, shift=False)
@@ -209,14 +209,14 @@ def test_noise_is_sd_scripts_packed_draw():
     helper it is our (B, 16, H/8, W/8) noise, one generator per image."""
     from diffusers import FluxPipeline
 
-    ours = flux_noise([torch.Generator().manual_seed(5), torch.Generator().manual_seed(6)], 64, 96)
+    ours = packed_noise([torch.Generator().manual_seed(5), torch.Generator().manual_seed(6)], 64, 96)
     assert ours.shape == (2, 16, 8, 12)
     for row, seed in enumerate((5, 6)):
         packed = torch.randn(1, 4 * 6, 64, generator=torch.Generator().manual_seed(seed))
         assert torch.equal(ours[row : row + 1], FluxPipeline._unpack_latents(packed, 64, 96, 8))
         assert torch.equal(unpack_latents(packed, 8, 12), ours[row : row + 1])
     with pytest.raises(ValueError, match="multiple of 16"):
-        flux_noise([torch.Generator()], 72, 64)
+        packed_noise([torch.Generator()], 72, 64)
 
 
 def test_dev_latents_equal_flux_pipeline_with_embedded_guidance(dev, monkeypatch):

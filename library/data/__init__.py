@@ -15,8 +15,9 @@ Typical use by a training script::
 from .captions import CaptionConfig, compose_caption
 from .data_args import DataArgs
 from .dataset_config import DatasetConfig, SubsetConfig, load_dataset_configs
+from .dataset_plan import DatasetPlan
 from .loader import Batch, Loader, make_loader
-from .plan import DatasetPlan, Plan, build_datasets
+from .plan import Plan, build_datasets
 from .precompute import LatentCache, TextCache, cache_latents, cache_text_encoder_outputs
 from .report import BucketReport
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from .seeding import rng_for
 
 if TYPE_CHECKING:
-    from .plan import DatasetPlan
+    from .dataset_plan import DatasetPlan
 
 Size = tuple[int, int]
 

@@ -1,49 +1,19 @@
-"""The dataset plan: records, regularisation balance and bucket assignment (``build_datasets``).
+"""The plan training reads (``build_datasets``): every dataset's plan with its bucket report.
 
-``build_datasets``: validate the configuration, read every image header and caption once, balance
-regularisation images, assign buckets for every training resolution, and write the bucket report.
-
-Everything that can be wrong with the user's input is found here, before a model is loaded, and reported at once.
+``build_datasets``: plan the datasets (``dataset_plan.py``: records, regularisation balance, validation split,
+buckets), make their bucket report (``report.py``), then log the warnings and print (and save) the report.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import math
-import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from library.cli.problems import Problems
-
-from .buckets import Assignment, predefined_buckets, select_bucket
 from .data_args import DataArgs
-from .dataset_config import DatasetConfig, SubsetConfig, load_dataset_configs
+from .dataset_plan import DatasetPlan, DatasetPlans, plan_datasets
 from .report import BucketReport, build_report
-from .sources import (
-    IMAGE_EXTENSIONS,
-    ImageRecord,
-    dreambooth_items,
-    face_box,
-    find_mask,
-    finetune_items,
-    read_image_size,
-)
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class DatasetPlan:
-    """One dataset ready for batching: its records and, per training resolution, each record's bucket."""
-
-    config: DatasetConfig
-    records: tuple[ImageRecord, ...]
-    assignments: tuple[tuple[Assignment, ...], ...]  # [resolution index][record index]
-    unused: tuple[str, ...] = ()  # images never trained (e.g. regularisation images beyond the training count)
-
-    def subset(self, record: ImageRecord) -> SubsetConfig:
-        return self.config.subsets[record.subset_index]
 
 
 @dataclass(frozen=True)
@@ -60,197 +30,6 @@ class Plan:
     validation: Plan | None = None  # the held-out images (``--validation_split``), batched like training
 
 
-def split_validation(records: list[ImageRecord], fraction: float, seed: int) -> tuple[list, list]:
-    """Hold out ``fraction`` of each subset's training images (never regularisation images) for validation.
-
-    Leak-free and deterministic: an image's place is decided by a hash of (seed, its path relative to the subset's
-    common folder), so the two sets never overlap and the same seed always gives the same split, whatever the file
-    order and wherever the dataset folder lies (a run resumed on another machine, or from a moved copy, holds out the
-    same images). Subsets with one image keep it for training. Validation images are used once each (no repeats).
-    """
-    train, val = [], []
-    by_subset: dict[int, list[ImageRecord]] = {}
-    for r in records:
-        (train.append(r) if r.is_reg else by_subset.setdefault(r.subset_index, []).append(r))
-    for group in by_subset.values():
-        base = os.path.commonpath([os.path.abspath(r.path) for r in group]) if len(group) > 1 else ""
-
-        def rank(r: ImageRecord, base: str = base) -> str:
-            where = os.path.relpath(os.path.abspath(r.path), base) if base else r.path
-            return hashlib.sha256(f"{seed}:{where}".encode()).hexdigest()
-
-        ranked = sorted(group, key=rank)
-        n_val = min(len(group) - 1, math.ceil(len(group) * fraction)) if fraction > 0 else 0
-        val += [replace(r, num_repeats=1) for r in ranked[:n_val]]
-        held = {r.path for r in ranked[:n_val]}
-        train += [r for r in group if r.path not in held]
-    return train, val
-
-
-def _read_sizes(paths: list[str]) -> list[tuple[int, int] | ValueError]:
-    """:func:`read_image_size` of every path (each image is decoded once to find damage), on a few threads: Pillow
-    decodes without holding the GIL. A problem comes back as its ``ValueError``, in the paths' order."""
-
-    def read(path: str) -> tuple[int, int] | ValueError:
-        try:
-            return read_image_size(path)
-        except ValueError as e:
-            return e
-
-    workers = min(8, os.cpu_count() or 1)
-    if workers == 1 or len(paths) < 16:
-        return [read(p) for p in paths]
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(workers) as pool:
-        return list(pool.map(read, paths))
-
-
-def _scan_subset(subset: SubsetConfig, index: int, args: DataArgs, problems: Problems, corrupt: list[str]):
-    items = finetune_items(subset, problems) if subset.kind == "finetune" else dreambooth_items(subset, problems)
-    records, no_caption = [], []
-    for (path, text), size in zip(items, _read_sizes([path for path, _ in items])):
-        if isinstance(size, ValueError):
-            corrupt.append(str(size))
-            continue
-        if text is None or not text.strip():
-            no_caption.append(path)
-            text = subset.class_tokens or ""
-        needs_mask = args.masked_loss or subset.conditioning_data_dir
-        mask = find_mask(path, subset.conditioning_data_dir, args.masked_loss, problems) if needs_mask else None
-        face = face_box(path) if subset.face_crop_aug_range else None
-        records.append(ImageRecord(path, size, text, index, subset.is_reg, subset.num_repeats, mask, face))
-    if no_caption:
-        fallback = f'class tokens "{subset.class_tokens}"' if subset.class_tokens else "an empty caption"
-        shown = ", ".join(os.path.basename(p) for p in no_caption[:3]) + (" ..." if len(no_caption) > 3 else "")
-        problems.warn(
-            subset.where,
-            f"{len(no_caption)} of {len(items)} images have no (or an empty) {subset.caption_extension} caption and "
-            f"use {fallback} ({shown})",
-        )
-    if not items:
-        problems.warn(subset.where, "no images found in this subset")
-    return records
-
-
-def balance_regularisation(records: list[ImageRecord]) -> tuple[list[ImageRecord], list[str]]:
-    """sd-scripts' rule (DreamBoothDataset): regularisation images are registered round-robin, their repeat counts
-    raised one by one, until the regularisation samples equal the training samples (repeats included). Returns the
-    kept records and the paths of regularisation images that are never used."""
-    train = [r for r in records if not r.is_reg]
-    reg = [r for r in records if r.is_reg]
-    target = sum(r.num_repeats for r in train)
-    if not reg or target == 0:
-        return train, [r.path for r in reg]
-    repeats: dict[int, int] = {}
-    n, first = 0, True
-    while n < target:
-        for i, r in enumerate(reg):
-            if first:
-                repeats[i] = r.num_repeats
-                n += r.num_repeats
-            else:
-                repeats[i] += 1
-                n += 1
-            if n >= target:
-                break
-        first = False
-    kept = [replace(reg[i], num_repeats=k) for i, k in sorted(repeats.items())]
-    unused = [r.path for i, r in enumerate(reg) if i not in repeats]
-    return train + kept, unused
-
-
-def _assign(config: DatasetConfig, records: list[ImageRecord], problems: Problems):
-    per_res, upscaled = [], []
-    for k in range(len(config.resolutions)):
-        spec = config.bucket_spec(k)
-        buckets = predefined_buckets(spec)
-        row = []
-        for r in records:
-            a = select_bucket(r.size[0], r.size[1], spec, buckets)
-            if min(a.bucket) < 8:
-                problems.error(
-                    r.path,
-                    f"image {r.size[0]}x{r.size[1]} is too small: its bucket would be {a.bucket[0]}x{a.bucket[1]} "
-                    f"with bucket_no_upscale and bucket_reso_steps {config.bucket_reso_steps}; remove it or upscale "
-                    f"it to at least {config.bucket_reso_steps} px per side",
-                )
-            elif a.resized[0] > r.size[0] and a.resized[1] > r.size[1]:
-                upscaled.append((r, a))
-            row.append(a)
-        per_res.append(tuple(row))
-    if upscaled:
-        r, a = min(upscaled, key=lambda ra: ra[0].size[0] * ra[0].size[1])
-        problems.warn(
-            config.where,
-            f"{len(upscaled)} image-resolution pairs are upscaled to fill their bucket (smallest: {r.path} "
-            f"{r.size[0]}x{r.size[1]} -> {a.resized[0]}x{a.resized[1]}); {_upscale_advice(config)}",
-        )
-    return tuple(per_res)
-
-
-def _upscale_advice(config: DatasetConfig) -> str:
-    if config.enable_bucket:
-        return "use bucket_no_upscale (buckets from each image's own size) or larger images"
-    return "use larger images or a smaller resolution (or enable_bucket with bucket_no_upscale)"
-
-
-def _skip_small(config: DatasetConfig, records: list[ImageRecord], problems: Problems) -> list[ImageRecord]:
-    if config.skip_image_resolution is None:
-        return records
-    limit = config.skip_image_resolution[0] * config.skip_image_resolution[1]
-    kept = [r for r in records if r.size[0] * r.size[1] > limit]
-    if len(kept) < len(records):
-        problems.warn(config.where, f"{len(records) - len(kept)} images at or below skip_image_resolution skipped")
-    return kept
-
-
-def _check_caching(config: DatasetConfig, args: DataArgs, problems: Problems) -> None:
-    """Settings that contradict caching are errors up front (a cached latent / text embedding is fixed)."""
-    for s in config.subsets:
-        if args.cache_latents:
-            for name in ("random_crop", "color_aug", "face_crop_aug_range"):
-                if getattr(s, name):
-                    problems.error(
-                        s.where,
-                        f"{name} changes the image every step, but --cache_latents stores one latent per image; "
-                        f"turn {name} off or drop latent caching",
-                    )
-        if args.cache_text_encoder_outputs:
-            for name in s.captions.varies_per_step():
-                problems.error(
-                    s.where,
-                    f"{name} changes the caption every step, but --cache_text_encoder_outputs stores fixed "
-                    f"embeddings; turn {name} off or drop text-encoder caching",
-                )
-
-
-def _plan_dataset(
-    config: DatasetConfig, args: DataArgs, problems: Problems, corrupt: list[str], split: tuple[float, int]
-) -> tuple[DatasetPlan, DatasetPlan]:
-    records: list[ImageRecord] = []
-    for i, subset in enumerate(config.subsets):
-        records += _scan_subset(subset, i, args, problems, corrupt)
-    records = _skip_small(config, records, problems)
-    records, held_out = split_validation(records, *split)
-    if records and all(r.is_reg for r in records):
-        problems.error(config.where, "has only regularisation images; add training images (is_reg = false)")
-    records, unused = balance_regularisation(records)
-    if unused:
-        problems.warn(
-            config.where,
-            f"{len(unused)} regularisation images are never used: there are more of them than training samples",
-        )
-    masked = args.masked_loss and any(not (r.mask_path or config.subsets[r.subset_index].alpha_mask) for r in records)
-    if masked:
-        problems.warn(
-            config.where,
-            "some images have no mask (-masklabel.png / conditioning image / alpha); they train with a full mask",
-        )
-    train = DatasetPlan(config, tuple(records), _assign(config, records, problems), tuple(unused))
-    return train, DatasetPlan(config, tuple(held_out), _assign(config, held_out, problems))
-
-
 def build_datasets(
     args: DataArgs,
     *,
@@ -262,53 +41,48 @@ def build_datasets(
     validation_split: float = 0.0,
     validation_seed: int | None = None,
 ) -> Plan:
-    """Validate and read the datasets; print (and save, with ``--bucket_report``) the bucket report.
+    """Validate and read the datasets (:func:`~library.data.dataset_plan.plan_datasets`, which raises one ValueError
+    listing every problem); print (and save, with ``--bucket_report``) the bucket report.
 
-    ``size_multiple``: image sides must be multiples of it (SD1/SD2 64, SDXL 32; from the model family).
-    Batch size comes from ``--train_batch_size`` or the dataset file. The main process prints the report to stdout
-    and saves it; warnings are logged on every process. Raises one ValueError listing every problem:
-    configuration errors first, then unreadable images (unless ``--skip_corrupt_images``), bad captions, images too
-    small, an empty dataset. ``validation_split``: fraction of each subset's training images held out (see
-    :func:`split_validation`) into ``plan.validation``; ``validation_seed`` defaults to ``seed``.
+    ``size_multiple``: image sides must be multiples of it (from the model family). Batch size comes from
+    ``--train_batch_size`` or the dataset file. The main process prints the report to stdout and saves it; warnings
+    are logged on every process. ``validation_split``: fraction of each subset's training images held out (see
+    :func:`~library.data.dataset_plan.split_validation`) into ``plan.validation``; ``validation_seed`` defaults to
+    ``seed``.
     """
     if grad_accum < 1 or num_processes < 1:
         raise ValueError(f"grad_accum ({grad_accum}) and num_processes ({num_processes}) must be >= 1")
-    configs, config_warnings = load_dataset_configs(args, size_multiple=size_multiple)
-    problems = Problems("dataset configuration")
-    problems.warnings += config_warnings
-    for config in configs:
-        _check_caching(config, args, problems)
-    problems.raise_if_any()
-    corrupt: list[str] = []
-    split = (validation_split, seed if validation_seed is None else validation_seed)
-    pairs = [_plan_dataset(c, args, problems, corrupt, split) for c in configs]
-    datasets = tuple(train for train, _ in pairs)
-    if corrupt:
-        if args.skip_corrupt_images:
-            problems.warn("--skip_corrupt_images", f"{len(corrupt)} unreadable images left out: " + "; ".join(corrupt))
-        else:
-            problems.errors += [f"{c} (pass --skip_corrupt_images to leave such files out)" for c in corrupt]
-    if not any(d.records for d in datasets):
-        folders = [s.image_dir or s.metadata_file for c in configs for s in c.subsets if not s.is_reg]
-        problems.error("dataset", f"no training images found in {', '.join(map(str, folders)) or 'the datasets'}; "
-                       f"put images ({', '.join(IMAGE_EXTENSIONS)}) there; captions are optional")  # fmt: skip
-    problems.raise_if_any("dataset")
-    report = build_report(datasets, grad_accum=grad_accum, num_processes=num_processes, seed=seed,
+    planned = plan_datasets(
+        args, seed=seed, size_multiple=size_multiple, validation_split=validation_split, validation_seed=validation_seed
+    )
+    plan = _with_reports(planned, args, grad_accum, num_processes, seed, is_main_process)
+    _announce(plan, is_main_process)
+    return plan
+
+
+def _with_reports(
+    planned: DatasetPlans, args: DataArgs, grad_accum: int, num_processes: int, seed: int, is_main_process: bool
+) -> Plan:
+    """The plan with the bucket report of its training datasets and, for held-out images, its validation plan."""
+    report = build_report(planned.train, grad_accum=grad_accum, num_processes=num_processes, seed=seed,
                           saved_to=args.bucket_report if is_main_process else None)  # fmt: skip
-    plan = Plan(datasets, args, seed, grad_accum, num_processes, report, tuple(problems.warnings))
-    held_out = tuple(val for _, val in pairs if val.records)
-    if held_out:
-        val_report = build_report(held_out, grad_accum=1, num_processes=num_processes, seed=seed)
-        plan = replace(plan, validation=Plan(held_out, args, seed, 1, num_processes, val_report, ()))
+    validation = None
+    if planned.held_out:
+        val_report = build_report(planned.held_out, grad_accum=1, num_processes=num_processes, seed=seed)
+        validation = Plan(planned.held_out, args, seed, 1, num_processes, val_report, ())
+    return Plan(planned.train, args, seed, grad_accum, num_processes, report, planned.warnings, validation)
+
+
+def _announce(plan: Plan, is_main_process: bool) -> None:
+    """Log the plan's and its report's warnings (every process); print and save the report (main process)."""
     for w in plan.warnings:
         logger.warning(w)
-    for w in report.warnings:
+    for w in plan.report.warnings:
         logger.warning("!!! %s", w)
     if is_main_process:
-        print(report.to_text(), flush=True)
-        if args.bucket_report:
-            report.save(args.bucket_report)
+        print(plan.report.to_text(), flush=True)
+        if plan.args.bucket_report:
+            plan.report.save(plan.args.bucket_report)
         if plan.validation is not None:
             v = plan.validation.report
             print(f"validation: {v.train_images} images held out ({v.batches_per_epoch} batches)", flush=True)
-    return plan

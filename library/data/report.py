@@ -23,7 +23,7 @@ from .batching import epoch_batches, per_process
 from .resolution import format_size
 
 if TYPE_CHECKING:
-    from .plan import DatasetPlan
+    from .dataset_plan import DatasetPlan
 
 
 @dataclass(frozen=True)

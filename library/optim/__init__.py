@@ -12,7 +12,8 @@ What a training recipe does with this package::
     set_train_mode(optimizer, False); sample(); save(); set_train_mode(optimizer, True)   # schedule-free only
 
 Modules: ``optimizers`` (registry, construction, train/eval mode, effective lrs), ``schedulers`` (registry, REX,
-step counts), ``config`` (flags and :class:`OptimConfig`).
+step counts), ``config`` (flags and :class:`OptimConfig`). ``config`` builds on the other two; they read the settings
+through the protocols ``OptimizerSettings`` / ``ScheduleSettings`` (what each reads), which :class:`OptimConfig` has.
 """
 
 from library.optim.config import (

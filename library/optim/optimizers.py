@@ -20,18 +20,26 @@ import logging
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
 from library.cli.problems import did_you_mean as suggest
 
-if TYPE_CHECKING:
-    from library.optim.config import OptimConfig
-
 logger = logging.getLogger(__name__)
 
 PLAIN, ADAPTIVE, ADAFACTOR, SCHEDULE_FREE = "plain", "adaptive", "adafactor", "schedule_free"
+
+
+class OptimizerSettings(Protocol):
+    """What the optimizer builders read of the settings (:class:`library.optim.config.OptimConfig` has it)."""
+
+    @property
+    def optimizer_type(self) -> str: ...
+    @property
+    def optimizer_kwargs(self) -> dict[str, Any]: ...
+    @property
+    def learning_rate(self) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -285,8 +293,8 @@ def _group_lrs(groups: list[dict[str, Any]], default: float) -> list[float]:
     return [group.get("lr", default) for group in groups]
 
 
-def _prepare_adaptive(cfg: OptimConfig, spec: OptimizerSpec, groups: list[dict[str, Any]], kw: dict) -> float | None:
-    lrs = _group_lrs(groups, cfg.learning_rate)
+def _prepare_adaptive(lr: float, spec: OptimizerSpec, groups: list[dict[str, Any]], kw: dict) -> float | None:
+    lrs = _group_lrs(groups, lr)
     if lrs[0] <= 0.1:
         logger.warning(f"{spec.name}: lr={lrs[0]} is low; D-Adaptation and Prodigy expect an lr around 1.0")
     if len(set(lrs)) > 1:
@@ -300,23 +308,24 @@ def _prepare_adaptive(cfg: OptimConfig, spec: OptimizerSpec, groups: list[dict[s
             f"{spec.name}: param groups have different learning rates ({_describe_lrs(groups, lrs)}); "
             "D-Adaptation estimates one step size, so only the first lr takes effect (as sd-scripts warns)"
         )
-    return cfg.learning_rate
+    return lr
 
 
-def _prepare_adafactor(cfg: OptimConfig, spec: OptimizerSpec, groups: list[dict[str, Any]], kw: dict) -> float | None:
+def _prepare_adafactor(lr: float, spec: OptimizerSpec, groups: list[dict[str, Any]], kw: dict) -> float | None:
     if not kw["relative_step"]:
-        return cfg.learning_rate
+        return lr
     dropped = [group.pop("lr") for group in groups if "lr" in group]
     if dropped:
         logger.warning("Adafactor with relative_step=True computes its own lr: the param-group lrs are ignored")
     return None  # transformers' Adafactor refuses an lr together with relative_step=True
 
 
-def _prepare_plain(cfg: OptimConfig, spec: OptimizerSpec, groups: list[dict[str, Any]], kw: dict) -> float | None:
-    return cfg.learning_rate
+def _prepare_plain(lr: float, spec: OptimizerSpec, groups: list[dict[str, Any]], kw: dict) -> float | None:
+    return lr
 
 
-# What each kind does to the param groups before construction; returns the lr to pass to the class.
+# What each kind does to the param groups before construction, given the default lr (--learning_rate);
+# returns the lr to pass to the class.
 _PREPARE = {
     PLAIN: _prepare_plain,
     SCHEDULE_FREE: _prepare_plain,
@@ -329,7 +338,7 @@ def _describe_lrs(groups: list[dict[str, Any]], lrs: list[float]) -> str:
     return ", ".join(f"{g.get('name', f'group{i}')}={lr}" for i, (g, lr) in enumerate(zip(groups, lrs)))
 
 
-def make_optimizer(cfg: OptimConfig, param_groups: Iterable[Any]) -> torch.optim.Optimizer:
+def make_optimizer(cfg: OptimizerSettings, param_groups: Iterable[Any]) -> torch.optim.Optimizer:
     """Build the optimizer that ``cfg`` names over ``param_groups``.
 
     ``param_groups`` is an iterable of tensors or of dicts (``{"params": [...], "lr": 1e-4, "name": "unet"}``); a
@@ -339,7 +348,7 @@ def make_optimizer(cfg: OptimConfig, param_groups: Iterable[Any]) -> torch.optim
     spec, cls = resolve_optimizer(cfg.optimizer_type)
     groups = _as_groups(param_groups)
     kwargs = resolve_optimizer_kwargs(spec, cfg.optimizer_kwargs)
-    lr = _PREPARE[spec.kind](cfg, spec, groups, kwargs)
+    lr = _PREPARE[spec.kind](cfg.learning_rate, spec, groups, kwargs)
     logger.info(f"optimizer: {cls.__module__}.{cls.__name__} lr={lr} {kwargs}")
     optimizer = cls(groups, lr=lr, **kwargs, **cpu_fast_path(cls, groups, kwargs))
     set_train_mode(optimizer, True)
@@ -375,7 +384,7 @@ def cpu_fast_path(cls: type, groups: list[dict[str, Any]], kwargs: Mapping[str, 
     return {"foreach": True} if sum(p.numel() for p in params) <= FOREACH_MAX_CPU_PARAMS else {}
 
 
-def optimizer_metadata(cfg: OptimConfig) -> str:
+def optimizer_metadata(cfg: OptimizerSettings) -> str:
     """The ``ss_optimizer`` metadata string as sd-scripts writes it: ``module.Class(key=value,...)``."""
     spec, cls = resolve_optimizer(cfg.optimizer_type)
     kwargs = {k: v for k, v in resolve_optimizer_kwargs(spec, cfg.optimizer_kwargs).items() if k not in spec.forced}

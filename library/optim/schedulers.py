@@ -20,15 +20,43 @@ import importlib
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 
 from library.optim.optimizers import did_you_mean, value_type_problem
 
-if TYPE_CHECKING:
-    from library.optim.config import OptimConfig
+
+class ScheduleSettings(Protocol):
+    """What the scheduler code reads of the settings (:class:`library.optim.config.OptimConfig` has it)."""
+
+    @property
+    def learning_rate(self) -> float: ...
+    @property
+    def lr_scheduler(self) -> str: ...
+    @property
+    def lr_scheduler_type(self) -> str: ...
+    @property
+    def lr_scheduler_kwargs(self) -> dict[str, Any]: ...
+    @property
+    def lr_warmup_steps(self) -> int | float: ...
+    @property
+    def lr_decay_steps(self) -> int | float: ...
+    @property
+    def lr_scheduler_num_cycles(self) -> int: ...
+    @property
+    def lr_scheduler_power(self) -> float: ...
+    @property
+    def lr_scheduler_timescale(self) -> int | None: ...
+    @property
+    def lr_scheduler_min_lr_ratio(self) -> float | None: ...
+    @property
+    def has_warmup(self) -> bool: ...
+    @property
+    def is_schedule_free(self) -> bool: ...
+    @property
+    def adafactor_relative_step(self) -> bool: ...
 
 
 class _LazyModule:
@@ -119,7 +147,7 @@ def _scaled_step_rules(rules: str, factor: int) -> str:
 
 
 # --- builders: (optimizer, cfg, steps, user kwargs from --lr_scheduler_args) -> scheduler --------------------------
-Builder = Callable[[torch.optim.Optimizer, "OptimConfig", ScheduleSteps, dict[str, Any]], LRScheduler]
+Builder = Callable[[torch.optim.Optimizer, ScheduleSettings, ScheduleSteps, dict[str, Any]], LRScheduler]
 
 
 def get_constant_schedule_with_warmup(
@@ -173,7 +201,7 @@ def _inverse_sqrt(opt, cfg, s, kw):
     return hf_optim.get_inverse_sqrt_schedule(opt, s.warmup, timescale=s.timescale, **kw)
 
 
-def _min_lr_kwargs(cfg: OptimConfig, kw: dict[str, Any]) -> dict[str, Any]:
+def _min_lr_kwargs(cfg: ScheduleSettings, kw: dict[str, Any]) -> dict[str, Any]:
     # sd-scripts passes num_cycles / 2: the default 1 gives the plain half cosine down to the floor.
     ratio = {} if cfg.lr_scheduler_min_lr_ratio is None else {"min_lr_rate": cfg.lr_scheduler_min_lr_ratio}
     return {"num_cycles": cfg.lr_scheduler_num_cycles / 2, **ratio, **kw}
@@ -312,7 +340,7 @@ def _kwarg_problems(where: str, fn: Callable[..., Any], managed: Mapping[str, st
     return problems
 
 
-def _custom_problems(cfg: OptimConfig) -> list[str]:
+def _custom_problems(cfg: ScheduleSettings) -> list[str]:
     try:
         cls = resolve_scheduler_class(cfg.lr_scheduler_type)
     except ValueError as e:
@@ -326,7 +354,7 @@ def _custom_problems(cfg: OptimConfig) -> list[str]:
     return problems
 
 
-def _adafactor_check(cfg: OptimConfig) -> list[str]:
+def _adafactor_check(cfg: ScheduleSettings) -> list[str]:
     if cfg.adafactor_relative_step:
         return []
     return [
@@ -335,7 +363,7 @@ def _adafactor_check(cfg: OptimConfig) -> list[str]:
     ]
 
 
-def _min_lr_check(cfg: OptimConfig) -> list[str]:
+def _min_lr_check(cfg: ScheduleSettings) -> list[str]:
     has_min_lr = "min_lr" in cfg.lr_scheduler_kwargs
     if (cfg.lr_scheduler_min_lr_ratio is not None) == has_min_lr:
         return [
@@ -345,7 +373,7 @@ def _min_lr_check(cfg: OptimConfig) -> list[str]:
     return []
 
 
-def _step_rules_check(cfg: OptimConfig) -> list[str]:
+def _step_rules_check(cfg: ScheduleSettings) -> list[str]:
     rules = cfg.lr_scheduler_kwargs.get("step_rules")
     if rules is None:  # reported as a missing argument
         return []
@@ -359,21 +387,21 @@ def _step_rules_check(cfg: OptimConfig) -> list[str]:
     return []
 
 
-def _polynomial_check(cfg: OptimConfig) -> list[str]:
+def _polynomial_check(cfg: ScheduleSettings) -> list[str]:
     lr_end = cfg.lr_scheduler_kwargs.get("lr_end", 1e-7)
     if cfg.learning_rate is not None and not cfg.learning_rate > lr_end:
         return [f"--lr_scheduler polynomial decays to lr_end={lr_end}, which must be below --learning_rate"]
     return []
 
 
-def _rex_check(cfg: OptimConfig) -> list[str]:
+def _rex_check(cfg: ScheduleSettings) -> list[str]:
     d = cfg.lr_scheduler_kwargs.get("d", 0.9)
     if isinstance(d, (int, float)) and not 0.0 <= d < 1.0:
         return [f"--lr_scheduler rex: d={d} must be in [0, 1) (0.9 as OneTrainer, 0.5 as the REX paper)"]
     return []
 
 
-_CHECKS: dict[str, Callable[[OptimConfig], list[str]]] = {
+_CHECKS: dict[str, Callable[[ScheduleSettings], list[str]]] = {
     "adafactor": _adafactor_check,
     "cosine_with_min_lr": _min_lr_check,
     "cosine_warmup_with_min_lr": _min_lr_check,
@@ -383,7 +411,7 @@ _CHECKS: dict[str, Callable[[OptimConfig], list[str]]] = {
 }
 
 
-def scheduler_problems(cfg: OptimConfig) -> list[str]:
+def scheduler_problems(cfg: ScheduleSettings) -> list[str]:
     """Everything wrong with the scheduler settings that can be known before the run length is."""
     if cfg.is_schedule_free:
         return []
@@ -412,7 +440,7 @@ def scheduler_problems(cfg: OptimConfig) -> list[str]:
     return problems + _CHECKS.get(name, lambda _: [])(cfg)
 
 
-def schedule_steps(cfg: OptimConfig, num_training_steps: int, num_processes: int = 1) -> ScheduleSteps:
+def schedule_steps(cfg: ScheduleSettings, num_training_steps: int, num_processes: int = 1) -> ScheduleSteps:
     """Resolve warmup / decay (steps or ratios) against the run length, in scheduler steps."""
     if num_training_steps < 1 or num_processes < 1:
         raise ValueError(f"make_scheduler: num_training_steps={num_training_steps} and num_processes={num_processes}")
@@ -432,7 +460,7 @@ def schedule_steps(cfg: OptimConfig, num_training_steps: int, num_processes: int
 
 
 def make_scheduler(
-    cfg: OptimConfig, optimizer: torch.optim.Optimizer, num_training_steps: int, num_processes: int = 1
+    cfg: ScheduleSettings, optimizer: torch.optim.Optimizer, num_training_steps: int, num_processes: int = 1
 ) -> LRScheduler:
     """Build the LR scheduler for ``optimizer`` (the bare optimizer, before ``accelerator.prepare``).
 

@@ -12,7 +12,7 @@ Modules: ``prompts`` (prompt-line syntax, .txt/.toml/.json files), ``schedulers`
 """
 
 from .config import SampleConfig, add_sample_args, should_sample
-from .flow import flow_sigmas, flux_noise, sample_euler, with_cfg
+from .flow import flow_sigmas, packed_noise, sample_euler, with_cfg
 from .flow_generate import generate_flow_latents, uses_flow_sampler
 from .generate import generate, generate_batch, random_seed, resolve, same_settings, to_pil
 from .images import make_grid, png_info, sample_file_name
@@ -28,7 +28,7 @@ __all__ = [
     "add_sample_args",
     "check_sample_prompts",
     "flow_sigmas",
-    "flux_noise",
+    "packed_noise",
     "generate",
     "generate_batch",
     "generate_flow_latents",

@@ -160,12 +160,12 @@ def latent_noise(generators: Sequence[torch.Generator], height: int, width: int,
     return torch.cat([torch.randn(shape, generator=g, device=g.device, dtype=torch.float32) for g in generators])
 
 
-def flux_noise(generators: Sequence[torch.Generator], height: int, width: int, channels: int = 16) -> Tensor:
-    """The initial noise of sd-scripts' FLUX samples for an H x W image, one image per generator: each image draws
-    ``randn(1, (H/16)·(W/16), 4·channels)`` in its packed layout from its generator (on the generator's device), as
-    ``flux_train_utils.sample_image_inference`` and ``flux_minimal_inference.py`` do; returned unpacked as float32
-    (B, channels, H/8, W/8). A seeded CPU generator gives the same noise on every device (sd-scripts draws on the
-    training device, in the model dtype)."""
+def packed_noise(generators: Sequence[torch.Generator], height: int, width: int, channels: int = 16) -> Tensor:
+    """The initial noise drawn in the packed 2x2 layout (sd-scripts' FLUX samples) for an H x W image, one image per
+    generator: each image draws ``randn(1, (H/16)·(W/16), 4·channels)`` in its packed layout from its generator (on
+    the generator's device), as ``flux_train_utils.sample_image_inference`` and ``flux_minimal_inference.py`` do;
+    returned unpacked as float32 (B, channels, H/8, W/8). A seeded CPU generator gives the same noise on every
+    device (sd-scripts draws on the training device, in the model dtype)."""
     image_seq_len(height, width)
     h, w = height // 8, width // 8
     packed = [

@@ -29,7 +29,7 @@ option     meaning for flow matching
 
 The schedule is FLUX's (``flow.flow_sigmas``, dynamic shift) or, for a family with ``FlowSampling.static_shift``
 (SD3: 3.0), diffusers' discrete one (``flow.discrete_flow_sigmas``, = ``StableDiffusion3Pipeline``'s and sd-scripts'
-``get_all_sigmas``); the noise is drawn packed (FLUX, ``flow.flux_noise``) or as (1, C, h, w) per image
+``get_all_sigmas``); the noise is drawn packed (FLUX, ``flow.packed_noise``) or as (1, C, h, w) per image
 (``FlowSampling.packed_noise`` False: SD3, ``flow.latent_noise``).
 
 Differences from sd-scripts, on purpose: the noise comes from a per-image CPU generator in float32 (sd-scripts draws
@@ -56,9 +56,9 @@ from .flow import (
     Velocity,
     discrete_flow_sigmas,
     flow_sigmas,
-    flux_noise,
     image_seq_len,
     latent_noise,
+    packed_noise,
     sample_euler,
     with_cfg,
 )
@@ -164,7 +164,7 @@ def generate_flow_latents(
     family: ModelFamily, parts: Parts, specs: Sequence[PromptSpec], generators: Sequence[torch.Generator]
 ) -> Tensor:
     """Denoised latents (B, C, H/8, W/8), float32, for resolved specs (:func:`resolve_flow`) that share their
-    settings; ``generators[i]`` draws image i's noise (:func:`flow.flux_noise`). Runs under ``torch.no_grad`` (and
+    settings; ``generators[i]`` draws image i's noise (:func:`flow.packed_noise`). Runs under ``torch.no_grad`` (and
     the caller's autocast, if any): :func:`encode_flow_prompts` then :func:`sample_flow_latents`."""
     cond = encode_flow_prompts(family, parts, specs)
     return sample_flow_latents(family, parts, specs, cond, generators)
@@ -206,7 +206,7 @@ def sample_flow_latents(
     device = next(parts.denoiser.parameters()).device
     cond = cond.to(device)
     sigmas = sampling_sigmas(settings, first.steps, first.height, first.width)
-    draw = flux_noise if settings.packed_noise else latent_noise
+    draw = packed_noise if settings.packed_noise else latent_noise
     noise = draw(generators, first.height, first.width, settings.latent_channels).to(device)
     velocity = flow_velocity(family, parts, cond, guidance=first.guidance)
     if uses_cfg(first):

@@ -110,26 +110,72 @@ def generate_batch(
     first = specs[0]
     if any(not same_settings(first, s) for s in specs[1:]):
         raise ValueError("generate_batch: the prompts of one batch must share size, steps, scale and sampler")
+    autocast = autocast if autocast is not None else contextlib.nullcontext
     if uses_flow_sampler(family, parts):
         if scheduler is not None:
             raise ValueError("generate_batch: flow-matching models sample with their own Euler sampler; a diffusers "
                              "scheduler cannot be given")  # fmt: skip
-        stage = stage or (lambda modules: contextlib.nullcontext())
-        with autocast() if autocast is not None else contextlib.nullcontext():
-            if conds is not None and all(text in conds for text in _flow_texts(specs)):
-                cond = encode_flow_prompts(family, parts, specs, conds)  # no text encoder runs
-            else:
-                with stage(parts.text_encoders):
-                    cond = encode_flow_prompts(family, parts, specs)
-            with stage([parts.denoiser]):
-                latents = sample_flow_latents(family, parts, specs, cond, generators)
-            with stage([parts.vae]):
-                return to_pil(_decode(family, parts, latents))
+        return _flow_images(family, parts, specs, generators, autocast=autocast, stage=stage, conds=conds)
+    return _ddpm_images(
+        family,
+        parts,
+        specs,
+        generators,
+        scheduler=scheduler,
+        zero_terminal_snr=zero_terminal_snr,
+        autocast=autocast,
+        clip_skip=clip_skip,
+        max_embeddings_multiples=max_embeddings_multiples,
+        normalize=normalize,
+    )
+
+
+def _flow_images(
+    family: ModelFamily,
+    parts: Parts,
+    specs: Sequence[PromptSpec],
+    generators: Sequence[torch.Generator],
+    *,
+    autocast: Callable[[], contextlib.AbstractContextManager],
+    stage: Callable[[Sequence[Any]], contextlib.AbstractContextManager] | None,
+    conds: Mapping[str, Any] | None,
+) -> list[Image.Image]:
+    """Flow matching (:func:`generate_batch`): encode, Euler-sample (``flow_generate.py``) and decode, each stage with
+    its part on the device (``stage``); ``conds`` replaces encoding when it has every text."""
+    stage = stage or (lambda modules: contextlib.nullcontext())
+    with autocast():
+        if conds is not None and all(text in conds for text in _flow_texts(specs)):
+            cond = encode_flow_prompts(family, parts, specs, conds)  # no text encoder runs
+        else:
+            with stage(parts.text_encoders):
+                cond = encode_flow_prompts(family, parts, specs)
+        with stage([parts.denoiser]):
+            latents = sample_flow_latents(family, parts, specs, cond, generators)
+        with stage([parts.vae]):
+            return to_pil(_decode(family, parts, latents))
+
+
+def _ddpm_images(
+    family: ModelFamily,
+    parts: Parts,
+    specs: Sequence[PromptSpec],
+    generators: Sequence[torch.Generator],
+    *,
+    scheduler: Any,
+    zero_terminal_snr: bool,
+    autocast: Callable[[], contextlib.AbstractContextManager],
+    clip_skip: int | None,
+    max_embeddings_multiples: int,
+    normalize: str,
+) -> list[Image.Image]:
+    """DDPM sampling (:func:`generate_batch`): our weighted prompt encoding, then the family's diffusers pipeline with
+    ``scheduler`` (default: the specs' sampler) denoises to latents, which the family's VAE decodes."""
+    first = specs[0]
     scheduler = scheduler or make_scheduler(first.sampler, parts.scheduler_config, zero_terminal_snr=zero_terminal_snr)
     pipe = family.pipeline(parts, scheduler)
     pipe.set_progress_bar_config(disable=True)
     texts = [s.prompt for s in specs] + [s.negative_prompt for s in specs]
-    with autocast() if autocast is not None else contextlib.nullcontext():
+    with autocast():
         cond = encode_weighted(
             family, parts, texts, clip_skip=clip_skip, max_embeddings_multiples=max_embeddings_multiples,
             normalize=normalize,
