@@ -27,6 +27,7 @@ from library.run.loop import train
 from library.run.token_embeddings import EmbeddingsConfig, add_embeddings
 from library.run.trainer import Result
 from networks.config import NetworkConfig, add_network_args
+from networks.demo_check import show_it_loads
 from networks.inject import prepare_network
 
 FAMILIES = ("sd1", "sd2")  # the first is what --demo builds
@@ -95,7 +96,7 @@ def run(
     trainable, groups = add_embeddings(run, network, groups, cfg.method.embeddings, cfg.optim.learning_rate)
     result = train(run, trainable, groups)
     if args.demo and run.accelerator.is_main_process and result.output is not None:
-        demo.show_it_loads(result.output, cfg.model.path, run.family)
+        show_it_loads(result.output, cfg.model.path, run.family)
     return result
 
 

@@ -19,10 +19,10 @@ import sdxl_train
 import train_db
 from library.cli.parse import ConfigError
 from library.families import get_family
+from library.families.sd_full_training import lr_block_count
 from library.files.weights import load_state_dict, read_metadata
 from library.run import loop
 from library.run.demo import make_example_dataset
-from library.run.model_trainable import lr_block_count
 
 FAMILIES = ["sd1", "sd2", "sdxl"]
 
@@ -253,8 +253,10 @@ def test_no_token_padding_trains_on_unpadded_captions(tiny_dir, dataset, tmp_pat
     from library.run.train_step import batch_cond
 
     argv = args_for(tiny_dir / "sd1", dataset, tmp_path / "probe", "--no_token_padding")
-    args = fine_tune.build_parser("train_db").parse_args(argv)
-    cfg = run_config.read_config(args, ("sd1", "sd2"), ModelTrainingConfig.from_args, fine_tune.MODEL_FORMATS)
+    args = train_db.build_parser().parse_args(argv)
+    cfg = run_config.read_config(
+        args, ("sd1", "sd2"), ModelTrainingConfig.reader(get_family("sd1"), "dreambooth"), fine_tune.MODEL_FORMATS
+    )
     run = run_setup.start(cfg)
     batch = next(iter(run.make_loader().epoch(0)))
     tok = run.parts.tokenizers[0]
@@ -360,8 +362,10 @@ def test_prior_preservation_loss_is_the_hand_computed_formula(tiny_dir, dataset,
     (reg / "10_sks shape").rename(reg / "1_shape")
     argv = args_for(tiny_dir / "sd1", dataset, tmp_path / "out", "--reg_data_dir", str(reg), "--prior_loss_weight",
                     "0.3", "--train_batch_size", "4", "--save_model_as", "safetensors")  # fmt: skip
-    args = fine_tune.build_parser("train_db").parse_args(argv)
-    cfg = run_config.read_config(args, ("sd1", "sd2"), ModelTrainingConfig.from_args, fine_tune.MODEL_FORMATS)
+    args = train_db.build_parser().parse_args(argv)
+    cfg = run_config.read_config(
+        args, ("sd1", "sd2"), ModelTrainingConfig.reader(get_family("sd1"), "dreambooth"), fine_tune.MODEL_FORMATS
+    )
     run = run_setup.start(cfg)
     batches = list(run.make_loader().epoch(0))
     flags = torch.cat([b.is_reg for b in batches])

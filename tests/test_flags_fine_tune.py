@@ -15,6 +15,7 @@ from test_flags import _expected
 
 import fine_tune
 from library.cli.parse import ConfigError, parse_args
+from library.families import get_family
 from library.run.model_trainable import ModelTrainingConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,7 +24,7 @@ FLAGS = {s: json.loads((ROOT / "tests" / "data" / f"sd_scripts_{s}_flags.json").
 
 
 def _actions(script: str) -> dict:
-    return {opt: a for a in fine_tune.build_parser(script)._actions for opt in a.option_strings}
+    return {opt: a for a in __import__(script).build_parser()._actions for opt in a.option_strings}
 
 
 def _default_ok(expected, actual) -> bool:
@@ -87,8 +88,9 @@ def ft_config(tiny_dir, tmp_path_factory):
         model = tiny_dir / FT_BASE.get(script, "sd1")
         argv = ["--pretrained_model_name_or_path", str(model), "--train_data_dir", str(data), "--output_dir",
                 str(data / "out"), "--seed", "1", *[e.replace("{data}", str(data)) for e in extra]]  # fmt: skip
-        names = ("sdxl",) if script == "sdxl_train" else ("sd1", "sd2")  # as sdxl_train.run / train_db.run
-        cfg = fine_tune.read_config(argv, names, script)
+        module = __import__(script)  # its parser, families and training type, as its run reads them
+        training = "dreambooth" if script == "train_db" else "fine_tune"
+        cfg = fine_tune.read_config(argv, module.FAMILIES, module.build_parser, training=training)
         return dataclasses.replace(cfg, args={})  # compare what the run reads, not the raw flag list
 
     return read
@@ -101,7 +103,7 @@ def _ft_flags():
     return [
         (script, a)
         for script in COUNTS
-        for a in fine_tune.build_parser(script)._actions
+        for a in __import__(script).build_parser()._actions
         if a.option_strings and a.dest not in NOT_A_RUN_SETTING
     ]
 
@@ -114,7 +116,7 @@ def test_every_flag_changes_the_run_or_is_refused(ft_config, script, action, cap
 
     flag = action.option_strings[0]
     if flag in DEEPSPEED_FLAGS:  # read with --deepspeed only, which needs CUDA
-        assert_deepspeed_flag_acts(lambda: fine_tune.build_parser(script), action)
+        assert_deepspeed_flag_acts(lambda: __import__(script).build_parser(), action)
         return
     if (script, flag) in FT_SCRIPT_VALUES:
         value = FT_SCRIPT_VALUES[script, flag]
@@ -157,7 +159,7 @@ def test_refused_flags_say_not_supported_yet(script, flag):
     action = _actions(script)[flag]
     value = [] if action.nargs == 0 else [action.choices[-1] if action.choices else "1"]
     with pytest.raises(ConfigError, match=f"{flag} is not supported yet"):
-        parse_args(fine_tune.build_parser(script), [flag, *[str(v) for v in value]])
+        parse_args(__import__(script).build_parser(), [flag, *[str(v) for v in value]])
 
 
 def test_the_deepspeed_flags_are_real_flags_here():
@@ -170,5 +172,5 @@ def test_no_token_padding_is_read_in_train_db_only():
     action = _actions("train_db")["--no_token_padding"]
     assert not hasattr(action, "unsupported_reason") and ("train_db", "--no_token_padding") not in REFUSED
     assert all("--no_token_padding" not in _actions(s) for s in ("fine_tune", "sdxl_train"))
-    args = fine_tune.build_parser("train_db").parse_args(["--no_token_padding"])
-    assert ModelTrainingConfig.from_args(args).no_token_padding
+    args = __import__("train_db").build_parser().parse_args(["--no_token_padding"])
+    assert ModelTrainingConfig.reader(get_family("sd1"), "dreambooth")(args).no_token_padding

@@ -45,7 +45,6 @@ def flux_config(tmp_path_factory):
     import dataclasses
 
     import train_network
-    from library.families.flux.options import FluxOptions
     from library.families.flux.tiny import build_tiny_flux, write_tiny_files
     from library.run.config import read_config
     from library.run.demo import make_example_dataset
@@ -61,8 +60,7 @@ def flux_config(tmp_path_factory):
     def read(*extra: str):
         argv = [*base, *(e.replace("{data}", str(data)) for e in extra)]
         args = parse_args(flux_train_network.build_parser(), argv)
-        cfg = read_config(args, flux_train_network.FAMILIES, train_network.AdapterMethod.from_args,
-                          model_options=FluxOptions.from_args)  # fmt: skip
+        cfg = read_config(args, flux_train_network.FAMILIES, train_network.AdapterMethod.from_args)
         return dataclasses.replace(cfg, args={})  # compare what the run reads, not the raw flag list
 
     return read
@@ -99,5 +97,5 @@ def test_weighted_captions_are_refused_before_training():
 
     args = flux_train_network.build_parser().parse_args(["--weighted_captions"])
     with pytest.raises(ConfigError, match="--weighted_captions"):
-        FluxOptions.from_args(args)
-    FluxOptions.from_args(flux_train_network.build_parser().parse_args([]))  # without it: read
+        FluxOptions.from_args(args, training=True)
+    FluxOptions.from_args(flux_train_network.build_parser().parse_args([]), training=True)  # without it: read

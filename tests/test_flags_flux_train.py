@@ -20,7 +20,6 @@ from test_flags import (
 )
 
 import flux_train
-from library.cli.parse import parse_args
 
 ROOT = Path(__file__).resolve().parents[1]
 FLAGS = json.loads((ROOT / "tests" / "data" / "sd_scripts_flux_train_flags.json").read_text())
@@ -51,11 +50,8 @@ def ft_config(tmp_path_factory):
     import dataclasses
 
     import fine_tune
-    from library.families.flux.options import FluxOptions
     from library.families.flux.tiny import build_tiny_flux, write_tiny_files
-    from library.run.config import read_config
     from library.run.demo import make_example_dataset
-    from library.run.model_trainable import ModelTrainingConfig
 
     root = tmp_path_factory.mktemp("flux_ft_flags")
     files = write_tiny_files(build_tiny_flux("flux-dev", blocks=(11, 20)), root / "model")
@@ -67,10 +63,7 @@ def ft_config(tmp_path_factory):
 
     def read(*extra: str):
         argv = [*base, *(e.replace("{data}", str(data)) for e in extra)]
-        args = parse_args(flux_train.build_parser(), argv)
-        args.save_model_as = fine_tune.output_format(args)
-        cfg = read_config(args, flux_train.FAMILIES, ModelTrainingConfig.from_args, flux_train.FORMATS,
-                          training="fine_tune", model_options=FluxOptions.from_args)  # fmt: skip
+        cfg = fine_tune.read_config(argv, flux_train.FAMILIES, flux_train.build_parser, flux_train.FORMATS)
         return dataclasses.replace(cfg, args={})  # compare what the run reads, not the raw flag list
 
     return read

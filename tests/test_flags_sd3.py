@@ -2,7 +2,8 @@
 our sd3_train_network.py with sd-scripts' default, and a value other than the default changes the typed
 configuration the run uses (``train_setup.read_config`` with the SD3 families and ``SD3Options``), or is refused
 with a message naming the flag; the SD-only flags and sd-scripts' "[DOES NOT WORK]" flags say so once and change
-nothing; SD3Options gives the SD3 family's ``load`` exactly the keywords of the family contract."""
+nothing; SD3Options (the SD3 families' ``options``) holds every SD3 model flag as a typed field that the family's
+``load`` keeps as ``parts.options``."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from library.families.sd3.options import DOES_NOT_WORK, SD_ONLY_FLAGS, SD3Option
 ROOT = Path(__file__).resolve().parents[1]
 FLAGS = json.loads((ROOT / "tests" / "data" / "sd_scripts_sd3_train_network_flags.json").read_text())
 SCRIPT = "sd3_train_network.py"
-# The keywords of the SD3 family's load beyond the model path (the family contract of issue 22).
+# The SD3 model flags the options hold (the family contract of issue 22, typed since issue 32).
 LOAD_KEYWORDS = {"clip_l", "clip_g", "t5xxl", "t5xxl_max_token_length", "apply_lg_attn_mask", "apply_t5_attn_mask",
                  "clip_l_dropout_rate", "clip_g_dropout_rate", "t5_dropout_rate", "pos_emb_random_crop_rate",
                  "enable_scaled_pos_embed"}  # fmt: skip
@@ -29,6 +30,14 @@ LOAD_KEYWORDS = {"clip_l", "clip_g", "t5xxl", "t5xxl_max_token_length", "apply_l
 
 def _parse(*argv: str):
     return sd3_train_network.build_parser().parse_args(list(argv))
+
+
+def _read(args) -> SD3Options:
+    return SD3Options.from_args(args, training=True)
+
+
+def _fields(options: SD3Options) -> dict:
+    return {k: getattr(options, k) for k in LOAD_KEYWORDS}
 
 
 def _actions() -> dict:
@@ -45,15 +54,14 @@ def test_all_218_flags_exist_with_sd_scripts_defaults():
 def test_options_give_the_family_contract_keywords():
     """Defaults: sd-scripts' (T5 256 tokens, no masks, no dropout); every SD3 model flag reaches load_kwargs under its
     own name, and the metadata carries sd-scripts' two SD3 keys."""
-    base = SD3Options.from_args(_parse())
-    assert set(base.load_kwargs()) == LOAD_KEYWORDS
-    assert base.load_kwargs()["t5xxl_max_token_length"] == 256
+    base = _read(_parse())
+    assert base.t5xxl_max_token_length == 256 and base.flow is not None
     assert base.metadata() == {"ss_apply_lg_attn_mask": False, "ss_apply_t5_attn_mask": False}
-    given = SD3Options.from_args(_parse(
+    given = _read(_parse(
         "--t5xxl_max_token_length", "77", "--apply_lg_attn_mask", "--apply_t5_attn_mask", "--clip_l_dropout_rate",
         "0.1", "--clip_g_dropout_rate", "0.2", "--t5_dropout_rate", "0.3", "--pos_emb_random_crop_rate", "0.4",
         "--enable_scaled_pos_embed", "--text_encoder_batch_size", "3"))  # fmt: skip
-    assert given.load_kwargs() == {**base.load_kwargs(), "t5xxl_max_token_length": 77, "apply_lg_attn_mask": True,
+    assert _fields(given) == {**_fields(base), "t5xxl_max_token_length": 77, "apply_lg_attn_mask": True,
                                    "apply_t5_attn_mask": True, "clip_l_dropout_rate": 0.1, "clip_g_dropout_rate": 0.2,
                                    "t5_dropout_rate": 0.3, "pos_emb_random_crop_rate": 0.4,
                                    "enable_scaled_pos_embed": True}  # fmt: skip
@@ -66,7 +74,7 @@ def test_bad_values_are_all_named_at_once(tmp_path):
                   "--t5_dropout_rate", "1.5", "--pos_emb_random_crop_rate", "-0.1", "--clip_l_dropout_rate", "nan",
                   "--text_encoder_batch_size", "0", "--weighted_captions")  # fmt: skip
     with pytest.raises(ConfigError) as e:
-        SD3Options.from_args(args)
+        _read(args)
     text = str(e.value)
     for flag in ("--clip_g", "--t5xxl_max_token_length", "--t5_dropout_rate", "--pos_emb_random_crop_rate",
                  "--clip_l_dropout_rate", "--text_encoder_batch_size", "--weighted_captions"):  # fmt: skip
@@ -78,10 +86,10 @@ def test_encoder_flags_take_the_diffusers_folders_the_loader_reads(tmp_path):
     """--clip_l / --clip_g / --t5xxl may name a diffusers folder (the SD3 loader reads text_encoder*/ there): the
     options accept an existing folder, and still name a missing one."""
     (tmp_path / "text_encoder").mkdir()
-    options = SD3Options.from_args(_parse("--clip_l", str(tmp_path / "text_encoder"), "--clip_g", str(tmp_path)))
-    assert options.load_kwargs()["clip_l"] == str(tmp_path / "text_encoder")
+    options = _read(_parse("--clip_l", str(tmp_path / "text_encoder"), "--clip_g", str(tmp_path)))
+    assert options.clip_l == str(tmp_path / "text_encoder")
     with pytest.raises(ConfigError, match="no_folder: no such file or folder"):
-        SD3Options.from_args(_parse("--t5xxl", str(tmp_path / "no_folder")))
+        _read(_parse("--t5xxl", str(tmp_path / "no_folder")))
 
 
 def test_family_problems_medium_only_flags_and_other_families():
@@ -91,15 +99,15 @@ def test_family_problems_medium_only_flags_and_other_families():
     def family(name, title):
         return SimpleNamespace(name=name, spec=SimpleNamespace(title=title))
 
-    plain = SD3Options.from_args(_parse())
-    tricks = SD3Options.from_args(_parse("--pos_emb_random_crop_rate", "0.5", "--enable_scaled_pos_embed"))
-    assert tricks.family_problems(family("sd3.5-medium", "SD3.5 medium"), "m.safetensors") == []
+    plain = _read(_parse())
+    tricks = _read(_parse("--pos_emb_random_crop_rate", "0.5", "--enable_scaled_pos_embed"))
+    assert tricks.problems(family("sd3.5-medium", "SD3.5 medium"), "m.safetensors") == []
     for name in ("sd3", "sd3.5-large"):
-        assert plain.family_problems(family(name, name), "m.safetensors") == []
-        problems = tricks.family_problems(family(name, name), "m.safetensors")
+        assert plain.problems(family(name, name), "m.safetensors") == []
+        problems = tricks.problems(family(name, name), "m.safetensors")
         assert len(problems) == 2 and "--pos_emb_random_crop_rate" in problems[0]
         assert "--enable_scaled_pos_embed" in problems[1] and "SD3.5-medium" in problems[1]
-    (other,) = plain.family_problems(family("flux-dev", "FLUX.1 dev"), "f.safetensors")
+    (other,) = plain.problems(family("flux-dev", "FLUX.1 dev"), "f.safetensors")
     assert "FLUX.1 dev" in other and "sd3_train_network.py" in other
 
 
@@ -110,14 +118,16 @@ def test_sd_only_and_does_not_work_flags_are_marked():
         assert getattr(actions[flag], "no_effect_reason", None), flag
 
 
-def test_load_takes_every_keyword_the_options_give():
+def test_load_takes_the_options_and_the_options_hold_every_model_flag():
+    import dataclasses
     import inspect
 
     from library.families import get_family
 
+    assert LOAD_KEYWORDS <= {f.name for f in dataclasses.fields(SD3Options)}
     for name in sd3_train_network.FAMILIES:
-        params = inspect.signature(get_family(name).load).parameters
-        assert LOAD_KEYWORDS <= set(params), (name, LOAD_KEYWORDS - set(params))
+        family = get_family(name)
+        assert family.options is SD3Options and "options" in inspect.signature(family.load).parameters
 
 
 @pytest.fixture(scope="module")
@@ -149,8 +159,7 @@ def sd3_config(sd3_files, tmp_path_factory):
     def read(*extra: str):
         argv = [*base, *(e.replace("{data}", str(data)) for e in extra)]
         args = parse_args(sd3_train_network.build_parser(), argv)
-        cfg = read_config(args, sd3_train_network.FAMILIES, train_network.AdapterMethod.from_args,
-                          model_options=SD3Options.from_args)  # fmt: skip
+        cfg = read_config(args, sd3_train_network.FAMILIES, train_network.AdapterMethod.from_args)
         return dataclasses.replace(cfg, args={})  # compare what the run reads, not the raw flag list
 
     return read
@@ -186,15 +195,13 @@ def test_the_encoder_files_are_read(sd3_config, tmp_path):
     """--clip_l --clip_g --t5xxl (given by the base command line) reach the family's load keywords; a missing file
     is refused naming its flag."""
     cfg = sd3_config()
-    assert cfg.model_options.clip_g is not None and cfg.model_options.load_kwargs()["t5xxl"].endswith(
-        "t5xxl.safetensors"
-    )
+    assert cfg.options.clip_g is not None and cfg.options.t5xxl.endswith("t5xxl.safetensors")
     with pytest.raises(ConfigError, match="--clip_l"):
         sd3_config("--clip_l", str(tmp_path / "missing.safetensors"))
 
 
 def test_sd3_model_flags_change_what_the_family_computes(sd3_files):
-    """Direct checks, from the command line through SD3Options.load_kwargs into the family: --t5xxl_max_token_length
+    """Direct checks, from the command line through SD3Options into the family: --t5xxl_max_token_length
     sets T5's token count in the context (77 CLIP + T5 tokens); --apply_t5_attn_mask / --apply_lg_attn_mask mask
     the padding in T5's / the CLIP models' attention (sd-scripts passes the masks to the encoders), changing that
     part of the context only; --t5_dropout_rate 1 zeroes T5's part of the context in
@@ -207,8 +214,7 @@ def test_sd3_model_flags_change_what_the_family_computes(sd3_files):
              str(sd3_files["t5xxl"])]  # fmt: skip
 
     def load(*flags: str):
-        options = SD3Options.from_args(_parse(*files, *flags))
-        return family.load(str(sd3_files["model"]), **options.load_kwargs())
+        return family.load(str(sd3_files["model"]), options=_read(_parse(*files, *flags)))
 
     captions = ["a cat"]
     base = load()

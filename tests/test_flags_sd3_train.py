@@ -22,6 +22,7 @@ from test_flags import (
     run_flags,
 )
 
+import fine_tune
 import sd3_train
 from library.cli.problems import ConfigError
 from library.families.sd3 import full_training
@@ -66,7 +67,8 @@ def ft_config(tmp_path_factory):
             str(data / "out"), "--seed", "1"]  # fmt: skip
 
     def read(*extra: str):
-        cfg = sd3_train.read_config([*base, *(e.replace("{data}", str(data)) for e in extra)])
+        argv = [*base, *(e.replace("{data}", str(data)) for e in extra)]
+        cfg = fine_tune.read_config(argv, sd3_train.FAMILIES, sd3_train.build_parser, sd3_train.FORMATS)
         return dataclasses.replace(cfg, args={})  # compare what the run reads, not the raw flag list
 
     return read

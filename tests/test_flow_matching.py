@@ -18,9 +18,12 @@ import pytest
 import torch
 
 from library.cli.problems import ConfigError
+from library.families.flux import objective as fo
 from library.families.flux.objective import SIGMA_SCALED_WARNING, FlowMatchingObjective, flow_matching_objective
+from library.families.sd3 import objective as so
 from library.families.sd3.objective import SD3FlowObjective, sd3_flow_objective
 from library.objectives import flow as fm
+from library.objectives.ddpm import ddpm_problems
 from library.objectives.losses import LossConfig, add_loss_args
 from library.objectives.noising import NoiseConfig, add_noise_args
 
@@ -143,7 +146,7 @@ def model(noisy, timesteps):
     return torch.tanh(noisy) * 0.7 + (timesteps / 1000).view(-1, 1, 1, 1) - 0.3
 
 
-def ours_step(cfg: fm.FlowMatchingConfig, latents):
+def ours_step(cfg: fo.FlowMatchingConfig, latents):
     objective = FlowMatchingObjective(cfg, LossConfig())
     ex = objective.example(latents, torch.Generator().manual_seed(SEED))
     loss = objective.loss_per_sample(objective.prediction(model(ex.noisy, ex.timesteps), ex), ex)
@@ -168,7 +171,7 @@ CASES = [
 @pytest.mark.parametrize("prediction_type", fm.MODEL_PREDICTION_TYPES)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(f"{v}" for v in c.values()))
 def test_example_prediction_type_and_weighting_equal_sd_scripts(case, prediction_type):
-    cfg = fm.FlowMatchingConfig(**case, model_prediction_type=prediction_type)
+    cfg = fo.FlowMatchingConfig(**case, model_prediction_type=prediction_type)
     torch.manual_seed(SEED)
     theirs = sd_step(argparse.Namespace(**vars(cfg)), LATENTS)
     ours = ours_step(cfg, LATENTS)
@@ -199,8 +202,8 @@ def test_sigma_table_equals_diffusers_scheduler():
 
 def test_flux_mu_is_sd_scripts_lin_function_of_the_packed_token_count():
     for h, w in ((128, 128), (64, 64), (96, 160), (33, 47)):  # 1024 / 512 px, and odd sides (floor halves)
-        assert fm.flux_mu(h, w) == pytest.approx(sd_lin_function(y1=0.5, y2=1.15)((h // 2) * (w // 2)), rel=1e-12)
-    assert fm.flux_mu(128, 128) == pytest.approx(1.15) and fm.flux_mu(32, 32) == pytest.approx(0.5)  # 4096 / 256
+        assert fo.flux_mu(h, w) == pytest.approx(sd_lin_function(y1=0.5, y2=1.15)((h // 2) * (w // 2)), rel=1e-12)
+    assert fo.flux_mu(128, 128) == pytest.approx(1.15) and fo.flux_mu(32, 32) == pytest.approx(0.5)  # 4096 / 256
 
 
 # ------------------------------------------------------------------------------------------------ σ laws
@@ -212,7 +215,7 @@ def logit(x: torch.Tensor) -> torch.Tensor:
     return torch.log(x) - torch.log1p(-x)
 
 
-def continuous_cdf(cfg: fm.FlowMatchingConfig, h: int, w: int):
+def continuous_cdf(cfg: fo.FlowMatchingConfig, h: int, w: int):
     s, shift = cfg.sigmoid_scale, cfg.discrete_flow_shift
     if cfg.timestep_sampling == "uniform":
         return lambda x: x
@@ -220,11 +223,11 @@ def continuous_cdf(cfg: fm.FlowMatchingConfig, h: int, w: int):
         return lambda x: normal_cdf(logit(x) / s)
     if cfg.timestep_sampling == "shift":  # invert S v / (1 + (S - 1) v)
         return lambda x: normal_cdf(logit(x / (shift - (shift - 1) * x)) / s)
-    mu = fm.flux_mu(h, w)  # flux_shift: invert e^mu / (e^mu + 1/v - 1)
+    mu = fo.flux_mu(h, w)  # flux_shift: invert e^mu / (e^mu + 1/v - 1)
     return lambda x: normal_cdf(logit(1 / (1 + math.exp(mu) * (1 / x - 1))) / s)
 
 
-def unit_tail(cfg: fm.FlowMatchingConfig, y: torch.Tensor) -> torch.Tensor:
+def unit_tail(cfg: fo.FlowMatchingConfig, y: torch.Tensor) -> torch.Tensor:
     """P(u' >= y) for the table-index draw u' of --timestep_sampling sigma."""
     if cfg.weighting_scheme == "logit_normal":
         return 1 - normal_cdf((logit(y) - cfg.logit_mean) / cfg.logit_std)
@@ -252,8 +255,8 @@ KS_CRITICAL_1E3 = 1.949  # sqrt(n) D above this: p < 0.001 (asymptotic Kolmogoro
 
 @pytest.mark.parametrize("law", LAWS, ids=lambda c: "-".join(f"{v}" for v in c.values()))
 def test_each_sigma_law_follows_its_cdf(law):
-    cfg, n, (h, w) = fm.FlowMatchingConfig(**law), 6000, (64, 96)
-    sigmas, timesteps = fm.sample_sigmas(cfg, n, (h, w), torch.Generator().manual_seed(7))
+    cfg, n, (h, w) = fo.FlowMatchingConfig(**law), 6000, (64, 96)
+    sigmas, timesteps = fo.sample_sigmas(cfg, n, (h, w), torch.Generator().manual_seed(7))
     torch.testing.assert_close(timesteps, sigmas * 1000, rtol=0, atol=0)
     x = sigmas.double().sort().values
     if cfg.timestep_sampling != "sigma":
@@ -268,9 +271,9 @@ def test_each_sigma_law_follows_its_cdf(law):
         empirical = (x.unsqueeze(0) <= table.double().unsqueeze(1)).double().mean(dim=1)
         d = (empirical - cdf).abs().max()
     assert math.sqrt(n) * float(d) < KS_CRITICAL_1E3
-    other = fm.FlowMatchingConfig(**{**law, "sigmoid_scale": 3.0, "logit_std": 2.5, "discrete_flow_shift": 6.0})
+    other = fo.FlowMatchingConfig(**{**law, "sigmoid_scale": 3.0, "logit_std": 2.5, "discrete_flow_shift": 6.0})
     if other != cfg and cfg.timestep_sampling != "uniform" and cfg.weighting_scheme != "mode":  # the test can fail
-        moved, _ = fm.sample_sigmas(other, n, (h, w), torch.Generator().manual_seed(7))
+        moved, _ = fo.sample_sigmas(other, n, (h, w), torch.Generator().manual_seed(7))
         y = moved.double().sort().values
         if cfg.timestep_sampling != "sigma":
             d_other = (torch.arange(1, n + 1) / n - continuous_cdf(cfg, h, w)(y)).abs().max()
@@ -278,23 +281,23 @@ def test_each_sigma_law_follows_its_cdf(law):
 
 
 def test_flux_shift_grows_with_the_resolution():
-    cfg = fm.FlowMatchingConfig(timestep_sampling="flux_shift")
-    small, _ = fm.sample_sigmas(cfg, 2000, (32, 32), torch.Generator().manual_seed(3))
-    large, _ = fm.sample_sigmas(cfg, 2000, (128, 128), torch.Generator().manual_seed(3))
+    cfg = fo.FlowMatchingConfig(timestep_sampling="flux_shift")
+    small, _ = fo.sample_sigmas(cfg, 2000, (32, 32), torch.Generator().manual_seed(3))
+    large, _ = fo.sample_sigmas(cfg, 2000, (128, 128), torch.Generator().manual_seed(3))
     assert bool((large > small).all())  # same draws, larger mu: every σ moves up
 
 
 def test_logit_normal_index_is_clamped_to_the_table():
     """sigmoid(z) rounds to 1.0 in float32 for z > ~17: sd-scripts would index the 1001st entry; ours the last."""
-    cfg = fm.FlowMatchingConfig(timestep_sampling="sigma", weighting_scheme="logit_normal", logit_mean=40.0)
-    sigmas, timesteps = fm.sample_sigmas(cfg, 8, (8, 8), torch.Generator().manual_seed(0))
+    cfg = fo.FlowMatchingConfig(timestep_sampling="sigma", weighting_scheme="logit_normal", logit_mean=40.0)
+    sigmas, timesteps = fo.sample_sigmas(cfg, 8, (8, 8), torch.Generator().manual_seed(0))
     table_sigmas, table_timesteps = fm.sigma_table(3.0)
     assert torch.equal(sigmas, table_sigmas[-1].expand(8)) and torch.equal(timesteps, table_timesteps[-1].expand(8))
 
 
 # ------------------------------------------------------------------------------------------------ fixed timesteps
 def test_given_timesteps_fix_sigma_and_draw_only_the_noise():
-    objective = FlowMatchingObjective(fm.FlowMatchingConfig(), LossConfig())
+    objective = FlowMatchingObjective(fo.FlowMatchingConfig(), LossConfig())
     t = torch.tensor([250.0, 500.0, 875.0])
     ex = objective.example(LATENTS, torch.Generator().manual_seed(1), timesteps=t)
     noise = torch.randn(LATENTS.shape, generator=torch.Generator().manual_seed(1))
@@ -310,7 +313,7 @@ def test_given_timesteps_fix_sigma_and_draw_only_the_noise():
 # ------------------------------------------------------------------------------------------------ loss types, mask
 @pytest.mark.parametrize("loss_type,schedule", [("huber", "exponential"), ("smooth_l1", "constant"), ("l1", "snr")])
 def test_loss_types_use_the_float_timesteps_as_sd_scripts(loss_type, schedule):
-    cfg = fm.FlowMatchingConfig(timestep_sampling="uniform", model_prediction_type="raw")
+    cfg = fo.FlowMatchingConfig(timestep_sampling="uniform", model_prediction_type="raw")
     loss_cfg = LossConfig(loss_type=loss_type, huber_schedule=schedule, huber_c=0.2, huber_scale=1.5)
     objective = FlowMatchingObjective(cfg, loss_cfg)
     ex = objective.example(LATENTS, torch.Generator().manual_seed(2))
@@ -332,7 +335,7 @@ def test_loss_types_use_the_float_timesteps_as_sd_scripts(loss_type, schedule):
 
 
 def test_mask_and_prior_weights_apply_after_the_sigma_weighting():
-    cfg = fm.FlowMatchingConfig(timestep_sampling="sigmoid", weighting_scheme="cosmap")
+    cfg = fo.FlowMatchingConfig(timestep_sampling="sigmoid", weighting_scheme="cosmap")
     objective = FlowMatchingObjective(cfg, LossConfig(masked_loss=True))
     ex = objective.example(LATENTS, torch.Generator().manual_seed(4))
     pred = objective.prediction(model(ex.noisy, ex.timesteps), ex)
@@ -351,36 +354,43 @@ def flow_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser()
     add_noise_args(parser)
     add_loss_args(parser)
-    return fm.add_flow_matching_args(parser)
+    return fo.add_flow_matching_args(parser)
 
 
 def test_flow_flags_replace_the_shared_timestep_sampling_and_read_into_the_config():
     args = flow_parser().parse_args([])
     assert args.timestep_sampling == "sigma" and args.model_prediction_type == "sigma_scaled"
-    assert NoiseConfig.from_args(args).flow == fm.FlowMatchingConfig()  # sd-scripts' defaults
+    assert fo.FlowMatchingConfig.from_args(args) == fo.FlowMatchingConfig()  # sd-scripts' defaults
     argv = ["--timestep_sampling", "flux_shift", "--sigmoid_scale", "1.5", "--discrete_flow_shift", "3.1582",
             "--weighting_scheme", "logit_normal", "--logit_mean", "0.5", "--logit_std", "2", "--mode_scale", "1.1",
             "--model_prediction_type", "raw", "--ip_noise_gamma", "0.05", "--ip_noise_gamma_random_strength"]  # fmt: skip
-    noise = NoiseConfig.from_args(flow_parser().parse_args(argv))
-    assert noise.flow == fm.FlowMatchingConfig("flux_shift", 1.5, 3.1582, "logit_normal", 0.5, 2.0, 1.1, "raw",
-                                               0.05, True)  # fmt: skip
-    assert noise.timestep_sampling == "flux_shift"
+    args = flow_parser().parse_args(argv)
+    assert fo.FlowMatchingConfig.from_args(args) == fo.FlowMatchingConfig(
+        "flux_shift", 1.5, 3.1582, "logit_normal", 0.5, 2.0, 1.1, "raw", 0.05, True
+    )
+    assert NoiseConfig.from_args(args).timestep_sampling == "flux_shift"  # the shared flag holds the flow law
     with pytest.raises(SystemExit):  # an SD law is not a flow law
         flow_parser().parse_args(["--timestep_sampling", "logit_normal"])
     sd = argparse.ArgumentParser()
     add_noise_args(sd)
-    assert NoiseConfig.from_args(sd.parse_args([])).flow is None  # SD scripts: unchanged
-    # sd-scripts ignores these for flow matching: no v-prediction cross-check (a warning when the objective is built)
-    flow_loss = LossConfig.from_args(flow_parser().parse_args(["--scale_v_pred_loss_like_noise_pred"]))
-    assert flow_loss.flow_matching and flow_loss.scale_v_pred_loss_like_noise_pred
+    assert NoiseConfig.from_args(sd.parse_args([])).timestep_sampling == "uniform"  # SD scripts: unchanged
+    # sd-scripts ignores these for flow matching: no v-prediction cross-check (a warning when the objective is built);
+    # the DDPM objective (an SD script) refuses the pair before anything loads
+    args = flow_parser().parse_args(["--scale_v_pred_loss_like_noise_pred"])
+    flow_loss = LossConfig.from_args(args)
+    assert flow_loss.scale_v_pred_loss_like_noise_pred
+    assert fo.objective_problems("Toy", NoiseConfig.from_args(args), flow_loss) == []
     sd_loss = argparse.ArgumentParser()
     add_loss_args(sd_loss)
-    with pytest.raises(ConfigError, match="needs --v_parameterization"):
-        LossConfig.from_args(sd_loss.parse_args(["--scale_v_pred_loss_like_noise_pred"]))
-    with pytest.raises(ConfigError, match="--discrete_flow_shift"):
-        NoiseConfig.from_args(flow_parser().parse_args(["--timestep_shift", "3"]))
+    problems = ddpm_problems(
+        NoiseConfig(), LossConfig.from_args(sd_loss.parse_args(["--scale_v_pred_loss_like_noise_pred"]))
+    )
+    assert any("needs --v_parameterization" in p for p in problems)
+    shifted = flow_parser().parse_args(["--timestep_shift", "3"])
+    problems = fo.objective_problems("Toy", NoiseConfig.from_args(shifted), LossConfig.from_args(shifted))
+    assert any("--discrete_flow_shift" in p for p in problems)
     with pytest.raises(ConfigError, match="--logit_std must be a finite number > 0"):
-        fm.FlowMatchingConfig(logit_std=0.0)
+        fo.FlowMatchingConfig(logit_std=0.0)
 
 
 def test_flags_flow_matching_ignores_warn_once_and_change_nothing(caplog):
@@ -390,11 +400,13 @@ def test_flags_flow_matching_ignores_warn_once_and_change_nothing(caplog):
                "--min_timestep", "100", "--scale_v_pred_loss_like_noise_pred"]  # fmt: skip
     parser = flow_parser()
     plain, with_ignored = parser.parse_args(argv), parser.parse_args(argv + ignored)
-    with caplog.at_level(logging.WARNING, logger="library.objectives"):
-        a = flow_matching_objective("Toy", NoiseConfig.from_args(plain), LossConfig.from_args(plain))
+    with caplog.at_level(logging.WARNING):
+        a = flow_matching_objective("Toy", fo.FlowMatchingConfig.from_args(plain), NoiseConfig.from_args(plain),
+                                    LossConfig.from_args(plain))  # fmt: skip
     assert caplog.records == []  # raw: nothing to say
-    with caplog.at_level(logging.WARNING, logger="library.objectives"):
-        b = flow_matching_objective("Toy", NoiseConfig.from_args(with_ignored), LossConfig.from_args(with_ignored))
+    with caplog.at_level(logging.WARNING):
+        b = flow_matching_objective("Toy", fo.FlowMatchingConfig.from_args(with_ignored),
+                                    NoiseConfig.from_args(with_ignored), LossConfig.from_args(with_ignored))  # fmt: skip
     assert len(caplog.records) == 1
     message = caplog.records[0].getMessage()
     for flag in ("--noise_offset", "--multires_noise_iterations", "--zero_terminal_snr", "--min_timestep",
@@ -411,15 +423,14 @@ def test_flags_flow_matching_ignores_warn_once_and_change_nothing(caplog):
 
 
 def test_sigma_scaled_warns_once_and_huber_snr_is_refused(caplog):
-    noise = NoiseConfig.from_args(flow_parser().parse_args([]))
-    with caplog.at_level(logging.WARNING, logger="library.objectives"):
-        flow_matching_objective("Toy", noise, LossConfig())
+    args = flow_parser().parse_args([])
+    noise, cfg = NoiseConfig.from_args(args), fo.FlowMatchingConfig.from_args(args)
+    with caplog.at_level(logging.WARNING):
+        flow_matching_objective("Toy", cfg, noise, LossConfig())
     assert [r.getMessage() for r in caplog.records] == [SIGMA_SCALED_WARNING]
-    with pytest.raises(ValueError, match="--huber_schedule snr needs a DDPM schedule.*constant or exponential"):
-        flow_matching_objective("Toy", noise, LossConfig(loss_type="huber", huber_schedule="snr"))
-    flow_matching_objective("Toy", noise, LossConfig(loss_type="l2", huber_schedule="snr"))  # snr unread with l2
-    with pytest.raises(ValueError, match="no flow-matching flags"):
-        flow_matching_objective("Toy", NoiseConfig(), LossConfig())
+    (problem,) = fo.objective_problems("Toy", noise, LossConfig(loss_type="huber", huber_schedule="snr"))
+    assert "--huber_schedule snr needs a DDPM schedule" in problem and "constant or exponential" in problem
+    assert fo.objective_problems("Toy", noise, LossConfig(loss_type="l2", huber_schedule="snr")) == []  # unread
 
 
 # ------------------------------------------------------------------------------------------------ SD3's variant
@@ -456,7 +467,7 @@ SD3_CASES = [
 
 @pytest.mark.parametrize("case", SD3_CASES, ids=lambda c: "-".join(f"{v}" for v in c.values()))
 def test_sd3_variant_equals_sd_scripts(case):
-    cfg = fm.SD3FlowConfig(**case)
+    cfg = so.SD3FlowConfig(**case)
     torch.manual_seed(SEED)
     theirs = sd3_step(argparse.Namespace(**vars(cfg)), LATENTS)
     objective = SD3FlowObjective(cfg, LossConfig())
@@ -475,14 +486,14 @@ def test_sd3_variant_equals_sd_scripts(case):
                                  dict(weighting_scheme="mode", min_timestep=100, max_timestep=700)],
                          ids=["logit_normal-shift3", "mode-100-700"])  # fmt: skip
 def test_sd3_timestep_law_follows_its_cdf(law):
-    cfg, n = fm.SD3FlowConfig(**law), 6000
-    _, timesteps = fm.sample_sd3_timesteps(cfg, n, torch.Generator().manual_seed(11))
+    cfg, n = so.SD3FlowConfig(**law), 6000
+    _, timesteps = so.sample_sd3_timesteps(cfg, n, torch.Generator().manual_seed(11))
     lo, hi = cfg.timestep_range
     assert lo <= int(timesteps.min()) and int(timesteps.max()) < hi
     k = torch.arange(lo, hi, dtype=torch.float64)  # P(t <= k) = P(u' < (k + 1 - lo) / (hi - lo)), u' = shift(u)
     y = ((k + 1 - lo) / (hi - lo)).clamp(max=1 - 1e-12)
     s = cfg.training_shift
-    cdf = 1 - unit_tail(fm.FlowMatchingConfig(weighting_scheme=cfg.weighting_scheme, logit_mean=cfg.logit_mean,
+    cdf = 1 - unit_tail(fo.FlowMatchingConfig(weighting_scheme=cfg.weighting_scheme, logit_mean=cfg.logit_mean,
                                               logit_std=cfg.logit_std, mode_scale=cfg.mode_scale),
                         y / (s - (s - 1) * y))  # fmt: skip
     empirical = (timesteps.double().unsqueeze(0) <= k.unsqueeze(1)).double().mean(dim=1)
@@ -493,20 +504,19 @@ def test_sd3_flags_read_into_its_config_and_ignore_ip_noise(caplog):
     parser = argparse.ArgumentParser()
     add_noise_args(parser)
     add_loss_args(parser)
-    fm.add_sd3_flow_args(parser)
+    so.add_sd3_flow_args(parser)
     args = parser.parse_args(["--weighting_scheme", "logit_normal", "--training_shift", "3", "--min_timestep",
                               "100", "--ip_noise_gamma", "0.1"])  # fmt: skip
     noise = NoiseConfig.from_args(args)
-    assert noise.flow == fm.SD3FlowConfig("logit_normal", 0.0, 1.0, 1.29, 3.0, 100, None)
-    with caplog.at_level(logging.WARNING, logger="library.objectives"):
-        objective = sd3_flow_objective("SD3", noise, LossConfig.from_args(args))
+    cfg = so.SD3FlowConfig.from_args(args)
+    assert cfg == so.SD3FlowConfig("logit_normal", 0.0, 1.0, 1.29, 3.0, 100, None)
+    with caplog.at_level(logging.WARNING):
+        objective = sd3_flow_objective("SD3", cfg, noise, LossConfig.from_args(args))
     assert isinstance(objective, SD3FlowObjective) and len(caplog.records) == 1
     assert "--ip_noise_gamma" in caplog.records[0].getMessage()
     assert "--min_timestep" not in caplog.records[0].getMessage()  # SD3 reads it
-    with pytest.raises(ValueError, match="add_flow_matching_args"):
-        flow_matching_objective("FLUX", noise, LossConfig())  # SD3 flags given to a FLUX objective
-    with pytest.raises(ConfigError, match="not read by SD3"):
-        NoiseConfig.from_args(parser.parse_args(["--timestep_sampling", "sigmoid"]))
+    sigmoid = NoiseConfig.from_args(parser.parse_args(["--timestep_sampling", "sigmoid"]))
+    assert any("not read by SD3" in p for p in so.objective_problems("SD3", sigmoid, LossConfig()))
 
 
 @pytest.mark.gpu
@@ -514,7 +524,7 @@ def test_sd3_flags_read_into_its_config_and_ignore_ip_noise(caplog):
 def test_cuda_with_a_cpu_generator_repeats_the_cpu_run(sampling):
     """Every draw comes from the generator's device: a CUDA run with a CPU generator gives the CPU run's example and
     loss, on the GPU."""
-    cfg = fm.FlowMatchingConfig(timestep_sampling=sampling, weighting_scheme="logit_normal", ip_noise_gamma=0.1,
+    cfg = fo.FlowMatchingConfig(timestep_sampling=sampling, weighting_scheme="logit_normal", ip_noise_gamma=0.1,
                                 ip_noise_gamma_random_strength=True)  # fmt: skip
     loss_cfg = LossConfig(loss_type="huber", huber_schedule="exponential")
     out = []
@@ -529,8 +539,18 @@ def test_cuda_with_a_cpu_generator_repeats_the_cpu_run(sampling):
     torch.testing.assert_close(gpu_loss.cpu(), cpu_loss, atol=1e-5, rtol=1e-5)
 
 
-def test_a_parser_that_refuses_the_flow_flags_is_no_flow_script():
-    """Tools that refuse sd-scripts' FLUX flags (default None, e.g. tools/cache_text_encoder_outputs.py) read as SD."""
-    args = argparse.Namespace(model_prediction_type=None, training_shift=None, timestep_sampling="uniform")
-    assert fm.uses_flow_flags(args) is None and NoiseConfig.from_args(args).flow is None
-    assert not LossConfig.from_args(args).flow_matching
+def test_the_shared_readers_know_no_objective_and_the_family_reads_its_own_flags():
+    """The shared noise / loss readers read the same values from a flow script's command line as from an SD
+    script's (no flag tells them which objective runs); the flow settings are the family's options' (training only)."""
+    from library.families.flux.options import FluxOptions
+
+    sd = argparse.ArgumentParser()
+    add_noise_args(sd)
+    add_loss_args(sd)
+    argv = ["--noise_offset", "0.1", "--min_snr_gamma", "5"]
+    sd_args, flow_args = sd.parse_args(argv), flow_parser().parse_args(argv)
+    assert LossConfig.from_args(flow_args) == LossConfig.from_args(sd_args)
+    shared = {k: v for k, v in vars(NoiseConfig.from_args(sd_args)).items() if k != "timestep_sampling"}
+    assert {k: v for k, v in vars(NoiseConfig.from_args(flow_args)).items() if k != "timestep_sampling"} == shared
+    assert FluxOptions.from_args(flow_args, training=True).flow == fo.FlowMatchingConfig()
+    assert FluxOptions.from_args(flow_args, training=False).flow is None

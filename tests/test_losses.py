@@ -19,7 +19,7 @@ from library.objectives.losses import (
     min_snr_weight,
     resize_mask,
 )
-from library.objectives.noising import NoiseSchedule
+from library.objectives.noising import NoiseConfig, NoiseSchedule
 
 B, C, H, W = 4, 4, 8, 8
 T = torch.tensor([0, 250, 700, 999])
@@ -271,14 +271,6 @@ def test_loss_backpropagates(pair, schedule):
         (dict(huber_scale=0.0), r"--huber_scale must be a finite number > 0"),
         (dict(loss_type="mse"), r"--loss_type must be one of l2, l1, huber, smooth_l1, got 'mse'"),
         (dict(huber_schedule="linear"), r"--huber_schedule must be one of constant, exponential, snr"),
-        (
-            dict(scale_v_pred_loss_like_noise_pred=True),
-            r"--scale_v_pred_loss_like_noise_pred needs --v_parameterization",
-        ),
-        (
-            dict(v_pred_like_loss=0.1, v_parameterization=True),
-            r"--v_pred_like_loss cannot be used with --v_parameterization",
-        ),
         (dict(v_pred_like_loss=-0.1), r"--v_pred_like_loss must be >= 0"),
         (dict(unmasked_probability=1.5), r"--unmasked_probability must be in \[0, 1\]"),
         (dict(unmasked_weight=-0.5), r"--unmasked_weight must be in \[0, 1\]"),
@@ -288,6 +280,31 @@ def test_loss_backpropagates(pair, schedule):
 def test_bad_loss_settings_name_the_flag(kwargs, message):
     with pytest.raises(ValueError, match=message):
         LossConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (
+            dict(scale_v_pred_loss_like_noise_pred=True),
+            "--scale_v_pred_loss_like_noise_pred needs --v_parameterization",
+        ),
+        (
+            dict(v_pred_like_loss=0.1, v_parameterization=True),
+            "--v_pred_like_loss cannot be used with --v_parameterization",
+        ),
+    ],
+)
+def test_the_ddpm_objective_refuses_v_prediction_flags_that_contradict_it(kwargs, message):
+    """The v-prediction loss flags against --v_parameterization are the DDPM objective's check (flow matching ignores
+    them, as sd-scripts): made before anything loads, and again against the loaded model's own prediction type."""
+    from library.objectives.ddpm import ddpm_objective, ddpm_problems
+
+    (problem,) = ddpm_problems(NoiseConfig(), LossConfig(**kwargs))
+    assert message in problem
+    prediction = "v_prediction" if kwargs.get("v_parameterization") else "epsilon"
+    with pytest.raises(ValueError, match=message):
+        ddpm_objective("SD", prediction, {"num_train_timesteps": 1000}, NoiseConfig(), LossConfig(**kwargs))
 
 
 def test_all_loss_errors_reported_at_once():

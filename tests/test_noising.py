@@ -363,7 +363,6 @@ def test_sigmoid_is_logit_normal_with_zero_mean_and_shift_pushes_to_high_noise()
         (dict(min_timestep=600, max_timestep=400), r"--min_timestep \(600\) must not exceed --max_timestep \(400\)"),
         (dict(min_timestep=-1), r"--min_timestep must be an integer in \[0, 999\]"),
         (dict(max_timestep=1001), r"--max_timestep must be an integer in \[1, 1000\]"),
-        (dict(timestep_sampling="cosmap"), r"--timestep_sampling must be one of uniform, logit_normal, sigmoid"),
         (dict(logit_std=0.0), r"--logit_std must be a finite number > 0"),
         (dict(timestep_shift=-1.0), r"--timestep_shift must be a finite number > 0"),
     ],
@@ -371,6 +370,17 @@ def test_sigmoid_is_logit_normal_with_zero_mean_and_shift_pushes_to_high_noise()
 def test_bad_noise_settings_name_the_flag(kwargs, message):
     with pytest.raises(ValueError, match=message):
         NoiseConfig(**kwargs)
+
+
+def test_the_ddpm_objective_refuses_a_timestep_law_it_does_not_have():
+    """--timestep_sampling is a shared flag whose choices a flow family's script replaces; the DDPM objective checks
+    the law it reads (before anything loads)."""
+    from library.objectives.ddpm import ddpm_problems
+    from library.objectives.losses import LossConfig
+
+    (problem,) = ddpm_problems(NoiseConfig(timestep_sampling="cosmap"), LossConfig())
+    assert "--timestep_sampling must be one of uniform, logit_normal, sigmoid" in problem
+    assert ddpm_problems(NoiseConfig(timestep_sampling="logit_normal"), LossConfig()) == []
 
 
 def test_all_noise_errors_reported_at_once():

@@ -113,7 +113,7 @@ def _reading_source() -> str:
 SCRIPTS = {
     "train_network": lambda: train_network.build_parser(),
     "train_textual_inversion": lambda: __import__("train_textual_inversion").build_parser(),
-    **{s: (lambda s=s: __import__("fine_tune").build_parser(s)) for s in ("fine_tune", "sdxl_train", "train_db")},
+    **{s: (lambda s=s: __import__(s).build_parser()) for s in ("fine_tune", "sdxl_train", "train_db")},
 }
 
 

@@ -13,6 +13,7 @@ from typing import Protocol
 import pytest
 
 import train_network
+from library.families.full_training import PlainRules
 from library.run.method import MethodConfig, NothingTrained, method_members
 from library.run.model_trainable import ModelTrainable, ModelTrainingConfig
 from library.run.token_embeddings import TextualInversionConfig, TokenEmbeddings
@@ -88,7 +89,7 @@ def test_method_configs_answer_what_the_run_reads(tiny_dir):
     )
     assert (adapter.trained_parts, adapter.fused_backward_pass, adapter.no_token_padding) == ((), False, False)
     assert adapter.deepspeed_plugin(None) is None and adapter.check_plan(None) == []
-    fine = ModelTrainingConfig(text_encoder_lrs=None)
+    fine = ModelTrainingConfig(PlainRules(text_encoder_lrs=None))
     assert fine.trained_parts == ("denoiser",) and fine.trains_text_encoder is False
     assert fine.deepspeed_plugin(None) is None
     ti = TextualInversionConfig("sks")
@@ -135,7 +136,9 @@ def test_trainables_change_the_step_only_through_step_models(tiny_parts):
 
     parts = copy.deepcopy(tiny_parts["sd1"])  # the trainable makes the model trainable: not the shared one
     base = _step_models(parts.denoiser)
-    model = ModelTrainable(SD1, parts, ModelTrainingConfig(text_encoder_lrs=(1e-5,), stop_text_encoder_training=2))
+    model = ModelTrainable(
+        SD1, parts, ModelTrainingConfig(PlainRules(text_encoder_lrs=(1e-5,)), stop_text_encoder_training=2)
+    )
     assert model.step_models(base) is base  # nothing prepared, nothing stopped yet
     model.wrapped = wrapped = torch.nn.Identity()
     model.steps_done += 2

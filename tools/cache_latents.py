@@ -16,19 +16,46 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: import the repository, not this folder
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 from library.cli.main_guard import main_guard
-from library.cli.parse import parse_args, peek
-from library.families import family_group
+from library.cli.parse import add_no_effect, parse_args, peek
+from library.families import FAMILIES, family_group, get_family
+from library.families.options import option_actions
 from library.run import config as run_config
 from library.run import setup as run_setup
-from library.run.args import add_caching_tool_groups
+from library.run.args import add_network_training_groups
+from library.run.config import script_options
 from networks.config import add_network_args
+
+
+def add_caching_tool_groups(parser: argparse.ArgumentParser, family_names: Sequence[str],
+                            add_network_args: Callable[[argparse.ArgumentParser], object]) -> argparse.ArgumentParser:  # fmt: skip
+    """tools/cache_latents.py and tools/cache_text_encoder_outputs.py: the flags of the adapter-training script of
+    ``family_names`` (the model's family; a whole training command line works), then, accepted with no effect,
+    sd-scripts' family flags of every registered family (``--sdxl`` ...: the family is read from the model) and the
+    other families' training flags (caching does not read them). Returns the parser."""
+    swaps = get_family(family_names[0]).spec.block_swap
+    add_network_training_groups(parser, add_network_args, block_swap=swaps)
+    own = script_options(tuple(family_names))
+    own.add_args(parser, training=True)
+    g = parser.add_argument_group("caching", "flags a training command line may hold that caching does not read")
+    for spec in (f.spec for f in FAMILIES.values()):
+        for flag in (spec.flag, spec.tool_flag):
+            if flag and f"--{flag}" not in parser._option_string_actions:
+                add_no_effect(g, f"--{flag}", "the family is read from the model", action="store_true")
+    others = {f.options for f in FAMILIES.values()} - {own}
+    for options in others:
+        for action in option_actions(options, training=True):
+            flag = action.option_strings[0]
+            if flag not in parser._option_string_actions:
+                kind = {"action": "store_true"} if action.nargs == 0 else {"nargs": action.nargs, "default": None}
+                add_no_effect(g, flag, "a training flag of other models; caching does not read it", **kind)
+    return parser
 
 
 def build_parser(family_names: Sequence[str] = ("sd1", "sd2")) -> argparse.ArgumentParser:

@@ -31,9 +31,8 @@ from library.cli.problems import ConfigError
 from library.families.options import add_once
 from library.run import config as run_config
 from library.run import setup as run_setup
-from library.run.args import add_caching_tool_groups
 from networks.config import add_network_args
-from tools.cache_latents import family_names
+from tools.cache_latents import add_caching_tool_groups, family_names
 
 
 def build_parser(family_names: Sequence[str] = ("sd1", "sd2")) -> argparse.ArgumentParser:

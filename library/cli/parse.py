@@ -211,10 +211,11 @@ def write_config_file(parser: argparse.ArgumentParser, args: argparse.Namespace,
 
 
 def missing_path_problems(args: argparse.Namespace, flags: Sequence[str], folders: bool = False) -> list[str]:
-    """One problem per given path flag (``--clip_l`` ...) whose file (``folders``: or folder) does not exist."""
+    """One problem per given path flag (``--clip_l`` ...) whose file (``folders``: or folder) does not exist (a flag
+    ``args`` lacks is not given)."""
     problems = []
     for flag in flags:
-        path = getattr(args, flag)
+        path = getattr(args, flag, None)
         if path is None or (Path(path).is_file() or (folders and Path(path).is_dir())):
             continue
         what = "no such file or folder" if folders else "no such file"
@@ -226,7 +227,7 @@ def missing_path_problems(args: argparse.Namespace, flags: Sequence[str], folder
 def positive_count_problems(args: argparse.Namespace, flags: Sequence[str]) -> list[str]:
     """One problem per given count flag below 1."""
     return [f"--{flag} must be a positive number, got {getattr(args, flag)}" for flag in flags
-            if getattr(args, flag) is not None and getattr(args, flag) < 1]  # fmt: skip
+            if getattr(args, flag, None) is not None and getattr(args, flag) < 1]  # fmt: skip
 
 
 def from_namespace(cls: type, args: argparse.Namespace, **overrides: Any) -> Any:

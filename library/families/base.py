@@ -161,7 +161,6 @@ class FamilySpec:
         return self.group or self.title
 
 
-
 @dataclass(frozen=True)
 class FlowSampling:
     """How a flow-matching family samples (:meth:`ModelFamily.flow_sampling`; used by ``library/sampling/flow.py``).

@@ -111,4 +111,6 @@ def block_swap_groups() -> tuple[list[str], list[str]]:
     """The groups (``spec.group_title``) and training scripts of the families whose denoisers ``--blocks_to_swap``
     applies to, in registration order (for messages: "FLUX and SD3 (flux_train_network.py, sd3_train_network.py)")."""
     swapping = [f.spec for f in FAMILIES.values() if f.spec.block_swap]
-    return list(dict.fromkeys(s.group_title for s in swapping)), list(dict.fromkeys(s.training_script for s in swapping))
+    return list(dict.fromkeys(s.group_title for s in swapping)), list(
+        dict.fromkeys(s.training_script for s in swapping)
+    )

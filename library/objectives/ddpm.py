@@ -104,5 +104,7 @@ def ddpm_problems(noise: NoiseConfig, loss: LossConfig) -> list[str]:
             "--scale_v_pred_loss_like_noise_pred needs --v_parameterization (it rescales a v-prediction loss)"
         )
     if loss.v_pred_like_loss and loss.v_parameterization:
-        problems.append("--v_pred_like_loss cannot be used with --v_parameterization (the loss already is v-prediction)")
+        problems.append(
+            "--v_pred_like_loss cannot be used with --v_parameterization (the loss already is v-prediction)"
+        )
     return problems

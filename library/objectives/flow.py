@@ -63,7 +63,9 @@ def add_weighting_args(group: Any, existing: set[str], law: str) -> None:
     group.add_argument("--weighting_scheme", type=str, default="uniform", choices=list(WEIGHTING_SCHEMES), help=law)
     for name, default in (("logit_mean", 0.0), ("logit_std", 1.0)):
         if name not in existing:
-            group.add_argument(f"--{name}", type=float, default=default, help=f"--weighting_scheme logit_normal: {name}")
+            group.add_argument(
+                f"--{name}", type=float, default=default, help=f"--weighting_scheme logit_normal: {name}"
+            )
     group.add_argument("--mode_scale", type=float, default=1.29, help="--weighting_scheme mode: its scale")
 
 
@@ -90,9 +92,7 @@ def time_shift(mu: float, sigmas: Tensor) -> Tensor:
     return math.exp(mu) / (math.exp(mu) + (1 / sigmas - 1))
 
 
-def table_density(
-    cfg: Weighting, batch_size: int, generator: torch.Generator | None = None
-) -> Tensor:
+def table_density(cfg: Weighting, batch_size: int, generator: torch.Generator | None = None) -> Tensor:
     """Unit draws (B,) float32 by ``--weighting_scheme`` (sd-scripts
     ``compute_density_for_timestep_sampling``; SD3 section 3.1): logit_normal ``sigmoid(N(logit_mean,
     logit_std²))``; mode ``1 - u - mode_scale (cos²(πu/2) - 1 + u)``; otherwise ``u ~ U(0, 1)``."""

@@ -89,33 +89,3 @@ def add_model_training_groups(
     add_config_args(parser)
     script_options(tuple(family_names)).add_args(parser, training=True)
     get_family(family_names[0]).full_training.add_args(parser)
-
-
-def add_caching_tool_groups(parser: argparse.ArgumentParser, family_names: Sequence[str],
-                            add_network_args: Callable[[argparse.ArgumentParser], object]) -> argparse.ArgumentParser:  # fmt: skip
-    """tools/cache_latents.py and tools/cache_text_encoder_outputs.py: the flags of the adapter-training script of
-    ``family_names`` (the model's family; a whole training command line works), then, accepted with no effect,
-    sd-scripts' family flags of every registered family (``--sdxl`` ...: the family is read from the model) and the
-    other families' training flags (caching does not read them). Returns the parser."""
-    from library.cli.parse import add_no_effect
-    from library.families import FAMILIES, get_family
-    from library.families.options import option_actions
-    from library.run.config import script_options
-
-    swaps = get_family(family_names[0]).spec.block_swap
-    add_network_training_groups(parser, add_network_args, block_swap=swaps)
-    own = script_options(tuple(family_names))
-    own.add_args(parser, training=True)
-    g = parser.add_argument_group("caching", "flags a training command line may hold that caching does not read")
-    for spec in (f.spec for f in FAMILIES.values()):
-        for flag in (spec.flag, spec.tool_flag):
-            if flag and f"--{flag}" not in parser._option_string_actions:
-                add_no_effect(g, f"--{flag}", "the family is read from the model", action="store_true")
-    others = {f.options for f in FAMILIES.values()} - {own}
-    for options in others:
-        for action in option_actions(options, training=True):
-            flag = action.option_strings[0]
-            if flag not in parser._option_string_actions:
-                kind = {"action": "store_true"} if action.nargs == 0 else {"nargs": action.nargs, "default": None}
-                add_no_effect(g, flag, "a training flag of other models; caching does not read it", **kind)
-    return parser

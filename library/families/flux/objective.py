@@ -281,7 +281,11 @@ SIGMA_SCALED_WARNING = (
 
 
 def flow_matching_objective(
-    title: str, cfg: FlowMatchingConfig, noise: NoiseConfig, loss: LossConfig, predict_options: dict[str, Any] | None = None
+    title: str,
+    cfg: FlowMatchingConfig,
+    noise: NoiseConfig,
+    loss: LossConfig,
+    predict_options: dict[str, Any] | None = None,
 ) -> FlowMatchingObjective:
     """The FLUX.1 flow-matching objective of a run: ``cfg`` (the script's flow flags) with ``loss``;
     ``predict_options``: what every training step gives the family's ``predict`` (FLUX.1-dev's guidance).

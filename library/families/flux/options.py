@@ -72,11 +72,15 @@ class FluxOptions:
         parser."""
         if training:
             add_flow_matching_args(parser)
-        g = parser.add_argument_group("FLUX model", "FLUX.1 dev / schnell and Chroma (sd-scripts' flux_train_network.py)")
+        g = parser.add_argument_group(
+            "FLUX model", "FLUX.1 dev / schnell and Chroma (sd-scripts' flux_train_network.py)"
+        )
         add_once(g, parser, "--clip_l", type=str, default=None,
                  help="CLIP-L .safetensors beside a BFL model file (not Chroma)")  # fmt: skip
         add_once(g, parser, "--t5xxl", type=str, default=None, help="T5-XXL .safetensors beside a BFL model file")
-        add_once(g, parser, "--ae", type=str, default=None, help="the 16-channel AE .safetensors beside a BFL model file")
+        add_once(
+            g, parser, "--ae", type=str, default=None, help="the 16-channel AE .safetensors beside a BFL model file"
+        )
         if training:
             g.add_argument("--model_type", type=str, default="flux", choices=list(MODEL_TYPES),
                            help="flux (FLUX.1 dev / schnell) or chroma; must agree with the weights")  # fmt: skip

@@ -94,7 +94,9 @@ class SD3Options:
         256) so that it names no value another family's model would take."""
         if training:
             add_sd3_flow_args(parser)
-        g = parser.add_argument_group("SD3 model", "SD3 medium, SD3.5 medium / large (sd-scripts' sd3_train_network.py)")
+        g = parser.add_argument_group(
+            "SD3 model", "SD3 medium, SD3.5 medium / large (sd-scripts' sd3_train_network.py)"
+        )
         for name, what in (("clip_l", "CLIP-L"), ("clip_g", "CLIP-G"), ("t5xxl", "T5-XXL")):
             add_once(g, parser, f"--{name}", type=str, default=None,
                      help=f"{what} .safetensors (default: the one inside the SAI model file)")  # fmt: skip
