@@ -6,6 +6,7 @@ outside ``library/families/`` asks the family; it never tests ``is_sdxl`` or ``v
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -264,6 +265,40 @@ class TargetClasses:
 
 
 @runtime_checkable
+class TinyModel(Protocol):
+    """A family's tiny model (``ModelFamily.tiny``): the released architecture's module layout, names and tokenizers
+    with tiny widths and seeded random weights, built in well under a second, for the tests, ``--demo`` and
+    ``tools/make_tiny_model.py`` (which asks every registered family's tiny model and never names a family)."""
+
+    by_default: bool
+    """Whether ``tools/make_tiny_model.py`` writes it when ``--family`` is not given."""
+
+    def build(self, seed: int = 0, **options: Any) -> Parts:
+        """The tiny model (fp32, CPU, eval mode, frozen) with weights drawn after ``torch.manual_seed(seed)``;
+        ``options``: the family's own (what :meth:`tool_options` returns, e.g. block counts)."""
+        ...
+
+    def write_folder(self, parts: Parts, folder: str | Path) -> Path:
+        """``parts`` as the diffusers folder the demo and the tests train on; returns ``folder``."""
+        ...
+
+    def write_files(self, parts: Parts, out: str | Path, name: str) -> dict[str, Path]:
+        """The files sd-scripts takes beside the model's single file ``<out>/<name>.safetensors``, written into
+        ``out`` as ``<name>_<part>.safetensors`` (FLUX.1: ``clip_l``, ``t5xxl``, ``ae``); returns part -> path, {}
+        when the single file is the whole model."""
+        ...
+
+    def add_tool_args(self, parser: argparse.ArgumentParser) -> None:
+        """Add the tiny model's own flags to ``tools/make_tiny_model.py``'s parser. Families that share flags share
+        this function object (a ``staticmethod``): the tool calls each distinct one once."""
+        ...
+
+    def tool_options(self, args: argparse.Namespace) -> dict[str, Any]:
+        """:meth:`build`'s ``options`` from the tool's parsed flags (its flags' defaults included)."""
+        ...
+
+
+@runtime_checkable
 class ModelFamily(Protocol):
     """What every family (``library.families.SD1 / SD2 / SDXL``, or one registered with ``register_family``)
     provides. Families satisfy it by composition, with no shared base class; code outside ``library/families/``
@@ -301,6 +336,9 @@ class ModelFamily(Protocol):
     target_classes: TargetClasses
     """The module classes adapter presets select in this family's denoiser and text encoders (``networks.targets``
     resolves the built-in presets through them)."""
+    tiny: TinyModel | None
+    """The family's tiny model (:class:`TinyModel`); None for a family without one (the demo and
+    ``tools/make_tiny_model.py`` cannot build it)."""
 
     def load(self, path: str | Path, **options: Any) -> Parts:
         """A diffusers folder or a single file -> frozen modules in eval mode (options: dtype (one dtype, or

@@ -287,17 +287,3 @@ def hf_module_path(model: nn.Module):
     if hasattr(model, "text_model"):
         return lambda path: path
     return lambda path: f"text_model.{path}" if path else "text_model"
-
-
-def t5_names(keys: list[str]) -> dict[str, str]:
-    """transformers ``T5EncoderModel`` key -> key in a T5 file: ``shared.weight`` + ``encoder.*`` (the embedding taken
-    from ``encoder.embed_tokens.weight`` when ``shared.weight`` is absent, as in encoder-only files; keys under
-    ``text_encoders.t5xxl.transformer.`` too); a full T5's decoder and ``lm_head`` are left out."""
-    prefix = next((p for p in ("text_encoders.t5xxl.transformer.",) if any(k.startswith(p) for k in keys)), "")
-    names = {k[len(prefix) :]: k for k in keys if k.startswith(prefix)}
-    names = {k: v for k, v in names.items() if k.startswith("encoder.") or k == "shared.weight"}
-    if "shared.weight" not in names and "encoder.embed_tokens.weight" in names:
-        names["shared.weight"] = names["encoder.embed_tokens.weight"]
-    if "encoder.embed_tokens.weight" not in names and "shared.weight" in names:
-        names["encoder.embed_tokens.weight"] = names["shared.weight"]
-    return names

@@ -280,7 +280,10 @@ def check_weights_path(
 def read_weights(path: Path) -> tuple[Mapping[str, Any], dict[str, str]]:
     """A lazy reader for .safetensors (nothing read until asked), else the whole (pickle) file, and its metadata."""
     if path.suffix.lower() in SAFETENSORS_SUFFIXES:
-        reader = SafetensorsReader(path)
+        try:
+            reader = SafetensorsReader(path)
+        except (ValueError, UnicodeDecodeError) as e:  # a truncated or corrupt header
+            raise ValueError(f"{path}: not a valid safetensors file ({e})") from e
         return reader, dict(reader.metadata)
     return load_state_dict(path)
 

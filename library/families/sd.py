@@ -22,12 +22,24 @@ import torch
 from torch import Tensor, nn
 
 from . import text
-from .base import BlockList, Cond, FamilySpec, PartDtypes, Parts, Root, TargetClasses, TextEncoderSpec, module_device
+from .autoencoders.kl import decode_latents, encode_latents
+from .base import (
+    BlockList,
+    Cond,
+    FamilySpec,
+    PartDtypes,
+    Parts,
+    Root,
+    TargetClasses,
+    TextEncoderSpec,
+    TinyModel,
+    module_device,
+)
 from .blocks import DIFFUSERS_BLOCKS
 from .convert import UNET_PREFIX, hf_module_path
-from .latents import decode_latents, encode_latents
 from .loading import load_model, reference_parts
 from .saving import IMPL_SGM, make_pipeline, save_family_model, with_kind
+from .tiny import SDTiny
 from .tokenizers import PAD_CLIP_L, PAD_OPEN_CLIP
 
 if TYPE_CHECKING:  # type hints only: library.objectives imports the families' base module
@@ -123,8 +135,10 @@ class SDFamily:
         resolutions: Mapping[str, int],
         warn_clip_skip: bool,
         ss_v2: bool = False,
+        tiny: TinyModel | None = None,
     ) -> None:
         self.spec = spec
+        self.tiny = tiny  # the tiny test model (None: none, e.g. a family registered from outside)
         self.name = spec.name
         self._version = version  # ss_base_model_version without the "_v" suffix
         self._architectures = architectures  # prediction type -> modelspec architecture
@@ -291,6 +305,7 @@ SD1 = SDFamily(
     architectures={"epsilon": "stable-diffusion-v1", "v_prediction": "stable-diffusion-v1"},
     resolutions={"epsilon": 512, "v_prediction": 512},
     warn_clip_skip=False,
+    tiny=SDTiny("sd1"),
 )
 SD2 = SDFamily(
     SD2_SPEC,
@@ -299,4 +314,5 @@ SD2 = SDFamily(
     resolutions={"epsilon": 512, "v_prediction": 768},
     warn_clip_skip=True,
     ss_v2=True,
+    tiny=SDTiny("sd2"),
 )

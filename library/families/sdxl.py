@@ -22,13 +22,14 @@ import torch
 from torch import Tensor, nn
 
 from . import text
+from .autoencoders.kl import decode_latents, encode_latents
 from .base import BlockList, Cond, FamilySpec, PartDtypes, Parts, Root, TextEncoderSpec, module_device
 from .blocks import SGM_BLOCKS
 from .convert import hf_module_path
-from .latents import decode_latents, encode_latents
 from .loading import load_model, reference_parts
 from .saving import IMPL_SGM, make_pipeline, save_family_model, with_kind
 from .sd import UNET_TARGET_CLASSES
+from .tiny import SDTiny
 from .tokenizers import PAD_CLIP_L, PAD_OPEN_CLIP
 from .unet_keys import block_map, diffusers_to_ldm
 
@@ -88,6 +89,7 @@ class SDXLFamily:
 
     def __init__(self) -> None:
         self._warned_clip_skip = False
+        self.tiny = SDTiny("sdxl")
 
     def __repr__(self) -> str:
         return "<model family sdxl>"

@@ -10,7 +10,9 @@ Used by the tests, the demo and ``tools/make_tiny_model.py``. Building a model t
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -213,3 +215,30 @@ def _scheduler_kwargs(config: dict) -> dict:
         "timestep_spacing",
     )
     return {k: config[k] for k in keys if k in config}
+
+
+class SDTiny:
+    """The tiny model of one SD family (``ModelFamily.tiny``; see ``base.TinyModel``)."""
+
+    by_default = True  # tools/make_tiny_model.py writes the SD families when --family is not given
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def build(self, seed: int = 0) -> Parts:
+        """:func:`build_tiny` of the family."""
+        return build_tiny(self.name, seed)
+
+    def write_folder(self, parts: Parts, folder: str | Path) -> Path:
+        """A diffusers folder written by diffusers' own pipeline (:func:`save_diffusers`)."""
+        return save_diffusers(parts, folder)
+
+    def write_files(self, parts: Parts, out: str | Path, name: str) -> dict[str, Path]:
+        """Nothing: the single file holds the whole model."""
+        return {}
+
+    def add_tool_args(self, parser: argparse.ArgumentParser) -> None:
+        """No flags of its own."""
+
+    def tool_options(self, args: argparse.Namespace) -> dict[str, Any]:
+        return {}

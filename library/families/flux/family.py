@@ -39,6 +39,7 @@ from .blocks import FLUX_BLOCKS
 from .configs import clip_l_factory, released, scheduler_kwargs, t5_factory, transformer_factory
 from .loading import load_flux, variant_of_folder, variant_of_keys
 from .saving import flux_modelspec, save_bfl_file, save_diffusers_folder
+from .tiny import FluxTiny
 
 if TYPE_CHECKING:  # type hints only: library.objectives imports the families' base module
     from library.losses import LossConfig
@@ -123,6 +124,7 @@ class FluxFamily:
         self._implementation = implementation
         self.t5_max_length = t5_length  # sd-scripts' --t5xxl_max_token_length default
         self._warned: set[str] = set()
+        self.tiny = FluxTiny(self)
 
     def __repr__(self) -> str:
         return f"<model family {self.name}>"
@@ -164,7 +166,7 @@ class FluxFamily:
         if t5xxl_max_token_length is not None and t5xxl_max_token_length < 1:
             raise ValueError(f"--t5xxl_max_token_length {t5xxl_max_token_length}: must be a positive token count")
         parts = load_flux(self.name, path, dtype=dtype, device=device, clip_l=clip_l, t5xxl=t5xxl, ae=ae or vae,
-                          tokenizer_cache_dir=tokenizer_cache_dir)  # fmt: skip
+                          tokenizer_cache_dir=tokenizer_cache_dir, tiny=self.tiny.part_configs())  # fmt: skip
         parts.extra[PROMPT_SETTINGS] = {
             "t5xxl_max_token_length": t5xxl_max_token_length or self.t5_max_length,
             "apply_t5_attn_mask": True if self.chroma else bool(apply_t5_attn_mask),

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
+from ..autoencoders import flux_ae
 from ..base import (
     FLOW_MATCHING,
     BlockList,
@@ -31,14 +32,14 @@ from ..base import (
     TargetClasses,
 )
 from ..convert import hf_module_path
-from ..flux import latents as flux_latents
 from ..saving import with_kind
 from . import keys as K
 from . import pos_embed, text
 from .blocks import SD3_BLOCKS
-from .configs import SCALE, SHIFT, clip_factory, released, scheduler_kwargs, t5_factory, transformer_factory
+from .configs import SCALE, SHIFT, clip_factory, released, t5_factory, transformer_factory
 from .loading import CLIP_G_SPEC, CLIP_L_SPEC, T5_SPEC, load_sd3, variant_of_folder, variant_of_keys
-from .saving import save_diffusers_folder, save_sai_file, sd3_modelspec
+from .saving import pipeline_of, save_diffusers_folder, save_sai_file, sd3_modelspec
+from .tiny import SD3Tiny
 
 if TYPE_CHECKING:  # type hints only: library.objectives imports the families' base module
     from library.losses import LossConfig
@@ -85,22 +86,6 @@ def _spec(name: str, title: str) -> FamilySpec:
     )
 
 
-def pipeline_of(parts: Parts, scheduler: Any = None) -> Any:
-    """``StableDiffusion3Pipeline`` over ``parts`` (the same modules) with ``scheduler`` (None: a
-    ``FlowMatchEulerDiscreteScheduler`` of the model's config)."""
-    from diffusers import FlowMatchEulerDiscreteScheduler, StableDiffusion3Pipeline
-
-    if scheduler is None:
-        scheduler = FlowMatchEulerDiscreteScheduler(**scheduler_kwargs(parts.scheduler_config))
-    tokenizers = parts.tokenizers or [None, None, None]
-    encoders = parts.text_encoders or [None, None, None]
-    return StableDiffusion3Pipeline(
-        transformer=parts.denoiser, scheduler=scheduler, vae=parts.vae,
-        text_encoder=encoders[0], tokenizer=tokenizers[0], text_encoder_2=encoders[1], tokenizer_2=tokenizers[1],
-        text_encoder_3=encoders[2], tokenizer_3=tokenizers[2],
-    )  # fmt: skip
-
-
 def text_dropout_of(parts: Parts) -> text.TextDropout:
     """The loaded model's per-encoder dropout (rates from ``load``; widths from its CLIP-L / CLIP-G)."""
     rates = parts.extra.get(TEXT_DROPOUT, {})
@@ -138,6 +123,7 @@ class SD3Family:
         self.ti_embedding_keys = tuple(te.ti_key for te in spec.text_encoders)
         self._model_type = model_type  # sd-scripts' mmdit.model_type: "medium" | "5-medium" | "5-large"
         self._warned: set[str] = set()
+        self.tiny = SD3Tiny(self)
 
     def __repr__(self) -> str:
         return f"<model family {self.name}>"
@@ -193,7 +179,7 @@ class SD3Family:
         if pos_emb_random_crop_rate is not None and not 0.0 <= pos_emb_random_crop_rate <= 1.0:
             raise ValueError(f"--pos_emb_random_crop_rate {pos_emb_random_crop_rate}: must be a probability in [0, 1]")
         parts = load_sd3(self.name, path, dtype=dtype, device=device, clip_l=clip_l, clip_g=clip_g, t5xxl=t5xxl,
-                         vae=vae, tokenizer_cache_dir=tokenizer_cache_dir)  # fmt: skip
+                         vae=vae, tokenizer_cache_dir=tokenizer_cache_dir, tiny=self.tiny.part_configs())  # fmt: skip
         parts.extra[PROMPT_SETTINGS] = {
             "t5xxl_max_token_length": t5xxl_max_token_length or text.T5_DEFAULT_LENGTH,
             "apply_lg_attn_mask": bool(apply_lg_attn_mask),
@@ -381,11 +367,11 @@ class SD3Family:
 
     def encode_latents(self, parts: Parts, pixels: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """(B, 3, H, W) in [-1, 1] -> (B, 16, H/8, W/8): ``(z - 0.0609) · 1.5305``."""
-        return flux_latents.encode(parts.vae, pixels, self.vae_scale, self.vae_shift, generator)
+        return flux_ae.encode(parts.vae, pixels, self.vae_scale, self.vae_shift, generator)
 
     def decode_latents(self, parts: Parts, latents: Tensor) -> Tensor:
         """(B, 16, h, w) latents -> (B, 3, 8h, 8w) pixels in [-1, 1]: ``decode(z / 1.5305 + 0.0609)``."""
-        return flux_latents.decode(parts.vae, latents, self.vae_scale, self.vae_shift)
+        return flux_ae.decode(parts.vae, latents, self.vae_scale, self.vae_shift)
 
     # ------------------------------------------------------------------------------------------- names
     def adapter_roots(self, parts: Parts) -> list[Root]:
