@@ -55,7 +55,8 @@ def real_size_loader(family, device: str):
     from transformers import CLIPTextConfig
 
     from library.families.base import Parts
-    from library.families.loading import shipped_configs, text_encoder_class
+    from library.families.encoders.clip import text_encoder_class
+    from library.families.loading import shipped_configs
     from library.families.tokenizers import load_tokenizers
 
     def dtype_of(dtype, part):

@@ -10,7 +10,7 @@ cond = family.encode_prompt(parts, ["a photo of a cat"], max_token_length=225)
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +30,8 @@ from .registry import (
     trained_together,
     unregister_family,
 )
-from .sd import SD1, SD2, SDFamily
+from .sd import SD1, SD2, SDXL, SDFamily, SDXLFamily
 from .sd3 import SD3_MEDIUM, SD35_LARGE, SD35_MEDIUM, SD3Family
-from .sdxl import SDXL, SDXLFamily
 
 for _family in (SD1, SD2, SDXL, FLUX_DEV, FLUX_SCHNELL, CHROMA, SD3_MEDIUM, SD35_MEDIUM, SD35_LARGE):
     register_family(_family)
@@ -56,19 +55,27 @@ class _Shape:
 def detect_family(source: str | os.PathLike | Mapping[str, Any]) -> ModelFamily:
     """The family of a single-file state dict, a weight file or a diffusers folder (reads only keys and shapes
     of .safetensors files). Raises ``ValueError`` when it is no Stable Diffusion model."""
-    from .loading import check_model_path, family_of_folder, family_of_state_dict
+    from .loading import check_model_path, family_of_folder, family_of_state_dict, unsupported_model
 
     if isinstance(source, Mapping):
-        name, where = family_of_state_dict(source), "this state dict"
+        (sd, metadata), where = (source, {}), "this state dict"
     else:
         path = check_model_path(source)
         if path.is_dir():
             return FAMILIES[family_of_folder(path)]
-        name, where = family_of_state_dict(*_peek(path)), str(path)
-    if name not in FAMILIES:
-        what = "an SDXL refiner, which is not supported" if name else "no Stable Diffusion model (no UNet keys)"
-        raise ValueError(f"{where}: {what}; expected an SD1.x, SD2.x or SDXL model")
+        (sd, metadata), where = _peek(path), str(path)
+    name = family_of_state_dict(sd, metadata)
+    if name is None:
+        what = unsupported_model(sd, metadata) or "no Stable Diffusion model (no UNet keys)"
+        raise ValueError(f"{where}: {what}; expected {_titles(FAMILIES.values(), 'or')} model")
     return FAMILIES[name]
+
+
+def _titles(families: Iterable[ModelFamily], conjunction: str) -> str:
+    """ "an SD1.x, SD2.x or SDXL": the families' titles as a list in a sentence."""
+    titles = [f.spec.title for f in families]
+    listed = f"{', '.join(titles[:-1])} {conjunction} {titles[-1]}" if len(titles) > 1 else "".join(titles)
+    return f"{'an' if listed[:1] in 'AEFHILMNORSX' else 'a'} {listed}"
 
 
 def _peek(path: Path) -> tuple[dict[str, Any], dict[str, str]]:

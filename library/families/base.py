@@ -122,8 +122,10 @@ class FamilySpec:
     model (a type missing here names ``training_script``). ``load_hint``: how a user loads it, for "wrong family"
     errors.
     ``flag``: the sd-scripts flag that names it where tools take one (``--v1`` / ``--v2`` / ``--sdxl``), without
-    the dashes. ``detect``: whether a single-file state dict (keys -> tensors, or objects with ``.shape``) and its metadata are
-    this family's, for files without our ``sdtrain.family`` metadata; None: the built-in SD1/SD2/SDXL rules.
+    the dashes. ``detect``: whether a single-file state dict (keys -> tensors, or objects with ``.shape``) and its
+    metadata are this family's, for files without our ``sdtrain.family`` metadata; None: only that metadata tells.
+    ``refuse``: for a single file no family detects, why it cannot be loaded when it is almost this family's (SDXL:
+    "an SDXL refiner, which is not supported"), named in detection errors; else None.
     """
 
     name: str
@@ -138,7 +140,8 @@ class FamilySpec:
     flag: str = ""
     detect: Callable[[Mapping[str, Any], Mapping[str, str]], bool] | None = None
     detect_folder: Callable[[Path], bool] | None = None
-    """Whether a folder is this family's model (families whose diffusers folders have no ``unet/``, e.g. FLUX)."""
+    """Whether a diffusers folder is this family's model."""
+    refuse: Callable[[Mapping[str, Any], Mapping[str, str]], str | None] | None = None
 
 
 # The training objectives a family can state (``ModelFamily.objective``): what the denoiser is trained to predict.

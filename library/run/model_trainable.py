@@ -26,7 +26,7 @@ from torch import nn
 
 from library.cli.problems import ConfigError
 from library.families.base import ModelFamily, Parts
-from library.families.unet_keys import block_map, diffusers_to_ldm
+from library.families.sd.unet_keys import block_map, diffusers_to_ldm
 from library.files.weights import streamed_saves
 from library.optim.fused import FusedStep, block_chunks, chunk_parameters
 from library.run.block_swap import requested_blocks_to_swap

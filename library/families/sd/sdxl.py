@@ -21,16 +21,17 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
+from ..autoencoders.kl import decode_latents, encode_latents
+from ..base import BlockList, Cond, FamilySpec, PartDtypes, Parts, Root, TextEncoderSpec, module_device
+from ..convert import hf_module_path
+from ..saving import with_kind
+from ..tokenizers import PAD_CLIP_L, PAD_OPEN_CLIP
 from . import text
-from .autoencoders.kl import decode_latents, encode_latents
-from .base import BlockList, Cond, FamilySpec, PartDtypes, Parts, Root, TextEncoderSpec, module_device
 from .blocks import SGM_BLOCKS
-from .convert import hf_module_path
-from .loading import load_model, reference_parts
-from .saving import IMPL_SGM, make_pipeline, save_family_model, with_kind
-from .sd import UNET_TARGET_CLASSES
+from .family import UNET_TARGET_CLASSES
+from .loading import load_model, reference_parts, refuse_refiner, sd_family_of_folder, sd_family_of_keys
+from .saving import IMPL_SGM, make_pipeline, save_family_model
 from .tiny import SDTiny
-from .tokenizers import PAD_CLIP_L, PAD_OPEN_CLIP
 from .unet_keys import block_map, diffusers_to_ldm
 
 if TYPE_CHECKING:  # type hints only: library.objectives imports the families' base module
@@ -67,6 +68,9 @@ SDXL_SPEC = FamilySpec(
     },  # sdxl_train.py also takes DreamBooth folders
     load_hint="the sdxl_* scripts, e.g. sdxl_train_network.py",
     flag="sdxl",
+    detect=lambda sd, metadata: sd_family_of_keys(sd) == "sdxl",
+    detect_folder=lambda folder: sd_family_of_folder(folder) == "sdxl",
+    refuse=refuse_refiner,
 )
 
 
@@ -85,7 +89,7 @@ class SDXLFamily:
     denoiser_name = "UNet"
     partial_text_cache = None  # every text output comes from an encoder adapters may train
     fp8_skip = ("norm",)  # --fp8_base keeps the UNet's norm layers in the compute dtype (diffusers' rule)
-    target_classes = UNET_TARGET_CLASSES  # the SD UNet and CLIP classes (``sd.UNET_TARGET_CLASSES``)
+    target_classes = UNET_TARGET_CLASSES  # the SD UNet and CLIP classes (``family.UNET_TARGET_CLASSES``)
 
     def __init__(self) -> None:
         self._warned_clip_skip = False

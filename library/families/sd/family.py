@@ -21,9 +21,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
-from . import text
-from .autoencoders.kl import decode_latents, encode_latents
-from .base import (
+from ..autoencoders.kl import decode_latents, encode_latents
+from ..base import (
     BlockList,
     Cond,
     FamilySpec,
@@ -35,12 +34,15 @@ from .base import (
     TinyModel,
     module_device,
 )
+from ..convert import hf_module_path
+from ..saving import with_kind
+from ..tokenizers import PAD_CLIP_L, PAD_OPEN_CLIP
+from . import text
 from .blocks import DIFFUSERS_BLOCKS
-from .convert import UNET_PREFIX, hf_module_path
-from .loading import load_model, reference_parts
-from .saving import IMPL_SGM, make_pipeline, save_family_model, with_kind
+from .convert import UNET_PREFIX
+from .loading import load_model, reference_parts, sd_family_of_folder, sd_family_of_keys
+from .saving import IMPL_SGM, make_pipeline, save_family_model
 from .tiny import SDTiny
-from .tokenizers import PAD_CLIP_L, PAD_OPEN_CLIP
 
 if TYPE_CHECKING:  # type hints only: library.objectives imports the families' base module
     from library.losses import LossConfig
@@ -76,6 +78,8 @@ SD1_SPEC = FamilySpec(
     scripts=SD_SCRIPTS,
     load_hint="the SD 1.x scripts without --v2",
     flag="v1",
+    detect=lambda sd, metadata: sd_family_of_keys(sd) == "sd1",
+    detect_folder=lambda folder: sd_family_of_folder(folder) == "sd1",
 )
 SD2_SPEC = FamilySpec(
     name="sd2",
@@ -97,6 +101,8 @@ SD2_SPEC = FamilySpec(
     scripts=SD_SCRIPTS,
     load_hint="--v2",
     flag="v2",
+    detect=lambda sd, metadata: sd_family_of_keys(sd) == "sd2",
+    detect_folder=lambda folder: sd_family_of_folder(folder) == "sd2",
 )
 
 
