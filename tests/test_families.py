@@ -15,9 +15,10 @@ import pytest
 import torch
 from diffusers import AutoencoderKL, DiffusionPipeline, StableDiffusionPipeline, StableDiffusionXLPipeline
 
-from library.families import SD1, SD2, SDXL, detect_family, get_family
+from library.families import detect_family, get_family
 from library.families.convert import vae_to_ldm
 from library.families.loading import META_CONFIGS
+from library.families.sd import SD1, SD2, SDXL
 from library.families.sd.tiny import build_tiny
 from library.files.weights import load_state_dict, save_state_dict
 

@@ -16,8 +16,9 @@ import torch
 
 import library.run.train_step as T
 import train_network
-from library.families import SD1, SDFamily, register_family, unregister_family
+from library.families import register_family, unregister_family
 from library.families.base import FLOW_MATCHING, FamilySpec, missing_members
+from library.families.sd import SD1, SDFamily
 from library.files.weights import read_metadata
 from library.flow_matching import add_flow_matching_args
 from library.objectives import SIGMA_SCALED_WARNING, FlowMatchingObjective, Objective, flow_matching_objective
