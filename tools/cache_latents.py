@@ -14,6 +14,7 @@ the text-encoder outputs are cached too. The family (SD1 / SD2 / SDXL) is read f
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,7 +24,7 @@ if __package__ in (None, ""):  # run as a script: import the repository, not thi
 
 from library.cli.main_guard import main_guard
 from library.cli.parse import parse_args
-from library.families import family_group
+from library.families import family_flags, family_group, flagged_family
 from library.run import train_setup
 from library.run.args import add_network_training_groups
 from library.run.runtime import make_accelerator
@@ -37,13 +38,25 @@ def build_parser() -> argparse.ArgumentParser:
     add_network_training_groups(parser, add_network_args)
     parser.set_defaults(cache_latents=True, cache_latents_to_disk=True, output_dir=".")
     extra = parser.add_argument_group("cache_latents")
-    extra.add_argument("--sdxl", action="store_true", help="accepted: the family is read from the model")
+    for flag in tool_family_flags():  # sd-scripts' --sdxl
+        extra.add_argument(f"--{flag}", action="store_true", help="accepted: the family is read from the model")
     extra.add_argument("--skip_existing", action="store_true", help="accepted (sd-scripts: deprecated, no effect)")
     return parser
 
 
+@functools.cache
+def tool_family_flags() -> tuple[str, ...]:
+    """sd-scripts' family flags (the registry's ``family_flags``) that the training groups do not define (they define
+    ``--v2``): this tool accepts them, and the one given picks the families when the model cannot be read."""
+    training = argparse.ArgumentParser()
+    add_network_training_groups(training, add_network_args)
+    defined = {option for action in training._actions for option in action.option_strings}
+    return tuple(flag for flag in family_flags() if f"--{flag}" not in defined)
+
+
 def family_names(args: argparse.Namespace) -> tuple[str, ...]:
-    return family_group(args.pretrained_model_name_or_path, sdxl=args.sdxl)
+    flagged = flagged_family(args, tool_family_flags())
+    return family_group(args.pretrained_model_name_or_path, flagged=flagged)
 
 
 def run(argv: Sequence[str] | None = None) -> train_setup.Run | None:

@@ -1,10 +1,14 @@
-"""Model families: everything that differs between SD1, SD2, SDXL, FLUX.1 dev / schnell, Chroma and SD3 / SD3.5 lives
-here.
+"""Model families: everything that differs between the model architectures (SD1, SD2, SDXL, FLUX.1, Chroma, SD3...)
+lives here, one folder per family (``sd/``, ``flux/``, ``sd3/``), found by the registry (``registry.py``; installed
+plug-ins too), with the parts several families share (``encoders/``, ``autoencoders/``, the loading helpers).
 
-from library.families import SD1, SD2, SDXL, get_family, detect_family
+from library.families import get_family, detect_family
 family = detect_family("model.safetensors")          # or get_family("sdxl")
 parts = family.load("model.safetensors", dtype=torch.bfloat16)
 cond = family.encode_prompt(parts, ["a photo of a cat"], max_token_length=225)
+
+The family objects themselves are imported from their folders (``from library.families.sd import SD1``); this
+package imports no family folder until the registry is first asked.
 """
 
 from __future__ import annotations
@@ -15,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from .base import EPSILON, FLOW_MATCHING, OBJECTIVES, V_PREDICTION, Cond, ModelFamily, Parts
-from .flux import CHROMA, FLUX_DEV, FLUX_SCHNELL, FluxFamily
 from .registry import (
     FAMILIES,
     adapter_families,
@@ -24,25 +27,20 @@ from .registry import (
     block_layout_title,
     family_flags,
     family_title,
+    flagged_family,
     get_family,
     register_family,
     ti_keys_of_other_families,
     trained_together,
     unregister_family,
 )
-from .sd import SD1, SD2, SDXL, SDFamily, SDXLFamily
-from .sd3 import SD3_MEDIUM, SD35_LARGE, SD35_MEDIUM, SD3Family
 
-for _family in (SD1, SD2, SDXL, FLUX_DEV, FLUX_SCHNELL, CHROMA, SD3_MEDIUM, SD35_MEDIUM, SD35_LARGE):
-    register_family(_family)
-
-__all__ = ["SD1", "SD2", "SDXL", "FAMILIES", "Cond", "ModelFamily", "Parts", "SDFamily", "SDXLFamily"]
-__all__ += ["FLUX_DEV", "FLUX_SCHNELL", "CHROMA", "FluxFamily"]
-__all__ += ["SD3_MEDIUM", "SD35_MEDIUM", "SD35_LARGE", "SD3Family"]
+__all__ = ["FAMILIES", "Cond", "ModelFamily", "Parts"]
 __all__ += ["EPSILON", "V_PREDICTION", "FLOW_MATCHING", "OBJECTIVES"]
 __all__ += ["get_family", "detect_family", "select_family", "family_as_flagged", "family_group", "register_family"]
 __all__ += ["unregister_family", "trained_together", "family_title", "block_layout", "block_layout_title"]
 __all__ += ["adapter_families", "adapter_family_label", "ti_keys_of_other_families", "family_flags"]
+__all__ += ["flagged_family"]
 
 
 class _Shape:
@@ -131,8 +129,9 @@ def family_as_flagged(path: str | os.PathLike, *, v2: bool = False, sdxl: bool =
     return family
 
 
-def family_group(path: str | os.PathLike | None, *, sdxl: bool = False) -> tuple[str, ...]:
-    """The families the training script for the model at ``path`` takes (see :func:`trained_together`): read from
-    the file when it exists, ``--sdxl`` for sd-scripts' tools that have the flag, else the first family's group."""
+def family_group(path: str | os.PathLike | None, *, sdxl: bool = False, flagged: str | None = None) -> tuple[str, ...]:
+    """The families the training script for the model at ``path`` takes (see :func:`trained_together`): the family
+    an sd-scripts family flag names (``flagged``, see :func:`flagged_family`; ``sdxl``: ``--sdxl``) for the tools that
+    have one, else read from the file when it exists, else the first family's group."""
     detected = detect_family(path).name if path and Path(path).exists() else None
-    return trained_together("sdxl" if sdxl else detected or next(iter(FAMILIES)))
+    return trained_together(flagged or ("sdxl" if sdxl else None) or detected or next(iter(FAMILIES)))
