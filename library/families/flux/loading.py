@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -237,27 +238,43 @@ def load_flux(
         denoiser, _ = load_transformer_file(path, files.state, files.stored, variant, dtypes.denoiser, device, tiny)
     else:
         denoiser = load_transformer_folder(path, dtypes.denoiser, device)
-
-    def read_ae(p: Path, state: Mapping, stored: Mapping | None, where: str) -> nn.Module:
-        candidates = flux_ae.candidates(stored, released("flux-dev")["vae"], tiny and tiny["vae"])
-        return flux_ae.load(p, state, candidates, dtypes.vae, device, where=where, what="AE (--ae)", this="FLUX's AE")
-
-    def read_t5(p: Path, state: Mapping, stored: Mapping | None, where: str) -> nn.Module:
-        index = 0 if variant == "chroma" else 1
-        candidates = _te_candidates(stored, index, variant, tiny)
-        return t5.load(p, state, candidates, dtypes.text_encoders, device, where=where, what="T5 (--t5xxl)")
-
-    te_dtype = dtypes.text_encoders
-    vae = files.load("--ae", read_ae, lambda folder: _from_folder(folder, dtypes.vae, device, vae=True))
-    encoders = []
-    if variant != "chroma":
-        encoders.append(files.load("--clip_l", lambda p, state, stored, _: load_clip_l(p, state, te_dtype, device,
-                                   stored, tiny), lambda folder: _from_folder(folder, te_dtype, device)))  # fmt: skip
-    encoders.append(files.load("--t5xxl", read_t5, lambda folder: _from_folder(folder, te_dtype, device)))
+    read = _Readers(variant, dtypes, device, tiny)
+    vae = files.load("--ae", read.ae, read.vae_folder)
+    clip_l_encoder = [] if variant == "chroma" else [files.load("--clip_l", read.clip_l, read.text_encoder_folder)]
+    encoders = [*clip_l_encoder, files.load("--t5xxl", read.t5, read.text_encoder_folder)]
     tokenizers = _tokenizers(variant, files.root, tokenizer_cache_dir)
     scheduler = files.scheduler_config(released(variant)["scheduler"])
     parts = Parts(denoiser, vae, encoders, tokenizers, scheduler, variant, str(path), {})
     return finish(parts, device)
+
+
+@dataclass(frozen=True)
+class _Readers:
+    """How one load reads each part (``ModelFiles.load``'s readers): its dtypes, device and tiny configs."""
+
+    variant: str
+    dtypes: PartDtypes
+    device: Any
+    tiny: Mapping | None
+
+    def ae(self, path: Path, state: Mapping, stored: Mapping | None, where: str) -> nn.Module:
+        candidates = flux_ae.candidates(stored, released("flux-dev")["vae"], self.tiny and self.tiny["vae"])
+        return flux_ae.load(path, state, candidates, self.dtypes.vae, self.device, where=where, what="AE (--ae)",
+                            this="FLUX's AE")  # fmt: skip
+
+    def clip_l(self, path: Path, state: Mapping, stored: Mapping | None, where: str) -> nn.Module:
+        return load_clip_l(path, state, self.dtypes.text_encoders, self.device, stored, self.tiny)
+
+    def t5(self, path: Path, state: Mapping, stored: Mapping | None, where: str) -> nn.Module:
+        candidates = _te_candidates(stored, 0 if self.variant == "chroma" else 1, self.variant, self.tiny)
+        return t5.load(path, state, candidates, self.dtypes.text_encoders, self.device, where=where,
+                       what="T5 (--t5xxl)")  # fmt: skip
+
+    def vae_folder(self, folder: Path) -> nn.Module:
+        return _from_folder(folder, self.dtypes.vae, self.device, vae=True)
+
+    def text_encoder_folder(self, folder: Path) -> nn.Module:
+        return _from_folder(folder, self.dtypes.text_encoders, self.device)
 
 
 def _missing_parts(variant: str, path: Path, files: ModelFiles, sources: list[PartSource], missing: list[str]) -> str:

@@ -26,7 +26,8 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -245,28 +246,45 @@ def load_sd3(
         denoiser, _ = load_transformer_file(path, files.state, files.stored, variant, dtypes.denoiser, device, tiny)
     else:
         denoiser = _load_transformer_folder(path, dtypes.denoiser, device)
-    te_dtype = dtypes.text_encoders
-    encoders = []
-    for i, flag in enumerate(TE_FLAGS):
-
-        def read(p: Path, state: Mapping, stored: Mapping | None, where: str, i: int = i) -> nn.Module:
-            if i == 2:
-                candidates = _te_candidates(stored, 2, tiny)
-                return t5.load(p, state, candidates, te_dtype, device, where=where, what=f"T5-XXL ({where})")
-            return load_clip(i, p, state, te_dtype, device, stored, where, tiny)
-
-        encoders.append(files.load(flag, read, lambda folder, i=i: _from_folder(folder, i, te_dtype, device)))
-
-    def read_vae(p: Path, state: Mapping, stored: Mapping | None, where: str) -> nn.Module:
-        candidates = flux_ae.candidates(stored, released(K.SD3)["vae"], tiny and tiny["vae"], kind="VAE")
-        return flux_ae.load(p, state, candidates, dtypes.vae, device, where=where, what=f"VAE ({where})",
-                            this="SD3's 16-channel VAE", kind="VAE", ldm="LDM")  # fmt: skip
-
-    vae_module = files.load("--vae", read_vae, lambda folder: _from_folder(folder, None, dtypes.vae, device))
+    read = _Readers(dtypes, device, tiny)
+    encoders = [files.load(flag, read.text_encoder(i), read.folder(i)) for i, flag in enumerate(TE_FLAGS)]
+    vae_module = files.load("--vae", read.vae, read.folder(None))
     tokenizers = _tokenizers(files.root, tokenizer_cache_dir)
     scheduler = files.scheduler_config(released(variant)["scheduler"])
     parts = Parts(denoiser, vae_module, encoders, tokenizers, scheduler, variant, str(path), {})
     return finish(parts, device)
+
+
+@dataclass(frozen=True)
+class _Readers:
+    """How one load reads each part (``ModelFiles.load``'s readers): its dtypes, device and tiny configs."""
+
+    dtypes: PartDtypes
+    device: Any
+    tiny: Mapping | None
+
+    def text_encoder(self, index: int) -> Callable[[Path, Mapping, Mapping | None, str], nn.Module]:
+        """CLIP-L (0), CLIP-G (1) or T5-XXL (2) from a file or the model file's part (``where``: flag or "model
+        file")."""
+
+        def read(path: Path, state: Mapping, stored: Mapping | None, where: str) -> nn.Module:
+            dtype = self.dtypes.text_encoders
+            if index == 2:
+                candidates = _te_candidates(stored, 2, self.tiny)
+                return t5.load(path, state, candidates, dtype, self.device, where=where, what=f"T5-XXL ({where})")
+            return load_clip(index, path, state, dtype, self.device, stored, where, self.tiny)
+
+        return read
+
+    def vae(self, path: Path, state: Mapping, stored: Mapping | None, where: str) -> nn.Module:
+        candidates = flux_ae.candidates(stored, released(K.SD3)["vae"], self.tiny and self.tiny["vae"], kind="VAE")
+        return flux_ae.load(path, state, candidates, self.dtypes.vae, self.device, where=where, what=f"VAE ({where})",
+                            this="SD3's 16-channel VAE", kind="VAE", ldm="LDM")  # fmt: skip
+
+    def folder(self, index: int | None) -> Callable[[Path], nn.Module]:
+        """A component folder: the VAE (``index`` None) or text encoder ``index``."""
+        dtype = self.dtypes.vae if index is None else self.dtypes.text_encoders
+        return lambda folder: _from_folder(folder, index, dtype, self.device)
 
 
 def _missing_parts(path: Path, files: ModelFiles, missing: list[str]) -> str:
