@@ -1,6 +1,6 @@
 """What every model family provides, and the containers passed between the family and the rest of the toolkit.
 
-A family (SD1, SD2, SDXL) is one small object that holds everything that differs between the architectures. Code
+A family (SD1, SD2, SDXL, FLUX.1 dev ...) is one small object that holds everything that differs between the architectures. Code
 outside ``library/families/`` asks the family; it never tests ``is_sdxl`` or ``v2`` itself.
 """
 
@@ -303,9 +303,9 @@ class TinyModel(Protocol):
 
 @runtime_checkable
 class ModelFamily(Protocol):
-    """What every family (``library.families.SD1 / SD2 / SDXL``, or one registered with ``register_family``)
-    provides. Families satisfy it by composition, with no shared base class; code outside ``library/families/``
-    uses only these members (tests/test_families.py checks each family against this list, signatures included).
+    """What every family (``library.families.sd.SD1 / SD2 / SDXL``, ``library.families.flux.FLUX_DEV`` ..., or one
+    registered with ``register_family``) provides. Families satisfy it by composition, with no shared base class;
+    code outside ``library/families/`` uses only these members (tests/test_families.py checks each family against this list, signatures included).
     """
 
     name: str

@@ -1,9 +1,10 @@
-"""Single-file (original ldm / sgm) <-> diffusers key conversion, both directions, in one place.
+"""SD single-file (original ldm / sgm) <-> diffusers key conversion, both directions: the UNet and the text encoders
+(the VAE's LDM names and HF CLIP's canonical form are the shared ``convert.py``'s).
 
 A single-file Stable Diffusion checkpoint holds every component under one prefix each:
 
     model.diffusion_model.*                 UNet, ldm names (see unet_keys.py)
-    first_stage_model.*                     VAE, ldm names (this module)
+    first_stage_model.*                     VAE, ldm names (../convert.py)
     cond_stage_model.transformer.text_model.*      SD1 text encoder, HF CLIP layout
     cond_stage_model.model.*                       SD2 text encoder, OpenCLIP layout
     conditioner.embedders.0.transformer.text_model.*   SDXL CLIP-L, HF layout
@@ -14,8 +15,8 @@ OpenCLIP differs from HF CLIP in three ways: names (``transformer.resblocks.N.ln
 ``text_projection`` stored as the matrix P of ``x @ P`` (the transpose of HF's ``text_projection.weight``), which
 is how diffusers' ``convert_open_clip_checkpoint`` and ComfyUI read it.
 
-HF text-encoder state dicts are handled in a *canonical* form with the ``text_model.`` level (transformers >= 5.6
-made ``CLIPTextModel`` flat; :func:`hf_state_dict` / :func:`hf_for_model` convert between the two).
+HF text-encoder state dicts are handled in the shared *canonical* form with the ``text_model.`` level
+(``convert.hf_state_dict`` / ``convert.hf_for_model``).
 """
 
 from __future__ import annotations
