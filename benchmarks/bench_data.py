@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from library.data import DataArgs, build_datasets, cache_latents, make_loader  # noqa: E402
 from library.data.data_args import add_dataset_args  # noqa: E402
-from library.families.tiny import build_tiny  # noqa: E402
+from library.families.sd.tiny import build_tiny  # noqa: E402
 
 
 def _make_images(folder: str, n: int, size: int) -> None:

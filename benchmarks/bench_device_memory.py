@@ -55,7 +55,8 @@ def real_size_loader(family, device: str):
     from transformers import CLIPTextConfig
 
     from library.families.base import Parts
-    from library.families.loading import shipped_configs, text_encoder_class
+    from library.families.encoders.clip import text_encoder_class
+    from library.families.loading import shipped_configs
     from library.families.tokenizers import load_tokenizers
 
     def dtype_of(dtype, part):
@@ -90,8 +91,8 @@ def real_size_loader(family, device: str):
                for s, c in zip(family.spec.text_encoders, configs["text_encoders"])]  # fmt: skip
         tokenizers = load_tokenizers(family.spec.text_encoders, None, None)
         scheduler = {k: v for k, v in configs["scheduler"].items() if not k.startswith("_")}
-        extras = {"text_encoder_extras": [{} for _ in tes]}
-        return Parts(unet, vae, tes, tokenizers, scheduler, family.name, f"real-size {family.name}", extras)
+        return Parts(unet, vae, tes, tokenizers, scheduler, family.name, f"real-size {family.name}",
+                     text_encoder_extras=[{} for _ in tes])  # fmt: skip
 
     return load
 

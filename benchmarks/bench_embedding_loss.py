@@ -102,7 +102,7 @@ def tiny_model_with_usable_latents(folder: Path, pixels: torch.Tensor) -> Path:
     """The tiny SD1 model with its random VAE made usable for this: the latent means of ``pixels`` rescaled to unit
     standard deviation after SD's 0.18215 scale (the freshly built VAE gives 0.04) and the latent variance made
     negligible (it is ~1, which buries the image under sampling noise); the decoder undoes the rescale."""
-    from library.families.tiny import build_tiny, save_diffusers
+    from library.families.sd.tiny import build_tiny, save_diffusers
 
     parts = build_tiny("sd1")
     vae = parts.vae

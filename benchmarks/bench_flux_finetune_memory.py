@@ -81,7 +81,7 @@ def measure(swap: int, args: argparse.Namespace, work: Path) -> dict:
     from bench_flux_memory import RealSizeLoader
 
     import flux_train
-    from library.families import FLUX_DEV
+    from library.families.flux import FLUX_DEV
     from library.measure.simulated_device import simulated_device
 
     argv = ["--pretrained_model_name_or_path", str(work / "tiny" / "flux-dev"), "--train_data_dir", str(work / "data"),
@@ -112,7 +112,7 @@ def main() -> None:
     from bench_block_swap import fused_attention
     from bench_flux_memory import lazy_host_copies, uncounted_swap_check
 
-    from library.families import FLUX_DEV
+    from library.families.flux import FLUX_DEV
     from library.families.flux.tiny import build_tiny_flux
     from library.run.demo import make_example_dataset
 

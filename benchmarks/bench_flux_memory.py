@@ -172,7 +172,7 @@ def flux_run():
 
 
 def measure(card: int, swap: int, batch: int, args: argparse.Namespace, work: Path, run) -> dict:
-    from library.families import FLUX_DEV
+    from library.families.flux import FLUX_DEV
     from library.measure.simulated_device import simulated_device
 
     argv = ["--pretrained_model_name_or_path", str(work / "tiny" / "flux-dev"), "--train_data_dir", str(work / "data"),
@@ -216,7 +216,7 @@ def main() -> None:
     torch.set_num_threads(max(1, torch.get_num_threads()))
     from bench_block_swap import fused_attention
 
-    from library.families import FLUX_DEV
+    from library.families.flux import FLUX_DEV
     from library.families.flux.tiny import build_tiny_flux
     from library.run.demo import make_example_dataset
 

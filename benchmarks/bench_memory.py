@@ -148,7 +148,8 @@ def meta_step(family_name: str, resolution: int, fp8: bool = True, checkpointing
     from library.device.fp8 import store_in_fp8
     from library.families import get_family
     from library.families.base import Cond, Parts
-    from library.families.loading import shipped_configs, text_encoder_class
+    from library.families.encoders.clip import text_encoder_class
+    from library.families.loading import shipped_configs
     from library.measure.tensor_memory import TensorMemory
     from library.run.runtime import set_attention
     from library.run.setup import enable_checkpointing

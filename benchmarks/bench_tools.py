@@ -32,7 +32,7 @@ def build_lora(rank: int, path: Path) -> dict[str, tuple[int, int]]:
     """Write a random SDXL LoRA of ``rank`` to ``path``; returns {module: (out, in)}."""
     from safetensors.torch import save_file
 
-    from library.families import SDXL
+    from library.families.sd import SDXL
     from networks.targets import builtin_preset, find_targets
 
     roots = SDXL.adapter_roots(SDXL.reference_parts())

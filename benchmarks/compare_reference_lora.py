@@ -99,7 +99,7 @@ def sharpen_vae(vae, pixels: torch.Tensor) -> None:
 def make_base_model(folder: Path, steps: int, seed: int = 0) -> Path:
     """The tiny SD1 model with its UNet first trained (full, AdamW 1e-3, batch 4) on the probe images, so that it
     knows something a LoRA can make it forget; written as a diffusers folder."""
-    from library.families.tiny import build_tiny, save_diffusers
+    from library.families.sd.tiny import build_tiny, save_diffusers
 
     torch.manual_seed(seed)
     parts = build_tiny("sd1")

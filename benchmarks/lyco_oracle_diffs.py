@@ -27,7 +27,7 @@ from torch import nn
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from library.families import get_family  # noqa: E402
-from library.families.tiny import build_tiny  # noqa: E402
+from library.families.sd.tiny import build_tiny  # noqa: E402
 from networks import NetworkConfig, add_network_args, inject  # noqa: E402
 from networks.layers import AdapterLayer, AdapterWeights  # noqa: E402
 from networks.lycoris_reader import apply_with_lycoris  # noqa: E402

@@ -30,8 +30,9 @@ def build(family_name: str, folder: str | Path, dtype_name: str = "fp32", seed: 
 
     from library.families import get_family
     from library.families.base import Parts
-    from library.families.loading import shipped_configs, text_encoder_class
-    from library.families.tiny import save_diffusers
+    from library.families.encoders.clip import text_encoder_class
+    from library.families.loading import shipped_configs
+    from library.families.sd.tiny import save_diffusers
     from library.families.tokenizers import load_clip_tokenizer
 
     folder = Path(folder)

@@ -3,7 +3,7 @@
 Roots: a test-only stand-in for ``family.adapter_roots(parts)`` until the families land (then switch to the family).
 
 SD1/SD2: ``[("lora_unet", unet, identity), ("lora_te", te, add text_model.)]``; SDXL: the UNet renamed to the sgm
-(ldm) layout with ``library.families.unet_keys`` and two text encoders ``lora_te1`` / ``lora_te2``.
+(ldm) layout with ``library.families.sd.unet_keys`` and two text encoders ``lora_te1`` / ``lora_te2``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from library.families.unet_keys import block_map, diffusers_to_ldm
+from library.families.sd.unet_keys import block_map, diffusers_to_ldm
 
 
 @pytest.fixture(autouse=True)

@@ -38,11 +38,11 @@ def _cpu_unless_marked_gpu(request, monkeypatch):
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
     """Folder with tiny diffusers models: <dir>/sd1, <dir>/sd2, <dir>/sdxl."""
-    from library.families.tiny import FAMILIES, build_tiny, save_diffusers
+    from library.families.sd import FAMILIES
 
     root = tmp_path_factory.mktemp("tiny_models")
-    for name in FAMILIES:
-        save_diffusers(build_tiny(name), root / name)
+    for family in FAMILIES:
+        family.tiny.write_folder(family.tiny.build(), root / family.name)
     return root
 
 
@@ -57,6 +57,6 @@ def dataset(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_parts():
     """In-memory tiny models keyed by family name. Do not modify them in a test: deep-copy first."""
-    from library.families.tiny import FAMILIES, build_tiny
+    from library.families.sd import FAMILIES
 
-    return {name: build_tiny(name) for name in FAMILIES}
+    return {family.name: family.tiny.build() for family in FAMILIES}

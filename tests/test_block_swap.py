@@ -351,7 +351,7 @@ def test_sd_scripts_refuse_blocks_to_swap_with_a_reason():
     and placing an SD UNet with swapping fails the same way."""
     import train_network
     from library.cli.parse import parse_args
-    from library.families import SD1
+    from library.families.sd import SD1
     from library.run.setup import place_denoiser
 
     with pytest.raises(ConfigError, match="--blocks_to_swap.*FLUX / SD3"):
@@ -417,7 +417,7 @@ def test_read_config_checks_n_against_the_released_architecture():
     """Before loading: the family's lists of its released architecture (``reference_parts``) decide."""
     from types import SimpleNamespace
 
-    from library.families import SD1
+    from library.families.sd import SD1
     from library.run.config import block_swap_problems
 
     assert block_swap_problems(SD1, BlockSwapConfig()) == []  # no flag: the architecture is not even built

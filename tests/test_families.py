@@ -15,10 +15,11 @@ import pytest
 import torch
 from diffusers import AutoencoderKL, DiffusionPipeline, StableDiffusionPipeline, StableDiffusionXLPipeline
 
-from library.families import SD1, SD2, SDXL, detect_family, get_family
+from library.families import detect_family, get_family
 from library.families.convert import vae_to_ldm
 from library.families.loading import META_CONFIGS
-from library.families.tiny import build_tiny
+from library.families.sd import SD1, SD2, SDXL
+from library.families.sd.tiny import build_tiny
 from library.files.weights import load_state_dict, save_state_dict
 
 FAMILIES = ["sd1", "sd2", "sdxl"]
@@ -208,7 +209,7 @@ def test_shipped_configs_build_the_released_architectures():
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
     from library.families.loading import shipped_configs
-    from library.families.unet_keys import unet_state_dict_to_ldm
+    from library.families.sd.unet_keys import unet_state_dict_to_ldm
 
     # UNet: diffusers docs (num_parameters of SD1.5's UNet) / SDXL training logs; VAE and text encoders: the sums
     # of the released checkpoints (SDXL conditioning 817,720,320 = CLIP-L + bigG with projection).
@@ -251,8 +252,9 @@ def test_released_layout_at_full_size_on_meta(stem):
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
     from library.families import Parts
-    from library.families.loading import parts_from_single_file, shipped_configs
-    from library.families.saving import single_file_state_dict
+    from library.families.loading import shipped_configs
+    from library.families.sd.loading import parts_from_single_file
+    from library.families.sd.saving import single_file_state_dict
 
     cfg = shipped_configs(stem)
     family = get_family(cfg["family"])

@@ -9,8 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from library.families import SDXL, Parts, get_family
+from library.families import Parts, get_family
 from library.families.loading import shipped_configs
+from library.families.sd import SDXL
 from library.families.tokenizers import load_tokenizers
 
 pytestmark = pytest.mark.gpu

@@ -9,8 +9,8 @@ import pytest
 import torch
 from diffusers import DDIMScheduler, EulerDiscreteScheduler, StableDiffusionPipeline, StableDiffusionXLPipeline
 
-from library.families import SD1, SD2, SDXL
 from library.families.convert import hf_state_dict
+from library.families.sd import SD1, SD2, SDXL
 from library.files.weights import load_state_dict
 
 CAPTIONS = ["a photo of an astronaut riding a horse on mars", "a red cat"]

@@ -16,7 +16,7 @@ import torch
 
 import library.run.train_step as T
 import train_network
-from library.families import SD1, SDFamily, register_family, unregister_family
+from library.families import register_family, unregister_family
 from library.families.base import FLOW_MATCHING, FamilySpec, missing_members
 from library.families.flux.objective import (
     SIGMA_SCALED_WARNING,
@@ -24,6 +24,7 @@ from library.families.flux.objective import (
     add_flow_matching_args,
     flow_matching_objective,
 )
+from library.families.sd import SD1, SDFamily
 from library.files.weights import read_metadata
 from library.objectives.base import Objective
 from library.run import loop

@@ -14,7 +14,8 @@ from _networks_helpers import random_lora_state
 from PIL import Image
 from safetensors.torch import save_file
 
-from library.families import FLUX_DEV, get_family
+from library.families import get_family
+from library.families.flux import FLUX_DEV
 from library.families.flux import keys as K
 from library.families.flux.tiny import build_tiny_flux, write_tiny_files
 from library.sampling import PromptSpec, resolve

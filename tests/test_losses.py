@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from library.families.tiny import SCHEDULE
+from library.families.sd.tiny import SCHEDULE
 from library.objectives.losses import (
     LossConfig,
     apply_mask,

@@ -395,7 +395,7 @@ def test_lora_dropouts_act_as_on_the_fused_linear():
 
 def test_sd_presets_resolve_to_the_classes_they_always_named():
     """The built-in presets written in class groups give SD1/SD2/SDXL the literal tuples they had before."""
-    from library.families import SD1, SDXL
+    from library.families.sd import SD1, SDXL
 
     te = ("CLIPAttention", "CLIPSdpaAttention", "CLIPFlashAttention2", "CLIPMLP")
     conv = ("ResnetBlock2D", "Downsample2D", "Upsample2D")

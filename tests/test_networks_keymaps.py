@@ -20,7 +20,7 @@ from _networks_helpers import (
 )
 from diffusers.loaders.single_file_utils import convert_ldm_unet_checkpoint
 
-from library.families.unet_keys import unet_state_dict_to_ldm
+from library.families.sd.unet_keys import unet_state_dict_to_ldm
 from networks import inject
 
 CONFIGS = {

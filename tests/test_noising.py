@@ -8,7 +8,7 @@ import pytest
 import torch
 from diffusers import DDPMScheduler
 
-from library.families.tiny import SCHEDULE
+from library.families.sd.tiny import SCHEDULE
 from library.objectives.noising import (
     NoiseConfig,
     NoiseSchedule,

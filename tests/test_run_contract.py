@@ -131,7 +131,7 @@ def test_trainables_change_the_step_only_through_step_models(tiny_parts):
     ``step_models``; the run's own StepModels is never written."""
     import torch
 
-    from library.families import SD1
+    from library.families.sd import SD1
     from library.run.token_embeddings import caption_rewriter
 
     parts = copy.deepcopy(tiny_parts["sd1"])  # the trainable makes the model trainable: not the shared one

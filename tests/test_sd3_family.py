@@ -9,8 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from library.families import FAMILIES, SD3_MEDIUM, SD35_LARGE, SD35_MEDIUM, Cond, block_layout, detect_family
+from library.families import FAMILIES, Cond, block_layout, detect_family
 from library.families.base import missing_members
+from library.families.sd3 import SD3_MEDIUM, SD35_LARGE, SD35_MEDIUM
 from library.families.sd3 import keys as K
 from library.families.sd3.tiny import build_tiny_sd3, write_tiny_files
 

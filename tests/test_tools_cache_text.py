@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from library.cli.parse import ConfigError
-from library.families import SDXL
+from library.families.sd import SDXL
 from tools import cache_text_encoder_outputs
 
 

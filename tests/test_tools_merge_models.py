@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 
 from library.cli.parse import ConfigError
 from library.families import get_family
-from library.families import tiny as tiny_mod
+from library.families.sd import tiny as tiny_mod
 from library.files.weights import load_state_dict
 from tools import merge_models
 

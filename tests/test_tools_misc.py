@@ -14,7 +14,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from library.cli.parse import ConfigError
-from library.families import SD1, get_family
+from library.families import get_family
+from library.families.sd import SD1
 from library.files.weights import load_state_dict
 from networks import check_lora_weights
 from tools import (

@@ -4,7 +4,7 @@ import pytest
 import torch
 from diffusers.loaders.single_file_utils import convert_ldm_unet_checkpoint
 
-from library.families.unet_keys import diffusers_to_ldm, unet_state_dict_from_ldm, unet_state_dict_to_ldm
+from library.families.sd.unet_keys import diffusers_to_ldm, unet_state_dict_from_ldm, unet_state_dict_to_ldm
 
 
 @pytest.mark.parametrize("family", ["sd1", "sd2", "sdxl"])

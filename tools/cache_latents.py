@@ -15,6 +15,7 @@ flags are those of its training script (library/families: ``family.options``).
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -24,7 +25,7 @@ if __package__ in (None, ""):  # run as a script: import the repository, not thi
 
 from library.cli.main_guard import main_guard
 from library.cli.parse import add_no_effect, parse_args, peek
-from library.families import FAMILIES, family_group, get_family
+from library.families import FAMILIES, family_flags, family_group, flagged_family, get_family
 from library.families.options import option_actions
 from library.run import config as run_config
 from library.run import setup as run_setup
@@ -70,10 +71,23 @@ def build_parser(family_names: Sequence[str] = ("sd1", "sd2")) -> argparse.Argum
     return parser
 
 
+@functools.cache
+def _training_flags() -> frozenset[str]:
+    """The flags of the training groups (``--v2`` is one: it says SD 2.x to the run, not which script trains)."""
+    training = argparse.ArgumentParser()
+    add_network_training_groups(training, add_network_args)
+    return frozenset(option.lstrip("-") for action in training._actions for option in action.option_strings)
+
+
 def family_names(argv: Sequence[str] | None) -> tuple[str, ...]:
-    """The families trained together with the model the command line names (read from the file; sd-scripts'
-    ``--sdxl`` when the file does not exist yet)."""
-    return family_group(peek(argv, "pretrained_model_name_or_path"), sdxl=bool(peek(argv, "sdxl")))
+    """The families trained together with the model the command line names (read from the file; an sd-scripts
+    family flag such as ``--sdxl`` picks them when given)."""
+    pre = argparse.ArgumentParser(add_help=False)
+    for flag in family_flags():
+        pre.add_argument(f"--{flag}", action="store_true")
+    known, _ = pre.parse_known_args(list(argv) if argv is not None else None)
+    flagged = flagged_family(known, [f for f in family_flags() if f not in _training_flags()])
+    return family_group(peek(argv, "pretrained_model_name_or_path"), flagged=flagged)
 
 
 def run(argv: Sequence[str] | None = None) -> run_setup.Run | None:

@@ -31,6 +31,7 @@ import torch
 from library.cli.main_guard import main_guard
 from library.cli.parse import add_unsupported, unsupported_problems
 from library.cli.problems import ConfigError
+from library.families import family_flags, family_title, flagged_family
 
 logger = logging.getLogger(__name__)
 SINGLE_FILE = (".safetensors", ".ckpt")
@@ -40,9 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model_to_load", help="diffusers folder or single file (.safetensors / .ckpt)")
     p.add_argument("model_to_save", help="single file (.safetensors / .ckpt) or a folder name (diffusers)")
-    p.add_argument("--v1", action="store_true", help="checked: the input is SD 1.x")
-    p.add_argument("--v2", action="store_true", help="checked: the input is SD 2.x")
-    p.add_argument("--sdxl", action="store_true", help="checked: the input is SDXL")
+    for flag, name in family_flags().items():  # sd-scripts' --v1 / --v2 / --sdxl
+        p.add_argument(f"--{flag}", action="store_true", help=f"checked: the input is {family_title(name)}")
     p.add_argument("--v_parameterization", action="store_true", help="mark the output as v-prediction")
     p.add_argument("--unet_use_linear_projection", action="store_true", help="accepted; the config decides")
     p.add_argument("--fp16", action="store_true", help="save in float16")
@@ -111,7 +111,7 @@ def stored_dtype(path: Path) -> torch.dtype | None:
 
 def run(argv: Sequence[str] | None = None) -> Path:
     """Convert; returns the path written."""
-    from library.families import detect_family, family_flags
+    from library.families import detect_family
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -123,14 +123,15 @@ def run(argv: Sequence[str] | None = None) -> Path:
         problems.append(f"{src}: no such file or folder")
     if dst.suffix.lower() in (".pt", ".pth", ".bin"):
         problems.append(f"{dst}: save as .safetensors, .ckpt or a folder name (diffusers)")
-    if sum((args.v1, args.v2, args.sdxl)) > 1:
-        problems.append("--v1, --v2 and --sdxl exclude each other")
+    flags = [f"--{flag}" for flag in family_flags()]
+    if sum(bool(getattr(args, flag)) for flag in family_flags()) > 1:
+        problems.append(f"{', '.join(flags[:-1])} and {flags[-1]} exclude each other")
     if problems:
         raise ConfigError(problems)
     family = detect_family(src)
-    want = next((name for flag, name in family_flags().items() if getattr(args, flag, False)), None)
+    want = flagged_family(args)
     if want and want != family.name:
-        raise ConfigError([f"{src} is an {family.name} model, not {want}; remove --v1 / --v2 / --sdxl (the family "
+        raise ConfigError([f"{src} is an {family.name} model, not {want}; remove {' / '.join(flags)} (the family "
                            "is read from the file)"])  # fmt: skip
     load_dtype = dtype or stored_dtype(src) or torch.float32  # no up-cast: the output keeps the input's precision
     parts = family.load(src, dtype=load_dtype, v_parameterization=True if args.v_parameterization else None)

@@ -1,18 +1,15 @@
-"""Write tiny SD1 / SD2-v / SDXL / FLUX.1 / Chroma / SD3 / SD3.5 models with random weights (tests, the demo, trying
-sdtrain offline).
+"""Write tiny models of the registered model families with random weights (tests, the demo, trying sdtrain offline).
 
-    python tools/make_tiny_model.py --out models/tiny [--family sd1 sd2 sdxl flux-dev flux-schnell chroma sd3
-        sd3.5-medium sd3.5-large] [--seed 0]
+    python tools/make_tiny_model.py --out models/tiny [--family NAME ...] [--seed 0]
 
 writes, per family, ``<out>/<family>/`` (a diffusers folder) and ``<out>/<family>.safetensors`` (a single-file
-checkpoint in the original layout; FLUX.1 / Chroma: the BFL transformer, with the ``--clip_l``, ``--t5xxl`` and
-``--ae`` files sd-scripts takes beside it as ``<out>/<family>_{clip_l,t5xxl,ae}.safetensors``; SD3 / SD3.5: the SAI
-file with its VAE and text encoders, plus ``<out>/<family>_dit.safetensors`` (transformer and VAE only, as
-``sd3.5_large.safetensors``) and the ``--clip_l --clip_g --t5xxl --vae`` files as
-``<out>/<family>_{clip_l,clip_g,t5xxl,vae}.safetensors``). The models have the real block layout, module names and
-tokenizers of the released models with tiny widths (see ``library/families/tiny.py``, ``library/families/flux/tiny.py``,
-``library/families/sd3/tiny.py``); every training script accepts either layout.
-Without ``--family`` the SD families are written.
+checkpoint in the layout users have), plus the files sd-scripts takes beside it where the family has them, as
+``<out>/<family>_<part>.safetensors`` (e.g. FLUX.1's ``--clip_l``, ``--t5xxl`` and ``--ae`` files; SD3's transformer
+file without encoders ``_dit`` and its ``--clip_l --clip_g --t5xxl --vae`` files). The models have the real block
+layout, module names and tokenizers of the released models with tiny widths (each family's ``tiny``, in its folder
+under ``library/families/``); every training script accepts either layout. ``--family`` takes any registered family
+with a tiny model; without it the default ones are written (the SD families). Families add their own flags (block
+counts: ``--flux_blocks``, ``--sd3_blocks``).
 """
 
 from __future__ import annotations
@@ -27,43 +24,27 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from library.cli.main_guard import main_guard  # noqa: E402
-from library.families import get_family  # noqa: E402
-from library.families.flux.tiny import VARIANTS as FLUX_VARIANTS  # noqa: E402
-from library.families.flux.tiny import build_tiny_flux, write_tiny_files  # noqa: E402
-from library.families.sd3.configs import VARIANTS as SD3_VARIANTS  # noqa: E402
-from library.families.sd3.tiny import build_tiny_sd3  # noqa: E402
-from library.families.sd3.tiny import write_tiny_files as write_tiny_sd3_files  # noqa: E402
-from library.families.tiny import FAMILIES, build_tiny  # noqa: E402
+from library.families import FAMILIES, get_family  # noqa: E402
+from library.families.base import ModelFamily  # noqa: E402
 
-# joint blocks of the tiny SD3 models this tool writes (None: the variant's tiny default, 34 for sd3.5-large): the
-# fewest that sd-scripts' documented command lines accept (docs/fine_tune.md's sd3_train.py --blocks_to_swap 10)
-CLI_SD3_BLOCKS = {"sd3": 12, "sd3.5-medium": 12}
+
+def tiny_families() -> list[ModelFamily]:
+    """The registered families that have a tiny model, in registration order."""
+    return [family for family in FAMILIES.values() if family.tiny is not None]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    families = tiny_families()
+    titles = " / ".join(dict.fromkeys(family.spec.title for family in families))
+    parser = argparse.ArgumentParser(description=f"Write tiny {titles} models with random weights (tests, the demo, "
+                                     "trying sdtrain offline).")  # fmt: skip
+    defaults = [family.name for family in families if family.tiny.by_default]
     parser.add_argument("--out", required=True, help="output folder")
-    parser.add_argument("--family", nargs="+", choices=FAMILIES + FLUX_VARIANTS + SD3_VARIANTS, default=list(FAMILIES),
-                        help="families to write (default: the SD families)")  # fmt: skip
+    parser.add_argument("--family", nargs="+", choices=[family.name for family in families], default=defaults,
+                        help=f"families to write (default: {' '.join(defaults)})")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights")
-    parser.add_argument(
-        "--flux_blocks",
-        type=int,
-        nargs=2,
-        default=[11, 20],
-        metavar=("DOUBLE", "SINGLE"),
-        help="FLUX / Chroma double and single blocks (default 11 20: enough for sd-scripts' "
-        "documented --blocks_to_swap 18, which keeps 2 blocks of each kind on the device)",
-    )
-    parser.add_argument(
-        "--sd3_blocks",
-        type=int,
-        default=None,
-        metavar="N",
-        help="SD3 / SD3.5 joint blocks (default: 12, enough for sd-scripts' documented sd3_train.py "
-        "--blocks_to_swap 10; 34 for sd3.5-large, enough for its sd3_train_network.py --blocks_to_swap 32; swapping "
-        "keeps 2 blocks on the device)",
-    )
+    for add_tool_args in dict.fromkeys(family.tiny.add_tool_args for family in families):  # shared flags once
+        add_tool_args(parser)
     return parser
 
 
@@ -75,29 +56,10 @@ def run(argv: Sequence[str] | None = None) -> list[Path]:
     for name in args.family:
         start = time.perf_counter()
         family = get_family(name)
-        flux, sd3 = name in FLUX_VARIANTS, name in SD3_VARIANTS
-        if sd3:
-            parts = build_tiny_sd3(name, args.seed, args.sd3_blocks or CLI_SD3_BLOCKS.get(name))
-        else:
-            parts = (
-                build_tiny_flux(name, args.seed, tuple(args.flux_blocks)) if flux else build_tiny(name, seed=args.seed)
-            )
+        parts = family.tiny.build(args.seed, **family.tiny.tool_options(args))
         folder = family.save(parts, out / name)
         single = family.save(parts, out / f"{name}.safetensors")
-        if flux:  # sd-scripts' --clip_l / --t5xxl / --ae files beside the BFL transformer
-            for part, path in write_tiny_files(parts, out / f".{name}_parts").items():
-                if part != "model":
-                    path.replace(out / f"{name}_{part}.safetensors")
-            (out / f".{name}_parts" / "model.safetensors").unlink()
-            (out / f".{name}_parts").rmdir()
-        if sd3:  # the SAI file without encoders, and sd-scripts' --clip_l / --clip_g / --t5xxl / --vae files
-            family.save(parts, out / f"{name}_dit.safetensors", text_encoders=False)
-            tmp = out / f".{name}_parts"
-            for part, path in write_tiny_sd3_files(parts, tmp, diffusers=False).items():
-                if part in ("clip_l", "clip_g", "t5xxl", "vae"):
-                    path.replace(out / f"{name}_{part}.safetensors")
-            (tmp / "model.safetensors").unlink()
-            tmp.rmdir()
+        family.tiny.write_files(parts, out, name)  # the files sd-scripts takes beside the single file
         params = sum(p.numel() for m in (parts.denoiser, parts.vae, *parts.text_encoders) for p in m.parameters())
         print(f"{name}: {folder}/ and {single} ({params:,} parameters, {parts.prediction_type}) "
               f"in {time.perf_counter() - start:.1f}s")  # fmt: skip

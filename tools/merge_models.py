@@ -186,8 +186,9 @@ def merge_extras(first, others: Sequence[tuple[str, list]], ratios: Sequence[flo
 
 def unread_keys(path: Path, family) -> list[str]:
     """Keys of a single file that the family's loader does not read (EMA copies, schedule buffers...)."""
-    from library.families.convert import UNET_PREFIX, VAE_PREFIX
+    from library.families.convert import VAE_PREFIX
     from library.families.loading import check_model_path
+    from library.families.sd.convert import UNET_PREFIX
     from library.files.weights import load_state_dict
 
     path = check_model_path(path)

@@ -1,21 +1,24 @@
-"""Model families: everything that differs between SD1, SD2, SDXL, FLUX.1 dev / schnell, Chroma and SD3 / SD3.5 lives
-here.
+"""Model families: everything that differs between the model architectures (SD1, SD2, SDXL, FLUX.1, Chroma, SD3...)
+lives here, one folder per family (``sd/``, ``flux/``, ``sd3/``), found by the registry (``registry.py``; installed
+plug-ins too), with the parts several families share (``encoders/``, ``autoencoders/``, the loading helpers).
 
-from library.families import SD1, SD2, SDXL, get_family, detect_family
+from library.families import get_family, detect_family
 family = detect_family("model.safetensors")          # or get_family("sdxl")
 parts = family.load("model.safetensors", dtype=torch.bfloat16)
 cond = family.encode_prompt(parts, ["a photo of a cat"], max_token_length=225)
+
+The family objects themselves are imported from their folders (``from library.families.sd import SD1``); this
+package imports no family folder until the registry is first asked.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from .base import EPSILON, FLOW_MATCHING, OBJECTIVES, V_PREDICTION, Cond, ModelFamily, Parts
-from .flux import CHROMA, FLUX_DEV, FLUX_SCHNELL, FluxFamily
 from .registry import (
     FAMILIES,
     adapter_families,
@@ -24,26 +27,20 @@ from .registry import (
     block_layout_title,
     family_flags,
     family_title,
+    flagged_family,
     get_family,
     register_family,
     ti_keys_of_other_families,
     trained_together,
     unregister_family,
 )
-from .sd import SD1, SD2, SDFamily
-from .sd3 import SD3_MEDIUM, SD35_LARGE, SD35_MEDIUM, SD3Family
-from .sdxl import SDXL, SDXLFamily
 
-for _family in (SD1, SD2, SDXL, FLUX_DEV, FLUX_SCHNELL, CHROMA, SD3_MEDIUM, SD35_MEDIUM, SD35_LARGE):
-    register_family(_family)
-
-__all__ = ["SD1", "SD2", "SDXL", "FAMILIES", "Cond", "ModelFamily", "Parts", "SDFamily", "SDXLFamily"]
-__all__ += ["FLUX_DEV", "FLUX_SCHNELL", "CHROMA", "FluxFamily"]
-__all__ += ["SD3_MEDIUM", "SD35_MEDIUM", "SD35_LARGE", "SD3Family"]
+__all__ = ["FAMILIES", "Cond", "ModelFamily", "Parts"]
 __all__ += ["EPSILON", "V_PREDICTION", "FLOW_MATCHING", "OBJECTIVES"]
 __all__ += ["get_family", "detect_family", "select_family", "family_as_flagged", "family_group", "register_family"]
 __all__ += ["unregister_family", "trained_together", "family_title", "block_layout", "block_layout_title"]
 __all__ += ["adapter_families", "adapter_family_label", "ti_keys_of_other_families", "family_flags"]
+__all__ += ["flagged_family"]
 
 
 class _Shape:
@@ -56,19 +53,27 @@ class _Shape:
 def detect_family(source: str | os.PathLike | Mapping[str, Any]) -> ModelFamily:
     """The family of a single-file state dict, a weight file or a diffusers folder (reads only keys and shapes
     of .safetensors files). Raises ``ValueError`` when it is no Stable Diffusion model."""
-    from .loading import check_model_path, family_of_folder, family_of_state_dict
+    from .loading import check_model_path, family_of_folder, family_of_state_dict, unsupported_model
 
     if isinstance(source, Mapping):
-        name, where = family_of_state_dict(source), "this state dict"
+        (sd, metadata), where = (source, {}), "this state dict"
     else:
         path = check_model_path(source)
         if path.is_dir():
             return FAMILIES[family_of_folder(path)]
-        name, where = family_of_state_dict(*_peek(path)), str(path)
-    if name not in FAMILIES:
-        what = "an SDXL refiner, which is not supported" if name else "no Stable Diffusion model (no UNet keys)"
-        raise ValueError(f"{where}: {what}; expected an SD1.x, SD2.x or SDXL model")
+        (sd, metadata), where = _peek(path), str(path)
+    name = family_of_state_dict(sd, metadata)
+    if name is None:
+        what = unsupported_model(sd, metadata) or "no Stable Diffusion model (no UNet keys)"
+        raise ValueError(f"{where}: {what}; expected {_titles(FAMILIES.values(), 'or')} model")
     return FAMILIES[name]
+
+
+def _titles(families: Iterable[ModelFamily], conjunction: str) -> str:
+    """ "an SD1.x, SD2.x or SDXL": the families' titles as a list in a sentence."""
+    titles = [f.spec.title for f in families]
+    listed = f"{', '.join(titles[:-1])} {conjunction} {titles[-1]}" if len(titles) > 1 else "".join(titles)
+    return f"{'an' if listed[:1] in 'AEFHILMNORSX' else 'a'} {listed}"
 
 
 def _peek(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
@@ -124,8 +129,9 @@ def family_as_flagged(path: str | os.PathLike, *, v2: bool = False, sdxl: bool =
     return family
 
 
-def family_group(path: str | os.PathLike | None, *, sdxl: bool = False) -> tuple[str, ...]:
-    """The families the training script for the model at ``path`` takes (see :func:`trained_together`): read from
-    the file when it exists, ``--sdxl`` for sd-scripts' tools that have the flag, else the first family's group."""
+def family_group(path: str | os.PathLike | None, *, sdxl: bool = False, flagged: str | None = None) -> tuple[str, ...]:
+    """The families the training script for the model at ``path`` takes (see :func:`trained_together`): the family
+    an sd-scripts family flag names (``flagged``, see :func:`flagged_family`; ``sdxl``: ``--sdxl``) for the tools that
+    have one, else read from the file when it exists, else the first family's group."""
     detected = detect_family(path).name if path and Path(path).exists() else None
-    return trained_together("sdxl" if sdxl else detected or next(iter(FAMILIES)))
+    return trained_together(flagged or ("sdxl" if sdxl else None) or detected or next(iter(FAMILIES)))

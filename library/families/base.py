@@ -1,11 +1,12 @@
 """What every model family provides, and the containers passed between the family and the rest of the toolkit.
 
-A family (SD1, SD2, SDXL) is one small object that holds everything that differs between the architectures. Code
+A family (SD1, SD2, SDXL, FLUX.1 dev ...) is one small object that holds everything that differs between the architectures. Code
 outside ``library/families/`` asks the family; it never tests ``is_sdxl`` or ``v2`` itself.
 """
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -130,8 +131,10 @@ class FamilySpec:
     model (a type missing here names ``training_script``). ``load_hint``: how a user loads it, for "wrong family"
     errors.
     ``flag``: the sd-scripts flag that names it where tools take one (``--v1`` / ``--v2`` / ``--sdxl``), without
-    the dashes. ``detect``: whether a single-file state dict (keys -> tensors, or objects with ``.shape``) and its metadata are
-    this family's, for files without our ``sdtrain.family`` metadata; None: the built-in SD1/SD2/SDXL rules.
+    the dashes. ``detect``: whether a single-file state dict (keys -> tensors, or objects with ``.shape``) and its
+    metadata are this family's, for files without our ``sdtrain.family`` metadata; None: only that metadata tells.
+    ``refuse``: for a single file no family detects, why it cannot be loaded when it is almost this family's (SDXL:
+    "an SDXL refiner, which is not supported"), named in detection errors; else None.
     """
 
     name: str
@@ -146,7 +149,8 @@ class FamilySpec:
     flag: str = ""
     detect: Callable[[Mapping[str, Any], Mapping[str, str]], bool] | None = None
     detect_folder: Callable[[Path], bool] | None = None
-    """Whether a folder is this family's model (families whose diffusers folders have no ``unet/``, e.g. FLUX)."""
+    """Whether a diffusers folder is this family's model."""
+    refuse: Callable[[Mapping[str, Any], Mapping[str, str]], str | None] | None = None
     group: str = ""
     """The name of the family group its training script trains, for messages that list groups ("FLUX" for
     FLUX.1 dev / schnell and Chroma); "" : the title."""
@@ -278,10 +282,44 @@ class TargetClasses:
 
 
 @runtime_checkable
+class TinyModel(Protocol):
+    """A family's tiny model (``ModelFamily.tiny``): the released architecture's module layout, names and tokenizers
+    with tiny widths and seeded random weights, built in well under a second, for the tests, ``--demo`` and
+    ``tools/make_tiny_model.py`` (which asks every registered family's tiny model and never names a family)."""
+
+    by_default: bool
+    """Whether ``tools/make_tiny_model.py`` writes it when ``--family`` is not given."""
+
+    def build(self, seed: int = 0, **options: Any) -> Parts:
+        """The tiny model (fp32, CPU, eval mode, frozen) with weights drawn after ``torch.manual_seed(seed)``;
+        ``options``: the family's own (what :meth:`tool_options` returns, e.g. block counts)."""
+        ...
+
+    def write_folder(self, parts: Parts, folder: str | Path) -> Path:
+        """``parts`` as the diffusers folder the demo and the tests train on; returns ``folder``."""
+        ...
+
+    def write_files(self, parts: Parts, out: str | Path, name: str) -> dict[str, Path]:
+        """The files sd-scripts takes beside the model's single file ``<out>/<name>.safetensors``, written into
+        ``out`` as ``<name>_<part>.safetensors`` (FLUX.1: ``clip_l``, ``t5xxl``, ``ae``); returns part -> path, {}
+        when the single file is the whole model."""
+        ...
+
+    def add_tool_args(self, parser: argparse.ArgumentParser) -> None:
+        """Add the tiny model's own flags to ``tools/make_tiny_model.py``'s parser. Families that share flags share
+        this function object (a ``staticmethod``): the tool calls each distinct one once."""
+        ...
+
+    def tool_options(self, args: argparse.Namespace) -> dict[str, Any]:
+        """:meth:`build`'s ``options`` from the tool's parsed flags (its flags' defaults included)."""
+        ...
+
+
+@runtime_checkable
 class ModelFamily(Protocol):
-    """What every family (``library.families.SD1 / SD2 / SDXL``, or one registered with ``register_family``)
-    provides. Families satisfy it by composition, with no shared base class; code outside ``library/families/``
-    uses only these members (tests/test_families.py checks each family against this list, signatures included).
+    """What every family (``library.families.sd.SD1 / SD2 / SDXL``, ``library.families.flux.FLUX_DEV`` ..., or one
+    registered with ``register_family``) provides. Families satisfy it by composition, with no shared base class;
+    code outside ``library/families/`` uses only these members (tests/test_families.py checks each family against this list, signatures included).
     """
 
     name: str
@@ -321,6 +359,9 @@ class ModelFamily(Protocol):
     full_training: FullTraining
     """Its full fine-tuning rules: its own flags, the trained parts and their learning rates, what stays frozen, how
     the trained model is written (``library/families/full_training.py``)."""
+    tiny: TinyModel | None
+    """The family's tiny model (:class:`TinyModel`); None for a family without one (the demo and
+    ``tools/make_tiny_model.py`` cannot build it)."""
 
     def load(self, path: str | Path, **options: Any) -> Parts:
         """A diffusers folder or a single file -> frozen modules in eval mode (options: dtype (one dtype, or

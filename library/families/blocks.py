@@ -1,24 +1,21 @@
-"""sd-scripts' UNet block numbering for block-wise adapter settings (``block_dims``, ``down/mid/up_lr_weight``).
+"""Block numberings of denoisers for block-wise adapter settings (``block_dims``, ``down/mid/up_lr_weight``, FLUX's
+``train_double_block_indices``...): the shared base each family's numbering (``ModelFamily.blocks``) subclasses.
 
-Each family states its numbering (``ModelFamily.blocks``): SD1/SD2 UNets keep diffusers names in kohya keys and use
-25 blocks (IN00-IN11, MID, OUT00-OUT11, sd-scripts' ``networks/lora.py``); SDXL's kohya keys use the original
-(sgm) names and 23 blocks (embeddings, input_blocks 0-8, middle 0-2, output 0-8, out; ``networks/lora_sdxl.py``
-... as sd-scripts' ``sdxl_train_network.py`` counts them).
+A numbering says which kohya module names are written in it (:meth:`BlockLayout.names_match`), which block a name
+is in (:meth:`BlockLayout.index`), and how sd-scripts' down / mid / up weights map onto its blocks. The SD UNets'
+numberings are in ``sd/blocks.py``, FLUX's and SD3's in their folders.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
-
-_RE_DIFFUSERS = re.compile(r"lora_unet_(up|down)_blocks_(\d+)_(resnets|upsamplers|downsamplers|attentions)_(\d+)_")
-_RE_SGM = re.compile(r"lora_unet_(input_blocks|middle_block|output_blocks)_(\d+)_")
 
 
 @dataclass(frozen=True)
 class BlockLayout:
     """One numbering. ``down``/``mid``/``up``: how many values ``down_lr_weight`` / ``mid_lr_weight`` /
-    ``up_lr_weight`` take; ``edges``: whether an embedding block (0) and an out block (last) frame them (sgm)."""
+    ``up_lr_weight`` take; ``edges``: whether an embedding block (0) and an out block (last) frame them (sgm).
+    Subclasses say which names are theirs and number them; this base numbers no block."""
 
     name: str
     num_blocks: int
@@ -32,25 +29,10 @@ class BlockLayout:
         return [1.0, *down, *mid, *up, 1.0] if self.edges else [*down, *mid, *up]
 
     def names_match(self, name: str) -> bool:
-        """Whether a kohya UNet module name is written in this numbering's naming (a numbered block of it)."""
-        return bool((_RE_SGM if self.edges else _RE_DIFFUSERS).match(name))
+        """Whether a kohya denoiser module name is written in this numbering's naming (a numbered block of it)."""
+        return False
 
     def index(self, name: str) -> int:
-        """sd-scripts' ``get_block_index`` for a kohya UNet module name; -1 outside the numbered blocks."""
-        if self.edges:
-            m = _RE_SGM.match(name)
-            if m:
-                return {"input_blocks": 1, "middle_block": 10, "output_blocks": 13}[m.group(1)] + int(m.group(2))
-            if name.startswith(("lora_unet_time_embed_", "lora_unet_label_emb_")):
-                return 0
-            return self.num_blocks - 1 if name.startswith("lora_unet_out_") else -1
-        m = _RE_DIFFUSERS.match(name)
-        if m:
-            side, i, kind, j = m.group(1), int(m.group(2)), m.group(3), int(m.group(4))
-            idx = 3 * i + (2 if kind in ("upsamplers", "downsamplers") else j)
-            return 1 + idx if side == "down" else 13 + idx
-        return 12 if name.startswith("lora_unet_mid_block_") else -1
-
-
-DIFFUSERS_BLOCKS = BlockLayout("diffusers", 25, 12, 1, 12)
-SGM_BLOCKS = BlockLayout("sgm", 23, 9, 3, 9, edges=True)
+        """The block of a kohya denoiser module name (sd-scripts' ``get_block_index``); -1 outside the numbered
+        blocks."""
+        return -1

@@ -1,19 +1,108 @@
 """The registered model families, and the questions answered by looking at all of them.
 
-``library.families`` registers SD1, SD2 and SDXL on import; a new family calls :func:`register_family` once (see
-docs/architecture.md, "Adding a model family"). Everything that picks or recognises a family (the entry scripts'
-family selection, model-file detection, adapter-file and TI-file checks, the block numbering of adapter names)
-asks this registry, so it needs no edit when a family is added.
+Families are found on first use (any read of :data:`FAMILIES`, :func:`get_family`, :func:`register_family` ...):
+
+* in the family folders of ``library/families/``: each folder's ``__init__.py`` defines ``FAMILIES``, a tuple of
+  family objects in registration order, and ``ORDER``, an int (the SD folder 0, FLUX 10, SD3 20);
+* in installed packages, through the entry-point group ``sdtrain.families``: each entry point names a module with the
+  same ``FAMILIES`` and ``ORDER`` (default 100), e.g. in a plug-in's ``pyproject.toml``::
+
+      [project.entry-points."sdtrain.families"]
+      lumina = "sdtrain_lumina.families"
+
+sorted by ``ORDER``, then by folder / entry-point name. The first registered family is the default. A family made
+at run time (a test's toy family) is added with :func:`register_family`. Everything that picks or recognises a
+family (the entry scripts' family selection, model-file detection, adapter-file and TI-file checks, the block
+numbering of adapter names, the lists of families in messages and ``--help``) asks this registry, so it needs no
+edit when a family is added (see docs/architecture.md, "Adding a model family").
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import importlib
+import importlib.metadata
+import pkgutil
+from collections.abc import Iterable, Iterator, MutableMapping
+from pathlib import Path
+from types import ModuleType
 
 from .base import ModelFamily, missing_members
 from .blocks import BlockLayout
 
-FAMILIES: dict[str, ModelFamily] = {}
+ENTRY_POINT_GROUP = "sdtrain.families"
+DEFAULT_ORDER = 100  # a plug-in's (or a folder's) ORDER when it states none
+
+
+def _family_modules() -> list[tuple[int, str, ModuleType]]:
+    """``(ORDER, name, module)`` of every family folder and ``sdtrain.families`` entry point, sorted."""
+    found = []
+    for info in pkgutil.iter_modules([str(Path(__file__).parent)]):
+        if info.ispkg:
+            module = importlib.import_module(f"{__package__}.{info.name}")
+            if hasattr(module, "FAMILIES"):  # the shared packages (encoders, autoencoders) define none
+                found.append((int(getattr(module, "ORDER", DEFAULT_ORDER)), info.name, module))
+    for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            module = entry.load()
+        except Exception as e:
+            raise ImportError(f"model-family plug-in {entry.name!r} ({entry.value}, entry point group "
+                              f"{ENTRY_POINT_GROUP}): {type(e).__name__}: {e}") from e  # fmt: skip
+        if not isinstance(getattr(module, "FAMILIES", None), tuple | list):
+            raise TypeError(f"model-family plug-in {entry.name!r} ({entry.value}): the module defines no FAMILIES "
+                            "tuple of family objects")  # fmt: skip
+        found.append((int(getattr(module, "ORDER", DEFAULT_ORDER)), entry.name, module))
+    return sorted(found, key=lambda item: (item[0], item[1]))
+
+
+class Registry(MutableMapping):
+    """Family name -> family, in registration order; the families are discovered (module docstring) on first use."""
+
+    def __init__(self) -> None:
+        self._families: dict[str, ModelFamily] = {}
+        self._discovered = False
+
+    def _discover(self) -> None:
+        if self._discovered:
+            return
+        self._discovered = True  # first: registering asks this mapping again
+        try:
+            for _, _, module in _family_modules():
+                for family in module.FAMILIES:
+                    register_family(family)
+        except BaseException:
+            self._families.clear()
+            self._discovered = False
+            raise
+
+    def __getitem__(self, name: str) -> ModelFamily:
+        self._discover()
+        return self._families[name]
+
+    def __setitem__(self, name: str, family: ModelFamily) -> None:
+        self._discover()
+        self._families[name] = family
+
+    def __delitem__(self, name: str) -> None:
+        self._discover()
+        del self._families[name]
+
+    def __iter__(self) -> Iterator[str]:
+        self._discover()
+        return iter(self._families)
+
+    def __len__(self) -> int:
+        self._discover()
+        return len(self._families)
+
+    def __contains__(self, name: object) -> bool:
+        self._discover()
+        return name in self._families
+
+    def __repr__(self) -> str:
+        return f"<model families {list(self)}>"
+
+
+FAMILIES: MutableMapping[str, ModelFamily] = Registry()
 
 
 def register_family(family: ModelFamily, *, replace: bool = False) -> ModelFamily:
@@ -57,6 +146,13 @@ def trained_together(name: str) -> tuple[str, ...]:
 def family_flags() -> dict[str, str]:
     """sd-scripts' family flags (without dashes) -> family name: {"v1": "sd1", "v2": "sd2", "sdxl": "sdxl"}."""
     return {f.spec.flag: name for name, f in FAMILIES.items() if f.spec.flag}
+
+
+def flagged_family(args: object, flags: Iterable[str] | None = None) -> str | None:
+    """The family an sd-scripts family flag set on ``args`` names (``--v1`` / ``--v2`` / ``--sdxl``, see
+    :func:`family_flags`; only the flags in ``flags`` when given), or None when none is set."""
+    names = family_flags()
+    return next((names[f] for f in (names if flags is None else flags) if getattr(args, f, False)), None)
 
 
 def block_layout(names: Iterable[str]) -> BlockLayout:

@@ -13,4 +13,7 @@ from .family import CHROMA, FLUX_DEV, FLUX_SCHNELL, FluxFamily
 # FutureWarning about diffusers' code, not the user's (this one message only)
 warnings.filterwarnings("ignore", message=r"`FluxPosEmbed` is deprecated", category=FutureWarning)
 
-__all__ = ["CHROMA", "FLUX_DEV", "FLUX_SCHNELL", "FluxFamily"]
+FAMILIES = (FLUX_DEV, FLUX_SCHNELL, CHROMA)  # registration order
+ORDER = 10
+
+__all__ = ["CHROMA", "FLUX_DEV", "FLUX_SCHNELL", "FluxFamily", "FAMILIES", "ORDER"]

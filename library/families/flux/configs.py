@@ -9,6 +9,8 @@ from functools import cache
 
 from torch import nn
 
+from ..autoencoders import flux_ae
+from ..encoders import clip, t5
 from ..loading import shipped_configs
 
 VARIANTS = ("flux-dev", "flux-schnell", "chroma")
@@ -45,19 +47,10 @@ def transformer_factory(config: Mapping) -> Callable[[], nn.Module]:
     return lambda: cls.from_config(dict(config))
 
 
-def ae_factory(config: Mapping) -> Callable[[], nn.Module]:
-    from diffusers import AutoencoderKL
-
-    return lambda: AutoencoderKL.from_config(dict(config))
+# the shared parts' classes (FLUX.1's CLIP-L has no projection)
+ae_factory = flux_ae.factory
+t5_factory = t5.factory
 
 
 def clip_l_factory(config: Mapping) -> Callable[[], nn.Module]:
-    from transformers import CLIPTextConfig, CLIPTextModel
-
-    return lambda: CLIPTextModel(CLIPTextConfig.from_dict(dict(config)))
-
-
-def t5_factory(config: Mapping) -> Callable[[], nn.Module]:
-    from transformers import T5Config, T5EncoderModel
-
-    return lambda: T5EncoderModel(T5Config.from_dict(dict(config)))
+    return clip.factory(config, with_projection=False)

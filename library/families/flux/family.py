@@ -46,6 +46,7 @@ from .loading import load_flux, variant_of_folder, variant_of_keys
 from .objective import FlowMatchingObjective, flow_matching_objective, objective_problems
 from .options import FluxOptions
 from .saving import flux_modelspec, save_bfl_file, save_diffusers_folder
+from .tiny import FluxTiny
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +127,7 @@ class FluxFamily:
         self._implementation = implementation
         self.t5_max_length = t5_length  # sd-scripts' --t5xxl_max_token_length default
         self._warned: set[str] = set()
+        self.tiny = FluxTiny(self)
 
     def __repr__(self) -> str:
         return f"<model family {self.name}>"
@@ -163,7 +165,7 @@ class FluxFamily:
         if length is not None and length < 1:
             raise ValueError(f"--t5xxl_max_token_length {length}: must be a positive token count")
         parts = load_flux(self.name, path, dtype=dtype, device=device, clip_l=options.clip_l, t5xxl=options.t5xxl,
-                          ae=ae or vae, tokenizer_cache_dir=tokenizer_cache_dir)  # fmt: skip
+                          ae=ae or vae, tokenizer_cache_dir=tokenizer_cache_dir, tiny=self.tiny.part_configs())  # fmt: skip
         parts.options = dataclasses.replace(options, t5xxl_max_token_length=length or self.t5_max_length,
                                             apply_t5_attn_mask=self.chroma or options.apply_t5_attn_mask)  # fmt: skip
         return parts

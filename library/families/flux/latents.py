@@ -1,4 +1,5 @@
-"""FLUX latents: the 16-channel AE's ``(z - shift) · scale``, and the 2×2 packing the transformer reads.
+"""FLUX latents: the 16-channel AE's ``(z - shift) · scale`` (``encode`` / ``decode``: the shared AE's,
+``autoencoders/flux_ae.py``), and the 2×2 packing the transformer reads.
 
 Packing, as ``FluxPipeline._pack_latents`` / ``_prepare_latent_image_ids`` and sd-scripts' ``flux_utils.pack_latents``
 / ``prepare_img_ids``: (B, C, h, w) -> (B, h/2 · w/2, 4C), token (i, j) = the 2×2 patch at rows 2i..2i+1, columns
@@ -8,9 +9,9 @@ Packing, as ``FluxPipeline._pack_latents`` / ``_prepare_latent_image_ids`` and s
 from __future__ import annotations
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from ..latents import _upcast_if_needed
+from ..autoencoders.flux_ae import decode, encode  # noqa: F401  (FLUX's latents are the shared AE's)
 
 
 def pack(latents: Tensor) -> Tensor:
@@ -37,22 +38,3 @@ def image_ids(h: int, w: int, device: torch.device | str | None = None, dtype: t
     ids[..., 1] = torch.arange(h // 2, device=device, dtype=dtype)[:, None]
     ids[..., 2] = torch.arange(w // 2, device=device, dtype=dtype)[None, :]
     return ids.reshape(-1, 3)
-
-
-def encode(
-    vae: nn.Module, pixels: Tensor, scale: float, shift: float, generator: torch.Generator | None = None
-) -> Tensor:
-    """(B, 3, H, W) pixels in [-1, 1] -> (B, 16, H/8, W/8): ``(latent_dist.sample(generator) - shift) · scale``, in
-    the dtype of ``pixels``."""
-    _upcast_if_needed(vae)
-    weight = next(vae.parameters())
-    dist = vae.encode(pixels.to(device=weight.device, dtype=weight.dtype)).latent_dist
-    return ((dist.sample(generator=generator) - shift) * scale).to(pixels.dtype)
-
-
-def decode(vae: nn.Module, latents: Tensor, scale: float, shift: float) -> Tensor:
-    """(B, 16, h, w) latents -> (B, 3, 8h, 8w) pixels clamped to [-1, 1]: ``decode(z / scale + shift)``."""
-    _upcast_if_needed(vae)
-    weight = next(vae.parameters())
-    pixels = vae.decode(latents.to(device=weight.device, dtype=weight.dtype) / scale + shift).sample
-    return pixels.clamp(-1, 1).to(latents.dtype)

@@ -9,16 +9,19 @@ size, so the shipped T5 tokenizer's ids fit. Building one takes well under a sec
 
 from __future__ import annotations
 
+import argparse
 import copy
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from ..base import Parts
-from ..tiny import _CLIP_COMMON, _VAE, TINY
+from ..autoencoders import flux_ae
+from ..base import ModelFamily, Parts
+from ..encoders import clip, t5
+from ..encoders.t5 import load_t5_tokenizer
 from ..tokenizers import PAD_CLIP_L, load_clip_tokenizer
 from .configs import scheduler_config
-from .text import load_t5_tokenizer
 
 VARIANTS = ("flux-dev", "flux-schnell", "chroma")
 
@@ -33,23 +36,10 @@ TRANSFORMER = dict(
     axes_dims_rope=(4, 6, 6),
 )
 CHROMA_EXTRA = dict(approximator_num_channels=16, approximator_hidden_dim=32, approximator_layers=2)
-# the SD tiny models' AE and CLIP-L (library/families/tiny.py), with FLUX's 16 latent channels, shift and one ResNet
-# per level, and no quant convs
-AE = dict(_VAE, layers_per_block=1, latent_channels=16, scaling_factor=0.3611, shift_factor=0.1159,
-          use_quant_conv=False, use_post_quant_conv=False)  # fmt: skip
-CLIP_L = dict(_CLIP_COMMON, pad_token_id=49407, **TINY["sd1"]["text_encoders"][0])
-T5 = dict(
-    vocab_size=32128,
-    d_model=32,
-    d_kv=8,
-    d_ff=37,
-    num_layers=2,
-    num_heads=4,
-    feed_forward_proj="gated-gelu",
-    is_encoder_decoder=False,
-    pad_token_id=0,
-    eos_token_id=1,
-)
+# the shared tiny AE (16 latent channels, FLUX.1's scale and shift, no quant convs), CLIP-L and T5
+AE = dict(flux_ae.TINY_AE)
+CLIP_L = dict(clip.TINY_COMMON, pad_token_id=clip.PAD_ID_CLIP_L, **clip.TINY_CLIP_L)
+T5 = dict(t5.TINY_T5)
 
 
 def tiny_transformer(variant: str = "flux-dev", blocks: tuple[int, int] | None = None) -> torch.nn.Module:
@@ -127,16 +117,67 @@ def write_tiny_files(
         bfl = {k: v.to(torch.float8_e4m3fn) for k, v in bfl.items()}
     vae = parts.vae
     ae = vae_to_ldm(vae.state_dict(), vae.config) if ae_ldm else dict(vae.state_dict())
-    t5 = {k: v.clone() for k, v in parts.text_encoders[-1].state_dict().items()}  # untie shared / embed_tokens
+    t5_state = {k: v.clone() for k, v in parts.text_encoders[-1].state_dict().items()}  # untie shared / embed_tokens
     if t5_encoder_only:
-        del t5["shared.weight"]
-    files = {"model": (folder / "model.safetensors", bfl), "t5xxl": (folder / "t5xxl.safetensors", t5),
+        del t5_state["shared.weight"]
+    files = {"model": (folder / "model.safetensors", bfl), "t5xxl": (folder / "t5xxl.safetensors", t5_state),
              "ae": (folder / "ae.safetensors", ae)}  # fmt: skip
     if len(parts.text_encoders) == 2:
-        clip = hf_state_dict(parts.text_encoders[0])
+        clip_state = hf_state_dict(parts.text_encoders[0])
         if not clip_prefixed:
-            clip = {k.removeprefix("text_model."): v for k, v in clip.items()}
-        files["clip_l"] = (folder / "clip_l.safetensors", clip)
+            clip_state = {k.removeprefix("text_model."): v for k, v in clip_state.items()}
+        files["clip_l"] = (folder / "clip_l.safetensors", clip_state)
     for path, state in files.values():
         save_file({k: v.contiguous() for k, v in state.items()}, path)
     return {name: path for name, (path, _) in files.items()}
+
+
+def add_tool_args(parser: argparse.ArgumentParser) -> None:
+    """``tools/make_tiny_model.py``'s ``--flux_blocks DOUBLE SINGLE`` (shared by the three variants)."""
+    parser.add_argument(
+        "--flux_blocks",
+        type=int,
+        nargs=2,
+        default=[11, 20],
+        metavar=("DOUBLE", "SINGLE"),
+        help="FLUX / Chroma double and single blocks (default 11 20: enough for sd-scripts' "
+        "documented --blocks_to_swap 18, which keeps 2 blocks of each kind on the device)",
+    )
+
+
+class FluxTiny:
+    """The tiny model of one variant (``ModelFamily.tiny``; see ``base.TinyModel``)."""
+
+    by_default = False
+    add_tool_args = staticmethod(add_tool_args)
+
+    def __init__(self, family: ModelFamily) -> None:
+        self.family = family
+
+    def build(self, seed: int = 0, *, blocks: tuple[int, int] | None = None) -> Parts:
+        """:func:`build_tiny_flux` of the family's variant."""
+        return build_tiny_flux(self.family.name, seed, blocks)
+
+    def write_folder(self, parts: Parts, folder: str | Path) -> Path:
+        return Path(self.family.save(parts, folder))
+
+    def write_files(self, parts: Parts, out: str | Path, name: str) -> dict[str, Path]:
+        """sd-scripts' ``--clip_l`` (not Chroma), ``--t5xxl`` and ``--ae`` files beside the BFL transformer."""
+        out = Path(out)
+        tmp = out / f".{name}_parts"
+        written = {part: path.replace(out / f"{name}_{part}.safetensors")
+                   for part, path in write_tiny_files(parts, tmp).items() if part != "model"}  # fmt: skip
+        (tmp / "model.safetensors").unlink()
+        tmp.rmdir()
+        return written
+
+    def tool_options(self, args: argparse.Namespace) -> dict[str, Any]:
+        return {"blocks": tuple(args.flux_blocks)}
+
+    def part_configs(self) -> dict[str, Any]:
+        """The tiny parts' configs (``{"transformer", "vae", "text_encoders"}``, as the released configs are laid
+        out), which the loader tries for files written without configs (:func:`write_tiny_files`)."""
+        chroma = self.family.name == "chroma"
+        transformer = dict(TRANSFORMER, **(CHROMA_EXTRA if chroma else {"pooled_projection_dim": 32}))
+        encoders = ([] if chroma else [dict(CLIP_L)]) + [dict(T5)]
+        return {"transformer": transformer, "vae": dict(AE), "text_encoders": encoders}

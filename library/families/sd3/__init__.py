@@ -8,4 +8,7 @@ positional embeddings), ``saving``, ``tiny`` (test models), ``blocks`` (joint bl
 
 from .family import SD3_MEDIUM, SD35_LARGE, SD35_MEDIUM, SD3Family
 
-__all__ = ["SD3_MEDIUM", "SD35_MEDIUM", "SD35_LARGE", "SD3Family"]
+FAMILIES = (SD3_MEDIUM, SD35_MEDIUM, SD35_LARGE)  # registration order
+ORDER = 20
+
+__all__ = ["SD3_MEDIUM", "SD35_MEDIUM", "SD35_LARGE", "SD3Family", "FAMILIES", "ORDER"]

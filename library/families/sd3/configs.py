@@ -14,7 +14,8 @@ sd3.5-large     38      2432   38     192                 rms      none
 ==============  ======  =====  =====  ==================  =======  =========================
 
 The VAE is FLUX's 16-channel AE with SD3's scale 1.5305 and shift 0.0609; the text encoders are CLIP-L and CLIP-G
-(both ``CLIPTextModelWithProjection``: SDXL-base's configs) and the T5-XXL encoder (FLUX.1's config); the scheduler
+(both ``CLIPTextModelWithProjection``) and the T5-XXL encoder, with the shared encoders' released configs
+(``encoders/``, ``autoencoders/``); the scheduler
 is ``FlowMatchEulerDiscreteScheduler`` with the static shift 3.0 of all three releases.
 """
 
@@ -26,7 +27,8 @@ from functools import cache
 
 from torch import nn
 
-from ..loading import shipped_configs
+from ..autoencoders import flux_ae
+from ..encoders import clip, t5
 from .keys import SD3, SD35_LARGE, SD35_MEDIUM
 
 VARIANTS = (SD3, SD35_MEDIUM, SD35_LARGE)
@@ -69,11 +71,10 @@ SCHEDULER = {"num_train_timesteps": 1000, "shift": 3.0, "prediction_type": "flow
 def _released(variant: str) -> dict:
     if variant not in VARIANTS:
         raise ValueError(f"unknown SD3 variant {variant!r}; expected one of {', '.join(VARIANTS)}")
-    sdxl, flux = shipped_configs("sdxl-base"), shipped_configs("flux-dev")
     return {
         "transformer": TRANSFORMERS[variant],
-        "vae": dict(flux["vae"], scaling_factor=SCALE, shift_factor=SHIFT),
-        "text_encoders": [sdxl["text_encoders"][0], sdxl["text_encoders"][1], flux["text_encoders"][1]],
+        "vae": dict(flux_ae.released_config(), scaling_factor=SCALE, shift_factor=SHIFT),
+        "text_encoders": [clip.released_config(0), clip.released_config(1), t5.released_config()],
         "scheduler": SCHEDULER,
     }
 
@@ -99,20 +100,11 @@ def transformer_factory(config: Mapping) -> Callable[[], nn.Module]:
     return lambda: SD3Transformer2DModel.from_config(dict(config))
 
 
-def vae_factory(config: Mapping) -> Callable[[], nn.Module]:
-    from diffusers import AutoencoderKL
-
-    return lambda: AutoencoderKL.from_config(dict(config))
+# the shared parts' classes
+vae_factory = flux_ae.factory
+t5_factory = t5.factory
 
 
 def clip_factory(config: Mapping) -> Callable[[], nn.Module]:
     """CLIP-L or CLIP-G with its text projection (SD3's pooled output is ``text_embeds``)."""
-    from transformers import CLIPTextConfig, CLIPTextModelWithProjection
-
-    return lambda: CLIPTextModelWithProjection(CLIPTextConfig.from_dict(dict(config)))
-
-
-def t5_factory(config: Mapping) -> Callable[[], nn.Module]:
-    from transformers import T5Config, T5EncoderModel
-
-    return lambda: T5EncoderModel(T5Config.from_dict(dict(config)))
+    return clip.factory(config, with_projection=True)

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from library.objectives.losses import LossConfig
 from library.objectives.noising import NoiseConfig
 
+from ..autoencoders import flux_ae
 from ..base import (
     FLOW_MATCHING,
     BlockList,
@@ -34,17 +35,17 @@ from ..base import (
     TargetClasses,
 )
 from ..convert import hf_module_path
-from ..flux import latents as flux_latents
 from ..saving import with_kind
 from . import keys as K
 from . import pos_embed, text
 from .blocks import SD3_BLOCKS
-from .configs import SCALE, SHIFT, clip_factory, released, scheduler_kwargs, t5_factory, transformer_factory
+from .configs import SCALE, SHIFT, clip_factory, released, t5_factory, transformer_factory
 from .full_training import SD3FullTraining
 from .loading import CLIP_G_SPEC, CLIP_L_SPEC, T5_SPEC, load_sd3, variant_of_folder, variant_of_keys
 from .objective import SD3FlowObjective, objective_problems, sd3_flow_objective
 from .options import SD3Options
-from .saving import save_diffusers_folder, save_sai_file, sd3_modelspec
+from .saving import pipeline_of, save_diffusers_folder, save_sai_file, sd3_modelspec
+from .tiny import SD3Tiny
 
 log = logging.getLogger(__name__)
 
@@ -82,22 +83,6 @@ def _spec(name: str, title: str) -> FamilySpec:
         group=GROUP,
         block_swap=True,
     )
-
-
-def pipeline_of(parts: Parts, scheduler: Any = None) -> Any:
-    """``StableDiffusion3Pipeline`` over ``parts`` (the same modules) with ``scheduler`` (None: a
-    ``FlowMatchEulerDiscreteScheduler`` of the model's config)."""
-    from diffusers import FlowMatchEulerDiscreteScheduler, StableDiffusion3Pipeline
-
-    if scheduler is None:
-        scheduler = FlowMatchEulerDiscreteScheduler(**scheduler_kwargs(parts.scheduler_config))
-    tokenizers = parts.tokenizers or [None, None, None]
-    encoders = parts.text_encoders or [None, None, None]
-    return StableDiffusion3Pipeline(
-        transformer=parts.denoiser, scheduler=scheduler, vae=parts.vae,
-        text_encoder=encoders[0], tokenizer=tokenizers[0], text_encoder_2=encoders[1], tokenizer_2=tokenizers[1],
-        text_encoder_3=encoders[2], tokenizer_3=tokenizers[2],
-    )  # fmt: skip
 
 
 def options_of(parts: Parts) -> SD3Options:
@@ -144,6 +129,7 @@ class SD3Family:
         self.ti_embedding_keys = tuple(te.ti_key for te in spec.text_encoders)
         self._model_type = model_type  # sd-scripts' mmdit.model_type: "medium" | "5-medium" | "5-large"
         self._warned: set[str] = set()
+        self.tiny = SD3Tiny(self)
 
     def __repr__(self) -> str:
         return f"<model family {self.name}>"
@@ -189,7 +175,8 @@ class SD3Family:
             raise ValueError(f"--pos_emb_random_crop_rate {options.pos_emb_random_crop_rate}: must be a probability "
                              "in [0, 1]")  # fmt: skip
         parts = load_sd3(self.name, path, dtype=dtype, device=device, clip_l=options.clip_l, clip_g=options.clip_g,
-                         t5xxl=options.t5xxl, vae=vae, tokenizer_cache_dir=tokenizer_cache_dir)  # fmt: skip
+                         t5xxl=options.t5xxl, vae=vae, tokenizer_cache_dir=tokenizer_cache_dir,
+                         tiny=self.tiny.part_configs())  # fmt: skip
         parts.options = dataclasses.replace(options, t5xxl_max_token_length=length or text.T5_DEFAULT_LENGTH)
         resolutions = options.pos_embed_resolutions
         if resolutions is None and options.enable_scaled_pos_embed:
@@ -373,11 +360,11 @@ class SD3Family:
 
     def encode_latents(self, parts: Parts, pixels: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """(B, 3, H, W) in [-1, 1] -> (B, 16, H/8, W/8): ``(z - 0.0609) · 1.5305``."""
-        return flux_latents.encode(parts.vae, pixels, self.vae_scale, self.vae_shift, generator)
+        return flux_ae.encode(parts.vae, pixels, self.vae_scale, self.vae_shift, generator)
 
     def decode_latents(self, parts: Parts, latents: Tensor) -> Tensor:
         """(B, 16, h, w) latents -> (B, 3, 8h, 8w) pixels in [-1, 1]: ``decode(z / 1.5305 + 0.0609)``."""
-        return flux_latents.decode(parts.vae, latents, self.vae_scale, self.vae_shift)
+        return flux_ae.decode(parts.vae, latents, self.vae_scale, self.vae_shift)
 
     # ------------------------------------------------------------------------------------------- names
     def adapter_roots(self, parts: Parts) -> list[Root]:

@@ -26,38 +26,23 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from ..autoencoders import flux_ae
 from ..base import PartDtypes, Parts, TextEncoderSpec
-from ..convert import (
-    clip_from_ldm,
-    hf_for_model,
-    strip_prefix,
-    t5_names,
-    vae_diffusers_rename_old,
-    vae_from_ldm,
-    vae_ldm_keys,
-)
-from ..loading import (
-    META_CONFIGS,
-    WEIGHT_SUFFIXES,
-    KeyView,
-    check_weights_path,
-    finish,
-    instantiate,
-    instantiate_fitting,
-    read_weights,
-)
+from ..convert import hf_for_model, strip_prefix
+from ..encoders import clip, t5
+from ..loading import KeyView, check_weights_path, finish, instantiate, instantiate_fitting
+from ..part_files import ModelFiles, PartSource
 from ..tokenizers import PAD_CLIP_L, PAD_OPEN_CLIP, load_tokenizers
 from . import keys as K
-from . import tiny
-from .configs import clip_factory, released, t5_factory, transformer_factory, vae_factory
-from .text import load_t5_tokenizer
+from .configs import clip_factory, released, transformer_factory
 
 log = logging.getLogger(__name__)
 
@@ -77,10 +62,6 @@ VAE_PREFIX = "first_stage_model."
 
 def _shape(state: Mapping[str, Any], key: str) -> tuple[int, ...]:
     return tuple(state.shape(key)) if callable(getattr(state, "shape", None)) else tuple(state[key].shape)
-
-
-def _stored(metadata: Mapping[str, str]) -> dict | None:
-    return json.loads(metadata[META_CONFIGS]) if META_CONFIGS in metadata else None
 
 
 # ------------------------------------------------------------------------------------------------ what a path is
@@ -117,14 +98,16 @@ def variant_of_folder(folder: Path) -> str | None:
 
 
 # ------------------------------------------------------------------------------------------------ the transformer
-def transformer_config(state: Mapping[str, Any], layout: K.Layout) -> dict:
+def transformer_config(state: Mapping[str, Any], layout: K.Layout, tiny: Mapping | None = None) -> dict:
     """The ``SD3Transformer2DModel`` config of a diffusers-named transformer state dict (a dict or a lazy view) with
-    ``layout``, read from its shapes (module docstring)."""
+    ``layout``, read from its shapes (module docstring); widths no multiple of 64 take the head width and sample
+    size of ``tiny`` (the family's tiny transformer config; None: the released 64 and 128)."""
     width, in_channels, patch, _ = _shape(state, "pos_embed.proj.weight")
+    released_width = width % 64 == 0 or tiny is None
     head = _shape(state, "transformer_blocks.0.attn.norm_q.weight")[0] if layout.qk_norm else (
-        64 if width % 64 == 0 else tiny.TRANSFORMER["attention_head_dim"])  # fmt: skip
+        64 if released_width else tiny["attention_head_dim"])  # fmt: skip
     return dict(
-        sample_size=128 if width % 64 == 0 else tiny.TRANSFORMER["sample_size"],
+        sample_size=128 if released_width else tiny["sample_size"],
         patch_size=patch,
         in_channels=in_channels,
         num_layers=layout.num_layers,
@@ -140,9 +123,10 @@ def transformer_config(state: Mapping[str, Any], layout: K.Layout) -> dict:
     )
 
 
-def load_transformer_file(path: Path, state: Mapping[str, Any], metadata: Mapping[str, str], variant: str | None,
-                          dtype: Any, device: Any) -> tuple[nn.Module, str]:  # fmt: skip
-    """The transformer of an SAI or diffusers single file (``state``: its lazy reader) -> (module, variant)."""
+def load_transformer_file(path: Path, state: Mapping[str, Any], stored: Mapping | None, variant: str | None,
+                          dtype: Any, device: Any, tiny: Mapping | None = None) -> tuple[nn.Module, str]:  # fmt: skip
+    """The transformer of an SAI or diffusers single file (``state``: its lazy reader, ``stored``: the configs stored
+    in it) -> (module, variant)."""
     keys = list(state.keys())
     found = variant_of_keys(keys)
     if found is None:
@@ -169,100 +153,46 @@ def load_transformer_file(path: Path, state: Mapping[str, Any], metadata: Mappin
     else:
         named = strip_prefix(state, "transformer.") if any(k.startswith("transformer.") for k in keys) else state
         layout = K.diffusers_layout(list(named.keys()))
-    stored = _stored(metadata)
-    config = dict(stored["transformer"]) if stored and "transformer" in stored else transformer_config(named, layout)
+    if stored and "transformer" in stored:
+        config = dict(stored["transformer"])
+    else:
+        config = transformer_config(named, layout, tiny and tiny["transformer"])
     source = "the configs stored in the file" if stored else "the shapes of its weights"
     return instantiate(transformer_factory(config), named, "transformer", path, source, dtype, device=device), found
 
 
 # ------------------------------------------------------------------------------------------------ text encoders, VAE
-def _te_candidates(stored: Mapping | None, index: int) -> list[tuple[dict, str]]:
+def _te_candidates(stored: Mapping | None, index: int, tiny: Mapping | None) -> list[tuple[dict, str]]:
     if stored is not None and len(stored.get("text_encoders", [])) > index:
         return [(dict(stored["text_encoders"][index]), "the configs stored in the file")]
-    tiny_config = (tiny.CLIP_L, tiny.CLIP_G, tiny.T5)[index]
-    return [(released(K.SD3)["text_encoders"][index], "the released config"), (dict(tiny_config), "the tiny config")]
+    found = [(released(K.SD3)["text_encoders"][index], "the released config")]
+    return found + ([(dict(tiny["text_encoders"][index]), "the tiny config")] if tiny is not None else [])
 
 
 def load_clip(index: int, path: Path, state: Mapping[str, Any], dtype: Any, device: Any, stored: Mapping | None,
-              what: str) -> nn.Module:  # fmt: skip
+              what: str, tiny: Mapping | None = None) -> nn.Module:  # fmt: skip
     """CLIP-L (``index`` 0) or CLIP-G (1) as ``CLIPTextModelWithProjection`` from transformers names (``text_model.``
     prefix or not); a missing ``text_projection.weight`` is the identity (SAI's CLIP-L has none)."""
-    for prefix in (TE_PREFIXES[index], "cond_stage_model.transformer."):
-        if any(k.startswith(prefix) for k in state.keys()):
-            state = strip_prefix(state, prefix)
-    if not any("encoder.layers.0.self_attn.q_proj.weight" in k for k in state.keys()):
+    canonical = clip.canonical_weights(state, (TE_PREFIXES[index], "cond_stage_model.transformer."))
+    if canonical is None:
         raise ValueError(f"{what} {path}: no {TE_TITLES[index]} weights (expected transformers CLIP keys such as "
                          "text_model.encoder.layers.0.self_attn.q_proj.weight)")  # fmt: skip
-    canonical = {k: v for k, v in clip_from_ldm(dict(state.items())).items() if not k.startswith("logit_scale")}
+    canonical = {k: v for k, v in canonical.items() if not k.startswith("logit_scale")}
     if "text_projection.weight" not in canonical:
         width = canonical["text_model.final_layer_norm.weight"].shape[0]
         canonical["text_projection.weight"] = torch.eye(width)
-    candidates = _te_candidates(stored, index)
+    candidates = _te_candidates(stored, index, tiny)
     return instantiate_fitting(candidates, clip_factory, canonical, f"{TE_TITLES[index]} ({what})", path, dtype, device,
-                    hf_for_model)  # fmt: skip
+                               hf_for_model)  # fmt: skip
 
 
-def load_t5(path: Path, source: Mapping[str, Any], dtype: Any, device: Any, stored: Mapping | None,
-            what: str) -> nn.Module:  # fmt: skip
-    """T5-XXL from transformers names (see ``convert.t5_names``), read tensor by tensor."""
-    state = KeyView(source, t5_names(list(source.keys())))
-    if "encoder.block.0.layer.0.SelfAttention.q.weight" not in state:
-        raise ValueError(f"{what} {path}: no T5 encoder weights (expected transformers T5 keys such as "
-                         "encoder.block.0.layer.0.SelfAttention.q.weight)")  # fmt: skip
-    return instantiate_fitting(_te_candidates(stored, 2), t5_factory, state, f"T5-XXL ({what})", path, dtype, device)
-
-
-def load_vae(path: Path, state: Mapping[str, Any], dtype: Any, device: Any, stored: Mapping | None,
-             what: str) -> nn.Module:  # fmt: skip
-    """The 16-channel VAE under LDM names (``first_stage_model.`` / ``vae.`` or bare) or diffusers names."""
-    candidates = (
-        [(stored["vae"], "the configs stored in the file")]
-        if stored and stored.get("vae")
-        else [(released(K.SD3)["vae"], "the released VAE config"), (dict(tiny.AE), "the tiny VAE config")]
-    )
-    ldm = vae_ldm_keys(dict(state.items()))
-    if ldm:
-        if any(k.startswith(("quant_conv.", "post_quant_conv.")) for k in ldm):
-            raise ValueError(
-                f"{what} {path}: this VAE has quant convs (an SD/SDXL VAE?); SD3's 16-channel VAE has none"
-            )
-
-        def adapt(source, model):
-            return vae_from_ldm(source, model.config, model.state_dict().keys())
-
-        return instantiate_fitting(candidates, vae_factory, ldm, f"VAE ({what})", path, dtype, device, adapt)
-    state = vae_diffusers_rename_old(strip_prefix(state, "vae.") or dict(state.items()))
-    if not any(k.startswith("encoder.down_blocks.") for k in state):
-        raise ValueError(f"{what} {path}: no VAE weights found; expected LDM keys (encoder.down.0.block.0...) or "
-                         "diffusers keys (encoder.down_blocks.*)")  # fmt: skip
-    return instantiate_fitting(candidates, vae_factory, state, f"VAE ({what})", path, dtype, device)
-
-
-def _part_file(flag: str, path: Path, index: int | None, dtype: Any, device: Any, stored: Mapping | None) -> nn.Module:
-    """A ``--clip_l / --clip_g / --t5xxl / --vae`` file, or a component folder (or a pipeline folder holding it as
-    ``vae/`` / ``text_encoder*/``)."""
-    if path.is_dir():
-        sub = "vae" if index is None else TE_FOLDERS[index]
-        return _from_folder(path, sub if (path / sub / "config.json").is_file() else None, index, dtype, device)
-    source, metadata = read_weights(path)
-    stored = _stored(metadata) or stored
-    if index is None:
-        return load_vae(path, source, dtype, device, stored, flag)
-    if index == 2:
-        return load_t5(path, source, dtype, device, stored, flag)
-    return load_clip(index, path, source, dtype, device, stored, flag)
-
-
-def _from_folder(root: Path, sub: str | None, index: int | None, dtype: Any, device: Any) -> nn.Module:
-    """A diffusers component folder (``root / sub``, or ``root`` itself / its ``vae`` or ``text_encoder*``)."""
+def _from_folder(folder: Path, index: int | None, dtype: Any, device: Any) -> nn.Module:
+    """A diffusers VAE folder (``index`` None) or a transformers CLIP-L / CLIP-G / T5 folder (``index`` 0, 1, 2)."""
     from diffusers import AutoencoderKL
     from transformers import CLIPTextModelWithProjection, T5EncoderModel
 
     from ..loading import _tf_dtype
 
-    folder = root / sub if sub else root
-    if not (folder / "config.json").is_file():
-        raise ValueError(f"{folder}: not a diffusers / transformers model folder (no config.json)")
     if index is None:
         return AutoencoderKL.from_pretrained(folder, torch_dtype=dtype).to(device)
     cls = T5EncoderModel if index == 2 else CLIPTextModelWithProjection
@@ -278,6 +208,14 @@ def check_sd3_path(path: str | Path, flag: str = "--pretrained_model_name_or_pat
     )  # fmt: skip
 
 
+PART_SOURCES = (
+    PartSource("--clip_l", "text_encoder", "CLIP-L", TE_PREFIXES[0]),
+    PartSource("--clip_g", "text_encoder_2", "CLIP-G", TE_PREFIXES[1]),
+    PartSource("--t5xxl", "text_encoder_3", "T5-XXL", TE_PREFIXES[2]),
+    PartSource("--vae", "vae", "VAE", VAE_PREFIX),
+)
+
+
 def load_sd3(
     variant: str,
     path: str | Path,
@@ -289,73 +227,72 @@ def load_sd3(
     t5xxl: str | Path | None = None,
     vae: str | Path | None = None,
     tokenizer_cache_dir: str | None = None,
+    tiny: Mapping | None = None,
 ) -> Parts:
     """Load a ``variant`` ("sd3" | "sd3.5-medium" | "sd3.5-large") model from ``path`` and the part files (module
     docstring); ``dtype``: one dtype or :class:`PartDtypes`. Parts come back frozen, in eval mode, on ``device``;
-    ``text_encoders`` = [CLIP-L, CLIP-G, T5-XXL]."""
+    ``text_encoders`` = [CLIP-L, CLIP-G, T5-XXL]. ``tiny``: the family's tiny model's part configs
+    (``{"transformer", "vae", "text_encoders"}``), tried after the released ones for files that carry no configs."""
     dtypes = PartDtypes.of(dtype)
     path = check_sd3_path(path)
-    given = {f: Path(p) for f, p in zip((*TE_FLAGS, "--vae"), (clip_l, clip_g, t5xxl, vae)) if p is not None}
-    for flag, p in given.items():
-        if not p.exists():
-            raise FileNotFoundError(f"{flag} {p}: no such file or folder")
-        if p.is_file() and p.suffix.lower() not in WEIGHT_SUFFIXES:
-            raise ValueError(f"{flag} {p}: unsupported file type {p.suffix!r}; expected .safetensors")
-    folder = path if path.is_dir() else None
-    root = folder if folder is not None and (folder / "transformer" / "config.json").is_file() else None
-    state: Mapping[str, Any] = {}
-    metadata: dict[str, str] = {}
-    if folder is None:
-        state, metadata = read_weights(path)
-        keys = list(state.keys())
-        has = {f: any(k.startswith(p) for k in keys) for f, p in zip(TE_FLAGS, TE_PREFIXES)}
-        has["--vae"] = any(k.startswith(VAE_PREFIX) for k in keys)
-    else:
+    given = dict(zip((*TE_FLAGS, "--vae"), (clip_l, clip_g, t5xxl, vae)))
+    files = ModelFiles(path, PART_SOURCES, given)
+    if files.folder is not None:
         found = variant_of_folder(path)
         if found != variant:
             raise ValueError(f"{path}: this is an {found} model, but {variant} was expected; load it as {found}")
-        has = {f: root is not None and (root / sub / "config.json").is_file()
-               for f, sub in zip((*TE_FLAGS, "--vae"), (*TE_FOLDERS, "vae"))}  # fmt: skip
-    missing = [f for f in (*TE_FLAGS, "--vae") if f not in given and not has[f]]
-    if missing:
-        where = f"the diffusers folder {path}" if folder is not None else f"the single file {path}"
-        raise ValueError(
-            f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} required: {where} does not hold "
-            f"{'this part' if len(missing) == 1 else 'these parts'} (SD3 needs CLIP-L, CLIP-G, T5-XXL and the VAE); "
-            "pass the single files as sd-scripts does (e.g. --clip_l clip_l.safetensors --clip_g clip_g.safetensors "
-            "--t5xxl t5xxl_fp16.safetensors), or a model file that includes them"
-        )
-    for flag in given:
-        if has[flag]:
-            log.info("%s %s replaces the part held by %s", flag, given[flag], path)
-    stored = None
-    if folder is None:
-        denoiser, _ = load_transformer_file(path, state, metadata, variant, dtypes.denoiser, device)
-        stored = _stored(metadata)
+    files.require(lambda missing: _missing_parts(path, files, missing))
+    if files.folder is None:
+        denoiser, _ = load_transformer_file(path, files.state, files.stored, variant, dtypes.denoiser, device, tiny)
     else:
-        denoiser = _load_transformer_folder(folder, dtypes.denoiser, device)
-    encoders = []
-    for i, flag in enumerate(TE_FLAGS):
-        if flag in given:
-            encoders.append(_part_file(flag, given[flag], i, dtypes.text_encoders, device, stored))
-        elif folder is None:
-            prefix = TE_PREFIXES[i]
-            part = KeyView(state, {k: k for k in state.keys() if k.startswith(prefix)})
-            loader = load_t5 if i == 2 else (lambda *a, i=i: load_clip(i, *a))
-            encoders.append(loader(path, part, dtypes.text_encoders, device, stored, "model file"))
-        else:
-            encoders.append(_from_folder(root, TE_FOLDERS[i], i, dtypes.text_encoders, device))
-    if "--vae" in given:
-        vae_module = _part_file("--vae", given["--vae"], None, dtypes.vae, device, stored)
-    elif folder is None:
-        part = KeyView(state, {k: k for k in state.keys() if k.startswith(VAE_PREFIX)})
-        vae_module = load_vae(path, part, dtypes.vae, device, stored, "model file")
-    else:
-        vae_module = _from_folder(root, "vae", None, dtypes.vae, device)
-    tokenizers = _tokenizers(root, tokenizer_cache_dir)
-    scheduler = _scheduler_config(variant, root, stored)
+        denoiser = _load_transformer_folder(path, dtypes.denoiser, device)
+    read = _Readers(dtypes, device, tiny)
+    encoders = [files.load(flag, read.text_encoder(i), read.folder(i)) for i, flag in enumerate(TE_FLAGS)]
+    vae_module = files.load("--vae", read.vae, read.folder(None))
+    tokenizers = _tokenizers(files.root, tokenizer_cache_dir)
+    scheduler = files.scheduler_config(released(variant)["scheduler"])
     parts = Parts(denoiser, vae_module, encoders, tokenizers, scheduler, variant, str(path))
     return finish(parts, device)
+
+
+@dataclass(frozen=True)
+class _Readers:
+    """How one load reads each part (``ModelFiles.load``'s readers): its dtypes, device and tiny configs."""
+
+    dtypes: PartDtypes
+    device: Any
+    tiny: Mapping | None
+
+    def text_encoder(self, index: int) -> Callable[[Path, Mapping, Mapping | None, str], nn.Module]:
+        """CLIP-L (0), CLIP-G (1) or T5-XXL (2) from a file or the model file's part (``where``: flag or "model
+        file")."""
+
+        def read(path: Path, state: Mapping, stored: Mapping | None, where: str) -> nn.Module:
+            dtype = self.dtypes.text_encoders
+            if index == 2:
+                candidates = _te_candidates(stored, 2, self.tiny)
+                return t5.load(path, state, candidates, dtype, self.device, where=where, what=f"T5-XXL ({where})")
+            return load_clip(index, path, state, dtype, self.device, stored, where, self.tiny)
+
+        return read
+
+    def vae(self, path: Path, state: Mapping, stored: Mapping | None, where: str) -> nn.Module:
+        candidates = flux_ae.candidates(stored, released(K.SD3)["vae"], self.tiny and self.tiny["vae"], kind="VAE")
+        return flux_ae.load(path, state, candidates, self.dtypes.vae, self.device, where=where, what=f"VAE ({where})",
+                            this="SD3's 16-channel VAE", kind="VAE", ldm="LDM")  # fmt: skip
+
+    def folder(self, index: int | None) -> Callable[[Path], nn.Module]:
+        """A component folder: the VAE (``index`` None) or text encoder ``index``."""
+        dtype = self.dtypes.vae if index is None else self.dtypes.text_encoders
+        return lambda folder: _from_folder(folder, index, dtype, self.device)
+
+
+def _missing_parts(path: Path, files: ModelFiles, missing: list[str]) -> str:
+    where = f"the diffusers folder {path}" if files.folder is not None else f"the single file {path}"
+    return (f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} required: {where} does not hold "
+            f"{'this part' if len(missing) == 1 else 'these parts'} (SD3 needs CLIP-L, CLIP-G, T5-XXL and the VAE); "
+            "pass the single files as sd-scripts does (e.g. --clip_l clip_l.safetensors --clip_g clip_g.safetensors "
+            "--t5xxl t5xxl_fp16.safetensors), or a model file that includes them")  # fmt: skip
 
 
 def _load_transformer_folder(folder: Path, dtype: Any, device: Any) -> nn.Module:
@@ -368,15 +305,4 @@ def _tokenizers(root: Path | None, cache_dir: str | None) -> list:
     """CLIP-L (pads with ``<|endoftext|>``), CLIP-G (pads with "!", id 0, as sd-scripts forces) and T5: the
     folder's own, else ``--tokenizer_cache_dir``'s, else the bundled vocabularies."""
     clips = load_tokenizers([CLIP_L_SPEC, CLIP_G_SPEC], root, cache_dir)
-    return [*clips, load_t5_tokenizer(root / "tokenizer_3" if root else None, cache_dir)]
-
-
-def _scheduler_config(variant: str, root: Path | None, stored: Mapping | None) -> dict:
-    config = released(variant)["scheduler"]
-    if stored is not None and "scheduler" in stored:
-        config.update(stored["scheduler"])
-    file = root / "scheduler" / "scheduler_config.json" if root is not None else None
-    if file is not None and file.is_file():
-        config.update({k: v for k, v in json.loads(file.read_text()).items() if not k.startswith("_")})
-    config["prediction_type"] = "flow_matching"
-    return config
+    return [*clips, t5.load_t5_tokenizer(root / "tokenizer_3" if root else None, cache_dir)]

@@ -118,3 +118,19 @@ def save_diffusers_folder(parts: Parts, folder: Path, dtype: torch.dtype | None,
 
         FlowMatchEulerDiscreteScheduler(**scheduler_kwargs(parts.scheduler_config)).save_pretrained(tmp / "scheduler")
     return folder
+
+
+def pipeline_of(parts: Parts, scheduler: Any = None) -> Any:
+    """``StableDiffusion3Pipeline`` over ``parts`` (the same modules) with ``scheduler`` (None: a
+    ``FlowMatchEulerDiscreteScheduler`` of the model's config)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, StableDiffusion3Pipeline
+
+    if scheduler is None:
+        scheduler = FlowMatchEulerDiscreteScheduler(**scheduler_kwargs(parts.scheduler_config))
+    tokenizers = parts.tokenizers or [None, None, None]
+    encoders = parts.text_encoders or [None, None, None]
+    return StableDiffusion3Pipeline(
+        transformer=parts.denoiser, scheduler=scheduler, vae=parts.vae,
+        text_encoder=encoders[0], tokenizer=tokenizers[0], text_encoder_2=encoders[1], tokenizer_2=tokenizers[1],
+        text_encoder_3=encoders[2], tokenizer_3=tokenizers[2],
+    )  # fmt: skip

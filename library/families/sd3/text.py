@@ -26,33 +26,22 @@ import torch
 from torch import Tensor, nn
 
 from ..base import Cond
-from ..flux.text import load_t5_tokenizer, tokenize_t5  # noqa: F401  (re-exported: the T5 tokenizer SD3 shares)
+from ..encoders import clip
+from ..encoders.t5 import load_t5_tokenizer, t5_hidden, tokenize_t5  # noqa: F401  (SD3's T5)
 
-CLIP_LENGTH = 77
+CLIP_LENGTH = clip.LENGTH
 T5_DEFAULT_LENGTH = 256  # sd-scripts' --t5xxl_max_token_length default for SD3
 
 
 def tokenize_clip(tokenizer, captions: list[str]) -> tuple[Tensor, Tensor]:
     """(ids (B, 77), attention mask (B, 77)): ``<BOS> tokens <EOS> <pad>...``, truncated."""
-    out = tokenizer(list(captions), max_length=CLIP_LENGTH, padding="max_length", truncation=True,
-                    return_tensors="pt")  # fmt: skip
-    return out.input_ids, out.attention_mask
+    return clip.tokenize(tokenizer, captions)
 
 
-def clip_outputs(clip: nn.Module, ids: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
+def clip_outputs(clip_model: nn.Module, ids: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
     """(penultimate hidden state (B, 77, D), projected pooled ``text_embeds`` (B, P)) of a
     ``CLIPTextModelWithProjection``; ``mask`` is its attention mask when given (``--apply_lg_attn_mask``)."""
-    device = next(clip.parameters()).device
-    out = clip(ids.to(device), attention_mask=None if mask is None else mask.to(device), output_hidden_states=True,
-               return_dict=True)  # fmt: skip
-    return out.hidden_states[-2], out.text_embeds
-
-
-def t5_hidden(t5: nn.Module, ids: Tensor, mask: Tensor | None) -> Tensor:
-    """(B, T, D_t5) T5 encoder last hidden state; ``mask`` is its attention mask when given."""
-    device = next(t5.parameters()).device
-    attention = None if mask is None else mask.to(device)
-    return t5(ids.to(device), attention_mask=attention, return_dict=True).last_hidden_state
+    return clip.penultimate_and_projected(clip_model, ids, mask)
 
 
 def join(l_out: Tensor, g_out: Tensor, t5_out: Tensor, l_pooled: Tensor, g_pooled: Tensor) -> Cond:

@@ -12,18 +12,20 @@ width, 768 + 1280 ≤ 4096 in the real model); the VAE is FLUX's tiny 16-channel
 
 from __future__ import annotations
 
+import argparse
 import copy
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from ..base import Parts
-from ..flux import tiny as flux_tiny
-from ..tiny import _CLIP_COMMON, TINY
+from ..autoencoders import flux_ae
+from ..base import ModelFamily, Parts
+from ..encoders import clip, t5
+from ..encoders.t5 import load_t5_tokenizer
 from ..tokenizers import PAD_CLIP_L, PAD_OPEN_CLIP, load_clip_tokenizer
 from .configs import SCALE, SHIFT, VARIANTS, scheduler_config
 from .keys import SD3, SD35_LARGE, SD35_MEDIUM
-from .text import load_t5_tokenizer
 
 CONTEXT = 80  # CLIP-L 32 + CLIP-G 48 (padded to T5's width) = the T5 width
 TRANSFORMER = dict(sample_size=32, patch_size=2, in_channels=16, out_channels=16, attention_head_dim=8,
@@ -34,10 +36,11 @@ VARIANT_CONFIG = {
     SD35_MEDIUM: dict(num_layers=2, dual_attention_layers=(0,), qk_norm="rms_norm", pos_embed_max_size=64),
     SD35_LARGE: dict(num_layers=34, dual_attention_layers=(), qk_norm="rms_norm"),
 }
-AE = dict(flux_tiny.AE, scaling_factor=SCALE, shift_factor=SHIFT)
-CLIP_L = dict(_CLIP_COMMON, pad_token_id=49407, **TINY["sdxl"]["text_encoders"][0])
-CLIP_G = dict(_CLIP_COMMON, pad_token_id=0, **TINY["sdxl"]["text_encoders"][1])
-T5 = dict(flux_tiny.T5, d_model=CONTEXT)
+# the shared tiny AE (with SD3's scale and shift), CLIP-L, CLIP-G and T5 (as wide as CLIP-L ‖ CLIP-G)
+AE = dict(flux_ae.TINY_AE, scaling_factor=SCALE, shift_factor=SHIFT)
+CLIP_L = dict(clip.TINY_COMMON, pad_token_id=clip.PAD_ID_CLIP_L, **clip.TINY_CLIP_L)
+CLIP_G = dict(clip.TINY_COMMON, pad_token_id=clip.PAD_ID_OPEN_CLIP, **clip.TINY_CLIP_G)
+T5 = dict(t5.TINY_T5, d_model=CONTEXT)
 
 
 def transformer_config(variant: str = SD3, blocks: int | None = None) -> dict:
@@ -101,7 +104,7 @@ def write_tiny_files(
 
     from ..convert import vae_to_ldm
     from .keys import diffusers_to_sai
-    from .saving import text_encoder_state
+    from .saving import pipeline_of, text_encoder_state
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -121,8 +124,64 @@ def write_tiny_files(
         save_file({k: v.contiguous() for k, v in state.items()}, path)
     out = {name: path for name, (path, _) in files.items()}
     if diffusers:
-        from .family import pipeline_of
-
         pipeline_of(parts).save_pretrained(folder / "diffusers")
         out["diffusers"] = folder / "diffusers"
     return out
+
+
+# joint blocks of the tiny SD3 models tools/make_tiny_model.py writes (None: the variant's tiny default, 34 for
+# sd3.5-large): the fewest that sd-scripts' documented command lines accept (docs/fine_tune.md's sd3_train.py
+# --blocks_to_swap 10)
+CLI_BLOCKS = {SD3: 12, SD35_MEDIUM: 12}
+
+
+def add_tool_args(parser: argparse.ArgumentParser) -> None:
+    """``tools/make_tiny_model.py``'s ``--sd3_blocks N`` (shared by the three variants)."""
+    parser.add_argument(
+        "--sd3_blocks",
+        type=int,
+        default=None,
+        metavar="N",
+        help="SD3 / SD3.5 joint blocks (default: 12, enough for sd-scripts' documented sd3_train.py "
+        "--blocks_to_swap 10; 34 for sd3.5-large, enough for its sd3_train_network.py --blocks_to_swap 32; swapping "
+        "keeps 2 blocks on the device)",
+    )
+
+
+class SD3Tiny:
+    """The tiny model of one variant (``ModelFamily.tiny``; see ``base.TinyModel``)."""
+
+    by_default = False
+    add_tool_args = staticmethod(add_tool_args)
+
+    def __init__(self, family: ModelFamily) -> None:
+        self.family = family
+
+    def build(self, seed: int = 0, *, blocks: int | None = None) -> Parts:
+        """:func:`build_tiny_sd3` of the family's variant."""
+        return build_tiny_sd3(self.family.name, seed, blocks)
+
+    def write_folder(self, parts: Parts, folder: str | Path) -> Path:
+        return Path(self.family.save(parts, folder))
+
+    def write_files(self, parts: Parts, out: str | Path, name: str) -> dict[str, Path]:
+        """The SAI file without encoders (``<name>_dit``: transformer and VAE, as ``sd3.5_large.safetensors``) and
+        sd-scripts' ``--clip_l --clip_g --t5xxl --vae`` files."""
+        out = Path(out)
+        written = {"dit": Path(self.family.save(parts, out / f"{name}_dit.safetensors", text_encoders=False))}
+        tmp = out / f".{name}_parts"
+        for part, path in write_tiny_files(parts, tmp, diffusers=False).items():
+            if part in ("clip_l", "clip_g", "t5xxl", "vae"):
+                written[part] = path.replace(out / f"{name}_{part}.safetensors")
+        (tmp / "model.safetensors").unlink()
+        tmp.rmdir()
+        return written
+
+    def tool_options(self, args: argparse.Namespace) -> dict[str, Any]:
+        return {"blocks": args.sd3_blocks or CLI_BLOCKS.get(self.family.name)}
+
+    def part_configs(self) -> dict[str, Any]:
+        """The tiny parts' configs (``{"transformer", "vae", "text_encoders"}``), which the loader falls back on for
+        files written without configs (:func:`write_tiny_files`)."""
+        return {"transformer": dict(TRANSFORMER), "vae": dict(AE),
+                "text_encoders": [dict(CLIP_L), dict(CLIP_G), dict(T5)]}  # fmt: skip

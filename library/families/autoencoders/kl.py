@@ -1,4 +1,5 @@
-"""Pixels <-> scaled latents with the VAE, shared by every family."""
+"""Pixels <-> scaled latents with a diffusers ``AutoencoderKL``, shared by the families (the SD VAEs; FLUX's AE in
+``flux_ae.py`` adds a shift)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ def encode_latents(vae: nn.Module, pixels: Tensor, scale: float, generator: torc
     A float16 VAE whose config sets ``force_upcast`` (SDXL's VAE overflows to NaN in fp16) is moved to float32 once,
     in place, as diffusers' pipelines do; the latents come back in the dtype of ``pixels``.
     """
-    _upcast_if_needed(vae)
+    upcast_if_needed(vae)
     dtype = next(vae.parameters()).dtype
     dist = vae.encode(pixels.to(device=next(vae.parameters()).device, dtype=dtype)).latent_dist
     return (dist.sample(generator=generator) * scale).to(pixels.dtype)
@@ -24,13 +25,14 @@ def encode_latents(vae: nn.Module, pixels: Tensor, scale: float, generator: torc
 
 def decode_latents(vae: nn.Module, latents: Tensor, scale: float) -> Tensor:
     """(B, 4, h, w) scaled latents -> (B, 3, 8h, 8w) pixels, clamped to [-1, 1], in the dtype of ``latents``."""
-    _upcast_if_needed(vae)
+    upcast_if_needed(vae)
     dtype = next(vae.parameters()).dtype
     pixels = vae.decode(latents.to(device=next(vae.parameters()).device, dtype=dtype) / scale).sample
     return pixels.clamp(-1, 1).to(latents.dtype)
 
 
-def _upcast_if_needed(vae: nn.Module) -> None:
+def upcast_if_needed(vae: nn.Module) -> None:
+    """A float16 VAE whose config sets ``force_upcast`` moves to float32, in place (as diffusers' pipelines do)."""
     if next(vae.parameters()).dtype == torch.float16 and getattr(vae.config, "force_upcast", False):
         log.info("the VAE overflows in float16 (force_upcast); running it in float32")
         vae.to(torch.float32)

@@ -25,16 +25,30 @@ from library.objectives.ddpm import DDPMObjective, ddpm_objective, ddpm_problems
 from library.objectives.losses import LossConfig
 from library.objectives.noising import NoiseConfig
 
+from ..autoencoders.kl import decode_latents, encode_latents
+from ..base import (
+    BlockList,
+    Cond,
+    FamilySpec,
+    PartDtypes,
+    Parts,
+    Root,
+    TargetClasses,
+    TextEncoderSpec,
+    TinyModel,
+    module_device,
+)
+from ..convert import hf_module_path
+from ..options import NoOptions
+from ..saving import with_kind
+from ..tokenizers import PAD_CLIP_L, PAD_OPEN_CLIP
 from . import text
-from .base import BlockList, Cond, FamilySpec, PartDtypes, Parts, Root, TargetClasses, TextEncoderSpec, module_device
 from .blocks import DIFFUSERS_BLOCKS
-from .convert import UNET_PREFIX, hf_module_path
-from .latents import decode_latents, encode_latents
-from .loading import load_model, reference_parts
-from .options import NoOptions
-from .saving import IMPL_SGM, make_pipeline, save_family_model, with_kind
-from .sd_full_training import SDFullTraining
-from .tokenizers import PAD_CLIP_L, PAD_OPEN_CLIP
+from .convert import UNET_PREFIX
+from .full_training import SDFullTraining
+from .loading import load_model, reference_parts, sd_family_of_folder, sd_family_of_keys
+from .saving import IMPL_SGM, make_pipeline, save_family_model
+from .tiny import SDTiny
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +79,8 @@ SD1_SPEC = FamilySpec(
     scripts=SD_SCRIPTS,
     load_hint="the SD 1.x scripts without --v2",
     flag="v1",
+    detect=lambda sd, metadata: sd_family_of_keys(sd) == "sd1",
+    detect_folder=lambda folder: sd_family_of_folder(folder) == "sd1",
 )
 SD2_SPEC = FamilySpec(
     name="sd2",
@@ -86,6 +102,8 @@ SD2_SPEC = FamilySpec(
     scripts=SD_SCRIPTS,
     load_hint="--v2",
     flag="v2",
+    detect=lambda sd, metadata: sd_family_of_keys(sd) == "sd2",
+    detect_folder=lambda folder: sd_family_of_folder(folder) == "sd2",
 )
 
 
@@ -126,8 +144,10 @@ class SDFamily:
         resolutions: Mapping[str, int],
         warn_clip_skip: bool,
         ss_v2: bool = False,
+        tiny: TinyModel | None = None,
     ) -> None:
         self.spec = spec
+        self.tiny = tiny  # the tiny test model (None: none, e.g. a family registered from outside)
         self.name = spec.name
         self._version = version  # ss_base_model_version without the "_v" suffix
         self._architectures = architectures  # prediction type -> modelspec architecture
@@ -297,6 +317,7 @@ SD1 = SDFamily(
     architectures={"epsilon": "stable-diffusion-v1", "v_prediction": "stable-diffusion-v1"},
     resolutions={"epsilon": 512, "v_prediction": 512},
     warn_clip_skip=False,
+    tiny=SDTiny("sd1"),
 )
 SD2 = SDFamily(
     SD2_SPEC,
@@ -305,4 +326,5 @@ SD2 = SDFamily(
     resolutions={"epsilon": 512, "v_prediction": 768},
     warn_clip_skip=True,
     ss_v2=True,
+    tiny=SDTiny("sd2"),
 )

@@ -22,9 +22,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from library.device.fp8 import is_fp8
-
 CHUNK = 75
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)  # --fp8_base storage (library.device.fp8)
 SEQ = CHUNK + 2
 
 
@@ -108,5 +107,5 @@ def eos_pooled(text_encoder: nn.Module, last_hidden: Tensor, ids: Tensor, eos_to
     pooled = last_hidden[torch.arange(last_hidden.shape[0], device=last_hidden.device), index]
     projection = text_encoder.text_projection
     weight = projection.weight  # float8 storage (--fp8_base) computes in the hidden states' dtype
-    dtype = last_hidden.dtype if is_fp8(weight) else weight.dtype
+    dtype = last_hidden.dtype if weight.dtype in FP8_DTYPES else weight.dtype
     return projection(pooled.to(dtype)).to(last_hidden.dtype)

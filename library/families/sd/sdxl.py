@@ -25,17 +25,19 @@ from library.objectives.ddpm import DDPMObjective, ddpm_objective, ddpm_problems
 from library.objectives.losses import LossConfig
 from library.objectives.noising import NoiseConfig
 
+from ..autoencoders.kl import decode_latents, encode_latents
+from ..base import BlockList, Cond, FamilySpec, PartDtypes, Parts, Root, TextEncoderSpec, module_device
+from ..convert import hf_module_path
+from ..options import NoOptions
+from ..saving import with_kind
+from ..tokenizers import PAD_CLIP_L, PAD_OPEN_CLIP
 from . import text
-from .base import BlockList, Cond, FamilySpec, PartDtypes, Parts, Root, TextEncoderSpec, module_device
 from .blocks import SGM_BLOCKS
-from .convert import hf_module_path
-from .latents import decode_latents, encode_latents
-from .loading import load_model, reference_parts
-from .options import NoOptions
-from .saving import IMPL_SGM, make_pipeline, save_family_model, with_kind
-from .sd import UNET_TARGET_CLASSES
-from .sd_full_training import SDXLFullTraining
-from .tokenizers import PAD_CLIP_L, PAD_OPEN_CLIP
+from .family import UNET_TARGET_CLASSES
+from .full_training import SDXLFullTraining
+from .loading import load_model, reference_parts, refuse_refiner, sd_family_of_folder, sd_family_of_keys
+from .saving import IMPL_SGM, make_pipeline, save_family_model
+from .tiny import SDTiny
 from .unet_keys import block_map, diffusers_to_ldm
 
 log = logging.getLogger(__name__)
@@ -67,6 +69,9 @@ SDXL_SPEC = FamilySpec(
     },  # sdxl_train.py also takes DreamBooth folders
     load_hint="the sdxl_* scripts, e.g. sdxl_train_network.py",
     flag="sdxl",
+    detect=lambda sd, metadata: sd_family_of_keys(sd) == "sdxl",
+    detect_folder=lambda folder: sd_family_of_folder(folder) == "sdxl",
+    refuse=refuse_refiner,
 )
 
 
@@ -87,10 +92,11 @@ class SDXLFamily:
     options = NoOptions  # every flag an SD model reads is a shared one
     full_training = SDXLFullTraining()
     fp8_skip = ("norm",)  # --fp8_base keeps the UNet's norm layers in the compute dtype (diffusers' rule)
-    target_classes = UNET_TARGET_CLASSES  # the SD UNet and CLIP classes (``sd.UNET_TARGET_CLASSES``)
+    target_classes = UNET_TARGET_CLASSES  # the SD UNet and CLIP classes (``family.UNET_TARGET_CLASSES``)
 
     def __init__(self) -> None:
         self._warned_clip_skip = False
+        self.tiny = SDTiny("sdxl")
 
     def __repr__(self) -> str:
         return "<model family sdxl>"

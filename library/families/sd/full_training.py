@@ -18,7 +18,7 @@ from typing import Any
 
 from torch import nn
 
-from .full_training import PlainFullTraining, PlainRules, lr_problems, raise_if, text_cache_problems
+from ..full_training import PlainFullTraining, PlainRules, lr_problems, raise_if, text_cache_problems
 from .unet_keys import block_map, diffusers_to_ldm
 
 logger = logging.getLogger("sdtrain")
