@@ -10,6 +10,7 @@ trains a LoRA on a tiny model and example images the repo makes itself (no downl
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -81,7 +82,7 @@ def run(
 ) -> Result | None:
     """Train an adapter. ``family_names``: the families the script takes; ``parser``: builds the script's parser
     (default :func:`build_parser`)."""
-    build = parser or build_parser
+    build = parser or functools.partial(build_parser, family_names=family_names)
     args = parse_args(build(), demo.expand(argv, family_names))  # --config_file merged; --demo filled in
     if args is None:  # --output_config wrote the file
         return None

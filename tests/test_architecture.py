@@ -85,7 +85,10 @@ def test_no_code_outside_the_family_folders_names_a_family():
         if rel.parts[:2] == ("library", "families"):
             continue
         if FAMILY_WORDS.search(path.stem.replace("_", " ")):  # a family-named shim: must stay thin
-            assert _code_lines(path) <= SHIM_LINES, f"{rel}: a family-named file outside its folder is a shim"
+            if _code_lines(path) > SHIM_LINES:
+                offenders[str(rel)] = [
+                    f"a family-named shim of {_code_lines(path)} lines of code (at most {SHIM_LINES})"
+                ]
             continue
         words = family_words(path)
         if words:
@@ -182,7 +185,8 @@ def test_no_import_circle_between_packages():
 
 def test_a_family_folder_imports_no_other_family_folder():
     families = ROOT / "library" / "families"
-    folders = {p.parent.name for p in families.glob("*/__init__.py")}
+    folders = {p.parent.name for p in families.glob("*/__init__.py") if "FAMILIES" in p.read_text()}
+    assert {"sd", "flux", "sd3"} <= folders  # the shared folders (encoders, autoencoders) are not family folders
     bad = []
     for folder in folders:
         for path in (families / folder).rglob("*.py"):

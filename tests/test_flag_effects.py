@@ -13,7 +13,7 @@ import train_network
 from library.cli.parse import ConfigError, parse_args
 from library.files import weights as weight_files
 from library.run.config import read_config
-from library.run.setup import TrackerConfig
+from library.run.trackers import TrackerConfig
 from library.run.train_step import encode_captions
 
 

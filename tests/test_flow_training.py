@@ -8,6 +8,7 @@ the flags it ignores warn once, and the file records the objective.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import math
 
@@ -20,10 +21,13 @@ from library.families import register_family, unregister_family
 from library.families.base import FLOW_MATCHING, FamilySpec, missing_members
 from library.families.flux.objective import (
     SIGMA_SCALED_WARNING,
+    FlowMatchingConfig,
     FlowMatchingObjective,
     add_flow_matching_args,
     flow_matching_objective,
+    objective_problems,
 )
+from library.families.options import NoOptions
 from library.families.sd import SD1, SDFamily
 from library.files.weights import read_metadata
 from library.objectives.base import Objective
@@ -40,14 +44,39 @@ TOY_SPEC = FamilySpec(
 )
 
 
+@dataclasses.dataclass(frozen=True)
+class ToyFlowOptions(NoOptions):
+    """The toy family's own flags: the flow-matching objective's (what a FLUX script adds), read for training."""
+
+    flow: FlowMatchingConfig | None = None
+
+    @classmethod
+    def add_args(cls, parser, *, training):
+        return add_flow_matching_args(parser) if training else parser
+
+    @classmethod
+    def from_args(cls, args, *, training):
+        return cls(flow=FlowMatchingConfig.from_args(args) if training else None)
+
+
 class ToyFlow(SDFamily):
     """SD1's modules trained as a rectified flow: the UNet takes the float timesteps 1000 σ as they are."""
+
+    options = ToyFlowOptions
+
+    def load(self, path, *, options=None, **kwargs):
+        parts = super().load(path, **kwargs)
+        parts.options = options
+        return parts
 
     def objective(self, parts):
         return FLOW_MATCHING
 
+    def objective_problems(self, noise, loss, options):
+        return objective_problems(self.spec.title, noise, loss)
+
     def training_objective(self, parts, noise, loss):
-        return flow_matching_objective(self.spec.title, noise, loss)
+        return flow_matching_objective(self.spec.title, parts.options.flow, noise, loss)
 
 
 @pytest.fixture
@@ -84,8 +113,6 @@ def test_a_flow_matching_family_trains_through_train_network(toy, tiny_parts, da
     parts = copy.deepcopy(tiny_parts["sd1"])
     parts.family = toy.name
     model = toy.save(parts, tmp_path / "toy.safetensors")
-    build = train_network.build_parser
-    monkeypatch.setattr(train_network, "build_parser", lambda: add_flow_matching_args(build()))  # the FLUX flags
     checked, real_loss = [], loop.batch_loss
 
     def checked_loss(m, batch, generator, **kwargs):
@@ -108,13 +135,13 @@ def test_a_flow_matching_family_trains_through_train_network(toy, tiny_parts, da
         "--timestep_sampling", "shift", "--discrete_flow_shift", "2.5", "--weighting_scheme", "cosmap",
         "--noise_offset", "0.1",  # sd-scripts ignores it for flow matching: a warning, no effect
     ]  # fmt: skip
-    with caplog.at_level(logging.WARNING, logger="library.objectives"):
-        result = train_network.run(argv, family_names=(toy.name,))
+    with caplog.at_level(logging.WARNING):
+        result = train_network.run(argv, family_names=(toy.name,))  # the family's flags: the flow objective's
 
     assert result.steps == steps and result.failed is None
     loss, expected = checked[0]
     torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-7)  # the step's loss is the flow formula
-    warnings = [r.getMessage() for r in caplog.records if r.name == "library.objectives"]
+    warnings = [r.getMessage() for r in caplog.records if r.name.startswith(("library.objectives", "library.families"))]
     assert len(warnings) == 2 and SIGMA_SCALED_WARNING in warnings
     assert any("--noise_offset" in w and "ignores" in w for w in warnings)
     values = [v for _, v in result.validation]
@@ -135,7 +162,7 @@ def test_flow_validation_is_deterministic_and_draws_sigma_per_pass(toy, tiny_par
     parts = copy.deepcopy(tiny_parts["sd1"])
     parts.family = toy.name
     model = toy.save(parts, tmp_path / "toy.safetensors")
-    args = add_flow_matching_args(train_network.build_parser()).parse_args([
+    args = train_network.build_parser(family_names=(toy.name,)).parse_args([
         "--pretrained_model_name_or_path", str(model), "--train_data_dir", str(dataset), "--caption_extension",
         ".txt", "--output_dir", str(tmp_path / "out"), "--network_module", "networks.lora", "--train_batch_size",
         "2", "--max_data_loader_n_workers", "0", "--model_prediction_type", "raw",

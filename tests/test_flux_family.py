@@ -20,6 +20,7 @@ from library.families.encoders.t5 import T5_TOKENIZER_FILE
 from library.families.flux import CHROMA, FLUX_DEV, FLUX_SCHNELL
 from library.families.flux import keys as K
 from library.families.flux import latents as L
+from library.families.flux.options import FluxOptions
 from library.families.flux.tiny import build_tiny_flux, write_tiny_files
 from library.families.sd import SDXL
 from library.files.weights import read_metadata
@@ -152,7 +153,7 @@ def test_bfl_file_with_part_files_loads_exactly(tiny, tmp_path, name, layout):
     assert detect_family(files["model"]) is family
     extra = {k: files[k] for k in ("clip_l", "t5xxl", "ae") if k in files}
     options = dict(t5xxl_max_token_length=64, apply_t5_attn_mask=True) if name == "flux-dev" else {}
-    loaded = family.load(files["model"], **extra, **options)
+    loaded = family.load(files["model"], options=FluxOptions(**extra, **options))
     assert loaded.family == name and not any(p.requires_grad for p in loaded.denoiser.parameters())
     with torch.no_grad():  # the prompt settings given at load time are the loaded model's (Chroma: always masked)
         cond = family.encode_prompt(loaded, ["a cat"])
@@ -169,11 +170,13 @@ def test_bfl_file_with_part_files_loads_exactly(tiny, tmp_path, name, layout):
         _states_equal(a, b)
     # a part missing from the command line is named before anything is loaded
     with pytest.raises(ValueError, match="--ae is required"):
-        family.load(files["model"], **{k: v for k, v in extra.items() if k != "ae"})
+        family.load(files["model"], options=FluxOptions(**{k: v for k, v in extra.items() if k != "ae"}))
     with pytest.raises(ValueError, match="--t5xxl"):
-        family.load(files["model"], ae=files["ae"])
+        family.load(files["model"], options=FluxOptions(ae=files["ae"]))
     with pytest.raises(ValueError, match=r"--ae .*t5xxl\.safetensors: no AE weights"):
-        family.load(files["model"], **dict(extra, ae=files["t5xxl"]))  # the wrong file for a part is named
+        family.load(
+            files["model"], options=FluxOptions(**dict(extra, ae=files["t5xxl"]))
+        )  # the wrong file for a part is named
     if name == "chroma":  # a diffusers ChromaPipeline folder: written, read by diffusers' layout, reloaded
         folder = family.save(loaded, tmp_path / "chroma")
         assert detect_family(folder) is CHROMA and (folder / "text_encoder" / "config.json").is_file()
@@ -193,7 +196,7 @@ def test_diffusers_transformer_file_folder_and_bfl_save_round_trip(tiny, tmp_pat
     diffusers_file = tmp_path / "transformer.safetensors"  # a diffusers FluxTransformer2DModel single file
     save_file(parts.denoiser.state_dict(), diffusers_file)
     assert detect_family(diffusers_file) is FLUX_DEV
-    _states_equal(FLUX_DEV.load(diffusers_file, **parts_files).denoiser, parts.denoiser)
+    _states_equal(FLUX_DEV.load(diffusers_file, options=FluxOptions(**parts_files)).denoiser, parts.denoiser)
 
     folder = FLUX_DEV.save(parts, tmp_path / "folder")  # a full diffusers FLUX folder
     assert detect_family(folder) is FLUX_DEV
@@ -208,14 +211,14 @@ def test_diffusers_transformer_file_folder_and_bfl_save_round_trip(tiny, tmp_pat
     with pytest.raises(ValueError, match="flux-dev model, but flux-schnell"):
         FLUX_SCHNELL.load(folder)
     assert detect_family(folder / "transformer") is FLUX_DEV  # a transformer folder alone, with the part files
-    _states_equal(FLUX_DEV.load(folder / "transformer", **parts_files).denoiser, parts.denoiser)
+    _states_equal(FLUX_DEV.load(folder / "transformer", options=FluxOptions(**parts_files)).denoiser, parts.denoiser)
     with pytest.raises(ValueError, match="--ae, --clip_l, --t5xxl are required"):
         FLUX_DEV.load(folder / "transformer")
 
     single = FLUX_DEV.save(parts, tmp_path / "saved.safetensors")  # what flux_train.py writes: BFL keys only
     meta = read_metadata(single)
     assert meta["modelspec.architecture"] == "flux-1-dev" and meta["sdtrain.family"] == "flux-dev"
-    again = FLUX_DEV.load(single, **parts_files)
+    again = FLUX_DEV.load(single, options=FluxOptions(**parts_files))
     _states_equal(again.denoiser, parts.denoiser)
     with pytest.raises(ValueError, match="not pickles"):
         FLUX_DEV.save(parts, tmp_path / "x.ckpt")
@@ -228,7 +231,7 @@ def test_detection_keeps_sd_files_and_tells_flux_variants_apart(tiny, tiny_parts
     sdxl_file = SDXL.save(tiny_parts["sdxl"], tmp_path / "sdxl.safetensors")
     assert detect_family(sdxl_file).name == "sdxl"
     with pytest.raises(ValueError, match="no FLUX.1 / Chroma transformer found"):
-        FLUX_DEV.load(sdxl_file, clip_l=sdxl_file, t5xxl=sdxl_file, ae=sdxl_file)
+        FLUX_DEV.load(sdxl_file, options=FluxOptions(clip_l=sdxl_file, t5xxl=sdxl_file, ae=sdxl_file))
     lora_names = ["lora_unet_double_blocks_0_img_attn_qkv", "lora_unet_single_blocks_3_linear1"]
     assert block_layout(lora_names) is FLUX_DEV.blocks and not SDXL.blocks.names_match(lora_names[0])
     assert block_layout(["lora_unet_input_blocks_4_1_proj_in"]) is SDXL.blocks
@@ -400,7 +403,9 @@ def test_ae_conversion_equals_diffusers_ldm_vae_converter_and_dtypes_per_part(ti
     ldm = vae_to_ldm(parts.vae.state_dict(), parts.vae.config)
     theirs = convert_ldm_vae_checkpoint(dict(ldm), dict(parts.vae.config))  # diffusers' own reading of the BFL AE
     dtypes = PartDtypes(denoiser=torch.bfloat16, vae=torch.float32, text_encoders=torch.float16)
-    loaded = FLUX_DEV.load(files["model"], clip_l=files["clip_l"], t5xxl=files["t5xxl"], ae=files["ae"], dtype=dtypes)
+    loaded = FLUX_DEV.load(
+        files["model"], dtype=dtypes, options=FluxOptions(clip_l=files["clip_l"], t5xxl=files["t5xxl"], ae=files["ae"])
+    )
     ours = loaded.vae.state_dict()
     assert set(ours) == set(theirs)
     assert all(torch.equal(ours[k], theirs[k].reshape(ours[k].shape)) for k in ours)
@@ -457,7 +462,9 @@ def test_make_tiny_model_writes_sd_scripts_flux_inputs(tiny, tmp_path):
     written = run(["--out", str(tmp_path), "--family", "flux-schnell", "--flux_blocks", "2", "2"])  # the tests' model
     assert [p.name for p in written] == ["flux-schnell", "flux-schnell.safetensors"]
     parts = {k: tmp_path / f"flux-schnell_{k}.safetensors" for k in ("clip_l", "t5xxl", "ae")}
-    loaded = FLUX_SCHNELL.load(tmp_path / "flux-schnell.safetensors", **parts)  # the configs stored in the file
+    loaded = FLUX_SCHNELL.load(
+        tmp_path / "flux-schnell.safetensors", options=FluxOptions(**parts)
+    )  # the configs stored in the file
     for a, b in zip((loaded.denoiser, loaded.vae, *loaded.text_encoders), (tiny["flux-schnell"].denoiser,
                     tiny["flux-schnell"].vae, *tiny["flux-schnell"].text_encoders)):  # fmt: skip
         _states_equal(a, b)
@@ -495,11 +502,12 @@ def test_flow_sampler_on_the_flux_family_equals_flux_pipeline(tiny, name, line):
 
 
 def test_training_objective_and_block_lists(tiny):
-    """The family's objective is sd-scripts' FLUX flow matching from the run's flags (refused without them), and a
-    training example goes through predict: x_σ = (1 − σ) x0 + σ ε at t = 1000 σ; swap_blocks names the block lists."""
+    """The family's objective is sd-scripts' FLUX flow matching from the run's flags (the family's options read them;
+    a model loaded without them is refused), and a training example goes through predict: x_σ = (1 − σ) x0 + σ ε at
+    t = 1000 σ; swap_blocks names the block lists."""
     import argparse
+    import dataclasses
 
-    from library.objectives import flow as fm
     from library.objectives.losses import LossConfig, add_loss_args
     from library.objectives.noising import NoiseConfig, add_noise_args
 
@@ -507,11 +515,11 @@ def test_training_objective_and_block_lists(tiny):
     add_noise_args(parser)
     add_loss_args(parser)
     plain = parser.parse_args([])
-    with pytest.raises(ValueError, match="add_flow_matching_args"):
+    with pytest.raises(ValueError, match="loaded without the objective's flags"):
         FLUX_DEV.training_objective(tiny["flux-dev"], NoiseConfig.from_args(plain), LossConfig.from_args(plain))
-    args = fm.add_flow_matching_args(parser).parse_args(["--timestep_sampling", "shift", "--model_prediction_type",
-                                                         "raw"])  # fmt: skip
-    parts = tiny["flux-dev"]
+    args = FluxOptions.add_args(parser, training=True).parse_args(["--timestep_sampling", "shift",
+                                                                   "--model_prediction_type", "raw"])  # fmt: skip
+    parts = dataclasses.replace(tiny["flux-dev"], options=FluxOptions.from_args(args, training=True))
     objective = FLUX_DEV.training_objective(parts, NoiseConfig.from_args(args), LossConfig.from_args(args))
     latents = torch.randn(2, 16, 4, 4)
     example = objective.example(latents, torch.Generator().manual_seed(0))

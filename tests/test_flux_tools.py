@@ -16,6 +16,7 @@ from _networks_helpers import make_config, perturb, single_thread  # noqa: F401
 
 from library.families import get_family
 from library.families.flux import keys as K
+from library.families.flux.options import FluxOptions
 from library.families.flux.tiny import build_tiny_flux, write_tiny_files
 from library.files.weights import load_state_dict
 from networks import convert_flux_lora, flux_extract_lora, flux_merge_lora, inject
@@ -184,7 +185,9 @@ def test_merged_model_equals_the_injected_adapter(parts, model_files, tmp_path, 
     out = tmp_path / "merged.safetensors"
     assert flux_merge_lora.main(["--flux_model", str(model_files["model"]), "--models", str(a), "--save_to",
                                  str(out)]) == 0  # fmt: skip
-    merged = FAMILY.load(out, clip_l=model_files["clip_l"], t5xxl=model_files["t5xxl"], ae=model_files["ae"])
+    merged = FAMILY.load(
+        out, options=FluxOptions(clip_l=model_files["clip_l"], t5xxl=model_files["t5xxl"], ae=model_files["ae"])
+    )
     expected, base = run(ours.denoiser), run(parts.denoiser)
     assert (expected - base).abs().max() > 0.05
     torch.testing.assert_close(run(merged.denoiser), expected, atol=2e-5, rtol=1e-4)

@@ -17,6 +17,7 @@ from _train_helpers import write_dataset_toml
 import flux_train
 from library.families import get_family
 from library.families.flux.keys import diffusers_to_bfl
+from library.families.flux.options import FluxOptions
 from library.families.flux.tiny import build_tiny_flux, write_tiny_files
 from library.files.weights import load_state_dict, read_metadata
 from library.run.block_swap import BlockSwap
@@ -80,7 +81,9 @@ def test_docs_example_runs_and_the_bfl_file_reads_back(model, dataset_toml, tmp_
     meta = read_metadata(result.output)
     assert meta["modelspec.architecture"] == "flux-1-dev" and meta["sdtrain.family"] == "flux-dev"
     state = trained(result)
-    ours = get_family("flux-dev").load(result.output, clip_l=model["clip_l"], t5xxl=model["t5xxl"], ae=model["ae"])
+    ours = get_family("flux-dev").load(
+        result.output, options=FluxOptions(clip_l=model["clip_l"], t5xxl=model["t5xxl"], ae=model["ae"])
+    )
     assert_same(state, ours.denoiser.state_dict())
     assert sum(not torch.equal(out[k], source[k]) for k in source) > len(source) // 2
 

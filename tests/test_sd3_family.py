@@ -13,6 +13,7 @@ from library.families import FAMILIES, Cond, block_layout, detect_family
 from library.families.base import missing_members
 from library.families.sd3 import SD3_MEDIUM, SD35_LARGE, SD35_MEDIUM
 from library.families.sd3 import keys as K
+from library.families.sd3.options import SD3Options
 from library.families.sd3.tiny import build_tiny_sd3, write_tiny_files
 
 TINY_DIT = dict(sample_size=32, patch_size=2, in_channels=16, num_layers=3, attention_head_dim=8,
@@ -158,7 +159,9 @@ def test_every_input_layout_loads_the_same_parts(tiny, files, name, tmp_path):
     assert detect_family(f["model"]) is family and detect_family(f["bare"]) is family
     if name != "sd3.5-medium":
         return  # the other layouts are read by the same code for every variant: checked on the richest one
-    separate = family.load(f["bare"], clip_l=f["clip_l"], clip_g=f["clip_g"], t5xxl=f["t5xxl"], vae=f["vae"])
+    separate = family.load(
+        f["bare"], vae=f["vae"], options=SD3Options(clip_l=f["clip_l"], clip_g=f["clip_g"], t5xxl=f["t5xxl"])
+    )
     _parts_equal(separate, parts)
     folder = family.load(f["diffusers"])
     _parts_equal(folder, parts)
@@ -167,8 +170,7 @@ def test_every_input_layout_loads_the_same_parts(tiny, files, name, tmp_path):
     ours = family.save(parts, tmp_path / "ours.safetensors")
     _parts_equal(family.load(ours), parts)
     _parts_equal(family.load(family.save(parts, tmp_path / "folder")), parts)
-    with_folders = family.load(f["bare"], clip_l=f["clip_l"], clip_g=f["diffusers"] / "text_encoder_2",
-                               t5xxl=f["diffusers"], vae=f["diffusers"])  # fmt: skip
+    with_folders = family.load(f["bare"], vae=f["diffusers"], options=SD3Options(clip_l=f["clip_l"], clip_g=f["diffusers"] / "text_encoder_2", t5xxl=f["diffusers"]))  # fmt: skip
     _parts_equal(with_folders, parts)
     assert detect_family(f["diffusers"]) is family and detect_family(ours) is family
 
@@ -185,11 +187,13 @@ def test_fp8_file_and_flags_replace_embedded_parts(tiny, files, tmp_path):
     named = tmp_path / "diffusers_transformer.safetensors"
     save_file({f"transformer.{k}": v.contiguous() for k, v in parts.denoiser.state_dict().items()}, named)
     assert detect_family(named) is family
-    _states_equal(family.load(named, clip_l=f["clip_l"], clip_g=f["clip_g"], t5xxl=f["t5xxl"], vae=f["vae"]).denoiser,
+    _states_equal(family.load(named, vae=f["vae"], options=SD3Options(clip_l=f["clip_l"], clip_g=f["clip_g"], t5xxl=f["t5xxl"])).denoiser,
                   parts.denoiser)  # fmt: skip
     other = build_tiny_sd3("sd3", seed=1)
     other_files = write_tiny_files(other, tmp_path / "other")
-    mixed = family.load(f["model"], clip_g=other_files["clip_g"])  # the flag wins over the embedded CLIP-G
+    mixed = family.load(
+        f["model"], options=SD3Options(clip_g=other_files["clip_g"])
+    )  # the flag wins over the embedded CLIP-G
     _states_equal(mixed.text_encoders[1], other.text_encoders[1])
     _states_equal(mixed.text_encoders[0], parts.text_encoders[0])
 
@@ -199,15 +203,17 @@ def test_clear_errors_name_the_missing_flag_and_the_wrong_file(files, tiny):
     with pytest.raises(ValueError, match=r"--clip_l, --clip_g, --t5xxl, --vae are required"):
         SD3_MEDIUM.load(f["bare"])
     with pytest.raises(ValueError, match=r"--clip_g is required"):
-        SD3_MEDIUM.load(f["bare"], clip_l=f["clip_l"], t5xxl=f["t5xxl"], vae=f["vae"])
+        SD3_MEDIUM.load(f["bare"], vae=f["vae"], options=SD3Options(clip_l=f["clip_l"], t5xxl=f["t5xxl"]))
     with pytest.raises(ValueError, match=r"this is an sd3.5-medium model, but sd3 was expected"):
         SD3_MEDIUM.load(files["sd3.5-medium"]["model"])
     with pytest.raises(ValueError, match=r"--clip_l .*clip_g.safetensors|no CLIP-L weights|CLIP-L \(--clip_l\)"):
-        SD3_MEDIUM.load(f["bare"], clip_l=f["t5xxl"], clip_g=f["clip_g"], t5xxl=f["t5xxl"], vae=f["vae"])
+        SD3_MEDIUM.load(
+            f["bare"], vae=f["vae"], options=SD3Options(clip_l=f["t5xxl"], clip_g=f["clip_g"], t5xxl=f["t5xxl"])
+        )
     with pytest.raises(ValueError, match=r"--t5_dropout_rate 1.5"):
-        SD3_MEDIUM.load(f["model"], t5_dropout_rate=1.5)
+        SD3_MEDIUM.load(f["model"], options=SD3Options(t5_dropout_rate=1.5))
     with pytest.raises(FileNotFoundError, match=r"--clip_g .*nothing.safetensors"):
-        SD3_MEDIUM.load(f["model"], clip_g=f["model"].parent / "nothing.safetensors")
+        SD3_MEDIUM.load(f["model"], options=SD3Options(clip_g=f["model"].parent / "nothing.safetensors"))
 
 
 def test_diffusers_reads_our_sai_file(tiny, files, tmp_path):
@@ -291,6 +297,7 @@ def _dropout_law_sd_scripts(batch, rl, rg, rt, draw):
 
 
 def test_text_dropout_follows_sd_scripts_and_acts_only_in_training_steps(tiny, files):
+    import dataclasses
     import random
 
     from library.families.sd3.family import text_dropout_of
@@ -299,8 +306,7 @@ def test_text_dropout_follows_sd_scripts_and_acts_only_in_training_steps(tiny, f
     from library.objectives.losses import LossConfig
     from library.objectives.noising import NoiseConfig
 
-    parts = SD3_MEDIUM.load(files["sd3"]["model"], clip_l_dropout_rate=0.5, clip_g_dropout_rate=0.3,
-                            t5_dropout_rate=0.4)  # fmt: skip
+    parts = SD3_MEDIUM.load(files["sd3"]["model"], options=SD3Options(clip_l_dropout_rate=0.5, clip_g_dropout_rate=0.3, t5_dropout_rate=0.4))  # fmt: skip
     cond = SD3_MEDIUM.encode_prompt(parts, [f"prompt {i}" for i in range(16)])
     dropout = text_dropout_of(parts)
     assert (dropout.l_width, dropout.g_width, dropout.l_pooled) == (32, 48, 32)
@@ -315,10 +321,11 @@ def test_text_dropout_follows_sd_scripts_and_acts_only_in_training_steps(tiny, f
         kept = ~torch.tensor([drop_l[i]] * 32 + [drop_g[i]] * 48)
         assert torch.equal(h[i, :77, kept], cond.hidden_states[i, :77, kept])
     # every training step's predict gets the dropout; with gradients off (validation, sampling) it does nothing
-    noise = NoiseConfig(flow=SD3FlowConfig())
-    objective = SD3_MEDIUM.training_objective(parts, noise, LossConfig())
+    parts.options = dataclasses.replace(parts.options, flow=SD3FlowConfig())  # what a training script reads
+    objective = SD3_MEDIUM.training_objective(parts, NoiseConfig(), LossConfig())
     assert objective.predict_options["text_dropout"] == dropout
-    assert "text_dropout" not in SD3_MEDIUM.training_objective(tiny["sd3"], noise, LossConfig()).predict_options
+    plain = dataclasses.replace(tiny["sd3"], options=SD3Options(flow=SD3FlowConfig()))  # no dropout rates
+    assert "text_dropout" not in SD3_MEDIUM.training_objective(plain, NoiseConfig(), LossConfig()).predict_options
     x, t = torch.randn(16, 16, 8, 8), torch.full((16,), 500.0)
     with torch.no_grad():
         plain = SD3_MEDIUM.predict(parts.denoiser, x, t, cond)
@@ -357,7 +364,7 @@ def test_positional_embedding_options_follow_sd_scripts(tiny, files):
     """Random crop: sd-scripts' draws (torch.rand(1) < rate, then randint top, left) pick the window the forward
     uses; scaled tables equal sd-scripts' numpy formula and are chosen by area; neither acts on the state dict."""
 
-    parts = SD3_MEDIUM.load(files["sd3"]["model"], pos_emb_random_crop_rate=1.0)
+    parts = SD3_MEDIUM.load(files["sd3"]["model"], options=SD3Options(pos_emb_random_crop_rate=1.0))
     embed = parts.denoiser.pos_embed
     size = embed.pos_embed_max_size
     table = embed.pos_embed.reshape(1, size, size, -1)
@@ -452,8 +459,9 @@ def test_make_tiny_model_writes_every_sd3_layout(tmp_path):
     run(["--out", str(tmp_path), "--family", "sd3.5-large", "--sd3_blocks", "3"])
     full = SD35_LARGE.load(tmp_path / "sd3.5-large.safetensors")
     assert full.denoiser.config.num_layers == 3 and full.denoiser.config.qk_norm == "rms_norm"
-    split = {flag: tmp_path / f"sd3.5-large_{flag}.safetensors" for flag in ("clip_l", "clip_g", "t5xxl", "vae")}
-    _parts_equal(SD35_LARGE.load(tmp_path / "sd3.5-large_dit.safetensors", **split), full)
+    split = {flag: tmp_path / f"sd3.5-large_{flag}.safetensors" for flag in ("clip_l", "clip_g", "t5xxl")}
+    vae = tmp_path / "sd3.5-large_vae.safetensors"
+    _parts_equal(SD35_LARGE.load(tmp_path / "sd3.5-large_dit.safetensors", vae=vae, options=SD3Options(**split)), full)
     _parts_equal(SD35_LARGE.load(tmp_path / "sd3.5-large"), full)
     from library.families.tiny import tiny_model_folder  # what the demo builds
 

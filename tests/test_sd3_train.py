@@ -17,6 +17,7 @@ from _train_helpers import write_dataset_toml
 import sd3_train
 from library.families import get_family
 from library.families.sd3.keys import SAI_PREFIX, sai_to_diffusers
+from library.families.sd3.options import SD3Options
 from library.families.sd3.tiny import build_tiny_sd3, tiny_transformer, write_tiny_files
 from library.files.weights import load_state_dict, read_metadata
 
@@ -97,9 +98,7 @@ def test_docs_example_runs_and_the_files_read_back(model, dataset_toml, tmp_path
     theirs = SD3Transformer2DModel.from_single_file(str(result.output), config=model["config"],
                                                     subfolder="transformer", local_files_only=True)  # fmt: skip
     assert worst(state, theirs.state_dict()) == 0.0
-    ours = get_family("sd3").load(result.output, clip_l=str(result.output.with_name("sd3_finetuned_clip_l.safetensors")),
-                                  clip_g=str(result.output.with_name("sd3_finetuned_clip_g.safetensors")),
-                                  t5xxl=model["t5xxl"])  # fmt: skip
+    ours = get_family("sd3").load(result.output, options=SD3Options(clip_l=str(result.output.with_name("sd3_finetuned_clip_l.safetensors")), clip_g=str(result.output.with_name("sd3_finetuned_clip_g.safetensors")), t5xxl=model["t5xxl"]))  # fmt: skip
     assert worst(state, ours.denoiser.state_dict()) == 0.0
     for i, name in enumerate(NAMES[:2]):
         te = trained(result, f"text_encoders.{i}.")

@@ -25,7 +25,7 @@ if __package__ in (None, ""):  # run as a script: import the repository, not thi
 
 from library.cli.main_guard import main_guard
 from library.cli.parse import add_no_effect, parse_args, peek
-from library.families import FAMILIES, family_flags, family_group, flagged_family, get_family
+from library.families import FAMILIES, default_families, family_flags, family_group, flagged_family, get_family
 from library.families.options import option_actions
 from library.run import config as run_config
 from library.run import setup as run_setup
@@ -35,15 +35,19 @@ from networks.config import add_network_args
 
 
 def add_caching_tool_groups(parser: argparse.ArgumentParser, family_names: Sequence[str],
-                            add_network_args: Callable[[argparse.ArgumentParser], object]) -> argparse.ArgumentParser:  # fmt: skip
+                            add_network_args: Callable[[argparse.ArgumentParser], object],
+                            add_tool_args: Callable[[argparse.ArgumentParser], object]) -> argparse.ArgumentParser:  # fmt: skip
     """tools/cache_latents.py and tools/cache_text_encoder_outputs.py: the flags of the adapter-training script of
-    ``family_names`` (the model's family; a whole training command line works), then, accepted with no effect,
-    sd-scripts' family flags of every registered family (``--sdxl`` ...: the family is read from the model) and the
-    other families' training flags (caching does not read them). Returns the parser."""
+    ``family_names`` (the model's family, default the first registered family's group; a whole training command
+    line works), the tool's own (``add_tool_args``), then, accepted with no effect, sd-scripts' family flags of every
+    registered family (``--sdxl`` ...: the family is read from the model) and the other families' training flags
+    (caching does not read them). Returns the parser."""
+    family_names = tuple(family_names or default_families())
     swaps = get_family(family_names[0]).spec.block_swap
     add_network_training_groups(parser, add_network_args, block_swap=swaps)
-    own = script_options(tuple(family_names))
+    own = script_options(family_names)
     own.add_args(parser, training=True)
+    add_tool_args(parser)  # the tool's own flags (before the other families' flags take their names)
     g = parser.add_argument_group("caching", "flags a training command line may hold that caching does not read")
     for spec in (f.spec for f in FAMILIES.values()):
         for flag in (spec.flag, spec.tool_flag):
@@ -59,16 +63,19 @@ def add_caching_tool_groups(parser: argparse.ArgumentParser, family_names: Seque
     return parser
 
 
-def build_parser(family_names: Sequence[str] = ("sd1", "sd2")) -> argparse.ArgumentParser:
+def build_parser(family_names: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The training flags of ``family_names``' adapter script (a training command line works) with caching on:
     latents always, on disk in --cache_dir or next to the images; --output_dir is not needed (caching writes
     nothing there)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_caching_tool_groups(parser, family_names, add_network_args)
+    add_caching_tool_groups(parser, family_names, add_network_args, add_tool_args)
     parser.set_defaults(cache_latents=True, cache_latents_to_disk=True, output_dir=".")
+    return parser
+
+
+def add_tool_args(parser: argparse.ArgumentParser) -> None:
     extra = parser.add_argument_group("cache_latents")
     extra.add_argument("--skip_existing", action="store_true", help="accepted (sd-scripts: deprecated, no effect)")
-    return parser
 
 
 @functools.cache

@@ -35,21 +35,24 @@ from networks.config import add_network_args
 from tools.cache_latents import add_caching_tool_groups, family_names
 
 
-def build_parser(family_names: Sequence[str] = ("sd1", "sd2")) -> argparse.ArgumentParser:
+def build_parser(family_names: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The training flags of ``family_names``' adapter script (a training command line works) with text-encoder
     caching on, on disk in --cache_dir or next to the images; --output_dir is not needed (caching writes nothing
     there) and the adapter is taken as UNet-only (cached outputs cannot train text-encoder adapters; nothing is
     trained here)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_caching_tool_groups(parser, family_names, add_network_args)
+    add_caching_tool_groups(parser, family_names, add_network_args, add_tool_args)
     parser.set_defaults(cache_text_encoder_outputs=True, cache_text_encoder_outputs_to_disk=True, output_dir=".",
                         network_train_unet_only=True)  # fmt: skip
+    return parser
+
+
+def add_tool_args(parser: argparse.ArgumentParser) -> None:
     extra = parser.add_argument_group("cache_text_encoder_outputs")
     extra.add_argument("--skip_existing", action="store_true", help="accepted (sd-scripts: deprecated, no effect); "
                        "existing entries are always checked and kept")  # fmt: skip
     add_once(extra, parser, "--text_encoder_batch_size", type=int, default=None,
              help="captions per text-encoder call (default: the first dataset's batch size)")  # fmt: skip
-    return parser
 
 
 def run(argv: Sequence[str] | None = None) -> run_setup.Run | None:

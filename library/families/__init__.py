@@ -25,6 +25,7 @@ from .registry import (
     adapter_family_label,
     block_layout,
     block_layout_title,
+    default_families,
     family_flags,
     family_title,
     flagged_family,
@@ -40,7 +41,7 @@ __all__ += ["EPSILON", "V_PREDICTION", "FLOW_MATCHING", "OBJECTIVES"]
 __all__ += ["get_family", "detect_family", "select_family", "family_as_flagged", "family_group", "register_family"]
 __all__ += ["unregister_family", "trained_together", "family_title", "block_layout", "block_layout_title"]
 __all__ += ["adapter_families", "adapter_family_label", "ti_keys_of_other_families", "family_flags"]
-__all__ += ["flagged_family"]
+__all__ += ["flagged_family", "default_families"]
 
 
 class _Shape:

@@ -143,6 +143,12 @@ def trained_together(name: str) -> tuple[str, ...]:
     return tuple(n for n, f in FAMILIES.items() if f.spec.training_script == script)
 
 
+def default_families() -> tuple[str, ...]:
+    """The families the first registered family's script trains: what a script or tool that takes any family's model
+    assumes before it has read one (the registration order puts SD 1.x / 2.x first)."""
+    return trained_together(next(iter(FAMILIES)))
+
+
 def family_flags() -> dict[str, str]:
     """sd-scripts' family flags (without dashes) -> family name: {"v1": "sd1", "v2": "sd2", "sdxl": "sdxl"}."""
     return {f.spec.flag: name for name, f in FAMILIES.items() if f.spec.flag}

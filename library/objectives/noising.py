@@ -63,7 +63,12 @@ def add_noise_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--logit_mean", type=float, default=0.0, help="logit_normal: mean")
     g.add_argument("--logit_std", type=float, default=1.0, help="logit_normal: standard deviation")
     g.add_argument("--sigmoid_scale", type=float, default=1.0, help="sigmoid: scale")
-    g.add_argument("--timestep_shift", type=float, default=1.0, help="SD3-style shift; > 1 trains more at high noise")
+    g.add_argument(
+        "--timestep_shift",
+        type=float,
+        default=1.0,
+        help="shift s·u / (1 + (s - 1)·u) of the timestep draw; > 1 trains more at high noise",
+    )
 
 
 @dataclass(frozen=True)

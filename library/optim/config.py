@@ -327,7 +327,7 @@ def add_part_lr_args(parser: argparse.ArgumentParser) -> None:
         type=float,
         nargs="*",
         default=None,
-        help="text-encoder adapter lr; SDXL takes one value per encoder (TE1 TE2); 0 = do not train it",
+        help="text-encoder adapter lr; one value, or one per text encoder (TE1 TE2 ...); 0 = do not train it",
     )
 
 

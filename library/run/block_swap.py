@@ -85,8 +85,8 @@ def add_block_swap_args(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="keep the frozen weights of this many transformer blocks on the host and move each onto the device just "
-        "before it runs (forward and backward): less device memory, slower steps. FLUX.1: N // 2 double and "
-        "(N - N // 2) * 2 single blocks, N <= 35",
+        "before it runs (forward and backward): less device memory, slower steps. N is shared between the model's "
+        "block lists as sd-scripts shares it; each list keeps two blocks on the device",
     )
     g.add_argument(
         "--cpu_offload_checkpointing",
@@ -116,7 +116,7 @@ class BlockSwapConfig:
         cfg = cls(n, bool(getattr(args, "cpu_offload_checkpointing", False)))
         if cfg.cpu_offload_checkpointing and not getattr(args, "gradient_checkpointing", False):
             logger.warning("--cpu_offload_checkpointing: gradient checkpointing is turned on too (as sd-scripts' "
-                           "flux_train.py does); pass --gradient_checkpointing to say so")  # fmt: skip
+                           "scripts do); pass --gradient_checkpointing to say so")  # fmt: skip
         return cfg
 
 

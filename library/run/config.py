@@ -19,7 +19,7 @@ from typing import Any
 from library import data
 from library.cli.parse import from_namespace
 from library.cli.problems import ConfigError, Problems
-from library.families import get_family, select_family
+from library.families import default_families, get_family, select_family
 from library.families.base import ModelFamily
 from library.families.options import FamilyOptions, NoOptions
 from library.objectives.losses import LossConfig
@@ -49,7 +49,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
         help="base model: a diffusers folder or a single-file checkpoint (.safetensors / .ckpt)",
     )
     g.add_argument("--v2", action="store_true", help="the base model is Stable Diffusion 2.x")
-    g.add_argument("--v_parameterization", action="store_true", help="train with v-prediction (SD2 768-v, v-pred SDXL)")
+    g.add_argument("--v_parameterization", action="store_true", help="train with v-prediction (v-prediction models)")
     g.add_argument("--vae", type=str, default=None, help="replace the model's VAE (diffusers folder or VAE file)")
     g.add_argument("--tokenizer_cache_dir", type=str, default=None, help="folder with tokenizers (offline use)")
     g.add_argument(
@@ -173,7 +173,7 @@ def choose_family(args: argparse.Namespace, family_names: tuple[str, ...], train
 
 def read_config(
     args: argparse.Namespace,
-    family_names: tuple[str, ...] = ("sd1", "sd2"),
+    family_names: tuple[str, ...] | None = None,
     method: Callable | None = None,
     save_formats: tuple[str, ...] = ("safetensors", "ckpt", "pt"),
     training: str = "network",
@@ -188,6 +188,7 @@ def read_config(
     options class (``family.options.from_args(args, training=True)``), checked against the family read from the
     weights and against its objective.
     """
+    family_names = tuple(family_names or default_families())
     problems = Problems()
     read = problems.read  # each reader raises a ConfigError; its problems join the others
     model = read(ModelConfig.from_args, args)
@@ -272,8 +273,8 @@ def _cross_checks(args: argparse.Namespace, values: dict) -> list[str]:
     save, optim, method = values.get("save"), values.get("optim"), values.get("method")
     if getattr(args, "fused_backward_pass", False) and method is not None and not method.fused_backward_pass:
         problems.append("--fused_backward_pass steps the optimizer inside the backward pass of the model's own weights: "
-                        "it works for full fine-tuning (fine_tune.py, sdxl_train.py, train_db.py), not for adapters "
-                        "or embeddings; remove it")  # fmt: skip
+                        "it works for full fine-tuning (fine_tune.py and the other whole-model scripts), not for "
+                        "adapters or embeddings; remove it")  # fmt: skip
     run = values.get("run")
     if run is not None and run.full_fp16 and optim is not None:
         problems += [p for p in [full_fp16_problem(optim.optimizer_type)] if p]

@@ -37,7 +37,6 @@ from library.optim.fused import FusedStep, block_chunks, chunk_parameters
 from library.run.engines import DeepSpeedConfig, launch_problems
 
 logger = logging.getLogger("sdtrain")
-DIT_SCRIPTS = ("flux_train", "sd3_train")  # full fine-tunes of transformer families (block swap, blockwise steps)
 
 
 # ---------------------------------------------------------------------------------------------------------- flags

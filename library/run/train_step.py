@@ -151,7 +151,7 @@ def non_finite_message(value: float, step: int, epoch: int) -> str:
     return (
         f"the loss became {value} at step {step} (epoch {epoch}); training stopped and the files saved so far "
         "were left as they are. Usual causes: a learning rate that is too high, fp16 overflow (try "
-        "--mixed_precision bf16, or --no_half_vae for SDXL's VAE), or a corrupt image."
+        "--mixed_precision bf16, or --no_half_vae for a VAE that overflows in fp16), or a corrupt image."
     )
 
 

@@ -107,6 +107,22 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
         options.add_args(parser, training=False)
 
 
+def load_flag_problems(args: argparse.Namespace) -> list[str]:
+    """The given load flags checked by each family's reader that takes them (missing part files, counts below 1),
+    before the model's family is read from the file (every problem once)."""
+    problems: list[str] = []
+    for options in dict.fromkeys(f.options for f in FAMILIES.values()):
+        takes = {a.dest for a in option_actions(options, training=False)}
+        given = {k: getattr(args, k) for k in takes if getattr(args, k, None) not in (None, False)}
+        if not given:
+            continue
+        try:
+            options.from_args(argparse.Namespace(**given), training=False)
+        except ConfigError as e:
+            problems += [p for p in e.problems if p not in problems]
+    return problems
+
+
 def load_flag_dests() -> list[str]:
     """The dests of every registered family's load flags (what ``_add_model_args`` added for them)."""
     dests = (a.dest for o in dict.fromkeys(f.options for f in FAMILIES.values())
@@ -125,9 +141,9 @@ def _add_image_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--W", type=int, default=None, help="width (default: the model's native size)")
     g.add_argument("--H", type=int, default=None, help="height (default: the model's native size)")
     for flag in ("original_height", "original_width", "original_height_negative", "original_width_negative"):
-        g.add_argument(f"--{flag}", type=int, default=None, help="SDXL size conditioning")
-    g.add_argument("--crop_top", type=int, default=None, help="SDXL crop conditioning")
-    g.add_argument("--crop_left", type=int, default=None, help="SDXL crop conditioning")
+        g.add_argument(f"--{flag}", type=int, default=None, help="size conditioning (models that take it)")
+    g.add_argument("--crop_top", type=int, default=None, help="crop conditioning (models that take it)")
+    g.add_argument("--crop_left", type=int, default=None, help="crop conditioning (models that take it)")
     g.add_argument("--batch_size", type=int, default=1, help="images generated together")
     g.add_argument("--steps", type=int, default=None,
                    help=f"denoising steps (default: {GEN_IMG_DDPM_DEFAULTS['steps']}; flow-matching models "
@@ -300,10 +316,7 @@ def _check_model(args: argparse.Namespace, problems: list[str]) -> None:
     if sum(bool(getattr(args, f, False)) for f in family_flags()) > 1:
         flags = ", ".join(f"--{f}" for f in family_flags())
         problems.append(f"give at most one of {flags} (or none: the family is detected from --ckpt)")
-    for dest in load_flag_dests():  # a part file beside the model (the family's reader checks the rest)
-        value = getattr(args, dest)
-        if isinstance(value, str) and not Path(value).exists():
-            problems.append(f"--{dest} {value}: no such file")
+    problems += load_flag_problems(args)
     if args.fp16 and args.bf16:
         problems.append("give one of --fp16 / --bf16")
     if args.xformers and args.sdpa:
@@ -314,8 +327,7 @@ def _check_model(args: argparse.Namespace, problems: list[str]) -> None:
 
 
 def _check_numbers(args: argparse.Namespace, problems: list[str]) -> None:
-    for flag in ("images_per_prompt", "n_iter", "batch_size", "steps", "max_embeddings_multiples",
-                 "t5xxl_max_token_length"):  # fmt: skip
+    for flag in ("images_per_prompt", "n_iter", "batch_size", "steps", "max_embeddings_multiples"):
         value = getattr(args, flag)
         if value is not None and value < 1:
             problems.append(f"--{flag} must be >= 1, got {value}")

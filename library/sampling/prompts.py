@@ -190,14 +190,14 @@ OPTIONS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "g": ("guidance", _nonneg_float),
 }
 IGNORED_OPTIONS: dict[str, str] = {}
-GUIDANCE_IGNORED_NOTE = "embedded guidance (--g) only exists for FLUX.1 dev; this model ignores it, as in sd-scripts"
+GUIDANCE_IGNORED_NOTE = "embedded guidance (--g) is an input only some models have; this model ignores it, as in sd-scripts"
 UNSUPPORTED_OPTIONS = {
     "t": "img2img strength (--t): img2img is not supported",
     "c": "CLIP-guided prompt (--c): CLIP guidance is not supported",
     "nl": "negative scale (--nl): a separate negative-prompt scale is not supported",
     "cn": "ControlNet image (--cn): ControlNet is not supported",
-    "ctr": "CFG truncation (--ctr) is for Lumina models only",
-    "rcfg": "renormalised CFG (--rcfg) is for Lumina models only",
+    "ctr": "CFG truncation (--ctr) is not supported by the samplers here",
+    "rcfg": "renormalised CFG (--rcfg) is not supported by the samplers here",
     "fs": "flow shift (--fs) is for flow-matching models only",
     **{k: "Deep Shrink (--dsd1/--dst1/--dsd2/--dst2/--dsr) is not supported" for k in ("dsd1", "dst1", "dsd2", "dst2")},
     "dsr": "Deep Shrink (--dsd1/--dst1/--dsd2/--dst2/--dsr) is not supported",

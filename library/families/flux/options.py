@@ -93,8 +93,8 @@ class FluxOptions:
         g.add_argument("--guidance_scale", type=float, default=3.5,
                        help="embedded guidance given to FLUX.1-dev in training (schnell and Chroma have no guidance "
                        "input: use 0 for Chroma, as sd-scripts' docs)")  # fmt: skip
-        g.add_argument("--text_encoder_batch_size", type=int, default=None,
-                       help="captions per text-encoder call when caching (default: the training batch size)")  # fmt: skip
+        add_once(g, parser, "--text_encoder_batch_size", type=int, default=None,
+                 help="captions per text-encoder call when caching (default: the training batch size)")  # fmt: skip
         add_unsupported(g, "--split_mode", "sd-scripts deprecated it; use --blocks_to_swap 18, which it stands for",
                         action="store_true")  # fmt: skip
         add_unsupported(g, "--controlnet_model_name_or_path", "FLUX ControlNet training is not implemented", type=str,

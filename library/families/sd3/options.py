@@ -123,8 +123,8 @@ class SD3Options:
         g.add_argument("--enable_scaled_pos_embed", action="store_true",
                        help="SD3.5-medium: position embeddings scaled per bucket resolution (multi-resolution "
                        "training)")  # fmt: skip
-        g.add_argument("--text_encoder_batch_size", type=int, default=None,
-                       help="captions per text-encoder call when caching (default: the training batch size)")  # fmt: skip
+        add_once(g, parser, "--text_encoder_batch_size", type=int, default=None,
+                 help="captions per text-encoder call when caching (default: the training batch size)")  # fmt: skip
         mark_no_effect(parser, SD_ONLY_FLAGS)
         return parser
 
