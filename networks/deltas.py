@@ -91,13 +91,14 @@ def load_adapter(path: str | os.PathLike) -> AdapterFile:
 
 
 def adapter_from_state_dict(path: Path, state_dict: Mapping[str, Tensor], metadata: dict[str, str]) -> AdapterFile:
-    """:func:`load_adapter` on tensors already read (or converted, e.g. a PEFT FLUX file in kohya names); ``path``
+    """:func:`load_adapter` on tensors already read (or converted, e.g. a PEFT file in kohya names); ``path``
     names the file in messages."""
     peft = next((k for k in state_dict if k.endswith((".lora_A.weight", ".lora_B.weight"))), None)
     if peft is not None:
-        raise ValueError(f"{path}: {peft} is a PEFT/diffusers-format LoRA key; convert the file to kohya format "
-                         "(FLUX.1 / Chroma: networks/convert_flux_lora.py --src ai-toolkit --dst sd-scripts; SD3 / SD3.5: "
-                         "networks/convert_sd3_lora.py --src diffusers --dst sd-scripts)")  # fmt: skip
+        raise ValueError(
+            f"{path}: {peft} is a PEFT/diffusers-format LoRA key; convert the file to kohya format "
+            f"({files.peft_conversion_hint()})"
+        )
     modules = files.group_by_module(state_dict)
     if not modules:
         raise ValueError(f"{path}: no adapter modules in this file (expected kohya keys such as "

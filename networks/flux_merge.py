@@ -154,14 +154,14 @@ def shuffle_ranks(state: dict[str, Tensor], generator: torch.Generator | None = 
 
 def load_flux_adapters(paths: Sequence[str]) -> list[AdapterFile]:
     """Adapter files for the FLUX tools: kohya / LyCORIS files as :func:`~networks.deltas.load_adapters`, PEFT /
-    diffusers / ai-toolkit files converted to kohya names first (``networks.flux_formats``, exact)."""
+    diffusers / ai-toolkit files converted to kohya names first (``library.families.flux.lora_formats``, exact)."""
     from pathlib import Path
 
     from library.cli.problems import ConfigError, problems_of
+    from library.families.flux.lora_formats import is_peft, peft_to_kohya
     from library.files.weights import load_state_dict
 
     from .deltas import adapter_from_state_dict
-    from .flux_formats import is_peft, peft_to_kohya
 
     out, errors = [], []
     for p in paths:

@@ -21,16 +21,18 @@ from torch import Tensor, nn
 
 from library.cli.problems import ConfigError
 from library.families import block_layout, block_layout_title
+from library.families.adapters import split_spec
 from library.families.base import TargetClasses
 from library.families.blocks import BlockLayout
 
 from . import files
 from .algos import ALGOS, dora
 from .algos import norm as norm_algo
-from .config import NetworkConfig, rules_for
-from .fused import FusedAdapterLayer, FusedLeaf
+from .config import NetworkConfig
+from .fused import FusedAdapterLayer, FusedLeaf, check_loaded_splits, make_split
 from .layers import AdapterLayer, AdapterWeights, DyLoRALayer, NormAdapterLayer, NormWeights, max_rank
 from .network import AdapterNetwork, Slot
+from .network_args import rules_for
 from .targets import PRESETS, Preset, Root, Target, as_root, builtin_preset, default_classes, find_targets
 
 logger = logging.getLogger(__name__)
@@ -335,13 +337,13 @@ def inject(cfg: NetworkConfig, roots: Sequence[Root], classes: TargetClasses | N
         else:
             rows = rules.split_rows(cfg, t) if masks is not None else None
             try:  # a width the algorithm cannot split (networks.oft's block count, BOFT's power-of-two blocks)
-                rank_alpha = spec if rows is None else rules.split_spec(*spec, len(rows))
+                rank_alpha = spec if rows is None else split_spec(*spec, len(rows))
                 adapter = new_adapter(cfg, t.module.weight, *rank_alpha, has_bias=t.module.bias is not None)
             except ValueError as e:
                 unsplit.setdefault(str(e), []).append(f"{t.name} {tuple(t.module.weight.shape)}")
                 continue
             if rows is not None:
-                rules.make_split(adapter, rows, spec[0])
+                make_split(adapter, rows, spec[0])
         built.append((t, adapter))
     errors += [f"{len(where)} layer(s), e.g. {', '.join(where[:2])}: {why}" for why, where in unsplit.items()]
     if errors:
@@ -349,7 +351,7 @@ def inject(cfg: NetworkConfig, roots: Sequence[Root], classes: TargetClasses | N
     slots = [_install(active, t, _wrap(cfg, t, adapter)) for t, adapter in built]
     logger.info("adapters: %d text-encoder and %d UNet modules", sum(not s.target.is_unet for s in slots),
                 sum(s.target.is_unet for s in slots))  # fmt: skip
-    if cfg.verbose:  # networks.lora_flux / lora_sd3 verbose=True: sd-scripts lists every module with its rank and alpha
+    if cfg.module_args is not None and cfg.module_args.verbose:  # sd-scripts' per-family modules list every module
         for s in slots:
             logger.info("\t%-50s %s, %s", s.target.name, s.layer.adapter.rank, float(s.layer.adapter.alpha))
         skipped = [t.name for t in targets if t.kind != "norm" and t.name not in {s.target.name for s in slots}]
@@ -437,7 +439,6 @@ def prepare_network(cfg: NetworkConfig, roots: Sequence[Root], classes: TargetCl
     network = inject(cfg, roots, classes)
     if cfg.network_weights:
         network.load_file(cfg.network_weights, strict=False)
-        rules = rules_for(cfg.module)
-        if rules is not None and cfg.split_qkv:
-            rules.check_loaded_splits(network, cfg.network_weights)
+        if cfg.module_args is not None and cfg.module_args.split_qkv:
+            check_loaded_splits(network, cfg.network_weights)
     return network

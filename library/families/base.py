@@ -21,6 +21,8 @@ if TYPE_CHECKING:  # type hints only: the objective modules import this one
     from library.noising import NoiseConfig
     from library.objectives import Objective
 
+    from .adapters import AdapterRules
+
 
 @dataclass
 class Parts:
@@ -301,6 +303,9 @@ class ModelFamily(Protocol):
     target_classes: TargetClasses
     """The module classes adapter presets select in this family's denoiser and text encoders (``networks.targets``
     resolves the built-in presets through them)."""
+    adapter_rules: Mapping[str, AdapterRules]
+    """sd-scripts' own network modules for this family (``"networks.lora_flux"``) -> their rules
+    (``library.families.adapters.AdapterRules``); empty where only the generic modules (networks.lora...) apply."""
 
     def load(self, path: str | Path, **options: Any) -> Parts:
         """A diffusers folder or a single file -> frozen modules in eval mode (options: dtype (one dtype, or

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -113,6 +114,7 @@ class SDFamily:
     partial_text_cache = None  # every text output comes from an encoder adapters may train
     fp8_skip = ("norm",)  # --fp8_base keeps the UNet's norm layers in the compute dtype (diffusers' rule)
     target_classes = UNET_TARGET_CLASSES
+    adapter_rules = MappingProxyType({})  # no module of its own: networks.lora / lycoris.kohya
 
     def __init__(
         self,

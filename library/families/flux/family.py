@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -34,7 +35,7 @@ from ..saving import with_kind
 from ..tokenizers import PAD_CLIP_L
 from . import keys as K
 from . import latents as L
-from . import text
+from . import lora, text
 from .blocks import FLUX_BLOCKS
 from .configs import clip_l_factory, released, scheduler_kwargs, t5_factory, transformer_factory
 from .loading import load_flux, variant_of_folder, variant_of_keys
@@ -61,10 +62,9 @@ PROMPT_SETTINGS = "prompt_settings"
 TRAIN_GUIDANCE = "guidance_scale"
 
 # sd-scripts' networks/lora_flux.py: every Linear of the double / single blocks, and CLIP-L's attention and MLP
-# modules; T5 only with its network_arg train_t5xxl (T5_TARGET_CLASSES under lora_te3), so the presets leave T5 out.
+# modules; T5 only with its network_arg train_t5xxl (lora.py: T5's classes under lora_te3), so the presets leave T5 out.
 # The ``full`` presets add the Linears outside the blocks (sd-scripts' in_dims modules and the final projection).
 CLIP_ATTENTION = ("CLIPAttention", "CLIPSdpaAttention", "CLIPFlashAttention2")
-T5_TARGET_CLASSES = ("T5Attention", "T5DenseGatedActDense")
 FLUX_TARGETS = TargetClasses(
     transformer=("FluxTransformerBlock", "FluxSingleTransformerBlock"),
     attention=("FluxAttention",),
@@ -106,6 +106,7 @@ class FluxFamily:
     blocks = FLUX_BLOCKS
     denoiser_name = "transformer"
     fp8_skip = ()  # --fp8_base: every Linear in float8, the adaLN modulations too (as sd-scripts' model.to(fp8))
+    adapter_rules = MappingProxyType({lora.MODULE: lora})  # networks.lora_flux
 
     def __init__(self, spec: FamilySpec, *, version: str, architecture: str, implementation: str, t5_length: int,
                  targets: TargetClasses) -> None:  # fmt: skip

@@ -14,6 +14,7 @@ import dataclasses
 import logging
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -34,7 +35,7 @@ from ..convert import hf_module_path
 from ..flux import latents as flux_latents
 from ..saving import with_kind
 from . import keys as K
-from . import pos_embed, text
+from . import lora, pos_embed, text
 from .blocks import SD3_BLOCKS
 from .configs import SCALE, SHIFT, clip_factory, released, scheduler_kwargs, t5_factory, transformer_factory
 from .loading import CLIP_G_SPEC, CLIP_L_SPEC, T5_SPEC, load_sd3, variant_of_folder, variant_of_keys
@@ -131,6 +132,7 @@ class SD3Family:
     partial_text_cache = (0, 1)
     fp8_skip = ()  # --fp8_base: every Linear in float8, the adaLN modulations too (as sd-scripts' mmdit.to(fp8))
     target_classes = SD3_TARGETS
+    adapter_rules = MappingProxyType({lora.MODULE: lora})  # networks.lora_sd3
 
     def __init__(self, spec: FamilySpec, *, model_type: str) -> None:
         self.spec = spec
