@@ -34,6 +34,7 @@ from .fused import adapter_layer
 from .layers import AdapterWeights
 from .lowrank import Delta
 from .targets import Target
+from .tool_common import family_titles
 
 logger = logging.getLogger(__name__)
 
@@ -273,8 +274,8 @@ def resolve_index(file: AdapterFile, base_index: Mapping[str, Target] | None) ->
     if family is None:
         raise ValueError(
             f"{file.source}: the base weight shapes of {len(needs)} module(s) (e.g. {needs[0]}) cannot be read from "
-            "the file (LoHa / LoKr store conv kernels flattened) and the file does not fit a released SD1 / SD2 / "
-            "SDXL / FLUX.1 / Chroma architecture; pass the base model the adapter was trained on (--base_model)"
+            f"the file (LoHa / LoKr store conv kernels flattened) and the file does not fit a released "
+            f"{family_titles(sep=' / ')} architecture; pass the base model the adapter was trained on (--base_model)"
         )
     logger.info("%s: module shapes from the released %s architecture", file.source, family)
     return reference_index(family)

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from library.cli.problems import first
-from library.families import adapter_family_label
+from library.families import FAMILIES, adapter_family_label
 from library.families.adapters import rules_by_module
 from library.families.lora_formats import group_by_module  # noqa: F401  (networks.files.group_by_module)
 
@@ -22,6 +22,7 @@ from .algos import ALGOS, NOT_SUPPORTED, detect_algo, oft_variant
 from .fused import FusedLeaf
 from .layers import AdapterLayer, NormAdapterLayer, weight_kind
 from .targets import Root, Target, as_root, fused_targets, kohya_name
+from .tool_common import family_titles
 
 
 def peft_conversion_hint() -> str:
@@ -80,15 +81,16 @@ def explain_unmatched(names: Sequence[str], roots: Sequence[Root], source: str) 
         examples = ", ".join([n for n in names if prefix_of(n) == prefix][:3])
         if prefix not in model_prefixes:
             label = adapter_family_label([prefix], names)  # block names tell SDXL from FLUX
-            hint = f"{label} (prefix {prefix})" if label else "not a kohya-format adapter for SD1/SD2/SDXL"
+            hint = f"{label} (prefix {prefix})" if label else f"not a kohya-format adapter for {family_titles()}"
             lines.append(
                 f"{count} module(s) with prefix {prefix!r}, which this model does not have (its prefixes: "
                 f"{', '.join(model_prefixes)}); the file looks made for {hint}. Examples: {examples}"
             )
         else:
+            having = [name for name, f in FAMILIES.items() if prefix in f.adapter_prefixes][:3]
             lines.append(
                 f"{count} {prefix} module(s) not found in this model (another model family or architecture, e.g. "
-                f"SD1 vs SD2 vs SDXL?). Examples: {examples}"
+                f"{family_titles(having, ' vs ')}?). Examples: {examples}"
             )
     return f"{source}: " + "; ".join(lines)
 

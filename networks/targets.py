@@ -79,10 +79,10 @@ PRESETS: dict[str, PresetSpec] = {
 
 
 def default_classes() -> TargetClasses:
-    """The classes of the UNet families (SD1 / SD2 / SDXL), used where a caller passes none."""
-    from library.families.sd import UNET_TARGET_CLASSES
+    """The classes of the first registered family (the SD UNet families'), used where a caller passes none."""
+    from library.families import FAMILIES
 
-    return UNET_TARGET_CLASSES
+    return next(iter(FAMILIES.values())).target_classes
 
 
 def builtin_preset(name: str, classes: TargetClasses | None = None) -> Preset:
