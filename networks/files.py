@@ -15,8 +15,8 @@ from torch import Tensor
 
 from library.cli.problems import first
 from library.families import FAMILIES, adapter_family_label
-from library.families.adapters import rules_by_module
 from library.families.lora_formats import group_by_module  # noqa: F401  (networks.files.group_by_module)
+from library.families.registry import rules_by_module
 
 from .algos import ALGOS, NOT_SUPPORTED, detect_algo, oft_variant
 from .fused import FusedLeaf

@@ -14,7 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import fields
 
 from library.cli.problems import did_you_mean
-from library.families.adapters import AdapterRules, rules_by_module
+from library.families.adapters import AdapterRules
+from library.families.registry import rules_by_module
 
 logger = logging.getLogger("networks.config")  # the network flags' messages come from one logger
 

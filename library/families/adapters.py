@@ -7,8 +7,9 @@ the common keys it does not read (``NOT_READ``), and which modules get an adapte
 ``select``, ``block_masks``, ``rank_for``, ``split_rows``). ``networks/`` builds and trains the adapters from these
 answers (``networks.config`` reads the flags, ``networks.inject`` picks the targets); it never names a family.
 
-Shared here: :class:`Preset` and :class:`Target` (what the rules select, re-exported by ``networks.targets``), the
-parsers of the list / block-selection / regex arguments, and :func:`rules_by_module` (the registry's modules).
+Shared here: :class:`Preset` and :class:`Target` (what the rules select, re-exported by ``networks.targets``) and the
+parsers of the list / block-selection / regex arguments. ``library.families.registry.rules_by_module`` gives the
+registered families' modules.
 """
 
 from __future__ import annotations
@@ -170,18 +171,6 @@ class AdapterRules(Protocol):
     def split_rows(self, cfg: NetworkSettings, target: Target) -> tuple[int, ...] | None:
         """The rows of each part that ``split_qkv`` gives its own LoRA, or None (one LoRA over the target)."""
         ...
-
-
-def rules_by_module() -> dict[str, AdapterRules]:
-    """Every registered family's sd-scripts network modules -> their rules (families sharing one module share its
-    rules; the first family to state a module gives them), in registration order."""
-    from . import FAMILIES
-
-    rules: dict[str, AdapterRules] = {}
-    for family in FAMILIES.values():
-        for module, family_rules in family.adapter_rules.items():
-            rules.setdefault(module, family_rules)
-    return rules
 
 
 def split_spec(rank: int, alpha: float, parts: int) -> tuple[int, float]:

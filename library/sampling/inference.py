@@ -39,7 +39,7 @@ NETWORK_MODULES = ("networks.lora", "lycoris.kohya", "networks.dylora", "network
 
 def network_modules() -> tuple[str, ...]:
     """Every ``--network_module`` a generation script takes: the generic ones, then each registered family's."""
-    from library.families.adapters import rules_by_module
+    from library.families.registry import rules_by_module
 
     return (*NETWORK_MODULES, *rules_by_module())
 
