@@ -1,7 +1,8 @@
 """The network flags (sd-scripts names, types and defaults) and their one reader, :class:`NetworkConfig`.
 
 ``--network_args`` is a list of ``key=value`` strings. Both ``networks.lora`` (sd-scripts) and ``lycoris.kohya``
-(LyCORIS) spellings are accepted; every key is typed and validated here, and all problems are reported in one
+(LyCORIS) spellings are accepted; every key is typed (``networks.network_args``; a per-family module's own keys by
+its family's rules, into ``NetworkConfig.module_args``) and validated here, and all problems are reported in one
 ``ValueError``. Keys the chosen module would silently ignore (sd-scripts' block arguments under LyCORIS, LyCORIS
 options with no effect on the chosen algorithm) are accepted with a warning, so existing command lines run unchanged;
 any other unknown key is an error with a "did you mean".
@@ -13,131 +14,20 @@ import argparse
 import json
 import logging
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 from library.cli.problems import ConfigError, did_you_mean
+from library.families import FAMILIES, block_layout_title
+from library.families.adapters import LoraModuleArgs
 
-from . import algo_options, lora_flux, lora_sd3
+from . import algo_options
 from .algo_options import OFT_ALGOS
 from .algos import NOT_SUPPORTED
+from .network_args import ALGO_NAMES, MODULE_ALGOS, check_module, read_network_args, rules_for, split_network_args
 from .targets import PRESETS
 
 logger = logging.getLogger(__name__)
-
-MODULES = (
-    "networks.lora",
-    "lycoris.kohya",
-    "networks.dylora",
-    "networks.lora_fa",
-    "networks.oft",
-    "networks.lora_flux",
-    "networks.lora_sd3",
-)
-# sd-scripts' per-family LoRA modules whose rules live in their own networks module (the same functions each:
-# ARGS, NOT_READ, HINT, validate, preset, select, block_counts, block_masks, rank_for, split_rows, ...)
-RULE_MODULES = {lora_flux.MODULE: lora_flux, lora_sd3.MODULE: lora_sd3}
-# sd-scripts modules that are one algorithm each: the algorithm they train (their files are plain LoRA files)
-MODULE_ALGOS = {"networks.dylora": "dylora", "networks.lora_fa": "lora_fa"}
-LATER_MODULES = (
-    "networks.lora_diffusers",
-    "networks.lora_lumina", "networks.lora_hunyuan_image", "networks.lora_anima",
-)  # fmt: skip
-ALGO_NAMES = ("lora", "locon", "loha", "lokr", "dora", "dylora", "diag-oft", "boft", "full", "diff", "ia3", "glora")
-LR_WEIGHT_PRESETS = ("cosine", "sine", "linear", "reverse_linear", "zeros")
-
-
-def _bool(v: str) -> bool:
-    s = v.strip().lower()
-    if s in ("1", "true", "yes", "on"):
-        return True
-    if s in ("0", "false", "no", "off", "none", ""):
-        return False
-    raise ValueError(f"expected true/false, got {v!r}")
-
-
-def _ints(v: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in v.split(","))
-    except ValueError:
-        raise ValueError("expected comma-separated integers") from None
-
-
-def _floats(v: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(x) for x in v.split(","))
-    except ValueError:
-        raise ValueError("expected comma-separated numbers") from None
-
-
-def _lr_weight(v: str) -> str | tuple[float, ...]:
-    """A list of floats (empty entries mean 0, as in sd-scripts) or a preset name with an optional ``+base``."""
-    if "," in v or v.replace(".", "", 1).strip().isdigit():
-        return tuple(float(x) if x.strip() else 0.0 for x in v.split(","))
-    name, _, base = v.partition("+")
-    if name not in LR_WEIGHT_PRESETS:
-        raise ValueError(f"expected a comma-separated list or one of {', '.join(LR_WEIGHT_PRESETS)} (+base)")
-    if base:
-        float(base)
-    return v
-
-
-# key -> (parser, NetworkConfig field or None). Keys accepted by both modules.
-_COMMON: dict[str, tuple[Any, str | None]] = {
-    "algo": (str.lower, "algo"),
-    "conv_dim": (int, "conv_dim"),
-    "conv_alpha": (float, "conv_alpha"),
-    "dropout": (float, "dropout"),
-    "rank_dropout": (float, "rank_dropout"),
-    "module_dropout": (float, "module_dropout"),
-    "rank_dropout_scale": (_bool, "rank_dropout_scale"),
-    "loraplus_lr_ratio": (float, "loraplus_lr_ratio"),
-    "loraplus_unet_lr_ratio": (float, "loraplus_unet_lr_ratio"),
-    "loraplus_text_encoder_lr_ratio": (float, "loraplus_text_encoder_lr_ratio"),
-    "dora_wd": (_bool, "dora"),
-    "wd_on_output": (_bool, "wd_on_output"),
-    "use_tucker": (_bool, "use_tucker"),
-    "use_cp": (_bool, "use_tucker"),
-    "use_conv_cp": (_bool, "use_tucker"),
-    "disable_conv_cp": (lambda v: not _bool(v), "use_tucker"),
-    "use_scalar": (_bool, "use_scalar"),
-    "rs_lora": (_bool, "rs_lora"),
-    "train_norm": (_bool, "train_norm"),
-    "factor": (int, "factor"),
-    "decompose_both": (_bool, "decompose_both"),
-    "full_matrix": (_bool, "full_matrix"),
-    "unbalanced_factorization": (_bool, "unbalanced_factorization"),
-    "preset": (str, "preset"),
-    "train_on_input": (_bool, "train_on_input"),
-    "block_size": (int, "block_size"),
-    "constraint": (float, "constraint"),
-    "rescaled": (_bool, "rescaled"),
-}
-# sd-scripts networks.oft reads only these two (every other key is ignored there, with a warning).
-_OFT: dict[str, tuple[Any, str | None]] = {
-    "enable_all_linear": (_bool, "enable_all_linear"),
-    "enable_conv": (_bool, "enable_conv"),
-}
-# sd-scripts networks.lora only (LyCORIS ignores them).
-_KOHYA: dict[str, tuple[Any, str | None]] = {
-    "block_dims": (_ints, "block_dims"),
-    "block_alphas": (_floats, "block_alphas"),
-    "conv_block_dims": (_ints, "conv_block_dims"),
-    "conv_block_alphas": (_floats, "conv_block_alphas"),
-    "down_lr_weight": (_lr_weight, "down_lr_weight"),
-    "mid_lr_weight": (_floats, "mid_lr_weight"),
-    "up_lr_weight": (_lr_weight, "up_lr_weight"),
-    "block_lr_zero_threshold": (float, "block_lr_zero_threshold"),
-}
-# sd-scripts networks.dylora only.
-_DYLORA: dict[str, tuple[Any, str | None]] = {"unit": (int, "unit")}
-# Accepted, no effect here (LyCORIS execution switches, other model families, other algorithms; a known no-op).
-_NO_EFFECT = {
-    "bypass_mode": "LoRA already runs as up(down(x)); other algorithms build ΔW",
-    "train_t5xxl": "only networks.lora_flux / networks.lora_sd3 read it (LyCORIS 4.1.3 stores it but adapts no T5 module)",
-    "train_llm_adapter": "not an SD1/SD2/SDXL option",
-    "use_reentrant": "neither sd-scripts nor LyCORIS reads it",
-}
 
 
 @dataclass(frozen=True)
@@ -183,26 +73,8 @@ class NetworkConfig:
     rescaled: bool = False  # LyCORIS OFT / BOFT: a trained per-row rescale
     enable_all_linear: bool = False  # networks.oft: every Linear of the transformer blocks, not only attention
     enable_conv: bool = False  # networks.oft: also the ResNet / down / up-sampler blocks, 3x3 convs included
-    # networks.lora_flux (sd-scripts' FLUX LoRA; see networks/lora_flux.py)
-    train_blocks: str | None = None  # all | single | double
-    img_attn_dim: int | None = None
-    txt_attn_dim: int | None = None
-    img_mlp_dim: int | None = None
-    txt_mlp_dim: int | None = None
-    img_mod_dim: int | None = None
-    txt_mod_dim: int | None = None
-    single_dim: int | None = None
-    single_mod_dim: int | None = None
-    in_dims: tuple[int, ...] | None = None  # img, time, vector, guidance, txt
-    train_double_block_indices: str | None = None
-    train_single_block_indices: str | None = None
-    split_qkv: bool = False
-    train_t5xxl: bool = False
-    verbose: bool = False
-    reg_dims: tuple[tuple[str, int], ...] = ()  # (regex, rank) in order
-    reg_lrs: tuple[tuple[str, float], ...] = ()  # (regex, lr) in order
-    # the arguments of a RULE_MODULES module with no field here, as (key, parsed value) pairs (networks.lora_sd3)
-    module_args: tuple[tuple[str, Any], ...] = ()
+    # a per-family module's own arguments (networks.lora_<family>: its rules' Args; None for the other modules)
+    module_args: LoraModuleArgs | None = None
     network_weights: str | None = None
     dim_from_weights: bool = False
     base_weights: tuple[str, ...] = ()
@@ -271,11 +143,11 @@ class NetworkConfig:
     def from_args(cls, args: argparse.Namespace) -> NetworkConfig:
         """Read and validate the network flags; raise one ``ValueError`` listing every problem."""
         errors: list[str] = []
-        module = _check_module(getattr(args, "network_module", None), errors)
+        module = check_module(getattr(args, "network_module", None), errors)
         values: dict[str, Any] = {"module": module}
-        raw = _split_network_args(getattr(args, "network_args", None) or [], errors)
+        raw = split_network_args(getattr(args, "network_args", None) or [], errors)
         values["network_args"] = raw
-        _read_network_args(raw, module, values, errors)
+        read_network_args(raw, module, values, errors)
         _read_flags(args, values, errors)
         if module in MODULE_ALGOS:
             if "algo" in values:
@@ -294,11 +166,11 @@ class NetworkConfig:
         algo_options.switch_off_ignored(values)
         cfg = cls(**values)  # holds every value that parsed, so the checks below still report their problems
         _validate(cfg, errors)
-        # cached outputs with text-encoder adapters: library/run/setup.py read_config asks the family
-        # (FLUX.1 recomputes CLIP-L's pooled output over the T5 cache, as sd-scripts); T5 adapters never can
-        if getattr(args, "cache_text_encoder_outputs", False) and cfg.train_t5xxl and not cfg.train_unet_only:
-            errors.append("--cache_text_encoder_outputs cannot be used with train_t5xxl=True (T5's outputs change as "
-                          "its adapters train; sd-scripts refuses it too): drop one of the two")  # fmt: skip
+        # cached outputs with text-encoder adapters: library/run/config.py read_config asks the family
+        # (FLUX.1 recomputes CLIP-L's pooled output over the T5 cache, as sd-scripts); the rules refuse what never can
+        rules = rules_for(cfg.module)
+        if getattr(args, "cache_text_encoder_outputs", False) and rules is not None:
+            errors += rules.text_cache_problems(cfg)
         if errors:
             raise ConfigError(errors, "network options")
         return cfg
@@ -312,112 +184,6 @@ class NetworkConfig:
             "ss_network_dropout": str(self.dropout),
             "ss_network_args": json.dumps(self.network_args) if self.network_args else "null",
         }
-
-
-def _check_module(module: str | None, errors: list[str]) -> str:
-    if module in MODULES:
-        return module
-    if module is None:
-        errors.append("--network_module is required: use networks.lora (LoRA/LoCon/LoHa/LoKr/DoRA) or lycoris.kohya")
-    elif module in LATER_MODULES:
-        errors.append(f"--network_module {module} is not supported yet; supported: {', '.join(MODULES)}")
-    else:
-        errors.append(f"--network_module {module!r} is unknown{did_you_mean(module, MODULES)} (supported: "
-                      f"{', '.join(MODULES)})")  # fmt: skip
-    return "networks.lora"
-
-
-def _split_network_args(items: list[str], errors: list[str]) -> dict[str, str]:
-    raw: dict[str, str] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            errors.append(f"--network_args {item!r}: expected key=value (e.g. conv_dim=8)")
-            continue
-        raw[key.strip()] = value.strip()
-    return raw
-
-
-_FIELDS = frozenset(f.name for f in fields(NetworkConfig))
-
-
-def rules_for(module: str):
-    """The networks module holding the rules of a per-family LoRA module (networks.lora_flux...), else None."""
-    return RULE_MODULES.get(module)
-
-
-def _read_rules_arg(rules, key: str, value: str, values: dict, errors: list[str]) -> None:
-    """One key of a per-family LoRA module (networks.lora_flux / lora_sd3): its own arguments, plus the common keys
-    it reads. Arguments with no NetworkConfig field go to ``module_args``."""
-    if key in rules.NOT_READ or key in _KOHYA or key in _DYLORA or key in _OFT:
-        errors.append(f"--network_args {key}: {rules.MODULE} ({rules.DESCRIPTION}) does not read it; {rules.HINT}")
-        return
-    spec = rules.ARGS.get(key) or _COMMON.get(key)
-    if spec is None:
-        known = [*rules.ARGS, *(k for k in _COMMON if k not in rules.NOT_READ)]
-        errors.append(f"--network_args {key}: unknown argument of {rules.MODULE}{did_you_mean(key, known)}")
-        return
-    parse, name = spec
-    try:
-        parsed = (parse or _bool)(value)
-    except ValueError as e:
-        reason = {int: "expected an integer", float: "expected a number"}.get(parse, str(e))
-        errors.append(f"--network_args {key}={value}: {reason}")
-        return
-    if name is None:
-        return
-    if name in _FIELDS:
-        values[name] = parsed
-    else:
-        values["module_args"] = (*values.get("module_args", ()), (name, parsed))
-
-
-def _read_network_args(raw: dict[str, str], module: str, values: dict, errors: list[str]) -> None:
-    known = [*_COMMON, *_KOHYA, *_DYLORA, *_NO_EFFECT, *_OFT]
-    for key, value in raw.items():
-        rules = rules_for(module)
-        if rules is not None:
-            _read_rules_arg(rules, key, value, values, errors)
-            continue
-        readers = [r for r in RULE_MODULES.values() if key in r.ARGS]
-        if readers and key not in _NO_EFFECT:
-            names = " / ".join(r.MODULE for r in readers)
-            errors.append(f"--network_args {key}: only --network_module {names} "
-                          f"{'reads' if len(readers) == 1 else 'read'} it ({' / '.join(r.DESCRIPTION for r in readers)})")  # fmt: skip
-            continue
-        if module == "networks.oft" and key not in _OFT:
-            logger.warning("--network_args %s=%s is ignored by networks.oft (sd-scripts' OFT reads only "
-                           "enable_all_linear and enable_conv)", key, value)  # fmt: skip
-            continue
-        if key in _OFT and module != "networks.oft":
-            errors.append(f"--network_args {key}: only --network_module networks.oft reads it (sd-scripts' OFT); "
-                          f"with {module} use preset= / conv_dim=")  # fmt: skip
-            continue
-        if key in _NO_EFFECT:
-            logger.warning("--network_args %s=%s has no effect (%s); ignored", key, value, _NO_EFFECT[key])
-            continue
-        if key in _KOHYA and module == "lycoris.kohya":
-            logger.warning("--network_args %s is ignored by lycoris.kohya (LyCORIS does not read it, so neither do "
-                           "we); use --network_module networks.lora for per-block ranks and lr weights", key)  # fmt: skip
-            continue
-        if key in _DYLORA and module != "networks.dylora":
-            errors.append(f"--network_args {key}: only networks.dylora reads it (lycoris.kohya algo=dylora: "
-                          "block_size)")  # fmt: skip
-            continue
-        spec = _COMMON.get(key) or _KOHYA.get(key) or _DYLORA.get(key) or _OFT.get(key)
-        if spec is None:
-            errors.append(f"--network_args {key}: unknown argument{did_you_mean(key, known)}")
-            continue
-        parse, name = spec
-        try:
-            parsed = parse(value)
-        except ValueError as e:
-            reason = {int: "expected an integer", float: "expected a number"}.get(parse, str(e))
-            errors.append(f"--network_args {key}={value}: {reason}")
-            continue
-        if name == "use_tucker":
-            parsed = parsed or values.get("use_tucker", False)
-        values[name] = parsed
 
 
 def _read_flags(args: argparse.Namespace, values: dict, errors: list[str]) -> None:
@@ -438,7 +204,7 @@ def _read_flags(args: argparse.Namespace, values: dict, errors: list[str]) -> No
 
 
 def _validate(cfg: NetworkConfig, errors: list[str]) -> None:
-    algo_options.validate_oft(cfg, errors)
+    _validate_oft(cfg, errors)
     if cfg.algo == "oft" and cfg.module != "networks.oft":
         errors.append("--network_args algo=oft: LyCORIS has no algorithm 'oft'; use algo=diag-oft or algo=boft, or "
                       "--network_module networks.oft for sd-scripts' OFT")  # fmt: skip
@@ -472,18 +238,17 @@ def _validate(cfg: NetworkConfig, errors: list[str]) -> None:
     rules = rules_for(cfg.module)
     if rules is not None:
         rules.validate(cfg, errors)
-    algo_options.validate_dylora(cfg, errors)
-    algo_options.validate_lora_fa(cfg, errors)
+    _validate_dylora(cfg, errors)
+    _validate_lora_fa(cfg, errors)
 
 
 def _validate_blocks(cfg: NetworkConfig, errors: list[str]) -> None:
     for name in ("block_dims", "block_alphas", "conv_block_dims", "conv_block_alphas"):
         values = getattr(cfg, name)
-        if values is not None and len(values) not in (25, 23):
-            errors.append(
-                f"--network_args {name}: {len(values)} values given; SD1/SD2 need 25 (IN00-IN11, MID, OUT00-OUT11) "
-                "and SDXL needs 23"
-            )
+        if values is not None:
+            counts, text = _block_numberings()
+            if len(values) not in counts:
+                errors.append(f"--network_args {name}: {len(values)} values given; {text}")
         if values is not None and any(v < 0 for v in values):
             errors.append(f"--network_args {name}: values must not be negative")
     if cfg.preset is not None and cfg.preset not in PRESETS and not cfg.preset.endswith(".toml"):
@@ -493,6 +258,18 @@ def _validate_blocks(cfg: NetworkConfig, errors: list[str]) -> None:
         errors.append(f"--network_args preset={cfg.preset}: no such file")
     if cfg.train_unet_only and cfg.train_text_encoder_only:
         errors.append("--network_train_unet_only and --network_train_text_encoder_only exclude each other")
+
+
+def _block_numberings() -> tuple[set[int], str]:
+    """The block counts the registered families' UNet numberings take ``block_dims`` in, and a sentence saying which
+    ("SD1/SD2 need 25 (IN00-IN11, MID, OUT00-OUT11) and SDXL needs 23")."""
+    layouts = list(dict.fromkeys(f.blocks for f in FAMILIES.values() if f.blocks.down))
+    parts = []
+    for layout in layouts:
+        several = sum(f.blocks == layout for f in FAMILIES.values()) > 1
+        names = "" if layout.edges else f" (IN00-IN{layout.down - 1:02d}, MID, OUT00-OUT{layout.up - 1:02d})"
+        parts.append(f"{block_layout_title(layout)} need{'' if several else 's'} {layout.num_blocks}{names}")
+    return {layout.num_blocks for layout in layouts}, " and ".join(parts)
 
 
 def _validate_files(cfg: NetworkConfig, errors: list[str]) -> None:
@@ -510,6 +287,102 @@ def _validate_files(cfg: NetworkConfig, errors: list[str]) -> None:
         )
     if cfg.scale_weight_norms is not None and cfg.scale_weight_norms <= 0:
         errors.append(f"--scale_weight_norms {cfg.scale_weight_norms}: must be > 0")
+
+
+# ------------------------------------------------------------------------------------------ per-algorithm checks
+def _validate_oft(cfg: NetworkConfig, errors: list[str]) -> None:
+    if not cfg.is_oft:
+        for key in ("constraint", "rescaled"):
+            if key in cfg.network_args:
+                logger.warning("--network_args %s has no effect with algo=%s (only LyCORIS' diag-oft and boft read "
+                               "it); ignored", key, cfg.algo)  # fmt: skip
+        return
+    if cfg.constraint < 0:
+        errors.append(f"--network_args constraint={cfg.constraint}: must not be negative (0: no constraint)")
+    bypass = cfg.network_args.get("bypass_mode", "false").strip().lower() in ("1", "true", "yes", "on")
+    if bypass:
+        errors.append(f"--network_args bypass_mode=True is not supported with algo={cfg.algo}: LyCORIS' bypass form "
+                      "turns the layer's output, bias included (y = R·(Wx + b)), a different model from the weight "
+                      "form W' = R·W trained here (LyCORIS' default); remove it")  # fmt: skip
+    for flag, on in (("dora_wd", cfg.dora), ("use_scalar", cfg.use_scalar)):
+        if on:
+            errors.append(f"--network_args {flag}=True is not supported with algo={cfg.algo} (an orthogonal "
+                          "rotation has no DoRA magnitude or scalar; LyCORIS ignores it silently); remove it")  # fmt: skip
+    for flag, on in (("use_tucker", cfg.use_tucker), ("rs_lora", cfg.rs_lora)):
+        if on and cfg.module != "networks.oft":
+            logger.warning("--network_args %s has no effect with algo=%s (as in LyCORIS); ignored", flag, cfg.algo)
+
+
+# Options the DyLoRA references read but never use (sd-scripts networks.dylora: no dropout of any kind; LyCORIS'
+# DyLoraModule: module_dropout only), refused rather than ignored.
+_DYLORA_UNSUPPORTED = {
+    "dropout": "--network_dropout", "rank_dropout": "--network_args rank_dropout", "dora": "dora_wd / algo=dora",
+    "use_tucker": "use_tucker / use_cp", "use_scalar": "use_scalar", "rs_lora": "rs_lora",
+}  # fmt: skip
+
+
+def _validate_dylora(cfg: NetworkConfig, errors: list[str]) -> None:
+    if "block_size" in cfg.network_args and cfg.algo not in ("dylora",):
+        logger.warning("--network_args block_size=%s has no effect with algo=%s (LyCORIS reads it for DyLoRA and "
+                       "OFT); ignored", cfg.network_args["block_size"], cfg.algo)  # fmt: skip
+    if cfg.algo != "dylora":
+        return
+    if cfg.module == "networks.lora":
+        errors.append(
+            "--network_args algo=dylora needs --network_module networks.dylora (sd-scripts' DyLoRA, "
+            "unit=) or lycoris.kohya (LyCORIS' DyLoRA, block_size=)"
+        )
+        return
+    who = "networks.dylora" if cfg.module == "networks.dylora" else "lycoris.kohya algo=dylora"
+    reference = "sd-scripts" if cfg.module == "networks.dylora" else "LyCORIS"
+    unsupported = dict(_DYLORA_UNSUPPORTED)
+    if cfg.module == "networks.dylora":
+        unsupported["module_dropout"] = "--network_args module_dropout"
+    for name, flag in unsupported.items():
+        if getattr(cfg, name):
+            errors.append(f"{flag} is not supported by {who}: the reference DyLoRA ({reference}) accepts it but "
+                          "never applies it; drop it")  # fmt: skip
+    block, arg = (cfg.unit, "unit") if cfg.module == "networks.dylora" else (cfg.block_size, "block_size")
+    if block < 1:
+        errors.append(f"--network_args {arg}={block}: must be at least 1")
+        return
+    conv_dim, _ = cfg.resolved_conv()
+    for flag, rank in (("--network_dim", cfg.dim), ("conv_dim", conv_dim)):
+        if rank and rank % block:
+            errors.append(f"{flag} {rank} is not a multiple of {arg}={block} ({who} trains the rank in blocks of "
+                          f"{arg}); use a multiple, e.g. {max(block, rank - rank % block)}")  # fmt: skip
+    if cfg.module == "networks.dylora":
+        if cfg.conv_dim and cfg.conv_dim != cfg.dim:
+            errors.append(f"--network_args conv_dim={cfg.conv_dim}: networks.dylora needs conv_dim == --network_dim "
+                          f"({cfg.dim}), as sd-scripts")  # fmt: skip
+        if cfg.conv_alpha is not None and cfg.conv_alpha != cfg.alpha:
+            errors.append(f"--network_args conv_alpha={cfg.conv_alpha}: networks.dylora uses --network_alpha "
+                          f"({cfg.alpha}) for conv layers too (sd-scripts reads conv_alpha but never uses it); drop "
+                          "it or set it equal")  # fmt: skip
+        if cfg.uses_blocks or cfg.conv_block_dims is not None or cfg.block_alphas is not None:
+            errors.append(
+                "block_dims / block_alphas / conv_block_* / *_lr_weight are not supported by "
+                "networks.dylora (sd-scripts' DyLoRA has no per-block ranks or learning rates)"
+            )
+        if cfg.preset is not None:
+            errors.append("--network_args preset: networks.dylora targets sd-scripts' modules; use lycoris.kohya "
+                          "algo=dylora for presets")  # fmt: skip
+    elif cfg.uses_loraplus:
+        errors.append("loraplus_*lr_ratio has no effect with lycoris.kohya algo=dylora (LyCORIS' DyLoRA tensors are "
+                      "not named lora_up); use --network_module networks.dylora for LoRA+")  # fmt: skip
+
+
+def _validate_lora_fa(cfg: NetworkConfig, errors: list[str]) -> None:
+    if cfg.algo != "lora_fa":
+        return
+    if cfg.dora or cfg.use_tucker or cfg.use_scalar:
+        errors.append("dora_wd / use_tucker / use_scalar are not supported by networks.lora_fa (sd-scripts' LoRA-FA "
+                      "is a plain LoRA whose lora_down is frozen)")  # fmt: skip
+    if cfg.uses_loraplus:
+        errors.append(
+            "loraplus_*lr_ratio: networks.lora_fa trains lora_up only, so LoRA+ would only multiply the "
+            "learning rate (sd-scripts' LoRA-FA ignores it); set --learning_rate / --unet_lr instead"
+        )
 
 
 def add_network_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:

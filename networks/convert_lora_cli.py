@@ -1,34 +1,50 @@
-"""The command line both LoRA format converters share (networks/convert_flux_lora.py, networks/convert_sd3_lora.py).
+"""The command line every family's LoRA format converter shares (``networks/convert_<family>_lora.py``).
 
-A converter is one ``LoraConverter``: the accepted ``--src`` / ``--dst`` names, which of them is the PEFT side, the
-default direction, and the formats module that does the work (``is_peft(state)``, ``kohya_to_peft(state, source)``,
-``peft_to_kohya(state, source)``: networks/flux_formats.py, networks/sd3_formats.py). The scripts stay thin: their
-docstring, one ``LoraConverter`` and ``run`` / ``main``.
+A converter is one ``LoraConverter``: the script's docstring and the family's
+:class:`~library.families.lora_formats.LoraConversion` (the accepted ``--src`` / ``--dst`` names, which of them is the
+PEFT side, the default direction, and the family's formats module that does the work: ``is_peft(state)``,
+``kohya_to_peft(state, source)``, ``peft_to_kohya(state, source)``). The scripts stay thin: their docstring, one
+``LoraConverter`` and ``run`` / ``main``.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from library.cli.main_guard import main_guard
 from library.cli.problems import ConfigError
+from library.families.lora_formats import LoraConversion
 from networks.tool_common import check_adapter_path, dtype_of
 
 
 @dataclass(frozen=True)
 class LoraConverter:
-    """One LoRA converter: ``formats`` maps each accepted name to its format (``peft_format`` or "sd-scripts")."""
+    """One LoRA converter: the script's docstring (the --help text) and the family's conversion (``formats`` maps
+    each accepted name to its format, ``peft_format`` or "sd-scripts")."""
 
-    description: str  # the script's docstring (the --help text)
-    formats: dict[str, str]
-    peft_format: str  # "ai-toolkit" (FLUX) / "diffusers" (SD3): the PEFT side's name in messages
-    default_src: str
-    default_dst: str
-    formats_module: str  # "networks.flux_formats": is_peft, kohya_to_peft, peft_to_kohya
+    description: str
+    conversion: LoraConversion
+
+    @property
+    def formats(self) -> Mapping[str, str]:
+        return self.conversion.formats
+
+    @property
+    def peft_format(self) -> str:
+        """The PEFT side's name in messages ("ai-toolkit", "diffusers")."""
+        return self.conversion.peft_format
+
+    @property
+    def default_src(self) -> str:
+        return self.conversion.default_src
+
+    @property
+    def default_dst(self) -> str:
+        return self.conversion.default_dst
 
     def build_parser(self) -> argparse.ArgumentParser:
         p = argparse.ArgumentParser(description=self.description, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -63,7 +79,7 @@ class LoraConverter:
         """Read ``--src_path``, convert every module's factors, write ``--dst_path`` atomically with the metadata."""
         from library.files.weights import load_state_dict, save_state_dict
 
-        ff = importlib.import_module(self.formats_module)
+        ff = importlib.import_module(self.conversion.module)
         src, dst = self.check(args)
         state, metadata = load_state_dict(args.src_path)
         peft = ff.is_peft(state)

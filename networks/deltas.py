@@ -34,6 +34,7 @@ from .fused import adapter_layer
 from .layers import AdapterWeights
 from .lowrank import Delta
 from .targets import Target
+from .tool_common import family_titles
 
 logger = logging.getLogger(__name__)
 
@@ -91,13 +92,14 @@ def load_adapter(path: str | os.PathLike) -> AdapterFile:
 
 
 def adapter_from_state_dict(path: Path, state_dict: Mapping[str, Tensor], metadata: dict[str, str]) -> AdapterFile:
-    """:func:`load_adapter` on tensors already read (or converted, e.g. a PEFT FLUX file in kohya names); ``path``
+    """:func:`load_adapter` on tensors already read (or converted, e.g. a PEFT file in kohya names); ``path``
     names the file in messages."""
     peft = next((k for k in state_dict if k.endswith((".lora_A.weight", ".lora_B.weight"))), None)
     if peft is not None:
-        raise ValueError(f"{path}: {peft} is a PEFT/diffusers-format LoRA key; convert the file to kohya format "
-                         "(FLUX.1 / Chroma: networks/convert_flux_lora.py --src ai-toolkit --dst sd-scripts; SD3 / SD3.5: "
-                         "networks/convert_sd3_lora.py --src diffusers --dst sd-scripts)")  # fmt: skip
+        raise ValueError(
+            f"{path}: {peft} is a PEFT/diffusers-format LoRA key; convert the file to kohya format "
+            f"({files.peft_conversion_hint()})"
+        )
     modules = files.group_by_module(state_dict)
     if not modules:
         raise ValueError(f"{path}: no adapter modules in this file (expected kohya keys such as "
@@ -272,8 +274,8 @@ def resolve_index(file: AdapterFile, base_index: Mapping[str, Target] | None) ->
     if family is None:
         raise ValueError(
             f"{file.source}: the base weight shapes of {len(needs)} module(s) (e.g. {needs[0]}) cannot be read from "
-            "the file (LoHa / LoKr store conv kernels flattened) and the file does not fit a released SD1 / SD2 / "
-            "SDXL / FLUX.1 / Chroma architecture; pass the base model the adapter was trained on (--base_model)"
+            f"the file (LoHa / LoKr store conv kernels flattened) and the file does not fit a released "
+            f"{family_titles(sep=' / ')} architecture; pass the base model the adapter was trained on (--base_model)"
         )
     logger.info("%s: module shapes from the released %s architecture", file.source, family)
     return reference_index(family)

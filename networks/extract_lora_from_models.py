@@ -25,7 +25,14 @@ if __package__ in (None, ""):  # run as a script: import the repository, not thi
 from library.cli.main_guard import main_guard
 from library.cli.problems import ConfigError
 from networks.extract import ExtractOptions, extract, extract_metadata
-from networks.tool_common import check_adapter_path, dtype_of, save_adapter
+from networks.tool_common import (
+    add_family_flags,
+    check_adapter_path,
+    dtype_of,
+    family_as_flagged,
+    family_flag_problems,
+    save_adapter,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,8 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model_org", default=None, help="the original model (file or diffusers folder)")
     p.add_argument("--model_tuned", default=None, help="the fine-tuned model")
     p.add_argument("--save_to", default=None, help="output LoRA (.safetensors / .ckpt / .pt / .pth)")
-    p.add_argument("--v2", action="store_true", help="accepted: the family is read from the files and checked")
-    p.add_argument("--sdxl", action="store_true", help="accepted: the family is read from the files and checked")
+    add_family_flags(p, "accepted: the family is read from the files and checked")  # --v2, --sdxl
     p.add_argument("--v_parameterization", action="store_true", default=None,
                    help="metadata: mark the LoRA as v-prediction (default: what the original model says)")  # fmt: skip
     p.add_argument("--dim", type=int, default=4, help="rank of Linear / 1x1-conv modules")
@@ -65,19 +71,18 @@ def check(args: argparse.Namespace) -> None:
         problems.append("--dim and --conv_dim must be >= 1")
     if not 0 < args.clamp_quantile <= 1:
         problems.append(f"--clamp_quantile must be in (0, 1], got {args.clamp_quantile}")
-    if args.v2 and args.sdxl:
-        problems.append("--v2 and --sdxl contradict each other")
+    problems += family_flag_problems(args)
     if problems:
         raise ConfigError(problems)
 
 
 def load_pair(args: argparse.Namespace):
-    """(family, original parts, tuned parts); the two files must be the same family (and match --v2 / --sdxl)."""
-    from library.families import detect_family, family_as_flagged
+    """(family, original parts, tuned parts); the two files must be the same family (and match its family flag)."""
+    from library.families import detect_family
 
     problems = []
     try:
-        fam_org = family_as_flagged(args.model_org, v2=args.v2, sdxl=args.sdxl)
+        fam_org = family_as_flagged(args.model_org, args)
     except ValueError as e:
         problems.append(f"--model_org {e}")
         fam_org = detect_family(args.model_org)

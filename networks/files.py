@@ -14,27 +14,22 @@ import torch
 from torch import Tensor
 
 from library.cli.problems import first
-from library.families import adapter_family_label
+from library.families import FAMILIES, adapter_family_label
+from library.families.lora_formats import group_by_module  # noqa: F401  (networks.files.group_by_module)
+from library.families.registry import rules_by_module
 
 from .algos import ALGOS, NOT_SUPPORTED, detect_algo, oft_variant
 from .fused import FusedLeaf
 from .layers import AdapterLayer, NormAdapterLayer, weight_kind
 from .targets import Root, Target, as_root, fused_targets, kohya_name
+from .tool_common import family_titles
 
 
-def group_by_module(state_dict: Mapping[str, Tensor]) -> dict[str, dict[str, Tensor]]:
-    """``{"lora_unet_x.lora_down.weight": t}`` -> ``{"lora_unet_x": {"lora_down.weight": t}}``.
-
-    Keys without a dot (A1111's top-level extras) and ``bundle_emb.*`` (bundled embeddings) are not modules and are
-    left out.
-    """
-    groups: dict[str, dict[str, Tensor]] = {}
-    for key, tensor in state_dict.items():
-        name, sep, suffix = key.partition(".")
-        if not sep or name == "bundle_emb":
-            continue
-        groups.setdefault(name, {})[suffix] = tensor
-    return groups
+def peft_conversion_hint() -> str:
+    """How to make a PEFT / diffusers LoRA file kohya, for each family with a converter (its rules' ``CONVERSION``):
+    "FLUX.1 / Chroma: networks/convert_flux_lora.py --src ai-toolkit --dst sd-scripts; SD3 / SD3.5: ..."."""
+    conversions = {c.script: c for r in rules_by_module().values() if (c := r.CONVERSION) is not None}
+    return "; ".join(f"{c.title}: {c.to_kohya()}" for c in conversions.values())
 
 
 def prefix_of(name: str) -> str:
@@ -86,15 +81,16 @@ def explain_unmatched(names: Sequence[str], roots: Sequence[Root], source: str) 
         examples = ", ".join([n for n in names if prefix_of(n) == prefix][:3])
         if prefix not in model_prefixes:
             label = adapter_family_label([prefix], names)  # block names tell SDXL from FLUX
-            hint = f"{label} (prefix {prefix})" if label else "not a kohya-format adapter for SD1/SD2/SDXL"
+            hint = f"{label} (prefix {prefix})" if label else f"not a kohya-format adapter for {family_titles()}"
             lines.append(
                 f"{count} module(s) with prefix {prefix!r}, which this model does not have (its prefixes: "
                 f"{', '.join(model_prefixes)}); the file looks made for {hint}. Examples: {examples}"
             )
         else:
+            having = [name for name, f in FAMILIES.items() if prefix in f.adapter_prefixes][:3]
             lines.append(
                 f"{count} {prefix} module(s) not found in this model (another model family or architecture, e.g. "
-                f"SD1 vs SD2 vs SDXL?). Examples: {examples}"
+                f"{family_titles(having, ' vs ')}?). Examples: {examples}"
             )
     return f"{source}: " + "; ".join(lines)
 
@@ -109,9 +105,10 @@ def algo_of(name: str, tensors: Mapping[str, Tensor], source: str) -> str:
     names = sorted(tensors)
     keys = first([f"{name}.{s}" for s in names], 3, ", ", " (and {n} more)")
     if algo == "peft":
-        raise ValueError(f"{source}: {keys} are PEFT/diffusers-format LoRA keys; convert the file to kohya format "
-                         "(FLUX.1 / Chroma: networks/convert_flux_lora.py --src ai-toolkit --dst sd-scripts; SD3 / SD3.5: "
-                         "networks/convert_sd3_lora.py --src diffusers --dst sd-scripts)")  # fmt: skip
+        raise ValueError(
+            f"{source}: {keys} are PEFT/diffusers-format LoRA keys; convert the file to kohya format "
+            f"({peft_conversion_hint()})"
+        )
     if algo == "oft-legacy":
         raise ValueError(f"{source}: {keys}: the pre-3.0 LyCORIS OFT format (oft_diag) is not supported; lycoris-lora "
                          "4.1.3 does not read it either. Retrain with algo=diag-oft")  # fmt: skip

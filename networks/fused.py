@@ -30,6 +30,7 @@ FLUX / SD3 files name one kohya module over several diffusers Linears (``Root.fu
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import torch
@@ -40,6 +41,8 @@ from library.device.fp8 import compute_weight
 from library.families.base import Fused
 
 from .layers import AdapterLayer, AdapterWeights
+
+_config_log = logging.getLogger("networks.config")  # the network flags' messages come from one logger
 
 
 class FusedBase(nn.Module):
@@ -295,3 +298,60 @@ def adapter_layer(base: nn.Module, adapter: AdapterWeights, **kwargs) -> Adapter
     :class:`AdapterLayer`."""
     cls = FusedAdapterLayer if isinstance(base, FusedBase) else AdapterLayer
     return cls(base, adapter, **kwargs)
+
+
+# -------------------------------------------------------------------------------------------------- split_qkv
+def block_diagonal_mask(rows: Sequence[int], rank: int) -> Tensor:
+    """(Σ rows, k·r) bool: part i's rows × its rank columns."""
+    mask = torch.zeros(sum(rows), rank * len(rows), dtype=torch.bool)
+    start = 0
+    for i, n in enumerate(rows):
+        mask[start : start + n, i * rank : (i + 1) * rank] = True
+        start += n
+    return mask
+
+
+def make_split(adapter: AdapterWeights, rows: Sequence[int], rank: int) -> None:
+    """Make a fresh rank-k·r LoRA the k separate LoRAs of ``split_qkv`` (a family's ``AdapterRules.split_rows`` gives
+    the parts' ``rows``): zero ``lora_up`` outside its diagonal blocks and mask its gradient there (so every
+    optimizer, weight decay included, keeps them 0)."""
+    up = adapter.params["lora_up"]
+    blocks = []
+    start = 0
+    for i, n in enumerate(rows):
+        blocks.append((slice(start, start + n), slice(i * rank, (i + 1) * rank)))
+        start += n
+
+    def keep_blocks(grad: Tensor) -> Tensor:
+        out = torch.zeros_like(grad)
+        for r, c in blocks:
+            out[r, c] = grad[r, c]
+        return out
+
+    with torch.no_grad():
+        up.copy_(keep_blocks(up))
+    up.register_hook(keep_blocks)
+    adapter.split_blocks = tuple(blocks)
+
+
+def check_loaded_splits(network, source: str) -> list[str]:
+    """After ``--network_weights`` into a ``split_qkv`` network: the split modules whose file ``lora_up`` is not
+    block-diagonal (a plain rank-k·r LoRA, not a split file). Those values are kept (the file's ΔW, exactly) but
+    their off-diagonal blocks get no gradient; sd-scripts would keep only the diagonal blocks. Warns once, naming
+    them; returns their names."""
+    odd = []
+    for name, adapter in network.adapters.items():
+        blocks = getattr(adapter, "split_blocks", None)
+        if blocks is None:
+            continue
+        up = adapter.params["lora_up"].detach()
+        mask = torch.ones_like(up, dtype=torch.bool)
+        for r, c in blocks:
+            mask[r, c] = False
+        if up[mask].abs().sum() > 0:
+            odd.append(name)
+    if odd:
+        _config_log.warning("%s: %d split_qkv module(s) hold a lora_up that is not block-diagonal (not a split_qkv "
+                            "file), e.g. %s; loaded as they are (the file's ΔW), their off-diagonal blocks stay fixed "
+                            "while training", source, len(odd), ", ".join(odd[:3]))  # fmt: skip
+    return odd

@@ -14,23 +14,25 @@ import logging
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor, nn
 
 from library.cli.problems import ConfigError
 from library.families import block_layout, block_layout_title
+from library.families.adapters import split_spec
 from library.families.base import TargetClasses
 from library.families.blocks import BlockLayout
 
 from . import files
 from .algos import ALGOS, dora
 from .algos import norm as norm_algo
-from .config import NetworkConfig, rules_for
-from .fused import FusedAdapterLayer, FusedLeaf
+from .config import NetworkConfig
+from .fused import FusedAdapterLayer, FusedLeaf, check_loaded_splits, make_split
 from .layers import AdapterLayer, AdapterWeights, DyLoRALayer, NormAdapterLayer, NormWeights, max_rank
 from .network import AdapterNetwork, Slot
+from .network_args import rules_for
 from .targets import PRESETS, Preset, Root, Target, as_root, builtin_preset, default_classes, find_targets
 
 logger = logging.getLogger(__name__)
@@ -279,15 +281,34 @@ def _warn_empty_roots(roots: Sequence[Root], targets: Sequence[Target], preset: 
                            type(root.module).__name__, ", ".join(classes) or "(none)")  # fmt: skip
 
 
-def inject(cfg: NetworkConfig, roots: Sequence[Root], classes: TargetClasses | None = None) -> AdapterNetwork:
-    """Wrap every target module of ``roots`` with a fresh adapter as ``cfg`` says; returns the network.
-    ``classes``: the family's ``target_classes`` (None: the SD UNet families').
+@dataclass(frozen=True)
+class Planned:
+    """One target of a plan: its (rank, alpha) (None: a norm adapter) and, for a ``split_qkv`` target, the rows of
+    each part that gets its own LoRA (the family's ``AdapterRules.split_rows``)."""
 
-    Raises one ``ValueError`` listing every problem (block list lengths). A rank above a layer's width is kept
-    (logged once), as LyCORIS does.
-    """
-    roots = [as_root(r) for r in roots]
-    active = active_roots(cfg, roots)
+    target: Target
+    rank_alpha: tuple[int, float] | None
+    split_rows: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class InjectionPlan:
+    """What :func:`inject` builds: the roots that get adapters (``--network_train_*_only``), every target the preset
+    and the module's rules select (model order; rank-0 ones included, for the verbose list), the targets to build
+    (:class:`Planned`) and the per-block lr weights."""
+
+    active: list[Root]
+    targets: list[Target]
+    planned: list[Planned]
+    lr_weights: list[float] | None
+
+
+def plan_targets(cfg: NetworkConfig, roots: Sequence[Root], classes: TargetClasses | None = None) -> InjectionPlan:
+    """Which modules of ``roots`` get an adapter, at which rank and alpha, as ``cfg`` says: the preset's targets
+    (``classes``: the family's ``target_classes``), a per-family module's rules (selection, block masks, ranks,
+    split_qkv rows) or networks.lora's block dims. One ``ValueError`` listing every problem (block list lengths, block
+    indices outside the model); a rank above a layer's width is kept (logged once), as LyCORIS does."""
+    active = active_roots(cfg, [as_root(r) for r in roots])
     preset = load_preset(cfg, classes)
     conv_dim, _ = cfg.resolved_conv()
     rules = rules_for(cfg.module)
@@ -309,12 +330,12 @@ def inject(cfg: NetworkConfig, roots: Sequence[Root], classes: TargetClasses | N
     tables = _block_tables(cfg, layout, lr_weights, errors)
     if errors:
         raise ConfigError(errors, "network for this model")
-    plan, wide = [], {}
+    planned, wide = [], {}
     for t in targets:
         if t.kind == "norm":
-            plan.append((t, None))
+            planned.append(Planned(t, None))
             continue
-        if masks is not None:
+        if rules is not None and masks is not None:
             rank, alpha, arg = rules.rank_for(cfg, t.name, masks)
             alpha = alpha or float(rank)
         else:
@@ -325,37 +346,56 @@ def inject(cfg: NetworkConfig, roots: Sequence[Root], classes: TargetClasses | N
         if rank and cfg.algo not in ("lokr", "diag-oft", "boft", "oft", "full", "ia3") and rank > max_rank(shape):
             wide.setdefault((arg, rank), []).append((max_rank(shape), t.name, shape))
         if rank:
-            plan.append((t, (rank, alpha)))
+            rows = rules.split_rows(cfg, t) if rules is not None and masks is not None else None
+            planned.append(Planned(t, (rank, alpha), rows))
     _note_ranks_above_width(wide)
+    return InjectionPlan(active, targets, planned, lr_weights)
+
+
+def build_adapters(cfg: NetworkConfig, planned: Sequence[Planned]) -> list[tuple[Target, AdapterWeights | NormWeights]]:
+    """A fresh adapter (ΔW = 0) of ``cfg``'s algorithm for every planned target: a norm adapter, or one at its rank
+    (a ``split_qkv`` target: the block-diagonal LoRA of its parts). One ``ValueError`` naming the layers whose width
+    the algorithm cannot take (networks.oft's block count, BOFT's power-of-two blocks)."""
     built, unsplit = [], {}
-    for t, spec in plan:
-        if spec is None:
-            adapter = NormWeights(norm_algo.init_params(t.module.weight.shape[0], has_bias=t.module.bias is not None,
-                                                        device=t.module.weight.device))  # fmt: skip
+    for p in planned:
+        t, weight = p.target, p.target.module.weight
+        if p.rank_alpha is None:
+            adapter = NormWeights(norm_algo.init_params(weight.shape[0], has_bias=t.module.bias is not None,
+                                                        device=weight.device))  # fmt: skip
         else:
-            rows = rules.split_rows(cfg, t) if masks is not None else None
-            try:  # a width the algorithm cannot split (networks.oft's block count, BOFT's power-of-two blocks)
-                rank_alpha = spec if rows is None else rules.split_spec(*spec, len(rows))
-                adapter = new_adapter(cfg, t.module.weight, *rank_alpha, has_bias=t.module.bias is not None)
+            rows = p.split_rows
+            try:
+                rank_alpha = p.rank_alpha if rows is None else split_spec(*p.rank_alpha, len(rows))
+                adapter = new_adapter(cfg, weight, *rank_alpha, has_bias=t.module.bias is not None)
             except ValueError as e:
-                unsplit.setdefault(str(e), []).append(f"{t.name} {tuple(t.module.weight.shape)}")
+                unsplit.setdefault(str(e), []).append(f"{t.name} {tuple(weight.shape)}")
                 continue
             if rows is not None:
-                rules.make_split(adapter, rows, spec[0])
+                make_split(adapter, rows, p.rank_alpha[0])
         built.append((t, adapter))
-    errors += [f"{len(where)} layer(s), e.g. {', '.join(where[:2])}: {why}" for why, where in unsplit.items()]
-    if errors:
+    if unsplit:
+        errors = [f"{len(where)} layer(s), e.g. {', '.join(where[:2])}: {why}" for why, where in unsplit.items()]
         raise ConfigError(errors, "network for this model", limit=5)
-    slots = [_install(active, t, _wrap(cfg, t, adapter)) for t, adapter in built]
+    return built
+
+
+def inject(cfg: NetworkConfig, roots: Sequence[Root], classes: TargetClasses | None = None) -> AdapterNetwork:
+    """Wrap every target module of ``roots`` with a fresh adapter as ``cfg`` says (:func:`plan_targets`, then
+    :func:`build_adapters`); returns the network. ``classes``: the family's ``target_classes`` (None: the SD UNet
+    families'). Raises one ``ValueError`` listing every problem."""
+    roots = [as_root(r) for r in roots]
+    plan = plan_targets(cfg, roots, classes)
+    slots = [_install(plan.active, t, _wrap(cfg, t, adapter)) for t, adapter in build_adapters(cfg, plan.planned)]
     logger.info("adapters: %d text-encoder and %d UNet modules", sum(not s.target.is_unet for s in slots),
                 sum(s.target.is_unet for s in slots))  # fmt: skip
-    if cfg.verbose:  # networks.lora_flux / lora_sd3 verbose=True: sd-scripts lists every module with its rank and alpha
+    if cfg.module_args is not None and cfg.module_args.verbose:  # sd-scripts' per-family modules list every module
         for s in slots:
             logger.info("\t%-50s %s, %s", s.target.name, s.layer.adapter.rank, float(s.layer.adapter.alpha))
-        skipped = [t.name for t in targets if t.kind != "norm" and t.name not in {s.target.name for s in slots}]
+        built = {s.target.name for s in slots}
+        skipped = [t.name for t in plan.targets if t.kind != "norm" and t.name not in built]
         if skipped:
             logger.warning("because dim (rank) is 0, %d modules are skipped: %s", len(skipped), ", ".join(skipped))
-    return AdapterNetwork(slots, roots, cfg, lr_weights)
+    return AdapterNetwork(slots, roots, cfg, plan.lr_weights)
 
 
 def network_from_state_dict(
@@ -437,7 +477,6 @@ def prepare_network(cfg: NetworkConfig, roots: Sequence[Root], classes: TargetCl
     network = inject(cfg, roots, classes)
     if cfg.network_weights:
         network.load_file(cfg.network_weights, strict=False)
-        rules = rules_for(cfg.module)
-        if rules is not None and cfg.split_qkv:
-            rules.check_loaded_splits(network, cfg.network_weights)
+        if cfg.module_args is not None and cfg.module_args.split_qkv:
+            check_loaded_splits(network, cfg.network_weights)
     return network

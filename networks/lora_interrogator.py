@@ -30,9 +30,11 @@ from torch import Tensor
 
 from library.cli.main_guard import main_guard
 from library.cli.problems import ConfigError
-from networks.tool_common import device_problem, dtype_of, progress
+from library.families import FAMILIES
+from networks.tool_common import add_family_flags, device_problem, dtype_of, family_as_flagged, family_titles, progress
 
 logger = logging.getLogger(__name__)
+_CLIP_LAYOUTS = ("clip", "open_clip")  # TextEncoderSpec.layout of the CLIP text encoders
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,8 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch_size", type=int, default=16, help="prompts per text-encoder call (default 16)")
     p.add_argument("--clip_skip", type=int, default=None, help="use the n-th layer from the end (n >= 1), as in "
                    "training")  # fmt: skip
-    p.add_argument("--v2", action="store_true", help="accepted: the family is read from --sd_model and checked")
-    p.add_argument("--sdxl", action="store_true", help="accepted: the family is read from --sd_model and checked")
+    add_family_flags(p, "accepted: the family is read from --sd_model and checked")  # --v2, --sdxl
     p.add_argument("--top_k", type=int, default=100, help="how many tokens to print (default 100, as sd-scripts)")
     p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     p.add_argument("--precision", choices=["float", "fp16", "bf16"], default=None,
@@ -124,22 +125,29 @@ def token_scores(family, parts, network, batch_size: int, clip_skip: int | None)
     return scores
 
 
+def _clip_only(family) -> bool:
+    """Whether every text encoder of ``family`` is a CLIP (whose prompts are CLIP token ids)."""
+    return all(te.layout in _CLIP_LAYOUTS for te in family.spec.text_encoders)
+
+
 def run(argv: Sequence[str] | None = None) -> list[tuple[int, float]]:
     """Interrogate; prints the top ``--top_k`` and returns every token as (id, score), highest score first."""
-    from library.families import family_as_flagged
     from library.files.weights import load_state_dict
     from networks import network_from_state_dict
 
     args = build_parser().parse_args(argv)
     check(args)
     try:
-        family = family_as_flagged(args.sd_model, v2=args.v2, sdxl=args.sdxl)
+        family = family_as_flagged(args.sd_model, args)
     except ValueError as e:
         raise ConfigError([f"--sd_model {e}"]) from e
-    if any(te.layout not in ("clip", "open_clip") for te in family.spec.text_encoders):
+    if not _clip_only(family):
+        with_clip = family_titles([n for n, f in FAMILIES.items() if _clip_only(f)], " / ")
+        other = next(te.layout for te in family.spec.text_encoders if te.layout not in _CLIP_LAYOUTS)
         raise ConfigError([f"--sd_model {args.sd_model} is a {family.spec.title} model: lora_interrogator.py scores "
-                           "CLIP tokens through CLIP text encoders (SD1 / SD2 / SDXL), as sd-scripts' tool; a T5 "
-                           "encoder's prompts are not CLIP token ids, so this model is not supported"])  # fmt: skip
+                           f"CLIP tokens through CLIP text encoders ({with_clip}), as sd-scripts' tool; a "
+                           f"{other.upper()} encoder's prompts are not CLIP token ids, so this model is not "
+                           "supported"])  # fmt: skip
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = dtype_of(args.precision, torch.float16 if torch.device(device).type == "cuda" else torch.float32)
     state, _ = load_state_dict(args.model)

@@ -21,11 +21,11 @@ from torch import nn
 
 from .layers import weight_kind
 
-_ANIMA = "TimestepEmbedding"
+_EXTRA_TARGET = "TimestepEmbedding"  # in LyCORIS 4.1.3's class lists for a DiT family's embedders
 
 
 @contextlib.contextmanager
-def _without_anima_target() -> Iterator[object]:
+def _without_timestep_embedding_target() -> Iterator[object]:
     """lycoris.kohya with "TimestepEmbedding" out of its class list and presets; everything restored after."""
     from lycoris import kohya
 
@@ -34,10 +34,10 @@ def _without_anima_target() -> Iterator[object]:
                                           "TEXT_ENCODER_TARGET_REPLACE_MODULE", "ENABLE_CONV")}  # fmt: skip
     presets = dict(kohya.PRESET)
     try:
-        cls.UNET_TARGET_REPLACE_MODULE = [c for c in cls.UNET_TARGET_REPLACE_MODULE if c != _ANIMA]
+        cls.UNET_TARGET_REPLACE_MODULE = [c for c in cls.UNET_TARGET_REPLACE_MODULE if c != _EXTRA_TARGET]
         for name, preset in presets.items():
-            if _ANIMA in preset.get("unet_target_module", []):
-                targets = [c for c in preset["unet_target_module"] if c != _ANIMA]
+            if _EXTRA_TARGET in preset.get("unet_target_module", []):
+                targets = [c for c in preset["unet_target_module"] if c != _EXTRA_TARGET]
                 kohya.PRESET[name] = dict(preset, unet_target_module=targets)
         yield kohya
     finally:
@@ -104,7 +104,7 @@ def apply_with_lycoris(path: str | Path, roots: Sequence[tuple[str, nn.Module, C
     unet_view = renamed_view(unet, rename)
     tes = [te if hasattr(te, "text_model") else _TextModel(te) for _, te, *_ in te_roots]
     te_arg = tes if len(tes) > 1 else tes[0] if tes else None  # a list means lora_te1, lora_te2 to LyCORIS
-    with _without_anima_target() as kohya, _ia3_reads_on_input():
+    with _without_timestep_embedding_target() as kohya, _ia3_reads_on_input():
         network, _ = kohya.create_network_from_weights(multiplier, str(path), None, te_arg, unet_view)
         network.apply_to(te_arg, unet_view, apply_text_encoder=bool(tes), apply_unet=True)
     return network

@@ -30,14 +30,26 @@ if __package__ in (None, ""):  # run as a script: import the repository, not thi
 from library.cli.main_guard import main_guard
 from library.cli.parse import add_unsupported, unsupported_problems
 from library.cli.problems import ConfigError
+from library.families import FAMILIES, get_family, trained_together
 from networks import deltas as dl
 from networks import merge
-from networks.tool_common import check_adapter_path, check_inputs, dtype_of, ratios_for, save_adapter
+from networks.tool_common import (
+    add_family_flags,
+    check_adapter_path,
+    check_inputs,
+    dtype_of,
+    family_as_flagged,
+    family_titles,
+    ratios_for,
+    save_adapter,
+)
 
 logger = logging.getLogger(__name__)
 
 
-def build_parser(sdxl: bool = False) -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The flags; ``only``: the one family a family-named script (sdxl_merge_lora.py) merges into, whose flag it
+    accepts and ignores."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sd_model", default=None, help="checkpoint to merge into (single file or diffusers folder); "
                    "without it the LoRAs are merged into one LoRA")  # fmt: skip
@@ -52,9 +64,10 @@ def build_parser(sdxl: bool = False) -> argparse.ArgumentParser:
     p.add_argument("--no_metadata", action="store_true", help="LoRA output: only the minimal metadata")
     p.add_argument("--concat", action="store_true", help="LoRA + LoRA: concatenate ranks (always done: exact)")
     p.add_argument("--shuffle", action="store_true", help="accepted; has no effect on an exact merge")
-    if not sdxl:
-        p.add_argument("--v2", action="store_true", help="accepted: the family is read from --sd_model and checked")
-    p.add_argument("--sdxl", action="store_true", default=sdxl, help=argparse.SUPPRESS)
+    if only is None:  # sd-scripts' merge_lora.py has its families' flags (--v2); the others are accepted, unlisted
+        add_family_flags(p, "accepted: the family is read from --sd_model and checked", shown=_shown_families())
+    else:
+        p.add_argument(f"--{get_family(only).spec.flag}", action="store_true", help=argparse.SUPPRESS)
     add_unsupported(p, "--lbws", "per-block weights of sd-webui-lora-block-weight", nargs="*", default=None)
     return p
 
@@ -77,17 +90,26 @@ def check(args: argparse.Namespace, problems: list[str]) -> list[float]:
     return ratios
 
 
-def merge_to_checkpoint(args: argparse.Namespace, files: list[dl.AdapterFile], ratios: list[float]) -> Path:
-    from library.families import family_as_flagged
+def _shown_families() -> tuple[str, ...]:
+    """The families sd-scripts' merge_lora.py is for: the first registered family and those trained with it."""
+    return trained_together(next(iter(FAMILIES)))
 
-    script = not hasattr(args, "v2")  # sdxl_merge_lora.py (build_parser(sdxl=True) has no --v2)
+
+def merge_to_checkpoint(
+    args: argparse.Namespace,
+    files: list[dl.AdapterFile],
+    ratios: list[float],
+    only: str | None = None,
+    script: str = "",
+) -> Path:
     try:
-        family = family_as_flagged(args.sd_model, v2=getattr(args, "v2", False), sdxl=args.sdxl and not script)
+        family = family_as_flagged(args.sd_model, args if only is None else None)
     except ValueError as e:
         raise ConfigError([f"--sd_model {e}"]) from e
-    if script and family.name != "sdxl":
-        raise ConfigError([f"--sd_model {args.sd_model} is an {family.name.upper()} model; sdxl_merge_lora.py merges "
-                           "into SDXL models only: use networks/merge_lora.py (same flags) for SD1/SD2 models"])  # fmt: skip
+    if only is not None and family.name != only:
+        raise ConfigError([f"--sd_model {args.sd_model} is an {family.name.upper()} model; {script} merges into "
+                           f"{family_titles([only])} models only: use networks/merge_lora.py (same flags) for "
+                           f"{family_titles(_shown_families())} models"])  # fmt: skip
     parts = family.load(args.sd_model, dtype=dtype_of(args.precision))
     merge.merge_into_model(family, parts, files, ratios)
     meta = {} if args.no_metadata else {"modelspec.merged_from": merge.merged_from(
@@ -95,16 +117,17 @@ def merge_to_checkpoint(args: argparse.Namespace, files: list[dl.AdapterFile], r
     return family.save(parts, args.save_to, dtype=dtype_of(args.save_precision, None), metadata=meta)
 
 
-def run(argv: Sequence[str] | None = None, sdxl: bool = False) -> Path:
-    """Merge; returns the path written."""
-    parser = build_parser(sdxl)
+def run(argv: Sequence[str] | None = None, only: str | None = None, script: str = "") -> Path:
+    """Merge; returns the path written. ``only`` / ``script``: a family-named script (sdxl_merge_lora.py) that
+    merges into that family's models only."""
+    parser = build_parser(only)
     args = parser.parse_args(argv)
     ratios = check(args, unsupported_problems(parser, args))
     files = dl.load_adapters(args.models)
     if args.shuffle:
         logger.warning("--shuffle has no effect: the merge is exact (ranks concatenated), the order does not matter")
     if args.sd_model:
-        path = merge_to_checkpoint(args, files, ratios)
+        path = merge_to_checkpoint(args, files, ratios, only, script)
     else:
         problems = merge.check_same_family(files)
         if problems:

@@ -17,8 +17,9 @@ from torch import Tensor, nn
 
 from library.cli.problems import ConfigError
 from library.families import block_layout
+from library.families.adapters import first_match
 
-from . import files, lora_flux
+from . import files
 from .layers import AdapterLayer, AdapterWeights, DyLoRALayer, NormAdapterLayer
 from .targets import Root, Target
 
@@ -171,16 +172,17 @@ class AdapterNetwork(nn.Module):
         return groups
 
     def _with_reg_lrs(self, slots, lr, ratio, label: str, merge_into: list[dict] | None = None) -> list[dict]:
-        """networks.lora_flux ``network_reg_lrs``: the modules a regex matches (the first that ``re.search``-es the
-        kohya name) in a ``<label> reg_lr_<i>`` group at its lr (LoRA+ inside it), placed before the part's own
+        """A per-family module's ``network_reg_lrs``: the modules a regex matches (the first that ``re.search``-es
+        the kohya name) in a ``<label> reg_lr_<i>`` group at its lr (LoRA+ inside it), placed before the part's own
         groups as in sd-scripts; the rest as usual."""
-        regs = getattr(self.config, "reg_lrs", ()) or ()
+        args = getattr(self.config, "module_args", None)
+        regs = args.reg_lrs if args is not None else ()
         if not regs:
             return self._assemble(slots, lr, ratio, label, merge_into)
         matched: dict[int, list[Slot]] = {}
         rest = []
         for s in slots:
-            i = lora_flux.reg_lr_index(self.config, s.target.name)
+            i = first_match(regs, s.target.name)
             (rest if i is None else matched.setdefault(i, [])).append(s)
         out = []
         for i in sorted(matched):

@@ -17,7 +17,7 @@ from networks import merge_lora
 
 
 def run(argv: Sequence[str] | None = None) -> Path:
-    return merge_lora.run(argv, sdxl=True)
+    return merge_lora.run(argv, only="sdxl", script=Path(__file__).name)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

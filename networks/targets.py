@@ -21,11 +21,10 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from torch import nn
-
+from library.families.adapters import Preset, Target
 from library.families.base import Fused, Root, TargetClasses
 
 from .fused import FusedLeaf, build_fused
@@ -37,35 +36,6 @@ __all__ = ["PRESETS", "Preset", "Root", "Target", "builtin_preset", "find_target
 def as_root(root) -> Root:
     """A :class:`Root` from a Root or a plain ``(prefix, module, rename[, fused])`` tuple."""
     return root if isinstance(root, Root) else Root(*root)
-
-
-@dataclass(frozen=True)
-class Preset:
-    """Target classes and names for the UNet and the text encoders (LyCORIS preset semantics), resolved to class
-    names (see :func:`builtin_preset`; a LyCORIS preset TOML names classes itself).
-
-    ``enable_conv``: whether k > 1 convolutions inside the targets get adapters. Names are matched against the
-    module path in the model and its renamed (kohya) path: equal, or ``re.match`` (a prefix regex, as LyCORIS
-    does), or ``fnmatch`` with ``use_fnmatch``. ``unet_name_kind``: only modules of this kind ("linear" / "conv")
-    are taken by a name match (None: any). ``te_by_prefix``: text-encoder classes per kohya prefix (``"*"``: any
-    other), which replace ``te_classes`` when given (a family's ``TargetClasses.text_encoder``).
-    """
-
-    unet_classes: tuple[str, ...] = ()
-    unet_names: tuple[str, ...] = ()
-    te_classes: tuple[str, ...] = ()
-    te_names: tuple[str, ...] = ()
-    enable_conv: bool = False
-    exclude_names: tuple[str, ...] = ()
-    use_fnmatch: bool = False
-    unet_name_kind: str | None = None
-    te_by_prefix: Mapping[str, tuple[str, ...]] | None = None
-
-    def te_classes_of(self, prefix: str) -> tuple[str, ...]:
-        """The classes selected in the text encoder with this kohya prefix."""
-        if self.te_by_prefix is None:
-            return self.te_classes
-        return self.te_by_prefix.get(prefix, self.te_by_prefix.get("*", ()))
 
 
 @dataclass(frozen=True)
@@ -109,35 +79,15 @@ PRESETS: dict[str, PresetSpec] = {
 
 
 def default_classes() -> TargetClasses:
-    """The classes of the UNet families (SD1 / SD2 / SDXL), used where a caller passes none."""
-    from library.families.sd import UNET_TARGET_CLASSES
+    """The classes of the first registered family (the SD UNet families'), used where a caller passes none."""
+    from library.families import FAMILIES
 
-    return UNET_TARGET_CLASSES
+    return next(iter(FAMILIES.values())).target_classes
 
 
 def builtin_preset(name: str, classes: TargetClasses | None = None) -> Preset:
     """The built-in preset ``name`` with the family's class names (``classes`` None: the SD UNet families')."""
     return PRESETS[name].resolve(classes or default_classes())
-
-
-@dataclass(frozen=True)
-class Target:
-    """One module to adapt: its kohya ``name``, the module, where it sits, and its kind.
-
-    A fused target's ``module`` is a :class:`~networks.fused.FusedBase` (its ``weight`` the stacked rows of the
-    leaves), ``path`` the fused module's name in the file's layout and ``fused`` its :class:`Fused` entry.
-    """
-
-    name: str
-    module: nn.Module
-    root: int  # index into the roots
-    path: str  # module path inside its root (a fused target: the fused module's name)
-    kind: str  # "linear" | "conv" | "norm"
-    fused: Fused | None = None
-
-    @property
-    def is_unet(self) -> bool:
-        return self.name.startswith("lora_unet_")
 
 
 def renamed(rename: Callable[[str], str], path: str) -> str:

@@ -16,11 +16,11 @@ from _networks_helpers import make_config, perturb, single_thread  # noqa: F401
 
 from library.families import get_family
 from library.families.flux import keys as K
+from library.families.flux import lora_formats as ff
 from library.families.flux.options import FluxOptions
 from library.families.flux.tiny import build_tiny_flux, write_tiny_files
 from library.files.weights import load_state_dict
 from networks import convert_flux_lora, flux_extract_lora, flux_merge_lora, inject
-from networks import flux_formats as ff
 from networks.files import group_by_module
 
 FAMILY = get_family("flux-dev")

@@ -12,6 +12,7 @@ from _networks_helpers import (
     single_thread,  # noqa: F401  (autouse fixture: one CPU thread)
 )
 
+from library.families import FAMILIES
 from networks import NetworkConfig, add_network_args
 
 
@@ -120,7 +121,11 @@ def test_network_module_choices():
     assert _config(["--network_module", "networks.dylora"]).algo == "dylora"
     assert _config(["--network_module", "networks.lora_fa"]).algo == "lora_fa"
     assert _config(["--network_module", "networks.oft"]).algo == "oft"
-    assert "networks.lora_lumina is not supported yet" in _errors(["--network_module", "networks.lora_lumina"])
+    # a family module no registered family provides is unknown; the modules listed come from the registry
+    unknown = _errors(["--network_module", "networks.lora_lumina"])
+    assert "--network_module 'networks.lora_lumina' is unknown" in unknown
+    assert "(supported: networks.lora, lycoris.kohya, networks.dylora, networks.lora_fa, networks.oft, " in unknown
+    assert all(m in unknown for f in FAMILIES.values() for m in f.adapter_rules)
     assert "did you mean 'networks.lora'?" in _errors(["--network_module", "networks.lorra"])
     assert _config(["--network_module", "lycoris.kohya"]).is_lycoris
 

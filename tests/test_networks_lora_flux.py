@@ -24,8 +24,8 @@ from library.families.flux import keys as K
 from library.families.flux.tiny import TRANSFORMER, build_tiny_flux, tiny_clip_l, tiny_t5
 from library.files.weights import load_state_dict
 from networks import inject, network_from_file
+from networks.fused import block_diagonal_mask
 from networks.inject import prepare_network
-from networks.lora_flux import block_diagonal_mask
 
 FAMILY = get_family("flux-dev")
 DIM, ALPHA = 4, 2.0
@@ -68,8 +68,8 @@ def randomize(network, seed: int = 3) -> None:
 
 def is_split(network, name: str) -> bool:
     cfg = network.config
-    return bool(cfg is not None and cfg.split_qkv and re.search(r"double_blocks_\d+_.*qkv|single_blocks_\d+_linear1",
-                                                               name))  # fmt: skip
+    return bool(cfg is not None and cfg.module_args.split_qkv and
+                re.search(r"double_blocks_\d+_.*qkv|single_blocks_\d+_linear1", name))  # fmt: skip
 
 
 def flux_config(*args, flags=()):

@@ -81,7 +81,8 @@ def run(model) -> torch.Tensor:
 
 
 def is_split(network, name: str) -> bool:
-    return bool(network.config is not None and network.config.split_qkv and re.search(r"joint_blocks_\d+_.*qkv", name))
+    cfg = network.config
+    return bool(cfg is not None and cfg.module_args.split_qkv and re.search(r"joint_blocks_\d+_.*qkv", name))
 
 
 def randomize(network, seed: int = 3) -> None:
@@ -524,8 +525,8 @@ def test_a_lora_sd3_run_through_sd3_train_network_saves_a_file_diffusers_reads_o
     the file's split modules are block-diagonal with alpha 3α, the metadata names the module, every module is an SAI
     weight (ComfyUI's rule) and the converted file loads in diffusers."""
     import sd3_train_network
+    from library.families.sd3.lora_formats import kohya_to_peft
     from library.families.sd3.tiny import build_tiny_sd3, write_tiny_files
-    from networks.sd3_formats import kohya_to_peft
 
     files = write_tiny_files(build_tiny_sd3("sd3.5-medium"), tmp_path / "model")
     argv = [

@@ -31,7 +31,7 @@ from networks.algos.oft import cayley
 from networks.files import algo_of
 from networks.inject import network_from_file, new_adapter
 from networks.layers import AdapterLayer, AdapterWeights
-from networks.lycoris_reader import _without_anima_target, apply_with_lycoris
+from networks.lycoris_reader import _without_timestep_embedding_target, apply_with_lycoris
 from networks.sd_scripts_oft_reader import apply_sd_scripts_oft
 
 lycoris_functional = pytest.importorskip("lycoris.functional")
@@ -342,7 +342,7 @@ def test_lycoris_reads_our_files_and_we_read_theirs(tiny_parts, tmp_path, algo):
     theirs = copy.deepcopy(parts)
     te = nn.Module()
     te.text_model = theirs.text_encoders[0]
-    with _without_anima_target() as kohya:
+    with _without_timestep_embedding_target() as kohya:
         lyc = kohya.create_network(1.0, 4, 1.0, None, te, theirs.denoiser, algo=algo, constraint="1e-2",
                                    rescaled="True", preset="attn-mlp")  # fmt: skip
     lyc.apply_to(te, theirs.denoiser, apply_text_encoder=True, apply_unet=True)  # registers its modules

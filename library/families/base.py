@@ -10,7 +10,7 @@ import argparse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor, nn
@@ -22,6 +22,9 @@ from library.objectives.noising import NoiseConfig
 from .blocks import BlockLayout
 from .full_training import FullTraining
 from .options import FamilyOptions
+
+if TYPE_CHECKING:  # adapters.py builds on this module's containers
+    from .adapters import AdapterRules
 
 __all__ = ["EPSILON", "FLOW_MATCHING", "OBJECTIVES", "V_PREDICTION"]  # the objective names, for the families
 
@@ -362,6 +365,9 @@ class ModelFamily(Protocol):
     tiny: TinyModel | None
     """The family's tiny model (:class:`TinyModel`); None for a family without one (the demo and
     ``tools/make_tiny_model.py`` cannot build it)."""
+    adapter_rules: Mapping[str, AdapterRules]
+    """sd-scripts' own network modules for this family (``"networks.lora_flux"``) -> their rules
+    (``library.families.adapters.AdapterRules``); empty where only the generic modules (networks.lora...) apply."""
 
     def load(self, path: str | Path, **options: Any) -> Parts:
         """A diffusers folder or a single file -> frozen modules in eval mode (options: dtype (one dtype, or

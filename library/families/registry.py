@@ -25,9 +25,13 @@ import pkgutil
 from collections.abc import Iterable, Iterator, MutableMapping
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 from .base import ModelFamily, missing_members
 from .blocks import BlockLayout
+
+if TYPE_CHECKING:
+    from .adapters import AdapterRules
 
 ENTRY_POINT_GROUP = "sdtrain.families"
 DEFAULT_ORDER = 100  # a plug-in's (or a folder's) ORDER when it states none
@@ -197,6 +201,16 @@ def adapter_family_label(prefixes: Iterable[str], names: Iterable[str] = ()) -> 
     if not prefixes or not fitting or len(fitting) == len(FAMILIES):
         return None
     return _short_titles(FAMILIES[name] for name in fitting)
+
+
+def rules_by_module() -> dict[str, AdapterRules]:
+    """Every registered family's sd-scripts network modules (``ModelFamily.adapter_rules``) -> their rules, in
+    registration order (families sharing a module share its rules; the first family to state it gives them)."""
+    rules: dict[str, AdapterRules] = {}
+    for family in FAMILIES.values():
+        for module, family_rules in family.adapter_rules.items():
+            rules.setdefault(module, family_rules)
+    return rules
 
 
 def ti_keys_of_other_families(family: ModelFamily) -> set[str]:

@@ -29,11 +29,17 @@ GEN_IMG_DDPM_DEFAULTS = {"steps": 50, "scale": 7.5}
 """sd-scripts gen_img.py's --steps / --scale defaults, for the DDPM families (SD1/SD2/SDXL) only: a flow-matching
 model gets its sampler's defaults (``flow_generate.resolve_flow``) when the flags are not given."""
 
-# all read as their file says
-NETWORK_MODULES = (
-    "networks.lora", "lycoris.kohya", "networks.dylora", "networks.lora_fa", "networks.oft", "networks.lora_flux",
-    "networks.lora_sd3",
-)  # fmt: skip
+# all read as their file says; with the registered families' own modules (network_modules())
+NETWORK_MODULES = ("networks.lora", "lycoris.kohya", "networks.dylora", "networks.lora_fa", "networks.oft")
+
+
+def network_modules() -> tuple[str, ...]:
+    """Every ``--network_module`` a generation script takes: the generic ones, then each registered family's."""
+    from library.families.registry import rules_by_module
+
+    return (*NETWORK_MODULES, *rules_by_module())
+
+
 _UNSUPPORTED_STORE = {
     "--from_module": "prompter modules",
     "--prompter_module_args": "prompter modules",
@@ -285,9 +291,10 @@ def _networks(args: argparse.Namespace, problems: list[str]) -> list[NetworkSpec
         return []
     if len(muls) > len(weights):
         problems.append(f"--network_mul has {len(muls)} values for {len(weights)} network(s)")
+    known = network_modules()
     for module in modules:
-        if module not in NETWORK_MODULES:
-            problems.append(f"--network_module {module!r}: use one of {', '.join(NETWORK_MODULES)}")
+        if module not in known:
+            problems.append(f"--network_module {module!r}: use one of {', '.join(known)}")
     for path in weights:
         if not Path(path).is_file():
             problems.append(f"--network_weights {path}: no such file")

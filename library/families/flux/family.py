@@ -13,6 +13,7 @@ import dataclasses
 import logging
 from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -38,7 +39,7 @@ from ..saving import with_kind
 from ..tokenizers import PAD_CLIP_L
 from . import keys as K
 from . import latents as L
-from . import text
+from . import lora, text
 from .blocks import FLUX_BLOCKS
 from .configs import clip_l_factory, released, scheduler_kwargs, t5_factory, transformer_factory
 from .full_training import FluxFullTraining
@@ -60,10 +61,9 @@ T5_SPEC = TextEncoderSpec("text_encoders.t5xxl.transformer.", "t5", False, "<pad
 DEFAULT_GUIDANCE = FluxOptions.guidance_scale  # sd-scripts' --guidance_scale default (3.5)
 
 # sd-scripts' networks/lora_flux.py: every Linear of the double / single blocks, and CLIP-L's attention and MLP
-# modules; T5 only with its network_arg train_t5xxl (T5_TARGET_CLASSES under lora_te3), so the presets leave T5 out.
+# modules; T5 only with its network_arg train_t5xxl (lora.py: T5's classes under lora_te3), so the presets leave T5 out.
 # The ``full`` presets add the Linears outside the blocks (sd-scripts' in_dims modules and the final projection).
 CLIP_ATTENTION = ("CLIPAttention", "CLIPSdpaAttention", "CLIPFlashAttention2")
-T5_TARGET_CLASSES = ("T5Attention", "T5DenseGatedActDense")
 FLUX_TARGETS = TargetClasses(
     transformer=("FluxTransformerBlock", "FluxSingleTransformerBlock"),
     attention=("FluxAttention",),
@@ -110,6 +110,7 @@ class FluxFamily:
     fp8_skip = ()  # --fp8_base: every Linear in float8, the adaLN modulations too (as sd-scripts' model.to(fp8))
     options = FluxOptions
     full_training = FluxFullTraining()
+    adapter_rules = MappingProxyType({lora.MODULE: lora})  # networks.lora_flux
 
     def __init__(self, spec: FamilySpec, *, version: str, architecture: str, implementation: str, t5_length: int,
                  targets: TargetClasses) -> None:  # fmt: skip

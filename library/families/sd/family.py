@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -134,6 +135,7 @@ class SDFamily:
     full_training = SDFullTraining()
     fp8_skip = ("norm",)  # --fp8_base keeps the UNet's norm layers in the compute dtype (diffusers' rule)
     target_classes = UNET_TARGET_CLASSES
+    adapter_rules = MappingProxyType({})  # no module of its own: networks.lora / lycoris.kohya
 
     def __init__(
         self,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -93,6 +94,7 @@ class SDXLFamily:
     full_training = SDXLFullTraining()
     fp8_skip = ("norm",)  # --fp8_base keeps the UNet's norm layers in the compute dtype (diffusers' rule)
     target_classes = UNET_TARGET_CLASSES  # the SD UNet and CLIP classes (``family.UNET_TARGET_CLASSES``)
+    adapter_rules = MappingProxyType({})  # no module of its own: networks.lora / lycoris.kohya
 
     def __init__(self) -> None:
         self._warned_clip_skip = False

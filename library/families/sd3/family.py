@@ -14,6 +14,7 @@ import dataclasses
 import logging
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -37,7 +38,7 @@ from ..base import (
 from ..convert import hf_module_path
 from ..saving import with_kind
 from . import keys as K
-from . import pos_embed, text
+from . import lora, pos_embed, text
 from .blocks import SD3_BLOCKS
 from .configs import SCALE, SHIFT, clip_factory, released, t5_factory, transformer_factory
 from .full_training import SD3FullTraining
@@ -122,6 +123,7 @@ class SD3Family:
     target_classes = SD3_TARGETS
     options = SD3Options
     full_training = SD3FullTraining()
+    adapter_rules = MappingProxyType({lora.MODULE: lora})  # networks.lora_sd3
 
     def __init__(self, spec: FamilySpec, *, model_type: str) -> None:
         self.spec = spec

@@ -36,27 +36,43 @@ module named (svd_merge_lora.py turns them into a LoRA first).
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import torch
 from torch import Tensor
 
 from library.cli.problems import ConfigError
-from library.families.flux import keys as K
 
-PEFT_SUFFIXES = (".lora_A.weight", ".lora_B.weight")
+from ..lora_formats import (
+    LoraConversion,
+    group_by_module,
+    is_peft,
+    kohya_factors,
+    kohya_module,
+    leaf_factors,
+    peft_modules,
+    stack_leaves,
+    swap_halves,
+)
+from . import keys as K
+
+__all__ = ["CONVERSION", "ModuleMap", "is_peft", "kohya_name", "kohya_to_peft", "peft_to_kohya", "swap_halves"]
+
 PEFT_PREFIXES = {"transformer": "lora_unet", "text_encoder": "lora_te1"}
 MLP_RATIO = 4
-_PEFT_TENSORS = ((".lora_A.weight", "A"), (".lora_B.weight", "B"), (".alpha", "alpha"))
+# networks/convert_flux_lora.py (sd-scripts' name): ai-toolkit / diffusers (PEFT) <-> sd-scripts (kohya)
+CONVERSION = LoraConversion(
+    title="FLUX.1 / Chroma",
+    script="networks/convert_flux_lora.py",
+    formats={"ai-toolkit": "ai-toolkit", "peft": "ai-toolkit", "diffusers": "ai-toolkit", "sd-scripts": "sd-scripts",
+             "kohya": "sd-scripts"},
+    peft_format="ai-toolkit",
+    default_src="ai-toolkit",
+    default_dst="sd-scripts",
+    module=__name__,
+)  # fmt: skip
 _CLIP = re.compile(r"lora_te1_text_model_encoder_layers_(\d+)_(self_attn_(?:q|k|v|out)_proj|mlp_fc[12])$")
-
-
-def is_peft(state_dict: Mapping[str, Tensor]) -> bool:
-    """Whether a state dict holds PEFT / diffusers LoRA keys (``*.lora_A.weight``)."""
-    return any(k.endswith(PEFT_SUFFIXES) for k in state_dict)
 
 
 def kohya_name(bfl_module: str) -> str:
@@ -107,47 +123,10 @@ def _leaf_rows(entry: K.Entry, total: int, width: int) -> list[int]:
     return [width, width, width, total - 3 * width]
 
 
-def swap_halves(t: Tensor) -> Tensor:
-    """BFL's (shift, scale) rows of ``final_layer.adaLN_modulation.1`` <-> diffusers' (scale, shift); its own inverse."""
-    first, second = t.chunk(2, dim=0)
-    return torch.cat([second, first], dim=0)
-
-
-def _split_scale(scale: float) -> tuple[float, float]:
-    """scale = s_A · s_B with s_B = 2^e, e = ⌊log2(scale) / 2⌋ (multiplying by a power of two is exact)."""
-    if scale <= 0 or not math.isfinite(scale):
-        return scale, 1.0
-    s_b = 2.0 ** math.floor(math.log2(scale) / 2)
-    return scale / s_b, s_b
-
-
-def kohya_factors(name: str, t: Mapping[str, Tensor], source: str, problems: list[str]) -> tuple[Tensor, ...] | None:
-    """(A, B, down) of one plain kohya LoRA module, alpha / r folded in: A = s_A · down, B = s_B · up with
-    s_A · s_B = alpha / r (``_split_scale``); None, with the problem added, for any other algorithm's tensors."""
-    if set(t) - {"lora_down.weight", "lora_up.weight", "alpha"} or "lora_down.weight" not in t:
-        kinds = ", ".join(sorted(set(t) - {"alpha"}))
-        problems.append(f"{source}: {name} ({kinds}) is not a plain LoRA module; PEFT files hold LoRA only: make "
-                        "it a LoRA first (svd_merge_lora.py --models FILE --new_rank R)")  # fmt: skip
-        return None
-    down, up = t["lora_down.weight"].float(), t["lora_up.weight"].float()
-    rank = down.shape[0]
-    alpha = float(t["alpha"]) if "alpha" in t else float(rank)
-    s_a, s_b = _split_scale(alpha / rank)
-    return (down * s_a).contiguous(), up * s_b, down
-
-
-def kohya_module(name: str, down: Tensor, up: Tensor) -> dict[str, Tensor]:
-    """One kohya module's tensors, alpha = the rank (scale 1: the factors carry the strength)."""
-    return {f"{name}.lora_down.weight": down.contiguous(), f"{name}.lora_up.weight": up.contiguous(),
-            f"{name}.alpha": torch.tensor(float(down.shape[0]))}  # fmt: skip
-
-
 # ------------------------------------------------------------------------------------------------ kohya -> PEFT
 def kohya_to_peft(state_dict: Mapping[str, Tensor], source: str = "the file") -> dict[str, Tensor]:
     """A kohya FLUX / Chroma LoRA (lora_unet_ BFL names, lora_te1_ CLIP-L) -> PEFT / diffusers keys with the scale
     folded in (see the module docstring). ``ConfigError`` naming every module that has no PEFT form."""
-    from .files import group_by_module
-
     modules = group_by_module(state_dict)
     fmap = ModuleMap.for_names(list(modules), diffusers=False)
     out: dict[str, Tensor] = {}
@@ -186,42 +165,11 @@ def kohya_to_peft(state_dict: Mapping[str, Tensor], source: str = "the file") ->
 
 
 # ------------------------------------------------------------------------------------------------ PEFT -> kohya
-def peft_modules(
-    state_dict: Mapping[str, Tensor], source: str, problems: list[str], prefixes=PEFT_PREFIXES, strip: str = ""
-) -> dict[tuple[str, str], dict[str, Tensor]]:
-    """{(prefix, module path): {"A": .., "B": .., "alpha": ..}} of a PEFT state dict; a key whose first part is not
-    one of ``prefixes`` is the transformer's (``strip`` taken off its path)."""
-    modules: dict[tuple[str, str], dict[str, Tensor]] = {}
-    for key, tensor in state_dict.items():
-        found = next(((key.removesuffix(suffix), what) for suffix, what in _PEFT_TENSORS if key.endswith(suffix)), None)
-        if found is None:
-            problems.append(f"{source}: {key} is not a PEFT LoRA tensor (expected *.lora_A.weight / *.lora_B.weight; "
-                            "DoRA's lora_magnitude_vector and other PEFT methods are not converted)")  # fmt: skip
-            continue
-        path, what = found
-        head, _, rest = path.partition(".")
-        if head not in prefixes:  # ai-toolkit and diffusers write transformer.; some files have no prefix
-            head, rest = "transformer", path.removeprefix(strip) if strip else path
-        modules.setdefault((head, rest), {})[what] = tensor
-    for (head, path), t in modules.items():
-        if "A" not in t or "B" not in t:
-            problems.append(f"{source}: {head}.{path} lacks lora_{'A' if 'A' not in t else 'B'}.weight")
-    return modules
-
-
-def leaf_factors(t: Mapping[str, Tensor]) -> tuple[Tensor, Tensor]:
-    """(A, B) of one PEFT leaf, a stored alpha folded into B (B · alpha / r)."""
-    a, b = t["A"].float(), t["B"].float()
-    if "alpha" in t:
-        b = b * (float(t["alpha"]) / a.shape[0])
-    return a, b
-
-
 def peft_to_kohya(state_dict: Mapping[str, Tensor], source: str = "the file") -> dict[str, Tensor]:
     """A PEFT / diffusers / ai-toolkit FLUX LoRA -> kohya names on BFL modules (see the module docstring).
     ``ConfigError`` naming every key that is not a FLUX transformer / CLIP-L LoRA tensor."""
     problems: list[str] = []
-    modules = peft_modules(state_dict, source, problems, strip="diffusion_model.")
+    modules = peft_modules(state_dict, source, problems, PEFT_PREFIXES, strip="diffusion_model.")
     fmap = ModuleMap.for_names([p for h, p in modules if h == "transformer"], diffusers=True)
     fused: dict[str, dict[int, tuple[Tensor, Tensor]]] = {}
     entries: dict[str, K.Entry] = {}
@@ -266,21 +214,3 @@ def _stack(entry: K.Entry, leaves: Mapping[int, tuple[Tensor, Tensor]]) -> tuple
     known = {j: b.shape[0] for j, (_, b) in leaves.items()}
     default = next(iter(known.values())) if n == 3 else width
     return stack_leaves(leaves, [known.get(j, default if (n == 3 or j < 3) else MLP_RATIO * width) for j in range(n)])
-
-
-def stack_leaves(leaves: Mapping[int, tuple[Tensor, Tensor]], rows: list[int]) -> tuple[Tensor, Tensor]:
-    """(down, up) of one fused module from its leaves' (A, B), leaf j owning ``rows[j]`` output rows: when every leaf
-    is given and all share A, (A, cat(B)) (the original rank back); else down = cat(A_j) and up block-diagonal."""
-    n = len(rows)
-    first_a = next(iter(leaves.values()))[0]
-    if len(leaves) == n and all(torch.equal(a, first_a) for a, _ in leaves.values()):
-        return first_a, torch.cat([leaves[j][1] for j in range(n)])
-    down = torch.cat([leaves[j][0] for j in sorted(leaves)])
-    up = torch.zeros(sum(rows), down.shape[0], dtype=down.dtype)
-    col = 0
-    for j in sorted(leaves):
-        a, b = leaves[j]
-        start = sum(rows[:j])
-        up[start : start + b.shape[0], col : col + a.shape[0]] = b
-        col += a.shape[0]
-    return down, up

@@ -1,19 +1,18 @@
-"""Merging adapters into FLUX.1 / Chroma single files as users have them (the engine of flux_merge_lora.py).
+"""Merging adapters into a model's single files as users have them, under the files' own keys (the engine of the
+per-family merge tools, ``networks/single_file_tools.py``).
 
-The files are merged as state dicts, under their own keys, as ComfyUI applies a LoRA: a module named
-``lora_unet_<BFL module path with dots as underscores>`` changes the BFL weight ``<module path>.weight`` (with or
-without ``model.diffusion_model.``), ``lora_te1_<path>`` the CLIP-L file's ``text_model.<path>.weight`` (with or without
-``text_model.``), ``lora_te3_<path>`` the T5 file's ``<path>.weight``:
+A family's :class:`~library.families.lora_tools.ModelFile` names, for each file, the weight key of every kohya module
+name (ComfyUI's rule, e.g. ``lora_unet_double_blocks_0_img_attn_qkv`` -> ``double_blocks.0.img_attn.qkv.weight``);
+every module of the files' prefix changes that weight:
 
     W <- W + ratio · ΔW          (every algorithm through the training code's ΔW: LoRA (α/r)·up@down, LoHa, LoKr,
                                   full, (IA)³, GLoRA, OFT; DoRA's W' − W on the current W, so files apply in order)
     b <- b + ratio · diff_b      (full modules' bias change)
 
-A fused module (``img_attn.qkv``, ``linear1``) is one BFL weight, so its ΔW is added to it whole: the same ΔW the
-adapter gives the diffusers leaves row by row. Only the weights a file changes are converted to the working precision
-(float8 files included); the others keep their tensors until the output is cast to the save precision. A diffusers-
-named transformer file is merged through the BFL names (``library.families.flux.keys``) and written back under its
-own names.
+A fused module (one kohya module over several diffusers Linears) is one weight in such a file, so its ΔW is added to
+it whole: the same ΔW the adapter gives the diffusers leaves row by row. Only the weights a file changes are converted
+to the working precision (float8 files included); the others keep their tensors until the output is cast to the save
+precision.
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from library.cli.problems import ConfigError, problems_of
+from library.families.lora_formats import LoraConversion
 
 from . import files
 from .deltas import AdapterFile, module_delta, resolve_index
@@ -32,28 +32,6 @@ from .targets import Target
 from .tool_common import progress
 
 logger = logging.getLogger(__name__)
-PREFIXES = {"lora_unet": "--flux_model", "lora_te1": "--clip_l", "lora_te3": "--t5xxl"}
-
-
-def module_names(state: Mapping[str, Tensor], prefix: str) -> dict[str, str]:
-    """{kohya module name: weight key} of every matrix in a single file, by ComfyUI's rule (``prefix`` +
-    ``_`` + module path with dots as underscores). BFL keys are named without ``model.diffusion_model.``; CLIP-L
-    keys are named with ``text_model.`` whether or not the file has it (as sd-scripts writes them), and also without
-    it (as tools under transformers 5 wrote them)."""
-    from library.families.flux.keys import BFL_PREFIX
-
-    out = {}
-    for key, tensor in state.items():
-        if not key.endswith(".weight") or tensor.dim() != 2:
-            continue
-        module = key.removesuffix(".weight").removeprefix(BFL_PREFIX)
-        if prefix == "lora_te1":
-            module = module.removeprefix("cond_stage_model.transformer.").removeprefix("text_encoders.clip_l."
-                                                                                      "transformer.")  # fmt: skip
-            module = module if module.startswith("text_model.") else f"text_model.{module}"
-            out.setdefault(f"{prefix}_{module.removeprefix('text_model.').replace('.', '_')}", key)
-        out[f"{prefix}_{module.replace('.', '_')}"] = key
-    return out
 
 
 def _shape_index(state: Mapping[str, Tensor], names: Mapping[str, str]) -> dict[str, Target]:
@@ -68,16 +46,17 @@ def _shape_index(state: Mapping[str, Tensor], names: Mapping[str, str]) -> dict[
 def merge_into_state(
     state: dict[str, Tensor],
     prefix: str,
+    names: Mapping[str, str],
     files_: Sequence[AdapterFile],
     ratios: Sequence[float],
     *,
     working_device: str = "cpu",
     dtype: torch.dtype = torch.float32,
 ) -> list[str]:
-    """Merge the ``prefix`` modules of every file (at its ratio, in order) into ``state`` in place; returns the keys
-    changed (their tensors now ``dtype``, on the device they were on). ``ValueError`` naming each file and module
-    that does not fit the file's weights (another model, another size)."""
-    names = module_names(state, prefix)
+    """Merge the ``prefix`` modules of every file (at its ratio, in order) into ``state`` in place (``names``: {kohya
+    module name: weight key} of the file, its family's ``ModelFile.module_names``); returns the keys changed (their
+    tensors now ``dtype``, on the device they were on). ``ValueError`` naming each file and module that does not fit
+    the file's weights (another model, another size)."""
     index = _shape_index(state, names)
     subsets, problems = [], []
     for f, ratio in zip(files_, ratios):
@@ -152,24 +131,24 @@ def shuffle_ranks(state: dict[str, Tensor], generator: torch.Generator | None = 
         state[up_key] = state[up_key][:, perm].contiguous()
 
 
-def load_flux_adapters(paths: Sequence[str]) -> list[AdapterFile]:
-    """Adapter files for the FLUX tools: kohya / LyCORIS files as :func:`~networks.deltas.load_adapters`, PEFT /
-    diffusers / ai-toolkit files converted to kohya names first (``networks.flux_formats``, exact)."""
+def load_adapters_converting(paths: Sequence[str], conversion: LoraConversion) -> list[AdapterFile]:
+    """Adapter files for a family's tools: kohya / LyCORIS files as :func:`~networks.deltas.load_adapters`, PEFT /
+    diffusers / ai-toolkit files converted to kohya names first (the family's ``conversion``, exact)."""
+    import importlib
     from pathlib import Path
 
-    from library.cli.problems import ConfigError, problems_of
     from library.files.weights import load_state_dict
 
     from .deltas import adapter_from_state_dict
-    from .flux_formats import is_peft, peft_to_kohya
 
+    formats = importlib.import_module(conversion.module)
     out, errors = [], []
     for p in paths:
         try:
             state, metadata = load_state_dict(p)
-            if is_peft(state):
+            if formats.is_peft(state):
                 logger.info("%s: PEFT / diffusers names, converted to kohya names", p)
-                state = peft_to_kohya(state, str(p))
+                state = formats.peft_to_kohya(state, str(p))
             out.append(adapter_from_state_dict(Path(p), state, metadata))
         except ValueError as e:
             errors += problems_of(e)

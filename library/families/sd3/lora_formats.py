@@ -7,7 +7,8 @@ B = up) with no alpha (scale 1). diffusers' ``StableDiffusion3Pipeline.load_lora
 kohya SD3 file loads nothing: diffusers logs a warning and the pipeline runs unchanged). The module pairs are the
 table of ``library.families.sd3.keys`` (the one the loader and the adapter targets use).
 
-kohya -> PEFT, per module (s = alpha / r, split as s = s_A · s_B with s_B a power of two, as networks/flux_formats.py):
+kohya -> PEFT, per module (s = alpha / r, split as s = s_A · s_B with s_B a power of two, as
+library/families/lora_formats.py does for every family):
 
     A = s_A · down                    (r, in) (x_embedder: (r, in, 2, 2)), the same for every leaf of a fused qkv
     B_leaf = s_B · up[rows of leaf]   (rows, r); q, k, v: three equal parts; the swapped modulations
@@ -39,10 +40,11 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from library.cli.problems import ConfigError
-from library.families.sd3 import keys as K
 
-from .flux_formats import (
-    PEFT_SUFFIXES,
+from ..lora_formats import (
+    LoraConversion,
+    group_by_module,
+    is_peft,
     kohya_factors,
     kohya_module,
     leaf_factors,
@@ -50,20 +52,28 @@ from .flux_formats import (
     stack_leaves,
     swap_halves,
 )
+from . import keys as K
+
+__all__ = ["CONVERSION", "ModuleMap", "is_peft", "kohya_name", "kohya_to_peft", "peft_to_kohya"]
 
 logger = logging.getLogger(__name__)
 
 PEFT_PREFIXES = {"transformer": "lora_unet", "text_encoder": "lora_te1", "text_encoder_2": "lora_te2"}
 TE_PEFT = {"lora_te1": "text_encoder", "lora_te2": "text_encoder_2"}
-_PEFT_TENSORS = ((".lora_A.weight", "A"), (".lora_B.weight", "B"), (".alpha", "alpha"))
+# networks/convert_sd3_lora.py (sd-scripts' name): sd-scripts (kohya) <-> diffusers (PEFT)
+CONVERSION = LoraConversion(
+    title="SD3 / SD3.5",
+    script="networks/convert_sd3_lora.py",
+    formats={"diffusers": "diffusers", "peft": "diffusers", "ai-toolkit": "diffusers", "sd-scripts": "sd-scripts",
+             "kohya": "sd-scripts"},
+    peft_format="diffusers",
+    default_src="sd-scripts",
+    default_dst="diffusers",
+    module=__name__,
+)  # fmt: skip
 _CLIP = re.compile(r"(lora_te[12])_text_model_encoder_layers_(\d+)_(self_attn_(?:q|k|v|out)_proj|mlp_fc[12])$")
 # the modulations whose kind ("one" with 6·D rows, "swap" with 2·D rows) depends on whether the block is the last
 _CONTEXT_MOD = re.compile(r"joint_blocks\.\d+\.context_block\.adaLN_modulation\.1$")
-
-
-def is_peft(state_dict: Mapping[str, Tensor]) -> bool:
-    """Whether a state dict holds PEFT / diffusers LoRA keys (``*.lora_A.weight``)."""
-    return any(k.endswith(PEFT_SUFFIXES) for k in state_dict)
 
 
 def kohya_name(sai_module: str) -> str:
@@ -111,8 +121,6 @@ def kohya_to_peft(state_dict: Mapping[str, Tensor], source: str = "the file") ->
     """A kohya SD3 / SD3.5 LoRA (lora_unet_ SAI names, lora_te1_ / lora_te2_ CLIP) -> PEFT / diffusers keys with the
     scale folded in (see the module docstring); T5 modules left out with a warning. ``ConfigError`` naming every
     module that has no PEFT form."""
-    from .files import group_by_module
-
     modules = group_by_module(state_dict)
     fmap = ModuleMap.for_names(list(modules), diffusers=False)
     out: dict[str, Tensor] = {}
