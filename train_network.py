@@ -22,7 +22,7 @@ from library.cli.parse import parse_args
 from library.cli.problems import Problems
 from library.run import args as arg_groups
 from library.run import config as run_config
-from library.run import demo, resume
+from library.run import demo, run_files
 from library.run import setup as run_setup
 from library.run.loop import train
 from library.run.token_embeddings import EmbeddingsConfig, add_embeddings
@@ -87,7 +87,7 @@ def run(
     if args is None:  # --output_config wrote the file
         return None
     cfg = run_config.read_config(args, tuple(family_names), AdapterMethod.from_args)  # all errors at once
-    if resume.nothing_left(cfg.save, cfg.run):  # --resume of a finished run: say so, write nothing
+    if run_files.nothing_left(cfg.save, cfg.run):  # --resume of a finished run: say so, write nothing
         return None
     run = run_setup.start(cfg)  # accelerator, seed, dataset plan + bucket report, model, caches
     run_setup.release_unused_parts(run)  # the VAE / text encoders whose outputs are all cached

@@ -21,7 +21,7 @@ from library.cli.main_guard import main_guard
 from library.cli.parse import parse_args
 from library.run import args as arg_groups
 from library.run import config as run_config
-from library.run import resume
+from library.run import run_files
 from library.run import setup as run_setup
 from library.run.loop import train
 from library.run.token_embeddings import TextualInversionConfig, TokenEmbeddings, caption_rewriter, init_vectors
@@ -42,7 +42,7 @@ def run(argv: Sequence[str] | None = None, family_names: Sequence[str] = ("sd1",
     cfg = run_config.read_config(
         args, tuple(family_names), TextualInversionConfig.from_args, training="textual_inversion"
     )  # all errors at once
-    if resume.nothing_left(cfg.save, cfg.run):  # --resume of a finished run: say so, write nothing
+    if run_files.nothing_left(cfg.save, cfg.run):  # --resume of a finished run: say so, write nothing
         return None
     run = run_setup.start(cfg)  # accelerator, seed, dataset plan + bucket report, model, caches
     run_setup.release_unused_parts(run)  # the VAE when every latent is cached

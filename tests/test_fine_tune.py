@@ -19,7 +19,7 @@ import sdxl_train
 import train_db
 from library.cli.parse import ConfigError
 from library.families import get_family
-from library.families.sd_full_training import lr_block_count
+from library.families.sd.full_training import lr_block_count
 from library.files.weights import load_state_dict, read_metadata
 from library.run import loop
 from library.run.demo import make_example_dataset

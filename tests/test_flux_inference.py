@@ -283,10 +283,7 @@ def test_samples_during_a_flux_run_use_the_cached_prompts(dataset, tmp_path, mon
     outputs, the round gets them and writes its image without running a text encoder."""
     import train_network
     from library import sampling
-    from library.families.flux.objective import add_flow_matching_args
 
-    build = train_network.build_parser
-    monkeypatch.setattr(train_network, "build_parser", lambda: add_flow_matching_args(build()))
     rounds = []
     original = sampling.sample_during_training
 

@@ -585,12 +585,9 @@ def test_a_lora_flux_run_through_train_network_saves_a_split_file_at_the_trained
     the file's split modules keep their off-diagonal blocks 0 and alpha k·α, and the metadata names the module."""
     import library.run.setup as run_setup
     import train_network
-    from library.families.flux.objective import add_flow_matching_args
 
     # the run layer's SD attention processor (AttnProcessor2_0) does not fit diffusers' FluxAttention: keep FLUX's own
     monkeypatch.setattr(run_setup, "set_attention", lambda modules, backend: None)
-    build = train_network.build_parser
-    monkeypatch.setattr(train_network, "build_parser", lambda: add_flow_matching_args(build()))
     model = FAMILY.save(build_tiny_flux("flux-dev"), tmp_path / "model")
     argv = [
         "--pretrained_model_name_or_path", str(model), "--train_data_dir", str(dataset), "--caption_extension", ".txt",

@@ -150,26 +150,3 @@ def load_into(folder: Path, network: Any, optimizer: Any, scheduler: Any, state:
             detail = detail if len(detail) <= 300 else detail[:300] + " ..."
             raise ValueError(f"--resume {folder}: {name} does not fit this run ({detail}); {settings} differ "
                              "from the run that wrote the state: resume with the same settings") from e  # fmt: skip
-
-
-def nothing_left(save: Any, run: Any) -> bool:
-    """``--resume`` of a state that already reached the step budget: print why nothing will be trained or written,
-    and return True (the entry script then exits 0 before any model loads). When the run's final file is missing
-    (its save failed, e.g. on a full disk, and left this state), say that it will be written, and return False:
-    the loop then trains nothing and only the final file is saved."""
-    if not save.resume:
-        return False
-    reason = budget_left(read_counters(Path(save.resume)), run.max_train_steps, run.max_train_epochs)
-    if reason is None:
-        return False
-    from library.cli.console import is_main_process
-    from library.run.run_files import model_file
-
-    final = model_file(save)
-    if is_main_process():
-        if final.exists():
-            print(f"--resume {save.resume}: {reason}; nothing left to train, no file was written (raise the limit "
-                  "to train further)")  # fmt: skip
-        else:
-            print(f"--resume {save.resume}: {reason}; {final} is missing, so only it is written from the state")
-    return final.exists()

@@ -29,7 +29,7 @@ import torch
 from library.cli.parse import add_unsupported
 from library.cli.problems import ConfigError
 from library.files.weights import is_write_failure, load_state_dict, read_metadata, save_error, save_state_dict
-from library.run.resume import REQUIRED_FILES, find_state, read_counters
+from library.run.resume import REQUIRED_FILES, budget_left, find_state, read_counters
 
 EXTENSIONS = {"safetensors": ".safetensors", "ckpt": ".ckpt", "pt": ".pt"}
 # --metadata_<name> flags, written as modelspec.<name>
@@ -385,3 +385,25 @@ def _read_state_file(path: Path, *, peek: bool = False) -> Any:
     except (OSError, RuntimeError, EOFError, ValueError) as e:
         raise ValueError(f"{path}: this file of the state cannot be read ({type(e).__name__}: {e}); it is truncated "
                          "or damaged, resume from another state folder") from e  # fmt: skip
+
+
+def nothing_left(save: Any, run: Any) -> bool:
+    """``--resume`` of a state that already reached the step budget: print why nothing will be trained or written,
+    and return True (the entry script then exits 0 before any model loads). When the run's final file is missing
+    (its save failed, e.g. on a full disk, and left this state), say that it will be written, and return False:
+    the loop then trains nothing and only the final file is saved."""
+    if not save.resume:
+        return False
+    reason = budget_left(read_counters(Path(save.resume)), run.max_train_steps, run.max_train_epochs)
+    if reason is None:
+        return False
+    from library.cli.console import is_main_process
+
+    final = model_file(save)
+    if is_main_process():
+        if final.exists():
+            print(f"--resume {save.resume}: {reason}; nothing left to train, no file was written (raise the limit "
+                  "to train further)")  # fmt: skip
+        else:
+            print(f"--resume {save.resume}: {reason}; {final} is missing, so only it is written from the state")
+    return final.exists()

@@ -21,7 +21,7 @@ from library.families import FAMILIES, family_flags, family_title
 from library.families.options import option_actions
 
 from .config import DEFAULT_MAX_EMBEDDINGS_MULTIPLES
-from .flow_generate import DEFAULT_FLOW_SCALE, DEFAULT_FLOW_STEPS, DEFAULT_GUIDANCE
+from .flow_generate import DEFAULT_FLOW_SCALE, DEFAULT_GUIDANCE
 from .prompts import PromptSpec, parse_prompt_line, read_prompt_file
 from .schedulers import SAMPLER_NAMES
 
@@ -152,20 +152,20 @@ def _add_image_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--crop_left", type=int, default=None, help="crop conditioning (models that take it)")
     g.add_argument("--batch_size", type=int, default=1, help="images generated together")
     g.add_argument("--steps", type=int, default=None,
-                   help=f"denoising steps (default: {GEN_IMG_DDPM_DEFAULTS['steps']}; flow-matching models "
-                   f"(FLUX.1, Chroma): {DEFAULT_FLOW_STEPS}, SD3: 30)")  # fmt: skip
+                   help=f"denoising steps (default: {GEN_IMG_DDPM_DEFAULTS['steps']}; flow-matching models: their "
+                   "sampler's default, as sd-scripts samples them)")  # fmt: skip
     g.add_argument("--sampler", type=str, default="ddim", choices=list(SAMPLER_NAMES), help="sampler (scheduler)")
     g.add_argument("--scale", type=float, default=None,
                    help=f"classifier-free guidance scale (default: {GEN_IMG_DDPM_DEFAULTS['scale']}; flow-matching "
-                   f"models: FLUX.1 / Chroma {DEFAULT_FLOW_SCALE}, no CFG, SD3 7.5; else true CFG with the negative "
+                   f"models: their sampler's default, {DEFAULT_FLOW_SCALE} = no CFG; else true CFG with the negative "
                    "prompt)")  # fmt: skip
     g.add_argument("--guidance", type=float, default=None,
-                   help=f"embedded guidance of FLUX.1 dev (default {DEFAULT_GUIDANCE}; a prompt's --g overrides it); "
-                   "noted and ignored by models without it")  # fmt: skip
+                   help=f"embedded guidance, for models with a guidance input (default {DEFAULT_GUIDANCE}; a prompt's "
+                   "--g overrides it); noted and ignored by models without it")  # fmt: skip
     g.add_argument("--seed", type=int, default=None, help="seed, or the seed of the seeds of several images")
     g.add_argument("--iter_same_seed", action="store_true", help="one seed for all prompts of an iteration")
     g.add_argument("--shuffle_prompts", action="store_true", help="shuffle the prompts of each iteration")
-    g.add_argument("--clip_skip", type=int, default=None, help="use the n-th last text-encoder layer (SD1/SD2)")
+    g.add_argument("--clip_skip", type=int, default=None, help="use the n-th last text-encoder layer (CLIP models that read it)")
     g.add_argument("--max_embeddings_multiples", type=int, default=None, help="prompts up to 75 x this many tokens")
     g.add_argument("--emb_normalize_mode", type=str, default="original", choices=["original", "none", "abs"])
 

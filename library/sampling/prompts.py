@@ -190,7 +190,9 @@ OPTIONS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "g": ("guidance", _nonneg_float),
 }
 IGNORED_OPTIONS: dict[str, str] = {}
-GUIDANCE_IGNORED_NOTE = "embedded guidance (--g) is an input only some models have; this model ignores it, as in sd-scripts"
+GUIDANCE_IGNORED_NOTE = (
+    "embedded guidance (--g) is an input only some models have; this model ignores it, as in sd-scripts"
+)
 UNSUPPORTED_OPTIONS = {
     "t": "img2img strength (--t): img2img is not supported",
     "c": "CLIP-guided prompt (--c): CLIP guidance is not supported",
