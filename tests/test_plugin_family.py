@@ -177,8 +177,8 @@ def _sgd_expectation(m, batch, generator) -> tuple[torch.Tensor, dict[str, torch
 
 @pytest.fixture(scope="module")
 def fine_tuned(toydit, model_files, dataset, tmp_path_factory):
-    """One plain SGD step of toydit_train.py (transformer and text encoder at lr 0.1, no clipping) and the step's
-    loss and gradient by hand."""
+    """One plain SGD step of toydit_train.py (transformer and text encoder at lr 0.1, no clipping; gradient
+    checkpointing, which must not change the gradient) and the step's loss and gradient by hand."""
     import toydit_train
 
     out = tmp_path_factory.mktemp("fine_tune")
@@ -186,6 +186,7 @@ def fine_tuned(toydit, model_files, dataset, tmp_path_factory):
 
     def checked_loss(m, batch, generator, **kwargs):
         if not captured:
+            assert m.parts.denoiser._checkpoint is not None and m.parts.text_encoders[0]._checkpoint is not None
             captured.append(_sgd_expectation(m, batch, generator))
             loss = real_loss(m, batch, generator, **kwargs)
             captured.append(loss.detach().mean())
@@ -197,7 +198,7 @@ def fine_tuned(toydit, model_files, dataset, tmp_path_factory):
         "--toy_sigma_law", "uniform", "--train_data_dir", str(dataset), "--caption_extension", ".txt",
         "--output_dir", str(out), "--output_name", "tuned", "--train_text_encoder", "--train_batch_size", "2",
         "--max_train_steps", "1", "--max_data_loader_n_workers", "0", "--seed", "2", "--optimizer_type",
-        "torch.optim.SGD", "--learning_rate", "0.1", "--max_grad_norm", "0",
+        "torch.optim.SGD", "--learning_rate", "0.1", "--max_grad_norm", "0", "--gradient_checkpointing",
     ]  # fmt: skip
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(loop, "batch_loss", checked_loss)

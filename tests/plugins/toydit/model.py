@@ -8,16 +8,25 @@ x0 − ε (``objective.py``).
 
 The text encoder reads bytes: ids 0 (pad), 1 (begin), 2 (end), 3 + byte; two pre-norm transformer layers; its pooled
 output is the mean over the caption's tokens. Nothing is downloaded: the tokenizer is this file's twenty lines.
+
+Both take ``--gradient_checkpointing`` the way the run layer asks diffusers / transformers models for it
+(``enable_gradient_checkpointing(gradient_checkpointing_func=None)`` on the denoiser, with
+``_supports_gradient_checkpointing`` for ``--cpu_offload_checkpointing``; ``gradient_checkpointing_enable(
+gradient_checkpointing_kwargs=None)`` on a trained text encoder). No module reads a Linear's ``.weight`` outside that
+Linear's own forward: adapters (``AdapterLayer``) and ``--fp8_base`` (float8 storage swapped for a compute copy
+during the layer's forward) replace or wrap it.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import Tensor, nn
 
 from library.objectives.base import FLOW_MATCHING
@@ -101,16 +110,22 @@ class ToyTextEncoder(nn.Module):
         self.position_embedding = nn.Embedding(c["max_positions"], c["width"])
         self.layers = nn.ModuleList(ToyTextLayer(c["width"], c["heads"]) for _ in range(c["depth"]))
         self.final_norm = nn.LayerNorm(c["width"])
+        self._checkpoint: Callable | None = None
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: Mapping[str, Any] | None = None) -> None:
+        """transformers' method (``library.run.setup.enable_checkpointing`` calls it for a trained encoder)."""
+        kwargs = dict(gradient_checkpointing_kwargs or {"use_reentrant": False})
+        self._checkpoint = functools.partial(torch.utils.checkpoint.checkpoint, **kwargs)
 
     def forward(self, ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
         if ids.shape[1] > self.config["max_positions"]:
             raise ValueError(f"ToyDiT's text encoder reads at most {self.config['max_positions']} tokens, got "
                              f"{ids.shape[1]}")  # fmt: skip
-        device = self.token_embedding.weight.device
+        device = next(self.parameters()).device
         ids, mask = ids.to(device), mask.to(device)
         x = self.token_embedding(ids) + self.position_embedding(torch.arange(ids.shape[1], device=device))
         for layer in self.layers:
-            x = layer(x, mask)
+            x = self._checkpoint(layer, x, mask) if self._checkpoint and torch.is_grad_enabled() else layer(x, mask)
         x = self.final_norm(x)
         weights = mask.to(x.dtype).unsqueeze(-1)
         pooled = (x * weights).sum(1) / weights.sum(1).clamp(min=1)
@@ -217,8 +232,8 @@ class ToyTimeEmbedder(nn.Module):
         self.linear_1 = nn.Linear(freq_dim, width)
         self.linear_2 = nn.Linear(width, width)
 
-    def forward(self, t: Tensor) -> Tensor:
-        features = time_embedding(t, self.freq_dim).to(self.linear_1.weight.dtype)
+    def forward(self, t: Tensor, dtype: torch.dtype) -> Tensor:
+        features = time_embedding(t, self.freq_dim).to(dtype)
         return self.linear_2(F.silu(self.linear_1(features)))
 
 
@@ -237,6 +252,16 @@ class ToyDiT(nn.Module):
         self.context_embedder = nn.Linear(c["text_width"], w)
         self.layers = nn.ModuleList(ToyDiTBlock(w, c["heads"], c["mlp_ratio"]) for _ in range(c["depth"]))
         self.final_layer = ToyFinalLayer(w, c["in_channels"] * p * p)
+        self._checkpoint: Callable | None = None
+
+    _supports_gradient_checkpointing = True
+
+    def enable_gradient_checkpointing(self, gradient_checkpointing_func: Callable | None = None) -> None:
+        """diffusers' method: each block runs under ``gradient_checkpointing_func(block, *inputs)`` (default torch's
+        non-reentrant checkpoint) while gradients are on."""
+        self._checkpoint = gradient_checkpointing_func or functools.partial(
+            torch.utils.checkpoint.checkpoint, use_reentrant=False
+        )
 
     def forward(self, x: Tensor, t: Tensor, context: Tensor, pooled: Tensor, mask: Tensor | None = None) -> Tensor:
         b, ch, h, w = x.shape
@@ -246,9 +271,12 @@ class ToyDiT(nn.Module):
         tokens = x.reshape(b, ch, h // p, p, w // p, p).permute(0, 2, 4, 1, 3, 5).reshape(b, (h // p) * (w // p), -1)
         table = position_table(h // p, w // p, self.config["width"], x.device).to(x.dtype)
         hidden = self.x_embedder(tokens) + table
-        cond = self.t_embedder(t.to(x.device)) + self.y_embedder(pooled)
+        cond = self.t_embedder(t.to(x.device), x.dtype) + self.y_embedder(pooled)
         context = self.context_embedder(context)
         for block in self.layers:
-            hidden = block(hidden, cond, context, mask)
+            if self._checkpoint is not None and torch.is_grad_enabled():
+                hidden = self._checkpoint(block, hidden, cond, context, mask)
+            else:
+                hidden = block(hidden, cond, context, mask)
         out = self.final_layer(hidden, cond)
         return out.reshape(b, h // p, w // p, ch, p, p).permute(0, 3, 1, 4, 2, 5).reshape(b, ch, h, w)

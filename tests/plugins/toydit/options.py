@@ -65,6 +65,9 @@ class ToyDiTOptions:
 
         problems = missing_path_problems(args, ("toy_text_encoder",))
         problems += positive_count_problems(args, ("toy_max_length", "text_encoder_batch_size"))
+        if training and getattr(args, "weighted_captions", False):
+            problems.append("--weighted_captions is not supported for ToyDiT: A1111-style weights are written for CLIP "
+                            "tokenizers, and ToyDiT reads bytes; drop the flag")  # fmt: skip
         flow = None
         if training:
             try:
