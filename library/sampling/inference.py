@@ -165,7 +165,9 @@ def _add_image_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=None, help="seed, or the seed of the seeds of several images")
     g.add_argument("--iter_same_seed", action="store_true", help="one seed for all prompts of an iteration")
     g.add_argument("--shuffle_prompts", action="store_true", help="shuffle the prompts of each iteration")
-    g.add_argument("--clip_skip", type=int, default=None, help="use the n-th last text-encoder layer (CLIP models that read it)")
+    g.add_argument(
+        "--clip_skip", type=int, default=None, help="use the n-th last text-encoder layer (CLIP models that read it)"
+    )
     g.add_argument("--max_embeddings_multiples", type=int, default=None, help="prompts up to 75 x this many tokens")
     g.add_argument("--emb_normalize_mode", type=str, default="original", choices=["original", "none", "abs"])
 
