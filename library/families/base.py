@@ -186,7 +186,9 @@ class FlowSampling:
     initial noise is drawn per image in FLUX's packed 2x2 layout (sd-scripts' FLUX sampling); False: drawn as
     (1, C, h, w) per image (sd-scripts' SD3 ``do_sample``, diffusers' ``StableDiffusion3Pipeline``).
     ``default_steps`` / ``default_scale``: a sample prompt's steps / true-CFG scale when it sets none (sd-scripts'
-    FLUX sampling 20 / 1.0 = no CFG; SD3 ``sample_image_inference`` 30 / 7.5).
+    FLUX sampling 20 / 1.0 = no CFG; SD3 ``sample_image_inference`` 30 / 7.5). ``latent_downscale``: the VAE's
+    spatial factor (8): the latents of an H x W image are H/f x W/f, and sample sizes are multiples of 2f (two
+    latent patches).
     """
 
     embedded_guidance: bool
@@ -198,6 +200,7 @@ class FlowSampling:
     packed_noise: bool = True
     default_steps: int = 20
     default_scale: float = 1.0
+    latent_downscale: int = 8
 
     def __post_init__(self) -> None:
         if self.static_shift is not None and (self.shift or self.static_shift <= 0):
@@ -207,6 +210,8 @@ class FlowSampling:
             )
         if self.default_steps < 1:
             raise ValueError(f"FlowSampling: default_steps must be >= 1, got {self.default_steps}")
+        if self.latent_downscale < 1:
+            raise ValueError(f"FlowSampling: latent_downscale must be >= 1, got {self.latent_downscale}")
 
 
 @dataclass(frozen=True)

@@ -99,16 +99,19 @@ def discrete_flow_sigmas(steps: int, shift: float, num_train_timesteps: int = 10
     return torch.cat([sigmas, torch.zeros(1)])
 
 
-def image_seq_len(height: int, width: int) -> int:
-    """Packed tokens of an H x W image: (H/16)·(W/16); raises ValueError unless both sides are multiples of 16."""
-    bad = [f"{name} {value}" for name, value in (("height", height), ("width", width)) if value % PIXELS_PER_TOKEN]
-    if bad or min(height, width) < PIXELS_PER_TOKEN:
+def image_seq_len(height: int, width: int, downscale: int = 8) -> int:
+    """Packed 2x2 latent tokens of an H x W image for a VAE that downscales by ``downscale``:
+    (H/(2·downscale))·(W/(2·downscale)), (H/16)·(W/16) for an 8x VAE; raises ValueError unless both sides are
+    multiples of 2·downscale."""
+    step = 2 * downscale
+    bad = [f"{name} {value}" for name, value in (("height", height), ("width", width)) if value % step]
+    if bad or min(height, width) < step:
         side = min(height, width)
         raise ValueError(
-            f"flow-matching sampling: {', '.join(bad) or f'side {side}'} must be a multiple of {PIXELS_PER_TOKEN} "
-            f"(an 8x VAE and 2x2 latent patches); try {max(PIXELS_PER_TOKEN, side - side % PIXELS_PER_TOKEN)}"
+            f"flow-matching sampling: {', '.join(bad) or f'side {side}'} must be a multiple of {step} (a "
+            f"{downscale}x VAE and 2x2 latent patches); try {max(step, side - side % step)}"
         )
-    return (height // PIXELS_PER_TOKEN) * (width // PIXELS_PER_TOKEN)
+    return (height // step) * (width // step)
 
 
 def sample_euler(
@@ -150,24 +153,28 @@ def unpack_latents(packed: Tensor, height: int, width: int) -> Tensor:
     return x.permute(0, 3, 1, 4, 2, 5).reshape(batch, features // 4, height, width)
 
 
-def latent_noise(generators: Sequence[torch.Generator], height: int, width: int, channels: int = 16) -> Tensor:
+def latent_noise(
+    generators: Sequence[torch.Generator], height: int, width: int, channels: int = 16, downscale: int = 8
+) -> Tensor:
     """The initial noise of sd-scripts' SD3 samples (``sd3_train_utils.do_sample``) and of diffusers'
-    ``StableDiffusion3Pipeline`` given one generator per image: each image draws ``randn(1, channels, H/8, W/8)``
-    from its generator (on the generator's device) in float32; returned as (B, channels, H/8, W/8). ``height`` and
-    ``width`` must be multiples of 16 (:func:`image_seq_len`: an 8x VAE and 2x2 latent patches)."""
-    image_seq_len(height, width)
-    shape = (1, channels, height // 8, width // 8)
+    ``StableDiffusion3Pipeline`` given one generator per image: each image draws ``randn(1, channels, H/f, W/f)``
+    (f = ``downscale``, the VAE's: 8) from its generator (on the generator's device) in float32; returned as
+    (B, channels, H/f, W/f). ``height`` and ``width`` must be multiples of 2f (:func:`image_seq_len`)."""
+    image_seq_len(height, width, downscale)
+    shape = (1, channels, height // downscale, width // downscale)
     return torch.cat([torch.randn(shape, generator=g, device=g.device, dtype=torch.float32) for g in generators])
 
 
-def packed_noise(generators: Sequence[torch.Generator], height: int, width: int, channels: int = 16) -> Tensor:
+def packed_noise(
+    generators: Sequence[torch.Generator], height: int, width: int, channels: int = 16, downscale: int = 8
+) -> Tensor:
     """The initial noise drawn in the packed 2x2 layout (sd-scripts' FLUX samples) for an H x W image, one image per
     generator: each image draws ``randn(1, (H/16)·(W/16), 4·channels)`` in its packed layout from its generator (on
     the generator's device), as ``flux_train_utils.sample_image_inference`` and ``flux_minimal_inference.py`` do;
-    returned unpacked as float32 (B, channels, H/8, W/8). A seeded CPU generator gives the same noise on every
-    device (sd-scripts draws on the training device, in the model dtype)."""
-    image_seq_len(height, width)
-    h, w = height // 8, width // 8
+    returned unpacked as float32 (B, channels, H/8, W/8) (``downscale``: the VAE's factor, 8). A seeded CPU generator
+    gives the same noise on every device (sd-scripts draws on the training device, in the model dtype)."""
+    image_seq_len(height, width, downscale)
+    h, w = height // downscale, width // downscale
     packed = [
         torch.randn(1, (h // 2) * (w // 2), 4 * channels, generator=g, device=g.device, dtype=torch.float32)
         for g in generators

@@ -52,7 +52,6 @@ from torch import Tensor
 from library.families.base import FLOW_MATCHING, FlowSampling, ModelFamily, Parts
 
 from .flow import (
-    PIXELS_PER_TOKEN,
     Velocity,
     discrete_flow_sigmas,
     flow_sigmas,
@@ -113,16 +112,19 @@ def resolve_flow(spec: PromptSpec, family: ModelFamily, parts: Parts, *, size: i
 
 def prompt_problems(family: ModelFamily, parts: Parts, specs: Sequence[PromptSpec], where: str) -> list[str]:
     """What the loaded model cannot sample in ``specs`` (from ``where``, e.g. the prompt file): for flow matching,
-    sizes that are not multiples of 16; none for the DDPM families (parsing checked their sizes)."""
+    sizes that are not multiples of two latent patches (16 for an 8x VAE: ``FlowSampling.latent_downscale``); none
+    for the DDPM families (parsing checked their sizes)."""
     if not uses_flow_sampler(family, parts):
         return []
+    downscale = flow_settings(family, parts).latent_downscale
+    step = 2 * downscale
     problems = []
     for spec in specs:
         for option, value in (("--w", spec.width), ("--h", spec.height)):
-            if value is not None and value % PIXELS_PER_TOKEN:
-                lower = max(PIXELS_PER_TOKEN, value - value % PIXELS_PER_TOKEN)
+            if value is not None and value % step:
+                lower = max(step, value - value % step)
                 problems.append(f"{where}: prompt {spec.index + 1}: {option} {value} is not a multiple of "
-                                f"{PIXELS_PER_TOKEN}, which {family.name} needs (an 8x VAE and 2x2 latent patches); "
+                                f"{step}, which {family.name} needs (a {downscale}x VAE and 2x2 latent patches); "
                                 f"try {lower}")  # fmt: skip
     return problems
 
@@ -207,7 +209,7 @@ def sample_flow_latents(
     cond = cond.to(device)
     sigmas = sampling_sigmas(settings, first.steps, first.height, first.width)
     draw = packed_noise if settings.packed_noise else latent_noise
-    noise = draw(generators, first.height, first.width, settings.latent_channels).to(device)
+    noise = draw(generators, first.height, first.width, settings.latent_channels, settings.latent_downscale).to(device)
     velocity = flow_velocity(family, parts, cond, guidance=first.guidance)
     if uses_cfg(first):
         velocity = with_cfg(velocity, first.scale)
@@ -217,7 +219,7 @@ def sample_flow_latents(
 def sampling_sigmas(settings: FlowSampling, steps: int, height: int, width: int) -> Tensor:
     """The (steps + 1,) noise levels for an H x W image: ``flow.discrete_flow_sigmas`` with a static shift (SD3),
     else ``flow.flow_sigmas`` with FLUX's resolution-dependent shift (or none: schnell)."""
-    seq_len = image_seq_len(height, width)
+    seq_len = image_seq_len(height, width, settings.latent_downscale)
     if settings.static_shift is not None:
         return discrete_flow_sigmas(steps, settings.static_shift)
     return flow_sigmas(
