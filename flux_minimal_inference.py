@@ -44,9 +44,10 @@ from library.cli import deferred_imports
 from library.cli.console import add_logging_args, console_logging
 from library.cli.main_guard import main_guard
 from library.cli.problems import ConfigError
-from library.families.base import ModelFamily, PartDtypes, Parts
+from library.families.base import PartDtypes, Parts
 from library.families.flux import FluxFamily
 from library.families.flux.options import MODEL_TYPE_OF_FAMILY, FluxOptions
+from library.families.protocol import ModelFamily
 from library.sampling.minimal import (
     Lora,
     apply_options,

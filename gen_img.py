@@ -33,7 +33,8 @@ from library.cli import deferred_imports
 from library.cli.console import add_logging_args, console_logging
 from library.cli.main_guard import main_guard
 from library.cli.parse import add_config_args, parse_args
-from library.families.base import ModelFamily, Parts
+from library.families.base import Parts
+from library.families.protocol import ModelFamily
 from library.sampling.generate import generate_batch, resolve, same_settings
 from library.sampling.images import png_info, save_png
 from library.sampling.inference import GEN_IMG_DDPM_DEFAULTS, GenImgConfig, Job, add_gen_img_args, plan_images

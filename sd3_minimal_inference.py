@@ -41,7 +41,8 @@ from library.cli import deferred_imports
 from library.cli.console import add_logging_args, console_logging
 from library.cli.main_guard import main_guard
 from library.cli.problems import ConfigError
-from library.families.base import ModelFamily, Parts
+from library.families.base import Parts
+from library.families.protocol import ModelFamily
 from library.families.sd3.options import FAMILY_NAMES, SD3Options
 from library.sampling.minimal import (
     Lora,

@@ -26,7 +26,8 @@ import torch
 from torch import Tensor, nn
 
 from library.cli.problems import ConfigError, problems_of
-from library.families.base import ModelFamily, Parts
+from library.families.base import Parts
+from library.families.protocol import ModelFamily
 
 from . import files
 from .algos import ALGOS

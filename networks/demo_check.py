@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from library.families.base import ModelFamily
+from library.families.protocol import ModelFamily
 
 DIFFUSERS_KEYS = ("lora_down.weight", "lora_up.weight", "alpha")  # kohya LoRA/LoCon: what diffusers reads
 

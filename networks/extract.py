@@ -20,7 +20,8 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
-from library.families.base import ModelFamily, Parts
+from library.families.base import Parts
+from library.families.protocol import ModelFamily
 
 from .lowrank import Delta, clamp_factors, svd_all, to_lora
 from .targets import Target, builtin_preset, find_targets

@@ -25,7 +25,8 @@ from torch import Tensor
 
 from library.cli.problems import ConfigError, problems_of
 from library.families import adapter_families, adapter_family_label
-from library.families.base import ModelFamily, Parts
+from library.families.base import Parts
+from library.families.protocol import ModelFamily
 
 from . import files
 from .deltas import AdapterFile, file_deltas, fits, resolve_index, shape_from_tensors

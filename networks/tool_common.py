@@ -17,7 +17,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 if TYPE_CHECKING:
-    from library.families.base import ModelFamily
+    from library.families.protocol import ModelFamily
 
 PRECISIONS: dict[str | None, torch.dtype | None] = {
     None: None,

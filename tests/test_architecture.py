@@ -183,6 +183,28 @@ def test_no_import_circle_between_packages():
     assert not cycles, f"import circles between packages: {cycles}"
 
 
+def _module_graph() -> dict[str, set[str]]:
+    modules = {}
+    for path in _python_files(*CODE):
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        modules[name.removesuffix(".__init__")] = path
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for name, path in modules.items():
+        for module, _ in _imports(path):
+            while module and module not in modules:
+                module = module.rpartition(".")[0]
+            if module and module != name and not name.startswith(module + "."):  # a package's own __init__
+                graph[name].add(module)
+    return graph
+
+
+def test_no_import_circle_between_modules():
+    """Within a package too: no module imports one that imports it back (a package importing its own __init__ is
+    not counted)."""
+    cycles = _cycles(_module_graph())
+    assert not cycles, f"import circles between modules: {cycles}"
+
+
 def test_a_family_folder_imports_no_other_family_folder():
     families = ROOT / "library" / "families"
     folders = {p.parent.name for p in families.glob("*/__init__.py") if "FAMILIES" in p.read_text()}

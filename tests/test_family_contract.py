@@ -13,7 +13,8 @@ import torch
 
 import train_network
 from library.families import FAMILIES, OBJECTIVES, ModelFamily, detect_family, register_family, unregister_family
-from library.families.base import FamilySpec, family_members, missing_members
+from library.families.base import FamilySpec
+from library.families.protocol import family_members, missing_members
 from library.families.sd import SD1, SD2, SDXL, SDFamily
 from library.files.weights import load_state_dict, read_metadata
 from library.objectives.base import Objective

@@ -96,8 +96,8 @@ def test_family_problems_medium_only_flags_and_other_families():
     """--pos_emb_random_crop_rate and --enable_scaled_pos_embed are for SD3.5-medium only (sd-scripts' docs); a model
     of another family is named with the script's families."""
 
-    def family(name, title):
-        return SimpleNamespace(name=name, spec=SimpleNamespace(title=title))
+    def family(name, title):  # the spec of the family read from the weights
+        return SimpleNamespace(name=name, title=title)
 
     plain = _read(_parse())
     tricks = _read(_parse("--pos_emb_random_crop_rate", "0.5", "--enable_scaled_pos_embed"))

@@ -18,7 +18,7 @@ import torch
 import library.run.train_step as T
 import train_network
 from library.families import register_family, unregister_family
-from library.families.base import FLOW_MATCHING, FamilySpec, missing_members
+from library.families.base import FLOW_MATCHING, FamilySpec
 from library.families.flux.objective import (
     SIGMA_SCALED_WARNING,
     FlowMatchingConfig,
@@ -28,6 +28,7 @@ from library.families.flux.objective import (
     objective_problems,
 )
 from library.families.options import NoOptions
+from library.families.protocol import missing_members
 from library.families.sd import SD1, SDFamily
 from library.files.weights import read_metadata
 from library.objectives.base import Objective

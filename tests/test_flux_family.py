@@ -14,7 +14,6 @@ import torch
 from safetensors.torch import save_file
 
 from library.families import FAMILIES, Cond, block_layout, detect_family
-from library.families.base import missing_members
 from library.families.convert import vae_to_ldm
 from library.families.encoders.t5 import T5_TOKENIZER_FILE
 from library.families.flux import CHROMA, FLUX_DEV, FLUX_SCHNELL
@@ -22,6 +21,7 @@ from library.families.flux import keys as K
 from library.families.flux import latents as L
 from library.families.flux.options import FluxOptions
 from library.families.flux.tiny import build_tiny_flux, write_tiny_files
+from library.families.protocol import missing_members
 from library.families.sd import SDXL
 from library.files.weights import read_metadata
 

@@ -30,9 +30,9 @@ import gen_img
 import library.run.train_step as T
 from library.cli.problems import ConfigError
 from library.families import FAMILIES, OBJECTIVES, ModelFamily, detect_family, register_family, unregister_family
-from library.families.base import TinyModel, missing_members
+from library.families.base import FamilyOptions
 from library.families.full_training import FullTraining
-from library.families.options import FamilyOptions
+from library.families.protocol import TinyModel, missing_members
 from library.families.registry import _family_modules
 from library.files.weights import load_state_dict, read_metadata
 from library.objectives.base import Objective

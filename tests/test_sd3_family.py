@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from library.families import FAMILIES, Cond, block_layout, detect_family
-from library.families.base import missing_members
+from library.families.protocol import missing_members
 from library.families.sd3 import SD3_MEDIUM, SD35_LARGE, SD35_MEDIUM
 from library.families.sd3 import keys as K
 from library.families.sd3.options import SD3Options

@@ -25,7 +25,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 from library.cli.main_guard import main_guard  # noqa: E402
 from library.families import FAMILIES, get_family  # noqa: E402
-from library.families.base import ModelFamily  # noqa: E402
+from library.families.protocol import ModelFamily  # noqa: E402
 
 
 def tiny_families() -> list[ModelFamily]:

@@ -18,7 +18,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .base import EPSILON, FLOW_MATCHING, OBJECTIVES, V_PREDICTION, Cond, ModelFamily, Parts
+from library.families.protocol import ModelFamily
+
+from .base import EPSILON, FLOW_MATCHING, OBJECTIVES, V_PREDICTION, Cond, Parts
 from .registry import (
     FAMILIES,
     adapter_families,

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 from torch import Tensor
 
 if TYPE_CHECKING:
-    from .base import ModelFamily
+    from library.families.protocol import ModelFamily
+
     from .loading import KeyView
     from .lora_formats import LoraConversion
 

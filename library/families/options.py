@@ -16,42 +16,9 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any
 
-if TYPE_CHECKING:
-    from .base import ModelFamily
-
-
-@runtime_checkable
-class FamilyOptions(Protocol):
-    """What a family's options object answers (the class is ``ModelFamily.options``; its ``add_args`` and
-    ``from_args`` are classmethods)."""
-
-    text_encoder_batch_size: int | None
-    """Captions per text-encoder call while caching (None: the batch size)."""
-
-    @classmethod
-    def add_args(cls, parser: argparse.ArgumentParser, *, training: bool) -> argparse.ArgumentParser:
-        """The family's flags (sd-scripts' names, types and defaults): its load flags; with ``training`` also its
-        objective's flags and the training-only ones. A flag another family already added is left as it is."""
-        ...
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace, *, training: bool) -> FamilyOptions:
-        """The flags of :meth:`add_args` (absent ones keep their defaults); ``ConfigError`` listing every problem."""
-        ...
-
-    def problems(self, family: ModelFamily, path: str | None) -> list[str]:
-        """The options against the family read from the weights at ``path`` (checked before anything loads)."""
-        ...
-
-    def metadata(self) -> dict[str, Any]:
-        """The family's ``ss_*`` keys of trained files, beyond the objective's."""
-        ...
-
-    def prompt_identity(self) -> str:
-        """The settings that change the text encoders' outputs ("" when none), for the text-encoder-output cache."""
-        ...
+from .base import FamilyOptions, FamilySpec
 
 
 @dataclass(frozen=True)
@@ -68,7 +35,7 @@ class NoOptions:
     def from_args(cls, args: argparse.Namespace, *, training: bool) -> NoOptions:
         return cls()
 
-    def problems(self, family: ModelFamily, path: str | None) -> list[str]:
+    def problems(self, spec: FamilySpec, path: str | None) -> list[str]:
         return []
 
     def metadata(self) -> dict[str, Any]:

@@ -27,7 +27,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from .base import ModelFamily, missing_members
+from library.families.protocol import ModelFamily, missing_members
+
 from .blocks import BlockLayout
 
 if TYPE_CHECKING:

@@ -20,8 +20,9 @@ from library import data
 from library.cli.parse import from_namespace
 from library.cli.problems import ConfigError, Problems
 from library.families import default_families, get_family, select_family
-from library.families.base import ModelFamily
-from library.families.options import FamilyOptions, NoOptions
+from library.families.base import FamilyOptions
+from library.families.options import NoOptions
+from library.families.protocol import ModelFamily
 from library.objectives.losses import LossConfig
 from library.objectives.noising import NoiseConfig
 from library.optim import OptimConfig
@@ -210,7 +211,7 @@ def read_config(
         options=read(script_options(family_names).from_args, args, training=True),
     )
     if family is not None and values["options"] is not None:  # e.g. --model_type against the weights
-        problems.extend(values["options"].problems(family, args.pretrained_model_name_or_path))
+        problems.extend(values["options"].problems(family.spec, args.pretrained_model_name_or_path))
     if family is not None and None not in (values["noise"], values["loss"], values["options"]):
         problems.extend(family.objective_problems(values["noise"], values["loss"], values["options"]))
     given = args.dataset_config or args.train_data_dir or args.in_json  # (none given: a cross-check says so)

@@ -31,8 +31,9 @@ import torch
 from torch import nn
 
 from library.cli.problems import ConfigError
-from library.families.base import ModelFamily, Parts
+from library.families.base import Parts
 from library.families.full_training import PlainRules, TrainingRules
+from library.families.protocol import ModelFamily
 from library.optim.fused import FusedStep, block_chunks, chunk_parameters
 from library.run.engines import DeepSpeedConfig, launch_problems
 

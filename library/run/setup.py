@@ -23,7 +23,8 @@ from library.cli.problems import ConfigError, problems_of
 from library.device.fp8 import store_in_fp8
 from library.device.host import choose_cpu_threads, return_freed_memory, reuse_heap_for_small_models
 from library.device.placement import on_device, to_device
-from library.families.base import ModelFamily, PartDtypes, Parts
+from library.families.base import PartDtypes, Parts
+from library.families.protocol import ModelFamily
 from library.files.weights import without_mmap
 from library.run.block_swap import BlockSwap, BlockSwapConfig, enable_offloaded_checkpointing, swap_problems
 from library.run.config import TrainConfig, with_native_resolution

@@ -30,7 +30,8 @@ import torch
 from torch import Tensor, nn
 
 from library.cli.problems import ConfigError
-from library.families.base import ModelFamily, Parts
+from library.families.base import Parts
+from library.families.protocol import ModelFamily
 from library.text.textual_inversion import expansions_of, read_embedding
 
 # The textual-inversion paper's caption templates (sd-scripts' --use_object_template / --use_style_template).

@@ -18,7 +18,8 @@ import torch
 from torch import Tensor, nn
 
 from library.device.placement import to_device
-from library.families.base import Cond, ModelFamily, Parts
+from library.families.base import Cond, Parts
+from library.families.protocol import ModelFamily
 from library.objectives.base import Objective
 from library.objectives.losses import LossConfig
 from library.objectives.noising import NoiseConfig

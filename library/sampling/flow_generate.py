@@ -49,7 +49,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from library.families.base import FLOW_MATCHING, FlowSampling, ModelFamily, Parts
+from library.families.base import FLOW_MATCHING, FlowSampling, Parts
+from library.families.protocol import ModelFamily
 
 from .flow import (
     Velocity,

@@ -30,7 +30,8 @@ import torch
 from PIL import Image
 from torch import Tensor
 
-from library.families.base import ModelFamily, Parts
+from library.families.base import Parts
+from library.families.protocol import ModelFamily
 from library.text.prompt_weighting import encode_weighted
 
 from .config import DEFAULT_MAX_EMBEDDINGS_MULTIPLES, DEFAULT_SAMPLE_STEPS, DEFAULT_SCALE

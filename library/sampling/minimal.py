@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-from library.families.base import ModelFamily, Parts
+from library.families.base import Parts
+from library.families.protocol import ModelFamily
 from library.sampling.prompts import PromptSpec
 
 

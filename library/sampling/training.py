@@ -20,7 +20,8 @@ from torch import nn
 from library.cli.problems import ConfigError
 from library.device.placement import on_device
 from library.device.rng import capture_rng, restore_rng
-from library.families.base import ModelFamily, Parts, module_device
+from library.families.base import Parts, module_device
+from library.families.protocol import ModelFamily
 
 from .config import SampleConfig
 from .flow_generate import encode_prompt_texts, prompt_problems, uses_flow_sampler

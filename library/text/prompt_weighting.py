@@ -36,7 +36,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from library.families.base import ModelFamily, Parts
+from library.families.base import Parts
+from library.families.protocol import ModelFamily
 
 log = logging.getLogger(__name__)
 

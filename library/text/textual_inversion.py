@@ -27,7 +27,8 @@ import torch
 from torch import Tensor
 
 from library.families import ti_keys_of_other_families
-from library.families.base import ModelFamily, Parts
+from library.families.base import Parts
+from library.families.protocol import ModelFamily
 
 _COMFY_PREFIX = re.compile(r"\bembedding:(?=\S)")
 

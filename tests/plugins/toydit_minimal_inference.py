@@ -61,7 +61,7 @@ def run(argv: Sequence[str] | None = None) -> list[Path]:
     problems: list[str] = []
     loras = [lora for lora in (parse_lora(v, problems) for v in args.lora_weights) if lora is not None]
     family = detect_family(args.ckpt_path)
-    problems += TOYDIT.options().problems(family, args.ckpt_path)
+    problems += TOYDIT.options().problems(family.spec, args.ckpt_path)
     if problems:
         raise ConfigError(problems)
     device = device_of_choice()

@@ -19,8 +19,8 @@ from pathlib import Path
 from torch import Tensor
 
 from library.cli.problems import ConfigError
+from library.families.protocol import ModelFamily
 
-from ..base import ModelFamily
 from ..loading import KeyView
 from ..lora_tools import ExtractFromFiles, MergeIntoFiles, ModelFile
 from . import keys as K

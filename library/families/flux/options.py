@@ -23,6 +23,7 @@ from typing import Any
 from library.cli.parse import add_unsupported
 from library.cli.problems import ConfigError
 
+from ..base import FamilySpec
 from ..options import add_once, identity_of, mark_no_effect
 from .objective import FlowMatchingConfig, add_flow_matching_args
 
@@ -137,19 +138,19 @@ class FluxOptions:
         return {"ss_model_type": self.model_type, "ss_apply_t5_attn_mask": self.apply_t5_attn_mask,
                 "ss_guidance_scale": self.guidance_scale}  # fmt: skip
 
-    def problems(self, family: Any, path: str | None) -> list[str]:
-        """``--model_type`` against the family read from the weights at ``path``; Chroma without
+    def problems(self, spec: FamilySpec, path: str | None) -> list[str]:
+        """``--model_type`` against the family read from the weights at ``path`` (its ``spec``); Chroma without
         ``--apply_t5_attn_mask`` (sd-scripts asserts it); ``--clip_l`` for Chroma (it has no CLIP-L)."""
-        expected = MODEL_TYPE_OF_FAMILY.get(family.name)
+        expected = MODEL_TYPE_OF_FAMILY.get(spec.name)
         if expected is None:
-            return [f"--pretrained_model_name_or_path {path}: a {family.spec.title} model; flux_train_network.py "
+            return [f"--pretrained_model_name_or_path {path}: a {spec.title} model; flux_train_network.py "
                     "trains FLUX.1 dev / schnell and Chroma"]  # fmt: skip
         problems = []
         if expected != self.model_type:
-            problems.append(f"--model_type {self.model_type}: {path} is a {family.spec.title} model (read from its "
+            problems.append(f"--model_type {self.model_type}: {path} is a {spec.title} model (read from its "
                             f"weights); pass --model_type {expected}")  # fmt: skip
-        if family.name == "chroma" and not self.apply_t5_attn_mask:
+        if spec.name == "chroma" and not self.apply_t5_attn_mask:
             problems.append("Chroma needs the T5 attention mask: add --apply_t5_attn_mask (sd-scripts requires it)")
-        if family.name == "chroma" and self.clip_l is not None:
+        if spec.name == "chroma" and self.clip_l is not None:
             problems.append(f"--clip_l {self.clip_l}: Chroma has no CLIP-L text encoder; remove --clip_l")
         return problems

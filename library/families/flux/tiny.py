@@ -16,8 +16,10 @@ from typing import Any
 
 import torch
 
+from library.families.protocol import ModelFamily
+
 from ..autoencoders import flux_ae
-from ..base import ModelFamily, Parts
+from ..base import Parts
 from ..encoders import clip, t5
 from ..encoders.t5 import load_t5_tokenizer
 from ..tokenizers import PAD_CLIP_L, load_clip_tokenizer

@@ -22,23 +22,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from library.families.protocol import TinyModel
 from library.objectives.ddpm import DDPMObjective, ddpm_objective, ddpm_problems
 from library.objectives.losses import LossConfig
 from library.objectives.noising import NoiseConfig
 
 from ..autoencoders.kl import decode_latents, encode_latents
-from ..base import (
-    BlockList,
-    Cond,
-    FamilySpec,
-    PartDtypes,
-    Parts,
-    Root,
-    TargetClasses,
-    TextEncoderSpec,
-    TinyModel,
-    module_device,
-)
+from ..base import BlockList, Cond, FamilySpec, PartDtypes, Parts, Root, TargetClasses, TextEncoderSpec, module_device
 from ..convert import hf_module_path
 from ..options import NoOptions
 from ..saving import with_kind

@@ -24,9 +24,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from library.families.protocol import ModelFamily
 from library.files.weights import save_state_dict
 
-from ..base import FamilySpec, ModelFamily, Parts
+from ..base import FamilySpec, Parts
 from ..convert import VAE_PREFIX, hf_state_dict, vae_to_ldm
 from ..loading import META_CONFIGS, META_FAMILY, shipped_configs
 from ..saving import _save_weights, atomic_dir, clean_config

@@ -29,6 +29,7 @@ from typing import Any
 from library.cli.parse import add_no_effect
 from library.cli.problems import ConfigError
 
+from ..base import FamilySpec
 from ..options import add_once, identity_of, mark_no_effect
 from .objective import SD3FlowConfig, add_sd3_flow_args
 
@@ -174,13 +175,13 @@ class SD3Options:
         (``ss_weighting_scheme ss_logit_mean ss_logit_std ss_mode_scale``: ``SD3FlowObjective.metadata``)."""
         return {"ss_apply_lg_attn_mask": self.apply_lg_attn_mask, "ss_apply_t5_attn_mask": self.apply_t5_attn_mask}
 
-    def problems(self, family: Any, path: str | None) -> list[str]:
+    def problems(self, spec: FamilySpec, path: str | None) -> list[str]:
         """A model of another family; the SD3.5-medium-only flags on SD3 medium or SD3.5-large weights."""
-        if family.name not in FAMILY_NAMES:
-            return [f"--pretrained_model_name_or_path {path}: a {family.spec.title} model; sd3_train_network.py "
+        if spec.name not in FAMILY_NAMES:
+            return [f"--pretrained_model_name_or_path {path}: a {spec.title} model; sd3_train_network.py "
                     "trains SD3 medium and SD3.5 medium / large"]  # fmt: skip
-        if family.name == "sd3.5-medium":
+        if spec.name == "sd3.5-medium":
             return []
         given = [f"--{flag}" for flag in MEDIUM_ONLY if getattr(self, flag)]
-        return [f"{flag}: only for SD3.5-medium (sd-scripts: 'Only for SD3.5M'), and {path} is a {family.spec.title} "
+        return [f"{flag}: only for SD3.5-medium (sd-scripts: 'Only for SD3.5M'), and {path} is a {spec.title} "
                 "model (read from its weights); remove the flag" for flag in given]  # fmt: skip

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from library.cli.problems import ConfigError
+from library.families.base import FamilySpec
 from library.families.options import add_once, identity_of, mark_no_effect
 
 from .objective import ToyFlowConfig, add_toy_flow_args
@@ -79,10 +80,10 @@ class ToyDiTOptions:
         length = getattr(args, "toy_max_length", None)
         return from_namespace(cls, args, flow=flow, toy_max_length=DEFAULT_LENGTH if length is None else length)
 
-    def problems(self, family: Any, path: str | None) -> list[str]:
+    def problems(self, spec: FamilySpec, path: str | None) -> list[str]:
         """A model of another family (read from its weights)."""
-        if family.name not in FAMILY_NAMES:
-            return [f"--pretrained_model_name_or_path {path}: a {family.spec.title} model; the ToyDiT scripts train "
+        if spec.name not in FAMILY_NAMES:
+            return [f"--pretrained_model_name_or_path {path}: a {spec.title} model; the ToyDiT scripts train "
                     "ToyDiT models"]  # fmt: skip
         return []
 
