@@ -9,7 +9,7 @@ attention in blocks 0-12, ``pos_embed`` 384²) or SD3.5-large (8.1 B, 38 blocks)
 16-channel VAE, built from the family's shipped configs (``reference_parts``, ``sd3/configs.py``) as uninitialised
 host memory (no resident memory until written, no file read: only ``family.load`` is replaced; the tokenizers and
 prompt settings are the tiny model's, which a real load gives too). ``--fp8_base``'s float8 cast (library/run/
-train_setup.py ``store_frozen_in_fp8``: the family's ``fp8_skip`` (none) for the transformer, "norm" for the
+setup.py ``store_frozen_in_fp8``: the family's ``fp8_skip`` (none) for the transformer, "norm" for the
 encoders) is done by this loader on the meta device with the same rule (the run then skips the stored layers).
 
 Settings: sd-scripts' low-VRAM line (docs/sd3_train_network.md with the memory flags of its FLUX table):

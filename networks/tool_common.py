@@ -10,14 +10,12 @@ import os
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-if TYPE_CHECKING:
-    from library.families.protocol import ModelFamily
+from library.families import family_as_flagged, family_flag_problems, tool_family_flags  # noqa: F401 (the tools')
 
 PRECISIONS: dict[str | None, torch.dtype | None] = {
     None: None,
@@ -120,41 +118,9 @@ def family_titles(names: Iterable[str] | None = None, sep: str = "/") -> str:
     return sep.join(dict.fromkeys(FAMILIES[n].spec.title.removesuffix(".x") for n in chosen))
 
 
-def tool_family_flags() -> dict[str, str]:
-    """sd-scripts' family flags a tool takes (without the dashes: ``v2``, ``sdxl``) -> family name: the registry's
-    (``family_flags()``) less the first family's, which sd-scripts' tools assume when no flag is given."""
-    from library.families import FAMILIES, family_flags
-
-    default = next(iter(FAMILIES), None)
-    return {flag: name for flag, name in family_flags().items() if name != default}
-
-
 def add_family_flags(parser: argparse.ArgumentParser, help: str, shown: Iterable[str] | None = None) -> None:
     """The family flags (:func:`tool_family_flags`) as accepted, checked flags; those of families not in ``shown``
     (None: all shown) are accepted but left out of ``--help``."""
     for flag, name in tool_family_flags().items():
         visible = shown is None or name in shown
         parser.add_argument(f"--{flag}", action="store_true", help=help if visible else argparse.SUPPRESS)
-
-
-def family_flag_problems(args: argparse.Namespace) -> list[str]:
-    """Family flags that contradict each other ("--v2 and --sdxl contradict each other")."""
-    given = [f"--{flag}" for flag in tool_family_flags() if getattr(args, flag, False)]
-    return [f"{' and '.join(given)} contradict each other"] if len(given) > 1 else []
-
-
-def family_as_flagged(path: str | os.PathLike, args: argparse.Namespace | None) -> ModelFamily:
-    """The family of the model at ``path`` (read from the file); the family flags given in ``args`` (None: none) for
-    sd-scripts compatibility must agree with it. ``ValueError`` naming the file, the flag and the fix."""
-    from library.families import detect_family
-
-    problems = family_flag_problems(args) if args is not None else []
-    if problems:
-        raise ValueError(problems[0])
-    family = detect_family(path)
-    flags = tool_family_flags()
-    given = next((flag for flag in flags if args is not None and getattr(args, flag, False)), None)
-    if given is not None and family.name != flags[given]:
-        raise ValueError(f"{path} is an {family.name} model but --{given} says {flags[given]}; remove the flag (the "
-                         "family is read from the file)")  # fmt: skip
-    return family

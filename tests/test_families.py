@@ -10,6 +10,7 @@ import copy
 import json
 import os
 import pickle
+from argparse import Namespace
 
 import pytest
 import torch
@@ -411,21 +412,21 @@ def test_select_family_for_a_script(tiny_dir):
 
     assert select_family(tiny_dir / "sd2", ("sd1", "sd2")).name == "sd2"  # the file says SD2, no --v2 needed
     assert select_family(tiny_dir / "sd1", ("sd1", "sd2")).name == "sd1"
-    assert select_family(None, ("sd1", "sd2"), v2=True).name == "sd2"
+    assert select_family(None, ("sd1", "sd2"), flagged="sd2").name == "sd2"
     with pytest.raises(ValueError, match="use sdxl_train_network.py"):
         select_family(tiny_dir / "sdxl", ("sd1", "sd2"))
     with pytest.raises(ValueError, match="use train_network.py"):
         select_family(tiny_dir / "sd1", ("sdxl",))
     with pytest.raises(ValueError, match="remove --v2"):
-        select_family(tiny_dir / "sd1", ("sd1", "sd2"), v2=True)
+        select_family(tiny_dir / "sd1", ("sd1", "sd2"), flagged="sd2")
 
 
 def test_family_as_flagged(tiny_dir):
     from library.families import family_as_flagged
 
     assert family_as_flagged(tiny_dir / "sd2").name == "sd2"
-    assert family_as_flagged(tiny_dir / "sdxl", sdxl=True).name == "sdxl"
+    assert family_as_flagged(tiny_dir / "sdxl", Namespace(sdxl=True)).name == "sdxl"
     with pytest.raises(ValueError, match="sd1 model but --v2 says sd2; remove the flag"):
-        family_as_flagged(tiny_dir / "sd1", v2=True)
+        family_as_flagged(tiny_dir / "sd1", Namespace(v2=True))
     with pytest.raises(ValueError, match="contradict"):
-        family_as_flagged(tiny_dir / "sd1", v2=True, sdxl=True)
+        family_as_flagged(tiny_dir / "sd1", Namespace(v2=True, sdxl=True))

@@ -1,6 +1,6 @@
 """Every one of sd-scripts' 215 flux_train_network.py flags (train_network.py's 193 and 22 of FLUX's) is accepted by
 our flux_train_network.py with sd-scripts' default, and a value other than the default changes the typed
-configuration the run uses (``train_setup.read_config`` with the FLUX families and ``FluxOptions``), or is refused
+configuration the run uses (``library.run.config.read_config`` with the FLUX families and ``FluxOptions``), or is refused
 with a message naming the flag; the SD-only flags sd-scripts' FLUX script ignores say so once and change nothing."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Every one of sd-scripts' 194 flux_train.py flags (195 with --help) is accepted by our flux_train.py with sd-scripts'
-default, and a value other than the default changes the typed configuration the run uses (``train_setup.read_config``
+default, and a value other than the default changes the typed configuration the run uses (``library.run.config.read_config``
 with the FLUX families, ``ModelTrainingConfig`` and ``FluxOptions``), or is refused with a message naming the flag;
 the SD-only flags sd-scripts' FLUX script ignores say so once and change nothing. sd-scripts' flux_train.py trains the
 transformer only: ``--train_text_encoder`` is not one of its flags, and is refused here as an unknown flag."""

@@ -1,6 +1,6 @@
 """Every one of sd-scripts' 218 sd3_train_network.py flags (train_network.py's 193 and 25 of SD3's) is accepted by
 our sd3_train_network.py with sd-scripts' default, and a value other than the default changes the typed
-configuration the run uses (``train_setup.read_config`` with the SD3 families and ``SD3Options``), or is refused
+configuration the run uses (``library.run.config.read_config`` with the SD3 families and ``SD3Options``), or is refused
 with a message naming the flag; the SD-only flags and sd-scripts' "[DOES NOT WORK]" flags say so once and change
 nothing; SD3Options (the SD3 families' ``options``) holds every SD3 model flag as a typed field that the family's
 ``load`` keeps as ``parts.options``."""

@@ -1,4 +1,4 @@
-"""The run layer's two seams: every method config a training script hands to ``train_setup.read_config`` satisfies
+"""The run layer's two seams: every method config a training script hands to ``library.run.config.read_config`` satisfies
 ``MethodConfig`` (library/run/method.py), and every Trainable the loop trains satisfies ``Trainable``
 (library/run/trainable.py): members present, methods callable as the Protocol declares them. The set-up reads the
 method config through these members only (no ``getattr`` fallbacks), so a config missing one fails here, not in a run.

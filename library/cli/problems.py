@@ -11,7 +11,7 @@ says all of them at once, before any work, in one format::
 
 Each problem is one line that starts with where it is (a file and key path, or a flag) and ends with how to fix
 it. :class:`ConfigError` (a ``ValueError``) carries the lines in ``.problems``; readers that run under another one
-(``train_setup.read_config``) take those lines, never the text. Entry scripts print the message as ``error: ...`` and
+(``library.run.config.read_config``) take those lines, never the text. Entry scripts print the message as ``error: ...`` and
 exit with status 2 (``networks.tool_common.main_guard``, ``library.cli.console.print_error``).
 """
 

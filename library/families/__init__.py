@@ -43,7 +43,7 @@ __all__ += ["EPSILON", "V_PREDICTION", "FLOW_MATCHING", "OBJECTIVES"]
 __all__ += ["get_family", "detect_family", "select_family", "family_as_flagged", "family_group", "register_family"]
 __all__ += ["unregister_family", "trained_together", "family_title", "block_layout", "block_layout_title"]
 __all__ += ["adapter_families", "adapter_family_label", "ti_keys_of_other_families", "family_flags"]
-__all__ += ["flagged_family", "default_families"]
+__all__ += ["flagged_family", "default_families", "tool_family_flags", "family_flag_problems"]
 
 
 class _Shape:
@@ -94,23 +94,31 @@ def _peek(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
 
 
 def select_family(
-    path: str | os.PathLike | None, allowed: tuple[str, ...], *, v2: bool = False, training: str = "network"
+    path: str | os.PathLike | None,
+    allowed: tuple[str, ...],
+    *,
+    flagged: str | None = None,
+    training: str = "network",
 ) -> ModelFamily:
-    """The family a training script works on: SD1/SD2 scripts take SD2 with ``--v2`` or when the file is SD2
-    (sd-scripts needs --v2 for that), SDXL scripts take SDXL. Raises ``ValueError`` naming the file and the script to
-    use when the model is of another family (the other family's script of the same ``training`` type: "network",
-    "fine_tune", "dreambooth" or "textual_inversion"), or when ``--v2`` contradicts the file."""
+    """The family a training script works on: the family the file holds when the script trains it, else the one an
+    sd-scripts family flag names (``flagged``, see :func:`flagged_family`: SD1/SD2 scripts take SD2 with ``--v2``;
+    sd-scripts needs --v2 for an SD2 file), else the script's first. Raises ``ValueError`` naming the file and the
+    script to use when the model is of another family (the other family's script of the same ``training`` type:
+    "network", "fine_tune", "dreambooth" or "textual_inversion"), or when the flag contradicts the file."""
     detected = None
     if path and Path(path).exists():
         try:
             detected = detect_family(path).name
         except ValueError as e:
             raise ValueError(f"--pretrained_model_name_or_path {e}") from e
-    if v2 and "sd2" not in allowed:
-        raise ValueError(f"--v2 selects Stable Diffusion 2.x; this script trains {'/'.join(allowed)} models only")
-    if v2 and detected == "sd1":
-        raise ValueError(f"--v2 is set but {path} is an SD 1.x model; remove --v2")
-    name = "sd2" if v2 else (detected if detected in allowed else allowed[0])
+    if flagged is not None:
+        flag = get_family(flagged).spec.flag
+        if flagged not in allowed:
+            raise ValueError(f"--{flag} selects {family_title(flagged)}; this script trains {'/'.join(allowed)} models "
+                             "only")  # fmt: skip
+        if detected in allowed and detected != flagged:
+            raise ValueError(f"--{flag} is set but {path} is an {family_title(detected)} model; remove --{flag}")
+    name = flagged or (detected if detected in allowed else allowed[0])
     if detected is not None and detected != name:
         spec = get_family(detected).spec
         raise ValueError(f"{path} is an {detected} model but this script trains {name}; use "
@@ -118,23 +126,38 @@ def select_family(
     return get_family(name)
 
 
-def family_as_flagged(path: str | os.PathLike, *, v2: bool = False, sdxl: bool = False, flag: str = "") -> ModelFamily:
-    """The family of the model at ``path`` (read from the file); ``--v2`` / ``--sdxl`` given for sd-scripts
-    compatibility must agree with it. Raises ``ValueError`` naming the file, the flag and the fix."""
-    if v2 and sdxl:
-        raise ValueError("--v2 and --sdxl contradict each other")
+def tool_family_flags() -> dict[str, str]:
+    """sd-scripts' family flags a tool takes (without the dashes: ``v2``, ``sdxl``) -> family name: the registry's
+    (:func:`family_flags`) less the first family's, which sd-scripts' tools assume when no flag is given."""
+    default = next(iter(FAMILIES), None)
+    return {flag: name for flag, name in family_flags().items() if name != default}
+
+
+def family_flag_problems(args: object) -> list[str]:
+    """Family flags that contradict each other ("--v2 and --sdxl contradict each other")."""
+    given = [f"--{flag}" for flag in tool_family_flags() if getattr(args, flag, False)]
+    return [f"{' and '.join(given)} contradict each other"] if len(given) > 1 else []
+
+
+def family_as_flagged(path: str | os.PathLike, args: object | None = None) -> ModelFamily:
+    """The family of the model at ``path`` (read from the file); the family flags set on ``args`` (None: none) for
+    sd-scripts compatibility (:func:`tool_family_flags`) must agree with it. ``ValueError`` naming the file, the flag
+    and the fix."""
+    problems = family_flag_problems(args) if args is not None else []
+    if problems:
+        raise ValueError(problems[0])
     family = detect_family(path)
-    want = "sdxl" if sdxl else "sd2" if v2 else None
-    if want and family.name != want:
-        given = flag or ("--sdxl" if sdxl else "--v2")
-        raise ValueError(f"{path} is an {family.name} model but {given} says {want}; remove the flag (the family is "
-                         "read from the file)")  # fmt: skip
+    flags = tool_family_flags()
+    given = next((flag for flag in flags if getattr(args, flag, False)), None)
+    if given is not None and family.name != flags[given]:
+        raise ValueError(f"{path} is an {family.name} model but --{given} says {flags[given]}; remove the flag (the "
+                         "family is read from the file)")  # fmt: skip
     return family
 
 
-def family_group(path: str | os.PathLike | None, *, sdxl: bool = False, flagged: str | None = None) -> tuple[str, ...]:
+def family_group(path: str | os.PathLike | None, *, flagged: str | None = None) -> tuple[str, ...]:
     """The families the training script for the model at ``path`` takes (see :func:`trained_together`): the family
-    an sd-scripts family flag names (``flagged``, see :func:`flagged_family`; ``sdxl``: ``--sdxl``) for the tools that
+    an sd-scripts family flag names (``flagged``, see :func:`flagged_family`) for the tools that
     have one, else read from the file when it exists, else the first family's group."""
     detected = detect_family(path).name if path and Path(path).exists() else None
-    return trained_together(flagged or ("sdxl" if sdxl else None) or detected or next(iter(FAMILIES)))
+    return trained_together(flagged or detected or next(iter(FAMILIES)))

@@ -175,7 +175,7 @@ class ModelFamily(Protocol):
         ...
 
     def training_objective(self, parts: Parts, noise: NoiseConfig, loss: LossConfig) -> Objective:
-        """The objective a training step asks (:class:`library.objectives.Objective`, named :meth:`objective`):
+        """The objective a training step asks (:class:`library.objectives.base.Objective`, named :meth:`objective`):
         timestep / σ draws, noisy input, target, prediction type and loss weighting from the run's noise and loss
         settings; ValueError for settings this family's objective cannot train with."""
         ...

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
@@ -30,7 +31,7 @@ from torch import Tensor
 
 from .base import Example
 from .losses import LossConfig, check_shapes, huber_c_by_timestep, weighted_loss_per_sample
-from .noising import NoiseConfig
+from .noising import NoiseConfig, draw_device
 
 logger = logging.getLogger(__name__)
 
@@ -69,10 +70,6 @@ def add_weighting_args(group: Any, existing: set[str], law: str) -> None:
     group.add_argument("--mode_scale", type=float, default=1.29, help="--weighting_scheme mode: its scale")
 
 
-def draw_device(generator: torch.Generator | None) -> torch.device:
-    return generator.device if generator is not None else torch.device("cpu")
-
-
 def shift_sigmas(sigmas: Tensor, shift: float) -> Tensor:
     """SD3's shift ``S σ / (1 + (S - 1) σ)`` (Esser et al. 2024, eq. 23; identity for S = 1)."""
     return shift * sigmas / (1 + (shift - 1) * sigmas)
@@ -104,6 +101,31 @@ def table_density(cfg: Weighting, batch_size: int, generator: torch.Generator | 
     if cfg.weighting_scheme == "mode":
         return 1 - u - cfg.mode_scale * (torch.cos(math.pi * u / 2) ** 2 - 1 + u)
     return u
+
+
+def draw_noise_and_sigmas(
+    latents: Tensor,
+    generator: torch.Generator | None,
+    timesteps: Tensor | None,
+    sample: Callable[[int, torch.Generator | None, torch.device], tuple[Tensor, Tensor]],
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The draws of a flow example, in this order: ε (float32, the latents' shape), then σ (B,) and the timesteps the
+    family's ``predict`` gets, from ``sample(batch, generator, device)`` (the family's σ law), or, with ``timesteps``
+    given (B,), σ = timesteps / 1000 for every sample and no σ draw. ``ValueError`` for latents that are not
+    (B, C, H, W) or timesteps of another batch size."""
+    if latents.ndim != 4:
+        raise ValueError(f"latents must be (B, C, H, W), got shape {tuple(latents.shape)}")
+    device, batch = latents.device, latents.shape[0]
+    draw = draw_device(generator, device)
+    noise = torch.randn(tuple(latents.shape), generator=generator, device=draw, dtype=torch.float32).to(device)
+    if timesteps is None:
+        sigmas, timesteps = sample(batch, generator, device)
+    elif timesteps.shape != (batch,):
+        raise ValueError(f"timesteps must have shape ({batch},), got {tuple(timesteps.shape)}")
+    else:
+        timesteps = timesteps.to(device, torch.float32)
+        sigmas = timesteps / NUM_TRAIN_TIMESTEPS
+    return noise, sigmas, timesteps
 
 
 def noisy_input(

@@ -281,8 +281,10 @@ class NoiseSchedule:
 # Random draws
 
 
-def _draw_device(generator: torch.Generator | None, fallback: torch.device) -> torch.device:
-    return generator.device if generator is not None else fallback
+def draw_device(generator: torch.Generator | None, fallback: torch.device | str = "cpu") -> torch.device:
+    """Where a draw from ``generator`` is made: the generator's device (its state lives there), else ``fallback``
+    (torch's global RNG of that device)."""
+    return generator.device if generator is not None else torch.device(fallback)
 
 
 def _to(tensor: Tensor, device: torch.device | str) -> Tensor:
@@ -292,12 +294,12 @@ def _to(tensor: Tensor, device: torch.device | str) -> Tensor:
 
 
 def _randn(shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device) -> Tensor:
-    out = torch.randn(shape, generator=generator, device=_draw_device(generator, device), dtype=torch.float32)
+    out = torch.randn(shape, generator=generator, device=draw_device(generator, device), dtype=torch.float32)
     return _to(out, device)
 
 
 def _rand(shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device) -> Tensor:
-    out = torch.rand(shape, generator=generator, device=_draw_device(generator, device), dtype=torch.float32)
+    out = torch.rand(shape, generator=generator, device=draw_device(generator, device), dtype=torch.float32)
     return _to(out, device)
 
 
@@ -412,14 +414,14 @@ def sample_timesteps(
     device = torch.device(device)
     if low == high:
         return torch.full((batch_size,), low, dtype=torch.long, device=device)
-    draw_device = _draw_device(generator, torch.device("cpu"))
+    draw = draw_device(generator)
     if cfg.timestep_sampling == "uniform" and cfg.timestep_shift == 1.0:
-        t = torch.randint(low, high, (batch_size,), generator=generator, device=draw_device)
+        t = torch.randint(low, high, (batch_size,), generator=generator, device=draw)
         return _to(t, device)
     if cfg.timestep_sampling == "uniform":
-        u = torch.rand((batch_size,), generator=generator, device=draw_device, dtype=torch.float64)
+        u = torch.rand((batch_size,), generator=generator, device=draw, dtype=torch.float64)
     else:
-        z = torch.randn((batch_size,), generator=generator, device=draw_device, dtype=torch.float64)
+        z = torch.randn((batch_size,), generator=generator, device=draw, dtype=torch.float64)
         mean, std = (
             (cfg.logit_mean, cfg.logit_std) if cfg.timestep_sampling == "logit_normal" else (0.0, cfg.sigmoid_scale)
         )

@@ -19,7 +19,7 @@ from typing import Any
 from library import data
 from library.cli.parse import from_namespace
 from library.cli.problems import ConfigError, Problems
-from library.families import default_families, get_family, select_family
+from library.families import default_families, flagged_family, get_family, select_family
 from library.families.base import FamilyOptions
 from library.families.options import NoOptions
 from library.families.protocol import ModelFamily
@@ -76,7 +76,6 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
 @dataclass(frozen=True)
 class ModelConfig:
     path: str
-    v2: bool = False
     v_parameterization: bool = False
     vae: str | None = None
     tokenizer_cache_dir: str | None = None
@@ -164,10 +163,11 @@ class TrainConfig:
 
 
 def choose_family(args: argparse.Namespace, family_names: tuple[str, ...], training: str = "network") -> ModelFamily:
-    """The family this script trains, from the model file, ``--v2`` and the families the script allows (a model of
-    another family names that family's script of the same ``training`` type)."""
+    """The family this script trains, from the model file, a family flag (sd-scripts' ``--v2``) and the families the
+    script allows (a model of another family names that family's script of the same ``training`` type)."""
     try:
-        return select_family(args.pretrained_model_name_or_path, family_names, v2=args.v2, training=training)
+        path, flagged = args.pretrained_model_name_or_path, flagged_family(args)
+        return select_family(path, family_names, flagged=flagged, training=training)
     except ValueError as e:
         raise ConfigError([str(e)]) from e
 

@@ -2,7 +2,7 @@
 
 Every training script reads its own method flags into one frozen config (``AdapterMethod`` in train_network.py,
 ``TextualInversionConfig`` in library/run/token_embeddings.py, ``ModelTrainingConfig`` in library/run/model_trainable.py)
-and hands its reader to ``train_setup.read_config``. The run set-up asks the config only these members;
+and hands its reader to ``config.read_config``. The run set-up asks the config only these members;
 tests/test_run_contract.py checks every method config against this list.
 """
 

@@ -144,7 +144,7 @@ def _dataset_keys(cfg: Any, run: Any) -> dict[str, Any]:
 
 def trained_resolution(run: Any) -> tuple[int, int]:
     """(width, height) of ``--resolution``, or the family's native one the run trained at without it: the datasets'
-    settings as the plan holds them (``train_setup.with_native_resolution``), the one source of ss_resolution and
+    settings as the plan holds them (``config.with_native_resolution``), the one source of ss_resolution and
     modelspec.resolution."""
     return tuple(run.plan.args.resolutions[0])
 

@@ -206,18 +206,10 @@ class FlowMatchingObjective:
         self, latents: Tensor, generator: torch.Generator | None = None, *, timesteps: Tensor | None = None
     ) -> Example:
         """``timesteps`` given (B,): σ = timesteps / 1000 for every sample, no σ draw."""
-        if latents.ndim != 4:
-            raise ValueError(f"latents must be (B, C, H, W), got shape {tuple(latents.shape)}")
-        device, batch = latents.device, latents.shape[0]
-        draw = generator.device if generator is not None else device
-        noise = torch.randn(tuple(latents.shape), generator=generator, device=draw, dtype=torch.float32).to(device)
-        if timesteps is None:
-            sigmas, timesteps = sample_sigmas(self.cfg, batch, tuple(latents.shape[-2:]), generator, device)
-        elif timesteps.shape != (batch,):
-            raise ValueError(f"timesteps must have shape ({batch},), got {tuple(timesteps.shape)}")
-        else:
-            timesteps = timesteps.to(device, torch.float32)
-            sigmas = timesteps / NUM_TRAIN_TIMESTEPS
+        size = tuple(latents.shape[-2:])
+        noise, sigmas, timesteps = fm.draw_noise_and_sigmas(
+            latents, generator, timesteps, lambda batch, gen, device: sample_sigmas(self.cfg, batch, size, gen, device)
+        )
         c = self.cfg
         noisy = fm.noisy_input(latents, noise, sigmas, generator, ip_noise_gamma=c.ip_noise_gamma,
                                ip_noise_gamma_random_strength=c.ip_noise_gamma_random_strength)  # fmt: skip

@@ -3,7 +3,7 @@
 
 What differs between them is data, read from the weights: depth and width, SD3.5's RMS q/k norms, SD3.5-medium's
 second attention in its first 13 blocks (``x_block.attn2``) and larger positional table. All three are rectified
-flows in sd-scripts' SD3 formulation (``library.objectives.SD3FlowObjective``: σ = t / 1000, the output
+flows in sd-scripts' SD3 formulation (``objective.SD3FlowObjective``: σ = t / 1000, the output
 preconditioned to an x0 estimate ``x_σ − σ·o``), over the 16-channel VAE's ``(z − 0.0609) · 1.5305`` latents
 (not packed: the transformer patches them itself), conditioned on CLIP-L ‖ CLIP-G ‖ T5-XXL (``text.py``).
 """

@@ -112,18 +112,9 @@ class SD3FlowObjective:
         self, latents: Tensor, generator: torch.Generator | None = None, *, timesteps: Tensor | None = None
     ) -> Example:
         """``timesteps`` given (B,): σ = timesteps / 1000 for every sample, no timestep draw."""
-        if latents.ndim != 4:
-            raise ValueError(f"latents must be (B, C, H, W), got shape {tuple(latents.shape)}")
-        device, batch = latents.device, latents.shape[0]
-        draw = generator.device if generator is not None else device
-        noise = torch.randn(tuple(latents.shape), generator=generator, device=draw, dtype=torch.float32).to(device)
-        if timesteps is None:
-            sigmas, timesteps = sample_sd3_timesteps(self.cfg, batch, generator, device)
-        elif timesteps.shape != (batch,):
-            raise ValueError(f"timesteps must have shape ({batch},), got {tuple(timesteps.shape)}")
-        else:
-            timesteps = timesteps.to(device, torch.float32)
-            sigmas = timesteps / NUM_TRAIN_TIMESTEPS
+        noise, sigmas, timesteps = fm.draw_noise_and_sigmas(
+            latents, generator, timesteps, lambda batch, gen, device: sample_sd3_timesteps(self.cfg, batch, gen, device)
+        )
         noisy = fm.noisy_input(latents, noise, sigmas).to(latents.dtype)
         return Example(noisy, latents.float(), timesteps, noise, sigmas)
 

@@ -89,17 +89,17 @@ class ReversedFlowObjective:
     def example(
         self, latents: Tensor, generator: torch.Generator | None = None, *, timesteps: Tensor | None = None
     ) -> Example:
-        """ε, σ (drawn, or ``timesteps`` / 1000), x_σ, target x0 − ε; ``timesteps`` of the example = 1000 σ."""
-        device, batch = latents.device, latents.shape[0]
-        draw = fm.draw_device(generator)
-        noise = torch.randn(tuple(latents.shape), generator=generator, device=draw, dtype=torch.float32).to(device)
-        if timesteps is None:
-            sigmas = draw_sigmas(self.cfg, batch, generator).to(device)
-        else:
-            sigmas = timesteps.to(device, torch.float32) / NUM_TRAIN_TIMESTEPS
+        """ε, σ (drawn, or ``timesteps`` / 1000: the shared :func:`fm.draw_noise_and_sigmas`), x_σ, target x0 − ε;
+        ``timesteps`` of the example = 1000 σ."""
+
+        def sample(batch: int, gen: torch.Generator | None, device: torch.device) -> tuple[Tensor, Tensor]:
+            sigmas = draw_sigmas(self.cfg, batch, gen).to(device)
+            return sigmas, sigmas * NUM_TRAIN_TIMESTEPS
+
+        noise, sigmas, timesteps = fm.draw_noise_and_sigmas(latents, generator, timesteps, sample)
         noisy = fm.noisy_input(latents, noise, sigmas).to(latents.dtype)
         target = -fm.flow_target(latents, noise)  # x0 - ε
-        return Example(noisy, target, sigmas * NUM_TRAIN_TIMESTEPS, noise, sigmas)
+        return Example(noisy, target, timesteps, noise, sigmas)
 
     def prediction(self, output: Tensor, example: Example) -> Tensor:
         """The network's own estimate of x0 − ε: ``predict`` gave the velocity ε − x0, its negation."""
