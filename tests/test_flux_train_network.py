@@ -83,6 +83,7 @@ def test_docs_command_line_runs(models, dataset_toml, tmp_path, layout, monkeypa
     meta = read_metadata(result.output)
     assert meta["ss_base_model_version"] == "flux1"
     assert meta["modelspec.architecture"] == "flux-1-dev/lora"
+    assert "modelspec.prediction_type" not in meta  # a velocity is neither of the spec's epsilon / v (as sd-scripts)
     assert (meta["ss_timestep_sampling"], meta["ss_model_prediction_type"]) == ("flux_shift", "raw")
     assert (meta["ss_model_type"], meta["ss_guidance_scale"], meta["ss_apply_t5_attn_mask"]) == ("flux", "1.0", "False")
 
