@@ -10,6 +10,7 @@ trains a LoRA on a tiny model and example images the repo makes itself (no downl
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import sys
 from collections.abc import Callable, Sequence
@@ -60,6 +61,10 @@ class AdapterMethod:
     @property
     def trains_text_encoder(self) -> bool:
         return self.network.trains_text_encoder or bool(self.embeddings.specs)
+
+    def resume_settings(self) -> dict[str, Any]:
+        """The network config's fields (a state records its shape-giving ones)."""
+        return {f.name: getattr(self.network, f.name) for f in dataclasses.fields(self.network)}
 
     def deepspeed_plugin(self, cfg: Any) -> None:
         return None

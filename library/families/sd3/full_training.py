@@ -30,7 +30,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
@@ -38,6 +38,10 @@ from library.files.weights import save_state_dict
 
 from ..full_training import PlainRules, raise_if
 from . import keys as K
+
+if TYPE_CHECKING:
+    from ..base import Parts
+    from ..protocol import ModelFamily
 
 logger = logging.getLogger("sdtrain")
 TEXT_ENCODER_NAMES = ("clip_l", "clip_g", "t5xxl")  # the order of Parts.text_encoders and of the sidecar files
@@ -59,7 +63,7 @@ class SD3Rules(PlainRules):
         if self.train_denoiser:
             freeze_last_x_block_parameters(denoiser, self.num_last_block_to_freeze)
 
-    def save(self, family: Any, parts: Any, path: Path, *, dtype: Any, metadata: Mapping[str, str],
+    def save(self, family: ModelFamily, parts: Parts, path: Path, *, dtype: Any, metadata: Mapping[str, str],
              safetensors: bool) -> None:  # fmt: skip
         """A ``.safetensors`` path: the SAI file (transformer + VAE) and the trained encoders' files next to it
         (``<stem>_clip_l.safetensors`` ...), each atomic; a folder: the whole pipeline."""
