@@ -228,3 +228,19 @@ def test_clip_l_adapters_train_over_the_t5_cache_as_without_it(models, dataset, 
     assert te and any(a[k].abs().max() > 0 for k in te)  # CLIP-L's adapters trained (they start at zero)
     for k in te:
         torch.testing.assert_close(a[k], b[k], rtol=1e-3, atol=1e-6)
+
+
+def test_a_sample_size_the_model_cannot_take_stops_before_training(models, dataset, tmp_path, monkeypatch):
+    """--w 72 passes the prompt file's own check (multiples of 8) but FLUX needs multiples of 16: refused once the
+    model is loaded and before the first step (every sampling round logged "skipped" before)."""
+    import train_network
+    from library.cli.problems import ConfigError
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a dog --w 64 --h 64\na cat --w 72 --h 64\n")
+    monkeypatch.setattr(train_network, "train", lambda *a, **k: pytest.fail("training started"))
+    files = models["flux-dev"]
+    argv = base_argv(files, dataset, tmp_path, "--clip_l", files["clip_l"], "--sample_prompts", str(prompts),
+                     "--sample_every_n_steps", "1")  # fmt: skip
+    with pytest.raises(ConfigError, match=r"prompt 2: --w 72 is not a multiple of 16.*try 64"):
+        flux_train_network.run(argv)
