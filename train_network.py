@@ -20,7 +20,8 @@ from typing import Any
 from library.cli import deferred_imports
 from library.cli.main_guard import main_guard
 from library.cli.parse import parse_args
-from library.cli.problems import Problems
+from library.cli.problems import ConfigError, Problems
+from library.families.registry import network_module_problems
 from library.run import args as arg_groups
 from library.run import config as run_config
 from library.run import demo, run_files
@@ -92,6 +93,9 @@ def run(
     if args is None:  # --output_config wrote the file
         return None
     cfg = run_config.read_config(args, tuple(family_names), AdapterMethod.from_args)  # all errors at once
+    problems = network_module_problems(cfg.method.network.module, cfg.family)  # another family's own module
+    if problems:
+        raise ConfigError(problems)
     if run_files.nothing_left(cfg.save, cfg.run):  # --resume of a finished run: say so, write nothing
         return None
     run = run_setup.start(cfg)  # accelerator, seed, dataset plan + bucket report, model, caches

@@ -244,3 +244,23 @@ def test_a_sample_size_the_model_cannot_take_stops_before_training(models, datas
                      "--sample_every_n_steps", "1")  # fmt: skip
     with pytest.raises(ConfigError, match=r"prompt 2: --w 72 is not a multiple of 16.*try 64"):
         flux_train_network.run(argv)
+
+
+def test_another_familys_network_module_is_refused_naming_the_right_one(
+    models, dataset, tiny_dir, tmp_path, monkeypatch
+):
+    """networks.lora_sd3 on a FLUX model trained silently (its context_attn_dim did nothing, the metadata named it);
+    networks.lora_flux on SD1 failed only by accident ("index 0 is outside this model's 0 blocks")."""
+    import train_network
+    from library.cli.problems import ConfigError
+
+    monkeypatch.setattr(train_network, "train", lambda *a, **k: pytest.fail("training started"))
+    files = models["flux-dev"]
+    argv = base_argv(files, dataset, tmp_path, "--clip_l", files["clip_l"], "--network_module", "networks.lora_sd3",
+                     "--network_args", "context_attn_dim=8")  # fmt: skip
+    with pytest.raises(ConfigError, match=r"networks.lora_sd3 is the network module of SD3.* use networks.lora_flux"):
+        flux_train_network.run(argv)
+    sd1 = ["--pretrained_model_name_or_path", str(tiny_dir / "sd1"), "--train_data_dir", str(dataset),
+           "--output_dir", str(tmp_path), "--network_module", "networks.lora_flux"]  # fmt: skip
+    with pytest.raises(ConfigError, match=r"networks.lora_flux is the network module of FLUX.*this model is SD1"):
+        train_network.run(sd1)
