@@ -10,8 +10,8 @@ kohya ``lora_unet_blocks_0_self_attn_q_proj.lora_down.weight`` <-> ComfyUI
 
 from __future__ import annotations
 
-import functools
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: import the repository, not this folder
@@ -19,9 +19,21 @@ if __package__ in (None, ""):  # run as a script: import the repository, not thi
 
 from library.families.anima import comfy_lora
 
-build_parser = functools.partial(comfy_lora.build_parser, __doc__)
-run = functools.partial(comfy_lora.run, doc=__doc__)
-main = functools.partial(comfy_lora.main, doc=__doc__)
+
+
+def build_parser():
+    return comfy_lora.build_parser(__doc__)
+
+
+def run(argv: Sequence[str] | None = None) -> str:
+    """Convert; returns the path written."""
+    return comfy_lora.run(argv, __doc__)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line with its exit status (2 and one error: line for bad input)."""
+    return comfy_lora.main(argv, __doc__)
+
 
 if __name__ == "__main__":
     sys.exit(main(None))

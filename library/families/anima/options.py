@@ -75,9 +75,11 @@ class AnimaOptions:
                  help="LLM adapter weights, for a DiT file without them (default: the adapter in the DiT file)")  # fmt: skip
         add_once(g, parser, "--t5_tokenizer_path", type=str, default=None,
                  help="T5 tokenizer folder for the adapter's target tokens (default: the shipped T5 vocabulary)")  # fmt: skip
-        add_once(g, parser, "--qwen3_max_token_length", type=int, default=DEFAULT_LENGTH,
+        # outside training the lengths default to None (512), so gen_img.py gives another family's model no value
+        length = DEFAULT_LENGTH if training else None
+        add_once(g, parser, "--qwen3_max_token_length", type=int, default=length,
                  help="Qwen3 tokens per caption (default 512)")  # fmt: skip
-        add_once(g, parser, "--t5_max_token_length", type=int, default=DEFAULT_LENGTH,
+        add_once(g, parser, "--t5_max_token_length", type=int, default=length,
                  help="T5 tokens per caption for the LLM adapter (default 512)")  # fmt: skip
         add_once(g, parser, "--vae_chunk_size", type=int, default=None, help=f"accepted: {VAE_NOTES['vae_chunk_size']}")
         add_once(g, parser, "--vae_disable_cache", action="store_true",
