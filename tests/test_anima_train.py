@@ -93,12 +93,30 @@ def test_full_finetune_reads_back_loss_falls_and_resumes(anima_files, dataset, t
     from library.families.anima.saving import dit_state
 
     assert all(torch.equal(v, state[k[len("net."):]]) for k, v in dit_state(parts.denoiser).items())
+    _diffusers_reads(straight.output, parts, tmp_path)
     original = ANIMA.load(anima_files["dit"], vae=anima_files["vae"], options=_options(anima_files))
     pixels = torch.stack([torch.rand(3, 64, 64) * 2 - 1 for _ in range(2)])
     with torch.no_grad():
         latents = ANIMA.encode_latents(original, pixels)
         cond = ANIMA.encode_prompt(original, ["sks shape", "sks shape"])
     assert _loss(parts, latents, cond) < _loss(original, latents, cond)
+
+
+def _diffusers_reads(path, parts, tmp_path) -> None:
+    """diffusers' CosmosTransformer3DModel.from_single_file reads the DiT of our file exactly (it has no single-file
+    reader for the adapter, whose keys it leaves unused)."""
+    import json
+
+    from diffusers import CosmosTransformer3DModel
+
+    config = {k: v for k, v in dict(parts.denoiser.config).items() if not k.startswith("_") and k != "text_conditioner"}
+    (tmp_path / "cfg" / "transformer").mkdir(parents=True)
+    (tmp_path / "cfg" / "transformer" / "config.json").write_text(json.dumps(config))
+    model = CosmosTransformer3DModel.from_single_file(str(path), config=str(tmp_path / "cfg"), subfolder="transformer",
+                                                      local_files_only=True)  # fmt: skip
+    ours = {k: v for k, v in parts.denoiser.state_dict().items() if not k.startswith("llm_adapter.")}
+    theirs = model.state_dict()
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
 
 
 def _options(files):
