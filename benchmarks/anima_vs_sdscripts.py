@@ -80,7 +80,7 @@ def sds_side(folder: Path) -> None:  # runs in sd-scripts' venv, cwd = the sd-sc
     dit = anima_models.Anima(**dit_cfg)
     dit.llm_adapter = anima_models.LLMAdapter(**cfg["adapter"])
     dit.use_llm_adapter = True
-    sd = {k[len("net."):] if k.startswith("net.") else k: v for k, v in load_file(files["dit"]).items()}
+    sd = {k[len("net.") :] if k.startswith("net.") else k: v for k, v in load_file(files["dit"]).items()}
     dit.load_state_dict(sd, strict=True)
     dit.eval()
     x, t = inputs["x"], inputs["t"]

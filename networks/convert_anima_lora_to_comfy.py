@@ -20,7 +20,6 @@ if __package__ in (None, ""):  # run as a script: import the repository, not thi
 from library.families.anima import comfy_lora
 
 
-
 def build_parser():
     return comfy_lora.build_parser(__doc__)
 

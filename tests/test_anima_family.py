@@ -9,16 +9,16 @@ import json
 
 import pytest
 import torch
-from _anima_helpers import anima_files  # noqa: F401  (fixture)
 from safetensors.torch import load_file, save_file
 from test_family_contract import signature_problems
 
 from library.families import FAMILIES, ModelFamily, detect_family
-from library.families.anima import ANIMA
-from library.families.anima import comfy_lora, keys, text
+from library.families.anima import ANIMA, comfy_lora, keys, text
 from library.families.anima.options import AnimaOptions
 from library.families.autoencoders import qwen_image
 from library.families.protocol import missing_members
+
+pytest_plugins = ["_anima_helpers"]  # the shared tiny files (anima_files)
 
 
 def _weights(parts):
@@ -57,14 +57,14 @@ def test_key_map_is_diffusers_cosmos_conversion(anima_files):
     from diffusers import AnimaTextConditioner
     from diffusers.loaders.single_file_utils import convert_cosmos_transformer_checkpoint_to_diffusers
 
-    sd = {k[len("net."):]: v for k, v in load_file(anima_files["dit"]).items()}
+    sd = {k[len("net.") :]: v for k, v in load_file(anima_files["dit"]).items()}
     dit = {k: v for k, v in sd.items() if not k.startswith("llm_adapter.")}
     theirs = convert_cosmos_transformer_checkpoint_to_diffusers(dict(dit))
     ours = {d: dit[s] for d, s in keys.sd_to_diffusers_names(list(dit)).items()}
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
     model = _load(anima_files).denoiser
     conditioner = AnimaTextConditioner(**model.config.text_conditioner)
-    conditioner.load_state_dict({k[len("llm_adapter."):]: v for k, v in sd.items() if k.startswith("llm_adapter.")})
+    conditioner.load_state_dict({k[len("llm_adapter.") :]: v for k, v in sd.items() if k.startswith("llm_adapter.")})
 
 
 def test_every_layout_loads_the_same(anima_files, tmp_path):
@@ -72,7 +72,7 @@ def test_every_layout_loads_the_same(anima_files, tmp_path):
     base = _load(files)
     _same(parts, base)
     sd = load_file(files["dit"])
-    bare = {k[len("net."):]: v for k, v in sd.items() if not k.startswith("net.llm_adapter.")}
+    bare = {k[len("net.") :]: v for k, v in sd.items() if not k.startswith("net.llm_adapter.")}
     save_file(bare, tmp_path / "no_adapter.safetensors")  # no net., no adapter: --llm_adapter_path
     save_file({k[len("net.llm_adapter."):]: v for k, v in sd.items() if k.startswith("net.llm_adapter.")},
               tmp_path / "adapter.safetensors")  # fmt: skip

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _anima_helpers import anima_files, model_flags  # noqa: F401  (fixture)
+from _anima_helpers import model_flags
 from _train_helpers import assert_comfyui_loads, write_dataset_toml
 from safetensors.torch import load_file
 
@@ -20,6 +20,8 @@ from library.families.anima import ANIMA
 from library.families.anima.objective import AnimaFlowConfig, AnimaFlowObjective
 from library.files.weights import read_metadata
 from library.objectives.losses import LossConfig
+
+pytest_plugins = ["_anima_helpers"]  # the shared tiny files (anima_files)
 
 
 def doc_command(files, toml, out, *extra):
@@ -43,7 +45,7 @@ def test_docs_command_line(anima_files, dataset, tmp_path):
     meta = read_metadata(result.output)
     assert meta["modelspec.architecture"] == "anima-preview/lora" and meta["ss_base_model_version"] == "anima"
     assert meta["ss_network_module"] == "networks.lora_anima" and meta["ss_timestep_sampling"] == "sigmoid"
-    dit = {k[len("net."):]: tuple(v.shape) for k, v in load_file(anima_files["dit"]).items()}
+    dit = {k[len("net.") :]: tuple(v.shape) for k, v in load_file(anima_files["dit"]).items()}
     assert_comfyui_loads(str(result.output), dit)
     names = {k.split(".")[0] for k in load_file(result.output)}  # attention and MLP of every block, nothing else
     assert len(names) == 2 * 10 and not any("modulation" in n or "embedder" in n for n in names)
@@ -89,10 +91,10 @@ def test_full_finetune_reads_back_loss_falls_and_resumes(anima_files, dataset, t
     assert any(not torch.equal(a[k], base[k]) for k in a if k.startswith("net.blocks."))
     parts = ANIMA.load(straight.output, vae=anima_files["vae"], options=ANIMA.load(anima_files["dit"],
                        vae=anima_files["vae"], options=_options(anima_files)).options)  # fmt: skip
-    state = {k[len("net."):]: v for k, v in a.items()}
+    state = {k[len("net.") :]: v for k, v in a.items()}
     from library.families.anima.saving import dit_state
 
-    assert all(torch.equal(v, state[k[len("net."):]]) for k, v in dit_state(parts.denoiser).items())
+    assert all(torch.equal(v, state[k[len("net.") :]]) for k, v in dit_state(parts.denoiser).items())
     _diffusers_reads(straight.output, parts, tmp_path)
     original = ANIMA.load(anima_files["dit"], vae=anima_files["vae"], options=_options(anima_files))
     pixels = torch.stack([torch.rand(3, 64, 64) * 2 - 1 for _ in range(2)])

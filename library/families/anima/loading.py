@@ -131,7 +131,9 @@ def load_qwen3(path: Path, dtype: torch.dtype, device: Any) -> nn.Module:
     source, _ = read_weights(path)
     view = KeyView(source, text.qwen3_names(list(source.keys())))
     if "embed_tokens.weight" not in view.names:
-        raise ValueError(f"--qwen3 {path}: no Qwen3 weights (expected model.embed_tokens.weight or embed_tokens.weight)")
+        raise ValueError(
+            f"--qwen3 {path}: no Qwen3 weights (expected model.embed_tokens.weight or embed_tokens.weight)"
+        )
     candidates = [(text.qwen3_config(), "the Qwen3-0.6B config"), (text.TINY_QWEN3, "the tiny test config")]
     return instantiate_fitting(candidates, text.qwen3_factory, view, "Qwen3 (--qwen3)", path, dtype, device)
 

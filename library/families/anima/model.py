@@ -57,7 +57,9 @@ def _build_class() -> type:
             self.register_to_config(text_conditioner=dict(text_conditioner) if text_conditioner is not None else None)
             self.llm_adapter = AnimaTextConditioner(**text_conditioner) if text_conditioner is not None else None
 
-        def adapt_text(self, qwen3: Tensor, qwen3_mask: Tensor | None, t5_ids: Tensor, t5_mask: Tensor | None) -> Tensor:
+        def adapt_text(
+            self, qwen3: Tensor, qwen3_mask: Tensor | None, t5_ids: Tensor, t5_mask: Tensor | None
+        ) -> Tensor:
             """The cross-attention context (B, T, 1024): the adapter over the Qwen3 states, T5 padding rows zeroed
             (sd-scripts' ``Anima._preprocess_text_embeds``)."""
             if self.llm_adapter is None:

@@ -25,7 +25,7 @@ from torch import Tensor
 from library.cli.problems import ConfigError
 from library.objectives import flow as fm
 from library.objectives.base import FLOW_MATCHING, NUM_VALIDATION_TIMESTEPS, Example
-from library.objectives.flow import NUM_TRAIN_TIMESTEPS, WEIGHTING_SCHEMES, choice_error
+from library.objectives.flow import NUM_TRAIN_TIMESTEPS, choice_error
 from library.objectives.losses import LossConfig
 from library.objectives.noising import NoiseConfig
 

@@ -88,5 +88,3 @@ def _randomize_zero_inits(module: torch.nn.Module, seed: int) -> None:
                 p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g))
             else:
                 p.copy_(0.2 * torch.randn(p.shape, generator=g))
-
-
