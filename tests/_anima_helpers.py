@@ -17,8 +17,3 @@ def anima_files(tmp_path_factory) -> dict:
     parts = ANIMA.tiny.build(seed=0)
     files = {k: str(v) for k, v in ANIMA.tiny.write_files(parts, root, "tiny").items()}
     return {"parts": parts, "root": Path(root), **files}
-
-
-def model_flags(files: dict) -> list[str]:
-    return [f"--pretrained_model_name_or_path={files['dit']}", f"--qwen3={files['qwen3']}", f"--vae={files['vae']}",
-            "--qwen3_max_token_length=16", "--t5_max_token_length=16"]  # fmt: skip

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _anima_helpers import model_flags
 from _train_helpers import assert_comfyui_loads, write_dataset_toml
 from safetensors.torch import load_file
 
@@ -22,6 +21,11 @@ from library.files.weights import read_metadata
 from library.objectives.losses import LossConfig
 
 pytest_plugins = ["_anima_helpers"]  # the shared tiny files (anima_files)
+
+
+def model_flags(files: dict) -> list[str]:
+    return [f"--pretrained_model_name_or_path={files['dit']}", f"--qwen3={files['qwen3']}", f"--vae={files['vae']}",
+            "--qwen3_max_token_length=16", "--t5_max_token_length=16"]  # fmt: skip
 
 
 def doc_command(files, toml, out, *extra):
@@ -55,14 +59,31 @@ def test_adapter_text_encoder_and_lycoris(anima_files, dataset, tmp_path):
     common = [*model_flags(anima_files), "--train_data_dir", str(dataset), "--caption_extension", ".txt",
               "--resolution", "64", "--max_train_steps", "1", "--max_data_loader_n_workers", "0", "--seed", "1",
               "--network_dim", "4", "--learning_rate", "1e-3"]  # fmt: skip
-    lora = anima_train_network.run([*common, "--output_dir", str(tmp_path / "a"), "--network_module",
-                                    "networks.lora_anima", "--network_args", "train_llm_adapter=True",
-                                    r"network_reg_dims=blocks\.0\..*=2"])  # fmt: skip
+    lora = anima_train_network.run(
+        [
+            *common,
+            "--output_dir",
+            str(tmp_path / "a"),
+            "--network_module",
+            "networks.lora_anima",
+            "--network_args",
+            "train_llm_adapter=True",
+            r"network_reg_dims=blocks\.0\..*=2",
+            "include_patterns=['.*final_layer.*']",
+            "network_reg_lrs=.*self_attn.*=1e-4",
+            "loraplus_lr_ratio=2.0",
+            "rank_dropout=0.1",
+            "module_dropout=0.1",
+            "verbose=True",
+        ]
+    )  # fmt: skip  (docs/anima_train_network.md's examples)
     sd = load_file(lora.output)
     assert any(k.startswith("lora_te_layers_0_self_attn_q_proj") for k in sd)  # Qwen3 trains (no text cache)
     assert "lora_unet_llm_adapter_blocks_0_cross_attn_k_proj.lora_down.weight" in sd
     assert sd["lora_unet_blocks_0_mlp_layer1.lora_down.weight"].shape[0] == 2
     assert sd["lora_unet_blocks_1_mlp_layer1.lora_down.weight"].shape[0] == 4
+    assert {"lora_unet_final_layer_linear.alpha", "lora_unet_final_layer_adaln_modulation_1.alpha"} <= set(sd)
+    assert not any("blocks_0_adaln_modulation" in k for k in sd)  # still excluded: only final_layer is included
     loha = anima_train_network.run([*common, "--output_dir", str(tmp_path / "b"), "--network_module",
                                     "lycoris.kohya", "--network_args", "algo=loha", "--network_train_unet_only"])  # fmt: skip
     assert any(k.startswith("lora_unet_blocks_0_self_attn_q_proj.hada_w1_a") for k in load_file(loha.output))
