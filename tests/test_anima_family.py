@@ -130,3 +130,74 @@ def test_packed_conditioning_and_caption_dropout(anima_files):
     assert t5_mask[1, 0] == 1 and torch.count_nonzero(t5_mask[1, 1:]) == 0
     with pytest.raises(ValueError, match="Anima's conditioning mask"):
         text.unpack(cond.mask[:, :-1], cond.hidden_states.shape[1])
+
+
+def test_comfy_lora_reads_in_diffusers_anima_loader(anima_files):
+    """Our ComfyUI-named file (convert_anima_lora_to_comfy.py's rule) through diffusers' AnimaLoraLoaderMixin: every
+    lora_A / lora_B names a Linear of the transformer or of the text conditioner with fitting shapes."""
+    from diffusers.loaders.lora_pipeline import AnimaLoraLoaderMixin
+
+    denoiser = anima_files["parts"].denoiser
+    lora = {}
+    for name, module in denoiser.named_modules():
+        if isinstance(module, torch.nn.Linear) and (".attn" in name or ".ff." in name or ".mlp." in name):
+            kohya = "lora_unet_" + keys.module_to_sd(name).replace(".", "_")
+            lora[kohya + ".lora_down.weight"] = torch.zeros(2, module.in_features)
+            lora[kohya + ".lora_up.weight"] = torch.zeros(module.out_features, 2)
+    assert any("llm_adapter" in k for k in lora)
+    state = AnimaLoraLoaderMixin.lora_state_dict(comfy_lora.to_comfy(lora))
+    modules = dict(denoiser.named_modules())
+    assert len(state) == len(lora)
+    for key, value in state.items():
+        part, path = key.split(".", 1)
+        path, _, which = path.rpartition(".lora_")
+        target = modules[path if part == "transformer" else "llm_adapter." + path]
+        expected = (2, target.in_features) if which.startswith("A") else (target.out_features, 2)
+        assert tuple(value.shape) == expected, key
+
+
+def test_flags_read_or_refused(tmp_path):
+    """The issue's Anima flags parse in both training scripts; the family reads its own with sd-scripts' defaults
+    (timestep_sampling sigmoid, discrete_flow_shift 1.0, 512 tokens); unsupported values are refused naming the flag."""
+    import anima_train
+    import anima_train_network
+
+    qwen3 = tmp_path / "q.safetensors"
+    qwen3.write_bytes(b"")
+    (tmp_path / "tokenizer.json").write_text("{}")
+    flags = ["--qwen3", str(qwen3), "--vae", str(qwen3), "--llm_adapter_path", str(qwen3), "--llm_adapter_lr", "0",
+             "--self_attn_lr", "1e-5", "--cross_attn_lr", "1e-5", "--mlp_lr", "1e-5", "--mod_lr", "0",
+             "--t5_tokenizer_path", str(tmp_path), "--qwen3_max_token_length", "256", "--t5_max_token_length", "128",
+             "--discrete_flow_shift", "3.0", "--timestep_sampling", "shift", "--sigmoid_scale", "1.5",
+             "--attn_mode", "sdpa", "--split_attn", "--vae_chunk_size", "64", "--vae_disable_cache",
+             "--blocks_to_swap", "4", "--cpu_offload_checkpointing"]  # fmt: skip
+    for script in (anima_train_network, anima_train):
+        args = script.build_parser().parse_args(flags)
+        options = AnimaOptions.from_args(args, training=True)
+        assert (options.qwen3_max_token_length, options.t5_max_token_length) == (256, 128)
+        assert (options.flow.timestep_sampling, options.flow.discrete_flow_shift, options.flow.sigmoid_scale) == (
+            "shift", 3.0, 1.5)  # fmt: skip
+        assert args.blocks_to_swap == 4 and args.cpu_offload_checkpointing and args.mod_lr == 0
+        defaults = AnimaOptions.from_args(script.build_parser().parse_args([]), training=True)
+        assert (defaults.flow.timestep_sampling, defaults.flow.discrete_flow_shift) == ("sigmoid", 1.0)
+        assert defaults.qwen3_max_token_length == defaults.t5_max_token_length == 512
+    from library.cli.problems import ConfigError
+
+    for bad, match in ((["--attn_mode", "xformers"], "--attn_mode xformers"), (["--sigmoid_scale", "0"],
+                       "--sigmoid_scale"), (["--qwen3", str(tmp_path / "missing")], "--qwen3")):  # fmt: skip
+        with pytest.raises(ConfigError, match=match):
+            AnimaOptions.from_args(anima_train_network.build_parser().parse_args(bad), training=True)
+    rules = ANIMA.full_training.read(anima_train.build_parser().parse_args(flags), train_text_encoder=False)
+    denoiser = anima_files_denoiser()
+    groups = rules.denoiser_groups(denoiser, 1e-4)
+    assert sorted(g["lr"] for g in groups) == [1e-5, 1e-5, 1e-5, 1e-4]  # base, self, cross, mlp; mod and adapter frozen
+
+
+def anima_files_denoiser():
+    from accelerate import init_empty_weights
+
+    from library.families.anima.model import build
+    from library.families.anima.tiny import TINY_DIT
+
+    with init_empty_weights():
+        return build(TINY_DIT)

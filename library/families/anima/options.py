@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from library.cli.parse import add_unsupported
@@ -100,7 +101,12 @@ class AnimaOptions:
     def from_args(cls, args: argparse.Namespace, *, training: bool) -> AnimaOptions:
         from library.cli.parse import from_namespace, missing_path_problems, positive_count_problems
 
-        problems = missing_path_problems(args, ("qwen3", "llm_adapter_path", "t5_tokenizer_path"))
+        problems = missing_path_problems(args, ("llm_adapter_path",))
+        problems += missing_path_problems(args, ("qwen3",), folders=True)
+        t5 = getattr(args, "t5_tokenizer_path", None)
+        if t5 is not None and not (Path(t5) / "tokenizer.json").is_file():
+            problems.append(f"--t5_tokenizer_path {t5}: no tokenizer.json in this folder (give a T5 tokenizer folder, "
+                            "or drop the flag for the shipped T5 vocabulary)")  # fmt: skip
         problems += positive_count_problems(args, ("qwen3_max_token_length", "t5_max_token_length",
                                                    "text_encoder_batch_size", "vae_chunk_size"))  # fmt: skip
         mode = getattr(args, "attn_mode", None)
