@@ -1,7 +1,8 @@
 """Anima's scripts end to end on the tiny files: sd-scripts' docs/anima_train_network.md command line (tiny paths;
 with --network_train_unet_only, which sd-scripts' own assert requires next to --cache_text_encoder_outputs), whose
 file loads by ComfyUI's key rule; networks.lora_anima's train_llm_adapter, Qwen3 LoRA and network_reg_dims;
-LoHa through lycoris.kohya; anima_train.py's file (net. names, the adapter frozen by --llm_adapter_lr 0) reading
+LoHa through lycoris.kohya over
+float8 base weights (--fp8_base works for Anima; sd-scripts disables it); anima_train.py's file (net. names, the adapter frozen by --llm_adapter_lr 0) reading
 back exactly, its loss falling and --resume equal to an uninterrupted run; the minimal inference script."""
 
 from __future__ import annotations
@@ -85,7 +86,8 @@ def test_adapter_text_encoder_and_lycoris(anima_files, dataset, tmp_path):
     assert {"lora_unet_final_layer_linear.alpha", "lora_unet_final_layer_adaln_modulation_1.alpha"} <= set(sd)
     assert not any("blocks_0_adaln_modulation" in k for k in sd)  # still excluded: only final_layer is included
     loha = anima_train_network.run([*common, "--output_dir", str(tmp_path / "b"), "--network_module",
-                                    "lycoris.kohya", "--network_args", "algo=loha", "--network_train_unet_only"])  # fmt: skip
+                                    "lycoris.kohya", "--network_args", "algo=loha", "--network_train_unet_only",
+                                    "--fp8_base", "--mixed_precision", "bf16"])  # fmt: skip
     assert any(k.startswith("lora_unet_blocks_0_self_attn_q_proj.hada_w1_a") for k in load_file(loha.output))
 
 
