@@ -105,6 +105,9 @@ def sds_side(folder: Path) -> None:  # runs in sd-scripts' venv, cwd = the sd-sc
     # the VAE (its released config -> the tiny one; ComfyUI names through sd-scripts' own table)
     from library import qwen_image_autoencoder_kl as qvae
 
+    released = cfg["vae_released_comfy"]  # our ComfyUI names of the released VAE's keys, through sd-scripts' table
+    converted = qvae.convert_comfyui_state_dict({k: torch.zeros(1) for k in released})
+    (folder / "vae_table.json").write_text(json.dumps({"ours": released, "theirs": list(converted)}))
     qvae.json = types.SimpleNamespace(loads=lambda s: cfg["vae"])
     vae = qvae.load_vae(files["vae"], device="cpu")
     vae.eval()
@@ -192,10 +195,16 @@ def our_side(folder: Path, sd_scripts: Path, sds_python: str) -> int:
     a = c.text_conditioner
     adapter_cfg = dict(source_dim=a["source_dim"], target_dim=a["target_dim"], model_dim=a["model_dim"],
                        num_layers=a["num_layers"], num_heads=a["num_attention_heads"], self_attn=True)  # fmt: skip
+    from accelerate import init_empty_weights
+
+    from library.families.autoencoders import qwen_image
     from library.families.autoencoders.qwen_image import TINY
 
+    with init_empty_weights():
+        released_keys = list(qwen_image.factory(qwen_image.RELEASED)().state_dict())
+    comfy = [qwen_image.diffusers_to_comfy_name(k, 2) for k in released_keys]
     config = {"files": files, "qwen3": tiny_mod.TINY_QWEN3, "dit": dit_cfg, "adapter": adapter_cfg,
-              "vae": dict(TINY, input_channels=3)}  # fmt: skip
+              "vae": dict(TINY, input_channels=3), "vae_released_comfy": comfy}  # fmt: skip
     config["vae"].pop("input_channels")
     (folder / "config.json").write_text(json.dumps(config))
 
@@ -206,6 +215,10 @@ def our_side(folder: Path, sd_scripts: Path, sds_python: str) -> int:
         print(run.stdout[-3000:], run.stderr[-6000:])
         return run.returncode
     sds = load_file(str(folder / "sds.safetensors"))
+    table = json.loads((folder / "vae_table.json").read_text())
+    same = sum(a == b for a, b in zip(released_keys, table["theirs"]))
+    print(f"released Qwen-Image VAE: {same} of {len(released_keys)} ComfyUI keys map to our diffusers name by "
+          "sd-scripts' convert_comfyui_state_dict table")  # fmt: skip
 
     rows = []
 
