@@ -114,6 +114,12 @@ def sds_side(folder: Path) -> None:  # runs in sd-scripts' venv, cwd = the sd-sc
     with torch.no_grad():
         out["latents"] = vae.encode_pixels_to_latents(inputs["pixels"])
         out["decoded"] = vae.decode_to_pixels(inputs["latents_in"])
+    # --vae_chunk_size / --vae_disable_cache (sd-scripts' own VAE options): the same values as the plain VAE?
+    for name, kw in (("chunk16", dict(spatial_chunk_size=16)), ("nocache", dict(disable_cache=True))):
+        other = qvae.load_vae(files["vae"], device="cpu", **kw).eval()
+        with torch.no_grad():
+            out[f"latents_{name}"] = other.encode_pixels_to_latents(inputs["pixels"])
+            out[f"decoded_{name}"] = other.decode_to_pixels(inputs["latents_in"])
 
     # the objective on the same draws
     from library import anima_train_utils, flux_train_utils, sd3_train_utils
@@ -238,6 +244,11 @@ def our_side(folder: Path, sd_scripts: Path, sds_python: str) -> int:
     with torch.no_grad():
         row("VAE latents (encode_pixels_to_latents)", ANIMA.encode_latents(loaded, pixels), sds["latents"])
         row("VAE decode (decode_to_pixels)", ANIMA.decode_latents(loaded, latents_in), sds["decoded"])
+    for name, flag in (("chunk16", "--vae_chunk_size 16"), ("nocache", "--vae_disable_cache")):
+        row(f"sd-scripts' VAE with {flag} vs ours: latents", ANIMA.encode_latents(loaded, pixels),
+            sds[f"latents_{name}"])  # fmt: skip
+        row(f"sd-scripts' VAE with {flag} vs ours: decode", ANIMA.decode_latents(loaded, latents_in),
+            sds[f"decoded_{name}"])  # fmt: skip
     roots = ANIMA.adapter_roots(loaded)
     network = network_from_file(files["lora"], roots)
     network.merge_into_base()
