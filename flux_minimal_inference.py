@@ -43,6 +43,7 @@ import torch
 from library.cli import deferred_imports
 from library.cli.console import add_logging_args, console_logging
 from library.cli.main_guard import main_guard
+from library.cli.parse import guidance_problems
 from library.cli.problems import ConfigError
 from library.families.base import PartDtypes, Parts
 from library.families.flux import FluxFamily
@@ -140,8 +141,7 @@ class InferenceConfig:
             value = getattr(args, flag)
             if value is not None and value < 1:
                 problems.append(f"--{flag} must be >= 1, got {value}")
-        if args.guidance < 0:
-            problems.append(f"--guidance must be >= 0, got {args.guidance}")
+        problems += guidance_problems("--guidance", args.guidance)
         if problems:
             raise ConfigError(problems)
         if MODEL_TYPE_OF_FAMILY.get("chroma") == args.model_type and "clip_l" in files:

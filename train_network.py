@@ -10,6 +10,7 @@ trains a LoRA on a tiny model and example images the repo makes itself (no downl
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import sys
 from collections.abc import Callable, Sequence
@@ -19,7 +20,8 @@ from typing import Any
 from library.cli import deferred_imports
 from library.cli.main_guard import main_guard
 from library.cli.parse import parse_args
-from library.cli.problems import Problems
+from library.cli.problems import ConfigError, Problems
+from library.families.registry import network_module_problems
 from library.run import args as arg_groups
 from library.run import config as run_config
 from library.run import demo, run_files
@@ -61,6 +63,10 @@ class AdapterMethod:
     def trains_text_encoder(self) -> bool:
         return self.network.trains_text_encoder or bool(self.embeddings.specs)
 
+    def resume_settings(self) -> dict[str, Any]:
+        """The network config's fields (a state records its shape-giving ones)."""
+        return {f.name: getattr(self.network, f.name) for f in dataclasses.fields(self.network)}
+
     def deepspeed_plugin(self, cfg: Any) -> None:
         return None
 
@@ -87,6 +93,9 @@ def run(
     if args is None:  # --output_config wrote the file
         return None
     cfg = run_config.read_config(args, tuple(family_names), AdapterMethod.from_args)  # all errors at once
+    problems = network_module_problems(cfg.method.network.module, cfg.family)  # another family's own module
+    if problems:
+        raise ConfigError(problems)
     if run_files.nothing_left(cfg.save, cfg.run):  # --resume of a finished run: say so, write nothing
         return None
     run = run_setup.start(cfg)  # accelerator, seed, dataset plan + bucket report, model, caches

@@ -182,7 +182,8 @@ class NetworkConfig:
             "ss_network_dim": str(self.dim),
             "ss_network_alpha": str(self.alpha),
             "ss_network_dropout": str(self.dropout),
-            "ss_network_args": json.dumps(self.network_args) if self.network_args else "null",
+            # sd-scripts writes the key only when network_args were given
+            **({"ss_network_args": json.dumps(self.network_args)} if self.network_args else {}),
         }
 
 

@@ -15,7 +15,11 @@ from torch import Tensor
 
 from library.cli.problems import first
 from library.families import FAMILIES, adapter_family_label
-from library.families.lora_formats import group_by_module  # noqa: F401  (networks.files.group_by_module)
+from library.families.lora_formats import (
+    PEFT_SUFFIXES,
+    group_by_module,  # noqa: F401  (networks.files.group_by_module)
+    is_peft,
+)
 from library.families.registry import rules_by_module
 
 from .algos import ALGOS, NOT_SUPPORTED, detect_algo, oft_variant
@@ -30,6 +34,15 @@ def peft_conversion_hint() -> str:
     "FLUX.1 / Chroma: networks/convert_flux_lora.py --src ai-toolkit --dst sd-scripts; SD3 / SD3.5: ..."."""
     conversions = {c.script: c for r in rules_by_module().values() if (c := r.CONVERSION) is not None}
     return "; ".join(f"{c.title}: {c.to_kohya()}" for c in conversions.values())
+
+
+def raise_if_peft(state_dict: Mapping[str, Tensor], source: str) -> None:
+    """``ValueError`` for a PEFT / diffusers / ai-toolkit LoRA (``*.lora_A.weight`` keys) given where a kohya-format
+    file is read: what it is and the converter command (its module names would otherwise read as another family's)."""
+    if is_peft(state_dict):
+        example = next(k for k in state_dict if k.endswith(PEFT_SUFFIXES))
+        raise ValueError(f"{source}: a PEFT / diffusers-format LoRA (keys such as {example}), not a kohya-format "
+                         f"file; convert it first ({peft_conversion_hint()})")  # fmt: skip
 
 
 def prefix_of(name: str) -> str:
@@ -86,6 +99,9 @@ def explain_unmatched(names: Sequence[str], roots: Sequence[Root], source: str) 
                 f"{count} module(s) with prefix {prefix!r}, which this model does not have (its prefixes: "
                 f"{', '.join(model_prefixes)}); the file looks made for {hint}. Examples: {examples}"
             )
+        elif label := adapter_family_label([prefix], names):  # the block names tell whose file it is
+            lines.append(f"{count} {prefix} module(s) not found in this model; the file looks made for {label}. "
+                         f"Examples: {examples}")  # fmt: skip
         else:
             having = [name for name, f in FAMILIES.items() if prefix in f.adapter_prefixes][:3]
             lines.append(

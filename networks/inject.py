@@ -406,6 +406,7 @@ def network_from_state_dict(
     Every module of the file must exist in the model (another family's file is a ``ValueError`` naming the
     prefixes); ``cfg`` (if given) supplies dropouts, LoRA+ ratios and ``--network_train_*_only``.
     """
+    files.raise_if_peft(state_dict, source)
     roots = [as_root(r) for r in roots]
     active = active_roots(cfg, roots)
     index = files.module_index(active)

@@ -279,6 +279,7 @@ class AdapterNetwork(nn.Module):
         """Copy file tensors into the adapters. A module of another algorithm, a shape that does not fit, a file with
         no module of this model raise ``ValueError`` naming the key; with ``strict`` also modules present on only one
         side. The file's ``alpha`` replaces the network's (the scale follows it)."""
+        files.raise_if_peft(state_dict, source)
         index = files.module_index(self._roots)
         report, errors, pending, unknown = LoadReport(), [], [], []
         for name, tensors in files.group_by_module(state_dict).items():

@@ -437,3 +437,27 @@ def test_fused_optimizer_groups_clip_each_parameter_on_its_own():
     expected = [-g * min(1.0, 1.0 / (g.norm() + 1e-6)) for g in (ga, gb)]  # torch's clip rule, per parameter
     torch.testing.assert_close(a.detach(), expected[0])
     torch.testing.assert_close(b.detach(), expected[1])
+
+
+def test_sdxl_encoders_of_equal_width_both_train(dataset, tmp_path):
+    """A diffusers SDXL folder whose CLIP-L and CLIP-G are both 32 wide: each encoder is told apart by its place, not
+    its width. --train_text_encoder trains both; --learning_rate 0 with only --learning_rate_te1 trains CLIP-L alone."""
+    from unittest import mock
+
+    from library.families.encoders import clip
+    from library.families.sd import tiny
+
+    spec = dict(tiny.TINY["sdxl"])
+    spec["text_encoders"] = [dict(clip.TINY_CLIP_L), dict(clip.TINY_CLIP_G, hidden_size=32, intermediate_size=64,
+                                                         projection_dim=32)]  # fmt: skip
+    spec["unet"] = dict(spec["unet"], cross_attention_dim=64, projection_class_embeddings_input_dim=6 * 8 + 32)
+    with mock.patch.dict(tiny.TINY, {"sdxl": spec}):
+        base = tiny.build_tiny("sdxl")
+    folder = tiny.save_diffusers(base, tmp_path / "equal")
+    both = train("sdxl", *args_for(folder, dataset, tmp_path / "both", "--save_model_as", "safetensors",
+                                   "--train_text_encoder", "--learning_rate", "1e-2", steps=2))  # fmt: skip
+    assert te_changed(both, base, 0) and te_changed(both, base, 1)
+    te1 = train("sdxl", *args_for(folder, dataset, tmp_path / "te1", "--save_model_as", "safetensors",
+                                  "--train_text_encoder", "--learning_rate", "0", "--learning_rate_te1", "1e-2",
+                                  steps=2))  # fmt: skip
+    assert te_changed(te1, base, 0) and not te_changed(te1, base, 1)

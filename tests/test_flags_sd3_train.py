@@ -121,6 +121,11 @@ def test_caches_as_sd_scripts_allows_them(ft_config, caplog):
         ft_config("--train_text_encoder", "--cache_text_encoder_outputs")
     with pytest.raises(ConfigError, match="--train_t5xxl with a text-encoder cache"):
         ft_config("--train_text_encoder", "--train_t5xxl", "--use_t5xxl_cache_only")
+    with pytest.raises(ConfigError) as e:  # only what works is suggested: no cache flag fits a trained T5-XXL
+        ft_config("--train_text_encoder", "--train_t5xxl", "--cache_text_encoder_outputs")
+    assert "--train_t5xxl with a text-encoder cache" in str(e.value) and "add --use_t5xxl_cache_only" not in str(
+        e.value
+    )
     with pytest.raises(ConfigError, match="--train_t5xxl needs --train_text_encoder"):
         ft_config("--train_t5xxl")
     with pytest.raises(ConfigError, match="--learning_rate_te2 must be >= 0"):

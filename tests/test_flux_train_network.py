@@ -83,6 +83,7 @@ def test_docs_command_line_runs(models, dataset_toml, tmp_path, layout, monkeypa
     meta = read_metadata(result.output)
     assert meta["ss_base_model_version"] == "flux1"
     assert meta["modelspec.architecture"] == "flux-1-dev/lora"
+    assert "modelspec.prediction_type" not in meta  # a velocity is neither of the spec's epsilon / v (as sd-scripts)
     assert (meta["ss_timestep_sampling"], meta["ss_model_prediction_type"]) == ("flux_shift", "raw")
     assert (meta["ss_model_type"], meta["ss_guidance_scale"], meta["ss_apply_t5_attn_mask"]) == ("flux", "1.0", "False")
 
@@ -227,3 +228,39 @@ def test_clip_l_adapters_train_over_the_t5_cache_as_without_it(models, dataset, 
     assert te and any(a[k].abs().max() > 0 for k in te)  # CLIP-L's adapters trained (they start at zero)
     for k in te:
         torch.testing.assert_close(a[k], b[k], rtol=1e-3, atol=1e-6)
+
+
+def test_a_sample_size_the_model_cannot_take_stops_before_training(models, dataset, tmp_path, monkeypatch):
+    """--w 72 passes the prompt file's own check (multiples of 8) but FLUX needs multiples of 16: refused once the
+    model is loaded and before the first step (every sampling round logged "skipped" before)."""
+    import train_network
+    from library.cli.problems import ConfigError
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a dog --w 64 --h 64\na cat --w 72 --h 64\n")
+    monkeypatch.setattr(train_network, "train", lambda *a, **k: pytest.fail("training started"))
+    files = models["flux-dev"]
+    argv = base_argv(files, dataset, tmp_path, "--clip_l", files["clip_l"], "--sample_prompts", str(prompts),
+                     "--sample_every_n_steps", "1")  # fmt: skip
+    with pytest.raises(ConfigError, match=r"prompt 2: --w 72 is not a multiple of 16.*try 64"):
+        flux_train_network.run(argv)
+
+
+def test_another_familys_network_module_is_refused_naming_the_right_one(
+    models, dataset, tiny_dir, tmp_path, monkeypatch
+):
+    """networks.lora_sd3 on a FLUX model trained silently (its context_attn_dim did nothing, the metadata named it);
+    networks.lora_flux on SD1 failed only by accident ("index 0 is outside this model's 0 blocks")."""
+    import train_network
+    from library.cli.problems import ConfigError
+
+    monkeypatch.setattr(train_network, "train", lambda *a, **k: pytest.fail("training started"))
+    files = models["flux-dev"]
+    argv = base_argv(files, dataset, tmp_path, "--clip_l", files["clip_l"], "--network_module", "networks.lora_sd3",
+                     "--network_args", "context_attn_dim=8")  # fmt: skip
+    with pytest.raises(ConfigError, match=r"networks.lora_sd3 is the network module of SD3.* use networks.lora_flux"):
+        flux_train_network.run(argv)
+    sd1 = ["--pretrained_model_name_or_path", str(tiny_dir / "sd1"), "--train_data_dir", str(dataset),
+           "--output_dir", str(tmp_path), "--network_module", "networks.lora_flux"]  # fmt: skip
+    with pytest.raises(ConfigError, match=r"networks.lora_flux is the network module of FLUX.*this model is SD1"):
+        train_network.run(sd1)

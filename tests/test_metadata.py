@@ -40,5 +40,8 @@ def test_modelspec_and_minimal():
     )
     assert spec["modelspec.resolution"] == "512x768" and spec["modelspec.prediction_type"] == "v"
     assert spec["modelspec.author"] == "me" and "modelspec.license" not in spec
+    for prediction, written in (("epsilon", "epsilon"), ("v", "v"), ("flow_matching", None), (None, None)):
+        spec = modelspec(architecture="a", implementation="i", title="t", resolution=64, prediction_type=prediction)
+        assert spec.get("modelspec.prediction_type") == written
     kept = minimal({**spec, "ss_network_dim": "4", "ss_seed": "1"})
     assert "ss_network_dim" in kept and "ss_seed" not in kept and "modelspec.title" in kept

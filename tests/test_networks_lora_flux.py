@@ -606,3 +606,30 @@ def test_a_lora_flux_run_through_train_network_saves_a_split_file_at_the_trained
     assert float(state["lora_unet_double_blocks_0_img_attn_qkv.alpha"]) == 3 * 2.0
     assert state["lora_unet_img_in.lora_up.weight"].abs().sum() > 0
     assert state["lora_unet_txt_in.lora_up.weight"].abs().sum() == 0  # its reg lr 0: not trained
+
+
+def test_a_peft_file_or_another_familys_file_is_named_for_what_it_is(tmp_path):
+    """--network_weights with a PEFT / ai-toolkit FLUX LoRA: the message says PEFT and gives the converter (it split
+    the keys at the first dot and hinted at "not a kohya-format adapter for SD1/SD2/SDXL"); a FLUX file given to SD3
+    names FLUX (it hinted "SD1 vs SD2 vs SDXL?")."""
+    from library.families.sd3.tiny import build_tiny_sd3
+    from networks.inject import network_from_state_dict
+
+    parts = build_tiny_flux("flux-dev", blocks=(1, 1))
+    family = get_family("flux-dev")
+    network = prepare_network(make_config(dim=2), family.adapter_roots(parts), family.target_classes)
+    kohya = {k: v.clone() for k, v in network.state_dict_for_file().items()}
+    network.eject()
+    peft = {"transformer.single_transformer_blocks.0.attn.to_q.lora_A.weight": torch.zeros(2, 8),
+            "transformer.single_transformer_blocks.0.attn.to_q.lora_B.weight": torch.zeros(8, 2)}  # fmt: skip
+    for load in (lambda sd: network_from_state_dict(sd, family.adapter_roots(parts), source="ai.safetensors"),
+                 lambda sd: network.load_kohya_state_dict(sd, source="ai.safetensors")):  # fmt: skip
+        with pytest.raises(ValueError) as e:
+            load(peft)
+        assert "a PEFT / diffusers-format LoRA" in str(e.value)
+        assert "networks/convert_flux_lora.py --src ai-toolkit --dst sd-scripts" in str(e.value)
+    sd3 = build_tiny_sd3()
+    sd3_family = get_family(sd3.family)
+    with pytest.raises(ValueError) as e:
+        network_from_state_dict(kohya, sd3_family.adapter_roots(sd3), source="flux_lora.safetensors")
+    assert "the file looks made for FLUX" in str(e.value) and "SD1" not in str(e.value)

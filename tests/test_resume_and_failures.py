@@ -346,3 +346,15 @@ def test_a_failed_final_save_resumes_to_just_the_final_file(tiny_dir, dataset, t
     assert code == 0 and "t.safetensors is missing, so only it is written" in stdout
     a, b = load_state_dict(tmp_path / "a" / "t.safetensors")[0], load_state_dict(full.output)[0]
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_state_of_another_family_names_both(finished, tiny_dir, tmp_path, monkeypatch, capsys):
+    """The state records the family it was trained on: resuming it on another family's model says which, not "the
+    network settings differ" with a raw load_state_dict error."""
+    out, argv, _ = finished
+    argv = [*argv]
+    argv[argv.index("--pretrained_model_name_or_path") + 1] = str(tiny_dir / "sd2")
+    code, _, err = cli(monkeypatch, capsys, [*argv, "--output_dir", str(tmp_path / "o"), "--max_train_steps", "5",
+                                             "--resume", str(out / "t-step00000002-state")])  # fmt: skip
+    line = one_error_line(err)
+    assert code == 2 and "trained on a sd1 model, this run loads a sd2 model" in line and "does not fit" not in line

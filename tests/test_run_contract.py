@@ -61,7 +61,7 @@ METHOD_CONFIGS = [train_network.AdapterMethod, TextualInversionConfig, ModelTrai
 
 def test_method_members_are_the_protocol():
     assert set(method_members()) == {"trains_text_encoder", "trained_parts", "fused_backward_pass",
-                                     "no_token_padding", "deepspeed_plugin", "check_plan"}  # fmt: skip
+                                     "no_token_padding", "resume_settings", "deepspeed_plugin", "check_plan"}  # fmt: skip
 
 
 @pytest.mark.parametrize("config", METHOD_CONFIGS, ids=lambda c: c.__name__)
@@ -89,7 +89,9 @@ def test_method_configs_answer_what_the_run_reads(tiny_dir):
     )
     assert (adapter.trained_parts, adapter.fused_backward_pass, adapter.no_token_padding) == ((), False, False)
     assert adapter.deepspeed_plugin(None) is None and adapter.check_plan(None) == []
+    assert adapter.resume_settings()["dim"] == adapter.network.dim  # what --resume compares
     fine = ModelTrainingConfig(PlainRules(text_encoder_lrs=None))
+    assert fine.resume_settings() == {} and NothingTrained().resume_settings() == {}
     assert fine.trained_parts == ("denoiser",) and fine.trains_text_encoder is False
     assert fine.deepspeed_plugin(None) is None
     ti = TextualInversionConfig("sks")

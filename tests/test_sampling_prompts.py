@@ -75,6 +75,8 @@ BAD_LINES = [
     ("a cat --t 0.5", ["img2img"]),
     ("a cat --nl 5", ["negative scale"]),
     ("a cat --dsd1 3", ["Deep Shrink"]),
+    ("a cat --g -3.5", ["--g", "must be a finite number >= 0, got -3.5"]),
+    ("a cat --g inf", ["--g", "must be a finite number >= 0, got inf"]),
 ]
 
 
@@ -196,3 +198,25 @@ def test_should_sample_follows_sd_scripts(tmp_path, steps, epochs, first, calls,
     cfg = SampleConfig(tmp_path / "p.txt", every_n_steps=steps, every_n_epochs=epochs, at_first=first)
     assert [should_sample(cfg, step=s, epoch=e) for s, e in calls] == expected
     assert not should_sample(SampleConfig(None, every_n_steps=1), step=1)
+
+
+def test_one_guidance_rule_for_training_prompts_and_inference(tmp_path):
+    """FLUX's embedded guidance has one range wherever it is given: --guidance_scale in training, a prompt's --g,
+    --guidance of gen_img.py and flux_minimal_inference.py (a negative value trained silently before)."""
+    import flux_minimal_inference
+    import flux_train_network
+    import gen_img
+    from library.cli.problems import ConfigError
+    from library.families.flux.options import FluxOptions
+
+    rule = "must be a finite number >= 0, got -3.5"
+    args = flux_train_network.build_parser().parse_args(["--guidance_scale", "-3.5"])
+    with pytest.raises(ConfigError, match="--guidance_scale " + rule):
+        FluxOptions.from_args(args, training=True)
+    with pytest.raises(ConfigError, match="--guidance " + rule):
+        gen_img.run(["--ckpt", str(tmp_path), "--prompt", "a", "--guidance", "-3.5"])
+    model = tmp_path / "m.safetensors"
+    model.write_bytes(b"")
+    with pytest.raises(ConfigError, match="--guidance " + rule):
+        flux_minimal_inference.run(["--ckpt_path", str(model), "--prompt", "a", "--guidance", "-3.5"])
+    FluxOptions.from_args(flux_train_network.build_parser().parse_args(["--guidance_scale", "0"]), training=True)

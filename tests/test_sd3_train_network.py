@@ -92,6 +92,7 @@ def test_docs_command_line_runs(models, dataset_toml, tmp_path, layout, variant)
     assert not any(k.startswith("lora_te3_") for k in load_state_dict(result.output)[0])
     meta = read_metadata(result.output)
     assert meta["modelspec.architecture"] == ARCH[variant] + "/lora"
+    assert "modelspec.prediction_type" not in meta  # flow matching: neither epsilon nor v
     assert (meta["ss_weighting_scheme"], meta["ss_apply_lg_attn_mask"], meta["ss_apply_t5_attn_mask"]) == (
         "uniform",
         "False",

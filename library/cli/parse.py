@@ -230,6 +230,14 @@ def positive_count_problems(args: argparse.Namespace, flags: Sequence[str]) -> l
             if getattr(args, flag, None) is not None and getattr(args, flag) < 1]  # fmt: skip
 
 
+def guidance_problems(flag: str, value: float | None) -> list[str]:
+    """The one rule for a guidance strength (FLUX's embedded guidance ``--guidance_scale``, a prompt's ``--g``,
+    ``--guidance`` of the inference scripts): a finite number >= 0 (None: not given)."""
+    if value is None or 0 <= value < float("inf"):
+        return []
+    return [f"{flag} must be a finite number >= 0, got {value}"]
+
+
 def from_namespace(cls: type, args: argparse.Namespace, **overrides: Any) -> Any:
     """Build the dataclass ``cls`` from the same-named attributes of ``args`` (missing ones keep their default)."""
     import dataclasses

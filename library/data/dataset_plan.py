@@ -38,6 +38,7 @@ class DatasetPlan:
     records: tuple[ImageRecord, ...]
     assignments: tuple[tuple[Assignment, ...], ...]  # [resolution index][record index]
     unused: tuple[str, ...] = ()  # images never trained (e.g. regularisation images beyond the training count)
+    listed_reg: tuple[ImageRecord, ...] = ()  # the regularisation images as listed, with their configured repeats
 
     def subset(self, record: ImageRecord) -> SubsetConfig:
         return self.config.subsets[record.subset_index]
@@ -227,6 +228,7 @@ def _plan_dataset(
     records, held_out = split_validation(records, *split)
     if records and all(r.is_reg for r in records):
         problems.error(config.where, "has only regularisation images; add training images (is_reg = false)")
+    listed_reg = tuple(r for r in records if r.is_reg)
     records, unused = balance_regularisation(records)
     if unused:
         problems.warn(
@@ -239,7 +241,7 @@ def _plan_dataset(
             config.where,
             "some images have no mask (-masklabel.png / conditioning image / alpha); they train with a full mask",
         )
-    train = DatasetPlan(config, tuple(records), _assign(config, records, problems), tuple(unused))
+    train = DatasetPlan(config, tuple(records), _assign(config, records, problems), tuple(unused), listed_reg)
     return train, DatasetPlan(config, tuple(held_out), _assign(config, held_out, problems))
 
 

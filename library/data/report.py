@@ -52,6 +52,8 @@ class BucketReport:
     never_full: list[str] = field(default_factory=list)  # images whose bucket never fills a batch
     unused: list[str] = field(default_factory=list)  # images never trained
     warnings: list[str] = field(default_factory=list)
+    train_with_repeats: int = 0  # sd-scripts' num_train_images / num_reg_images: images x their configured
+    reg_with_repeats: int = 0  # num_repeats (regularisation images counted as listed, before balancing)
 
     def to_text(self) -> str:
         head = (
@@ -168,6 +170,8 @@ def build_report(
         steps_per_epoch=math.ceil(per / grad_accum),
         never_full=never_full,
         unused=unused,
+        train_with_repeats=sum(r.num_repeats for p in datasets for r in p.records if not r.is_reg),
+        reg_with_repeats=sum(r.num_repeats for p in datasets for r in p.listed_reg),
     )
     report.warnings = _warnings(report, any(len(p.config.resolutions) > 1 for p in datasets), saved_to)
     return report

@@ -12,11 +12,21 @@ import argparse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from torch import nn
 
 from library.cli.problems import ConfigError
+
+if TYPE_CHECKING:
+    from .base import Parts
+
+
+class FamilyWriter(Protocol):
+    """The family a rule's ``save`` writes with (its ``ModelFamily.save``; the protocol module imports this one, so
+    the family is typed by what is asked of it here)."""
+
+    def save(self, parts: Parts, path: str | Path, **options: Any) -> Path: ...
 
 
 @runtime_checkable
@@ -40,7 +50,7 @@ class TrainingRules(Protocol):
         group at ``lr``)."""
         ...
 
-    def save(self, family: Any, parts: Any, path: Path, *, dtype: Any, metadata: Mapping[str, str],
+    def save(self, family: FamilyWriter, parts: Parts, path: Path, *, dtype: Any, metadata: Mapping[str, str],
              safetensors: bool) -> None:  # fmt: skip
         """Write the trained model at ``path`` (a single file by its suffix, else a diffusers folder), atomically."""
         ...
@@ -79,7 +89,7 @@ class PlainRules:
     def denoiser_groups(self, denoiser: nn.Module, lr: float) -> list[dict] | None:
         return None
 
-    def save(self, family: Any, parts: Any, path: Path, *, dtype: Any, metadata: Mapping[str, str],
+    def save(self, family: FamilyWriter, parts: Parts, path: Path, *, dtype: Any, metadata: Mapping[str, str],
              safetensors: bool) -> None:  # fmt: skip
         family.save(parts, path, dtype=dtype, metadata=metadata, safetensors=safetensors)
 

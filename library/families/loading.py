@@ -98,6 +98,19 @@ def check_model_path(path: str | Path) -> Path:
 
 
 # ------------------------------------------------------------------------------------------------ building modules
+def shape_reader(state: Mapping[str, Any]) -> Callable[[str], tuple[int, ...]]:
+    """``key -> shape`` of a state dict, without reading tensors where the mapping can (SafetensorsReader, lazy
+    key-converting views)."""
+    if callable(getattr(state, "shape", None)):
+        return lambda k: tuple(state.shape(k))
+    return lambda k: tuple(state[k].shape)
+
+
+# A part's config read from its weights' shapes (``state``, its shape reader, the candidate configs for what shapes
+# cannot tell), or None when the shapes leave something open.
+Derive = Callable[[Mapping[str, Any], Callable[[str], tuple[int, ...]], list[dict]], "dict | None"]
+
+
 def _fit(
     model: nn.Module, state: Mapping[str, Tensor], adapt: Callable | None
 ) -> tuple[Mapping[str, Tensor], list[str], list[str], list[tuple[str, tuple, tuple]]]:
@@ -109,7 +122,7 @@ def _fit(
     expected = model.state_dict()
     missing = [k for k in expected if k not in state]
     unexpected = [k for k in state if k not in expected]
-    shape = state.shape if callable(getattr(state, "shape", None)) else lambda k: state[k].shape
+    shape = shape_reader(state)
     wrong = [(k, tuple(shape(k)), tuple(v.shape)) for k, v in expected.items()
              if k in state and tuple(shape(k)) != tuple(v.shape)]  # fmt: skip
     return state, missing, unexpected, wrong
@@ -169,13 +182,20 @@ def instantiate_fitting(
     dtype: Any,
     device: Any,
     adapt: Callable | None = None,
+    derive: Derive | None = None,
 ) -> nn.Module:
     """The first of ``candidates`` (``(config, where it comes from)``) whose keys and shapes fit ``state``, loaded as
-    :func:`instantiate` does (the DiT families' parts, whose files carry no config: stored, released, tiny); a
-    ``ValueError`` naming the file, the part and, per candidate, the first differing keys when none fits."""
+    :func:`instantiate` does (the DiT families' parts, whose files carry no config: stored, released, tiny), then the
+    config ``derive`` reads from the weights' shapes (pruned, distilled or resized variants: other depths, widths,
+    MLP widths); a ``ValueError`` naming the file, the part and, per candidate, the first differing keys when none
+    fits."""
     from accelerate import init_empty_weights
 
     problems = []
+    if derive is not None:
+        derived = derive(state, shape_reader(state), [dict(c) for c, _ in candidates])
+        if derived is not None and all(derived != c for c, _ in candidates):
+            candidates = [*candidates, (derived, "the shapes of its weights")]
     for config, source in candidates:
         with init_empty_weights():
             model = factory(config)()

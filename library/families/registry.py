@@ -214,6 +214,19 @@ def rules_by_module() -> dict[str, AdapterRules]:
     return rules
 
 
+def network_module_problems(module: str, family: ModelFamily) -> list[str]:
+    """A family's own sd-scripts network module (``networks.lora_flux``) given for a model of another family: one
+    problem naming whose module it is and the modules that fit (its rules would select nothing of this model, or
+    the wrong things, and the file would say it was made with them)."""
+    owners = [f for f in FAMILIES.values() if module in f.adapter_rules]
+    if not owners or module in family.adapter_rules:
+        return []
+    fits = [*family.adapter_rules, "networks.lora", "lycoris.kohya"]
+    return [f"--network_module {module} is the network module of {_short_titles(owners)} models "
+            f"({owners[0].spec.training_script}); this model is {family.spec.title}: use "
+            f"{', '.join(dict.fromkeys(fits))}"]  # fmt: skip
+
+
 def ti_keys_of_other_families(family: ModelFamily) -> set[str]:
     """Textual-inversion file keys that belong to other families' layouts (a file holding them is not for
     ``family``)."""

@@ -104,13 +104,16 @@ def thumbnail_data_url(value: str) -> str:
     return f"data:{mime};base64," + base64.b64encode(path.read_bytes()).decode("ascii")
 
 
+SPEC_PREDICTION_TYPES = {"epsilon": "epsilon", "v": "v", "v_prediction": "v"}  # ours/diffusers' -> ModelSpec's
+
+
 def modelspec(
     *,
     architecture: str,
     implementation: str,
     title: str,
     resolution: tuple[int, int] | int,
-    prediction_type: str = "epsilon",
+    prediction_type: str | None = "epsilon",
     timestep_range: tuple[int, int] | None = None,
     encoder_layer: int | None = None,
     extra: Mapping[str, Any] | None = None,
@@ -118,7 +121,8 @@ def modelspec(
     """ModelSpec 1.0.1 keys (``modelspec.*``), as sd-scripts' sai_model_spec writes them.
 
     ``architecture`` e.g. ``stable-diffusion-xl-v1-base/lora``; ``prediction_type`` "epsilon" or "v" (a diffusers
-    "v_prediction" is written as "v"); ``resolution`` (width, height) or one size; ``extra``: author, description,
+    "v_prediction" is written as "v"); any other (a flow model's velocity, None) writes no ``modelspec.prediction_type``:
+    the spec knows only those two, and sd-scripts writes none for FLUX; ``resolution`` (width, height) or one size; ``extra``: author, description,
     license, tags, usage_hint, thumbnail, merged_from, trigger_phrase, preprocessor, is_negative_embedding (None
     values are skipped).
     """
@@ -130,9 +134,11 @@ def modelspec(
         "modelspec.title": title,
         "modelspec.resolution": f"{w}x{h}",
         "modelspec.date": _dt.datetime.now().replace(microsecond=0).isoformat(),
-        "modelspec.prediction_type": "v" if prediction_type in ("v", "v_prediction") else "epsilon",
+        "modelspec.prediction_type": SPEC_PREDICTION_TYPES.get(prediction_type or ""),
         "modelspec.implementation_version": f"sdtrain/{_version()}",
     }
+    if spec["modelspec.prediction_type"] is None:
+        del spec["modelspec.prediction_type"]
     if timestep_range is not None:
         spec["modelspec.timestep_range"] = f"{timestep_range[0]},{timestep_range[1]}"
     if encoder_layer is not None:

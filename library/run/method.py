@@ -8,6 +8,7 @@ tests/test_run_contract.py checks every method config against this list.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
 
@@ -36,6 +37,11 @@ class MethodConfig(Protocol):
         """train_db.py's ``--no_token_padding``: captions padded to the batch's longest, not to 77 tokens."""
         ...
 
+    def resume_settings(self) -> Mapping[str, Any]:
+        """The shape-giving settings a state records and ``--resume`` compares (``library.run.resume.SETTINGS``
+        names; an adapter run's network config), {} when the method has none."""
+        ...
+
     def deepspeed_plugin(self, cfg: Any) -> Any:
         """accelerate's DeepSpeed plugin for the run (``cfg``: its TrainConfig), or None."""
         ...
@@ -58,6 +64,9 @@ class NothingTrained:
     trained_parts: tuple[str, ...] = ()
     fused_backward_pass = False
     no_token_padding = False
+
+    def resume_settings(self) -> Mapping[str, Any]:
+        return {}
 
     def deepspeed_plugin(self, cfg: Any) -> None:
         return None

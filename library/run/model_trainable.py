@@ -97,6 +97,9 @@ class ModelTrainingConfig:
     blockwise_fused_optimizers: bool = False  # one fused step per transformer block (+ the rest)
     block_swap: bool = False  # --blocks_to_swap: the swapped blocks' trained weights live on the host
 
+    def resume_settings(self) -> dict[str, Any]:
+        return {}  # the whole model's shapes are checked when the state loads
+
     def deepspeed_plugin(self, cfg: Any) -> Any:
         """accelerate's DeepSpeed plugin for ``--deepspeed`` (None without it); ``cfg``: the run's TrainConfig."""
         if self.deepspeed is None:
@@ -129,14 +132,16 @@ class ModelTrainingConfig:
         return tuple(name for name, trained in parts if trained)
 
     @classmethod
-    def reader(cls, family: Any, training: str = "fine_tune") -> Callable[[argparse.Namespace], ModelTrainingConfig]:
+    def reader(
+        cls, family: ModelFamily, training: str = "fine_tune"
+    ) -> Callable[[argparse.Namespace], ModelTrainingConfig]:
         """The reader of :func:`add_model_training_args`' flags for ``family``'s script; ``training`` "dreambooth":
         the text encoders train unless ``--stop_text_encoder_training -1`` (train_db.py), else on
         ``--train_text_encoder``."""
         return functools.partial(cls.from_args, family=family, dreambooth=training == "dreambooth")
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace, family: Any, dreambooth: bool = False) -> ModelTrainingConfig:
+    def from_args(cls, args: argparse.Namespace, family: ModelFamily, dreambooth: bool = False) -> ModelTrainingConfig:
         """The recipe's flags (absent ones keep their defaults) and the family's rules, every problem at once."""
         problems = []
         stop = getattr(args, "stop_text_encoder_training", None)

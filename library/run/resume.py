@@ -13,7 +13,10 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from library.run.method import MethodConfig
 
 STATE_FILE = "train_state.json"
 REQUIRED_FILES = (STATE_FILE, "trained.safetensors", "optimizer.pt", "scheduler.pt")
@@ -91,11 +94,12 @@ def read_counters(folder: Path, *, training: bool = True) -> dict[str, Any]:
     return counters
 
 
-def settings_of(method: Any, optimizer_type: str) -> dict[str, Any]:
-    """The settings recorded with a state (JSON values): the trained method's shape-giving fields (an adapter run's
-    network config, also under pivotal tuning; other methods have none of them) and the optimizer."""
-    network = getattr(method, "network", method)
-    values = {name: getattr(network, name, None) for name in SETTINGS if name != "optimizer"}
+def settings_of(method: MethodConfig, optimizer_type: str) -> dict[str, Any]:
+    """The settings recorded with a state (JSON values): the trained method's shape-giving fields
+    (``method.resume_settings()``: an adapter run's network config, also under pivotal tuning; other methods have
+    none of them) and the optimizer."""
+    given = method.resume_settings()
+    values = {name: given.get(name) for name in SETTINGS if name != "optimizer"}
     values["optimizer"] = optimizer_type.lower()
     return json.loads(json.dumps(values))  # tuples -> lists, as they come back from the file
 
@@ -114,6 +118,16 @@ def setting_problems(folder: Path, counters: dict[str, Any], settings: dict[str,
                 "--resume)"
             )
     return problems
+
+
+def check_family(folder: Path | str, counters: dict[str, Any], family: str) -> None:
+    """A state trained on another model family cannot resume (its tensors name other modules): ``ValueError`` naming
+    both families. States written before the family was recorded are checked when their tensors load."""
+    saved = counters.get("family")
+    if saved is not None and saved != family:
+        raise ValueError(f"--resume {folder}: the state was trained on a {saved} model, this run loads a {family} "
+                         f"model; resume with the {saved} model it was trained on (or start a new run without "
+                         "--resume)")  # fmt: skip
 
 
 def _show(value: Any) -> str:

@@ -23,26 +23,26 @@ from library.files import metadata as md
 _SESSION_ID = str(uuid.uuid4().int & (2**31 - 1))
 
 
+def _listed(plan: Any, reg: bool) -> list[Any]:
+    """The training images, or the regularisation images as listed (each once, its configured repeats)."""
+    return [r for ds in plan.datasets for r in (ds.listed_reg if reg else ds.records) if r.is_reg == reg]
+
+
 def _tag_frequency(plan: Any) -> dict[str, dict[str, int]]:
-    """{dataset folder: {tag: count}} over the training captions (sd-scripts counts comma-separated tags)."""
+    """{dataset folder: {tag: count}} over the training and regularisation captions (sd-scripts counts
+    comma-separated tags of every subset)."""
     out: dict[str, Counter] = {}
-    for ds in plan.datasets:
-        for rec in ds.records:
-            if rec.is_reg:
-                continue
-            folder = Path(rec.path).parent.name
-            tags = [t.strip() for t in rec.caption.replace("\n", ",").split(",") if t.strip()]
-            out.setdefault(folder, Counter()).update(tags)
+    for rec in _listed(plan, False) + _listed(plan, True):
+        tags = [t.strip() for t in rec.caption.replace("\n", ",").split(",") if t.strip()]
+        out.setdefault(Path(rec.path).parent.name, Counter()).update(tags)
     return {k: dict(v) for k, v in out.items()}
 
 
 def _dataset_dirs(plan: Any, reg: bool) -> dict[str, dict[str, int]]:
     out: dict[str, dict[str, int]] = {}
-    for ds in plan.datasets:
-        for rec in ds.records:
-            if rec.is_reg == reg:
-                entry = out.setdefault(Path(rec.path).parent.name, {"n_repeats": rec.num_repeats, "img_count": 0})
-                entry["img_count"] += 1
+    for rec in _listed(plan, reg):
+        entry = out.setdefault(Path(rec.path).parent.name, {"n_repeats": rec.num_repeats, "img_count": 0})
+        entry["img_count"] += 1
     return out
 
 
@@ -66,8 +66,9 @@ def _training_keys(cfg: Any, run: Any) -> dict[str, Any]:
         "ss_learning_rate": opt.learning_rate,
         "ss_text_encoder_lr": json.dumps(list(opt.text_encoder_lr)) if opt.text_encoder_lr else None,
         "ss_unet_lr": opt.unet_lr,
-        "ss_num_train_images": report.train_images,
-        "ss_num_reg_images": report.reg_images,
+        "ss_num_train_images": report.train_with_repeats,  # sd-scripts counts each repeat (viewers read it so)
+        "ss_num_reg_images": report.reg_with_repeats,
+        "ss_num_validation_images": run.plan.validation.report.train_with_repeats if run.plan.validation else 0,
         "ss_num_batches_per_epoch": report.batches_per_process,
         "ss_gradient_checkpointing": cfg.run.gradient_checkpointing,
         "ss_gradient_accumulation_steps": cfg.run.gradient_accumulation_steps,
@@ -125,14 +126,14 @@ def _dataset_keys(cfg: Any, run: Any) -> dict[str, Any]:
         "ss_tag_frequency": _tag_frequency(plan),
         "ss_dataset_dirs": _dataset_dirs(plan, reg=False),
         "ss_reg_dataset_dirs": _dataset_dirs(plan, reg=True),
-        "ss_bucket_info": _bucket_info(plan),
+        "ss_bucket_info": _bucket_info(plan) if d.enable_bucket else None,  # sd-scripts: null without buckets
         "ss_batch_size_per_device": d.train_batch_size,
         "ss_total_batch_size": d.train_batch_size * run.accelerator.num_processes * cfg.run.gradient_accumulation_steps,
         "ss_resolution": f"({resolution[0]}, {resolution[1]})",
         "ss_enable_bucket": d.enable_bucket,
         "ss_bucket_no_upscale": d.bucket_no_upscale,
-        "ss_min_bucket_reso": d.min_bucket_reso,
-        "ss_max_bucket_reso": d.max_bucket_reso,
+        "ss_min_bucket_reso": d.min_bucket_reso if d.enable_bucket else None,
+        "ss_max_bucket_reso": d.max_bucket_reso if d.enable_bucket else None,
         "ss_flip_aug": d.flip_aug,
         "ss_color_aug": d.color_aug,
         "ss_random_crop": d.random_crop,

@@ -92,6 +92,8 @@ def start(cfg: TrainConfig) -> Run:
     for note in notes if accelerator.is_main_process else []:
         logger.warning(note)
     parts = load_model(cfg, accelerator)
+    if cfg.sample.enabled:  # what only the loaded model can tell (a flow model's patch multiple), before training
+        sampling.check_sample_prompts(cfg.sample, cfg.family, parts)
     tune_host(cfg, accelerator, parts, plan)
     run = Run(cfg, accelerator, cfg.family, parts, plan, define_step(cfg, parts, accelerator))
     fill_caches(run)  # the VAE, then the text encoders, alone on the device

@@ -83,6 +83,9 @@ class TextualInversionConfig:
     fused_backward_pass = False
     no_token_padding = False
 
+    def resume_settings(self) -> dict[str, Any]:
+        return {}  # the embeddings' shapes are checked when the state loads
+
     def deepspeed_plugin(self, cfg: Any) -> None:
         return None
 

@@ -417,6 +417,7 @@ class Trainer:
             "seed": self.cfg.run.seed,
             "num_processes": self.acc.num_processes,
             "losses": self.losses,
+            "family": self.run.family.name,
             "settings": resume.settings_of(self.cfg.method, self.cfg.optim.optimizer_type),
             "log_run": self.log_run,
         }
@@ -441,6 +442,7 @@ class Trainer:
             return
         state = run_files.load_train_state(folder, self.acc.process_index)  # ValueError naming a damaged file
         counters = state["counters"]
+        resume.check_family(folder, counters, self.run.family.name)
         if counters.get("num_processes", 1) != self.acc.num_processes:
             raise ValueError(
                 f"--resume {folder}: the state was saved with {counters.get('num_processes')} processes, this run "

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from library.cli.parse import add_unsupported
+from library.cli.parse import add_unsupported, guidance_problems
 from library.cli.problems import ConfigError
 from library.families import FAMILIES, family_flags, family_title
 from library.families.options import option_actions
@@ -340,8 +340,7 @@ def _check_numbers(args: argparse.Namespace, problems: list[str]) -> None:
         value = getattr(args, flag)
         if value is not None and value < 1:
             problems.append(f"--{flag} must be >= 1, got {value}")
-    if args.guidance is not None and args.guidance < 0:
-        problems.append(f"--guidance must be >= 0, got {args.guidance}")
+    problems += guidance_problems("--guidance", args.guidance)
     for flag in ("W", "H"):
         value = getattr(args, flag)
         if value is not None and (value < 64 or value % 8):

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from library.cli.parse import guidance_problems
 from library.cli.problems import ConfigError, did_you_mean
 
 from .schedulers import ALL_SAMPLER_NAMES
@@ -152,10 +153,10 @@ def _floats(text: Any) -> tuple[float, ...]:
     return tuple(_float(v) for v in str(text).split(","))
 
 
-def _nonneg_float(text: Any) -> float:
+def _guidance(text: Any) -> float:
     value = _float(text)
-    if value < 0:
-        raise ValueError(f"{value} must be >= 0")
+    for problem in guidance_problems("the guidance", value):
+        raise ValueError(problem)
     return value
 
 
@@ -187,7 +188,7 @@ OPTIONS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "nh": ("original_height_negative", _nonneg),
     "ct": ("crop_top", _nonneg),
     "cl": ("crop_left", _nonneg),
-    "g": ("guidance", _nonneg_float),
+    "g": ("guidance", _guidance),
 }
 IGNORED_OPTIONS: dict[str, str] = {}
 GUIDANCE_IGNORED_NOTE = (
@@ -225,7 +226,7 @@ TABLE_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "original_height_negative": ("original_height_negative", _nonneg),
     "crop_top": ("crop_top", _nonneg),
     "crop_left": ("crop_left", _nonneg),
-    "guidance_scale": ("guidance", _nonneg_float),
+    "guidance_scale": ("guidance", _guidance),
 }
 IGNORED_KEYS = {"enum"}
 

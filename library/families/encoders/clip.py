@@ -56,6 +56,30 @@ def factory(config: Mapping, with_projection: bool = False) -> Callable[[], nn.M
     return lambda: cls(CLIPTextConfig.from_dict(dict(config)))
 
 
+def config_from_shapes(state: Mapping[str, Any], shape: Callable[[str], tuple[int, ...]],
+                       candidates: list[dict]) -> dict | None:  # fmt: skip
+    """A CLIP text config read from canonical weights (``loading.Derive``): vocabulary, width, positions, depth, MLP
+    width and projection from the shapes; the head count from a head width of 64 (every released CLIP) or of a
+    candidate that divides the width; the rest (activation, token ids) from the first candidate. None when no head
+    width fits."""
+    p = "text_model."
+    keys = list(state.keys())
+    if p + "embeddings.token_embedding.weight" not in keys or not candidates:
+        return None
+    vocab, width = shape(p + "embeddings.token_embedding.weight")
+    head_widths = [64] + [c["hidden_size"] // c["num_attention_heads"] for c in candidates]
+    head = next((h for h in head_widths if h > 0 and width % h == 0), None)
+    if head is None:
+        return None
+    depth = 1 + max(int(k.split(".")[3]) for k in keys if k.startswith(p + "encoder.layers."))
+    config = dict(candidates[0], vocab_size=vocab, hidden_size=width, num_attention_heads=width // head,
+                  num_hidden_layers=depth, intermediate_size=shape(p + "encoder.layers.0.mlp.fc1.weight")[0],
+                  max_position_embeddings=shape(p + "embeddings.position_embedding.weight")[0])  # fmt: skip
+    if "text_projection.weight" in keys:
+        config["projection_dim"] = shape("text_projection.weight")[0]
+    return config
+
+
 def canonical_weights(state: Mapping[str, Any], prefixes: Iterable[str]) -> dict[str, Tensor] | None:
     """A CLIP single file's (or a model file part's) tensors under canonical HF names (``text_model.`` level, see
     ``convert.hf_state_dict``), each of ``prefixes`` the keys carry removed in turn; None when it holds no CLIP

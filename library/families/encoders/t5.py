@@ -118,6 +118,26 @@ def t5_names(keys: list[str]) -> dict[str, str]:
     return names
 
 
+def config_from_shapes(state: Mapping[str, Any], shape: Callable[[str], tuple[int, ...]],
+                       candidates: list[dict]) -> dict | None:  # fmt: skip
+    """A T5 encoder config read from its weights (``loading.Derive``): vocabulary and width from the embedding, heads
+    and buckets from the relative-attention bias, the head width from the query, depth, MLP width and gating (v1.1's
+    gated GELU or v1.0's ReLU); the rest from the first candidate. None when a tensor it reads is absent."""
+    block = "encoder.block.0.layer."
+    bias, query = block + "0.SelfAttention.relative_attention_bias.weight", block + "0.SelfAttention.q.weight"
+    keys = list(state.keys())
+    if not candidates or not all(k in keys for k in ("shared.weight", bias, query)):
+        return None
+    buckets, heads = shape(bias)
+    gated = block + "1.DenseReluDense.wi_0.weight" in keys
+    ff = shape(block + ("1.DenseReluDense.wi_0.weight" if gated else "1.DenseReluDense.wi.weight"))[0]
+    vocab, width = shape("shared.weight")
+    depth = 1 + max(int(k.split(".")[2]) for k in keys if k.startswith("encoder.block."))
+    return dict(candidates[0], vocab_size=vocab, d_model=width, num_heads=heads, d_kv=shape(query)[0] // heads,
+                d_ff=ff, num_layers=depth, relative_attention_num_buckets=buckets,
+                feed_forward_proj="gated-gelu" if gated else "relu")  # fmt: skip
+
+
 def load(
     path: Path, source: Mapping[str, Any], candidates: list[tuple[dict, str]], dtype: Any, device: Any, *, where: str,
     what: str,
@@ -129,4 +149,4 @@ def load(
     if "encoder.block.0.layer.0.SelfAttention.q.weight" not in state:
         raise ValueError(f"{where} {path}: no T5 encoder weights (expected transformers T5 keys such as "
                          "encoder.block.0.layer.0.SelfAttention.q.weight)")  # fmt: skip
-    return instantiate_fitting(candidates, factory, state, what, path, dtype, device)
+    return instantiate_fitting(candidates, factory, state, what, path, dtype, device, derive=config_from_shapes)

@@ -12,11 +12,15 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from library.files.weights import streamed_saves
 
 from ..full_training import PlainRules
+
+if TYPE_CHECKING:
+    from ..base import Parts
+    from ..protocol import ModelFamily
 
 logger = logging.getLogger("sdtrain")
 
@@ -27,7 +31,7 @@ class FluxRules(PlainRules):
 
     mem_eff_save: bool = False
 
-    def save(self, family: Any, parts: Any, path: Path, *, dtype: Any, metadata: Mapping[str, str],
+    def save(self, family: ModelFamily, parts: Parts, path: Path, *, dtype: Any, metadata: Mapping[str, str],
              safetensors: bool) -> None:  # fmt: skip
         with streamed_saves(self.mem_eff_save):  # --mem_eff_save: .safetensors written tensor by tensor
             family.save(parts, path, dtype=dtype, metadata=metadata, safetensors=safetensors)

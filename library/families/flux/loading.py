@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -99,6 +99,28 @@ def _with_blocks(config: dict, layout: K.Layout) -> dict:
     return config
 
 
+def transformer_from_shapes(state: Mapping[str, Any], shape: Callable[[str], tuple[int, ...]],
+                            candidates: list[dict]) -> dict | None:  # fmt: skip
+    """The transformer config read from its (diffusers-named) weights (``loading.Derive``): latent channels, width,
+    head width (the q norm's), the text width (``context_embedder``) and FLUX's pooled width; block counts and the
+    rest from the first candidate. None when the RoPE axes of the candidate do not add up to the head width (they
+    cannot be read from weights)."""
+    keys = set(state.keys())
+    needed = ("x_embedder.weight", "context_embedder.weight", "transformer_blocks.0.attn.norm_q.weight")
+    if not candidates or not all(k in keys for k in needed):
+        return None
+    width, channels = shape("x_embedder.weight")
+    head = shape("transformer_blocks.0.attn.norm_q.weight")[0]
+    config = dict(candidates[0])
+    if width % head or sum(config.get("axes_dims_rope", ())) != head:
+        return None
+    config.update(in_channels=channels, attention_head_dim=head, num_attention_heads=width // head,
+                  joint_attention_dim=shape("context_embedder.weight")[1])  # fmt: skip
+    if "time_text_embed.text_embedder.linear_1.weight" in keys:
+        config["pooled_projection_dim"] = shape("time_text_embed.text_embedder.linear_1.weight")[1]
+    return config
+
+
 def transformer_candidates(
     variant: str, layout: K.Layout, stored: Mapping | None, tiny: Mapping | None = None
 ) -> list[tuple[dict, str]]:
@@ -151,7 +173,8 @@ def load_transformer_file(
             state = strip_prefix(state, "transformer.")
         layout = K.diffusers_layout(_keys(state))
     candidates = transformer_candidates(found, layout, stored, tiny)
-    module = instantiate_fitting(candidates, transformer_factory, state, "transformer", path, dtype, device)
+    module = instantiate_fitting(candidates, transformer_factory, state, "transformer", path, dtype, device,
+                                 derive=transformer_from_shapes)  # fmt: skip
     return module, found
 
 
@@ -178,9 +201,8 @@ def load_clip_l(
                          "such as text_model.encoder.layers.0.self_attn.q_proj.weight)")  # fmt: skip
     canonical = {k: v for k, v in canonical.items() if not k.startswith(("text_projection", "logit_scale"))}
     candidates = _te_candidates(stored, 0, "flux-dev", tiny)
-    return instantiate_fitting(
-        candidates, clip_l_factory, canonical, "CLIP-L (--clip_l)", path, dtype, device, hf_for_model
-    )
+    return instantiate_fitting(candidates, clip_l_factory, canonical, "CLIP-L (--clip_l)", path, dtype, device,
+                               hf_for_model, derive=clip.config_from_shapes)  # fmt: skip
 
 
 def _te_candidates(stored: Mapping | None, index: int, variant: str, tiny: Mapping | None) -> list[tuple[dict, str]]:

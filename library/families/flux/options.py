@@ -105,15 +105,13 @@ class FluxOptions:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, *, training: bool) -> FluxOptions:
-        """The flags of :meth:`add_args`: files must exist, counts be positive, the guidance finite; with
+        """The flags of :meth:`add_args`: files must exist, counts be positive, the guidance a finite number >= 0; with
         ``training`` the objective's settings (``flow``)."""
-        from library.cli.parse import from_namespace, missing_path_problems, positive_count_problems
+        from library.cli.parse import from_namespace, guidance_problems, missing_path_problems, positive_count_problems
 
         problems = missing_path_problems(args, ("clip_l", "t5xxl", "ae"))
         problems += positive_count_problems(args, ("t5xxl_max_token_length", "text_encoder_batch_size"))
-        guidance = getattr(args, "guidance_scale", cls.guidance_scale)
-        if not float("-inf") < guidance < float("inf"):
-            problems.append(f"--guidance_scale must be a finite number, got {guidance}")
+        problems += guidance_problems("--guidance_scale", getattr(args, "guidance_scale", cls.guidance_scale))
         if training and getattr(args, "weighted_captions", False):
             problems.append("--weighted_captions is not supported for FLUX.1 / Chroma: A1111-style weights are for CLIP "
                             "prompts, and T5 encodes the caption as written (sd-scripts' FLUX script has no weighting "

@@ -30,7 +30,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
@@ -38,6 +38,10 @@ from library.files.weights import save_state_dict
 
 from ..full_training import PlainRules, raise_if
 from . import keys as K
+
+if TYPE_CHECKING:
+    from ..base import Parts
+    from ..protocol import ModelFamily
 
 logger = logging.getLogger("sdtrain")
 TEXT_ENCODER_NAMES = ("clip_l", "clip_g", "t5xxl")  # the order of Parts.text_encoders and of the sidecar files
@@ -59,7 +63,7 @@ class SD3Rules(PlainRules):
         if self.train_denoiser:
             freeze_last_x_block_parameters(denoiser, self.num_last_block_to_freeze)
 
-    def save(self, family: Any, parts: Any, path: Path, *, dtype: Any, metadata: Mapping[str, str],
+    def save(self, family: ModelFamily, parts: Parts, path: Path, *, dtype: Any, metadata: Mapping[str, str],
              safetensors: bool) -> None:  # fmt: skip
         """A ``.safetensors`` path: the SAI file (transformer + VAE) and the trained encoders' files next to it
         (``<stem>_clip_l.safetensors`` ...), each atomic; a folder: the whole pipeline."""
@@ -142,15 +146,15 @@ def problems(args: argparse.Namespace) -> list[str]:
     """sd-scripts' sd3_train.py assertions, each naming its flags (call after :func:`imply_text_cache`)."""
     out = []
     cache = caches_text(args)
-    if args.train_text_encoder and cache and not args.use_t5xxl_cache_only:
+    if args.train_t5xxl and cache:  # every encoder trains: no cache of any kind fits, so suggest none
+        out.append("--train_t5xxl with a text-encoder cache (--cache_text_encoder_outputs, --use_t5xxl_cache_only): "
+                   "T5-XXL's outputs cannot be cached while it trains; drop the cache flags or --train_t5xxl")  # fmt: skip
+    elif args.train_text_encoder and cache and not args.use_t5xxl_cache_only:
         out.append("--cache_text_encoder_outputs with --train_text_encoder: the CLIP-L / CLIP-G outputs cannot be "
                    "cached while they train; add --use_t5xxl_cache_only (only T5-XXL's outputs are read from the "
                    "cache) or drop the cache flag")  # fmt: skip
     if args.train_t5xxl and not args.train_text_encoder:
         out.append("--train_t5xxl needs --train_text_encoder (sd-scripts trains T5-XXL only with CLIP-L / CLIP-G)")
-    if args.train_t5xxl and cache:
-        out.append("--train_t5xxl with a text-encoder cache (--cache_text_encoder_outputs, --use_t5xxl_cache_only): "
-                   "T5-XXL's outputs cannot be cached while it trains; drop one of them")  # fmt: skip
     given = [f"--learning_rate_te{i}" for i, v in enumerate(
         (args.learning_rate_te1, args.learning_rate_te2, args.learning_rate_te3), 1) if v is not None]  # fmt: skip
     if given and not args.train_text_encoder:

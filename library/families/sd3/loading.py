@@ -183,7 +183,7 @@ def load_clip(index: int, path: Path, state: Mapping[str, Any], dtype: Any, devi
         canonical["text_projection.weight"] = torch.eye(width)
     candidates = _te_candidates(stored, index, tiny)
     return instantiate_fitting(candidates, clip_factory, canonical, f"{TE_TITLES[index]} ({what})", path, dtype, device,
-                               hf_for_model)  # fmt: skip
+                               hf_for_model, derive=clip.config_from_shapes)  # fmt: skip
 
 
 def _from_folder(folder: Path, index: int | None, dtype: Any, device: Any) -> nn.Module:

@@ -232,7 +232,6 @@ class ToyDiTFamily:
 
         spec = modelspec(architecture=self.modelspec_architecture(), implementation=self.modelspec_implementation(),
                          title=title, resolution=self.default_resolution())  # fmt: skip
-        spec.pop("modelspec.prediction_type", None)  # neither epsilon nor v
         return spec
 
     def reference_parts(self) -> Parts:
