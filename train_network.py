@@ -67,6 +67,14 @@ class AdapterMethod:
         """The network config's fields (a state records its shape-giving ones)."""
         return {f.name: getattr(self.network, f.name) for f in dataclasses.fields(self.network)}
 
+    def with_text_cached(self) -> AdapterMethod | None:
+        """With every text-encoder output cached: the denoiser's adapters only, when the text encoders' come from
+        the module's default (sd-scripts stops with an assertion; its Anima and SDXL docs' command lines hit it);
+        None when they were asked for (``--network_train_text_encoder_only``, pivotal tuning's new tokens)."""
+        if self.network.train_text_encoder_only or self.embeddings.specs:
+            return None
+        return dataclasses.replace(self, network=dataclasses.replace(self.network, train_unet_only=True))
+
     def deepspeed_plugin(self, cfg: Any) -> None:
         return None
 

@@ -61,7 +61,7 @@ METHOD_CONFIGS = [train_network.AdapterMethod, TextualInversionConfig, ModelTrai
 
 def test_method_members_are_the_protocol():
     assert set(method_members()) == {"trains_text_encoder", "trained_parts", "fused_backward_pass",
-                                     "no_token_padding", "resume_settings", "deepspeed_plugin", "check_plan"}  # fmt: skip
+                                     "no_token_padding", "resume_settings", "with_text_cached", "deepspeed_plugin", "check_plan"}  # fmt: skip
 
 
 @pytest.mark.parametrize("config", METHOD_CONFIGS, ids=lambda c: c.__name__)

@@ -220,6 +220,7 @@ def read_config(
         read(data.load_dataset_configs, data_args, size_multiple=family.size_multiple)
     problems.extend(_cross_checks(args, values))
     cache_flag = "--cache_text_encoder_outputs" + ("" if args.cache_text_encoder_outputs else "_to_disk")
+    values["method"] = method_with_text_cache(family, values["data"], values["method"], cache_flag)
     problems.extend(text_cache_problems(family, values["data"], values["method"], cache_flag))
     if family is not None and values["block_swap"] is not None:
         problems.extend(block_swap_problems(family, values["block_swap"]))
@@ -250,6 +251,23 @@ def block_swap_problems(family: ModelFamily, cfg: BlockSwapConfig) -> list[str]:
         return []
     lists = family.swap_blocks(family.reference_parts().denoiser)
     return swap_problems(cfg.blocks_to_swap, lists, family.spec.title)
+
+
+def method_with_text_cache(family: ModelFamily | None, data_args: Any, method: Any, flag: str) -> Any:
+    """``flag`` (a text-encoder cache) while a family's text encoders would train adapters by default only: the
+    method without them, with one warning (sd-scripts stops with an assertion); else ``method`` as it is (what
+    cannot train over the cache is :func:`text_cache_problems`')."""
+    if family is None or data_args is None or method is None or family.partial_text_cache is not None:
+        return method
+    if not (data_args.cache_text_encoder_outputs and method.trains_text_encoder):
+        return method
+    cached = method.with_text_cached()
+    if cached is None:
+        return method
+    logger.warning("%s: the text-encoder outputs are cached, so %s's text encoders cannot train: only the "
+                   "denoiser's adapters train (as with --network_train_unet_only; sd-scripts stops here)",
+                   flag, family.spec.title)  # fmt: skip
+    return cached
 
 
 def text_cache_problems(

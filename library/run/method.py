@@ -42,6 +42,12 @@ class MethodConfig(Protocol):
         names; an adapter run's network config), {} when the method has none."""
         ...
 
+    def with_text_cached(self) -> MethodConfig | None:
+        """The method as it can train when every text-encoder output is cached (``--cache_text_encoder_outputs``):
+        adapters placed on the text encoders by default only are left out (the denoiser's train); None when what
+        trains in the encoders was asked for (``--network_train_text_encoder_only``, new tokens, whole encoders)."""
+        ...
+
     def deepspeed_plugin(self, cfg: Any) -> Any:
         """accelerate's DeepSpeed plugin for the run (``cfg``: its TrainConfig), or None."""
         ...
@@ -67,6 +73,9 @@ class NothingTrained:
 
     def resume_settings(self) -> Mapping[str, Any]:
         return {}
+
+    def with_text_cached(self) -> None:
+        return None
 
     def deepspeed_plugin(self, cfg: Any) -> None:
         return None

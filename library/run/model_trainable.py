@@ -100,6 +100,9 @@ class ModelTrainingConfig:
     def resume_settings(self) -> dict[str, Any]:
         return {}  # the whole model's shapes are checked when the state loads
 
+    def with_text_cached(self) -> None:
+        return None  # what trains in the text encoders was asked for
+
     def deepspeed_plugin(self, cfg: Any) -> Any:
         """accelerate's DeepSpeed plugin for ``--deepspeed`` (None without it); ``cfg``: the run's TrainConfig."""
         if self.deepspeed is None:

@@ -86,6 +86,9 @@ class TextualInversionConfig:
     def resume_settings(self) -> dict[str, Any]:
         return {}  # the embeddings' shapes are checked when the state loads
 
+    def with_text_cached(self) -> None:
+        return None  # what trains in the text encoders was asked for
+
     def deepspeed_plugin(self, cfg: Any) -> None:
         return None
 
