@@ -1,0 +1,241 @@
+#!/usr/bin/env python3
+"""Lumina Image 2.0 against sd-scripts' own code on the same tiny files (by hand; CI has no sd-scripts).
+
+    PYTHONPATH=. python benchmarks/lumina_vs_sdscripts.py [--work DIR] [--sd-scripts ~/sdtrain-peer/sd-scripts] \
+        [--sds-python ~/sdtrain-peer/sdsvenv/bin/python]
+
+Our side (this process) writes the tiny Lumina 2 files (Alpha-VLLM transformer, Gemma-2, AE, tokenizer), trains a
+LoRA on them with sd-scripts' docs/lumina_train_network.md command line (Gemma's adapters too: no text cache) and
+fixes the inputs; sd-scripts' side (``--side sds``, a subprocess in sd-scripts' venv with its checkout on the path,
+``../shared/peer/helpers/sds_shims`` for torchvision) builds ``lumina_models.NextDiT`` with the tiny widths, loads
+the same files with ``load_state_dict(strict=True)`` and computes, with its own functions:
+
+1. the transformer's output on the same latents / τ / Gemma states / padded caption mask (our
+   ``Lumina2Transformer2DModel`` loaded by ``LUMINA2.load`` from the Alpha-VLLM file); sd-scripts' vanilla RMSNorm
+   gives the q/k norms eps 1e-6 where diffusers (and apex's FusedRMSNorm, which sd-scripts uses when installed) has
+   1e-5: both are reported;
+2. per ``--timestep_sampling`` (and ``--model_prediction_type`` raw / sigma_scaled, ``--ip_noise_gamma``): the noisy
+   input, timesteps, σ, target and per-sample loss from ``lumina_train_util.get_noisy_model_input_and_timesteps`` /
+   ``apply_model_prediction_type``, ``train_util.conditional_loss`` on the same seed (sd-scripts draws from torch's
+   global generator, ours from a ``torch.Generator`` of the same seed);
+3. our saved LoRA file loaded by sd-scripts' ``networks.lora_lumina.create_network_from_weights`` and applied: the
+   transformer's and Gemma's outputs against ours with the file applied by ``networks.inject.network_from_file``;
+4. the key map: sd-scripts' ``lumina_util.DIFFUSERS_TO_ALPHA_VLLM_MAP`` entries against ours, entry by entry (which
+   of its diffusers names exist in ``Lumina2Transformer2DModel``, and whether our map gives its Alpha-VLLM name).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SAMPLINGS = ("sigma", "uniform", "sigmoid", "shift", "nextdit_shift", "flux_shift")
+CASES = [(s, "raw", None) for s in SAMPLINGS] + [("shift", "sigma_scaled", None), ("nextdit_shift", "raw", 0.1),
+                                                 ("sigma", "additive", None)]  # fmt: skip
+SEED = 1234
+
+
+# ------------------------------------------------------------------------------------------------ sd-scripts' side
+def sds_side(work: Path) -> None:
+    import torch
+    from safetensors.torch import load_file
+    from transformers import Gemma2Config, Gemma2Model
+
+    from library import lumina_models, lumina_train_util, lumina_util, sd3_train_utils, train_util
+    from networks import lora_lumina
+
+    cfg = json.loads((work / "tiny_config.json").read_text())
+    t = cfg["transformer"]
+    dit = lumina_models.NextDiT(patch_size=t["patch_size"], in_channels=t["in_channels"], dim=t["hidden_size"],
+                                n_layers=t["num_layers"], n_refiner_layers=t["num_refiner_layers"],
+                                n_heads=t["num_attention_heads"], n_kv_heads=t["num_kv_heads"],
+                                multiple_of=t["multiple_of"], ffn_dim_multiplier=t["ffn_dim_multiplier"],
+                                norm_eps=t["norm_eps"], qk_norm=True, cap_feat_dim=t["cap_feat_dim"],
+                                axes_dims=t["axes_dim_rope"], axes_lens=t["axes_lens"])  # fmt: skip
+    dit.load_state_dict(load_file(work / "model.safetensors"), strict=True)
+    dit.eval()
+    gemma = Gemma2Model(Gemma2Config(**cfg["text_encoder"], attn_implementation="eager")).eval()
+    gsd = {k.removeprefix("model."): v for k, v in load_file(work / "gemma2.safetensors").items()}
+    gemma.load_state_dict(gsd, strict=True)
+    inp = torch.load(work / "inputs.pt", weights_only=True)
+    out: dict = {}
+    with torch.no_grad():
+        out["forward_eps1e-6"] = dit(inp["latents"], inp["tau"], inp["cap"], inp["mask"].to(torch.int32))
+        norms = [m for n, m in dit.named_modules() if n.endswith(("q_norm", "k_norm"))]
+        for m in norms:
+            m.eps = 1e-5
+        out["forward_eps1e-5"] = dit(inp["latents"], inp["tau"], inp["cap"], inp["mask"].to(torch.int32))
+        gem = gemma(input_ids=inp["ids"], attention_mask=inp["ids_mask"], output_hidden_states=True)
+        out["gemma"] = gem.hidden_states[-2]
+        scheduler = sd3_train_utils.FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=6.0)
+        for sampling, kind, gamma in CASES:
+            args = argparse.Namespace(timestep_sampling=sampling, sigmoid_scale=1.0, discrete_flow_shift=6.0,
+                                      weighting_scheme="uniform", logit_mean=0.0, logit_std=1.0, mode_scale=1.29,
+                                      ip_noise_gamma=gamma, ip_noise_gamma_random_strength=False,
+                                      model_prediction_type=kind)  # fmt: skip
+            torch.manual_seed(SEED)
+            latents = inp["latents"]
+            noise = torch.randn_like(latents)
+            noisy, timesteps, sigmas = lumina_train_util.get_noisy_model_input_and_timesteps(
+                args, scheduler, latents, noise, "cpu", torch.float32)
+            raw = dit(noisy, 1 - timesteps / 1000, inp["cap"], inp["mask"].to(torch.int32))
+            pred, weighting = lumina_train_util.apply_model_prediction_type(args, raw, noisy, sigmas)
+            target = latents - noise
+            loss = train_util.conditional_loss(pred.float(), target.float(), "l2", "none", None)
+            if weighting is not None:
+                loss = loss * weighting
+            out[f"{sampling}/{kind}/{gamma}"] = {"noisy": noisy, "timesteps": timesteps, "sigmas": sigmas.flatten(),
+                                                 "target": target, "loss": loss.mean([1, 2, 3])}  # fmt: skip
+        for m in norms:  # the LoRA comparison with diffusers' eps
+            m.eps = 1e-5
+        network, _ = lora_lumina.create_network_from_weights(1.0, str(work / "lora.safetensors"), None, [gemma], dit)
+        network.apply_to([gemma], dit, apply_text_encoder=True, apply_unet=True)
+        network.load_weights(str(work / "lora.safetensors"))
+        out["lora_forward"] = dit(inp["latents"], inp["tau"], inp["cap"], inp["mask"].to(torch.int32))
+        out["lora_gemma"] = gemma(input_ids=inp["ids"], attention_mask=inp["ids_mask"],
+                                  output_hidden_states=True).hidden_states[-2]  # fmt: skip
+        out["lora_modules"] = len(network.unet_loras) + len(network.text_encoder_loras)
+        out["map"] = dict(lumina_util.DIFFUSERS_TO_ALPHA_VLLM_MAP)
+    torch.save(out, work / "sds_out.pt")
+
+
+# ------------------------------------------------------------------------------------------------ our side
+def prepare(work: Path) -> None:
+    import torch
+
+    import lumina_train_network
+    from library.families.lumina.tiny import GEMMA, TRANSFORMER, build_tiny_lumina, write_tiny_files
+    from library.run.demo import make_example_dataset
+
+    parts = build_tiny_lumina(seed=0)
+    write_tiny_files(parts, work)
+    (work / "tiny_config.json").write_text(json.dumps({"transformer": TRANSFORMER, "text_encoder": GEMMA}))
+    data = make_example_dataset(work / "data")
+    toml = work / "my_lumina_dataset_config.toml"
+    toml.write_text(f'[general]\ncaption_extension = ".txt"\n[[datasets]]\nresolution = 64\nbatch_size = 2\n'
+                    f'[[datasets.subsets]]\nimage_dir = "{(data / "10_sks shape").as_posix()}"\n')  # fmt: skip
+    result = lumina_train_network.run([
+        f"--pretrained_model_name_or_path={work / 'model.safetensors'}", f"--gemma2={work / 'gemma2.safetensors'}",
+        f"--ae={work / 'ae.safetensors'}", f"--dataset_config={toml}", f"--output_dir={work}", "--output_name=lora",
+        "--save_model_as=safetensors", "--network_module=networks.lora_lumina", "--network_dim=8",
+        "--network_alpha=8", "--learning_rate=1e-2", "--optimizer_type=AdamW", "--lr_scheduler=constant",
+        "--timestep_sampling=nextdit_shift", "--discrete_flow_shift=6.0", "--model_prediction_type=raw",
+        "--system_prompt=You are an assistant designed to generate high-quality images based on user prompts.",
+        "--max_train_epochs=1", "--mixed_precision=no", "--gradient_checkpointing", "--cache_latents",
+        "--max_data_loader_n_workers=0", "--seed=1",
+    ])  # fmt: skip
+    print(f"LoRA trained: {result.output}")
+    g = torch.Generator().manual_seed(7)
+    latents = torch.randn(2, 16, 8, 8, generator=g)
+    mask = torch.ones(2, 16, dtype=torch.long)
+    mask[1, 9:] = 0  # a right-padded caption
+    ids = torch.randint(4, 100, (2, 16), generator=g)
+    ids[1, 9:] = 0
+    torch.save({"latents": latents, "tau": torch.tensor([0.3, 0.8]), "cap": torch.randn(2, 16, 32, generator=g),
+                "mask": mask, "ids": ids, "ids_mask": mask.clone()}, work / "inputs.pt")  # fmt: skip
+
+
+def maxdiff(a, b) -> float:
+    return float((a.float() - b.float()).abs().max())
+
+
+def ours_side(work: Path) -> dict:
+    import torch
+
+    from library.families.base import Cond
+    from library.families.lumina import LUMINA2
+    from library.families.lumina import keys as K
+    from library.families.lumina.objective import LuminaFlowConfig, LuminaFlowObjective
+    from library.families.lumina.options import LuminaOptions
+    from library.objectives.losses import LossConfig
+    from networks.inject import network_from_file
+
+    sds = torch.load(work / "sds_out.pt", weights_only=False)
+    inp = torch.load(work / "inputs.pt", weights_only=True)
+    opts = LuminaOptions(gemma2=str(work / "gemma2.safetensors"), ae=str(work / "ae.safetensors"))
+    parts = LUMINA2.load(work / "model.safetensors", options=opts)
+    dit, gemma = parts.denoiser, parts.text_encoders[0]
+    rows: dict = {}
+    with torch.no_grad():
+        ours = dit(hidden_states=inp["latents"], timestep=inp["tau"], encoder_hidden_states=inp["cap"],
+                   encoder_attention_mask=inp["mask"].to(torch.int32), return_dict=False)[0]  # fmt: skip
+        rows["forward vs NextDiT (q/k norm eps 1e-6, sd-scripts without apex)"] = maxdiff(ours, sds["forward_eps1e-6"])
+        rows["forward vs NextDiT (q/k norm eps 1e-5, diffusers / apex)"] = maxdiff(ours, sds["forward_eps1e-5"])
+        g_ours = gemma(input_ids=inp["ids"], attention_mask=inp["ids_mask"], output_hidden_states=True)
+        rows["Gemma hidden_states[-2]"] = maxdiff(g_ours.hidden_states[-2], sds["gemma"])
+        cond = Cond(inp["cap"], None, inp["mask"])
+        for sampling, kind, gamma in CASES:
+            cfg = LuminaFlowConfig(timestep_sampling=sampling, model_prediction_type=kind, ip_noise_gamma=gamma)
+            objective = LuminaFlowObjective(cfg, LossConfig())
+            ex = objective.example(inp["latents"], torch.Generator().manual_seed(SEED))
+            out = LUMINA2.predict(dit, ex.noisy, ex.timesteps, cond)
+            loss = objective.loss_per_sample(objective.prediction(out, ex), ex)
+            ref = sds[f"{sampling}/{kind}/{gamma}"]
+            name = f"{sampling} {kind}" + (f" ip_noise_gamma={gamma}" if gamma else "")
+            rows[f"{name}: noisy / timesteps / sigmas / target"] = max(
+                maxdiff(ex.noisy, ref["noisy"]), maxdiff(ex.timesteps, ref["timesteps"]),
+                maxdiff(ex.sigmas, ref["sigmas"]), maxdiff(ex.target, ref["target"]))  # fmt: skip
+            rows[f"{name}: loss per sample (ours {loss.tolist()})"] = maxdiff(loss, ref["loss"])
+        for m in [m for n, m in dit.named_modules() if n.endswith(("norm_q", "norm_k"))]:
+            assert abs(m.eps - 1e-5) < 1e-12
+        network = network_from_file(work / "lora.safetensors", LUMINA2.adapter_roots(parts))
+        with_lora = dit(hidden_states=inp["latents"], timestep=inp["tau"], encoder_hidden_states=inp["cap"],
+                        encoder_attention_mask=inp["mask"].to(torch.int32), return_dict=False)[0]  # fmt: skip
+        rows[f"LoRA applied: forward ({len(network)} modules ours, {sds['lora_modules']} sd-scripts; Δ by the LoRA "
+             f"{maxdiff(with_lora, ours):.3g})"] = maxdiff(with_lora, sds["lora_forward"])
+        g_lora = gemma(input_ids=inp["ids"], attention_mask=inp["ids_mask"], output_hidden_states=True)
+        rows[f"LoRA applied: Gemma (Δ by the LoRA {maxdiff(g_lora.hidden_states[-2], g_ours.hidden_states[-2]):.3g})"
+             ] = maxdiff(g_lora.hidden_states[-2], sds["lora_gemma"])  # fmt: skip
+    # the key map, entry by entry
+    from library.families.lumina.model import released, transformer_factory
+    from accelerate import init_empty_weights
+
+    with init_empty_weights():
+        real = transformer_factory(released()["transformer"])()
+    names = set(real.state_dict())
+    exists = same = 0
+    for diff_key, alpha_key in sds["map"].items():
+        key, akey = diff_key.replace("().", "0."), alpha_key.replace("().", "0.")
+        if key in names:
+            exists += 1
+            module, _, param = key.rpartition(".")
+            try:
+                same += f"{K.diffusers_module_to_alpha(module)}.{param}" == akey
+            except KeyError:
+                pass
+    rows[f"DIFFUSERS_TO_ALPHA_VLLM_MAP: {len(sds['map'])} entries, {exists} name a Lumina2Transformer2DModel key, "
+         f"ours agrees on {same}"] = float(exists - same)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--side", choices=("ours", "sds"), default="ours")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/lumina_vs_sdscripts"))
+    parser.add_argument("--sd-scripts", type=Path, default=Path.home() / "sdtrain-peer" / "sd-scripts")
+    parser.add_argument("--sds-python", type=Path, default=Path.home() / "sdtrain-peer" / "sdsvenv" / "bin" / "python")
+    a = parser.parse_args()
+    if a.side == "sds":
+        sds_side(a.work)
+        return
+    a.work.mkdir(parents=True, exist_ok=True)
+    prepare(a.work)
+    shims = HERE.parent.parent / "shared" / "peer" / "helpers" / "sds_shims"
+    shims = shims if shims.is_dir() else Path("/work/shared/peer/helpers/sds_shims")
+    env = dict(os.environ, PYTHONPATH=f"{a.sd_scripts}{os.pathsep}{shims}", HF_HUB_OFFLINE="1")
+    subprocess.run([str(a.sds_python), str(Path(__file__).resolve()), "--side", "sds", "--work", str(a.work)],
+                   cwd=a.sd_scripts, env=env, check=True)  # fmt: skip
+    rows = ours_side(a.work)
+    width = max(len(k) for k in rows)
+    print(f"\n{'check':<{width}}  max |ours - sd-scripts|")
+    for k, v in rows.items():
+        print(f"{k:<{width}}  {v:.3g}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
