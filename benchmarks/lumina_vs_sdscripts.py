@@ -82,7 +82,8 @@ def sds_side(work: Path) -> None:
             latents = inp["latents"]
             noise = torch.randn_like(latents)
             noisy, timesteps, sigmas = lumina_train_util.get_noisy_model_input_and_timesteps(
-                args, scheduler, latents, noise, "cpu", torch.float32)
+                args, scheduler, latents, noise, "cpu", torch.float32
+            )
             raw = dit(noisy, 1 - timesteps / 1000, inp["cap"], inp["mask"].to(torch.int32))
             pred, weighting = lumina_train_util.apply_model_prediction_type(args, raw, noisy, sigmas)
             target = latents - noise
@@ -186,14 +187,17 @@ def ours_side(work: Path) -> dict:
         network = network_from_file(work / "lora.safetensors", LUMINA2.adapter_roots(parts))
         with_lora = dit(hidden_states=inp["latents"], timestep=inp["tau"], encoder_hidden_states=inp["cap"],
                         encoder_attention_mask=inp["mask"].to(torch.int32), return_dict=False)[0]  # fmt: skip
-        rows[f"LoRA applied: forward ({len(network)} modules ours, {sds['lora_modules']} sd-scripts; Δ by the LoRA "
-             f"{maxdiff(with_lora, ours):.3g})"] = maxdiff(with_lora, sds["lora_forward"])
+        rows[
+            f"LoRA applied: forward ({len(network)} modules ours, {sds['lora_modules']} sd-scripts; Δ by the LoRA "
+            f"{maxdiff(with_lora, ours):.3g})"
+        ] = maxdiff(with_lora, sds["lora_forward"])
         g_lora = gemma(input_ids=inp["ids"], attention_mask=inp["ids_mask"], output_hidden_states=True)
         rows[f"LoRA applied: Gemma (Δ by the LoRA {maxdiff(g_lora.hidden_states[-2], g_ours.hidden_states[-2]):.3g})"
              ] = maxdiff(g_lora.hidden_states[-2], sds["lora_gemma"])  # fmt: skip
     # the key map, entry by entry
-    from library.families.lumina.model import released, transformer_factory
     from accelerate import init_empty_weights
+
+    from library.families.lumina.model import released, transformer_factory
 
     with init_empty_weights():
         real = transformer_factory(released()["transformer"])()
@@ -208,8 +212,10 @@ def ours_side(work: Path) -> dict:
                 same += f"{K.diffusers_module_to_alpha(module)}.{param}" == akey
             except KeyError:
                 pass
-    rows[f"DIFFUSERS_TO_ALPHA_VLLM_MAP: {len(sds['map'])} entries, {exists} name a Lumina2Transformer2DModel key, "
-         f"ours agrees on {same}"] = float(exists - same)
+    rows[
+        f"DIFFUSERS_TO_ALPHA_VLLM_MAP: {len(sds['map'])} entries, {exists} name a Lumina2Transformer2DModel key, "
+        f"ours agrees on {same}"
+    ] = float(exists - same)
     return rows
 
 

@@ -31,8 +31,18 @@ from library.objectives.losses import LossConfig
 from library.objectives.noising import NoiseConfig
 
 from ..autoencoders import flux_ae
-from ..base import FLOW_MATCHING, BlockList, Cond, FamilySpec, FlowSampling, PartDtypes, Parts, Root, TargetClasses
-from ..base import TextEncoderSpec
+from ..base import (
+    FLOW_MATCHING,
+    BlockList,
+    Cond,
+    FamilySpec,
+    FlowSampling,
+    PartDtypes,
+    Parts,
+    Root,
+    TargetClasses,
+    TextEncoderSpec,
+)
 from ..blocks import BlockLayout
 from ..loading import META_CONFIGS, META_FAMILY
 from ..saving import _save_weights, atomic_dir, clean_config, with_kind

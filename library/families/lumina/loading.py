@@ -172,7 +172,7 @@ def gemma_state(state: Mapping[str, Any]) -> dict[str, Any]:
     prefix = next((p for p in ("", *GEMMA_PREFIXES) if p + "embed_tokens.weight" in keys), None)
     if prefix is None:
         return {}
-    names = {k[len(prefix):]: k for k in keys if k.startswith(prefix) and k[len(prefix):].startswith(GEMMA_TOP)}
+    names = {k[len(prefix) :]: k for k in keys if k.startswith(prefix) and k[len(prefix) :].startswith(GEMMA_TOP)}
     return KeyView(state, names)  # type: ignore[return-value]
 
 

@@ -34,8 +34,16 @@ from typing import TYPE_CHECKING
 
 from torch import nn
 
-from ..adapters import PLAIN_LORA_NOT_READ, ArgSpec, LoraModuleArgs, NetworkSettings, Preset, Target, parse_dim
-from ..adapters import parse_rank_list
+from ..adapters import (
+    PLAIN_LORA_NOT_READ,
+    ArgSpec,
+    LoraModuleArgs,
+    NetworkSettings,
+    Preset,
+    Target,
+    parse_dim,
+    parse_rank_list,
+)
 
 if TYPE_CHECKING:
     from ..base import TargetClasses

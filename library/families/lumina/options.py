@@ -82,6 +82,10 @@ class LuminaOptions:
         problems = missing_path_problems(args, ("gemma2", "ae"), folders=True)
         problems += positive_count_problems(args, ("gemma2_max_token_length", "sample_batch_size",
                                                    "text_encoder_batch_size"))  # fmt: skip
+        length = getattr(args, "gemma2_max_token_length", None)
+        if length is not None and length >= 1 and length % 8:
+            problems.append(f"--gemma2_max_token_length {length}: must be a multiple of 8 (captions are padded to a "
+                            f"multiple of 8, as sd-scripts does, and truncated at this length); try {length + 8 - length % 8}")  # fmt: skip
         for flag, package in ATTENTION_PACKAGES.items():
             if getattr(args, flag, False):
                 if importlib.util.find_spec(package) is None:
