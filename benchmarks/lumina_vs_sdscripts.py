@@ -38,6 +38,7 @@ SAMPLINGS = ("sigma", "uniform", "sigmoid", "shift", "nextdit_shift", "flux_shif
 CASES = [(s, "raw", None) for s in SAMPLINGS] + [("shift", "sigma_scaled", None), ("nextdit_shift", "raw", 0.1),
                                                  ("sigma", "additive", None)]  # fmt: skip
 SEED = 1234
+SAMPLING = ((0.25, 1.0), (1.0, 0.0), (0.6, 1.0))  # (--cfg_trunc_ratio, --renorm_cfg) of lumina_minimal_inference
 
 
 # ------------------------------------------------------------------------------------------------ sd-scripts' side
@@ -92,8 +93,15 @@ def sds_side(work: Path) -> None:
                 loss = loss * weighting
             out[f"{sampling}/{kind}/{gamma}"] = {"noisy": noisy, "timesteps": timesteps, "sigmas": sigmas.flatten(),
                                                  "target": target, "loss": loss.mean([1, 2, 3])}  # fmt: skip
-        for m in norms:  # the LoRA comparison with diffusers' eps
+        for m in norms:  # the sampling and LoRA comparisons with diffusers' eps
             m.eps = 1e-5
+        for ratio, renorm in SAMPLING:
+            sched = sd3_train_utils.FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=6.0)
+            sched.set_timesteps(6, device="cpu")
+            noise = torch.randn((1, 16, 8, 8), generator=torch.Generator("cpu").manual_seed(SEED))
+            out[f"denoise/{ratio}/{renorm}"] = lumina_train_util.denoise(
+                sched, dit, noise, inp["cap"][:1], inp["mask"][:1], inp["cap"][1:], inp["mask"][1:],
+                sched.timesteps, 3.5, ratio, renorm)  # fmt: skip
         network, _ = lora_lumina.create_network_from_weights(1.0, str(work / "lora.safetensors"), None, [gemma], dit)
         network.apply_to([gemma], dit, apply_text_encoder=True, apply_unet=True)
         network.load_weights(str(work / "lora.safetensors"))
@@ -184,6 +192,16 @@ def ours_side(work: Path) -> dict:
             rows[f"{name}: loss per sample (ours {loss.tolist()})"] = maxdiff(loss, ref["loss"])
         for m in [m for n, m in dit.named_modules() if n.endswith(("norm_q", "norm_k"))]:
             assert abs(m.eps - 1e-5) < 1e-12
+        from lumina_minimal_inference import Request, lumina_latents
+
+        pos, neg = Cond(inp["cap"][:1], None, inp["mask"][:1]), Cond(inp["cap"][1:], None, inp["mask"][1:])
+        for ratio, renorm in SAMPLING:
+            request = Request("", "", 64, 64, 6, 3.5, ratio, renorm)
+            x = lumina_latents(LUMINA2, parts, pos, neg, request, 6.0, torch.Generator("cpu").manual_seed(SEED))
+            rows[
+                f"lumina_minimal_inference sampling, 6 steps, CFG 3.5, --cfg_trunc_ratio {ratio} --renorm_cfg "
+                f"{renorm} (vs lumina_train_util.denoise)"
+            ] = maxdiff(x, sds[f"denoise/{ratio}/{renorm}"])
         network = network_from_file(work / "lora.safetensors", LUMINA2.adapter_roots(parts))
         with_lora = dit(hidden_states=inp["latents"], timestep=inp["tau"], encoder_hidden_states=inp["cap"],
                         encoder_attention_mask=inp["mask"].to(torch.int32), return_dict=False)[0]  # fmt: skip
