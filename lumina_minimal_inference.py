@@ -97,38 +97,20 @@ class Request:
     seed: int | None = None
 
 
-def guided(velocity_cond, velocity_uncond, scale: float, renorm: float) -> torch.Tensor:
-    """``v_u + scale (v_c − v_u)``, its per-image norm capped at ``renorm`` times ``v_c``'s (sd-scripts'
-    ``lumina_train_util.denoise``; the same on velocities as on its x0 − ε predictions, which are their negation)."""
-    v = velocity_uncond + scale * (velocity_cond - velocity_uncond)
-    if renorm > 0:
-        dims = tuple(range(1, v.ndim))
-        cap = torch.linalg.vector_norm(velocity_cond, dim=dims, keepdim=True) * renorm
-        norm = torch.linalg.vector_norm(v, dim=dims, keepdim=True)
-        v = torch.where(norm >= cap, v * (cap / norm), v)
-    return v
-
-
 def lumina_latents(family, parts, cond, uncond, request: Request, shift: float, generator) -> torch.Tensor:
-    """sd-scripts' Lumina denoising: ``FlowMatchEulerDiscreteScheduler(shift)`` levels, Euler steps on the velocity
-    (``family.predict``), CFG with truncation and renormalisation while 1 − σ < ``cfg_trunc_ratio``."""
-    from library.sampling.flow import discrete_flow_sigmas, latent_noise, sample_euler
+    """sd-scripts' Lumina denoising (``lumina_train_util.denoise``): ``FlowMatchEulerDiscreteScheduler(shift)``
+    levels, Euler steps on the velocity (``family.predict``), CFG while 1 − σ < ``cfg_trunc_ratio`` with the
+    renormalisation ``renorm_cfg`` (``flow.with_truncated_cfg``)."""
+    from library.sampling.flow import discrete_flow_sigmas, latent_noise, sample_euler, with_truncated_cfg
+    from library.sampling.flow_generate import cat_conds, flow_velocity
 
     device = next(parts.denoiser.parameters()).device
-    dtype = next(parts.denoiser.parameters()).dtype
     x = latent_noise([generator], request.height, request.width).to(device)
-    sigmas = discrete_flow_sigmas(request.steps, shift)
-    cond, uncond = cond.to(device, dtype), uncond.to(device, dtype)
-
-    def velocity(x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
-        t = sigma * 1000
-        v = family.predict(parts.denoiser, x.to(dtype), t, cond).float()
-        if float(1 - sigma[0]) < request.cfg_trunc_ratio:
-            v_u = family.predict(parts.denoiser, x.to(dtype), t, uncond).float()
-            v = guided(v, v_u, request.scale, request.renorm_cfg)
-        return v
-
-    return sample_euler(velocity, x, sigmas)
+    cond, uncond = cond.to(device), uncond.to(device)
+    both = flow_velocity(family, parts, cat_conds(uncond, cond), guidance=None)  # [negative; prompt]
+    alone = flow_velocity(family, parts, cond, guidance=None)
+    velocity = with_truncated_cfg(both, alone, request.scale, request.cfg_trunc_ratio, request.renorm_cfg)
+    return sample_euler(velocity, x, discrete_flow_sigmas(request.steps, shift))
 
 
 def parse_line(line: str, current: Request, negative: str, networks: list) -> Request | None:

@@ -72,3 +72,52 @@ def test_interactive_options_reach_the_sampler(files, tmp_path, monkeypatch):
     assert len(written) == 1 and Image.open(written[0]).size == (32, 48)
     assert (request.prompt, request.steps, request.seed, request.scale) == ("a cube", 2, 7, 2.5)
     assert (request.cfg_trunc_ratio, request.renorm_cfg, request.negative_prompt) == (0.5, 0.0, "")
+
+
+def test_sample_prompts_read_ctr_and_rcfg_and_negatives_skip_the_system_prompt():
+    """A sample prompt's ``--ctr`` / ``--rcfg`` reach the spec; Lumina's samples encode the negative prompt without
+    the system prompt (sd-scripts' ``tokenize(negative, is_negative=True)``), the prompt with it, in the doubled
+    batch [negative; prompt]; cached conditionings are keyed the same way."""
+    import copy
+
+    from library.families.lumina.options import LuminaOptions
+    from library.sampling.flow_generate import encode_flow_prompts, encode_prompt_texts, flow_texts
+    from library.sampling.generate import resolve
+    from library.sampling.prompts import parse_prompt_line
+
+    spec = parse_prompt_line("a cube --n bad --l 3.5 --ctr 0.5 --rcfg 0")
+    assert (spec.cfg_trunc_ratio, spec.renorm_cfg) == (0.5, 0.0)
+    parts = copy.copy(build_tiny_lumina(seed=0))
+    parts.options = LuminaOptions(system_prompt="Sys", gemma2_max_token_length=32)
+    spec = resolve(spec, LUMINA2, parts)
+    cond = encode_flow_prompts(LUMINA2, parts, [spec])
+    negative = LUMINA2.encode_prompt(parts, ["bad"], negative=True)
+    positive = LUMINA2.encode_prompt(parts, ["a cube"])
+    assert torch.equal(cond.hidden_states, torch.cat([negative.hidden_states, positive.hidden_states]))
+    assert not torch.equal(negative.hidden_states, LUMINA2.encode_prompt(parts, ["bad"]).hidden_states)
+    cached = encode_prompt_texts(LUMINA2, parts, flow_texts(LUMINA2, parts, [spec]))
+    again = encode_flow_prompts(LUMINA2, parts, [spec], cached)
+    assert torch.equal(again.hidden_states, cond.hidden_states) and torch.equal(again.mask, cond.mask)
+
+
+def test_truncated_cfg_runs_the_negative_only_below_the_ratio_and_caps_the_norm():
+    from library.sampling.flow import with_cfg, with_truncated_cfg
+
+    pos, neg = torch.randn(1, 4, 2, 2), torch.randn(1, 4, 2, 2)
+
+    def both(x, sigma):
+        return torch.cat([neg, pos]) * (1 + sigma.view(-1, 1, 1, 1))
+
+    def alone(x, sigma):
+        return pos * (1 + sigma.view(-1, 1, 1, 1))
+
+    x = torch.zeros(1, 4, 2, 2)
+    early, late = torch.tensor([0.9]), torch.tensor([0.5])  # model time 0.1 (guided), 0.5 (not below 0.25)
+    plain = with_cfg(both, 3.0)
+    assert torch.equal(with_truncated_cfg(both, alone, 3.0, None, 0.0)(x, early), plain(x, early))
+    assert torch.equal(with_truncated_cfg(both, alone, 3.0, 0.25, 0.0)(x, late), alone(x, late))
+    capped = with_truncated_cfg(both, alone, 3.0, 0.25, 1.0)(x, early)
+    guided = plain(x, early)
+    cap = alone(x, early).norm()
+    expected = guided * (cap / guided.norm()) if guided.norm() >= cap else guided
+    assert torch.allclose(capped, expected)

@@ -232,8 +232,10 @@ class LuminaFamily:
         return Cond(hidden, None, mask.to(hidden.device))
 
     def encode_prompt(self, parts: Parts, captions: list[str], clip_skip: int | None = None,
-                      max_token_length: int | None = None) -> Cond:  # fmt: skip
-        return self.encode_tokens(parts, self.tokenize(parts, captions, max_token_length), clip_skip)
+                      max_token_length: int | None = None, *, negative: bool = False) -> Cond:  # fmt: skip
+        """:meth:`tokenize` (``negative``: without the system prompt) then :meth:`encode_tokens`."""
+        tokens = self.tokenize(parts, captions, max_token_length, negative=negative)
+        return self.encode_tokens(parts, tokens, clip_skip)
 
     def size_conditioning(self, original_sizes: Any, crop_top_lefts: Any, target_sizes: Any) -> None:
         return None
@@ -313,11 +315,14 @@ class LuminaFamily:
                                tokenizer=parts.tokenizers[0] if parts.tokenizers else None)  # fmt: skip
 
     def flow_sampling(self, parts: Parts) -> FlowSampling:
-        """No embedded guidance; the static shift of the scheduler config (6.0, sd-scripts' sampling shift); noise
-        drawn unpacked; 36 steps and CFG 3.5 by default (sd-scripts' Lumina sampling defaults)."""
+        """sd-scripts' Lumina sampling (``lumina_train_util.sample_image_inference``): no embedded guidance, the
+        static shift of the scheduler config (6.0), noise drawn unpacked, 36 steps and CFG 3.5 by default, CFG only
+        while 1 - σ < 0.25 (``--ctr``) with its norm capped at the conditional one (``--rcfg`` 1.0), negative
+        prompts without the system prompt."""
         shift = float(parts.scheduler_config.get("shift", 6.0))
         return FlowSampling(embedded_guidance=False, shift=False, latent_channels=16, static_shift=shift,
-                            packed_noise=False, default_steps=36, default_scale=3.5)  # fmt: skip
+                            packed_noise=False, default_steps=36, default_scale=3.5, cfg_trunc_ratio=0.25,
+                            renorm_cfg=1.0, plain_negative=True)  # fmt: skip
 
     def default_resolution(self, prediction_type: str = FLOW_MATCHING) -> int:
         return 1024
