@@ -21,7 +21,10 @@ the same files with ``load_state_dict(strict=True)`` and computes, with its own 
 3. our saved LoRA file loaded by sd-scripts' ``networks.lora_lumina.create_network_from_weights`` and applied: the
    transformer's and Gemma's outputs against ours with the file applied by ``networks.inject.network_from_file``;
 4. the key map: sd-scripts' ``lumina_util.DIFFUSERS_TO_ALPHA_VLLM_MAP`` entries against ours, entry by entry (which
-   of its diffusers names exist in ``Lumina2Transformer2DModel``, and whether our map gives its Alpha-VLLM name).
+   of its diffusers names exist in ``Lumina2Transformer2DModel``, and whether our map gives its Alpha-VLLM name);
+5. the upstream reader of our full fine-tune's file: diffusers' ``Lumina2Transformer2DModel.from_single_file`` on
+   a file written by ``LUMINA2.save`` (what lumina_train.py writes) of a transformer at the released widths (its
+   converter hard-codes the 2B q / k / v split, so the tiny model cannot be read by it) with 1 layer, bf16.
 """
 
 from __future__ import annotations
@@ -234,7 +237,27 @@ def ours_side(work: Path) -> dict:
         f"DIFFUSERS_TO_ALPHA_VLLM_MAP: {len(sds['map'])} entries, {exists} name a Lumina2Transformer2DModel key, "
         f"ours agrees on {same}"
     ] = float(exists - same)
+    rows.update(single_file_check(work))
     return rows
+
+
+def single_file_check(work: Path) -> dict:
+    import torch
+    from diffusers import Lumina2Transformer2DModel
+
+    from library.families.base import Parts
+    from library.families.lumina import LUMINA2
+    from library.families.lumina.model import released, transformer_factory
+
+    torch.manual_seed(0)
+    model = transformer_factory(dict(released()["transformer"], num_layers=1))().to(torch.bfloat16)
+    path = LUMINA2.save(Parts(model, None, [], [], dict(released()["scheduler"]), "lumina2"), work / "ft.safetensors")
+    model.save_config(work / "ft_config" / "transformer")
+    theirs = Lumina2Transformer2DModel.from_single_file(str(path), config=str(work / "ft_config"),
+                                                        subfolder="transformer", torch_dtype=torch.bfloat16)  # fmt: skip
+    a, b = model.state_dict(), theirs.state_dict()
+    worst = max(float((a[k].float() - b[k].float()).abs().max()) for k in a) if a.keys() == b.keys() else float("inf")
+    return {f"diffusers from_single_file of our saved file (released widths, 1 layer; {len(a)} tensors)": worst}
 
 
 def main() -> None:
