@@ -7,8 +7,10 @@
 Our side (this process) writes the tiny Lumina 2 files (Alpha-VLLM transformer, Gemma-2, AE, tokenizer), trains a
 LoRA on them with sd-scripts' docs/lumina_train_network.md command line (Gemma's adapters too: no text cache) and
 fixes the inputs; sd-scripts' side (``--side sds``, a subprocess in sd-scripts' venv with its checkout on the path,
-``../shared/peer/helpers/sds_shims`` for torchvision) builds ``lumina_models.NextDiT`` with the tiny widths, loads
-the same files with ``load_state_dict(strict=True)`` and computes, with its own functions:
+``../shared/peer/helpers/sds_shims`` for torchvision) loads the same files with its own loaders
+(``lumina_util.load_lumina_model`` with and without ``model.diffusion_model.``, ``load_gemma2``, ``load_ae``; their
+hard-coded released configs replaced by the tiny widths, and each checked to leave no weight unloaded) and computes,
+with its own functions:
 
 1. the transformer's output on the same latents / τ / Gemma states / padded caption mask (our
    ``Lumina2Transformer2DModel`` loaded by ``LUMINA2.load`` from the Alpha-VLLM file); sd-scripts' vanilla RMSNorm
@@ -44,38 +46,80 @@ SEED = 1234
 SAMPLING = ((0.25, 1.0), (1.0, 0.0), (0.6, 1.0))  # (--cfg_trunc_ratio, --renorm_cfg) of lumina_minimal_inference
 
 
+def large_logits_hidden(gemma, inp):
+    """Gemma's hidden_states[-2] with every q_proj scaled by 300 (restored after): attention logits beyond the config's
+    soft cap, where transformers' eager path (tanh cap) and sd-scripts' SDPA path (no cap) differ."""
+    import torch
+
+    layers = [layer.self_attn.q_proj for layer in gemma.layers]
+    with torch.no_grad():
+        for q in layers:
+            q.weight.mul_(300)
+        try:
+            out = gemma(input_ids=inp["ids"], attention_mask=inp["ids_mask"], output_hidden_states=True)
+            return out.hidden_states[-2]
+        finally:
+            for q in layers:
+                q.weight.div_(300)
+
+
 # ------------------------------------------------------------------------------------------------ sd-scripts' side
 def sds_side(work: Path) -> None:
-    import torch
-    from safetensors.torch import load_file
-    from transformers import Gemma2Config, Gemma2Model
+    import dataclasses
+    import inspect
+    import types
 
-    from library import lumina_models, lumina_train_util, lumina_util, sd3_train_utils, train_util
+    import torch
+    from transformers import Gemma2Config
+
+    from library import flux_models, lumina_models, lumina_train_util, lumina_util, sd3_train_utils, train_util
     from networks import lora_lumina
 
+    # sd-scripts' loaders build the released configs; the tiny widths go in where they are hard-coded
     cfg = json.loads((work / "tiny_config.json").read_text())
     t = cfg["transformer"]
-    dit = lumina_models.NextDiT(patch_size=t["patch_size"], in_channels=t["in_channels"], dim=t["hidden_size"],
-                                n_layers=t["num_layers"], n_refiner_layers=t["num_refiner_layers"],
-                                n_heads=t["num_attention_heads"], n_kv_heads=t["num_kv_heads"],
-                                multiple_of=t["multiple_of"], ffn_dim_multiplier=t["ffn_dim_multiplier"],
-                                norm_eps=t["norm_eps"], qk_norm=True, cap_feat_dim=t["cap_feat_dim"],
-                                axes_dims=t["axes_dim_rope"], axes_lens=t["axes_lens"])  # fmt: skip
-    dit.load_state_dict(load_file(work / "model.safetensors"), strict=True)
-    dit.eval()
-    gemma = Gemma2Model(Gemma2Config(**cfg["text_encoder"], attn_implementation="eager")).eval()
-    gsd = {k.removeprefix("model."): v for k, v in load_file(work / "gemma2.safetensors").items()}
-    gemma.load_state_dict(gsd, strict=True)
+    assert t["multiple_of"] == 256 and t["num_refiner_layers"] == 2  # what NextDiT_2B_GQA_... does not pass on
+    tiny = lumina_models.LuminaParams(patch_size=t["patch_size"], in_channels=t["in_channels"], dim=t["hidden_size"],
+                                      n_layers=t["num_layers"], n_heads=t["num_attention_heads"],
+                                      n_kv_heads=t["num_kv_heads"], axes_dims=t["axes_dim_rope"],
+                                      axes_lens=t["axes_lens"], qk_norm=True, cap_feat_dim=t["cap_feat_dim"])  # fmt: skip
+    lumina_models.LuminaParams.get_2b_config = classmethod(lambda cls: tiny)
+    assert "Gemma2Config(**GEMMA2_CONFIG)" in inspect.getsource(lumina_util.load_gemma2)
+    lumina_util.Gemma2Config = lambda **kw: Gemma2Config(**dict(kw, **cfg["text_encoder"]))
+    ae = cfg["ae"]
+    for spec in flux_models.configs.values():
+        spec.ae_params = dataclasses.replace(spec.ae_params, ch=ae["ch"], ch_mult=ae["ch_mult"],
+                                             num_res_blocks=ae["num_res_blocks"], z_channels=ae["z_channels"])  # fmt: skip
+
+    class GroupNorm(torch.nn.GroupNorm):  # the AE's literal num_groups=32
+        def __init__(self, num_groups, num_channels, *a, **kw):
+            super().__init__(ae["groups"], num_channels, *a, **kw)
+
+    nn = types.ModuleType("torch.nn")
+    nn.__dict__.update(torch.nn.__dict__)
+    nn.GroupNorm = GroupNorm
+    flux_models.nn = nn
+
+    dit = lumina_util.load_lumina_model(str(work / "model.safetensors"), torch.float32, "cpu")
+    prefixed = lumina_util.load_lumina_model(str(work / "prefixed.safetensors"), torch.float32, "cpu")
+    gemma = lumina_util.load_gemma2(str(work / "gemma2.safetensors"), torch.float32, "cpu")
+    autoencoder = lumina_util.load_ae(str(work / "ae.safetensors"), torch.float32, "cpu")
+    for module in (dit, prefixed, gemma, autoencoder):
+        assert not any(p.device.type == "meta" for p in module.parameters()), "a weight sd-scripts did not load"
+        module.eval()
     inp = torch.load(work / "inputs.pt", weights_only=True)
     out: dict = {}
     with torch.no_grad():
         out["forward_eps1e-6"] = dit(inp["latents"], inp["tau"], inp["cap"], inp["mask"].to(torch.int32))
-        norms = [m for n, m in dit.named_modules() if n.endswith(("q_norm", "k_norm"))]
+        norms = [m for model in (dit, prefixed) for n, m in model.named_modules() if n.endswith(("q_norm", "k_norm"))]
         for m in norms:
             m.eps = 1e-5
         out["forward_eps1e-5"] = dit(inp["latents"], inp["tau"], inp["cap"], inp["mask"].to(torch.int32))
+        out["forward_prefixed"] = prefixed(inp["latents"], inp["tau"], inp["cap"], inp["mask"].to(torch.int32))
         gem = gemma(input_ids=inp["ids"], attention_mask=inp["ids_mask"], output_hidden_states=True)
         out["gemma"] = gem.hidden_states[-2]
+        out["ae_decode"] = autoencoder.decode(inp["latents"])
+        out["gemma_large_logits"] = large_logits_hidden(gemma, inp)
         scheduler = sd3_train_utils.FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=6.0)
         for sampling, kind, gamma in CASES:
             args = argparse.Namespace(timestep_sampling=sampling, sigmoid_scale=1.0, discrete_flow_shift=6.0,
@@ -126,7 +170,18 @@ def prepare(work: Path) -> None:
 
     parts = build_tiny_lumina(seed=0)
     write_tiny_files(parts, work)
-    (work / "tiny_config.json").write_text(json.dumps({"transformer": TRANSFORMER, "text_encoder": GEMMA}))
+    prefixed = write_tiny_files(parts, work / "prefixed", prefix="model.diffusion_model.")["model"]
+    prefixed.replace(work / "prefixed.safetensors")
+    vae = parts.vae.config
+    ae = {
+        "ch": vae.block_out_channels[0],
+        "ch_mult": [c // vae.block_out_channels[0] for c in vae.block_out_channels],
+        "num_res_blocks": vae.layers_per_block,
+        "z_channels": vae.latent_channels,
+        "groups": vae.norm_num_groups,
+    }
+    config = {"transformer": TRANSFORMER, "text_encoder": GEMMA, "ae": ae}
+    (work / "tiny_config.json").write_text(json.dumps(config))
     data = make_example_dataset(work / "data")
     toml = work / "my_lumina_dataset_config.toml"
     toml.write_text(f'[general]\ncaption_extension = ".txt"\n[[datasets]]\nresolution = 64\nbatch_size = 2\n'
@@ -179,7 +234,14 @@ def ours_side(work: Path) -> dict:
         rows["forward vs NextDiT (q/k norm eps 1e-6, sd-scripts without apex)"] = maxdiff(ours, sds["forward_eps1e-6"])
         rows["forward vs NextDiT (q/k norm eps 1e-5, diffusers / apex)"] = maxdiff(ours, sds["forward_eps1e-5"])
         g_ours = gemma(input_ids=inp["ids"], attention_mask=inp["ids_mask"], output_hidden_states=True)
+        rows["forward, model.diffusion_model. file through sd-scripts' loader"] = maxdiff(ours, sds["forward_prefixed"])
         rows["Gemma hidden_states[-2]"] = maxdiff(g_ours.hidden_states[-2], sds["gemma"])
+        rows["Gemma hidden_states[-2], q_proj x 300 (attention logits past the soft cap 50)"] = maxdiff(
+            large_logits_hidden(gemma, inp), sds["gemma_large_logits"])  # fmt: skip
+        decoded = LUMINA2.decode_latents(parts, inp["latents"])
+        rows["AE decode (ours clamped to [-1, 1], as sd-scripts' images)"] = maxdiff(
+            decoded, sds["ae_decode"].clamp(-1, 1)
+        )
         cond = Cond(inp["cap"], None, inp["mask"])
         for sampling, kind, gamma in CASES:
             cfg = LuminaFlowConfig(timestep_sampling=sampling, model_prediction_type=kind, ip_noise_gamma=gamma)

@@ -31,7 +31,7 @@ from ..base import PartDtypes, Parts
 from ..loading import check_weights_path, finish, instantiate_fitting
 from ..part_files import ModelFiles, PartSource
 from . import keys as K
-from .model import gemma_factory, load_gemma_tokenizer, released, transformer_factory
+from .model import gemma_factory, load_gemma_tokenizer, released, transformer_factory, use_sd_scripts_attention
 
 log = logging.getLogger(__name__)
 
@@ -223,7 +223,7 @@ class _Readers:
         from ..loading import _tf_dtype
 
         config = AutoConfig.from_pretrained(folder)
-        config._attn_implementation = "eager"
+        use_sd_scripts_attention(config)
         model = Gemma2Model.from_pretrained(folder, config=config, **_tf_dtype(self.dtypes.text_encoders))
         return model.to(self.device)
 

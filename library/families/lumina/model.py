@@ -90,15 +90,25 @@ def transformer_factory(config: Mapping) -> Callable[[], nn.Module]:
 
 
 def gemma_factory(config: Mapping) -> Callable[[], nn.Module]:
-    """``Gemma2Model`` with eager attention (Gemma-2's logit soft-capping is applied by the eager path)."""
+    """``Gemma2Model`` with sd-scripts' attention (:func:`use_sd_scripts_attention`)."""
     from transformers import Gemma2Config, Gemma2Model
 
     def build() -> nn.Module:
         cfg = Gemma2Config(**dict(config))
-        cfg._attn_implementation = "eager"
+        use_sd_scripts_attention(cfg)
         return Gemma2Model(cfg)
 
     return build
+
+
+def use_sd_scripts_attention(config: Any) -> None:
+    """Gemma-2's attention as sd-scripts computes it: its ``load_gemma2`` builds ``Gemma2Model._from_config`` under
+    transformers 4.54 (its requirements), which picks SDPA, and SDPA there leaves out the config's attention logit
+    soft-capping (tanh(x / 50) · 50). transformers 5 runs Gemma-2 with eager attention only (which applies the cap),
+    so the cap is turned off in ``config`` (``attn_logit_softcapping`` None): the conditioning sd-scripts trains Lumina
+    2 LoRAs on (benchmarks/lumina_vs_sdscripts.py compares the hidden states)."""
+    config._attn_implementation = "eager"
+    config.attn_logit_softcapping = None
 
 
 # ------------------------------------------------------------------------------------------------ the tokenizer

@@ -2,7 +2,8 @@
 ``tools/make_tiny_model.py --family lumina2``).
 
 A ``Lumina2Transformer2DModel`` of width 32 (2 heads of 16, 1 KV head: grouped-query attention as the 2B model's 24 /
-8; rope axes 4+6+6), 2 layers and 2 noise / context refiner blocks; a 2-layer ``Gemma2Model`` of width 32 (the
+8; rope axes 4+6+6; feed-forward width rounded to the released ``multiple_of`` 256, which sd-scripts' loader
+hard-codes), 2 layers and 2 noise / context refiner blocks; a 2-layer ``Gemma2Model`` of width 32 (the
 transformer's caption width) over a character-level tokenizer with Gemma's special ids (``<pad>`` 0, ``<eos>`` 1,
 ``<bos>`` 2, ``<unk>`` 3; BOS added), built with the ``tokenizers`` library (Gemma's own tokenizer is gated); the shared
 tiny 16-channel AE (FLUX's scale and shift).
@@ -28,7 +29,7 @@ from .model import SCHEDULER, TOKENIZER_FILE, gemma_factory, transformer_factory
 
 TRANSFORMER = dict(
     sample_size=16, patch_size=2, in_channels=16, hidden_size=32, num_layers=2, num_refiner_layers=2,
-    num_attention_heads=2, num_kv_heads=1, multiple_of=16, ffn_dim_multiplier=None, norm_eps=1e-5,
+    num_attention_heads=2, num_kv_heads=1, multiple_of=256, ffn_dim_multiplier=None, norm_eps=1e-5,
     scaling_factor=1.0, axes_dim_rope=[4, 6, 6], axes_lens=[300, 512, 512], cap_feat_dim=32,
 )  # fmt: skip
 SPECIALS = ("<pad>", "<eos>", "<bos>", "<unk>")
