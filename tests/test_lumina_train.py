@@ -57,6 +57,20 @@ def test_the_alpha_vllm_file_reads_back_in_both_readers(layouts, dataset_toml, t
     assert sum(not torch.equal(out[k], source[k]) for k in source) > len(source) // 2
 
 
+def test_the_docs_fine_tune_line_runs_on_comfyuis_all_in_one_file(layouts, dataset_toml, tmp_path):
+    """sd-scripts' docs/fine_tune.md Lumina line (``accelerate launch --mixed_precision bf16 lumina_train.py
+    --pretrained_model_name_or_path ... --dataset_config ... --output_dir ... --output_name lumina_finetuned
+    --learning_rate 1e-5``) with the tiny all-in-one file (Gemma and the AE inside it, so no --gemma2 / --ae), 2 steps
+    (its default is 1600): the transformer is written under Alpha-VLLM names without the file's prefix."""
+    argv = ["--mixed_precision", "bf16", "--pretrained_model_name_or_path", layouts["allinone"], "--dataset_config",
+            str(dataset_toml), "--output_dir", str(tmp_path), "--output_name", "lumina_finetuned", "--learning_rate",
+            "1e-5", "--max_train_steps", "2", "--max_data_loader_n_workers", "0"]  # fmt: skip
+    result = lumina_train.run(argv)
+    assert result.steps == 2 and result.output.name == "lumina_finetuned.safetensors"
+    out, source = load_state_dict(result.output)[0], load_state_dict(layouts["model"])[0]
+    assert {k: tuple(v.shape) for k, v in out.items()} == {k: tuple(v.shape) for k, v in source.items()}
+
+
 def test_held_out_loss_falls_and_diffusers_reads_the_folder(layouts, dataset_toml, tmp_path):
     from diffusers import Lumina2Transformer2DModel
 
