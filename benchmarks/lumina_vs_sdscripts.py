@@ -156,6 +156,12 @@ def sds_side(work: Path) -> None:
         out["lora_gemma"] = gemma(input_ids=inp["ids"], attention_mask=inp["ids_mask"],
                                   output_hidden_states=True).hidden_states[-2]  # fmt: skip
         out["lora_modules"] = len(network.unet_loras) + len(network.text_encoder_loras)
+        split, _ = lora_lumina.create_network_from_weights(1.0, str(work / "lora_split.safetensors"), None, [gemma],
+                                                           prefixed)  # fmt: skip
+        split.apply_to([gemma], prefixed, apply_text_encoder=False, apply_unet=True)
+        split.load_weights(str(work / "lora_split.safetensors"))
+        out["split_forward"] = prefixed(inp["latents"], inp["tau"], inp["cap"], inp["mask"].to(torch.int32))
+        out["split_modules"] = len(split.unet_loras)
         out["map"] = dict(lumina_util.DIFFUSERS_TO_ALPHA_VLLM_MAP)
     torch.save(out, work / "sds_out.pt")
 
@@ -197,6 +203,15 @@ def prepare(work: Path) -> None:
         "--max_data_loader_n_workers=0", "--seed=1",
     ])  # fmt: skip
     print(f"LoRA trained: {result.output}")
+    split = lumina_train_network.run([  # split_qkv, the embedders and type dims; the transformer only
+        f"--pretrained_model_name_or_path={work / 'model.safetensors'}", f"--gemma2={work / 'gemma2.safetensors'}",
+        f"--ae={work / 'ae.safetensors'}", f"--dataset_config={toml}", f"--output_dir={work}",
+        "--output_name=lora_split", "--network_module=networks.lora_lumina", "--network_dim=4", "--network_alpha=2",
+        "--network_args", "split_qkv=True", "embedder_dims=[4,4,4]", "mod_dim=2", "--network_train_unet_only",
+        "--learning_rate=1e-2", "--max_train_epochs=1", "--cache_latents", "--cache_text_encoder_outputs",
+        "--max_data_loader_n_workers=0", "--seed=2",
+    ])  # fmt: skip
+    print(f"split LoRA trained: {split.output}")
     g = torch.Generator().manual_seed(7)
     latents = torch.randn(2, 16, 8, 8, generator=g)
     mask = torch.ones(2, 16, dtype=torch.long)
@@ -274,6 +289,14 @@ def ours_side(work: Path) -> dict:
             f"LoRA applied: forward ({len(network)} modules ours, {sds['lora_modules']} sd-scripts; Δ by the LoRA "
             f"{maxdiff(with_lora, ours):.3g})"
         ] = maxdiff(with_lora, sds["lora_forward"])
+        fresh = LUMINA2.load(work / "model.safetensors", options=opts)
+        split = network_from_file(work / "lora_split.safetensors", LUMINA2.adapter_roots(fresh))
+        split_out = fresh.denoiser(hidden_states=inp["latents"], timestep=inp["tau"], encoder_hidden_states=inp["cap"],
+                                   encoder_attention_mask=inp["mask"].to(torch.int32), return_dict=False)[0]  # fmt: skip
+        rows[
+            f"split_qkv + embedder_dims + mod_dim LoRA ({len(split)} modules ours, {sds['split_modules']} "
+            f"sd-scripts; Δ by the LoRA {maxdiff(split_out, ours):.3g})"
+        ] = maxdiff(split_out, sds["split_forward"])
         g_lora = gemma(input_ids=inp["ids"], attention_mask=inp["ids_mask"], output_hidden_states=True)
         rows[f"LoRA applied: Gemma (Δ by the LoRA {maxdiff(g_lora.hidden_states[-2], g_ours.hidden_states[-2]):.3g})"
              ] = maxdiff(g_lora.hidden_states[-2], sds["lora_gemma"])  # fmt: skip

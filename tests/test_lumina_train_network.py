@@ -93,6 +93,9 @@ def test_network_args_follow_sd_scripts_rules():
     assert split["lora_unet_layers_0_attention_qkv"] == 12 and split["lora_unet_layers_0_attention_out"] == 4
     with pytest.raises(ConfigError, match="train_blocks=double"):
         make_config("train_blocks=double", module="networks.lora_lumina")
+    cfg = make_config("rank_dropout=0.1", "module_dropout=0.2", "loraplus_unet_lr_ratio=4", "verbose=True",
+                      module="networks.lora_lumina")  # fmt: skip
+    assert (cfg.rank_dropout, cfg.module_dropout, cfg.loraplus_unet_lr_ratio) == (0.1, 0.2, 4.0)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("flash_attn") is not None, reason="flash_attn is installed")
