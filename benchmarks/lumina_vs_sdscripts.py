@@ -43,6 +43,8 @@ SAMPLINGS = ("sigma", "uniform", "sigmoid", "shift", "nextdit_shift", "flux_shif
 CASES = [(s, "raw", None) for s in SAMPLINGS] + [("shift", "sigma_scaled", None), ("nextdit_shift", "raw", 0.1),
                                                  ("sigma", "additive", None)]  # fmt: skip
 SEED = 1234
+SYSTEM = "You are an assistant."
+CAPTIONS = ["a red cube", "x"]
 SAMPLING = ((0.25, 1.0), (1.0, 0.0), (0.6, 1.0))  # (--cfg_trunc_ratio, --renorm_cfg) of lumina_minimal_inference
 
 
@@ -120,6 +122,13 @@ def sds_side(work: Path) -> None:
         out["gemma"] = gem.hidden_states[-2]
         out["ae_decode"] = autoencoder.decode(inp["latents"])
         out["gemma_large_logits"] = large_logits_hidden(gemma, inp)
+        from library import strategy_lumina
+
+        tokenize = strategy_lumina.LuminaTokenizeStrategy(SYSTEM, 32, tokenizer_cache_dir=str(work / "hub"))
+        tokens = tokenize.tokenize(CAPTIONS)
+        out["tokens"] = tokens
+        out["negative_tokens"] = tokenize.tokenize(CAPTIONS, is_negative=True)
+        out["text"] = strategy_lumina.LuminaTextEncodingStrategy().encode_tokens(tokenize, [gemma], tokens)
         scheduler = sd3_train_utils.FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=6.0)
         for sampling, kind, gamma in CASES:
             args = argparse.Namespace(timestep_sampling=sampling, sigmoid_scale=1.0, discrete_flow_shift=6.0,
@@ -171,7 +180,7 @@ def prepare(work: Path) -> None:
     import torch
 
     import lumina_train_network
-    from library.families.lumina.tiny import GEMMA, TRANSFORMER, build_tiny_lumina, write_tiny_files
+    from library.families.lumina.tiny import GEMMA, TRANSFORMER, build_tiny_lumina, write_tiny_files, write_tokenizer
     from library.run.demo import make_example_dataset
 
     parts = build_tiny_lumina(seed=0)
@@ -186,6 +195,10 @@ def prepare(work: Path) -> None:
         "z_channels": vae.latent_channels,
         "groups": vae.norm_num_groups,
     }
+    snapshot = work / "hub" / "models--google--gemma-2-2b" / "snapshots" / "0"  # the hub cache's layout
+    write_tokenizer(snapshot)
+    (work / "hub" / "models--google--gemma-2-2b" / "refs").mkdir(parents=True, exist_ok=True)
+    (work / "hub" / "models--google--gemma-2-2b" / "refs" / "main").write_text("0")
     config = {"transformer": TRANSFORMER, "text_encoder": GEMMA, "ae": ae}
     (work / "tiny_config.json").write_text(json.dumps(config))
     data = make_example_dataset(work / "data")
@@ -227,6 +240,8 @@ def maxdiff(a, b) -> float:
 
 
 def ours_side(work: Path) -> dict:
+    import dataclasses
+
     import torch
 
     from library.families.base import Cond
@@ -251,6 +266,20 @@ def ours_side(work: Path) -> dict:
         g_ours = gemma(input_ids=inp["ids"], attention_mask=inp["ids_mask"], output_hidden_states=True)
         rows["forward, model.diffusion_model. file through sd-scripts' loader"] = maxdiff(ours, sds["forward_prefixed"])
         rows["Gemma hidden_states[-2]"] = maxdiff(g_ours.hidden_states[-2], sds["gemma"])
+        from library.families.lumina.model import load_gemma_tokenizer
+
+        hub = dataclasses.replace(parts, tokenizers=[load_gemma_tokenizer([], str(work / "hub"))])
+        hub.options = dataclasses.replace(parts.options, system_prompt=SYSTEM, gemma2_max_token_length=32)
+        ids, mask = LUMINA2.tokenize(hub, CAPTIONS)
+        neg_ids, neg_mask = LUMINA2.tokenize(hub, CAPTIONS, negative=True)
+        same = all(torch.equal(a, b) for a, b in zip((ids, mask, neg_ids, neg_mask),
+                                                      (*sds["tokens"], *sds["negative_tokens"])))  # fmt: skip
+        rows[
+            f"prompt rule: ids and masks (system prompt; negatives without; --tokenizer_cache_dir hub layout) equal: "
+            f"{same}"
+        ] = float(not same)
+        rows["prompt conditioning (LuminaTextEncodingStrategy.encode_tokens vs encode_tokens)"] = maxdiff(
+            LUMINA2.encode_tokens(hub, [ids, mask]).hidden_states, sds["text"][0])  # fmt: skip
         rows["Gemma hidden_states[-2], q_proj x 300 (attention logits past the soft cap 50)"] = maxdiff(
             large_logits_hidden(gemma, inp), sds["gemma_large_logits"])  # fmt: skip
         decoded = LUMINA2.decode_latents(parts, inp["latents"])
