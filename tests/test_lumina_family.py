@@ -105,6 +105,11 @@ def test_a_missing_part_or_tokenizer_is_named(layouts, tmp_path):
     parts = LUMINA2.load(model, options=LuminaOptions(gemma2=str(lonely), ae=layouts["ae"]),
                          tokenizer_cache_dir=str(cache.parent))  # fmt: skip
     assert parts.tokenizers[0].padding_side == "right"
+    hub = tmp_path / "hub"  # sd-scripts' --tokenizer_cache_dir as the hub fills it
+    write_tokenizer(hub / "models--google--gemma-2-2b" / "snapshots" / "abc123")
+    from library.families.lumina.model import load_gemma_tokenizer
+
+    assert load_gemma_tokenizer([], str(hub))("a").input_ids == parts.tokenizers[0]("a").input_ids
 
 
 def test_prompts_follow_sd_scripts_rule(tiny):
