@@ -179,7 +179,11 @@ class FlowSampling:
     ``default_steps`` / ``default_scale``: a sample prompt's steps / true-CFG scale when it sets none (sd-scripts'
     FLUX sampling 20 / 1.0 = no CFG; SD3 ``sample_image_inference`` 30 / 7.5). ``latent_downscale``: the VAE's
     spatial factor (8): the latents of an H x W image are H/f x W/f, and sample sizes are multiples of 2f (two
-    latent patches).
+    latent patches). ``cfg_trunc_ratio``: true CFG runs only while the model time 1 - σ is below it (None: at every
+    step; a prompt's ``--ctr`` sets it); ``renorm_cfg``: the guided velocity's norm is capped at this times the
+    conditional one (0: off; a prompt's ``--rcfg``): sd-scripts' Lumina 2 sampling (0.25 and 1.0).
+    ``plain_negative``: negative prompts are encoded apart, by ``family.encode_prompt(parts, texts, negative=True)``
+    (Lumina 2: without the system prompt, as sd-scripts).
     """
 
     embedded_guidance: bool
@@ -192,6 +196,9 @@ class FlowSampling:
     default_steps: int = 20
     default_scale: float = 1.0
     latent_downscale: int = 8
+    cfg_trunc_ratio: float | None = None
+    renorm_cfg: float = 0.0
+    plain_negative: bool = False
 
     def __post_init__(self) -> None:
         if self.static_shift is not None and (self.shift or self.static_shift <= 0):

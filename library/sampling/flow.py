@@ -143,6 +143,30 @@ def with_cfg(velocity: Velocity, scale: float) -> Velocity:
     return guided
 
 
+def with_truncated_cfg(
+    velocity: Velocity, conditional: Velocity, scale: float, trunc_ratio: float | None, renorm: float
+) -> Velocity:
+    """True CFG as :func:`with_cfg` (``velocity`` on the doubled batch [negatives; prompts]) only while the model
+    time ``1 - σ`` is below ``trunc_ratio`` (None: always), ``conditional`` (the prompts alone) otherwise; with
+    ``renorm`` > 0 each guided image's velocity norm is capped at ``renorm`` times its conditional one (sd-scripts'
+    Lumina 2 ``lumina_train_util.denoise``: ``--ctr`` / ``--rcfg``; the same on velocities as on its x0 - ε
+    outputs, which are their negation)."""
+
+    def guided(x: Tensor, sigma: Tensor) -> Tensor:
+        if trunc_ratio is not None and not float(1 - sigma[0]) < trunc_ratio:
+            return conditional(x, sigma)
+        v_neg, v_pos = velocity(torch.cat([x, x]), torch.cat([sigma, sigma])).chunk(2)
+        v = v_neg + scale * (v_pos - v_neg)
+        if renorm > 0:
+            dims = tuple(range(1, v.ndim))
+            cap = torch.linalg.vector_norm(v_pos, dim=dims, keepdim=True) * renorm
+            norm = torch.linalg.vector_norm(v, dim=dims, keepdim=True)
+            v = torch.where(norm >= cap, v * (cap / norm), v)
+        return v
+
+    return guided
+
+
 def unpack_latents(packed: Tensor, height: int, width: int) -> Tensor:
     """(B, (h/2)·(w/2), 4C) packed 2x2 patches -> (B, C, h, w) latents, for latent height h and width w (BFL's
     ``b (h w) (c ph pw) -> b c (h ph) (w pw)``, the layout of diffusers' ``FluxPipeline._pack_latents``)."""

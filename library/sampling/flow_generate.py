@@ -25,6 +25,10 @@ option     meaning for flow matching
            sampling ignores ``--sample_sampler`` and ``--ss`` too; so are gen_img's ``--sampler``
            and ``--sample_sampler`` here
 ``--w/--h``  multiples of 16 (an 8x VAE, 2x2 latent patches), else an error (sd-scripts rounds down)
+``--ctr``  CFG truncation: the negative prompt runs only while the model time 1 - σ is below it
+           (``FlowSampling.cfg_trunc_ratio``: Lumina 2 0.25, none for the others: every step)
+``--rcfg`` the guided velocity's norm capped at this times the conditional one
+           (``FlowSampling.renorm_cfg``: Lumina 2 1.0, 0 = off for the others)
 =========  ===========================================================================================
 
 The schedule is FLUX's (``flow.flow_sigmas``, dynamic shift) or, for a family with ``FlowSampling.static_shift``
@@ -61,6 +65,7 @@ from .flow import (
     packed_noise,
     sample_euler,
     with_cfg,
+    with_truncated_cfg,
 )
 from .prompts import PromptSpec
 
@@ -185,11 +190,14 @@ def encode_flow_prompts(
     cfg = uses_cfg(specs[0])
     if not cfg and any(s.negative_prompt for s in specs):
         log.info("negative prompt ignored because the CFG scale (--l) is 1.0")
-    texts = [s.prompt for s in specs] + ([s.negative_prompt for s in specs] if cfg else [])
+    texts = flow_texts(family, parts, specs)
     if conds is not None and all(t in conds for t in texts):
         cond = conds[texts[0]]
         for text in texts[1:]:
             cond = cat_conds(cond, conds[text])
+    elif cfg and texts[-1].startswith(NEGATIVE):  # the negatives encoded apart (FlowSampling.plain_negative)
+        n = len(specs)
+        cond = cat_conds(family.encode_prompt(parts, texts[:n]), _encode_negatives(family, parts, texts[n:]))
     else:
         cond = family.encode_prompt(parts, texts)
     n = len(specs)
@@ -213,7 +221,14 @@ def sample_flow_latents(
     noise = draw(generators, first.height, first.width, settings.latent_channels, settings.latent_downscale).to(device)
     velocity = flow_velocity(family, parts, cond, guidance=first.guidance)
     if uses_cfg(first):
-        velocity = with_cfg(velocity, first.scale)
+        ratio = first.cfg_trunc_ratio if first.cfg_trunc_ratio is not None else settings.cfg_trunc_ratio
+        renorm = first.renorm_cfg if first.renorm_cfg is not None else settings.renorm_cfg
+        if ratio is None and not renorm:
+            velocity = with_cfg(velocity, first.scale)
+        else:
+            n = len(specs)
+            conditional = flow_velocity(family, parts, cond_rows(cond, n, 2 * n), guidance=first.guidance)
+            velocity = with_truncated_cfg(velocity, conditional, first.scale, ratio, renorm)
     return sample_euler(velocity, noise, sigmas)
 
 
@@ -233,7 +248,30 @@ def encode_prompt_texts(family: ModelFamily, parts: Parts, texts: Sequence[str])
     """Each distinct text's conditioning (batch 1, on the host) for :func:`encode_flow_prompts`' ``conds``: what a
     run caches for its sample prompts while the text encoders are on the device for ``--cache_text_encoder_outputs``,
     so a sampling round needs no text encoder on the device (sd-scripts does the same for FLUX)."""
-    return {text: family.encode_prompt(parts, [text]).to("cpu") for text in dict.fromkeys(texts)}
+    return {text: (_encode_negatives(family, parts, [text]) if text.startswith(NEGATIVE) else
+                   family.encode_prompt(parts, [text])).to("cpu") for text in dict.fromkeys(texts)}  # fmt: skip
+
+
+# the key of a negative prompt encoded apart from the prompts (FlowSampling.plain_negative), in texts and conds
+NEGATIVE = "\x00negative\x00"
+
+
+def negative_key(settings: FlowSampling, text: str) -> str:
+    """How a negative prompt is keyed in :func:`flow_texts` and the cached conditionings: itself, or
+    :data:`NEGATIVE` + itself for a family that encodes negatives apart (``FlowSampling.plain_negative``)."""
+    return NEGATIVE + text if settings.plain_negative else text
+
+
+def flow_texts(family: ModelFamily, parts: Parts, specs: Sequence[PromptSpec]) -> list[str]:
+    """The texts (keys) the conditioning of ``specs`` is made of: the prompts, then with true CFG the negatives
+    (:func:`negative_key`)."""
+    settings = flow_settings(family, parts)
+    negatives = [negative_key(settings, s.negative_prompt) for s in specs] if uses_cfg(specs[0]) else []
+    return [s.prompt for s in specs] + negatives
+
+
+def _encode_negatives(family: ModelFamily, parts: Parts, keys: Sequence[str]) -> Any:
+    return family.encode_prompt(parts, [k.removeprefix(NEGATIVE) for k in keys], negative=True)
 
 
 def cond_rows(cond: Any, start: int, stop: int) -> Any:

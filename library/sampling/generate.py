@@ -35,7 +35,7 @@ from library.families.protocol import ModelFamily
 from library.text.prompt_weighting import encode_weighted
 
 from .config import DEFAULT_MAX_EMBEDDINGS_MULTIPLES, DEFAULT_SAMPLE_STEPS, DEFAULT_SCALE
-from .flow_generate import encode_flow_prompts, resolve_flow, sample_flow_latents, uses_cfg, uses_flow_sampler
+from .flow_generate import encode_flow_prompts, flow_texts, resolve_flow, sample_flow_latents, uses_flow_sampler
 from .prompts import GUIDANCE_IGNORED_NOTE, PromptSpec
 from .schedulers import make_scheduler
 
@@ -145,7 +145,7 @@ def _flow_images(
     its part on the device (``stage``); ``conds`` replaces encoding when it has every text."""
     stage = stage or (lambda modules: contextlib.nullcontext())
     with autocast():
-        if conds is not None and all(text in conds for text in _flow_texts(specs)):
+        if conds is not None and all(text in conds for text in flow_texts(family, parts, specs)):
             cond = encode_flow_prompts(family, parts, specs, conds)  # no text encoder runs
         else:
             with stage(parts.text_encoders):
@@ -194,10 +194,6 @@ def _ddpm_images(
         ).images
         pixels = _decode(family, parts, latents)
     return to_pil(pixels)
-
-
-def _flow_texts(specs: Sequence[PromptSpec]) -> list[str]:
-    return [s.prompt for s in specs] + ([s.negative_prompt for s in specs] if uses_cfg(specs[0]) else [])
 
 
 def _decode(family: ModelFamily, parts: Parts, latents: Tensor) -> Tensor:

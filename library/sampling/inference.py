@@ -265,7 +265,7 @@ class GenImgConfig:
             dtype=dtype, vae_dtype=torch.float32 if args.no_half_vae else dtype,
             attention="xformers" if args.xformers else "sdpa", channels_last=args.opt_channels_last,
             device=args.device or ("cuda" if torch.cuda.is_available() else "cpu"),
-            load_flags={k: getattr(args, k) for k in load_flag_dests() if getattr(args, k) not in (None, False)},
+            load_flags={k: getattr(args, k) for k in load_flag_dests() if getattr(args, k) not in (None, False, "")},
         )  # fmt: skip
 
 

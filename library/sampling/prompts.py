@@ -20,6 +20,10 @@ option     PromptSpec field           value
                                       negative prompt; ``--ct``/``--cl`` crop top/left)
 ``--g``    guidance                   embedded guidance (float >= 0) for models that take it (FLUX.1 dev; see
                                       ``flow_generate.py``); SD / SDXL ignore it with a note, as sd-scripts
+``--ctr``  cfg_trunc_ratio            flow matching: true CFG only while the model time 1 - σ is below it
+                                      (sd-scripts' Lumina 2 option; default the family's, none for the others)
+``--rcfg`` renorm_cfg                 flow matching: the guided velocity's norm capped at this times the
+                                      conditional one (0: off; default the family's)
 =========  =========================  ==========================================================================
 
 Unlike sd-scripts, which skips a value it cannot parse, silently rounds sizes down to a multiple of 8, clamps steps
@@ -79,6 +83,8 @@ class PromptSpec:
     crop_top: int | None = None
     crop_left: int | None = None
     guidance: float | None = None
+    cfg_trunc_ratio: float | None = None
+    renorm_cfg: float | None = None
     index: int = 0
 
     @property
@@ -153,6 +159,13 @@ def _floats(text: Any) -> tuple[float, ...]:
     return tuple(_float(v) for v in str(text).split(","))
 
 
+def _nonneg_float(text: Any) -> float:
+    value = _float(text)
+    if not 0 <= value < float("inf"):
+        raise ValueError(f"{value} must be a finite number >= 0")
+    return value
+
+
 def _guidance(text: Any) -> float:
     value = _float(text)
     for problem in guidance_problems("the guidance", value):
@@ -189,6 +202,8 @@ OPTIONS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "ct": ("crop_top", _nonneg),
     "cl": ("crop_left", _nonneg),
     "g": ("guidance", _guidance),
+    "ctr": ("cfg_trunc_ratio", _nonneg_float),
+    "rcfg": ("renorm_cfg", _nonneg_float),
 }
 IGNORED_OPTIONS: dict[str, str] = {}
 GUIDANCE_IGNORED_NOTE = (
@@ -199,8 +214,6 @@ UNSUPPORTED_OPTIONS = {
     "c": "CLIP-guided prompt (--c): CLIP guidance is not supported",
     "nl": "negative scale (--nl): a separate negative-prompt scale is not supported",
     "cn": "ControlNet image (--cn): ControlNet is not supported",
-    "ctr": "CFG truncation (--ctr) is not supported by the samplers here",
-    "rcfg": "renormalised CFG (--rcfg) is not supported by the samplers here",
     "fs": "flow shift (--fs) is for flow-matching models only",
     **{k: "Deep Shrink (--dsd1/--dst1/--dsd2/--dst2/--dsr) is not supported" for k in ("dsd1", "dst1", "dsd2", "dst2")},
     "dsr": "Deep Shrink (--dsd1/--dst1/--dsd2/--dst2/--dsr) is not supported",
@@ -227,6 +240,8 @@ TABLE_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "crop_top": ("crop_top", _nonneg),
     "crop_left": ("crop_left", _nonneg),
     "guidance_scale": ("guidance", _guidance),
+    "cfg_trunc_ratio": ("cfg_trunc_ratio", _nonneg_float),
+    "renorm_cfg": ("renorm_cfg", _nonneg_float),
 }
 IGNORED_KEYS = {"enum"}
 

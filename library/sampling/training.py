@@ -24,7 +24,7 @@ from library.families.base import Parts, module_device
 from library.families.protocol import ModelFamily
 
 from .config import SampleConfig
-from .flow_generate import encode_prompt_texts, prompt_problems, uses_flow_sampler
+from .flow_generate import encode_prompt_texts, flow_settings, negative_key, prompt_problems, uses_flow_sampler
 from .generate import generate_batch, random_seed, resolve
 from .images import log_to_trackers, make_grid, png_info, sample_file_name, save_png, timestamp
 from .prompts import read_prompt_file
@@ -117,7 +117,8 @@ def cache_sample_prompts(cfg: SampleConfig, family: ModelFamily, parts: Parts) -
         specs = read_prompt_file(cfg.prompts_file)
     except (FileNotFoundError, ConfigError):
         return None
-    texts = [t for s in specs for t in (s.prompt, s.negative_prompt or "")]
+    settings = flow_settings(family, parts)
+    texts = [t for s in specs for t in (s.prompt, negative_key(settings, s.negative_prompt or ""))]
     return encode_prompt_texts(family, parts, texts)
 
 
