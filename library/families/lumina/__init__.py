@@ -9,6 +9,6 @@ tokenizer, the prompt rule), ``loading`` (Alpha-VLLM file + ``--gemma2 --ae``, d
 from .family import LUMINA2, LuminaFamily
 
 FAMILIES = (LUMINA2,)
-ORDER = 30
+ORDER = 40  # after Anima (30)
 
 __all__ = ["LUMINA2", "LuminaFamily", "FAMILIES", "ORDER"]

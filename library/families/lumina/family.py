@@ -118,9 +118,10 @@ class LuminaFamily:
     adapter_prefixes = ("lora_unet", "lora_te")
     blocks = LUMINA_BLOCKS
     denoiser_name = "transformer"
-    # --cache_text_encoder_outputs with Gemma adapters: nothing recomputed (sd-scripts' lumina_train_network.py builds
-    # Gemma's LoRA and trains over the cache, where it gets no gradient; cond_with_trained_encoders warns)
-    partial_text_cache: tuple[int, ...] = ()
+    # one text encoder: its cached outputs cannot train its adapters. --cache_text_encoder_outputs without
+    # --network_train_unet_only trains the transformer's adapters only, with a warning (library/run/config.py;
+    # sd-scripts builds Gemma's LoRA there and trains it over the cache, where it gets no gradient)
+    partial_text_cache = None
     fp8_skip = ()
     target_classes = TARGETS
     options = LuminaOptions
@@ -241,12 +242,8 @@ class LuminaFamily:
         return None
 
     def cond_with_trained_encoders(self, parts: Parts, captions: list[str], cached: Cond) -> Cond:
-        """``cached`` as it is: Gemma's outputs come from the cache, so its adapters get no gradient (what sd-scripts'
-        lumina_train_network.py does with --cache_text_encoder_outputs and no --network_train_unet_only); said once."""
-        self._warn_once("te_cache", "--cache_text_encoder_outputs: Gemma-2's outputs come from the cache, so its "
-                        "adapters (lora_te_*) stay as initialised, as in sd-scripts; add --network_train_unet_only to "
-                        "leave them out, or drop --cache_text_encoder_outputs to train them")  # fmt: skip
-        return cached
+        raise ValueError("Lumina 2 has one text encoder: its cached outputs cannot train its adapters (add "
+                         "--network_train_unet_only or drop --cache_text_encoder_outputs)")  # fmt: skip
 
     # ------------------------------------------------------------------------------------------- denoising
     def predict(self, denoiser: nn.Module, noisy: Tensor, t: Tensor, cond: Cond, *,
