@@ -161,6 +161,12 @@ def test_minimal_inference(anima_files, tmp_path):
     from PIL import Image
 
     assert len(paths) == 1 and Image.open(paths[0]).size == (48, 64)
+    # without the length flags (512 each, as sd-scripts) and with true CFG: prompt and "" negative, both padded
+    paths = anima_minimal_inference.run(["--dit", anima_files["dit"], "--text_encoder", anima_files["qwen3"], "--vae",
+                                         anima_files["vae"], "--prompt", "1girl, smile", "--image_size", "32", "32",
+                                         "--infer_steps", "1", "--guidance_scale", "3.5", "--seed", "1",
+                                         "--save_path", str(tmp_path / "cfg")])  # fmt: skip
+    assert len(paths) == 1
     with pytest.raises(ConfigError, match="--fp8"):
         anima_minimal_inference.run(["--dit", anima_files["dit"], "--prompt", "x", "--save_path", str(tmp_path),
                                      "--fp8"])  # fmt: skip

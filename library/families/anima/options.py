@@ -129,8 +129,9 @@ class AnimaOptions:
                 log.info("--%s: %s", flag, note)
         if getattr(args, "split_attn", False):
             log.info("--split_attn: PyTorch SDPA attends the whole batch at once; the values are the same")
-        values = {k: getattr(args, k) for k in ("qwen3_max_token_length", "t5_max_token_length")
-                  if getattr(args, k, None) is not None}  # fmt: skip
+        # not given (None outside training): the default length, not None (which would leave captions unpadded)
+        values = {k: getattr(cls, k) if getattr(args, k, None) is None else getattr(args, k)
+                  for k in ("qwen3_max_token_length", "t5_max_token_length")}  # fmt: skip
         return from_namespace(cls, args, flow=flow, **values)
 
     def problems(self, spec: FamilySpec, path: str | None) -> list[str]:
