@@ -91,3 +91,55 @@ def check_full_size(stem: str, tmp_path, init_device: str) -> None:
         sa, sb, sc = a.state_dict(), b.state_dict(), c.state_dict()
         assert sa.keys() == sb.keys() == sc.keys()
         assert all(torch.equal(sa[k], sb[k]) and torch.equal(sa[k], sc[k]) for k in sa), type(a).__name__
+
+
+def _every_family_with_a_tiny_model() -> list[str]:
+    from library.families import FAMILIES
+
+    return [name for name, family in FAMILIES.items() if family.tiny is not None]
+
+
+# diffusers' FluxTransformer2DModel rounds the guidance to the compute dtype before multiplying by 1000 (3.5 -> 3504
+# in bf16); BFL's reference and sd-scripts embed it in float32. On the CPU in bf16: relative error 6.1 % for
+# flux-dev against <= 2 % for every other family (schnell and Chroma, without guidance, 0.6-0.8 %).
+_KNOWN = {"flux-dev": "diffusers embeds FLUX.1-dev's guidance from a bf16-rounded value (3504 for 3.5)"}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=pytest.mark.xfail(reason=_KNOWN[n], strict=True)) if n in _KNOWN else n
+     for n in _every_family_with_a_tiny_model()],
+)  # fmt: skip
+def test_every_family_predicts_in_bf16_on_gpu_as_in_fp32_on_cpu(name):
+    """Every registered family (the new ones included, with no edit here): its tiny model's text encoding, latents
+    and denoiser output in bf16 on the GPU match fp32 on the CPU (masks, packed ids, RoPE and time embeddings on the
+    device in the compute dtype)."""
+    import copy
+
+    family = get_family(name)
+    parts = family.tiny.build(seed=0)
+    gpu = copy.deepcopy(parts)
+    for module in (gpu.denoiser, gpu.vae, *gpu.text_encoders):
+        if module is not None:
+            module.to("cuda", torch.bfloat16)
+    captions = ["a photo of a cat", "a red house under a blue sky"]
+    with torch.no_grad():
+        cond, ref_cond = family.encode_prompt(gpu, captions), family.encode_prompt(parts, captions)
+        assert _relative_error(cond.hidden_states, ref_cond.hidden_states) < 0.02
+        size = 4 * family.size_multiple
+        pixels = torch.rand(2, 3, size, size, generator=torch.Generator().manual_seed(0)) * 2 - 1
+        latents = family.encode_latents(parts, pixels, generator=torch.Generator().manual_seed(1))
+        t = torch.tensor([100, 900])
+        options = {}
+        if name in ("sdxl",):
+            options["time_ids"] = family.time_ids([(size, size)] * 2, [(0, 0)] * 2, [(size, size)] * 2)
+        pred = family.predict(gpu.denoiser, latents.to("cuda", torch.bfloat16), t.cuda(), cond, **options)
+        ref = family.predict(parts.denoiser, latents, t, ref_cond, **options)
+    assert pred.device.type == "cuda" and torch.isfinite(pred).all()
+    assert _relative_error(pred, ref) < 0.03  # bf16 keeps ~3 digits; errors of a wrong dtype path are O(1)
+
+
+def _relative_error(got: torch.Tensor, ref: torch.Tensor) -> float:
+    """||got - ref|| / ||ref|| over the whole tensor (got moved to the CPU in float32)."""
+    got = got.float().cpu()
+    return ((got - ref).norm() / ref.norm()).item()
