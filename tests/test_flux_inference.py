@@ -239,7 +239,9 @@ def test_fp8_base_stores_flux_modulation_linears_in_float8(dev):
     from library.run.setup import store_frozen_in_fp8
 
     parts, sd_rule = copy.deepcopy(dev), copy.deepcopy(dev.denoiser)
-    run = SimpleNamespace(fp8_base=True, fp8_base_unet=False, weight_dtype=torch.bfloat16, train_dtype=torch.float32)
+    run = SimpleNamespace(
+        fp8_base=True, fp8_base_unet=False, fp8_scaled=False, weight_dtype=torch.bfloat16, train_dtype=torch.float32
+    )
     store_frozen_in_fp8(SimpleNamespace(run=run, trained_parts=(), family=FLUX_DEV), parts)
     store_in_fp8(sd_rule, torch.bfloat16, skip=("norm",))
     linears = [n for n, m in dev.denoiser.named_modules() if isinstance(m, torch.nn.Linear)]

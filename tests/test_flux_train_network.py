@@ -173,7 +173,9 @@ def test_fp8_base_stores_every_flux_linear_and_trains(models, dataset, tmp_path)
     from library.run.setup import store_frozen_in_fp8
 
     parts = build_tiny_flux("flux-dev")
-    run = SimpleNamespace(fp8_base=True, fp8_base_unet=False, weight_dtype=torch.bfloat16, train_dtype=torch.float32)
+    run = SimpleNamespace(
+        fp8_base=True, fp8_base_unet=False, fp8_scaled=False, weight_dtype=torch.bfloat16, train_dtype=torch.float32
+    )
     store_frozen_in_fp8(SimpleNamespace(run=run, trained_parts=(), family=get_family("flux-dev")), parts)
     linears = [(n, m) for n, m in parts.denoiser.named_modules() if isinstance(m, torch.nn.Linear)]
     assert any("norm" in n for n, _ in linears) and all(stored_in_fp8(m) for _, m in linears)
@@ -184,6 +186,8 @@ def test_fp8_base_stores_every_flux_linear_and_trains(models, dataset, tmp_path)
                      "--network_train_unet_only", steps=1)  # fmt: skip
     result = flux_train_network.run(argv)
     assert result.steps == 1 and all(map(math.isfinite, result.losses))
+    scaled = flux_train_network.run([*argv, "--fp8_scaled", "--output_dir", str(tmp_path / "scaled")])  # musubi's flag
+    assert scaled.steps == 1 and all(map(math.isfinite, scaled.losses)) and scaled.losses != result.losses
 
 
 def test_blocks_to_swap_swaps_the_flux_transformer_and_trains_the_same(dataset, tmp_path, monkeypatch):

@@ -211,7 +211,9 @@ def test_fp8_base_stores_the_frozen_transformer_in_float8_and_trains(models, dat
 
     family = get_family("sd3.5-medium")
     parts = build_tiny_sd3("sd3.5-medium")
-    run = SimpleNamespace(fp8_base=True, fp8_base_unet=False, weight_dtype=torch.bfloat16, train_dtype=torch.float32)
+    run = SimpleNamespace(
+        fp8_base=True, fp8_base_unet=False, fp8_scaled=False, weight_dtype=torch.bfloat16, train_dtype=torch.float32
+    )
     store_frozen_in_fp8(SimpleNamespace(run=run, trained_parts=(), family=family), parts)
     linears = [(n, m) for n, m in parts.denoiser.named_modules() if isinstance(m, torch.nn.Linear)]
     kept = [n for n, m in linears if not stored_in_fp8(m)]

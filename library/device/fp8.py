@@ -19,6 +19,11 @@ float8 (token embeddings are trained by textual inversion and pivotal tuning, an
 
 sd-scripts casts the whole model with ``.to(torch.float8_e4m3fn)`` and relies on autocast; this is the same storage
 with an explicit compute dtype, so it runs the same without autocast (CPU) and under fp16 as under bf16.
+
+``--fp8_scaled`` (musubi-tuner's and sd-scripts' HunyuanImage flag, here for every family): each weight is stored
+divided by its scale ``max |W| / 448`` (e4m3fn's largest value), so the whole float8 range is used whatever the
+weight's magnitude (plain casting flushes small weights to zero and saturates none), and the copy is multiplied back
+by the scale (a float32 number kept with the layer's hooks) when it is made.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import torch
 from torch import Tensor, nn
 
 FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 STORED = (nn.Linear, nn.Conv2d)
 
@@ -42,14 +48,21 @@ class _Recast(NamedTuple):
 
     stored: Tensor
     dtype: torch.dtype
+    scale: float | None
     size: tuple[int, ...]
     stride: tuple[int, ...]
     offset: int
 
 
+def _cast(stored: Tensor, dtype: torch.dtype, scale: float | None) -> Tensor:
+    """The compute-dtype weight of a float8 one (times its ``--fp8_scaled`` scale): a new tensor."""
+    weight = stored.to(dtype)
+    return weight if scale is None else weight * scale
+
+
 def _unpack(saved: object) -> object:
     if isinstance(saved, _Recast):
-        return saved.stored.to(saved.dtype).as_strided(saved.size, saved.stride, saved.offset)
+        return _cast(saved.stored, saved.dtype, saved.scale).as_strided(saved.size, saved.stride, saved.offset)
     return saved
 
 
@@ -67,23 +80,24 @@ def _others_hook_saved_tensors() -> bool:
 class _Fp8Weight:
     """The hooks of one layer: swap the float8 parameter for a compute-dtype copy during its forward."""
 
-    def __init__(self, compute_dtype: torch.dtype) -> None:
+    def __init__(self, compute_dtype: torch.dtype, scale: float | None = None) -> None:
         self.compute_dtype = compute_dtype
+        self.scale = scale  # --fp8_scaled: the stored weight is W / scale
         self.stored: nn.Parameter | None = None
         self.saving: torch.autograd.graph.saved_tensors_hooks | None = None
 
     def before(self, module: nn.Module, args: tuple) -> None:
         self.stored = stored = module._parameters["weight"]  # the float8 parameter (wherever .to() has moved it)
-        copy = stored.to(self.compute_dtype)  # a new tensor: what autograd may save
+        copy = _cast(stored, self.compute_dtype, self.scale)  # a new tensor: what autograd may save
         module._parameters["weight"] = copy
         if not torch.is_grad_enabled() or torch.compiler.is_compiling() or _others_hook_saved_tensors():
             return
-        key, dtype = copy.untyped_storage()._cdata, self.compute_dtype
+        key, dtype, scale = copy.untyped_storage()._cdata, self.compute_dtype, self.scale
 
         def pack(tensor: Tensor) -> object:
             if tensor.untyped_storage()._cdata != key:
                 return tensor
-            return _Recast(stored, dtype, tuple(tensor.size()), tuple(tensor.stride()), tensor.storage_offset())
+            return _Recast(stored, dtype, scale, tuple(tensor.size()), tuple(tensor.stride()), tensor.storage_offset())
 
         self.saving = torch.autograd.graph.saved_tensors_hooks(pack, _unpack)
         self.saving.__enter__()
@@ -96,8 +110,11 @@ class _Fp8Weight:
         self.stored = None  # no reference between calls: a later .to() may replace the parameter object
 
 
-def store_in_fp8(model: nn.Module, compute_dtype: torch.dtype, skip: tuple[str, ...] = ("norm",)) -> int:
+def store_in_fp8(
+    model: nn.Module, compute_dtype: torch.dtype, skip: tuple[str, ...] = ("norm",), scaled: bool = False
+) -> int:
     """Store the weights of ``model``'s frozen Linear / Conv2d layers in float8; returns how many were stored.
+    ``scaled`` (``--fp8_scaled``): each weight divided by its scale ``max |W| / 448`` first (module docstring).
 
     Layers whose path contains one of ``skip`` stay as they are (diffusers' rule for UNets: "norm"), as do layers
     with a trainable weight and layers stored already, and the modules a transformers model keeps in full precision
@@ -115,11 +132,16 @@ def store_in_fp8(model: nn.Module, compute_dtype: torch.dtype, skip: tuple[str, 
         weight = module.weight
         if weight.requires_grad or not weight.is_floating_point():
             continue
+        scale = None
         with torch.no_grad():
-            weight.data = weight.data.to(FP8)
+            if scaled:
+                scale = max(weight.data.abs().amax().float().item(), 1e-12) / FP8_MAX
+                weight.data = (weight.data.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+            else:
+                weight.data = weight.data.to(FP8)
         if module.bias is not None:
             module.bias.data = module.bias.data.to(compute_dtype)
-        hooks = _Fp8Weight(compute_dtype)
+        hooks = _Fp8Weight(compute_dtype, scale)
         module._sdtrain_fp8 = hooks
         module.register_forward_pre_hook(hooks.before)
         module.register_forward_hook(hooks.after, always_call=True)
@@ -136,5 +158,7 @@ def compute_weight(module: nn.Module, dtype: torch.dtype | None = None) -> Tenso
     weight = module.weight
     if is_fp8(weight):
         hooks = getattr(module, "_sdtrain_fp8", None)
-        return weight.to(dtype or (hooks.compute_dtype if hooks is not None else torch.bfloat16))
+        if hooks is None:
+            return weight.to(dtype or torch.bfloat16)
+        return _cast(weight, dtype or hooks.compute_dtype, hooks.scale)
     return weight

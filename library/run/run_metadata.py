@@ -86,6 +86,7 @@ def _training_keys(cfg: Any, run: Any) -> dict[str, Any]:
         "ss_training_comment": cfg.save.training_comment,
         "ss_fp8_base": cfg.run.fp8_base,
         "ss_fp8_base_unet": cfg.run.fp8_base_unet,
+        "ss_fp8_scaled": cfg.run.fp8_scaled or None,  # musubi-tuner does not write it; ours only when set
         "ss_prior_loss_weight": cfg.data.prior_loss_weight,
         "ss_caption_dropout_rate": cfg.data.caption_dropout_rate,
         "ss_caption_dropout_every_n_epochs": cfg.data.caption_dropout_every_n_epochs,

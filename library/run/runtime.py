@@ -35,6 +35,9 @@ def add_run_args(parser: argparse.ArgumentParser, deepspeed: bool = False, block
     g.add_argument("--full_bf16", action="store_true", help="bf16 trained weights and gradients")
     g.add_argument("--fp8_base", action="store_true", help="store the frozen base model in float8 (e4m3fn)")
     g.add_argument("--fp8_base_unet", action="store_true", help="store only the frozen UNet in float8")
+    g.add_argument("--fp8_scaled", action="store_true",
+                   help="with --fp8_base: store each weight scaled by max |W| / 448 (musubi-tuner's flag; more precise "
+                        "than plain float8 casting)")  # fmt: skip
     g.add_argument("--gradient_checkpointing", action="store_true")
     if block_swap:
         from library.run.block_swap import add_block_swap_args
@@ -99,6 +102,7 @@ class RunConfig:
     full_bf16: bool = False
     fp8_base: bool = False
     fp8_base_unet: bool = False
+    fp8_scaled: bool = False  # --fp8_scaled: float8 storage with a scale per weight
     gradient_checkpointing: bool = False
     attention: str = "sdpa"  # sdpa | xformers
     torch_compile: bool = False
@@ -124,6 +128,8 @@ class RunConfig:
             problems.append("--full_bf16 needs --mixed_precision bf16")
         if (args.fp8_base or args.fp8_base_unet) and args.mixed_precision == "no":
             problems.append("--fp8_base / --fp8_base_unet compute in fp16/bf16: add --mixed_precision bf16 (or fp16)")
+        if getattr(args, "fp8_scaled", False) and not (args.fp8_base or args.fp8_base_unet):
+            problems.append("--fp8_scaled scales the float8 weights of --fp8_base: add --fp8_base (or --fp8_base_unet)")
         if args.xformers and (args.sdpa or args.mem_eff_attn):
             problems.append("choose one attention backend: --xformers or --sdpa / --mem_eff_attn")
         if args.xformers:  # fine_tune.py / sdxl_train.py: --diffusers_xformers asks for the same
@@ -143,6 +149,7 @@ class RunConfig:
             full_bf16=args.full_bf16,
             fp8_base=args.fp8_base,
             fp8_base_unet=args.fp8_base_unet,
+            fp8_scaled=getattr(args, "fp8_scaled", False),
             gradient_checkpointing=args.gradient_checkpointing,
             attention="xformers" if args.xformers else "sdpa",
             torch_compile=args.torch_compile,

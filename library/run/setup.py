@@ -282,7 +282,7 @@ def store_frozen_in_fp8(cfg: TrainConfig, parts: Parts) -> list[str]:
         logger.warning("--fp8_base%s: this script trains the %s, which stays in %s (float8 stores frozen weights "
                        "only)", "_unet" if run.fp8_base_unet else "", name, str(run.train_dtype).replace("torch.", ""))  # fmt: skip
     else:
-        store_in_fp8(parts.denoiser, run.weight_dtype, skip=cfg.family.fp8_skip)
+        store_in_fp8(parts.denoiser, run.weight_dtype, skip=cfg.family.fp8_skip, scaled=run.fp8_scaled)
         stored.append(name)
     if run.fp8_base and not run.fp8_base_unet:
         if "text_encoders" in trained:
@@ -290,10 +290,11 @@ def store_frozen_in_fp8(cfg: TrainConfig, parts: Parts) -> list[str]:
                            str(run.train_dtype).replace("torch.", ""))  # fmt: skip
         else:
             for te in parts.text_encoders:
-                store_in_fp8(te, run.weight_dtype)
+                store_in_fp8(te, run.weight_dtype, scaled=run.fp8_scaled)
             stored.append("text encoders")
     if stored:
-        logger.info("stored the frozen %s weights in float8 (computed in %s)", " and ".join(stored),
+        logger.info("stored the frozen %s weights in float8%s (computed in %s)", " and ".join(stored),
+                    " with a scale per weight" if run.fp8_scaled else "",
                     str(run.weight_dtype).replace("torch.", ""))  # fmt: skip
     return stored
 
