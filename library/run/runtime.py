@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import logging
 import math
 import os
 import random
@@ -36,8 +37,8 @@ def add_run_args(parser: argparse.ArgumentParser, deepspeed: bool = False, block
     g.add_argument("--fp8_base", action="store_true", help="store the frozen base model in float8 (e4m3fn)")
     g.add_argument("--fp8_base_unet", action="store_true", help="store only the frozen UNet in float8")
     g.add_argument("--fp8_scaled", action="store_true",
-                   help="with --fp8_base: store each weight scaled by max |W| / 448 (musubi-tuner's flag; more precise "
-                        "than plain float8 casting)")  # fmt: skip
+                   help="float8 storage with each weight scaled by max |W| / 448 (musubi-tuner's flag, with --fp8_base; "
+                        "alone, as sd-scripts' HunyuanImage: the denoiser only)")  # fmt: skip
     g.add_argument("--gradient_checkpointing", action="store_true")
     if block_swap:
         from library.run.block_swap import add_block_swap_args
@@ -126,10 +127,15 @@ class RunConfig:
             problems.append("--full_fp16 needs --mixed_precision fp16")
         if args.full_bf16 and args.mixed_precision != "bf16":
             problems.append("--full_bf16 needs --mixed_precision bf16")
-        if (args.fp8_base or args.fp8_base_unet) and args.mixed_precision == "no":
-            problems.append("--fp8_base / --fp8_base_unet compute in fp16/bf16: add --mixed_precision bf16 (or fp16)")
-        if getattr(args, "fp8_scaled", False) and not (args.fp8_base or args.fp8_base_unet):
-            problems.append("--fp8_scaled scales the float8 weights of --fp8_base: add --fp8_base (or --fp8_base_unet)")
+        fp8_scaled = getattr(args, "fp8_scaled", False)
+        fp8_base_unet = args.fp8_base_unet
+        if fp8_scaled and not (args.fp8_base or fp8_base_unet):  # sd-scripts' HunyuanImage: --fp8_scaled alone
+            fp8_base_unet = True
+            logging.getLogger("sdtrain").info("--fp8_scaled without --fp8_base: the %s is stored in scaled float8 (add --fp8_base for the "
+                        "text encoders too)", "denoiser")  # fmt: skip
+        if (args.fp8_base or fp8_base_unet) and args.mixed_precision == "no":
+            named = "--fp8_scaled" if fp8_scaled else "--fp8_base / --fp8_base_unet"
+            problems.append(f"{named} compute in fp16/bf16: add --mixed_precision bf16 (or fp16)")
         if args.xformers and (args.sdpa or args.mem_eff_attn):
             problems.append("choose one attention backend: --xformers or --sdpa / --mem_eff_attn")
         if args.xformers:  # fine_tune.py / sdxl_train.py: --diffusers_xformers asks for the same
@@ -148,8 +154,8 @@ class RunConfig:
             full_fp16=args.full_fp16,
             full_bf16=args.full_bf16,
             fp8_base=args.fp8_base,
-            fp8_base_unet=args.fp8_base_unet,
-            fp8_scaled=getattr(args, "fp8_scaled", False),
+            fp8_base_unet=fp8_base_unet,
+            fp8_scaled=fp8_scaled,
             gradient_checkpointing=args.gradient_checkpointing,
             attention="xformers" if args.xformers else "sdpa",
             torch_compile=args.torch_compile,
