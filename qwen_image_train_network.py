@@ -20,7 +20,6 @@ run (Qwen2.5-VL is freed before training). ``--network_module networks.lora_qwen
 from __future__ import annotations
 
 import argparse
-import functools
 import sys
 from collections.abc import Sequence
 

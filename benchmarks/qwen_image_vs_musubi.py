@@ -135,8 +135,8 @@ def musubi(out: Path) -> None:
                            vision_end_token_id=151653, vision_token_id=151654, image_token_id=151655,
                            video_token_id=151656)  # fmt: skip
     vlm = Qwen2_5_VLForConditionalGeneration(cfg).eval()
-    lm = {k[len("model."):]: v for k, v in te.items()}
-    missing, unexpected = vlm.model.language_model.load_state_dict(lm, strict=True), None
+    lm = {k[len("model.") :]: v for k, v in te.items()}
+    missing = vlm.model.language_model.load_state_dict(lm, strict=True)
     print("musubi-side language model strict load:", missing)
     tok = Qwen2TokenizerFast(tokenizer_file=str(Path((out / "tokenizer_dir.txt").read_text()) / "tokenizer.json"))
     tok.pad_token = "<|endoftext|>"
@@ -149,7 +149,6 @@ def musubi(out: Path) -> None:
 
 
 def compare(out: Path) -> int:
-    import torch
     from safetensors.torch import load_file
 
     a, b = load_file(str(out / "ours.safetensors")), load_file(str(out / "musubi.safetensors"))

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
 RELEASED = dict(patch_size=2, in_channels=64, out_channels=16, num_layers=60, attention_head_dim=128,
@@ -89,5 +88,3 @@ def dynamic_shift(h: int, w: int) -> float:
     s = SCHEDULER
     slope = (s["max_shift"] - s["base_shift"]) / (s["max_image_seq_len"] - s["base_image_seq_len"])
     return seq * slope + (s["base_shift"] - slope * s["base_image_seq_len"])
-
-

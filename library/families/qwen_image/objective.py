@@ -153,8 +153,11 @@ def sample_t(cfg: QwenFlowConfig, batch: int, size: tuple[int, int], generator: 
     else:
         t = torch.sigmoid(cfg.sigmoid_scale * torch.randn((batch,), generator=generator, device=draw))
         if kind != "sigmoid":
-            shift = cfg.discrete_flow_shift if kind == "shift" else math.exp(
-                _mu(FLUX_POINTS if kind == "flux_shift" else QWEN_POINTS, *size))
+            shift = (
+                cfg.discrete_flow_shift
+                if kind == "shift"
+                else math.exp(_mu(FLUX_POINTS if kind == "flux_shift" else QWEN_POINTS, *size))
+            )
             t = (t * shift) / (1 + (shift - 1) * t)
     lo, hi = cfg.t_range()
     return (t * (hi - lo) + lo).to(device)

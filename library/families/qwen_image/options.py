@@ -15,8 +15,8 @@ common flags with no counterpart here (:data:`MUSUBI_ONLY`).
 from __future__ import annotations
 
 import argparse
-import sys
 import logging
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -134,9 +134,7 @@ class QwenImageOptions:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, *, training: bool) -> QwenImageOptions:
-        from library.cli.parse import from_namespace, missing_path_problems
-
-        from library.cli.parse import positive_count_problems
+        from library.cli.parse import from_namespace, missing_path_problems, positive_count_problems
 
         problems = missing_path_problems(args, ("text_encoder",), folders=True)
         problems += positive_count_problems(args, ("text_encoder_batch_size",))
