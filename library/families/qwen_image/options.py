@@ -81,6 +81,11 @@ MUSUBI_ONLY: dict[str, tuple[dict, str]] = {
     "--metadata_arch": ({"type": str, "default": None}, "the architecture is the family's"),
     "--base_weights": ({"type": str, "nargs": "*", "default": None}, "merging LoRAs before training: not for "
                        "Qwen-Image yet"),
+    "--dynamo_mode": ({"type": str, "default": None}, "torch.compile settings are not read here"),
+    "--dynamo_fullgraph": ({"action": "store_true"}, "torch.compile settings are not read here"),
+    "--dynamo_dynamic": ({"action": "store_true"}, "torch.compile settings are not read here"),
+    "--metadata_reso": ({"type": str, "default": None}, "the resolution metadata is written from the dataset"),
+    "--mem_eff_save": ({"action": "store_true"}, "the saves here write tensor by tensor already; drop it"),
     "--base_weights_multiplier": ({"type": float, "nargs": "*", "default": None}, "see --base_weights"),
 }  # fmt: skip
 
@@ -179,7 +184,7 @@ class QwenImageOptions:
         return identity_of((("model_version", self.model_version),))
 
 
-def musubi_argv(argv: Any) -> list[str]:
+def musubi_argv(argv: Any, network: bool = True) -> list[str]:
     """musubi-tuner's caching behaviour on our flags: it always trains from cached latents and text-encoder outputs
     (its separate caching scripts), so the run caches both (in memory) unless the command line says otherwise
     (``--cache_latents*`` / ``--cache_text_encoder_outputs*`` given); and it trains the DiT's adapters only
@@ -189,6 +194,7 @@ def musubi_argv(argv: Any) -> list[str]:
         args.append("--cache_latents")
     if not any(a.startswith("--cache_text_encoder_outputs") for a in args):
         args.append("--cache_text_encoder_outputs")
-    if not any(a.startswith(("--network_train_unet_only", "--network_train_text_encoder_only")) for a in args):
+    if network and not any(a.startswith(("--network_train_unet_only", "--network_train_text_encoder_only"))
+                           for a in args):  # fmt: skip
         args.append("--network_train_unet_only")  # musubi-tuner trains no text-encoder adapters
     return args
