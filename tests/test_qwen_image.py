@@ -222,3 +222,21 @@ def test_full_finetune_reads_back_and_resumes(qwen_files, dataset, tmp_path):
     parts = QWEN_IMAGE.load(straight.output, vae=qwen_files["vae"],
                             options=QwenImageOptions(text_encoder=qwen_files["text_encoder"]))  # fmt: skip
     assert all(torch.equal(v, a[k]) for k, v in parts.denoiser.state_dict().items())
+
+
+def test_generate_image_script(qwen_files, tmp_path):
+    """qwen_image_generate_image.py's musubi-tuner line writes a PNG; --flow_shift (a static shift) changes the
+    image of the same seed; the edit models' --control_image_path is refused with the reason."""
+    import numpy as np
+    from PIL import Image
+
+    import qwen_image_generate_image
+
+    base = ["--dit", qwen_files["dit"], "--vae", qwen_files["vae"], "--text_encoder", qwen_files["text_encoder"],
+            "--prompt", "a cat", "--image_size", "32", "32", "--infer_steps", "2", "--seed", "1"]  # fmt: skip
+    (a,) = qwen_image_generate_image.run([*base, "--save_path", str(tmp_path / "a")])
+    (b,) = qwen_image_generate_image.run([*base, "--save_path", str(tmp_path / "b"), "--flow_shift", "5.0"])
+    pa, pb = np.asarray(Image.open(a)), np.asarray(Image.open(b))
+    assert pa.shape == (32, 32, 3) and not np.array_equal(pa, pb)
+    with pytest.raises(ConfigError, match="--control_image_path: the edit models are not supported yet"):
+        qwen_image_generate_image.run([*base, "--save_path", str(tmp_path / "c"), "--control_image_path", "x.png"])
