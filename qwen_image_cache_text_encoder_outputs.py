@@ -11,23 +11,28 @@ tools/cache_latents.py / tools/cache_text_encoder_outputs.py with the training c
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Sequence
 
+from library.cli.main_guard import main_guard
+from library.cli.problems import ConfigError
+
+WHY = ("qwen_image_cache_text_encoder_outputs.py is not supported yet (musubi-tuner's separate caching step); skip it: "
+       "qwen_image_train_network.py / qwen_image_train.py cache the latents and Qwen2.5-VL outputs inside the run "
+       "(add --cache_latents_to_disk / --cache_text_encoder_outputs_to_disk to keep them on disk)")  # fmt: skip
+
+
+def run(argv: Sequence[str] | None = None) -> None:
+    """``--help`` prints the docstring; anything else is refused with :data:`WHY`."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.parse_known_args(argv)
+    raise ConfigError([WHY])
+
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Refuse with what to do instead; exit status 2."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if any(a in ("-h", "--help") for a in args):
-        print(__doc__)
-        return 0
-    print(
-        "error: qwen_image_cache_text_encoder_outputs.py is not supported yet (musubi-tuner's separate caching step); skip it: "
-        "qwen_image_train_network.py caches the latents and Qwen2.5-VL outputs inside the run (add --cache_latents_to_disk / "
-        "--cache_text_encoder_outputs_to_disk to keep them on disk)",
-        file=sys.stderr,
-    )
-    return 2
+    """The command line: exit status 2 and one ``error:`` line."""
+    return main_guard(lambda: run(argv))
 
 
 if __name__ == "__main__":

@@ -240,3 +240,32 @@ def test_generate_image_script(qwen_files, tmp_path):
     assert pa.shape == (32, 32, 3) and not np.array_equal(pa, pb)
     with pytest.raises(ConfigError, match="--control_image_path: the edit models are not supported yet"):
         qwen_image_generate_image.run([*base, "--save_path", str(tmp_path / "c"), "--control_image_path", "x.png"])
+
+
+def test_lycoris_loha_trains_and_merges(qwen_files, dataset, tmp_path):
+    """LoHa through lycoris.kohya on the DiT's blocks: its file applied live equals it merged into the weights."""
+    from library.families.base import Parts
+    from networks.inject import network_from_file
+
+    toml = musubi_toml(dataset, tmp_path / "dataset.toml")
+    extra = ["--network_module", "lycoris.kohya", "--network_args", "algo=loha", "--network_dim", "4"]
+    result = qwen_image_train_network.run(doc_command(qwen_files, toml, tmp_path / "out", *extra))
+    sd = load_file(str(result.output))
+    assert sd and all(k.startswith("lora_unet_") for k in sd) and any("hada_w1_a" in k for k in sd)
+    for k in [k for k in sd if "hada_w1_a" in k or "hada_w2_a" in k]:
+        sd[k] = torch.randn_like(sd[k]) * 0.3
+    save_file(sd, str(tmp_path / "loha.safetensors"))
+    base = qwen_files["parts"].denoiser
+    live, merged = copy.deepcopy(base), copy.deepcopy(base)
+    net = network_from_file(tmp_path / "loha.safetensors", QWEN_IMAGE.adapter_roots(Parts(live, None, [], [], {}, "q")))
+    net.set_multiplier(1.0)
+    other = network_from_file(tmp_path / "loha.safetensors",
+                              QWEN_IMAGE.adapter_roots(Parts(merged, None, [], [], {}, "q")))  # fmt: skip
+    other.set_multiplier(1.0)
+    other.merge_into_base()
+    g = torch.Generator().manual_seed(5)
+    x, ctx, sigma = torch.randn(1, 16, 8, 8, generator=g), torch.randn(1, 4, 16, generator=g), torch.tensor([0.4])
+    with torch.no_grad():
+        a, b = M.forward(live, x, sigma, ctx, None), M.forward(merged, x, sigma, ctx, None)
+        assert (a - M.forward(base, x, sigma, ctx, None)).abs().max() > 1e-3
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
