@@ -269,3 +269,43 @@ def test_lycoris_loha_trains_and_merges(qwen_files, dataset, tmp_path):
         a, b = M.forward(live, x, sigma, ctx, None), M.forward(merged, x, sigma, ctx, None)
         assert (a - M.forward(base, x, sigma, ctx, None)).abs().max() > 1e-3
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+# every flag of musubi-tuner's qwen_image_train_network.py (its training/parser_common.py + qwen_image_setup_parser +
+# add_model_version_args, extracted from kohya-ss/musubi-tuner's source)
+MUSUBI_FLAGS = """--async_upload --base_weights --base_weights_multiplier --block_swap_h2d_only --block_swap_ring_size
+--blocks_to_swap --compile --compile_backend --compile_cache_size_limit --compile_dynamic --compile_fullgraph
+--compile_mode --config_file --cuda_allow_tf32 --cuda_cudnn_benchmark --dataset_config --ddp_gradient_as_bucket_view
+--ddp_static_graph --ddp_timeout --dim_from_weights --disable_numpy_memmap --discrete_flow_shift --dit --dynamo_backend
+--dynamo_dynamic --dynamo_fullgraph --dynamo_mode --flash3 --flash_attn --flow_shift --fp8_base --full_bf16 --full_fp16
+--gradient_accumulation_steps --gradient_checkpointing --gradient_checkpointing_cpu_offload --guidance_scale
+--huggingface_path_in_repo --huggingface_repo_id --huggingface_repo_type --huggingface_repo_visibility
+--huggingface_token --img_in_txt_in_offloading --learning_rate --log_config --log_prefix --log_tracker_config
+--log_tracker_name --log_with --logging_dir --logit_mean --logit_std --lr_decay_steps --lr_scheduler
+--lr_scheduler_args --lr_scheduler_min_lr_ratio --lr_scheduler_num_cycles --lr_scheduler_power
+--lr_scheduler_timescale --lr_scheduler_type --lr_warmup_steps --max_data_loader_n_workers --max_grad_norm
+--max_timestep --max_train_epochs --max_train_steps --metadata_arch --metadata_author --metadata_description
+--metadata_license --metadata_reso --metadata_tags --metadata_title --min_timestep --mixed_precision --mode_scale
+--network_alpha --network_args --network_dim --network_dropout --network_module --network_weights --no_metadata
+--num_timestep_buckets --optimizer_args --optimizer_type --output_dir --output_name --persistent_data_loader_workers
+--preserve_distribution_shape --resume --resume_from_huggingface --sage_attn --sample_at_first
+--sample_every_n_epochs --sample_every_n_steps --sample_prompts --save_every_n_epochs --save_every_n_steps
+--save_last_n_epochs --save_last_n_epochs_state --save_last_n_steps --save_last_n_steps_state --save_precision
+--save_state --save_state_on_train_end --save_state_to_huggingface --scale_weight_norms --sdpa --seed --show_timesteps
+--sigmoid_scale --split_attn --timestep_sampling --training_comment --use_pinned_memory_for_block_swap --vae
+--vae_dtype --wandb_api_key --wandb_run_name --weighting_scheme --xformers --fp8_scaled --text_encoder --fp8_vl
+--num_layers --remove_first_image_from_target --edit --edit_plus --model_version""".split()
+
+
+def test_every_musubi_flag_is_read_or_refused_by_name():
+    """Each flag of musubi-tuner's Qwen-Image LoRA script is one of ours; the musubi-only ones are refused with a
+    message naming the flag."""
+    from library.cli.parse import unsupported_problems
+    from library.families.qwen_image.options import MUSUBI_ONLY
+
+    parser = qwen_image_train_network.build_parser()
+    assert [f for f in MUSUBI_FLAGS if f not in parser._option_string_actions] == []
+    for flag, (kwargs, _) in MUSUBI_ONLY.items():
+        value = [] if kwargs.get("action") == "store_true" else ["1"]
+        args = parser.parse_args([flag, *value])
+        assert any(p.startswith(f"{flag} is not supported yet") for p in unsupported_problems(parser, args)), flag

@@ -74,19 +74,12 @@ MUSUBI_ONLY: dict[str, tuple[dict, str]] = {
     "--async_upload": ({"action": "store_true"}, "Hugging Face upload is not done here"),
     "--flow_shift": ({"type": float, "default": None}, "musubi-tuner's sampling shift; use --discrete_flow_shift for "
                      "training"),
-    "--lr_scheduler_timescale": ({"type": int, "default": None}, "not read here"),
-    "--lr_scheduler_min_lr_ratio": ({"type": float, "default": None}, "not read here"),
-    "--lr_scheduler_type": ({"type": str, "default": ""}, "custom scheduler classes are not loaded here"),
-    "--lr_decay_steps": ({"type": float, "default": None}, "not read here"),
     "--metadata_arch": ({"type": str, "default": None}, "the architecture is the family's"),
-    "--base_weights": ({"type": str, "nargs": "*", "default": None}, "merging LoRAs before training: not for "
-                       "Qwen-Image yet"),
     "--dynamo_mode": ({"type": str, "default": None}, "torch.compile settings are not read here"),
     "--dynamo_fullgraph": ({"action": "store_true"}, "torch.compile settings are not read here"),
     "--dynamo_dynamic": ({"action": "store_true"}, "torch.compile settings are not read here"),
     "--metadata_reso": ({"type": str, "default": None}, "the resolution metadata is written from the dataset"),
     "--mem_eff_save": ({"action": "store_true"}, "the saves here write tensor by tensor already; drop it"),
-    "--base_weights_multiplier": ({"type": float, "nargs": "*", "default": None}, "see --base_weights"),
 }  # fmt: skip
 
 
@@ -130,7 +123,7 @@ class QwenImageOptions:
         if training:
             add_once(g, parser, "--text_encoder_batch_size", type=int, default=None,
                      help="captions per Qwen2.5-VL call when caching (default: the training batch size)")  # fmt: skip
-        for flag, (kwargs, reason) in MUSUBI_ONLY.items():
+        for flag, (kwargs, reason) in MUSUBI_ONLY.items() if training else ():
             if flag not in parser._option_string_actions:
                 add_unsupported(g, flag, reason, **kwargs)
         if training:
@@ -144,15 +137,20 @@ class QwenImageOptions:
         problems = missing_path_problems(args, ("text_encoder",), folders=True)
         problems += positive_count_problems(args, ("text_encoder_batch_size",))
         version = getattr(args, "model_version", None)
+        named = "--model_version"
         if version is None:
-            version = "edit-2509" if getattr(args, "edit_plus", False) else ("edit" if getattr(args, "edit", False)
-                                                                             else "original")  # fmt: skip
+            for flag, value in (("edit_plus", "edit-2509"), ("edit", "edit")):
+                if getattr(args, flag, False):
+                    version, named = value, f"--{flag} (musubi-tuner's --model_version)"
+                    break
+            else:
+                version = "original"
         version = version.lower()
         if version not in MODEL_VERSIONS:
             problems.append(f"--model_version {version}: unknown; one of {', '.join(MODEL_VERSIONS)}")
         elif version in NOT_DONE_VERSIONS:
-            problems.append(f"--model_version {version} is not supported yet ({NOT_DONE_VERSIONS[version]} are not "
-                            "done); train the original Qwen-Image with --model_version original")  # fmt: skip
+            problems.append(f"{named} {version} is not supported yet ({NOT_DONE_VERSIONS[version]} are not done); "
+                            "train the original Qwen-Image with --model_version original")  # fmt: skip
         for flag in ("vae_dtype", "dit_dtype"):
             value = getattr(args, flag, None)
             if value is not None and value not in ("float32", "float16", "bfloat16", "fp32", "fp16", "bf16"):
