@@ -142,8 +142,13 @@ def trim(states: Tensor, mask: Tensor, drop: int) -> tuple[Tensor, Tensor]:
     """The rows of real tokens (``mask``) of each caption, its first ``drop`` (template) tokens dropped, padded with
     zeros to the longest: (states (B, L', D), mask (B, L') int64), musubi-tuner's ``extract_masked_hidden`` and
     what follows it."""
-    keep = mask.to(states.device).bool()
-    rows = [s[k][drop:] for s, k in zip(states, keep)]
+    host = mask.detach().cpu().bool()
+    lengths = host.sum(dim=1).tolist()
+    if all(bool(row[:n].all()) for row, n in zip(host, lengths)):  # right padding: slices, no device-side indexing
+        rows = [s[drop:n] for s, n in zip(states, lengths)]
+    else:
+        keep = mask.to(states.device).bool()
+        rows = [s[k][drop:] for s, k in zip(states, keep)]
     longest = max(max(r.shape[0] for r in rows), 1)
     out = states.new_zeros(len(rows), longest, states.shape[-1])
     out_mask = torch.zeros(len(rows), longest, dtype=torch.long, device=states.device)

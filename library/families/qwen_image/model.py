@@ -37,18 +37,27 @@ def factory(config: Mapping[str, Any]) -> Callable[[], nn.Module]:
 
 
 def config_from_shapes(state: Mapping[str, Any], shape, candidates: list[dict]) -> dict | None:
-    """The DiT's config read from its weights: depth (``transformer_blocks.N``), width and head count (the head width
-    of the first candidate: 128 released), text width (``txt_in``), channels (``img_in`` / ``proj_out``)."""
+    """The DiT's config read from its weights: depth (``transformer_blocks.N``), width, head width (the q norm's
+    length) and head count, text width (``txt_in``), channels (``img_in`` / ``proj_out``); the RoPE axes of a candidate
+    with that head width."""
     keys = list(state.keys())
     needed = ("img_in.weight", "txt_in.weight", "proj_out.weight")
     if not candidates or not all(k in keys for k in needed):
         return None
     base = candidates[0]
     width, in_channels = shape("img_in.weight")
-    head = int(base["attention_head_dim"])
+    norm = "transformer_blocks.0.attn.norm_q.weight"
+    head = shape(norm)[0] if norm in keys else int(base["attention_head_dim"])
+    # RoPE axes are not in the weights: a candidate's of the same head width, else an even split (a guess)
+    axes = next((tuple(c["axes_dims_rope"]) for c in candidates if sum(c["axes_dims_rope"]) == head), None)
+    if axes is None:
+        t = max(2, head // 8 // 2 * 2)
+        a = (head - t) // 2 // 2 * 2
+        axes = (t, a, head - t - a)
     depth = 1 + max((int(k.split(".")[1]) for k in keys if k.startswith("transformer_blocks.")), default=-1)
     out = shape("proj_out.weight")[0] // (base["patch_size"] ** 2)
-    return dict(base, num_layers=depth, num_attention_heads=width // head, in_channels=in_channels,
+    return dict(base, num_layers=depth, num_attention_heads=width // head, attention_head_dim=head,
+                axes_dims_rope=axes, in_channels=in_channels,
                 out_channels=out, joint_attention_dim=shape("txt_in.weight")[1])  # fmt: skip
 
 
