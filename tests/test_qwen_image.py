@@ -326,3 +326,24 @@ def test_sampling_during_training_with_cfg(qwen_files, dataset, tmp_path):
     png = pngs[-1]
     pixels = np.asarray(Image.open(png))
     assert pixels.shape == (64, 64, 3) and pixels.std() > 0
+
+
+def test_musubi_jsonl_dataset(qwen_files, dataset, tmp_path):
+    """musubi-tuner's image_jsonl_file ({"image_path", "caption"} per line) is read as sd-scripts' fine-tune
+    metadata: two images, one repeat, batch 1 -> 2 steps in the epoch."""
+    import json
+
+    images = sorted((dataset / "10_sks shape").glob("*.png"))[:2]
+    lines = [json.dumps({"image_path": str(p), "caption": f"jsonl caption {i}"}) for i, p in enumerate(images)]
+    (tmp_path / "meta.jsonl").write_text("\n".join(lines) + "\n")
+    toml = tmp_path / "dataset.toml"
+    toml.write_text(f'[general]\nresolution = [64, 64]\nbatch_size = 1\n\n[[datasets]]\nimage_jsonl_file = '
+                    f'"{(tmp_path / "meta.jsonl").as_posix()}"\n')  # fmt: skip
+    from library.data import dataset_config
+
+    configs, _ = dataset_config.load_dataset_configs(
+        dataset_config.DataArgs(dataset_config=str(toml)), size_multiple=16
+    )
+    assert configs[0].subsets[0].kind == "finetune" and configs[0].resolutions[0] == (64, 64)
+    result = qwen_image_train_network.run(doc_command(qwen_files, toml, tmp_path / "out"))
+    assert result.steps == 2
