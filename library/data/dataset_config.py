@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from library.cli.parse import bom_hint
 from library.cli.problems import ConfigError, Problems
 
+from . import musubi_dataset
 from .buckets import BucketSpec
 from .captions import CaptionConfig
 from .data_args import DataArgs
@@ -337,6 +338,9 @@ def load_dataset_configs(args: DataArgs, *, size_multiple: int = 64) -> tuple[li
             problems.warn(CLI, f"{', '.join(ignored)} ignored because --dataset_config is given (as in sd-scripts)")
         source = args.dataset_config
         doc = read_dataset_file(source)
+        if musubi_dataset.is_musubi(doc):  # kohya-ss/musubi-tuner's layout: rewritten as sd-scripts' document
+            doc = musubi_dataset.to_sdscripts(doc, source, problems, size_multiple)
+            problems.raise_if_any()
         validate_document(doc, source, problems)
         problems.raise_if_any()
     else:

@@ -173,6 +173,19 @@ class _EpochDataset(Dataset):
         return _collate(samples, self.plan.args.prior_loss_weight, epoch, j, step)
 
 
+def _stack_padded(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """``torch.stack``, the tensors first zero-padded along their first axis to the longest when their lengths
+    differ (encoders whose outputs are as long as each caption, e.g. Qwen-Image's: zero states, mask 0)."""
+    longest = max(t.shape[0] if t.ndim else 0 for t in tensors)
+    if all(t.ndim == 0 or t.shape[0] == longest for t in tensors):
+        return torch.stack(tensors)
+    padded = []
+    for t in tensors:
+        fill = t.new_zeros((longest - t.shape[0], *t.shape[1:]))
+        padded.append(torch.cat([t, fill]))
+    return torch.stack(padded)
+
+
 def _collate(samples: list[dict], prior_loss_weight: float, epoch: int, index: int, step: int) -> Batch:
     masks = None
     if any(s["mask"] is not None for s in samples):
@@ -180,7 +193,7 @@ def _collate(samples: list[dict], prior_loss_weight: float, epoch: int, index: i
         masks = torch.stack([s["mask"] if s["mask"] is not None else torch.ones(1, h, w) for s in samples])
     text = None
     if "text" in samples[0]:
-        text = {k: torch.stack([s["text"][k] for s in samples]) for k in samples[0]["text"]}
+        text = {k: _stack_padded([s["text"][k] for s in samples]) for k in samples[0]["text"]}
     recs = [s["record"] for s in samples]
     return Batch(
         latents=torch.stack([s["latents"] for s in samples]) if "latents" in samples[0] else None,

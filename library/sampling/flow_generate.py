@@ -280,11 +280,20 @@ def cond_rows(cond: Any, start: int, stop: int) -> Any:
 
 
 def cat_conds(first: Any, second: Any) -> Any:
-    """Two conditionings of the same dataclass, rows of ``first`` then ``second`` in every tensor field."""
+    """Two conditionings of the same dataclass, rows of ``first`` then ``second`` in every tensor field; fields of
+    different lengths (dim 1: encoders whose outputs are as long as each prompt, with a mask) are zero-padded to the
+    longer first."""
     a, b = _tensor_fields(first), _tensor_fields(second)
     if a.keys() != b.keys():
         raise ValueError(f"cat_conds: fields {sorted(a)} and {sorted(b)} differ (one conditioning lacks a tensor)")
-    return dataclasses.replace(first, **{k: torch.cat([a[k], b[k]]) for k in a})
+    return dataclasses.replace(first, **{k: torch.cat(_same_length(a[k], b[k])) for k in a})
+
+
+def _same_length(x: Tensor, y: Tensor) -> list[Tensor]:
+    if x.ndim < 2 or x.shape[1:] == y.shape[1:] or x.shape[2:] != y.shape[2:]:
+        return [x, y]
+    n = max(x.shape[1], y.shape[1])
+    return [torch.cat([t, t.new_zeros((t.shape[0], n - t.shape[1], *t.shape[2:]))], dim=1) for t in (x, y)]
 
 
 def _tensor_fields(cond: Any) -> dict[str, Tensor]:

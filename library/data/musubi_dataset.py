@@ -1,0 +1,113 @@
+"""kohya-ss/musubi-tuner's dataset TOML (``[general]`` + ``[[datasets]]`` with ``image_directory`` /
+``image_jsonl_file``, ``resolution = [w, h]``, ``num_repeats``, ``cache_directory``), read by any script that reads
+``--dataset_config``: :func:`is_musubi` tells the layout apart (a dataset with one of musubi-tuner's source keys and no
+``subsets``) and :func:`to_sdscripts` rewrites it as sd-scripts' document (each dataset one subset), which is then
+validated and resolved as usual.
+
+Meanings (musubi-tuner's ``dataset/config_utils.py``): ``resolution`` an int or ``[width, height]`` (default
+``[960, 544]``); ``enable_bucket`` / ``bucket_no_upscale`` (default false); ``caption_extension`` (default ``.txt``
+here); ``batch_size`` / ``num_repeats`` (default 1); ``image_jsonl_file``: one ``{"image_path", "caption"}`` object
+per line (sd-scripts' fine-tune metadata reader takes JSONL). Buckets step by the model's size multiple (musubi-tuner:
+16 for Qwen-Image) and range from half the shorter side to twice the longer one (musubi-tuner keeps the area and
+has no limits: the same buckets for ordinary aspect ratios).
+
+``cache_directory`` is accepted with a warning: musubi-tuner's cache files are not read; the run caches latents and
+text-encoder outputs itself (in memory, or next to the images with the ``*_to_disk`` flags). Refused with a message:
+video datasets (``video_directory``, ``video_jsonl_file``, frame keys), the edit models' control images
+(``control_directory``, ``no_resize_control``, ``control_resolution``, ``multiple_target``), FramePack's ``fp_*`` keys,
+``debug_dataset``, and any unknown key.
+"""
+
+from __future__ import annotations
+
+from library.cli.problems import Problems
+
+SOURCES = ("image_directory", "image_jsonl_file", "video_directory", "video_jsonl_file")
+COMMON = ("resolution", "caption_extension", "batch_size", "num_repeats", "enable_bucket", "bucket_no_upscale")
+VIDEO = ("video_directory", "video_jsonl_file", "target_frames", "frame_extraction", "frame_stride", "frame_sample",
+         "max_frames", "source_fps")  # fmt: skip
+CONTROL = ("control_directory", "no_resize_control", "control_resolution", "multiple_target")
+FRAMEPACK = ("fp_latent_window_size", "fp_1f_clean_indices", "fp_1f_target_index", "fp_1f_no_post")
+DEFAULT_RESOLUTION = [960, 544]
+
+
+def is_musubi(doc: dict) -> bool:
+    """Whether ``doc`` is musubi-tuner's layout (a dataset names its images directly, without ``subsets``)."""
+    datasets = doc.get("datasets")
+    return isinstance(datasets, list) and any(
+        isinstance(d, dict) and "subsets" not in d and any(k in d for k in SOURCES) for d in datasets
+    )
+
+
+def _size(value, where: str, problems: Problems) -> list[int] | None:
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return [value, value]
+    if isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) and v > 0 for v in value):
+        return [int(value[0]), int(value[1])]
+    problems.error(where, f"resolution must be an integer or [width, height], got {value!r}")
+    return None
+
+
+def _check_keys(table: dict, where: str, problems: Problems, allowed: tuple[str, ...]) -> None:
+    for key in table:
+        if key in VIDEO:
+            problems.error(where, f"{key}: video datasets are not supported (musubi-tuner's video models); the image "
+                           "models here train on image_directory / image_jsonl_file")  # fmt: skip
+        elif key in CONTROL:
+            problems.error(where, f"{key}: the edit models' control images are not supported yet; train the original "
+                           "model on image_directory without control_directory")  # fmt: skip
+        elif key in FRAMEPACK:
+            problems.error(where, f"{key}: FramePack's setting; not for these models")
+        elif key == "debug_dataset":
+            problems.error(where, "debug_dataset is not supported; drop it")
+        elif key not in allowed:
+            problems.error(where, f"unknown key {key!r} in a musubi-tuner dataset config (known: "
+                           f"{', '.join(allowed)})")  # fmt: skip
+
+
+def to_sdscripts(doc: dict, source: str, problems: Problems, size_multiple: int = 16) -> dict:
+    """sd-scripts' document for musubi-tuner's ``doc`` (module docstring); problems name ``source`` and the table."""
+    general = dict(doc.get("general") or {})
+    for key in doc:
+        if key not in ("general", "datasets"):
+            problems.error(source, f"unknown table [{key}] (musubi-tuner's dataset config has [general] and "
+                           "[[datasets]])")  # fmt: skip
+    _check_keys(general, f"{source}: [general]", problems, COMMON + ("cache_directory",))
+    out_general = {k: general[k] for k in ("caption_extension", "batch_size", "enable_bucket", "bucket_no_upscale",
+                                           "num_repeats") if k in general}  # fmt: skip
+    out_general.setdefault("caption_extension", ".txt")
+    datasets = []
+    for i, ds in enumerate(doc.get("datasets") or []):
+        where = f"{source}: datasets[{i}]"
+        if not isinstance(ds, dict):
+            problems.error(where, "expected a table")
+            continue
+        if "subsets" in ds:
+            problems.error(where, "mixes sd-scripts' [[datasets.subsets]] with musubi-tuner's image_directory "
+                           "datasets; use one layout in a file")  # fmt: skip
+            continue
+        _check_keys(ds, where, problems, COMMON + SOURCES + ("cache_directory",))
+        given = [k for k in ("image_directory", "image_jsonl_file") if k in ds]
+        if len(given) != 1:
+            if not any(k in ds for k in VIDEO):
+                problems.error(where, "needs exactly one of image_directory or image_jsonl_file")
+            continue
+        if "cache_directory" in ds or "cache_directory" in general:
+            problems.warn(where, "cache_directory: musubi-tuner's cache files are not read; this run caches latents "
+                          "and text-encoder outputs itself (musubi-tuner's separate caching step is optional)")  # fmt: skip
+        size = _size(ds.get("resolution", general.get("resolution", DEFAULT_RESOLUTION)), where, problems)
+        subset = {"image_dir": ds["image_directory"]} if "image_directory" in ds else {
+            "metadata_file": ds["image_jsonl_file"]}  # fmt: skip
+        for key in ("num_repeats", "caption_extension"):
+            if key in ds:
+                subset[key] = ds[key]
+        out = {k: ds[k] for k in ("batch_size", "enable_bucket", "bucket_no_upscale") if k in ds}
+        if size is not None:
+            out["resolution"] = size
+            step = size_multiple
+            out["bucket_reso_steps"] = step
+            out["min_bucket_reso"] = max(step, (min(size) // 2) // step * step)
+            out["max_bucket_reso"] = max(size) * 2 // step * step
+        out["subsets"] = [subset]
+        datasets.append(out)
+    return {"general": out_general, "datasets": datasets}
