@@ -1,7 +1,7 @@
 """Anima's prompts: Qwen3-0.6B's last hidden states (padding rows zeroed) plus the T5 token ids the LLM adapter
 embeds, as sd-scripts' ``strategy_anima`` (``AnimaTokenizeStrategy`` / ``AnimaTextEncodingStrategy``).
 
-Tokenizers ship with the package and load offline: Qwen3's (``data/qwen3_tokenizer.json.gz`` +
+Tokenizers ship with the package and load offline: Qwen3's (``families/data/qwen3_tokenizer.json.gz`` +
 ``qwen3_tokenizer_config.json``: sd-scripts' ``configs/qwen3_06b`` vocab.json + merges.txt, Apache-2.0, as one
 tokenizers file) and T5's, which is the shared one (``encoders/t5.py``: byte-identical to sd-scripts'
 ``configs/t5_old/tokenizer.json``, 32128 ids with the 100 extra ids). A Qwen3 folder's own tokenizer is used when it
@@ -37,7 +37,7 @@ from ..tokenizers import _cache_root
 log = logging.getLogger(__name__)
 
 DATA = Path(__file__).parent / "data"
-QWEN3_TOKENIZER = DATA / "qwen3_tokenizer.json.gz"
+QWEN3_TOKENIZER = DATA.parent.parent / "data" / "qwen3_tokenizer.json.gz"  # shared with encoders/qwen25vl.py
 QWEN3_TOKENIZER_CONFIG = DATA / "qwen3_tokenizer_config.json"
 QWEN3_CONFIG = DATA / "qwen3_06b_config.json"  # sd-scripts' configs/qwen3_06b/config.json (Qwen3-0.6B)
 # the tiny test Qwen3 (tiny.py): Qwen3's real vocabulary (the shipped tokenizer's ids fit) at width 16
