@@ -40,6 +40,8 @@ def inputs(generator: torch.Generator) -> dict[str, torch.Tensor]:
         "text_mask": text_mask,
         "byt5": torch.randn(b, 6, 12, generator=generator),
         "byt5_mask": byt5_mask,
+        "pixels": torch.rand(b, 3, 16, 24, generator=generator) * 2 - 1,
+        "latents": torch.randn(b, 4, 4, 6, generator=generator),
     }
 
 
@@ -69,6 +71,23 @@ def sdscripts_side(folder: Path, sd_scripts: Path) -> None:
     with torch.no_grad():
         out = model(x["x"], x["t"], x["text"], x["text_mask"], x["byt5"], x["byt5_mask"])
     results = {"dit_out": out.contiguous()}
+
+    from library import hunyuan_image_vae as hv
+
+    src = inspect.getsource(hv.HunyuanVAE2D.__init__)
+    for old, new in ns["SDSCRIPTS_VAE_CONSTANTS"].items():
+        assert src.count(old) == 1, old
+        src = src.replace(old, new)
+    src = src.replace("super().__init__()", "nn.Module.__init__(self)")
+    src = "\n".join(line[4:] for line in src.splitlines())
+    exec(compile(src, "tiny_vae_init", "exec"), hv.__dict__)
+    hv.HunyuanVAE2D.__init__ = hv.__dict__["__init__"]
+    vae = hv.HunyuanVAE2D().eval()
+    vae.load_state_dict(load_file(str(folder / "vae.safetensors")), strict=True)
+    with torch.no_grad():
+        posterior = vae.encode(x["pixels"])
+        results["vae_mean"] = posterior.mean.contiguous()
+        results["vae_decoded"] = vae.decode(x["latents"]).contiguous()
 
     from library import flux_train_utils
 
@@ -111,12 +130,21 @@ def sdtrain_side(sd_scripts: Path, sds_python: str) -> int:
         for p in ref.parameters():
             p.copy_(torch.randn(p.shape, generator=g) * 0.2)
     tencent = K.diffusers_to_tencent(ref.state_dict())
+    from diffusers import AutoencoderKLHunyuanImage
+
+    ref_vae = AutoencoderKLHunyuanImage(**tiny.VAE)
+    with torch.no_grad():
+        for p in ref_vae.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    layout = K.vae_layout_of(len(tiny.VAE["block_out_channels"]), tiny.VAE["layers_per_block"])
+    tencent_vae = K.vae_diffusers_to_tencent(ref_vae.state_dict(), layout)
     x = inputs(g)
     failures = 0
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         save_file({k: v.contiguous() for k, v in tencent.items()}, str(folder / "tencent.safetensors"))
         save_file(x, str(folder / "inputs.safetensors"))
+        save_file({k: v.contiguous() for k, v in tencent_vae.items()}, str(folder / "vae.safetensors"))
         shims = Path("/work/shared/peer/helpers/sds_shims")  # stands in for torchvision (not installed)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(sd_scripts), str(shims)]))
         subprocess.run([sds_python, __file__, "--side", "sdscripts", "--folder", tmp, "--sd_scripts", str(sd_scripts)],
@@ -136,6 +164,21 @@ def sdtrain_side(sd_scripts: Path, sds_python: str) -> int:
     scale = theirs["dit_out"].abs().max().item()
     print(f"transformer forward: max |diffusers - sd-scripts| = {diff:.3e} (output max {scale:.3e})")
     failures += not diff <= 1e-5 * max(scale, 1.0)
+
+    vae = AutoencoderKLHunyuanImage(**tiny.VAE).eval()
+    vae.load_state_dict(K.vae_tencent_to_diffusers(tencent_vae), strict=True)
+    back_vae = K.vae_diffusers_to_tencent(vae.state_dict(), layout)
+    same_vae_keys = back_vae.keys() == tencent_vae.keys()
+    print(f"VAE key round trip on all {len(tencent_vae)} keys: {'equal' if same_vae_keys else 'DIFFERENT'}")
+    failures += not same_vae_keys
+    with torch.no_grad():
+        mean = vae.encode(x["pixels"]).latent_dist.mean
+        decoded = vae.decode(x["latents"]).sample
+    for name, ours_t, theirs_t in (("VAE encode (mean)", mean, theirs["vae_mean"]),
+                                   ("VAE decode", decoded, theirs["vae_decoded"])):  # fmt: skip
+        d = (ours_t - theirs_t).abs().max().item() if ours_t.shape == theirs_t.shape else float("inf")
+        print(f"{name}: shapes {tuple(ours_t.shape)} / {tuple(theirs_t.shape)}, max diff {d:.3e}")
+        failures += not d <= 1e-5
 
     for sampling in SAMPLINGS:
         cfg = HunyuanFlowConfig(timestep_sampling=sampling, discrete_flow_shift=5.0)

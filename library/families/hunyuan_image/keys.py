@@ -238,3 +238,110 @@ def block_counts(keys: Iterable[str]) -> dict[str, int]:
         if m:
             counts[m.group(1)] = max(counts[m.group(1)], int(m.group(2)) + 1)
     return counts
+
+
+# ------------------------------------------------------------------------------------------------ the VAE
+# Tencent's VAE (``hunyuan_image_2.1_vae_fp16.safetensors``, sd-scripts' ``HunyuanVAE2D``) nests resnets and
+# resamplers per level (``encoder.down.L.block.R`` / ``encoder.down.L.downsample``, ``decoder.up.L.block.R`` /
+# ``decoder.up.L.upsample``); diffusers' ``AutoencoderKLHunyuanImage`` numbers them in one flat list, level by level
+# (``encoder.down_blocks.K``, ``decoder.up_blocks.K``). The middle blocks and the attention's 1x1 convs are renamed.
+_VAE_LEVEL = re.compile(r"^(encoder|decoder)\.(down|up)\.(\d+)\.(block\.(\d+)|downsample|upsample)\.(.+)$")
+_VAE_FLAT = re.compile(r"^(encoder|decoder)\.(down_blocks|up_blocks)\.(\d+)\.(.+)$")
+_VAE_MID = {"mid.block_1": "mid_block.resnets.0", "mid.block_2": "mid_block.resnets.1",
+            "mid.attn_1.norm": "mid_block.attentions.0.norm", "mid.attn_1.q": "mid_block.attentions.0.to_q",
+            "mid.attn_1.k": "mid_block.attentions.0.to_k", "mid.attn_1.v": "mid_block.attentions.0.to_v",
+            "mid.attn_1.proj_out": "mid_block.attentions.0.proj"}  # fmt: skip
+
+
+def is_tencent_vae(keys: Iterable[str]) -> bool:
+    return any(k == "encoder.down.0.block.0.conv1.weight" for k in keys)
+
+
+def _vae_layout(keys: Iterable[str]) -> dict[tuple[str, int], tuple[int, bool]]:
+    """(side, level) -> (resnets, has a resampler) of Tencent VAE keys."""
+    layout: dict[tuple[str, int], list] = {}
+    for key in keys:
+        m = _VAE_LEVEL.match(key)
+        if m:
+            side, _, level, what, resnet, _ = m.groups()
+            entry = layout.setdefault((side, int(level)), [0, False])
+            if resnet is not None:
+                entry[0] = max(entry[0], int(resnet) + 1)
+            else:
+                entry[1] = True
+    return {k: (v[0], v[1]) for k, v in layout.items()}
+
+
+def _vae_flat_index(layout: Mapping[tuple[str, int], tuple[int, bool]]) -> dict[tuple[str, int, str], int]:
+    """(side, level, "R" or "resample") -> the flat diffusers index."""
+    index: dict[tuple[str, int, str], int] = {}
+    for side in ("encoder", "decoder"):
+        k = 0
+        for level in sorted(lvl for s, lvl in layout if s == side):
+            resnets, resample = layout[(side, level)]
+            for r in range(resnets):
+                index[(side, level, str(r))] = k
+                k += 1
+            if resample:
+                index[(side, level, "resample")] = k
+                k += 1
+    return index
+
+
+def vae_tencent_to_diffusers(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """Tencent VAE names -> diffusers ``AutoencoderKLHunyuanImage`` names; 5-D single-frame conv weights (Tencent's
+    original checkpoint) squeezed to 4-D. ``ValueError`` naming a key it has no place for."""
+    index = _vae_flat_index(_vae_layout(state.keys()))
+    out: dict[str, Tensor] = {}
+    for key, tensor in state.items():
+        if tensor.ndim == 5 and tensor.shape[2] == 1:
+            tensor = tensor.squeeze(2)
+        m = _VAE_LEVEL.match(key)
+        if m:
+            side, kind, level, what, resnet, rest = m.groups()
+            flat = index[(side, int(level), resnet if resnet is not None else "resample")]
+            out[f"{side}.{kind}_blocks.{flat}.{rest}"] = tensor
+            continue
+        side, _, rest = key.partition(".")
+        for tencent, diff in _VAE_MID.items():
+            if rest.startswith(tencent + "."):
+                out[f"{side}.{diff}{rest[len(tencent):]}"] = tensor
+                break
+        else:
+            if side not in ("encoder", "decoder") or not rest.startswith(("conv_in.", "conv_out.", "norm_out.")):
+                raise ValueError(f"{key}: not a HunyuanImage 2.1 VAE weight (Tencent layout)")
+            out[key] = tensor
+    return out
+
+
+def vae_diffusers_to_tencent(state: Mapping[str, Tensor], layout: Mapping[tuple[str, int], tuple[int, bool]]
+                             ) -> dict[str, Tensor]:  # fmt: skip
+    """diffusers VAE names -> Tencent names, for the level ``layout`` ((side, level) -> (resnets, resampler))."""
+    back = {(side, flat): (level, what) for (side, level, what), flat in _vae_flat_index(layout).items()}
+    out: dict[str, Tensor] = {}
+    for key, tensor in state.items():
+        m = _VAE_FLAT.match(key)
+        if m:
+            side, kind, flat, rest = m.groups()
+            level, what = back[(side, int(flat))]
+            short = kind.removesuffix("_blocks")
+            middle = f"block.{what}" if what != "resample" else ("downsample" if short == "down" else "upsample")
+            out[f"{side}.{short}.{level}.{middle}.{rest}"] = tensor
+            continue
+        side, _, rest = key.partition(".")
+        for tencent, diff in _VAE_MID.items():
+            if rest.startswith(diff + "."):
+                out[f"{side}.{tencent}{rest[len(diff):]}"] = tensor
+                break
+        else:
+            out[key] = tensor
+    return out
+
+
+def vae_layout_of(levels: int, layers_per_block: int) -> dict[tuple[str, int], tuple[int, bool]]:
+    """The level layout of a HunyuanImage VAE with ``levels`` block widths, resamplers on all but the last level."""
+    layout = {}
+    for level in range(levels):
+        layout[("encoder", level)] = (layers_per_block, level < levels - 1)
+        layout[("decoder", level)] = (layers_per_block + 1, level < levels - 1)
+    return layout

@@ -45,3 +45,28 @@ SDSCRIPTS_CONSTANTS = {
 
 def transformer_config() -> dict:
     return copy.deepcopy(TRANSFORMER)
+
+
+VAE = dict(
+    in_channels=3,
+    out_channels=3,
+    latent_channels=4,
+    block_out_channels=(32, 64, 64),
+    layers_per_block=1,
+    spatial_compression_ratio=4,
+    sample_size=32,
+    scaling_factor=0.75289,
+    downsample_match_channel=True,
+    upsample_match_channel=True,
+)
+SDSCRIPTS_VAE_CONSTANTS = {
+    "block_out_channels = (128, 256, 512, 512, 1024, 1024)": "block_out_channels = (32, 64, 64)",
+    "latent_channels = 64": "latent_channels = 4",
+    "layers_per_block = 2": "layers_per_block = 1",
+    "ffactor_spatial = 32": "ffactor_spatial = 4",
+    "sample_size = 384": "sample_size = 32",
+}
+
+
+def vae_config() -> dict:
+    return copy.deepcopy(VAE)
