@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import json
 import os
 import subprocess
 import sys
@@ -36,12 +37,12 @@ def inputs(generator: torch.Generator) -> dict[str, torch.Tensor]:
     return {
         "x": torch.randn(b, 4, 6, 4, generator=generator),
         "t": torch.tensor([250, 917], dtype=torch.int64),
-        "text": torch.randn(b, 8, 24, generator=generator),
+        "text": torch.randn(b, 8, 16, generator=generator),
         "text_mask": text_mask,
         "byt5": torch.randn(b, 6, 12, generator=generator),
         "byt5_mask": byt5_mask,
-        "pixels": torch.rand(b, 3, 16, 24, generator=generator) * 2 - 1,
-        "latents": torch.randn(b, 4, 4, 6, generator=generator),
+        "pixels": torch.rand(b, 3, 64, 96, generator=generator) * 2 - 1,
+        "latents": torch.randn(b, 4, 2, 3, generator=generator),
     }
 
 
@@ -52,10 +53,9 @@ def sdscripts_side(folder: Path, sd_scripts: Path) -> None:
 
     from library import hunyuan_image_models as hm
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    tiny_src = (Path(__file__).resolve().parents[1] / "library/families/hunyuan_image/tiny.py").read_text()
-    ns: dict = {}
-    exec(compile(tiny_src, "tiny.py", "exec"), ns)  # only the constants (sdtrain's package needs a newer diffusers)
+    import json
+
+    ns = json.loads((folder / "constants.json").read_text())  # tiny.py's (sdtrain needs a newer diffusers)
     src = inspect.getsource(hm.HYImageDiffusionTransformer.__init__)
     for old, new in ns["SDSCRIPTS_CONSTANTS"].items():
         assert src.count(old) == 1, old
@@ -144,6 +144,8 @@ def sdtrain_side(sd_scripts: Path, sds_python: str) -> int:
         folder = Path(tmp)
         save_file({k: v.contiguous() for k, v in tencent.items()}, str(folder / "tencent.safetensors"))
         save_file(x, str(folder / "inputs.safetensors"))
+        (folder / "constants.json").write_text(json.dumps({"SDSCRIPTS_CONSTANTS": tiny.SDSCRIPTS_CONSTANTS,
+                                                           "SDSCRIPTS_VAE_CONSTANTS": tiny.SDSCRIPTS_VAE_CONSTANTS}))
         save_file({k: v.contiguous() for k, v in tencent_vae.items()}, str(folder / "vae.safetensors"))
         shims = Path("/work/shared/peer/helpers/sds_shims")  # stands in for torchvision (not installed)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(sd_scripts), str(shims)]))

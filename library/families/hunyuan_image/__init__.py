@@ -1,7 +1,14 @@
-"""HunyuanImage 2.1 (Tencent): building blocks, not yet a registered family.
+"""HunyuanImage 2.1 (``HUNYUAN_IMAGE``): see ``family.py``.
 
-Modules: ``keys`` (Tencent <-> diffusers transformer names, the fused modules), ``objective`` (sd-scripts'
-HunyuanImage rectified flow), ``tiny`` (test models). ``FAMILIES`` is not defined yet, so the registry does not list
-the family: loading, text encoders (Qwen2.5-VL from ``library/families/encoders``, byT5 Glyph), the VAE's key map and
-the entry scripts are still to come (see docs/hunyuan_image.md).
+Modules: ``keys`` (Tencent <-> diffusers names of the DiT and the VAE, the fused modules), ``model`` (configs, the
+Qwen2.5-VL and byT5 Glyph prompts), ``loading`` (Tencent's DiT + ``--text_encoder --byt5 --vae``), ``objective``
+(sd-scripts' HunyuanImage rectified flow and its flags), ``options`` (the family's flags), ``lora`` (sd-scripts'
+``networks.lora_hunyuan_image`` rules), ``tiny`` (test models).
 """
+
+from .family import HUNYUAN_IMAGE, HunyuanImageFamily
+
+FAMILIES = (HUNYUAN_IMAGE,)
+ORDER = 50  # after Lumina 2 (40)
+
+__all__ = ["HUNYUAN_IMAGE", "HunyuanImageFamily", "FAMILIES", "ORDER"]

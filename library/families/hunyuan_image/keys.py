@@ -21,7 +21,7 @@ against diffusers' on the same tiny weights through this table.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -147,19 +147,22 @@ def _swap_halves(tensor: Tensor) -> Tensor:
     return torch.cat([b, a], dim=0)
 
 
-def tencent_to_diffusers(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """A Tencent state dict (prefix or not) -> diffusers names; fused rows split, the final modulation's halves
-    swapped. ``ValueError`` naming a key it has no place for."""
+Piece = tuple[str, int, int | None, bool]  # (source key, first row, last row (None: to the end), halves swapped)
+
+
+def tencent_plan(shapes: Mapping[str, Sequence[int]]) -> dict[str, Piece]:
+    """diffusers key -> where its tensor is in a Tencent state dict (prefix or not) of these ``shapes``: fused rows
+    split, the final modulation's halves swapped. ``ValueError`` naming a key it has no place for."""
     width = None
-    for key in state:
+    for key, shape in shapes.items():
         if key.removeprefix(PREFIX) == "img_in.proj.weight":
-            width = state[key].shape[0]
-    out: dict[str, Tensor] = {}
-    for key, tensor in state.items():
+            width = int(shape[0])
+    plan: dict[str, Piece] = {}
+    for key, shape in shapes.items():
         name = key.removeprefix(PREFIX)
         module, _, param = name.rpartition(".")
         if module == FINAL_MOD:
-            out[f"{FINAL_MOD_DIFFUSERS}.{param}"] = _swap_halves(tensor)
+            plan[f"{FINAL_MOD_DIFFUSERS}.{param}"] = (key, 0, None, True)
             continue
         m = _TENCENT_RE.match(module)
         if m is not None and m.group(3) in _LISTS[m.group(1)][2]:
@@ -167,15 +170,29 @@ def tencent_to_diffusers(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
             diff_list, _, fused = _LISTS[lst]
             if width is None:
                 raise ValueError(f"{key}: the file has no img_in.proj.weight, so the width is unknown")
-            leaves = fused[rest]
-            for leaf, part in zip(leaves, torch.split(tensor, _fused_sizes(lst, leaves, tensor.shape[0], width))):
-                out[f"{diff_list}.{i}.{leaf}.{param}"] = part
+            leaves, start = fused[rest], 0
+            for leaf, size in zip(leaves, _fused_sizes(lst, leaves, int(shape[0]), width)):
+                plan[f"{diff_list}.{i}.{leaf}.{param}"] = (key, start, start + size, False)
+                start += size
             continue
         target = tencent_module_to_diffusers(module)
         if target is None:
             raise ValueError(f"{key}: not a HunyuanImage 2.1 transformer weight (Tencent layout)")
-        out[f"{target}.{param}"] = tensor
-    return out
+        plan[f"{target}.{param}"] = (key, 0, None, False)
+    return plan
+
+
+def piece(tensor: Tensor, where: Piece) -> Tensor:
+    """The rows ``where`` names of a source tensor (halves swapped when it says so)."""
+    _, start, stop, swap = where
+    out = tensor if (start == 0 and stop is None) else tensor[start:stop]
+    return _swap_halves(out) if swap else out
+
+
+def tencent_to_diffusers(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """A Tencent state dict (prefix or not) -> diffusers names (:func:`tencent_plan`)."""
+    plan = tencent_plan({k: tuple(v.shape) for k, v in state.items()})
+    return {key: piece(state[where[0]], where) for key, where in plan.items()}
 
 
 def diffusers_to_tencent(state: Mapping[str, Tensor], *, prefix: str = "") -> dict[str, Tensor]:
@@ -213,20 +230,16 @@ def rename(path: str) -> str:
 
 
 def fused_modules(denoiser: Any) -> tuple[Fused, ...]:
-    """Every fused Tencent module over its diffusers leaves (module docstring), rows read from the leaves' shapes."""
+    """Every fused Tencent module over its diffusers leaves, in row order (module docstring)."""
     fused: list[Fused] = []
     lists = {"double_blocks": denoiser.transformer_blocks, "single_blocks": denoiser.single_transformer_blocks,
              _REFINER: denoiser.context_embedder.token_refiner.refiner_blocks}  # fmt: skip
     for tencent_list, blocks in lists.items():
         diff_list = _LISTS[tencent_list][0]
-        for i, block in enumerate(blocks):
+        for i in range(len(blocks)):
             for name, leaves in _LISTS[tencent_list][2].items():
-                segments, start = [], 0
-                for leaf in leaves:
-                    rows = block.get_submodule(leaf).weight.shape[0]
-                    segments.append(Segment(f"{diff_list}.{i}.{leaf}", start, start + rows))
-                    start += rows
-                fused.append(Fused(f"{tencent_list}.{i}.{name}", tuple(segments)))
+                segments = tuple(Segment(f"{diff_list}.{i}.{leaf}") for leaf in leaves)
+                fused.append(Fused(f"{tencent_list}.{i}.{name}", segments))
     return tuple(fused)
 
 
