@@ -14,11 +14,13 @@ from _networks_helpers import make_config, perturb
 from _train_helpers import assert_comfyui_loads, write_dataset_toml
 
 import hunyuan_image_train_network
+from networks import convert_hunyuan_image_lora_to_comfy
 from library.cli.problems import ConfigError
 from library.families.encoders import qwen25vl
 from library.families.hunyuan_image import HUNYUAN_IMAGE as FAMILY
 from library.families.hunyuan_image import keys as K
 from library.families.hunyuan_image import model as M
+from library.families.hunyuan_image.comfy_lora import comfy_dit_key
 from library.families.hunyuan_image.objective import HunyuanFlowConfig, HunyuanFlowObjective, sample_sigmas
 from library.families.hunyuan_image.options import HunyuanOptions
 from library.files.weights import load_state_dict, read_metadata
@@ -213,6 +215,16 @@ def test_docs_command_line_runs(files, dataset_toml, tmp_path):
     meta = read_metadata(result.output)
     assert meta["modelspec.architecture"] == "hunyuan-image-2.1/lora"
     assert meta["ss_network_module"] == "networks.lora_hunyuan_image" and meta["ss_timestep_sampling"] == "sigma"
+    # networks/convert_hunyuan_image_lora_to_comfy.py: ComfyUI's names fit ComfyUI's DiT keys; --reverse restores
+    comfy, back = tmp_path / "comfy.safetensors", tmp_path / "back.safetensors"
+    convert_hunyuan_image_lora_to_comfy.run([str(result.output), str(comfy)])
+    comfy_shapes = {comfy_dit_key(k): v for k, v in shapes.items()}
+    assert comfy_shapes.keys() != shapes.keys()
+    assert_comfyui_loads(str(comfy), comfy_shapes, names="ComfyUI", fused="img_attn_qkv")
+    assert any("img_mlp_0" in k for k in load_state_dict(comfy)[0])
+    convert_hunyuan_image_lora_to_comfy.run(["--reverse", str(comfy), str(back)])
+    original, restored = load_state_dict(result.output)[0], load_state_dict(back)[0]
+    assert original.keys() == restored.keys() and all(torch.equal(original[k], restored[k]) for k in original)
 
 
 @pytest.mark.parametrize(
