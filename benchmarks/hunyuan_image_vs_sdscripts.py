@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 SAMPLINGS = ("sigma", "uniform", "sigmoid", "shift", "flux_shift")
+GLYPH_PROMPT = 'a poster reading "<color-3>SALE <en-font-7>50%" and “café”'  # the added tokens, a non-ASCII text
 
 
 def inputs(generator: torch.Generator) -> dict[str, torch.Tensor]:
@@ -89,6 +90,20 @@ def sdscripts_side(folder: Path, sd_scripts: Path) -> None:
         results["vae_mean"] = posterior.mean.contiguous()
         results["vae_decoded"] = vae.decode(x["latents"]).contiguous()
 
+    from library import hunyuan_image_text_encoder as te
+
+    src = inspect.getsource(te.load_byt5)
+    for old, new in ns["SDSCRIPTS_BYT5_CONSTANTS"].items():
+        assert src.count(old) == 1, old
+        src = src.replace(old, new)
+    exec(compile(src, "tiny_load_byt5", "exec"), te.__dict__)
+    from transformers import ByT5Tokenizer
+
+    te.AutoTokenizer.from_pretrained = staticmethod(lambda *a, **k: ByT5Tokenizer())  # google/byt5-small: no files
+    tokenizer, byt5 = te.load_byt5(str(folder / "byt5.safetensors"), torch.float32, "cpu")
+    ids, mask = te.get_byt5_text_tokens(tokenizer, ns["GLYPH_PROMPT"])
+    results.update({"byt5_ids": ids, "byt5_mask": mask, "byt5_out": te.get_byt5_prompt_embeds_from_tokens(byt5, ids, mask)[1]})
+
     from library import flux_train_utils
 
     lat = x["x"]
@@ -119,6 +134,7 @@ def sdtrain_side(sd_scripts: Path, sds_python: str) -> int:
     from diffusers import HunyuanImageTransformer2DModel
     from safetensors.torch import load_file, save_file
 
+    from library.families.hunyuan_image import HUNYUAN_IMAGE as FAMILY
     from library.families.hunyuan_image import keys as K
     from library.families.hunyuan_image import tiny
     from library.families.hunyuan_image.objective import HunyuanFlowConfig, HunyuanFlowObjective
@@ -145,13 +161,31 @@ def sdtrain_side(sd_scripts: Path, sds_python: str) -> int:
         save_file({k: v.contiguous() for k, v in tencent.items()}, str(folder / "tencent.safetensors"))
         save_file(x, str(folder / "inputs.safetensors"))
         (folder / "constants.json").write_text(json.dumps({"SDSCRIPTS_CONSTANTS": tiny.SDSCRIPTS_CONSTANTS,
-                                                           "SDSCRIPTS_VAE_CONSTANTS": tiny.SDSCRIPTS_VAE_CONSTANTS}))
+                                                           "SDSCRIPTS_VAE_CONSTANTS": tiny.SDSCRIPTS_VAE_CONSTANTS,
+                                                           "SDSCRIPTS_BYT5_CONSTANTS": tiny.SDSCRIPTS_BYT5_CONSTANTS,
+                                                           "GLYPH_PROMPT": GLYPH_PROMPT}))
+        byt5_files = FAMILY.tiny.write_files(FAMILY.tiny.build(seed=3), folder / "files", "t")
+        import shutil
+
+        shutil.copy(byt5_files["byt5"], folder / "byt5.safetensors")
         save_file({k: v.contiguous() for k, v in tencent_vae.items()}, str(folder / "vae.safetensors"))
         shims = Path("/work/shared/peer/helpers/sds_shims")  # stands in for torchvision (not installed)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(sd_scripts), str(shims)]))
         subprocess.run([sds_python, __file__, "--side", "sdscripts", "--folder", tmp, "--sd_scripts", str(sd_scripts)],
                        check=True, env=env)  # fmt: skip
         theirs = load_file(str(folder / "sdscripts.safetensors"))
+        from library.families.hunyuan_image import model as M
+        from library.families.hunyuan_image.loading import load_byt5
+
+        our_byt5 = load_byt5(folder / "byt5.safetensors", torch.float32, "cpu")
+    ids, mask = M.tokenize_byt5(M.load_byt5_tokenizer(), [GLYPH_PROMPT])
+    same_ids = torch.equal(ids, theirs["byt5_ids"]) and torch.equal(mask, theirs["byt5_mask"])
+    with torch.no_grad():
+        states = M.encode_byt5(our_byt5, ids, mask)
+    d = (states - theirs["byt5_out"]).abs().max().item()
+    print(f"byT5 Glyph: token ids and mask {'equal' if same_ids else 'DIFFERENT'} ({int(mask.sum())} tokens, colour / "
+          f"font tokens included); sd-scripts' load_byt5 read our file (strict) and its states differ by {d:.3e}")
+    failures += (not same_ids) + (not d <= 1e-5)
 
     model = HunyuanImageTransformer2DModel(**tiny.TRANSFORMER).eval()
     missing, unexpected = model.load_state_dict(K.tencent_to_diffusers(tencent), strict=True), None

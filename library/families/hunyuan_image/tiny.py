@@ -74,6 +74,12 @@ SDSCRIPTS_VAE_CONSTANTS = {
     "sample_size = 384": "sample_size = 64",
 }
 
+SDSCRIPTS_BYT5_CONSTANTS = {  # sd-scripts' load_byt5 config literals -> the tiny BYT5 below
+    '"d_ff": 3584': '"d_ff": 16', '"d_kv": 64': '"d_kv": 4', '"d_model": 1472': '"d_model": 12',
+    '"num_heads": 6': '"num_heads": 2', '"num_layers": 12': '"num_layers": 1',
+    '"relative_attention_num_buckets": 32': '"relative_attention_num_buckets": 8',
+}  # fmt: skip
+
 
 def vae_config() -> dict:
     return copy.deepcopy(VAE)
