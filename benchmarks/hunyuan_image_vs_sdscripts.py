@@ -50,11 +50,11 @@ def inputs(generator: torch.Generator) -> dict[str, torch.Tensor]:
 # ------------------------------------------------------------------------------------------------ sd-scripts side
 def sdscripts_side(folder: Path, sd_scripts: Path) -> None:
     sys.path.insert(0, str(sd_scripts))
+    import json
+
     from safetensors.torch import load_file, save_file
 
     from library import hunyuan_image_models as hm
-
-    import json
 
     ns = json.loads((folder / "constants.json").read_text())  # tiny.py's (sdtrain needs a newer diffusers)
     src = inspect.getsource(hm.HYImageDiffusionTransformer.__init__)
@@ -102,7 +102,9 @@ def sdscripts_side(folder: Path, sd_scripts: Path) -> None:
     te.AutoTokenizer.from_pretrained = staticmethod(lambda *a, **k: ByT5Tokenizer())  # google/byt5-small: no files
     tokenizer, byt5 = te.load_byt5(str(folder / "byt5.safetensors"), torch.float32, "cpu")
     ids, mask = te.get_byt5_text_tokens(tokenizer, ns["GLYPH_PROMPT"])
-    results.update({"byt5_ids": ids, "byt5_mask": mask, "byt5_out": te.get_byt5_prompt_embeds_from_tokens(byt5, ids, mask)[1]})
+    results.update(
+        {"byt5_ids": ids, "byt5_mask": mask, "byt5_out": te.get_byt5_prompt_embeds_from_tokens(byt5, ids, mask)[1]}
+    )
 
     from library import flux_train_utils
 
@@ -160,10 +162,16 @@ def sdtrain_side(sd_scripts: Path, sds_python: str) -> int:
         folder = Path(tmp)
         save_file({k: v.contiguous() for k, v in tencent.items()}, str(folder / "tencent.safetensors"))
         save_file(x, str(folder / "inputs.safetensors"))
-        (folder / "constants.json").write_text(json.dumps({"SDSCRIPTS_CONSTANTS": tiny.SDSCRIPTS_CONSTANTS,
-                                                           "SDSCRIPTS_VAE_CONSTANTS": tiny.SDSCRIPTS_VAE_CONSTANTS,
-                                                           "SDSCRIPTS_BYT5_CONSTANTS": tiny.SDSCRIPTS_BYT5_CONSTANTS,
-                                                           "GLYPH_PROMPT": GLYPH_PROMPT}))
+        (folder / "constants.json").write_text(
+            json.dumps(
+                {
+                    "SDSCRIPTS_CONSTANTS": tiny.SDSCRIPTS_CONSTANTS,
+                    "SDSCRIPTS_VAE_CONSTANTS": tiny.SDSCRIPTS_VAE_CONSTANTS,
+                    "SDSCRIPTS_BYT5_CONSTANTS": tiny.SDSCRIPTS_BYT5_CONSTANTS,
+                    "GLYPH_PROMPT": GLYPH_PROMPT,
+                }
+            )
+        )
         byt5_files = FAMILY.tiny.write_files(FAMILY.tiny.build(seed=3), folder / "files", "t")
         import shutil
 
@@ -183,15 +191,19 @@ def sdtrain_side(sd_scripts: Path, sds_python: str) -> int:
     with torch.no_grad():
         states = M.encode_byt5(our_byt5, ids, mask)
     d = (states - theirs["byt5_out"]).abs().max().item()
-    print(f"byT5 Glyph: token ids and mask {'equal' if same_ids else 'DIFFERENT'} ({int(mask.sum())} tokens, colour / "
-          f"font tokens included); sd-scripts' load_byt5 read our file (strict) and its states differ by {d:.3e}")
+    print(
+        f"byT5 Glyph: token ids and mask {'equal' if same_ids else 'DIFFERENT'} ({int(mask.sum())} tokens, colour / "
+        f"font tokens included); sd-scripts' load_byt5 read our file (strict) and its states differ by {d:.3e}"
+    )
     failures += (not same_ids) + (not d <= 1e-5)
 
     model = HunyuanImageTransformer2DModel(**tiny.TRANSFORMER).eval()
-    missing, unexpected = model.load_state_dict(K.tencent_to_diffusers(tencent), strict=True), None
+    model.load_state_dict(K.tencent_to_diffusers(tencent), strict=True)
     back = K.diffusers_to_tencent(model.state_dict())
     same_keys = back.keys() == tencent.keys() and all(torch.equal(back[k], tencent[k]) for k in tencent)
-    print(f"key round trip Tencent -> diffusers -> Tencent on all {len(tencent)} keys: {'equal' if same_keys else 'DIFFERENT'}")
+    print(
+        f"key round trip Tencent -> diffusers -> Tencent on all {len(tencent)} keys: {'equal' if same_keys else 'DIFFERENT'}"
+    )
     failures += not same_keys
     with torch.no_grad():
         ours = model(x["x"], x["t"].float(), x["text"], x["text_mask"], encoder_hidden_states_2=x["byt5"],

@@ -144,7 +144,8 @@ def cache_latents(
     downscale: int = 8,
 ) -> LatentCache:
     """Encode every latent the plan can use that is not cached yet, ``--vae_batch_size`` images at a time.
-    ``downscale``: the VAE's spatial factor (8; HunyuanImage's 32), the latents' size checked against the bucket's.
+    ``downscale``: the VAE's spatial factor (8, or the family's ``latent_downscale``): the latents' size checked
+    against the bucket's.
 
     With ``world_size > 1`` and a disk cache, each process encodes its share; call a barrier afterwards (e.g.
     ``accelerator.wait_for_everyone()``) before training. In-memory caches are filled completely on each process.

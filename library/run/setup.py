@@ -397,7 +397,11 @@ def fill_latent_cache(run: Run) -> None:
                                               world_size=acc.num_processes, downscale=downscale)  # fmt: skip
         if run.plan.validation is not None:
             run.validation_latent_cache = data.cache_latents(
-                run.plan.validation, encode, vae_id, rank=acc.process_index, world_size=acc.num_processes,
+                run.plan.validation,
+                encode,
+                vae_id,
+                rank=acc.process_index,
+                world_size=acc.num_processes,
                 downscale=downscale,
             )
     acc.wait_for_everyone()

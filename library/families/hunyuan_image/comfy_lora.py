@@ -44,7 +44,13 @@ def convert(state: Mapping[str, Tensor], reverse: bool = False) -> dict[str, Ten
 def comfy_dit_key(tencent_key: str) -> str:
     """The name ComfyUI's HunyuanImage model gives a Tencent DiT key (``double_blocks.0.img_mlp.fc1.weight`` ->
     ``double_blocks.0.img_mlp.0.weight``): the same words as :data:`DOUBLE` / :data:`SINGLE`, with dots."""
-    pairs = DOUBLE if tencent_key.startswith("double_blocks.") else SINGLE if tencent_key.startswith("single_blocks.") else ()
+    pairs = (
+        DOUBLE
+        if tencent_key.startswith("double_blocks.")
+        else SINGLE
+        if tencent_key.startswith("single_blocks.")
+        else ()
+    )
     for ours, comfy in pairs:
         stream, _, rest = ours.partition("_") if not ours.startswith("modulation") else ("", "", ours)
         dotted = (f"{stream}_" if stream else "") + rest.replace("_", ".")

@@ -28,8 +28,18 @@ from library.files.weights import save_state_dict
 from library.objectives.losses import LossConfig
 from library.objectives.noising import NoiseConfig
 
-from ..base import FLOW_MATCHING, BlockList, Cond, FamilySpec, FlowSampling, PartDtypes, Parts, Root, TargetClasses
-from ..base import TextEncoderSpec
+from ..base import (
+    FLOW_MATCHING,
+    BlockList,
+    Cond,
+    FamilySpec,
+    FlowSampling,
+    PartDtypes,
+    Parts,
+    Root,
+    TargetClasses,
+    TextEncoderSpec,
+)
 from ..blocks import BlockLayout
 from ..full_training import PlainFullTraining
 from ..loading import META_CONFIGS, META_FAMILY
@@ -51,8 +61,14 @@ TARGETS = TargetClasses(
     transformer=("HunyuanImageTransformerBlock", "HunyuanImageSingleTransformerBlock"),
     attention=("Attention",),
     text_encoder={},
-    full_names=("x_embedder", "context_embedder", "context_embedder_2", "time_guidance_embed", "norm_out",
-                "proj_out"),  # fmt: skip
+    full_names=(
+        "x_embedder",
+        "context_embedder",
+        "context_embedder_2",
+        "time_guidance_embed",
+        "norm_out",
+        "proj_out",
+    ),  # fmt: skip
     text_encoder_attention={},
 )
 _BLOCK = re.compile(r"lora_unet_(double|single)_blocks_(\d+)_")
@@ -77,8 +93,10 @@ HUNYUAN_BLOCKS = HunyuanBlocks("hunyuan_image", 60, 0, 0, 0)
 SPEC = FamilySpec(
     name="hunyuan_image",
     title="HunyuanImage 2.1",
-    text_encoders=(TextEncoderSpec("", "qwen2_5_vl", False, "<|endoftext|>", "Qwen/Qwen2.5-VL-7B-Instruct", "qwen25vl"),
-                   TextEncoderSpec("", "byt5", False, "<pad>", "google/byt5-small", "byt5")),  # fmt: skip
+    text_encoders=(
+        TextEncoderSpec("", "qwen2_5_vl", False, "<|endoftext|>", "Qwen/Qwen2.5-VL-7B-Instruct", "qwen25vl"),
+        TextEncoderSpec("", "byt5", False, "<pad>", "google/byt5-small", "byt5"),
+    ),  # fmt: skip
     configs={FLOW_MATCHING: "hunyuan_image"},
     pipeline_class="HunyuanImagePipeline",
     training_script="hunyuan_image_train_network.py",

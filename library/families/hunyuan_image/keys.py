@@ -318,7 +318,7 @@ def vae_tencent_to_diffusers(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
         side, _, rest = key.partition(".")
         for tencent, diff in _VAE_MID.items():
             if rest.startswith(tencent + "."):
-                out[f"{side}.{diff}{rest[len(tencent):]}"] = tensor
+                out[f"{side}.{diff}{rest[len(tencent) :]}"] = tensor
                 break
         else:
             if side not in ("encoder", "decoder") or not rest.startswith(("conv_in.", "conv_out.", "norm_out.")):
@@ -344,7 +344,7 @@ def vae_diffusers_to_tencent(state: Mapping[str, Tensor], layout: Mapping[tuple[
         side, _, rest = key.partition(".")
         for tencent, diff in _VAE_MID.items():
             if rest.startswith(diff + "."):
-                out[f"{side}.{tencent}{rest[len(diff):]}"] = tensor
+                out[f"{side}.{tencent}{rest[len(diff) :]}"] = tensor
                 break
         else:
             out[key] = tensor

@@ -84,6 +84,7 @@ SDSCRIPTS_BYT5_CONSTANTS = {  # sd-scripts' load_byt5 config literals -> the tin
 def vae_config() -> dict:
     return copy.deepcopy(VAE)
 
+
 # byT5 Glyph at tiny width, the real 1510-token vocabulary (the shipped tokenizer's ids fit)
 BYT5 = dict(vocab_size=1510, d_model=12, d_kv=4, d_ff=16, num_layers=1, num_heads=2, relative_attention_num_buckets=8,
             feed_forward_proj="gated-gelu", layer_norm_epsilon=1e-6, dropout_rate=0.0, is_encoder_decoder=False,
