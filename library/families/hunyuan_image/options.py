@@ -6,9 +6,10 @@ chunked VAE convolutions: the same values; the diffusers VAE here runs whole), `
 (PyTorch SDPA; xformers / flash / sageattn refused). Training adds the objective's flags (``objective.py``) and:
 
 * ``--network_train_unet_only`` is required (sd-scripts' LoRA has no text-encoder adapters; its doc line passes it);
-* ``--fp8_base`` / ``--fp8_base_unet`` are refused pointing to ``--fp8_scaled`` (sd-scripts warns and ignores them);
-* ``--fp8_scaled``, ``--fp8_vl`` and ``--text_encoder_cpu`` are refused for now: per-tensor scaled fp8 storage and
-  the text encoder on the CPU are a shared feature still to come, not this family's own.
+* ``--fp8_base`` / ``--fp8_base_unet`` without ``--fp8_scaled`` are refused pointing to ``--fp8_scaled`` (sd-scripts
+  warns and ignores them); with it they are left to the shared ``--fp8_scaled`` (sd-scripts ignores them then);
+* ``--fp8_scaled`` is the shared flag where the run layer has it (else refused here), ``--fp8_vl`` and
+  ``--text_encoder_cpu`` are refused for now (the text encoders in float8 / on the CPU are not implemented).
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ SD_ONLY_FLAGS = {
     "--clip_skip": "HunyuanImage 2.1 reads Qwen2.5-VL's hidden_states[-3] (sd-scripts' script does not read it)",
     "--max_token_length": "Qwen2.5-VL takes up to 1024 caption tokens, byT5 128 (sd-scripts' script does not read it)",
 }
-LATER = ("per-tensor scaled fp8 storage and the text encoders on the CPU are a shared sdtrain feature still to "
-         "come; run without it (bf16 weights), with --blocks_to_swap for less GPU memory")  # fmt: skip
+LATER = ("not implemented yet for HunyuanImage 2.1 (scaled float8 DiT weights, a float8 Qwen2.5-VL, the text encoders "
+         "on the CPU); run with bf16 weights and --blocks_to_swap for less GPU memory, and --cache_text_encoder_outputs "
+         "(the text encoders then leave the device before training)")  # fmt: skip
 VAE_NOTE = ("sd-scripts' chunked VAE convolutions compute the same values as whole ones to save memory; the diffusers "
             "VAE here runs each image whole (same latents and images, more peak memory)")  # fmt: skip
 
@@ -90,9 +92,9 @@ class HunyuanOptions:
             problems.append(f"--attn_mode {mode} is not supported: HunyuanImage's attention runs on PyTorch SDPA "
                             "(diffusers' attention dispatch); drop the flag or use --attn_mode torch")  # fmt: skip
         for flag in ("fp8_base", "fp8_base_unet"):
-            if getattr(args, flag, False):
+            if getattr(args, flag, False) and not getattr(args, "fp8_scaled", False):
                 problems.append(f"--{flag} is not supported for HunyuanImage 2.1 (as in sd-scripts): its fp8 mode is "
-                                f"--fp8_scaled (per-tensor scaled fp8, still to come in sdtrain); drop --{flag}")  # fmt: skip
+                                f"--fp8_scaled (per-tensor scaled fp8); use --fp8_scaled instead of --{flag}")  # fmt: skip
         if training and hasattr(args, "network_train_unet_only") and not args.network_train_unet_only:
             problems.append("HunyuanImage 2.1 LoRA trains the DiT only: add --network_train_unet_only (sd-scripts' "
                             "networks.lora_hunyuan_image has no text-encoder adapters; its documented command line "
