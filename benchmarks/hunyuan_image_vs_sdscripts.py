@@ -197,7 +197,7 @@ def sdtrain_side(sd_scripts: Path, sds_python: str) -> int:
     )
     failures += (not same_ids) + (not d <= 1e-5)
 
-    model = HunyuanImageTransformer2DModel(**tiny.TRANSFORMER).eval()
+    model = M.transformer_factory(tiny.TRANSFORMER)().eval()  # ours: sd-scripts' float32 time embedding
     model.load_state_dict(K.tencent_to_diffusers(tencent), strict=True)
     back = K.diffusers_to_tencent(model.state_dict())
     same_keys = back.keys() == tencent.keys() and all(torch.equal(back[k], tencent[k]) for k in tencent)

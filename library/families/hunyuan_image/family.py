@@ -217,7 +217,7 @@ class HunyuanImageFamily:
                                                     int(denoiser.config.text_embed_2_dim))  # fmt: skip
         qwen, qwen_mask = M.trim_text(qwen, qwen_mask)
         b = noisy.shape[0]
-        timestep = t.to(noisy.device, torch.float32).expand(b).to(noisy.dtype)
+        timestep = t.to(noisy.device, torch.float32).expand(b)  # float32: exact integers, as sd-scripts embeds them
         dtype, device = noisy.dtype, noisy.device
         return denoiser(noisy, timestep, qwen.to(device, dtype), qwen_mask.to(device),
                         encoder_hidden_states_2=byt5.to(device, dtype), encoder_attention_mask_2=byt5_mask.to(device),

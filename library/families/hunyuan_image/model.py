@@ -96,6 +96,22 @@ class _WithKeywords:
         return self.module(*args, **self.kwargs)
 
 
+def _exact_time_embedding(embed: nn.Module) -> None:
+    """The time embedding as sd-scripts' ``TimestepEmbedder`` computes it: the sinusoid of the float32 timesteps,
+    cast to the MLP's weight dtype (diffusers casts it to the timesteps' dtype, so in bf16 it would need bf16
+    timesteps, which round 900 to 896). ``embed``'s class becomes a subclass with that forward (copies keep it).
+    HunyuanImage 2.1 has no guidance or meanflow embedder."""
+
+    class ExactTimeEmbedding(type(embed)):
+        def forward(self, timestep: Tensor, timestep_r: Tensor | None = None, guidance: Tensor | None = None) -> Tensor:
+            if timestep_r is not None or guidance is not None:
+                raise ValueError("HunyuanImage 2.1 takes no guidance or meanflow timestep")
+            proj = self.time_proj(timestep.float())
+            return self.timestep_embedder(proj.to(self.timestep_embedder.linear_1.weight.dtype))
+
+    embed.__class__ = ExactTimeEmbedding
+
+
 def transformer_class() -> type:
     """diffusers' ``HunyuanImageTransformer2DModel`` whose gradient checkpointing takes the blocks' keyword inputs:
     diffusers 0.42.1 calls ``_gradient_checkpointing_func(block, ..., attention_mask=..., image_rotary_emb=...)``,
@@ -120,7 +136,12 @@ def transformer_class() -> type:
 
 
 def transformer_factory(config: Mapping) -> Callable[[], nn.Module]:
-    return lambda: transformer_class().from_config(dict(config))
+    def build() -> nn.Module:
+        model = transformer_class().from_config(dict(config))
+        _exact_time_embedding(model.time_guidance_embed)
+        return model
+
+    return build
 
 
 def vae_factory(config: Mapping) -> Callable[[], nn.Module]:
