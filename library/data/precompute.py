@@ -92,11 +92,13 @@ def _slots(plan: Plan, encoder_id: str) -> list[tuple[LatentSlot, str, object]]:
     return out
 
 
-def _shape_ok(bucket: tuple[int, int]) -> Callable[[dict], bool]:
-    return lambda shapes: "latents" in shapes and tuple(shapes["latents"][-2:]) == (bucket[1] // 8, bucket[0] // 8)
+def _shape_ok(bucket: tuple[int, int], downscale: int = 8) -> Callable[[dict], bool]:
+    expected = (bucket[1] // downscale, bucket[0] // downscale)
+    return lambda shapes: "latents" in shapes and tuple(shapes["latents"][-2:]) == expected
 
 
-def _encode_latents(plan: Plan, todo: list, store: CacheStore, encode_fn: EncodeFn, show_progress: bool) -> None:
+def _encode_latents(plan: Plan, todo: list, store: CacheStore, encode_fn: EncodeFn, show_progress: bool,
+                    downscale: int = 8) -> None:  # fmt: skip
     todo = sorted(todo, key=lambda t: t[2].bucket)
     bs = plan.args.vae_batch_size
     bar = tqdm(total=len(todo), desc="caching latents", unit="img", disable=not show_progress)
@@ -120,7 +122,7 @@ def _encode_latents(plan: Plan, todo: list, store: CacheStore, encode_fn: Encode
             )
         with torch.no_grad():
             latents = encode_fn(torch.stack([r[0] for r in rendered]))
-        expected = (bucket[1] // 8, bucket[0] // 8)
+        expected = (bucket[1] // downscale, bucket[0] // downscale)
         if tuple(latents.shape[-2:]) != expected or latents.shape[0] != len(chunk):
             raise ValueError(f"encode_fn returned {tuple(latents.shape)} for {len(chunk)} images at {bucket}")
         for (slot, key, _a), lat, (_px, mask, _off, _rs) in zip(chunk, latents, rendered):
@@ -139,8 +141,11 @@ def cache_latents(
     rank: int = 0,
     world_size: int = 1,
     show_progress: bool = True,
+    downscale: int = 8,
 ) -> LatentCache:
     """Encode every latent the plan can use that is not cached yet, ``--vae_batch_size`` images at a time.
+    ``downscale``: the VAE's spatial factor (8, or the family's ``latent_downscale``): the latents' size checked
+    against the bucket's.
 
     With ``world_size > 1`` and a disk cache, each process encodes its share; call a barrier afterwards (e.g.
     ``accelerator.wait_for_everyone()``) before training. In-memory caches are filled completely on each process.
@@ -155,13 +160,13 @@ def cache_latents(
         if key in seen:
             continue
         seen.add(key)
-        check = None if plan.args.skip_cache_check else _shape_ok(a.bucket)
+        check = None if plan.args.skip_cache_check else _shape_ok(a.bucket, downscale)
         if not store.has(key, anchor, check):
             todo.append((slot, key, a))
     if store.on_disk and world_size > 1:
         todo = todo[rank::world_size]
     logger.info("latent cache: %d of %d entries to encode", len(todo), len(seen))
-    _encode_latents(plan, todo, store, encode_fn, show_progress)
+    _encode_latents(plan, todo, store, encode_fn, show_progress, downscale)
     return cache
 
 

@@ -392,12 +392,18 @@ def fill_latent_cache(run: Run) -> None:
             return family.encode_latents(parts, to_device(pixels, acc.device, vae_dtype), gen).float().cpu()
 
     vae_id = module_identity(parts.vae, f"{family.name}/{vae_dtype}")
+    downscale = getattr(family, "latent_downscale", 8)  # the VAE's spatial factor (a family with another states it)
     with on_device([parts.vae], acc.device):
         run.latent_cache = data.cache_latents(run.plan, encode, vae_id, rank=acc.process_index,
-                                              world_size=acc.num_processes)  # fmt: skip
+                                              world_size=acc.num_processes, downscale=downscale)  # fmt: skip
         if run.plan.validation is not None:
             run.validation_latent_cache = data.cache_latents(
-                run.plan.validation, encode, vae_id, rank=acc.process_index, world_size=acc.num_processes
+                run.plan.validation,
+                encode,
+                vae_id,
+                rank=acc.process_index,
+                world_size=acc.num_processes,
+                downscale=downscale,
             )
     acc.wait_for_everyone()
 
