@@ -184,7 +184,6 @@ def test_loss_falls(qwen_files, dataset, tmp_path):
 @pytest.mark.parametrize(
     ("extra", "toml_extra", "message"),
     [
-        (["--fp8_scaled"], "", "--fp8_scaled is not supported yet"),
         (["--fp8_vl"], "", "--fp8_vl is not supported yet"),
         (["--model_version", "edit-2509"], "", "--model_version edit-2509 is not supported yet"),
         (["--timestep_sampling", "sigma"], "", "--timestep_sampling sigma is not supported for Qwen-Image yet"),

@@ -7,8 +7,8 @@ file, a split file's first part, or a folder), ``--model_version original`` (the
 and the edit / layered versions are refused: the edit models' control images are not done yet), ``--split_attn``
 (attention per sample in musubi-tuner; SDPA with the text mask gives the same values), ``--vae_dtype`` (the VAE's
 dtype), ``--dit_dtype`` (musubi-tuner fixes bfloat16; read as the DiT's storage dtype when given).
-Refused with a message: ``--fp8_scaled`` / ``--fp8_vl`` (the shared per-tensor scaled fp8 is the lead's, later),
-``--num_layers``, ``--remove_first_image_from_target``, attention back ends other than SDPA, and the musubi-tuner
+``--fp8_scaled`` is the shared flag (library/run/runtime.py, library/device/fp8.py: with ``--fp8_base`` as musubi-tuner).
+Refused with a message: ``--fp8_vl`` (float8 Qwen2.5-VL is not done; its outputs are cached and it is freed), ``--num_layers``, ``--remove_first_image_from_target``, attention back ends other than SDPA, and the musubi-tuner
 common flags with no counterpart here (:data:`MUSUBI_ONLY`).
 """
 
@@ -45,8 +45,6 @@ SD_ONLY_FLAGS = {
 }
 # musubi-tuner flags with no counterpart here: flag -> (argparse kwargs, why refused)
 MUSUBI_ONLY: dict[str, tuple[dict, str]] = {
-    "--fp8_scaled": ({"action": "store_true"}, "per-tensor scaled fp8 storage comes later as a shared feature; use "
-                     "--fp8_base for plain fp8 storage"),
     "--fp8_vl": ({"action": "store_true"}, "fp8 storage of Qwen2.5-VL comes later; cache the text encoder outputs "
                  "(the default here) so it is freed before training"),
     "--num_layers": ({"type": int, "default": None}, "a DiT with fewer blocks is read from its file's shapes; give the "
