@@ -57,13 +57,17 @@ def run(argv: Sequence[str] | None = None) -> list[Path]:
         start = time.perf_counter()
         family = get_family(name)
         parts = family.tiny.build(args.seed, **family.tiny.tool_options(args))
-        folder = family.save(parts, out / name)
+        try:
+            folder: Path | None = family.save(parts, out / name)
+        except ValueError as e:  # a family with no folder layout (HunyuanImage 2.1: its files only)
+            folder = None
+            print(f"{name}: no folder ({e})")
         single = family.save(parts, out / f"{name}.safetensors")
         family.tiny.write_files(parts, out, name)  # the files sd-scripts takes beside the single file
         params = sum(p.numel() for m in (parts.denoiser, parts.vae, *parts.text_encoders) for p in m.parameters())
-        print(f"{name}: {folder}/ and {single} ({params:,} parameters, {parts.prediction_type}) "
-              f"in {time.perf_counter() - start:.1f}s")  # fmt: skip
-        written += [folder, single]
+        print(f"{name}: {f'{folder}/ and ' if folder else ''}{single} ({params:,} parameters, "
+              f"{parts.prediction_type}) in {time.perf_counter() - start:.1f}s")  # fmt: skip
+        written += [p for p in (folder, single) if p is not None]
     return written
 
 

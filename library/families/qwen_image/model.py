@@ -21,7 +21,7 @@ TINY = dict(RELEASED, num_layers=2, attention_head_dim=16, num_attention_heads=2
             axes_dims_rope=(4, 6, 6))  # fmt: skip
 # musubi-tuner's qwen_image_utils scheduler constants (the dynamic shift of sampling)
 SCHEDULER = {"base_image_seq_len": 256, "base_shift": 0.5, "max_image_seq_len": 8192, "max_shift": 0.9,
-             "shift": 1.0, "use_dynamic_shifting": True}  # fmt: skip
+             "shift": 1.0, "use_dynamic_shifting": True, "prediction_type": "flow_matching"}  # fmt: skip
 
 
 def build(config: Mapping[str, Any]) -> nn.Module:
