@@ -186,7 +186,6 @@ def test_loss_falls(qwen_files, dataset, tmp_path):
     [
         (["--fp8_vl"], "", "--fp8_vl is not supported yet"),
         (["--model_version", "edit-2509"], "", "--model_version edit-2509 is not supported yet"),
-        (["--timestep_sampling", "sigma"], "", "--timestep_sampling sigma is not supported for Qwen-Image yet"),
         ([], 'control_directory = "x"\n', "datasets\\[0\\]: control_directory: the edit models' control images"),
         ([], "frame_stride = 2\n", "frame_stride: video datasets are not supported"),
         ([], "colour = 2\n", "unknown key 'colour'"),
@@ -346,3 +345,21 @@ def test_musubi_jsonl_dataset(qwen_files, dataset, tmp_path):
     assert configs[0].subsets[0].kind == "finetune" and configs[0].resolutions[0] == (64, 64)
     result = qwen_image_train_network.run(doc_command(qwen_files, toml, tmp_path / "out"))
     assert result.steps == 2
+
+
+def test_sigma_sampling_is_musubi_tuners_table():
+    """--timestep_sampling sigma (musubi-tuner's default): σ from its unshifted training table (linspace(1, 0, 1001),
+    --discrete_flow_shift not applied, as musubi-tuner), the DiT's timestep 1000 σ with no + 1, x_σ by the flow rule.
+    (Checked by hand: the same u gives musubi-tuner's FlowMatchDiscreteScheduler timesteps and get_sigmas values.)"""
+    from library.families.qwen_image.objective import QwenFlowConfig, QwenFlowObjective
+    from library.objectives.losses import LossConfig
+
+    objective = QwenFlowObjective(QwenFlowConfig(timestep_sampling="sigma", discrete_flow_shift=2.2), LossConfig())
+    latents = torch.randn(64, 16, 4, 4, generator=torch.Generator().manual_seed(1))
+    ex = objective.example(latents, torch.Generator().manual_seed(0))
+    table = torch.linspace(1, 0, 1001)
+    assert ex.sigmas.shape == (64,) and set(ex.sigmas.tolist()) <= set(table.tolist())
+    assert torch.equal(ex.timesteps, ex.sigmas * 1000)  # no +1 on this path
+    noisy = (1 - ex.sigmas.view(-1, 1, 1, 1)) * latents + ex.sigmas.view(-1, 1, 1, 1) * ex.noise
+    torch.testing.assert_close(ex.noisy, noisy)
+    assert 0.4 < ex.sigmas.mean().item() < 0.6  # uniform over the table, unshifted (2.2 would give ~0.65)

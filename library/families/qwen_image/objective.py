@@ -10,8 +10,13 @@ x0 + t ε; target ε − x0; the DiT is given (1000 t + 1) / 1000, as musubi-tun
 ``call_dit`` divides them by 1000. Loss: MSE, weight 1 (``--weighting_scheme none``, musubi-tuner's default and its
 documented choice).
 
-Refused with a message (not implemented here): ``--timestep_sampling sigma`` (musubi-tuner's scheduler-table law),
-``qinglong_*``, ``flux2_shift``, ``krea2_shift``, ``ideogram4_shift``; ``--weighting_scheme sigma_sqrt / cosmap``;
+``sigma`` (musubi-tuner's default) takes its own way: u by ``--weighting_scheme`` (none / uniform: U(0, 1),
+logit_normal, mode), the table index ⌊u (max − min) + min⌋ of ``--min_timestep`` / ``--max_timestep`` (default 0 /
+1000), σ = (1000 − index) / 1000 from its training scheduler's table (``FlowMatchDiscreteScheduler``, whose training
+table is not shifted: ``--discrete_flow_shift`` does not act here, as in musubi-tuner), and the DiT is given σ itself
+(no + 1 on this path).
+
+Refused with a message (not implemented here): ``qinglong_*``, ``flux2_shift``, ``krea2_shift``, ``ideogram4_shift``; ``--weighting_scheme sigma_sqrt / cosmap``;
 ``--preserve_distribution_shape``, ``--num_timestep_buckets``.
 """
 
@@ -32,8 +37,8 @@ from library.objectives.flow import choice_error
 from library.objectives.losses import LossConfig
 from library.objectives.noising import NoiseConfig
 
-TIMESTEP_SAMPLINGS = ("uniform", "sigmoid", "shift", "flux_shift", "qwen_shift", "logsnr")
-NOT_DONE_SAMPLINGS = ("sigma", "qinglong_flux", "qinglong_qwen", "flux2_shift", "krea2_shift", "ideogram4_shift")
+TIMESTEP_SAMPLINGS = ("sigma", "uniform", "sigmoid", "shift", "flux_shift", "qwen_shift", "logsnr")
+NOT_DONE_SAMPLINGS = ("qinglong_flux", "qinglong_qwen", "flux2_shift", "krea2_shift", "ideogram4_shift")
 WEIGHTINGS = ("none", "uniform", "logit_normal", "mode")  # weight 1 (musubi-tuner's compute_loss_weighting_for_sd3)
 FLUX_POINTS = ((256, 0.5), (4096, 1.15))
 QWEN_POINTS = ((256, 0.5), (8192, 0.9))
@@ -44,8 +49,9 @@ def add_flow_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """musubi-tuner's objective flags with its defaults; ``--timestep_sampling`` gets its choices."""
     existing = {action.dest: action for action in parser._actions}
     choices = list(TIMESTEP_SAMPLINGS + NOT_DONE_SAMPLINGS)
-    help_ = ("t law (musubi-tuner): uniform, sigmoid, shift (sigmoid then --discrete_flow_shift), flux_shift, "
-             "qwen_shift (resolution-dependent shift), logsnr; sigma and qinglong_* are refused")  # fmt: skip
+    help_ = ("t law (musubi-tuner): sigma (default: its scheduler table, unshifted), uniform, sigmoid, shift (sigmoid "
+             "then --discrete_flow_shift), flux_shift, qwen_shift (resolution-dependent shift), logsnr; qinglong_* "
+             "and the other shifts are refused")  # fmt: skip
     g = parser.add_argument_group("flow matching (Qwen-Image)", "musubi-tuner's rectified flow")
     if "timestep_sampling" in existing:
         a = existing["timestep_sampling"]
@@ -145,6 +151,10 @@ def sample_t(cfg: QwenFlowConfig, batch: int, size: tuple[int, int], generator: 
     latents' (h, w)."""
     draw = fm.draw_device(generator)
     kind = cfg.timestep_sampling
+    if kind == "sigma":  # the scheduler table's index (module docstring), no scaling into the range afterwards
+        lo, hi = (round(v * 1000) for v in cfg.t_range())
+        index = (fm.table_density(cfg, batch, generator) * (hi - lo) + lo).long()
+        return torch.linspace(1, 0, 1001)[index.cpu()].to(device)  # musubi-tuner's table, to the bit
     if kind == "uniform":
         t = torch.rand((batch,), generator=generator, device=draw)
     elif kind == "logsnr":
@@ -177,16 +187,17 @@ class QwenFlowObjective:
         """ε, t (drawn, or ``(timesteps − 1) / 1000``), x_t, target ε − x0; ``timesteps`` = 1000 t + 1 (what the
         family's ``predict`` divides by 1000, as musubi-tuner)."""
         size = tuple(latents.shape[-2:])
+        offset = 0 if self.cfg.timestep_sampling == "sigma" else 1  # musubi-tuner adds 1 on its other path only
 
         def sample(b: int, gen: torch.Generator | None, device: Any) -> tuple[Tensor, Tensor]:
             t = sample_t(self.cfg, b, size, gen, device)
-            return t, t * 1000 + 1
+            return t, t * 1000 + offset
 
         if timesteps is not None:
-            timesteps = timesteps.to(latents.device, torch.float32) - 1
+            timesteps = timesteps.to(latents.device, torch.float32) - offset
         noise, sigmas, steps = fm.draw_noise_and_sigmas(latents, generator, timesteps, sample)
         if timesteps is not None:
-            steps = steps + 1
+            steps = steps + offset
         t = sigmas.view(-1, 1, 1, 1).to(latents.device)
         noisy = (1 - t) * latents.float() + t * noise
         return Example(noisy.to(latents.dtype), fm.flow_target(latents, noise), steps, noise, sigmas)
