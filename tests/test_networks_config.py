@@ -122,8 +122,8 @@ def test_network_module_choices():
     assert _config(["--network_module", "networks.lora_fa"]).algo == "lora_fa"
     assert _config(["--network_module", "networks.oft"]).algo == "oft"
     # a family module no registered family provides is unknown; the modules listed come from the registry
-    unknown = _errors(["--network_module", "networks.lora_hunyuan_image"])
-    assert "--network_module 'networks.lora_hunyuan_image' is unknown" in unknown
+    unknown = _errors(["--network_module", "networks.lora_no_such_family"])
+    assert "--network_module 'networks.lora_no_such_family' is unknown" in unknown
     assert "(supported: networks.lora, lycoris.kohya, networks.dylora, networks.lora_fa, networks.oft, " in unknown
     assert all(m in unknown for f in FAMILIES.values() for m in f.adapter_rules)
     assert "did you mean 'networks.lora'?" in _errors(["--network_module", "networks.lorra"])
