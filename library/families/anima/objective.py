@@ -127,12 +127,6 @@ def sample_sigmas(cfg: AnimaFlowConfig, batch: int, size: tuple[int, int], gener
     return sigmas.to(device), (sigmas * n).to(device)
 
 
-def loss_weighting(scheme: str, sigmas: Tensor) -> Tensor | None:
-    """sd-scripts' ``compute_loss_weighting_for_anima``: sigma_sqrt σ⁻², cosmap 2 / (π (1 − 2σ + 2σ²)), else None
-    (weight 1)."""
-    return fm.loss_weighting(scheme, sigmas)
-
-
 @dataclass(frozen=True, eq=False)
 class AnimaFlowObjective:
     """The objective of an Anima run (module docstring)."""
@@ -160,7 +154,8 @@ class AnimaFlowObjective:
         return output
 
     def weighting(self, example: Example) -> Tensor | None:
-        weight = loss_weighting(self.cfg.weighting_scheme, example.sigmas)
+        # sd-scripts' compute_loss_weighting_for_anima is the shared rule: sigma_sqrt σ⁻², cosmap, else weight 1
+        weight = fm.loss_weighting(self.cfg.weighting_scheme, example.sigmas)
         return None if weight is None else weight.view(-1, 1, 1, 1)
 
     def loss_per_sample(
