@@ -11,6 +11,12 @@
 2. Objective: noisy input, timesteps, target and loss of ``objective.HunyuanFlowObjective`` against sd-scripts'
    ``flux_train_utils.get_noisy_model_input_and_timesteps`` + ``apply_model_prediction_type`` on the same draws, for
    every ``--timestep_sampling``.
+3. Sampler (``hunyuan_image_minimal_inference.py``, training samples): sd-scripts' ``get_timesteps_sigmas``,
+   ``AdaptiveProjectedGuidance`` (built as its ``generate_body`` builds them), ``apply_classifier_free_guidance`` and
+   ``step`` in a float32 loop over a stand-in model (v = a·x + b + (t / 1000)·c, t the truncated integer timestep)
+   against ``flow_generate.sampling_sigmas`` + ``guidance.with_apg`` + ``flow.sample_euler``, for a prompt with and
+   without quoted text and with both guidance rescales; and the guided output of every step of a fixed sequence of
+   predictions.
 The sd-scripts side runs as a subprocess (``--side sdscripts``) reading and writing a temporary folder.
 """
 
@@ -44,6 +50,14 @@ def inputs(generator: torch.Generator) -> dict[str, torch.Tensor]:
         "byt5_mask": byt5_mask,
         "pixels": torch.rand(b, 3, 64, 96, generator=generator) * 2 - 1,
         "latents": torch.randn(b, 4, 2, 3, generator=generator),
+        "sampler_noise": torch.randn(1, 4, 3, 5, generator=generator),
+        **{
+            f"{k}{i}": torch.randn(1, 4, 3, 5, generator=generator) * (0.3 if k == "a" else 1.0)
+            for k in "abc"
+            for i in (1, 2)
+        },  # fmt: skip
+        "seq_cond": torch.randn(12, 4, 3, 5, generator=generator),
+        "seq_uncond": torch.randn(12, 4, 3, 5, generator=generator),
     }
 
 
@@ -128,7 +142,58 @@ def sdscripts_side(folder: Path, sd_scripts: Path) -> None:
         loss = torch.nn.functional.mse_loss(pred.float(), target.float(), reduction="none").mean([1, 2, 3])
         results.update({f"{sampling}.noisy": noisy, f"{sampling}.timesteps": timesteps, f"{sampling}.target": target,
                         f"{sampling}.loss": loss})  # fmt: skip
+    results.update(sdscripts_sampler(x))
     save_file({k: v.contiguous() for k, v in results.items()}, str(folder / "sdscripts.safetensors"))
+
+
+SAMPLER_CASES = {"general": (False, 0.0, 0.0), "ocr": (True, 0.0, 0.0), "rescaled": (False, 0.7, 0.5)}
+SAMPLER_STEPS, SAMPLER_SHIFT, SAMPLER_SCALE, SAMPLER_START = 12, 5.0, 3.5, (3, 8)  # start steps: general, ocr
+
+
+def stand_in(x: torch.Tensor, t: torch.Tensor, k: dict, cond: bool) -> torch.Tensor:
+    """The stand-in model of section 3: a·x + b + (t / 1000)·c with the prompt's or the negative's tensors."""
+    a, b, c = (k["a1"], k["b1"], k["c1"]) if cond else (k["a2"], k["b2"], k["c2"])
+    return a * x + b + (t.float() / 1000).view(-1, 1, 1, 1) * c
+
+
+def sdscripts_sampler(x: dict) -> dict:
+    from library import hunyuan_image_utils as hu
+
+    out = {}
+    for name, (ocr, rescale, rescale_apg) in SAMPLER_CASES.items():
+        timesteps, sigmas = hu.get_timesteps_sigmas(SAMPLER_STEPS, SAMPLER_SHIFT, torch.device("cpu"))
+        out[f"sampler.{name}.sigmas"] = sigmas
+        guiders = [hu.AdaptiveProjectedGuidance(guidance_scale=10.0, eta=0.0, adaptive_projected_guidance_rescale=10.0,
+                                                adaptive_projected_guidance_momentum=-0.5,
+                                                guidance_rescale=rescale_apg) for _ in range(2)]  # fmt: skip
+        latents = x["sampler_noise"].clone()
+        guided_seq = []
+        for i, t in enumerate(timesteps):
+            t_int = t.expand(latents.shape[0]).to(torch.int64)
+            cond, uncond = stand_in(latents, t_int, x, True), stand_in(latents, t_int, x, False)
+            pred = hu.apply_classifier_free_guidance(cond, uncond, ocr, SAMPLER_SCALE, i, apg_start_step_ocr=SAMPLER_START[1],
+                                                     apg_start_step_general=SAMPLER_START[0], cfg_guider_ocr=guiders[1],
+                                                     cfg_guider_general=guiders[0], guidance_rescale=rescale)  # fmt: skip
+            latents = hu.step(latents, pred, sigmas, i)
+            guided = hu.apply_classifier_free_guidance(x["seq_cond"][i : i + 1], x["seq_uncond"][i : i + 1], ocr,
+                                                       SAMPLER_SCALE, i, SAMPLER_START[1], SAMPLER_START[0],
+                                                       *guiders_seq(hu, rescale_apg, out, name), guidance_rescale=rescale)  # fmt: skip
+            guided_seq.append(guided)
+        out[f"sampler.{name}.latents"] = latents
+        out[f"sampler.{name}.guided"] = torch.cat(guided_seq)
+    return out
+
+
+_SEQ_GUIDERS: dict = {}
+
+
+def guiders_seq(hu, rescale_apg: float, out: dict, name: str) -> tuple:
+    """The (ocr, general) guiders of the fixed-sequence check of case ``name`` (made once, kept across its steps)."""
+    if name not in _SEQ_GUIDERS:
+        _SEQ_GUIDERS[name] = tuple(hu.AdaptiveProjectedGuidance(guidance_scale=10.0, eta=0.0,
+                                   adaptive_projected_guidance_rescale=10.0, adaptive_projected_guidance_momentum=-0.5,
+                                   guidance_rescale=rescale_apg) for _ in range(2))  # fmt: skip
+    return _SEQ_GUIDERS[name]
 
 
 # ------------------------------------------------------------------------------------------------ sdtrain side
@@ -242,8 +307,48 @@ def sdtrain_side(sd_scripts: Path, sds_python: str) -> int:
         print(f"objective {sampling:10s}: timesteps {'equal' if same_t else 'DIFFERENT'} "
               f"{ex.timesteps.tolist()} vs {theirs[f'{sampling}.timesteps'].tolist()}; max diff noisy/target/loss {worst:.3e}")  # fmt: skip
         failures += (not same_t) + (worst > 1e-6)
+    failures += compare_sampler(x, theirs)
     print("ALL EQUAL" if not failures else f"{failures} DIFFERENCES")
     return 1 if failures else 0
+
+
+def compare_sampler(x: dict, theirs: dict) -> int:
+    """Section 3 on our side; returns the number of differences."""
+    from library.families.base import FlowSampling, ProjectedGuidance
+    from library.sampling.flow import sample_euler
+    from library.sampling.flow_generate import sampling_sigmas
+    from library.sampling.guidance import with_apg
+
+    failures = 0
+    for name, (ocr, rescale, rescale_apg) in SAMPLER_CASES.items():
+        settings = FlowSampling(embedded_guidance=False, shift=False, static_shift=SAMPLER_SHIFT, linear_shift=True,
+                                latent_downscale=1)  # fmt: skip
+        sigmas = sampling_sigmas(settings, SAMPLER_STEPS, 8, 8)
+        apg = ProjectedGuidance(start_step=SAMPLER_START[0], text_start_step=SAMPLER_START[1], rescale=rescale,
+                                rescale_apg=rescale_apg)  # fmt: skip
+
+        def velocity(x2: torch.Tensor, sigma2: torch.Tensor) -> torch.Tensor:
+            t = (sigma2 * 1000).floor()  # what HunyuanImageFamily.predict gives the DiT
+            neg, pos = x2.chunk(2)
+            return torch.cat([stand_in(neg, t[:1], x, False), stand_in(pos, t[1:], x, True)])
+
+        latents = sample_euler(with_apg(velocity, SAMPLER_SCALE, apg, [ocr]), x["sampler_noise"].clone(), sigmas)
+
+        def fixed(x2: torch.Tensor, sigma2: torch.Tensor, calls: list = []) -> torch.Tensor:  # noqa: B006
+            i = len(calls) % SAMPLER_STEPS  # the i-th call of this case: step i
+            calls.append(i)
+            return torch.cat([x["seq_uncond"][i : i + 1], x["seq_cond"][i : i + 1]])
+
+        guide = with_apg(fixed, SAMPLER_SCALE, apg, [ocr])
+        guided = torch.cat([guide(x["sampler_noise"], sigmas[i : i + 1]) for i in range(SAMPLER_STEPS)])
+        d_sig = (sigmas - theirs[f"sampler.{name}.sigmas"]).abs().max().item()
+        d_lat = (latents - theirs[f"sampler.{name}.latents"]).abs().max().item()
+        d_seq = (guided - theirs[f"sampler.{name}.guided"]).abs().max().item()
+        print(f"sampler {name:8s} ({SAMPLER_STEPS} steps, APG after step {SAMPLER_START[int(ocr)]}, rescale "
+              f"{rescale}/{rescale_apg}): max diff sigmas {d_sig:.3e}, latents {d_lat:.3e}, guided predictions "
+              f"{d_seq:.3e}")  # fmt: skip
+        failures += (d_sig > 0) + (d_lat > 1e-5) + (d_seq > 1e-5)
+    return failures
 
 
 def main() -> int:

@@ -160,6 +160,27 @@ class FamilySpec:
 
 
 @dataclass(frozen=True)
+class ProjectedGuidance:
+    """Adaptive projected guidance (APG; Sadat et al. 2024, arXiv:2410.02416) as a flow family samples with it
+    (``FlowSampling.apg``; the math is ``library/sampling/guidance.py``). Plain CFG at ``--l`` (with the guidance
+    rescale ``rescale``) up to and including step ``start_step`` (``text_start_step`` for a prompt that
+    ``renders_text``), APG after it: the guidance difference averaged with ``momentum``, its norm capped at
+    ``norm_threshold``, its part parallel to the conditional prediction scaled by ``eta``, applied at ``scale``
+    (not ``--l``), then rescaled by ``rescale_apg``. The defaults are sd-scripts' HunyuanImage 2.1 sampler's."""
+
+    start_step: int = 5
+    text_start_step: int = 38
+    scale: float = 10.0
+    eta: float = 0.0
+    norm_threshold: float = 10.0
+    momentum: float | None = -0.5
+    rescale: float = 0.0
+    rescale_apg: float = 0.0
+    renders_text: Callable[[str], bool] | None = None
+    """Whether a prompt asks for rendered text (its start step is then ``text_start_step``); None: never."""
+
+
+@dataclass(frozen=True)
 class FlowSampling:
     """How a flow-matching family samples (:meth:`ModelFamily.flow_sampling`; used by ``library/sampling/flow.py``).
 
@@ -199,6 +220,14 @@ class FlowSampling:
     cfg_trunc_ratio: float | None = None
     renorm_cfg: float = 0.0
     plain_negative: bool = False
+    linear_shift: bool = False
+    """``static_shift`` applied to ``linspace(1, 0, steps + 1)`` (sd-scripts' HunyuanImage ``get_timesteps_sigmas``)
+    instead of the discrete scheduler's grid (``flow.shifted_linear_sigmas``)."""
+    apg: ProjectedGuidance | None = None
+    """True CFG becomes adaptive projected guidance after its start step (:class:`ProjectedGuidance`)."""
+    latent_patch: int = 2
+    """The denoiser's patch side in latent pixels: sample sizes are multiples of ``latent_patch · latent_downscale``
+    (2x2 patches: FLUX, SD3 ...; 1: HunyuanImage 2.1's 32x VAE, sizes in steps of 32)."""
 
     def __post_init__(self) -> None:
         if self.static_shift is not None and (self.shift or self.static_shift <= 0):
@@ -206,6 +235,8 @@ class FlowSampling:
                 f"FlowSampling: static_shift={self.static_shift} needs shift=False (a schedule has either FLUX's "
                 f"resolution-dependent shift or a static one) and a positive value (got shift={self.shift})"
             )
+        if self.linear_shift and self.static_shift is None:
+            raise ValueError("FlowSampling: linear_shift=True needs a static_shift (the shift it applies)")
         if self.default_steps < 1:
             raise ValueError(f"FlowSampling: default_steps must be >= 1, got {self.default_steps}")
         if self.latent_downscale < 1:

@@ -99,17 +99,29 @@ def discrete_flow_sigmas(steps: int, shift: float, num_train_timesteps: int = 10
     return torch.cat([sigmas, torch.zeros(1)])
 
 
-def image_seq_len(height: int, width: int, downscale: int = 8) -> int:
+def shifted_linear_sigmas(steps: int, shift: float) -> Tensor:
+    """The (steps + 1,) float32 noise levels ``s·σ / (1 + (s - 1)·σ)`` of ``σ = linspace(1, 0, steps + 1)`` (a static
+    shift s on the plain grid, ending at 0): sd-scripts' HunyuanImage ``get_timesteps_sigmas``."""
+    if steps < 1:
+        raise ValueError(f"shifted_linear_sigmas: steps must be >= 1, got {steps}")
+    if shift <= 0:
+        raise ValueError(f"shifted_linear_sigmas: shift must be positive, got {shift}")
+    sigmas = torch.linspace(1, 0, steps + 1)
+    return ((shift * sigmas) / (1 + (shift - 1) * sigmas)).to(torch.float32)
+
+
+def image_seq_len(height: int, width: int, downscale: int = 8, patch: int = 2) -> int:
     """Packed 2x2 latent tokens of an H x W image for a VAE that downscales by ``downscale``:
     (H/(2·downscale))·(W/(2·downscale)), (H/16)·(W/16) for an 8x VAE; raises ValueError unless both sides are
-    multiples of 2·downscale."""
-    step = 2 * downscale
+    multiples of 2·downscale (``patch``·downscale for another patch side: the tokens are then
+    (H/(patch·downscale))·(W/(patch·downscale)))."""
+    step = patch * downscale
     bad = [f"{name} {value}" for name, value in (("height", height), ("width", width)) if value % step]
     if bad or min(height, width) < step:
         side = min(height, width)
         raise ValueError(
             f"flow-matching sampling: {', '.join(bad) or f'side {side}'} must be a multiple of {step} (a "
-            f"{downscale}x VAE and 2x2 latent patches); try {max(step, side - side % step)}"
+            f"{downscale}x VAE and {patch}x{patch} latent patches); try {max(step, side - side % step)}"
         )
     return (height // step) * (width // step)
 
@@ -178,13 +190,18 @@ def unpack_latents(packed: Tensor, height: int, width: int) -> Tensor:
 
 
 def latent_noise(
-    generators: Sequence[torch.Generator], height: int, width: int, channels: int = 16, downscale: int = 8
+    generators: Sequence[torch.Generator],
+    height: int,
+    width: int,
+    channels: int = 16,
+    downscale: int = 8,
+    patch: int = 2,
 ) -> Tensor:
     """The initial noise of sd-scripts' SD3 samples (``sd3_train_utils.do_sample``) and of diffusers'
     ``StableDiffusion3Pipeline`` given one generator per image: each image draws ``randn(1, channels, H/f, W/f)``
     (f = ``downscale``, the VAE's: 8) from its generator (on the generator's device) in float32; returned as
-    (B, channels, H/f, W/f). ``height`` and ``width`` must be multiples of 2f (:func:`image_seq_len`)."""
-    image_seq_len(height, width, downscale)
+    (B, channels, H/f, W/f). ``height`` and ``width`` must be multiples of ``patch``·f (:func:`image_seq_len`)."""
+    image_seq_len(height, width, downscale, patch)
     shape = (1, channels, height // downscale, width // downscale)
     return torch.cat([torch.randn(shape, generator=g, device=g.device, dtype=torch.float32) for g in generators])
 

@@ -64,9 +64,11 @@ from .flow import (
     latent_noise,
     packed_noise,
     sample_euler,
+    shifted_linear_sigmas,
     with_cfg,
     with_truncated_cfg,
 )
+from .guidance import with_apg
 from .prompts import PromptSpec
 
 log = logging.getLogger(__name__)
@@ -122,15 +124,16 @@ def prompt_problems(family: ModelFamily, parts: Parts, specs: Sequence[PromptSpe
     for the DDPM families (parsing checked their sizes)."""
     if not uses_flow_sampler(family, parts):
         return []
-    downscale = flow_settings(family, parts).latent_downscale
-    step = 2 * downscale
+    settings = flow_settings(family, parts)
+    downscale, patch = settings.latent_downscale, settings.latent_patch
+    step = patch * downscale
     problems = []
     for spec in specs:
         for option, value in (("--w", spec.width), ("--h", spec.height)):
             if value is not None and value % step:
                 lower = max(step, value - value % step)
                 problems.append(f"{where}: prompt {spec.index + 1}: {option} {value} is not a multiple of "
-                                f"{step}, which {family.name} needs (a {downscale}x VAE and 2x2 latent patches); "
+                                f"{step}, which {family.name} needs (a {downscale}x VAE and {patch}x{patch} latent patches); "
                                 f"try {lower}")  # fmt: skip
     return problems
 
@@ -217,10 +220,17 @@ def sample_flow_latents(
     device = next(parts.denoiser.parameters()).device
     cond = cond.to(device)
     sigmas = sampling_sigmas(settings, first.steps, first.height, first.width)
-    draw = packed_noise if settings.packed_noise else latent_noise
-    noise = draw(generators, first.height, first.width, settings.latent_channels, settings.latent_downscale).to(device)
+    if settings.packed_noise:
+        noise = packed_noise(generators, first.height, first.width, settings.latent_channels, settings.latent_downscale)
+    else:
+        noise = latent_noise(generators, first.height, first.width, settings.latent_channels,
+                             settings.latent_downscale, settings.latent_patch)  # fmt: skip
+    noise = noise.to(device)
     velocity = flow_velocity(family, parts, cond, guidance=first.guidance)
-    if uses_cfg(first):
+    if uses_cfg(first) and settings.apg is not None:
+        renders_text = settings.apg.renders_text or (lambda prompt: False)
+        velocity = with_apg(velocity, first.scale, settings.apg, [renders_text(s.prompt) for s in specs])
+    elif uses_cfg(first):
         ratio = first.cfg_trunc_ratio if first.cfg_trunc_ratio is not None else settings.cfg_trunc_ratio
         renorm = first.renorm_cfg if first.renorm_cfg is not None else settings.renorm_cfg
         if ratio is None and not renorm:
@@ -235,7 +245,9 @@ def sample_flow_latents(
 def sampling_sigmas(settings: FlowSampling, steps: int, height: int, width: int) -> Tensor:
     """The (steps + 1,) noise levels for an H x W image: ``flow.discrete_flow_sigmas`` with a static shift (SD3),
     else ``flow.flow_sigmas`` with FLUX's resolution-dependent shift (or none: schnell)."""
-    seq_len = image_seq_len(height, width, settings.latent_downscale)
+    seq_len = image_seq_len(height, width, settings.latent_downscale, settings.latent_patch)
+    if settings.static_shift is not None and settings.linear_shift:
+        return shifted_linear_sigmas(steps, settings.static_shift)
     if settings.static_shift is not None:
         return discrete_flow_sigmas(steps, settings.static_shift)
     return flow_sigmas(

@@ -36,6 +36,7 @@ from ..base import (
     FlowSampling,
     PartDtypes,
     Parts,
+    ProjectedGuidance,
     Root,
     TargetClasses,
     TextEncoderSpec,
@@ -208,7 +209,8 @@ class HunyuanImageFamily:
     # ------------------------------------------------------------------------------------------- denoising
     def predict(self, denoiser: nn.Module, noisy: Tensor, t: Tensor, cond: Cond, *,
                 time_ids: Tensor | None = None) -> Tensor:  # fmt: skip
-        """The velocity (B, 64, h, w) at timesteps t (B,) (training: ``int(1000 σ)``, as sd-scripts passes them):
+        """The velocity (B, 64, h, w) at timesteps t (B,) (whole numbers, as sd-scripts passes them; sampling's
+        1000 σ is truncated):
         Qwen's states cut to the batch's longest caption, byT5's states and masks (sd-scripts'
         ``HYImageDiffusionTransformer.forward``)."""
         if time_ids is not None:
@@ -217,7 +219,9 @@ class HunyuanImageFamily:
                                                     int(denoiser.config.text_embed_2_dim))  # fmt: skip
         qwen, qwen_mask = M.trim_text(qwen, qwen_mask)
         b = noisy.shape[0]
-        timestep = t.to(noisy.device, torch.float32).expand(b)  # float32: exact integers, as sd-scripts embeds them
+        # whole numbers in float32, as sd-scripts embeds them: training passes int(1000 σ), sampling 1000 σ, which
+        # sd-scripts' sampler truncates (``.to(torch.int64)``)
+        timestep = t.to(noisy.device, torch.float32).floor().expand(b)
         dtype, device = noisy.dtype, noisy.device
         return denoiser(noisy, timestep, qwen.to(device, dtype), qwen_mask.to(device),
                         encoder_hidden_states_2=byt5.to(device, dtype), encoder_attention_mask_2=byt5_mask.to(device),
@@ -267,10 +271,21 @@ class HunyuanImageFamily:
                          "HunyuanImagePipeline needs the full Qwen2.5-VL processor)")  # fmt: skip
 
     def flow_sampling(self, parts: Parts) -> FlowSampling:
-        """sd-scripts' sample defaults: 20 steps, CFG 3.5, static shift 5.0 (``flow_shift``), noise (1, 64, h, w)."""
+        """sd-scripts' sampler (``hunyuan_image_minimal_inference.generate_body``, which its training samples call
+        too): 20 steps (sample prompts), CFG 3.5, the static shift 5.0 on ``linspace(1, 0, steps + 1)``, noise
+        (1, 64, h, w), and APG after step 5 (38 for a prompt with quoted text). ``parts.scheduler_config`` may set
+        ``shift`` and the APG settings (the minimal inference script's ``--flow_shift --apg_start_step_general
+        --apg_start_step_ocr --guidance_rescale --guidance_rescale_apg``)."""
+        config = parts.scheduler_config
+        apg = ProjectedGuidance(start_step=int(config.get("apg_start_step_general", 5)),
+                                text_start_step=int(config.get("apg_start_step_ocr", 38)),
+                                rescale=float(config.get("guidance_rescale", 0.0)),
+                                rescale_apg=float(config.get("guidance_rescale_apg", 0.0)),
+                                renders_text=lambda prompt: M.glyph_text(prompt) is not None)  # fmt: skip
         return FlowSampling(embedded_guidance=False, shift=False, latent_channels=int(parts.denoiser.config.in_channels),
-                            static_shift=float(parts.scheduler_config.get("shift", 5.0)), packed_noise=False,
-                            default_steps=20, default_scale=3.5, latent_downscale=32)  # fmt: skip
+                            static_shift=float(config.get("shift", 5.0)), packed_noise=False, default_steps=20,
+                            default_scale=3.5, latent_downscale=32, linear_shift=True, apg=apg,
+                            latent_patch=1)  # fmt: skip
 
     def default_resolution(self, prediction_type: str = FLOW_MATCHING) -> int:
         return 2048

@@ -112,10 +112,6 @@ class HunyuanOptions:
             raise ConfigError(problems)
         if getattr(args, "vae_chunk_size", None):
             log.info("--vae_chunk_size: %s", VAE_NOTE)
-        if training and getattr(args, "sample_prompts", None):
-            log.warning("--sample_prompts: sample images use plain CFG (--l, default 3.5) with the static shift 5.0; "
-                        "sd-scripts samples HunyuanImage with adaptive projected guidance (APG from step 5, or 38 "
-                        "with text), so the images differ from sd-scripts' (the trained LoRA does not)")  # fmt: skip
         if getattr(args, "split_attn", False):
             log.info("--split_attn: PyTorch SDPA attends the whole batch at once; the values are the same")
         return from_namespace(cls, args, flow=flow)
