@@ -11,8 +11,9 @@ sd-scripts' hunyuan_image_train_network.py flags with the same meaning: train_ne
 sigmoid | shift | flux_shift, ``--sigmoid_scale --discrete_flow_shift --model_prediction_type --weighting_scheme
 --logit_mean --logit_std --mode_scale``) and model flags (``--text_encoder --byt5 --vae_chunk_size --attn_mode
 --split_attn --text_encoder_batch_size``): library/families/hunyuan_image/. ``--network_train_unet_only`` is
-required; ``--fp8_base`` is refused (sd-scripts: use ``--fp8_scaled``); ``--fp8_scaled``, ``--fp8_vl`` and
-``--text_encoder_cpu`` are refused for now (a shared feature still to come).
+required; ``--fp8_base`` alone is refused (sd-scripts: use ``--fp8_scaled``); ``--fp8_scaled`` (the DiT in scaled
+float8), ``--fp8_vl`` (Qwen2.5-VL in float8) and ``--text_encoder_cpu`` (the text encoders compute on the CPU) as
+sd-scripts. Sample images use sd-scripts' sampler (CFG, then adaptive projected guidance).
 """
 
 from __future__ import annotations

@@ -231,7 +231,6 @@ def test_docs_command_line_runs(files, dataset_toml, tmp_path):
     "change, message",
     [
         (("--fp8_base",), "--fp8_base is not supported for HunyuanImage 2.1 .*--fp8_scaled"),
-        (("--text_encoder_cpu",), "--text_encoder_cpu is not supported yet"),
         (("--attn_mode=xformers",), "--attn_mode xformers is not supported"),
     ],
 )

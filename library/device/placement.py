@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator
 import torch
 from torch import Tensor, nn
 
-from library.families.base import module_device
+from library.families.base import module_device, stays_on_host
 
 
 def _has_parameters(module: nn.Module) -> bool:
@@ -32,11 +32,12 @@ def is_freed(module: nn.Module) -> bool:
 @contextlib.contextmanager
 def on_device(modules: Iterable[nn.Module | None], device: torch.device | str) -> Iterator[None]:
     """Move the modules that are elsewhere to ``device`` for the block, and each back to where it was after it
-    (also when the block raises). Modules already there, freed ones and ``None`` are left as they are."""
+    (also when the block raises). Modules already there, freed ones, ones kept on the host
+    (``families.base.keep_on_host``: ``--text_encoder_cpu``) and ``None`` are left as they are."""
     device = torch.device(device)
     moved: list[tuple[nn.Module, torch.device]] = []
     for module in modules:
-        if module is None or not _has_parameters(module) or is_freed(module):
+        if module is None or not _has_parameters(module) or is_freed(module) or stays_on_host(module):
             continue
         where = module_device(module)
         if where != device:

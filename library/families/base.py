@@ -353,3 +353,19 @@ class FamilyOptions(Protocol):
 
 def module_device(module: nn.Module) -> torch.device:
     return next(module.parameters()).device
+
+
+HOST_ONLY = "_sdtrain_host_only"
+
+
+def keep_on_host(module: nn.Module) -> nn.Module:
+    """Mark a part that computes where it is (the CPU) for the whole run: the run's placement
+    (``library/device/placement.py``, ``library/run/setup.py``) never moves it to the accelerator (sd-scripts'
+    ``--text_encoder_cpu``). Returns ``module``."""
+    setattr(module, HOST_ONLY, True)
+    return module
+
+
+def stays_on_host(module: nn.Module) -> bool:
+    """Whether :func:`keep_on_host` marked ``module``."""
+    return bool(getattr(module, HOST_ONLY, False))

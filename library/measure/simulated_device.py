@@ -210,8 +210,12 @@ def simulated_device(strict: bool = True) -> Iterator[SimulatedDevice]:
         return out
 
     run_setup.make_accelerator, run_setup.load_model, run_setup._release = simulated_accelerator, loaded, released
+    # boolean-mask indexing of device tensors (a text mask selecting its valid tokens) has a data-dependent size:
+    # meta answers with every element selected (an upper bound: a mask and its complement both select all)
+    from torch.fx.experimental import _config as fx_config
+
     try:
-        with instrumented(sim.phases), sim:
+        with instrumented(sim.phases), sim, fx_config.patch(meta_nonzero_assume_all_nonzero=True):
             yield sim
     finally:
         run_setup.make_accelerator, run_setup.load_model = make_accelerator, load_model

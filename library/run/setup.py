@@ -23,7 +23,7 @@ from library.cli.problems import ConfigError, problems_of
 from library.device.fp8 import store_in_fp8
 from library.device.host import choose_cpu_threads, return_freed_memory, reuse_heap_for_small_models
 from library.device.placement import on_device, to_device
-from library.families.base import PartDtypes, Parts
+from library.families.base import PartDtypes, Parts, stays_on_host
 from library.families.protocol import ModelFamily
 from library.files.weights import without_mmap
 from library.run.block_swap import BlockSwap, BlockSwapConfig, enable_offloaded_checkpointing, swap_problems
@@ -335,11 +335,12 @@ def place_for_training(run: Run) -> None:
         parts.vae.to(device)
     if not cfg.data.cache_text_encoder_outputs:
         for te in parts.text_encoders:
-            te.to(device)
+            if not stays_on_host(te):  # --text_encoder_cpu
+                te.to(device)
     elif cfg.train_text_encoder:  # over a cache: what the family recomputes (FLUX.1: CLIP-L; T5 stays on the host)
         live = cfg.family.partial_text_cache
         for i, te in enumerate(parts.text_encoders):
-            if live is None or i in live:
+            if (live is None or i in live) and not stays_on_host(te):
                 te.to(device)
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..base import PartDtypes, Parts
+from ..base import PartDtypes, Parts, keep_on_host
 from ..encoders import qwen25vl
 from ..loading import finish, instantiate_fitting, read_weights
 from . import keys as K
@@ -167,9 +167,15 @@ def load_hunyuan(name: str, path: str | Path, *, dtype: torch.dtype | PartDtypes
     byt5_path = _require(options.byt5, "--byt5", "byT5-small Glyph, e.g. byt5_small_glyphxl_fp16.safetensors")
     vae_path = _require(vae, "--vae", "the HunyuanImage 2.1 VAE, e.g. hunyuan_image_2.1_vae_fp16.safetensors")
     denoiser = load_dit(path, dtypes.denoiser, device)
-    qwen = load_text_encoder(te_path, dtypes.text_encoders, device)
+    qwen = load_text_encoder(te_path, dtypes.text_encoders, "cpu" if options.fp8_vl else device)
+    if options.fp8_vl:  # cast on the host: the device never holds the bf16 copy
+        qwen25vl.store_in_fp8(qwen, dtypes.text_encoders)
     byt5 = load_byt5(byt5_path, dtypes.text_encoders, device)
     autoencoder = load_vae(vae_path, dtypes.vae, device)
     tokenizers = [qwen25vl.load_tokenizer(te_path if te_path.is_dir() else None), M.load_byt5_tokenizer()]
     parts = Parts(denoiser, autoencoder, [qwen, byt5], tokenizers, dict(M.SCHEDULER), name, str(path), options)
-    return finish(parts, device)
+    parts = finish(parts, device)
+    if options.text_encoder_cpu:  # sd-scripts' --text_encoder_cpu: they compute on the host
+        for te in parts.text_encoders:
+            keep_on_host(te.to("cpu"))
+    return parts

@@ -8,8 +8,10 @@ chunked VAE convolutions: the same values; the diffusers VAE here runs whole), `
 * ``--network_train_unet_only`` is required (sd-scripts' LoRA has no text-encoder adapters; its doc line passes it);
 * ``--fp8_base`` / ``--fp8_base_unet`` without ``--fp8_scaled`` are refused pointing to ``--fp8_scaled`` (sd-scripts
   warns and ignores them); with it they are left to the shared ``--fp8_scaled`` (sd-scripts ignores them then);
-* ``--fp8_scaled`` is the shared flag where the run layer has it (else refused here), ``--fp8_vl`` and
-  ``--text_encoder_cpu`` are refused for now (the text encoders in float8 / on the CPU are not implemented).
+* ``--fp8_scaled`` is the shared flag where the run layer has it (else refused here);
+* ``--fp8_vl``: Qwen2.5-VL's Linear and norm weights in float8 as sd-scripts stores them
+  (``encoders/qwen25vl.store_in_fp8``); ``--text_encoder_cpu``: Qwen2.5-VL and byT5 stay on the CPU and compute
+  there (caching, or every step without a cache), as sd-scripts.
 """
 
 from __future__ import annotations
@@ -36,9 +38,8 @@ SD_ONLY_FLAGS = {
     "--clip_skip": "HunyuanImage 2.1 reads Qwen2.5-VL's hidden_states[-3] (sd-scripts' script does not read it)",
     "--max_token_length": "Qwen2.5-VL takes up to 1024 caption tokens, byT5 128 (sd-scripts' script does not read it)",
 }
-LATER = ("not implemented yet for HunyuanImage 2.1 (scaled float8 DiT weights, a float8 Qwen2.5-VL, the text encoders "
-         "on the CPU); run with bf16 weights and --blocks_to_swap for less GPU memory, and --cache_text_encoder_outputs "
-         "(the text encoders then leave the device before training)")  # fmt: skip
+LATER = ("not implemented for HunyuanImage 2.1 by this script (scaled float8 DiT weights are the shared --fp8_scaled "
+         "of the training scripts)")  # fmt: skip
 VAE_NOTE = ("sd-scripts' chunked VAE convolutions compute the same values as whole ones to save memory; the diffusers "
             "VAE here runs each image whole (same latents and images, more peak memory)")  # fmt: skip
 
@@ -54,6 +55,8 @@ class HunyuanOptions:
     split_attn: bool = False
     text_encoder_batch_size: int | None = None
     qwen_max_length: int = 1024  # caption tokens (sd-scripts' TOKENIZER_MAX_LENGTH); the tiny model uses fewer
+    fp8_vl: bool = False
+    text_encoder_cpu: bool = False
     flow: HunyuanFlowConfig | None = None
 
     @classmethod
@@ -71,9 +74,12 @@ class HunyuanOptions:
                  help="attention: torch / sdpa (the default, PyTorch SDPA); xformers, flash and sageattn are refused")  # fmt: skip
         add_once(g, parser, "--split_attn", action="store_true",
                  help="sd-scripts computes attention sample by sample to save memory; SDPA gives the same values")  # fmt: skip
-        for flag in ("--fp8_scaled", "--fp8_vl", "--text_encoder_cpu"):
-            if flag not in parser._option_string_actions:
-                add_unsupported(g, flag, LATER, action="store_true")
+        if "--fp8_scaled" not in parser._option_string_actions:
+            add_unsupported(g, "--fp8_scaled", LATER, action="store_true")
+        add_once(g, parser, "--fp8_vl", action="store_true",
+                 help="Qwen2.5-VL's Linear and norm weights in float8 (e4m3fn), computed in bf16 / float32")  # fmt: skip
+        add_once(g, parser, "--text_encoder_cpu", action="store_true",
+                 help="Qwen2.5-VL and byT5 stay on the CPU and compute there")  # fmt: skip
         if training:
             add_once(g, parser, "--text_encoder_batch_size", type=int, default=None,
                      help="captions per text-encoder call when caching (default: the training batch size)")  # fmt: skip

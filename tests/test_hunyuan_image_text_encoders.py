@@ -1,0 +1,98 @@
+"""``--fp8_vl`` (the shared ``encoders/qwen25vl.store_in_fp8``, Qwen-Image's too) and ``--text_encoder_cpu`` for
+HunyuanImage 2.1: what is stored in float8 and what is kept, outputs against the bf16 path on a tiny Qwen2.5-VL, and
+the docs' training line with both flags on the simulated device (the text encoders never on it)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from _train_helpers import write_dataset_toml
+from test_hunyuan_image import doc_command
+
+import hunyuan_image_train_network
+from library.families.base import stays_on_host
+from library.families.encoders import qwen25vl
+from library.families.hunyuan_image import HUNYUAN_IMAGE as FAMILY
+from library.families.hunyuan_image import model as M
+from library.families.hunyuan_image.options import HunyuanOptions
+from library.measure.simulated_device import simulated_device
+
+FP8 = torch.float8_e4m3fn
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    return FAMILY.tiny.write_files(FAMILY.tiny.build(seed=0, blocks=4), tmp_path_factory.mktemp("hy_te"), "tiny")
+
+
+@pytest.fixture(scope="module")
+def dataset_toml(dataset, tmp_path_factory):
+    return write_dataset_toml(dataset, tmp_path_factory.mktemp("toml") / "my_hunyuan_dataset_config.toml")
+
+
+def deep_qwen() -> torch.nn.Module:
+    """A 4-layer tiny Qwen2.5-VL (hidden_states[-3] passes through two layers) with weights large enough for float8
+    rounding to matter, in bf16."""
+    torch.manual_seed(0)
+    model = qwen25vl.factory(dict(qwen25vl.TINY_TEXT, num_hidden_layers=4, max_window_layers=4))().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(1 + 0.1 * torch.randn_like(p) if "norm" in name else 0.2 * torch.randn_like(p))
+    return model.to(torch.bfloat16)
+
+
+def encode(model, ids, mask) -> torch.Tensor:
+    with torch.no_grad():
+        states, _ = M.encode_qwen(model, ids, mask)
+    return states[mask[:, M.DROP :].bool()].float()
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).norm() / b.norm()).item()
+
+
+def test_fp8_vl_stores_what_sd_scripts_stores_and_stays_close_to_bf16():
+    """Linear weights and biases and the RMS norm weights in float8, the embedding kept in bf16 (sd-scripts'
+    load_qwen2_5_vl with dtype float8_e4m3fn); hidden_states[-3] equal, up to the norms' float32 products, to the
+    bf16 model whose weights were rounded through float8, and within float8's precision of the bf16 outputs."""
+    bf16 = deep_qwen()
+    fp8 = copy.deepcopy(bf16)
+    assert qwen25vl.store_in_fp8(fp8, torch.bfloat16) == 4 * 9 + 1  # 7 Linears + 2 norms per layer, the final norm
+    dtypes = {k: v.dtype for k, v in fp8.state_dict().items()}
+    assert dtypes.pop("embed_tokens.weight") == torch.bfloat16
+    assert set(dtypes.values()) == {FP8} and any(k.endswith("q_proj.bias") for k in dtypes)
+    assert any(k.endswith("input_layernorm.weight") for k in dtypes) and "norm.weight" in dtypes
+    rounded = copy.deepcopy(bf16)
+    with torch.no_grad():
+        for name, p in rounded.named_parameters():
+            if "embed" not in name:
+                p.copy_(p.to(FP8).to(torch.bfloat16))
+    ids, mask = M.tokenize_qwen(qwen25vl.load_tokenizer(), ["a red fox", 'a sign "open" on a door'], 16)
+    out = encode(fp8, ids, mask)
+    assert rel(out, encode(rounded, ids, mask)) < 0.02
+    assert 0 < rel(out, encode(bf16, ids, mask)) < 0.2
+
+
+def test_load_with_fp8_vl_and_text_encoder_cpu(files):
+    options = HunyuanOptions(text_encoder=str(files["text_encoder"]), byt5=str(files["byt5"]), fp8_vl=True,
+                             text_encoder_cpu=True)  # fmt: skip
+    parts = FAMILY.load(files["dit"], vae=files["vae"], dtype=torch.bfloat16, options=options)
+    qwen, byt5 = parts.text_encoders
+    assert qwen.layers[0].mlp.down_proj.weight.dtype == FP8 and qwen.embed_tokens.weight.dtype == torch.bfloat16
+    assert byt5.encoder.block[0].layer[0].SelfAttention.q.weight.dtype == torch.bfloat16  # byT5 stays as it is
+    assert stays_on_host(qwen) and stays_on_host(byt5) and not stays_on_host(parts.denoiser)
+
+
+def test_text_encoder_cpu_keeps_the_encoders_off_the_device(files, dataset_toml, tmp_path):
+    """The docs' line with --text_encoder_cpu --fp8_vl on the simulated device: nothing is on the device while the
+    captions are encoded (without the flags the encoders are), and the run trains and writes its LoRA. The
+    simulated device runs non-strict here: encoding on the host during a device phase is the point."""
+    tables = {}
+    for name, extra in (("cpu", ["--text_encoder_cpu", "--fp8_vl"]), ("device", [])):
+        with simulated_device(strict=False) as sim:
+            result = hunyuan_image_train_network.run([*doc_command(files, dataset_toml, tmp_path / name), *extra])
+        assert result.failed is None and result.steps == 2 and result.output.is_file()
+        tables[name] = sim.phase_table()
+    assert tables["cpu"]["text caching"] == 0 < tables["device"]["text caching"]
