@@ -1,6 +1,7 @@
 """``--fp8_vl`` (the shared ``encoders/qwen25vl.store_in_fp8``, Qwen-Image's too) and ``--text_encoder_cpu`` for
 HunyuanImage 2.1: what is stored in float8 and what is kept, outputs against the bf16 path on a tiny Qwen2.5-VL, and
-the docs' training line with both flags on the simulated device (the text encoders never on it)."""
+the docs' training line with both flags on the simulated device (the text encoders never on it); and the DiT's
+``--fp8_scaled`` rule."""
 
 from __future__ import annotations
 
@@ -96,3 +97,18 @@ def test_text_encoder_cpu_keeps_the_encoders_off_the_device(files, dataset_toml,
         assert result.failed is None and result.steps == 2 and result.output.is_file()
         tables[name] = sim.phase_table()
     assert tables["cpu"]["text caching"] == 0 < tables["device"]["text caching"]
+
+
+def test_fp8_scaled_stores_the_dit_blocks_as_sd_scripts():
+    """The DiT's float8 rule (``fp8_skip``) is sd-scripts' FP8_OPTIMIZATION_TARGET_KEYS: every Linear of the double
+    and single blocks (the modulations and the single blocks' proj_out, Tencent's linear2, included), nothing
+    outside them (the top-level proj_out is skipped by its whole path, "proj_out$")."""
+    from library.device.fp8 import store_in_fp8
+
+    denoiser = FAMILY.tiny.build(seed=0, blocks=1).denoiser.to(torch.bfloat16)
+    store_in_fp8(denoiser, torch.bfloat16, skip=FAMILY.fp8_skip, scaled=True)
+    linears = {n: m.weight.dtype for n, m in denoiser.named_modules() if isinstance(m, torch.nn.Linear)}
+    inside = {n: d for n, d in linears.items() if n.startswith(("transformer_blocks.", "single_transformer_blocks."))}
+    assert set(inside.values()) == {FP8} and "single_transformer_blocks.0.proj_out" in inside
+    assert "transformer_blocks.0.norm1.linear" in inside and "single_transformer_blocks.0.norm.linear" in inside
+    assert {d for n, d in linears.items() if n not in inside} == {torch.bfloat16} and "proj_out" in linears

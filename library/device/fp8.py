@@ -116,7 +116,8 @@ def store_in_fp8(
     """Store the weights of ``model``'s frozen Linear / Conv2d layers in float8; returns how many were stored.
     ``scaled`` (``--fp8_scaled``): each weight divided by its scale ``max |W| / 448`` first (module docstring).
 
-    Layers whose path contains one of ``skip`` stay as they are (diffusers' rule for UNets: "norm"), as do layers
+    Layers whose path contains one of ``skip`` (an entry ending in "$": whose path is that entry) stay as they are
+    (diffusers' rule for UNets: "norm"), as do layers
     with a trainable weight and layers stored already, and the modules a transformers model keeps in full precision
     (its ``_keep_in_fp32_modules``, matched by the last path component: T5's ``wo``, whose parent casts its input
     to ``wo.weight.dtype`` before calling it). Cast where the model is (on the CPU before the move to the device,
@@ -125,7 +126,7 @@ def store_in_fp8(
     count = 0
     keep = set(getattr(model, "_keep_in_fp32_modules", None) or ())
     for name, module in model.named_modules():
-        if not isinstance(module, STORED) or any(s in name for s in skip) or hasattr(module, "_sdtrain_fp8"):
+        if not isinstance(module, STORED) or any(_skips(s, name) for s in skip) or hasattr(module, "_sdtrain_fp8"):
             continue
         if name.rsplit(".", 1)[-1] in keep:
             continue
@@ -147,6 +148,10 @@ def store_in_fp8(
         module.register_forward_hook(hooks.after, always_call=True)
         count += 1
     return count
+
+
+def _skips(entry: str, name: str) -> bool:
+    return name == entry[:-1] if entry.endswith("$") else entry in name
 
 
 def stored_in_fp8(module: nn.Module) -> bool:

@@ -126,7 +126,9 @@ class HunyuanImageFamily:
     blocks = HUNYUAN_BLOCKS
     denoiser_name = "transformer"
     partial_text_cache = None  # no text-encoder adapters: --network_train_unet_only is required
-    fp8_skip = ("x_embedder", "context_embedder", "time_guidance_embed", "norm", "proj_out")
+    # sd-scripts' fp8 rule (FP8_OPTIMIZATION_TARGET_KEYS): every Linear of the double / single blocks (modulations
+    # and the single blocks' proj_out included), nothing outside them
+    fp8_skip = ("x_embedder", "context_embedder", "time_guidance_embed", "norm_out", "proj_out$")
     target_classes = TARGETS
     options = HunyuanOptions
     full_training = PlainFullTraining()
