@@ -150,3 +150,35 @@ def test_unsupported_inference_flags_are_named(files, tmp_path):
         )
     text = str(e.value)
     assert "--attn_mode flash" in text and "--include_patterns" in text and "multiples of 32" in text
+
+
+def test_lora_live_equals_the_merged_model_it_saves(files, tmp_path):
+    """The docs' --lora_weight / --lora_multiplier: the latents with the LoRA applied equal those of the DiT that
+    --save_merged_model writes (Tencent's layout, read back by --dit), and differ from the base model's."""
+    from _networks_helpers import make_config, perturb
+
+    from networks.inject import inject
+
+    options = HunyuanOptions(text_encoder=str(files["text_encoder"]), byt5=str(files["byt5"]))
+    parts = FAMILY.load(files["dit"], vae=files["vae"], options=options)
+    cfg = make_config(module="networks.lora_hunyuan_image", dim=4, alpha=2.0, flags=("--network_train_unet_only",))
+    network = inject(cfg, FAMILY.adapter_roots(parts), FAMILY.target_classes)
+    with torch.no_grad():
+        perturb(network)
+    lora = tmp_path / "lora.safetensors"
+    network.save(lora, metadata={})
+    short = ("--output_type", "latent", "--infer_steps", "3", "--image_size", "64", "64")
+
+    def latent(folder: str, *extra: str) -> torch.Tensor:
+        (path,) = hunyuan_image_minimal_inference.run(docs_line(files, tmp_path / folder, *short, *extra))
+        return load_state_dict(path)[0]["latent"]
+
+    live = latent("live", "--lora_weight", str(lora), "--lora_multiplier", "1.0")
+    merged_file = tmp_path / "merged.safetensors"
+    assert hunyuan_image_minimal_inference.run(
+        docs_line(files, tmp_path, "--lora_weight", str(lora), "--save_merged_model", str(merged_file))
+    ) == [merged_file]
+    files_merged = dict(files, dit=merged_file)
+    (path,) = hunyuan_image_minimal_inference.run(docs_line(files_merged, tmp_path / "merged", *short))
+    torch.testing.assert_close(load_state_dict(path)[0]["latent"], live, rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(latent("base"), live, atol=1e-3)
