@@ -10,6 +10,7 @@
 # 3. benchmarks/bench_device_memory.py --device cuda: real-size SD1.5 at 512 px and SDXL at 1024 px (random weights,
 #    made on the GPU), LoRA with --fp8_base --cache_latents --cache_text_encoder_outputs --gradient_checkpointing:
 #    torch.cuda.max_memory_allocated per phase (load, caching, step, sampling, save)                  35 s each
+#    (and SDXL once more with --sample_vae_tiling off: the sampling round's whole decode)
 # 4. the same runs, 20 steps, bf16 without the low-VRAM flags and with them: s/step, FLOPs per step, MFU  ~2 min
 #    (each family's pair only while 3 minutes of the 9-minute budget are left)
 # 5. pytest -m "gpu and slow", if time is left (the budget below)
@@ -50,6 +51,9 @@ for family in sd1 sdxl; do
     check "memory_$family" 75 $PY benchmarks/bench_device_memory.py --family "$family" --device cuda \
         --workdir "$OUT/memory_$family"
 done
+# the SDXL sampling round as before the low-memory decode (the run above tiles it: --sample_vae_tiling auto)
+check memory_sdxl_whole_decode 75 $PY benchmarks/bench_device_memory.py --family sdxl --device cuda \
+    --extra "--sample_vae_tiling off" --workdir "$OUT/memory_sdxl_whole_decode"
 for family in sd1 sdxl; do
     if [ "$(left)" -gt 180 ]; then  # both runs fit in what is left
         check "speed_${family}_plain" 90 $PY benchmarks/bench_device_memory.py --family "$family" --device cuda \
@@ -89,7 +93,7 @@ results = {
     "steps": steps, "failures": sum(s["exit"] != 0 for s in steps),
     "pytest_gpu": pytest_counts("pytest_gpu"), "pytest_gpu_slow": pytest_counts("pytest_gpu_slow"),
     "tiny_runs": json_lines("gpu_runs"),
-    "device_memory": [r for n in ("memory_sd1", "memory_sdxl") for r in json_lines(n)],
+    "device_memory": [r for n in ("memory_sd1", "memory_sdxl", "memory_sdxl_whole_decode") for r in json_lines(n)],
     "speed": [r for n in ("speed_sd1_plain", "speed_sd1_low_vram", "speed_sdxl_plain", "speed_sdxl_low_vram")
               for r in json_lines(n)],
 }
