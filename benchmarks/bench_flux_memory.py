@@ -97,7 +97,7 @@ class RealSizeLoader:
         if str(device) != "cpu" or {want.denoiser, want.vae, want.text_encoders} != {got}:
             raise RuntimeError(f"RealSizeLoader: prepared {got} parts on the host, the run asks {want} on {device}")
         return dataclasses.replace(parts, tokenizers=tiny.tokenizers, scheduler_config=tiny.scheduler_config,
-                                   family=tiny.family, extra=tiny.extra)  # fmt: skip
+                                   family=tiny.family, options=tiny.options)  # fmt: skip
 
 
 def lazy_host_copies() -> None:
