@@ -80,6 +80,16 @@ def test_host_short_of_memory_or_swapping_warns_once(tmp_path):
     assert [v.get("memory/host_available_gib") for v in logged] == [20.0, None, 10.0, None]
     (warned,) = [v["memory/warning"] for v in logged if "memory/warning" in v]
     assert "swap in use grew by 2.0 GiB" in warned and "--cache_latents_to_disk" in warned
+    # before the caches are filled: 0.9 of 32 GiB available (under 5 %), then no second warning in the steps
+    readings = iter(
+        [HostMemory(4 * GiB, 32 * GiB, 0), HostMemory(GiB * 9 // 10, 32 * GiB, 0)] + [HostMemory(GiB, 32 * GiB, 0)] * 2
+    )
+    watch = MemoryWatch(cfg, clock=clock, host=lambda: next(readings), given={"cache_text_encoder_outputs": True})
+    assert watch.check_host("before caching") is None
+    warned = watch.check_host("after caching")
+    assert warned.startswith("memory watch (after caching): The host is short of memory (0.9 of 32.0 GiB available)")
+    assert "--cache_text_encoder_outputs_to_disk" in warned and "--cache_latents_to_disk" not in warned
+    assert all("memory/warning" not in v for v in _steps(watch, clock, [1.0] * 3))
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal:       1000 kB\nMemFree:   10 kB\nMemAvailable:    400 kB\nSwapTotal: 50 kB\n"
                        "SwapFree: 20 kB\n")  # fmt: skip

@@ -38,7 +38,8 @@ def train(run: run_setup.Run, trainable: Any, groups: list[dict]) -> Result:
     trainer.resume_if_asked()  # exact: weights, optimizer, scheduler, EMA, RNG, data position, counters
     trainer.sample(at_first=True)
     tracker = LossTracker(window=loader.num_batches(0))
-    watch = memory_watch.for_run(cfg, run.accelerator.device)  # slow steps, a full card, a host short of RAM
+    watch = run.watch or memory_watch.for_run(cfg, run.accelerator.device)  # slow steps, full card, short host
+    watch.restart()
 
     stop = False  # Ctrl-C / SIGTERM on any process
     with Interrupt() as interrupt:

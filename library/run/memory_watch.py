@@ -9,7 +9,8 @@ optimizer step :class:`MemoryWatch` reads
   rounds are slow by design and not counted);
 * on CUDA, the card's free memory and the allocator's reserved bytes (``torch.cuda.mem_get_info``,
   ``memory_reserved``: a driver query, no synchronisation);
-* every ``host_every`` steps, the host's available memory and swap in use (psutil, else ``/proc/meminfo``),
+* every ``host_every`` steps, the host's available memory and swap in use (psutil, else ``/proc/meminfo``); also
+  before and after the caches are filled (``library/run/setup.py``: :meth:`MemoryWatch.check_host`),
 
 and warns **once per cause** (console and, with --logging_dir / --log_with, the trackers: a text entry
 ``memory/warning`` and the scalars ``memory/step_time_s``, ``memory/device_reserved_gib``, ``memory/device_free_gib``,
@@ -226,14 +227,30 @@ class MemoryWatch:
     def _host_text(self) -> str:
         h = self.host
         grown = (h.swap_used - self.first_swap) / GiB if self.first_swap is not None else 0.0
-        return (f"The host is short of memory ({h.available / GiB:.1f} of {h.total / GiB:.1f} GiB available, swap "
-                f"in use grew by {grown:.1f} GiB since training started): it swaps, and steps slow down or the "
-                f"system kills the run.")  # fmt: skip
+        swap = f", swap in use grew by {grown:.1f} GiB since the run started" if grown >= 0.1 else ""
+        return (f"The host is short of memory ({h.available / GiB:.1f} of {h.total / GiB:.1f} GiB available{swap}): "
+                f"it swaps, and steps slow down or the system kills the run.")  # fmt: skip
 
-    def _host_low(self, step: int) -> str | None:
+    def _host_low(self, step: int | str) -> str | None:
         if not self._host_is_short() or not self._once("host"):
             return None
-        return f"memory watch (step {step}): {self._host_text()} {self.host_advice()}"
+        return (
+            f"memory watch ({'step ' if isinstance(step, int) else ''}{step}): {self._host_text()} {self.host_advice()}"
+        )
+
+    def check_host(self, when: str) -> str | None:
+        """Outside the steps (``when``: e.g. "before caching"): read the host and warn if it is short (once, as in
+        the steps); returns the warning."""
+        if self.read_host is None:
+            return None
+        self.host = self.read_host()
+        if self.host is None:
+            return None
+        self.first_swap = self.host.swap_used if self.first_swap is None else self.first_swap
+        message = self._host_low(when)
+        if message:
+            logger.warning(message)
+        return message
 
     # ------------------------------------------------------------------------------------------------ the advice
     def device_advice(self) -> str:
@@ -271,6 +288,9 @@ class Unwatched:
 
     def step_done(self, step: int) -> dict[str, float | str]:
         return {}
+
+    def check_host(self, when: str) -> None:
+        return None
 
 
 def for_run(cfg: Any, device: Any) -> MemoryWatch | Unwatched:
