@@ -69,6 +69,12 @@ def test_a_full_card_warns_once_and_names_the_spill():
     assert len(warned) == 1 and "step 4" in warned[0] and "spills device memory into shared system memory" in warned[0]
     assert "--blocks_to_swap N" in warned[0] and "--fp8_base" not in warned[0]
     assert logged[0]["memory/device_reserved_gib"] == 5.0 and logged[0]["memory/device_free_gib"] == 3.0
+    # steps that slow down as the card fills: one warning that says both
+    readings = iter([DeviceMemory(5 * GiB, 3 * GiB, total)] * 2 + [DeviceMemory(total, 0, total)] * 2)
+    watch = MemoryWatch(WatchConfig(warmup=0, baseline=2, consecutive=1), clock=clock, device=lambda: next(readings),
+                        host=None)  # fmt: skip
+    warned = [v["memory/warning"] for v in _steps(watch, clock, [1.0, 1.0, 20.0, 20.0]) if "memory/warning" in v]
+    assert len(warned) == 1 and "20x slower at step 3" in warned[0] and "The card is at its limit" in warned[0]
 
 
 def test_host_short_of_memory_or_swapping_warns_once(tmp_path):

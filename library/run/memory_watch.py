@@ -190,9 +190,11 @@ class MemoryWatch:
         median = statistics.median(self.normal)
         head = (f"memory watch: steps became {seconds / median:.0f}x slower at step {step} ({seconds:.2f} s/step, "
                 f"{self.slow_in_a_row} steps in a row; {median:.2f} s before).")  # fmt: skip
-        if self._card_is_full():
+        if self._card_is_full():  # the cause is told here: not again apart
+            self._once("device")
             return f"{head} {self._card_text()} {self.device_advice()}"
         if self._host_is_short():
+            self._once("host")
             return f"{head} {self._host_text()} {self.host_advice()}"
         return (f"{head} Likely causes: the GPU driver spilling device memory into shared system memory (Windows' "
                 f"'CUDA - Sysmem Fallback Policy'; 10-100x slower), or the host swapping; or another program using "
