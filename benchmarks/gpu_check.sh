@@ -9,6 +9,7 @@
 #    made on the GPU), LoRA with --fp8_base --cache_latents --cache_text_encoder_outputs --gradient_checkpointing:
 #    per phase (load, caching, step, sampling, save) torch.cuda.max_memory_allocated, max_memory_reserved and the
 #    driver's used memory: what the memory planner's calibration is set from                             35 s each
+#    (and SDXL once more with --sample_vae_tiling off: the sampling round's whole decode)
 # 3. benchmarks/bench_flux_memory.py --device cuda: real-size FLUX.1-dev LoRA at 1024 px, --blocks_to_swap 0 and 16,
 #    the same three numbers per phase                                                                    ~2.5 min
 # 4. with SDS=sd-scripts' source (SDS_SITE: its pinned packages; SDS_TOKCACHE: CLIP tokenizers):
@@ -52,6 +53,9 @@ for family in sd1 sdxl; do
     check "memory_$family" 90 $PY benchmarks/bench_device_memory.py --family "$family" --device cuda \
         --workdir "$OUT/memory_$family"
 done
+# the SDXL sampling round as before the low-memory decode (the run above tiles it: --sample_vae_tiling auto)
+check memory_sdxl_whole_decode 75 $PY benchmarks/bench_device_memory.py --family sdxl --device cuda \
+    --extra "--sample_vae_tiling off" --workdir "$OUT/memory_sdxl_whole_decode"
 # FLUX.1-dev LoRA at real size, 1024 px, batch 1, fp8 + checkpointing + cached outputs: --blocks_to_swap 0 and 16
 if [ "$(left)" -gt 200 ]; then
     check memory_flux 200 $PY benchmarks/bench_flux_memory.py --device cuda --rows 24 12 --batch 1 \
@@ -105,7 +109,8 @@ results = {
     "steps": steps, "failures": sum(s["exit"] != 0 for s in steps),
     "pytest_gpu": pytest_counts("pytest_gpu"), "pytest_gpu_slow": pytest_counts("pytest_gpu_slow"),
     "tiny_runs": json_lines("gpu_runs"),
-    "device_memory": [r for n in ("memory_sd1", "memory_sdxl", "memory_flux") for r in json_lines(n)],
+    "device_memory": [r for n in ("memory_sd1", "memory_sdxl", "memory_sdxl_whole_decode", "memory_flux")
+                      for r in json_lines(n)],
     "pair_sdxl": json_lines("pair_sdxl"),
     "speed": [r for n in ("speed_sd1_plain", "speed_sd1_low_vram", "speed_sdxl_plain", "speed_sdxl_low_vram")
               for r in json_lines(n)],

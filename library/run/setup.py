@@ -26,6 +26,7 @@ from library.device.placement import on_device, to_device
 from library.families.base import PartDtypes, Parts
 from library.families.protocol import ModelFamily
 from library.files.weights import without_mmap
+from library.run import memory_watch
 from library.run.block_swap import BlockSwap, BlockSwapConfig, enable_offloaded_checkpointing, swap_problems
 from library.run.config import TrainConfig, with_native_resolution
 from library.run.runtime import (
@@ -63,6 +64,7 @@ class Run:
     validation_latent_cache: Any = None
     validation_text_cache: Any = None
     block_swap: BlockSwap | None = None  # --blocks_to_swap: the blocks kept on the host (place_for_training)
+    watch: Any = None  # library/run/memory_watch.py: slow steps, a full card, a host short of memory
 
     def make_loader(self, validation: bool = False) -> data.Loader:
         acc = self.accelerator
@@ -96,7 +98,10 @@ def start(cfg: TrainConfig) -> Run:
         sampling.check_sample_prompts(cfg.sample, cfg.family, parts)
     tune_host(cfg, accelerator, parts, plan)
     run = Run(cfg, accelerator, cfg.family, parts, plan, define_step(cfg, parts, accelerator))
+    run.watch = memory_watch.for_run(cfg, accelerator.device)  # the host's memory now, the steps' in the loop
+    run.watch.check_host("before caching")
     fill_caches(run)  # the VAE, then the text encoders, alone on the device
+    run.watch.check_host("after caching")
     place_for_training(run)  # the denoiser and what the step still runs
     if plan.validation is not None:
         run.validation_loader = run.make_loader(validation=True)
