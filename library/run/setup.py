@@ -372,6 +372,21 @@ def module_identity(module: torch.nn.Module, extra: str = "") -> str:
     return h.hexdigest()[:16]
 
 
+def latent_cache_id(family: ModelFamily, vae: torch.nn.Module) -> str:
+    """The VAE's part of every latent cache key: its weights, its dtype and the family (a separate caching step
+    computes the same to write entries training finds)."""
+    return module_identity(vae, f"{family.name}/{next(vae.parameters()).dtype}")
+
+
+def text_cache_id(parts: Parts, clip_skip: int | None, max_token_length: int | None, weighted: bool) -> str:
+    """The text encoders' part of every text cache key: their weights and the settings that change their outputs
+    (--no_token_padding gives the same padded outputs; the family's options add theirs, e.g. a T5 length)."""
+    te_id = "+".join(module_identity(te) for te in parts.text_encoders)
+    te_id += f"/clip_skip={clip_skip}/max_len={max_token_length}"
+    te_id += "/weighted" if weighted else ""
+    return te_id + (parts.options.prompt_identity() if parts.options is not None else "")
+
+
 def fill_caches(run: Run) -> None:
     """``--cache_latents(_to_disk)`` with the VAE alone on the device, then ``--cache_text_encoder_outputs(_to_disk)``
     with the text encoders alone on it; each goes back to where it was after (sd-scripts' order)."""
@@ -391,7 +406,7 @@ def fill_latent_cache(run: Run) -> None:
         with torch.no_grad():
             return family.encode_latents(parts, to_device(pixels, acc.device, vae_dtype), gen).float().cpu()
 
-    vae_id = module_identity(parts.vae, f"{family.name}/{vae_dtype}")
+    vae_id = latent_cache_id(family, parts.vae)
     downscale = getattr(family, "latent_downscale", 8)  # the VAE's spatial factor (a family with another states it)
     with on_device([parts.vae], acc.device):
         run.latent_cache = data.cache_latents(run.plan, encode, vae_id, rank=acc.process_index,
@@ -419,10 +434,7 @@ def fill_text_cache(run: Run, batch_size: int | None = None) -> None:
                                    cfg.data.weighted_captions)  # fmt: skip
         return {k: v.float().cpu() for k, v in text_cache_entry(cond).items()}
 
-    te_id = "+".join(module_identity(te) for te in parts.text_encoders)
-    te_id += f"/clip_skip={cfg.model.clip_skip}/max_len={cfg.model.max_token_length}"
-    te_id += "/weighted" if cfg.data.weighted_captions else ""  # --no_token_padding: the same padded outputs
-    te_id += parts.options.prompt_identity() if parts.options is not None else ""  # e.g. a T5 length and mask
+    te_id = text_cache_id(parts, cfg.model.clip_skip, cfg.model.max_token_length, cfg.data.weighted_captions)
     with on_device(parts.text_encoders, acc.device):
         run.text_cache = data.cache_text_encoder_outputs(run.plan, encode_text, te_id, batch_size=batch_size)
         run.sample_conds = sampling.cache_sample_prompts(cfg.sample, family, parts)  # FLUX: no T5 on the device later

@@ -182,14 +182,25 @@ class QwenImageOptions:
 
 def musubi_argv(argv: Any, network: bool = True) -> list[str]:
     """musubi-tuner's caching behaviour on our flags: it always trains from cached latents and text-encoder outputs
-    (its separate caching scripts), so the run caches both (in memory) unless the command line says otherwise
-    (``--cache_latents*`` / ``--cache_text_encoder_outputs*`` given); and it trains the DiT's adapters only
+    (its separate caching scripts), so the run caches both unless the command line says otherwise
+    (``--cache_latents*`` / ``--cache_text_encoder_outputs*`` given): with musubi-tuner's dataset config on disk, in
+    its ``cache_directory`` (``--cache_dir``, unless given) else next to the images, where
+    qwen_image_cache_latents.py / qwen_image_cache_text_encoder_outputs.py write them, and in memory with
+    sd-scripts' dataset config; and it trains the DiT's adapters only
     (``--network_train_unet_only`` unless a ``--network_train_*`` flag is given)."""
+    from library.cli.parse import peek
+    from library.data import musubi_dataset
+
     args = list(sys.argv[1:] if argv is None else argv)
+    config = peek(args, "dataset_config")
+    on_disk = "_to_disk" if musubi_dataset.read_musubi(config) is not None else ""
+    folder = musubi_dataset.cache_directory(config)
+    if folder is not None and peek(args, "cache_dir") is None:
+        args += ["--cache_dir", folder]
     if not any(a.startswith("--cache_latents") for a in args):
-        args.append("--cache_latents")
+        args.append("--cache_latents" + on_disk)
     if not any(a.startswith("--cache_text_encoder_outputs") for a in args):
-        args.append("--cache_text_encoder_outputs")
+        args.append("--cache_text_encoder_outputs" + on_disk)
     if network and not any(a.startswith(("--network_train_unet_only", "--network_train_text_encoder_only"))
                            for a in args):  # fmt: skip
         args.append("--network_train_unet_only")  # musubi-tuner trains no text-encoder adapters

@@ -1,0 +1,101 @@
+"""musubi-tuner's separate caching steps for Qwen-Image: qwen_image_cache_latents.py and
+qwen_image_cache_text_encoder_outputs.py with musubi-tuner's flags write into the dataset config's cache_directory
+what the training run then reads: it encodes nothing (the VAE and Qwen2.5-VL calls are counted) and its losses equal
+those of a run that caches inside itself. Every flag of the two musubi-tuner scripts is read or refused by name."""
+
+from __future__ import annotations
+
+import pytest
+from _qwen_image_commands import doc_command, musubi_toml
+
+import qwen_image_cache_latents
+import qwen_image_cache_text_encoder_outputs
+import qwen_image_train_network
+from library.cli.problems import ConfigError
+from library.families.qwen_image import QWEN_IMAGE
+
+pytest_plugins = ["_qwen_image_helpers"]
+
+# musubi-tuner's cache_latents.setup_parser_common + hv_setup_parser + add_model_version_args
+LATENT_FLAGS = """--dataset_config --vae --vae_dtype --device --batch_size --num_workers --skip_existing --keep_cache
+--debug_mode --console_width --console_back --console_num_images --disable_cudnn_backend --vae_tiling --vae_chunk_size
+--vae_spatial_tile_sample_min_size --edit --edit_plus --model_version""".split()
+# cache_text_encoder_outputs.setup_parser_common + qwen_image_setup_parser
+TEXT_FLAGS = """--dataset_config --device --batch_size --num_workers --skip_existing --keep_cache --text_encoder --fp8_vl
+--edit --edit_plus --model_version""".split()
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Counts of the VAE encodes and Qwen2.5-VL encodes the family runs."""
+    calls = {"vae": 0, "text": 0}
+    encode_latents, encode_tokens = QWEN_IMAGE.encode_latents, QWEN_IMAGE.encode_tokens
+
+    def latents(*a, **k):
+        calls["vae"] += 1
+        return encode_latents(*a, **k)
+
+    def tokens(*a, **k):
+        calls["text"] += 1
+        return encode_tokens(*a, **k)
+
+    monkeypatch.setattr(QWEN_IMAGE, "encode_latents", latents)
+    monkeypatch.setattr(QWEN_IMAGE, "encode_tokens", tokens)
+    return calls
+
+
+def test_cached_then_trained_encodes_nothing_and_matches(qwen_files, dataset, tmp_path, counted):
+    """The documented workflow: cache latents, cache text, train. The training run encodes nothing and its losses
+    equal those of the same run caching inside itself (another cache_directory, empty)."""
+    (tmp_path / "a").mkdir()
+    toml = musubi_toml(dataset, tmp_path / "a" / "dataset.toml")
+    assert qwen_image_cache_latents.main(["--dataset_config", str(toml), "--vae", qwen_files["vae"],
+                                          "--skip_existing", "--num_workers", "2"]) == 0  # fmt: skip
+    assert qwen_image_cache_text_encoder_outputs.main(["--dataset_config", str(toml), "--text_encoder",
+                                                       qwen_files["text_encoder"], "--batch_size", "16"]) == 0  # fmt: skip
+    assert counted["vae"] == 4 and counted["text"] == 1  # four images, one at a time; four captions in one call
+    entries = sorted((tmp_path / "a" / "cache").rglob("*.safetensors"))
+    assert len(entries) == 8
+    counted.update(vae=0, text=0)
+    cached = qwen_image_train_network.run(doc_command(qwen_files, toml, tmp_path / "out_a"))
+    assert counted == {"vae": 0, "text": 0}
+    assert sorted((tmp_path / "a" / "cache").rglob("*.safetensors")) == entries  # nothing new written
+
+    (tmp_path / "b").mkdir()
+    toml_b = musubi_toml(dataset, tmp_path / "b" / "dataset.toml")
+    inside = qwen_image_train_network.run(doc_command(qwen_files, toml_b, tmp_path / "out_b"))
+    assert counted["vae"] == 4 and counted["text"] >= 1  # cached inside the run
+    assert len(cached.losses) == len(inside.losses) == 2
+    assert cached.losses == inside.losses
+
+
+def test_every_musubi_caching_flag_is_read_or_refused():
+    """Each flag of musubi-tuner's two Qwen-Image caching scripts parses; the refused ones say so by name."""
+    for module, flags in (
+        (qwen_image_cache_latents, LATENT_FLAGS),
+        (qwen_image_cache_text_encoder_outputs, TEXT_FLAGS),
+    ):
+        parser = module.build_parser()
+        assert [f for f in flags if f not in parser._option_string_actions] == []
+
+
+@pytest.mark.parametrize(
+    ("script", "extra", "message"),
+    [
+        ("latents", ["--vae_dtype", "float16"], "--vae_dtype is not supported yet"),
+        ("latents", ["--debug_mode", "image"], "--debug_mode is not supported yet"),
+        ("latents", ["--model_version", "edit-2511"], "--model_version edit-2511 is not supported yet"),
+        ("latents", ["--vae", "missing.safetensors"], "--vae missing.safetensors: no such file"),
+        ("text", ["--fp8_vl"], "--fp8_vl is not supported yet"),
+        ("text", ["--model_version", "nope"], "--model_version nope: unknown"),
+    ],
+)
+def test_caching_refusals(qwen_files, dataset, tmp_path, script, extra, message, capsys):
+    toml = musubi_toml(dataset, tmp_path / "dataset.toml")
+    if script == "latents":
+        module, model = qwen_image_cache_latents, ["--vae", qwen_files["vae"]]
+    else:
+        module, model = qwen_image_cache_text_encoder_outputs, ["--text_encoder", qwen_files["text_encoder"]]
+    with pytest.raises((ConfigError, FileNotFoundError), match=message):
+        module.run(["--dataset_config", str(toml), *model, *extra])
+    assert not (tmp_path / "cache").exists()
