@@ -44,8 +44,10 @@ def run(argv: Sequence[str] | None = None):
     plan = cache_steps.dataset_plan(args.dataset_config, QWEN_IMAGE,
                                     cache_dir=musubi_dataset.cache_directory(args.dataset_config))  # fmt: skip
     encoder = qwen25vl.load(path, torch.bfloat16, "cpu", where="--text_encoder")
+    if args.fp8_vl:
+        qwen25vl.store_fp8(encoder, torch.bfloat16)
     tokenizer = qwen25vl.load_tokenizer(path if path.is_dir() else None)
-    options = QwenImageOptions(text_encoder=str(path), model_version=flags.model_version)
+    options = QwenImageOptions(text_encoder=str(path), model_version=flags.model_version, fp8_vl=args.fp8_vl)
     parts = Parts(None, None, [encoder], [tokenizer], {}, QWEN_IMAGE.name, options=options)
     cache = cache_steps.write_text(plan, QWEN_IMAGE, parts, flags.device, flags.batch_size)
     print(f"text-encoder cache: {len(cache.keys)} captions in {cache_steps.where(plan)}")

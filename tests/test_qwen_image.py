@@ -165,7 +165,6 @@ def test_loss_falls(qwen_files, dataset, tmp_path):
 @pytest.mark.parametrize(
     ("extra", "toml_extra", "message"),
     [
-        (["--fp8_vl"], "", "--fp8_vl is not supported yet"),
         (["--model_version", "edit-2509"], "", "--model_version edit-2509 is not supported yet"),
         ([], 'control_directory = "x"\n', "datasets\\[0\\]: control_directory: the edit models' control images"),
         ([], "frame_stride = 2\n", "frame_stride: video datasets are not supported"),
@@ -217,6 +216,8 @@ def test_generate_image_script(qwen_files, tmp_path):
     (b,) = qwen_image_generate_image.run([*base, "--save_path", str(tmp_path / "b"), "--flow_shift", "5.0"])
     pa, pb = np.asarray(Image.open(a)), np.asarray(Image.open(b))
     assert pa.shape == (32, 32, 3) and not np.array_equal(pa, pb)
+    (d,) = qwen_image_generate_image.run([*base, "--save_path", str(tmp_path / "d"), "--fp8_vl"])  # float8 Qwen2.5-VL
+    assert np.asarray(Image.open(d)).shape == (32, 32, 3)
     with pytest.raises(ConfigError, match="--control_image_path: the edit models are not supported yet"):
         qwen_image_generate_image.run([*base, "--save_path", str(tmp_path / "c"), "--control_image_path", "x.png"])
 

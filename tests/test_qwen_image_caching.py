@@ -86,7 +86,7 @@ def test_every_musubi_caching_flag_is_read_or_refused():
         ("latents", ["--debug_mode", "image"], "--debug_mode is not supported yet"),
         ("latents", ["--model_version", "edit-2511"], "--model_version edit-2511 is not supported yet"),
         ("latents", ["--vae", "missing.safetensors"], "--vae missing.safetensors: no such file"),
-        ("text", ["--fp8_vl"], "--fp8_vl is not supported yet"),
+        ("text", ["--device", "nowhere"], "--device nowhere"),
         ("text", ["--model_version", "nope"], "--model_version nope: unknown"),
     ],
 )
@@ -96,6 +96,48 @@ def test_caching_refusals(qwen_files, dataset, tmp_path, script, extra, message,
         module, model = qwen_image_cache_latents, ["--vae", qwen_files["vae"]]
     else:
         module, model = qwen_image_cache_text_encoder_outputs, ["--text_encoder", qwen_files["text_encoder"]]
-    with pytest.raises((ConfigError, FileNotFoundError), match=message):
+    with pytest.raises((ConfigError, FileNotFoundError), match=message):  # before anything is encoded
         module.run(["--dataset_config", str(toml), *model, *extra])
     assert not (tmp_path / "cache").exists()
+
+
+def test_fp8_vl_caches_and_trains_with_musubis_fp8_row(qwen_files, dataset, tmp_path, counted):
+    """--fp8_vl on both sides (the caching script and musubi-tuner's --fp8_base --fp8_scaled training row): the run
+    finds every text entry (Qwen2.5-VL is not put in float8 by --fp8_base: musubi-tuner's --fp8_base is the DiT's)
+    and encodes nothing; without --fp8_vl the keys differ and the run encodes."""
+    toml = musubi_toml(dataset, tmp_path / "dataset.toml")
+    assert qwen_image_cache_latents.main(["--dataset_config", str(toml), "--vae", qwen_files["vae"]]) == 0
+    text = ["--dataset_config", str(toml), "--text_encoder", qwen_files["text_encoder"], "--fp8_vl"]
+    assert qwen_image_cache_text_encoder_outputs.main(text) == 0
+    counted.update(vae=0, text=0)
+    row = ["--fp8_base", "--fp8_scaled", "--fp8_vl"]
+    qwen_image_train_network.run(doc_command(qwen_files, toml, tmp_path / "out", *row))
+    assert counted == {"vae": 0, "text": 0}
+    qwen_image_train_network.run(doc_command(qwen_files, toml, tmp_path / "out2", "--fp8_base", "--fp8_scaled"))
+    assert counted["vae"] == 0 and counted["text"] > 0  # bfloat16 Qwen2.5-VL: its own entries
+
+
+def test_fp8_vl_is_a_plain_float8_cast(qwen_files):
+    """qwen25vl.store_fp8 (musubi-tuner's --fp8_vl): every Linear of the language model holds float8_e4m3fn, and the
+    outputs equal the bfloat16 encoder's whose Linear weights were cast to float8 and back by hand."""
+    import copy
+
+    import torch
+
+    from library.families.encoders import qwen25vl
+
+    parts = qwen_files["parts"]
+    base = copy.deepcopy(parts.text_encoders[0]).to(torch.bfloat16)
+    by_hand, stored = copy.deepcopy(base), copy.deepcopy(base)
+    linears = [m for m in by_hand.modules() if isinstance(m, torch.nn.Linear)]
+    for m in linears:
+        m.weight.data = m.weight.data.to(torch.float8_e4m3fn).to(torch.bfloat16)
+    assert qwen25vl.store_fp8(stored, torch.bfloat16) == len(linears) > 0
+    assert all(m.weight.dtype == torch.float8_e4m3fn for m in stored.modules() if isinstance(m, torch.nn.Linear))
+    tok = parts.tokenizers[0]
+    with torch.no_grad():
+        want, _ = qwen25vl.encode(by_hand, tok, ["a red cube on a table"])
+        got, _ = qwen25vl.encode(stored, tok, ["a red cube on a table"])
+        plain, _ = qwen25vl.encode(base, tok, ["a red cube on a table"])
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    assert (got - plain).abs().max() > 0  # float8 rounding shows

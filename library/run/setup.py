@@ -284,7 +284,8 @@ def store_frozen_in_fp8(cfg: TrainConfig, parts: Parts) -> list[str]:
     else:
         store_in_fp8(parts.denoiser, run.weight_dtype, skip=cfg.family.fp8_skip, scaled=run.fp8_scaled)
         stored.append(name)
-    if run.fp8_base and not run.fp8_base_unet:
+    # a family whose trainer reads --fp8_base for its denoiser only (musubi-tuner's) says so
+    if run.fp8_base and not run.fp8_base_unet and getattr(cfg.family, "fp8_base_text_encoders", True):
         if "text_encoders" in trained:
             logger.warning("--fp8_base: this script trains the text encoders, which stay in %s",
                            str(run.train_dtype).replace("torch.", ""))  # fmt: skip

@@ -10,7 +10,8 @@ default the dataset's batch size), ``--disable_cudnn_backend``, ``--model_versio
 ``--num_workers`` (images are read in this process), ``--skip_existing`` (an entry is never encoded twice: its key is
 its content), ``--keep_cache`` (entries of images no longer in the dataset are never deleted here), the debug
 console's settings, and the VAE tiling flags (musubi-tuner's Qwen-Image script parses them and reads none).
-Refused: ``--debug_mode`` and ``--vae_dtype`` (musubi-tuner refuses it for Qwen-Image too: the VAE runs in bfloat16).
+``--fp8_vl``: Qwen2.5-VL in float8 (as training's ``--fp8_vl``; a training run without it computes other keys and
+encodes again). Refused: ``--debug_mode`` and ``--vae_dtype`` (musubi-tuner refuses it for Qwen-Image too: the VAE runs in bfloat16).
 """
 
 from __future__ import annotations
@@ -65,8 +66,9 @@ def text_parser(description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     g = _common(parser)
     g.add_argument("--text_encoder", type=str, required=True, help="Qwen2.5-VL-7B (one file, split file or folder)")
-    add_unsupported(g, "--fp8_vl", "float8 Qwen2.5-VL is not done for Qwen-Image; it runs in bfloat16",
-                    action="store_true")  # fmt: skip
+    g.add_argument("--fp8_vl", action="store_true",
+                   help="Qwen2.5-VL's Linear weights in float8, computed in bfloat16 (give it to training too: the "
+                   "cache keys include the encoder's storage)")  # fmt: skip
     return parser
 
 
