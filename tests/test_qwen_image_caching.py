@@ -141,3 +141,25 @@ def test_fp8_vl_is_a_plain_float8_cast(qwen_files):
         plain, _ = qwen25vl.encode(base, tok, ["a red cube on a table"])
     torch.testing.assert_close(got, want, atol=0, rtol=0)
     assert (got - plain).abs().max() > 0  # float8 rounding shows
+
+
+def test_a_run_after_the_caching_steps_moves_no_encoder_to_the_device(qwen_files, dataset, tmp_path):
+    """On the simulated device: after the caching scripts, the training run's caching phases hold no device memory
+    (every entry is found, so neither the VAE nor Qwen2.5-VL is moved there); a run that caches inside itself
+    holds them there while it encodes."""
+    from library.measure.simulated_device import simulated_device
+
+    (tmp_path / "a").mkdir()
+    toml = musubi_toml(dataset, tmp_path / "a" / "dataset.toml")
+    assert qwen_image_cache_latents.main(["--dataset_config", str(toml), "--vae", qwen_files["vae"]]) == 0
+    text = ["--dataset_config", str(toml), "--text_encoder", qwen_files["text_encoder"]]
+    assert qwen_image_cache_text_encoder_outputs.main(text) == 0
+    with simulated_device() as cached:
+        qwen_image_train_network.run(doc_command(qwen_files, toml, tmp_path / "out_a", "--optimizer_type", "AdamW"))
+    (tmp_path / "b").mkdir()
+    toml_b = musubi_toml(dataset, tmp_path / "b" / "dataset.toml")
+    with simulated_device() as inside:
+        qwen_image_train_network.run(doc_command(qwen_files, toml_b, tmp_path / "out_b", "--optimizer_type", "AdamW"))
+    phases = ("latent caching", "text caching")
+    assert [cached.phase_table()[p] for p in phases] == [0, 0]
+    assert all(inside.phase_table()[p] > 0 for p in phases)

@@ -22,7 +22,7 @@ from library.cli.console import console_logging
 from library.cli.problems import ConfigError, problems_of
 from library.device.fp8 import store_in_fp8
 from library.device.host import choose_cpu_threads, return_freed_memory, reuse_heap_for_small_models
-from library.device.placement import on_device, to_device
+from library.device.placement import on_device_when_used, to_device
 from library.families.base import PartDtypes, Parts
 from library.families.protocol import ModelFamily
 from library.files.weights import without_mmap
@@ -398,18 +398,20 @@ def fill_caches(run: Run) -> None:
 
 
 def fill_latent_cache(run: Run) -> None:
-    """Every image's latents (and the held-out images'), encoded with the VAE on the device."""
+    """Every image's latents (and the held-out images'), encoded with the VAE on the device (moved there only when
+    an entry is missing)."""
     cfg, acc, parts, family = run.cfg, run.accelerator, run.parts, run.family
     gen = torch.Generator().manual_seed(cfg.run.seed)
     vae_dtype = next(parts.vae.parameters()).dtype
-
-    def encode(pixels: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad():
-            return family.encode_latents(parts, to_device(pixels, acc.device, vae_dtype), gen).float().cpu()
-
     vae_id = latent_cache_id(family, parts.vae)
     downscale = getattr(family, "latent_downscale", 8)  # the VAE's spatial factor (a family with another states it)
-    with on_device([parts.vae], acc.device):
+    with on_device_when_used([parts.vae], acc.device) as use:
+
+        def encode(pixels: torch.Tensor) -> torch.Tensor:
+            use()
+            with torch.no_grad():
+                return family.encode_latents(parts, to_device(pixels, acc.device, vae_dtype), gen).float().cpu()
+
         run.latent_cache = data.cache_latents(run.plan, encode, vae_id, rank=acc.process_index,
                                               world_size=acc.num_processes, downscale=downscale)  # fmt: skip
         if run.plan.validation is not None:
@@ -425,19 +427,23 @@ def fill_latent_cache(run: Run) -> None:
 
 
 def fill_text_cache(run: Run, batch_size: int | None = None) -> None:
-    """Every caption's text-encoder outputs (and the held-out images'), with the encoders on the device;
-    ``batch_size`` captions per call (default: the first dataset's batch size)."""
+    """Every caption's text-encoder outputs (and the held-out images'), with the encoders on the device (moved there
+    only when an entry is missing or sample prompts are encoded); ``batch_size`` captions per call (default: the
+    first dataset's batch size)."""
     cfg, acc, parts, family = run.cfg, run.accelerator, run.parts, run.family
-
-    def encode_text(captions: list[str]) -> dict[str, torch.Tensor]:
-        with torch.no_grad():
-            cond = encode_captions(family, parts, captions, cfg.model.clip_skip, cfg.model.max_token_length,
-                                   cfg.data.weighted_captions)  # fmt: skip
-        return {k: v.float().cpu() for k, v in text_cache_entry(cond).items()}
-
     te_id = text_cache_id(parts, cfg.model.clip_skip, cfg.model.max_token_length, cfg.data.weighted_captions)
-    with on_device(parts.text_encoders, acc.device):
+    with on_device_when_used(parts.text_encoders, acc.device) as use:
+
+        def encode_text(captions: list[str]) -> dict[str, torch.Tensor]:
+            use()
+            with torch.no_grad():
+                cond = encode_captions(family, parts, captions, cfg.model.clip_skip, cfg.model.max_token_length,
+                                       cfg.data.weighted_captions)  # fmt: skip
+            return {k: v.float().cpu() for k, v in text_cache_entry(cond).items()}
+
         run.text_cache = data.cache_text_encoder_outputs(run.plan, encode_text, te_id, batch_size=batch_size)
+        if cfg.sample.enabled:
+            use()
         run.sample_conds = sampling.cache_sample_prompts(cfg.sample, family, parts)  # FLUX: no T5 on the device later
         if run.plan.validation is not None:
             run.validation_text_cache = data.cache_text_encoder_outputs(run.plan.validation, encode_text, te_id,
