@@ -10,7 +10,6 @@ run with the same dataset config, encoder files and dtypes finds every entry and
 from __future__ import annotations
 
 import argparse
-import logging
 from typing import Any
 
 import torch
@@ -23,8 +22,6 @@ from library.families.protocol import ModelFamily
 from library.run.config import with_native_resolution
 from library.run.setup import latent_cache_id, text_cache_id
 from library.run.train_step import encode_captions, text_cache_entry
-
-logger = logging.getLogger(__name__)
 
 
 def dataset_plan(dataset_config: str, family: ModelFamily, *, cache_dir: str | None,
