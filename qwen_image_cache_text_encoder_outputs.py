@@ -1,37 +1,61 @@
-"""musubi-tuner's qwen_image_cache_text_encoder_outputs.py, named so that its documented workflow (cache, then train) runs
-refuses with a message that says what to do instead (exit status 2): musubi-tuner's separate caching step is not
-done yet. qwen_image_train_network.py / qwen_image_train.py encode the latents and Qwen2.5-VL's outputs inside the
-run (before training, the encoders then freed), so the step can be skipped; musubi-tuner's cache files are neither
-written nor read here.
+"""musubi-tuner's qwen_image_cache_text_encoder_outputs.py: encode every caption of a dataset config with
+Qwen2.5-VL before training, with musubi-tuner's command line.
 
-For a cache on disk that later runs reuse, add ``--cache_latents_to_disk`` /
-``--cache_text_encoder_outputs_to_disk`` (and ``--cache_dir``) to the training command line, or run
-tools/cache_latents.py / tools/cache_text_encoder_outputs.py with the training command line.
+    python qwen_image_cache_text_encoder_outputs.py --dataset_config dataset.toml \
+        --text_encoder qwen_2.5_vl_7b.safetensors --batch_size 16
+
+Every caption a sample can take is encoded (Qwen-Image's template, the 34 template tokens dropped: the training
+scripts' encoding) and written into the dataset config's ``cache_directory`` (else next to the images) under the
+content key a training run computes, so qwen_image_train_network.py / qwen_image_train.py with the same dataset config
+(and ``--mixed_precision bf16``: Qwen2.5-VL runs in bfloat16 here) find every entry and run no text encoder. The
+entries are ours, not musubi-tuner's ``*_qi_te.safetensors`` files, which are neither written nor read. The flags:
+library/families/qwen_image/cache_flags.py.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+
+import torch
 
 from library.cli.main_guard import main_guard
-from library.cli.problems import ConfigError
+from library.cli.parse import parse_args
+from library.data import musubi_dataset
+from library.families.base import Parts
+from library.families.encoders import qwen25vl
+from library.families.qwen_image import QWEN_IMAGE, cache_flags
+from library.families.qwen_image.options import QwenImageOptions
+from library.run import cache_steps
 
-WHY = ("qwen_image_cache_text_encoder_outputs.py is not supported yet (musubi-tuner's separate caching step); skip it: "
-       "qwen_image_train_network.py / qwen_image_train.py cache the latents and Qwen2.5-VL outputs inside the run "
-       "(add --cache_latents_to_disk / --cache_text_encoder_outputs_to_disk to keep them on disk)")  # fmt: skip
+
+def build_parser():
+    return cache_flags.text_parser(__doc__)
 
 
-def run(argv: Sequence[str] | None = None) -> None:
-    """``--help`` prints the docstring; anything else is refused with :data:`WHY`."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.parse_known_args(argv)
-    raise ConfigError([WHY])
+def run(argv: Sequence[str] | None = None):
+    """Fill the text-encoder cache; returns it (its store and keys) for inspection."""
+    args = parse_args(build_parser(), argv)
+    flags = cache_flags.read_common(args, "--text_encoder")
+    path = Path(args.text_encoder)
+    if not path.exists():
+        raise FileNotFoundError(f"--text_encoder {path}: no such file or folder (Qwen2.5-VL-7B)")
+    plan = cache_steps.dataset_plan(args.dataset_config, QWEN_IMAGE,
+                                    cache_dir=musubi_dataset.cache_directory(args.dataset_config))  # fmt: skip
+    encoder = qwen25vl.load(path, torch.bfloat16, "cpu", where="--text_encoder")
+    if args.fp8_vl:
+        qwen25vl.store_fp8(encoder, torch.bfloat16)
+    tokenizer = qwen25vl.load_tokenizer(path if path.is_dir() else None)
+    options = QwenImageOptions(text_encoder=str(path), model_version=flags.model_version, fp8_vl=args.fp8_vl)
+    parts = Parts(None, None, [encoder], [tokenizer], {}, QWEN_IMAGE.name, options=options)
+    cache = cache_steps.write_text(plan, QWEN_IMAGE, parts, flags.device, flags.batch_size)
+    print(f"text-encoder cache: {len(cache.keys)} captions in {cache_steps.where(plan)}")
+    return cache
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The command line: exit status 2 and one ``error:`` line."""
+    """The command line: exit status 2 and one ``error:`` line for bad input."""
     return main_guard(lambda: run(argv))
 
 

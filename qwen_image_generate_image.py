@@ -10,10 +10,10 @@ Read with musubi-tuner's meanings: ``--dit --vae --text_encoder``, ``--model_ver
 ``--prompt --negative_prompt --image_size H W --infer_steps`` (default 25) ``--guidance_scale`` (true CFG, default 4.0)
 ``--flow_shift`` (a static shift; default: Qwen-Image's dynamic shift, μ from (256, 0.5) to (8192, 0.9)) ``--seed
 --save_path`` (a folder), ``--from_file``, ``--interactive``, ``--device``, ``--attn_mode torch|sdpa``,
-``--blocks_to_swap`` (read as ``--offload``: each part on the device only while it runs). The Euler sampler does not
+``--blocks_to_swap`` (read as ``--offload``: each part on the device only while it runs), ``--fp8_vl`` (Qwen2.5-VL in float8). The Euler sampler does not
 stretch the schedule to the scheduler's ``shift_terminal`` 0.02 (diffusers / musubi-tuner do): images differ
 slightly at the same seed. Refused with the reason: the edit / layered options (``--control_image_path`` ...),
-``--fp8 --fp8_scaled --fp8_fast --fp8_vl``, ``--text_encoder_cpu``, ``--include_patterns --exclude_patterns``,
+``--fp8 --fp8_scaled --fp8_fast``, ``--text_encoder_cpu``, ``--include_patterns --exclude_patterns``,
 ``--output_type`` other than images, ``--latent_path``, ``--save_merged_model``, ``--no_metadata``,
 ``--sample_solver`` other than euler, ``--num_layers``, ``--vae_enable_tiling``, the RCM / mask options.
 """
@@ -41,7 +41,6 @@ REFUSED_SWITCHES = {
     "fp8": "float8 storage is training's --fp8_base; inference runs in the weights' precision",
     "fp8_scaled": "scaled float8 weights are not supported yet",
     "fp8_fast": "scaled float8 weights are not supported yet",
-    "fp8_vl": "float8 Qwen2.5-VL is not supported yet",
     "text_encoder_cpu": "use --offload (each part on the device only while it runs)",
     "no_metadata": "the PNG info (prompt and settings) is always written",
     "vae_enable_tiling": "tiled VAE decoding is not done here",

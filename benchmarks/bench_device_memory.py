@@ -170,6 +170,7 @@ def main() -> None:
     names = trained_together(args.family)
     speed = speed_probe() if args.device == "cuda" and args.steps > 2 else None
     start = time.time()
+    measured: dict[str, dict[str, int]] = {}
     if args.device == "meta":
         from library.measure.simulated_device import simulated_device
 
@@ -180,7 +181,7 @@ def main() -> None:
     else:
         from library.measure.phases import cuda_phase_peaks, instrumented
 
-        with instrumented(cuda_phase_peaks()) as peaks:
+        with instrumented(cuda_phase_peaks(measured)) as peaks:
             result = train_network.run(argv, family_names=names)
         table = peaks.table()
     out = {"family": args.family, "resolution": resolution, "device": args.device, "repo": str(repo),
@@ -188,6 +189,9 @@ def main() -> None:
            "peak_mib": table, "highest_mib": max(table.values()), "wall_s": round(time.time() - start, 1)}  # fmt: skip
     if args.device == "cuda":
         out["gpu"] = torch.cuda.get_device_name()
+        # what the card held: the allocator's reserved peak, and the driver's used memory (context included)
+        out["reserved_mib"] = {k: round(v["reserved"] / 2**20, 1) for k, v in measured.items()}
+        out["device_used_mib"] = {k: round(v["device_used"] / 2**20, 1) for k, v in measured.items()}
     if speed is not None:  # step 2 ran under FlopCounterMode, which keeps tensors a plain step frees (SDXL 1024 with
         # fp8 + checkpointing: 9.7 GB on an H200 and on the simulated device, 3.3 GB without the counter)
         out["peak_mib"].pop("step", None)

@@ -59,24 +59,50 @@ class RealSizeLoader:
     made by :meth:`prepare` before the run starts, outside the simulated device: their meta skeletons (62 GiB in
     float32 while they are built) are no device memory of the run's load phase."""
 
-    def __init__(self, family) -> None:
-        self.family, self.tiny_load, self.parts = family, family.load, None
+    def __init__(self, family, device: str = "meta") -> None:
+        self.family, self.tiny_load, self.parts, self.device = family, family.load, None, device
 
-    def prepare(self, dtype) -> None:
+    def prepare(self, dtype, fp8: bool = True) -> None:
         from accelerate import init_empty_weights
 
         from library.device.fp8 import store_in_fp8
         from library.families.base import Parts
-        from library.families.flux.configs import ae_factory, released
+        from library.families.flux.configs import ae_factory, clip_l_factory, released, t5_factory, transformer_factory
 
+        configs = released(self.family.name)
+        if self.device == "cuda":  # random weights made on the GPU (fast; buffers initialised), cast there, then host
+            import torch
+
+            def made(factory, fp8_skip=None):
+                previous = torch.get_default_dtype()
+                torch.set_default_dtype(dtype)
+                try:
+                    with torch.device("cuda"):
+                        module = factory().requires_grad_(False)
+                finally:
+                    torch.set_default_dtype(previous)
+                if fp8 and fp8_skip is not None:
+                    store_in_fp8(module, dtype, skip=fp8_skip)
+                module = module.to("cpu").eval()
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
+                return module
+
+            factories = ([] if self.family.chroma else [clip_l_factory]) + [t5_factory]
+            denoiser = made(transformer_factory(configs["transformer"]), self.family.fp8_skip)
+            encoders = [made(f(c), ("norm",)) for f, c in zip(factories, configs["text_encoders"])]
+            vae = made(ae_factory(configs["vae"]))
+            torch.cuda.reset_peak_memory_stats()  # making the weights is not part of the run's load
+            self.parts = Parts(denoiser, vae, encoders, [], {}, "", f"real-size {self.family.name}")
+            return
         reference = self.family.reference_parts()
         with init_empty_weights():
-            vae = ae_factory(released(self.family.name)["vae"])()
+            vae = ae_factory(configs["vae"])()
 
         def empty(module, fp8_skip=None):
             module = module.to(dtype).requires_grad_(False)
-            if fp8_skip is not None:  # --fp8_base's cast, done on meta (the run's cast on the host skips stored layers)
-                store_in_fp8(module, dtype, skip=fp8_skip)
+            if fp8 and fp8_skip is not None:  # --fp8_base's cast, done on meta (the run's cast on the host skips
+                store_in_fp8(module, dtype, skip=fp8_skip)  # stored layers)
             return module.to_empty(device="cpu").eval()
 
         denoiser = empty(reference.denoiser, self.family.fp8_skip)
@@ -97,7 +123,7 @@ class RealSizeLoader:
         if str(device) != "cpu" or {want.denoiser, want.vae, want.text_encoders} != {got}:
             raise RuntimeError(f"RealSizeLoader: prepared {got} parts on the host, the run asks {want} on {device}")
         return dataclasses.replace(parts, tokenizers=tiny.tokenizers, scheduler_config=tiny.scheduler_config,
-                                   family=tiny.family, extra=tiny.extra)  # fmt: skip
+                                   family=tiny.family, options=tiny.options)  # fmt: skip
 
 
 def lazy_host_copies() -> None:
@@ -188,17 +214,30 @@ def measure(card: int, swap: int, batch: int, args: argparse.Namespace, work: Pa
     if not args.no_sample:
         argv += ["--sample_prompts", str(work / "prompts.txt"), "--sample_every_n_steps", "1"]
     start = time.time()
-    if isinstance(FLUX_DEV.load, RealSizeLoader):
-        import torch
+    import torch
 
-        FLUX_DEV.load.prepare(torch.bfloat16)  # --mixed_precision bf16: every frozen part in bf16
-    with simulated_device() as sim:
-        run(argv)
-    table = {k: round(v / 1024, 2) for k, v in sim.phase_table().items()}  # MiB -> GiB
+    if isinstance(FLUX_DEV.load, RealSizeLoader):
+        FLUX_DEV.load.prepare(torch.bfloat16, fp8="--fp8_base" in argv)  # --mixed_precision bf16: frozen parts bf16
+    measured = {}
+    if args.device == "cuda":
+        from library.measure.phases import cuda_phase_peaks, instrumented
+
+        with instrumented(cuda_phase_peaks(measured)) as peaks:
+            run(argv)
+        table = {k: round(v / 1024, 2) for k, v in peaks.table().items()}
+    else:
+        with simulated_device() as sim:
+            run(argv)
+        table = {k: round(v / 1024, 2) for k, v in sim.phase_table().items()}  # MiB -> GiB
     highest = max(table.values())
-    return {"card_gib": card, "blocks_to_swap": swap, "batch": batch, "peak_gib": table, "highest_gib": highest,
-            "fits": highest + CONTEXT_GIB <= card, "wall_s": round(time.time() - start, 1), "extra": args.extra,
-            "model": "tiny" if args.tiny else "real-size " + FLUX_DEV.name}  # fmt: skip
+    row = {"card_gib": card, "blocks_to_swap": swap, "batch": batch, "peak_gib": table, "highest_gib": highest,
+           "fits": highest + CONTEXT_GIB <= card, "wall_s": round(time.time() - start, 1), "extra": args.extra,
+           "model": "tiny" if args.tiny else "real-size " + FLUX_DEV.name, "device": args.device}  # fmt: skip
+    if measured:  # what the card held: the allocator's reserved peak and the driver's used memory, per phase
+        row["reserved_gib"] = {k: round(v["reserved"] / 2**30, 2) for k, v in measured.items()}
+        row["device_used_gib"] = {k: round(v["device_used"] / 2**30, 2) for k, v in measured.items()}
+        row["gpu"] = torch.cuda.get_device_name()
+    return row
 
 
 def main() -> None:
@@ -209,6 +248,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=None, help="batch size of every row (default: the table's)")
     parser.add_argument("--extra", default="", help="flags added to every row (one string)")
     parser.add_argument("--tiny", action="store_true", help="the tiny model (checks the run, not the memory)")
+    parser.add_argument("--device", choices=["meta", "cuda"], default="meta",
+                        help="cuda: random weights on a real GPU; max_memory_allocated / reserved per phase")  # fmt: skip
     parser.add_argument("--workdir", default=None)
     args = parser.parse_args()
     import torch
@@ -230,9 +271,10 @@ def main() -> None:
     if not (work / "tiny" / "flux-dev").exists():
         FLUX_DEV.save(build_tiny_flux("flux-dev"), work / "tiny" / "flux-dev")
     if not args.tiny:
-        FLUX_DEV.load = RealSizeLoader(FLUX_DEV)
-        lazy_host_copies()
-        uncounted_swap_check()
+        FLUX_DEV.load = RealSizeLoader(FLUX_DEV, args.device)
+        if args.device == "meta":
+            lazy_host_copies()
+            uncounted_swap_check()
     fused_attention(torch)  # SDPA as the fused kernel (diffusers' FLUX passes query= / key= / value=)
     run = flux_run()
     rows = []

@@ -3,16 +3,20 @@
 #
 #   bash benchmarks/gpu_check.sh [OUT_DIR]        # PYTHON=... picks the interpreter (default: .venv/bin/python, else python)
 #
-# 1. pytest -m "gpu and not slow" (bf16/fp16 families, noise/loss, 8-bit optimizers, CUDA tensor counting, ...)  47 s
-# 2. benchmarks/gpu_runs.py: the tiny SD1 and SDXL demo models, 30 steps each, with --mixed_precision fp16,
-#    --full_fp16 (a real GradScaler; AdamW8bit, and Adafactor), bf16, --full_bf16, --fp8_base, --fp8_base + LoCon convs + checkpointing (cuDNN's
-#    conv backward), sdpa, xformers (skipped without the package) and a low-VRAM run that samples     ~3.5 min
-# 3. benchmarks/bench_device_memory.py --device cuda: real-size SD1.5 at 512 px and SDXL at 1024 px (random weights,
+# 1. pytest -m "gpu and not slow" (every family in bf16 against fp32 on the CPU, noise/loss, 8-bit optimizers,
+#    CUDA tensor counting, ...)                                                                          ~1.5 min
+# 2. benchmarks/bench_device_memory.py --device cuda: real-size SD1.5 at 512 px and SDXL at 1024 px (random weights,
 #    made on the GPU), LoRA with --fp8_base --cache_latents --cache_text_encoder_outputs --gradient_checkpointing:
-#    torch.cuda.max_memory_allocated per phase (load, caching, step, sampling, save)                  35 s each
-# 4. the same runs, 20 steps, bf16 without the low-VRAM flags and with them: s/step, FLOPs per step, MFU  ~2 min
-#    (each family's pair only while 3 minutes of the 9-minute budget are left)
-# 5. pytest -m "gpu and slow", if time is left (the budget below)
+#    per phase (load, caching, step, sampling, save) torch.cuda.max_memory_allocated, max_memory_reserved and the
+#    driver's used memory: what the memory planner's calibration is set from                             35 s each
+#    (and SDXL once more with --sample_vae_tiling off: the sampling round's whole decode)
+# 3. benchmarks/bench_flux_memory.py --device cuda: real-size FLUX.1-dev LoRA at 1024 px, --blocks_to_swap 0 and 16,
+#    the same three numbers per phase                                                                    ~2.5 min
+# 4. with SDS=sd-scripts' source (SDS_SITE: its pinned packages; SDS_TOKCACHE: CLIP tokenizers):
+#    benchmarks/gpu_pair_sdxl.py, sdtrain vs sd-scripts s/step, real-size SDXL LoRA at 1024 px         ~3 min
+# 5. while the budget lasts: benchmarks/gpu_runs.py (the tiny SD1 / SDXL demo models, 30 steps each: fp16, --full_fp16
+#    with a real GradScaler, bf16, --full_bf16, --fp8_base, LoCon convs + checkpointing, sdpa, xformers, a low-VRAM
+#    run that samples; ~3.5 min), the SD1.5 / SDXL speed runs (s/step, FLOPs, MFU; ~2 min), pytest -m "gpu and slow"
 # Each step's output goes to OUT_DIR (default gpu_check_out/); OUT_DIR/results.json gathers every result (one JSON
 # object); the summary is printed. A failing step is recorded and the script goes on; exit code = failures.
 # Every step has a timeout and the optional ones start only while the budget lasts: 9 minutes at the very worst.
@@ -44,12 +48,28 @@ if ! $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
     exit 2
 fi
 
-check pytest_gpu 120 $PY -m pytest -m "gpu and not slow" -p no:cacheprovider -rs  # addopts has -q; -qq hides the counts
-check gpu_runs 240 $PY benchmarks/gpu_runs.py --steps 30 --workdir "$OUT/gpu_runs"
+check pytest_gpu 150 $PY -m pytest -m "gpu and not slow" -p no:cacheprovider -rs  # addopts has -q; -qq hides the counts
 for family in sd1 sdxl; do
-    check "memory_$family" 75 $PY benchmarks/bench_device_memory.py --family "$family" --device cuda \
+    check "memory_$family" 90 $PY benchmarks/bench_device_memory.py --family "$family" --device cuda \
         --workdir "$OUT/memory_$family"
 done
+# the SDXL sampling round as before the low-memory decode (the run above tiles it: --sample_vae_tiling auto)
+check memory_sdxl_whole_decode 75 $PY benchmarks/bench_device_memory.py --family sdxl --device cuda \
+    --extra "--sample_vae_tiling off" --workdir "$OUT/memory_sdxl_whole_decode"
+# FLUX.1-dev LoRA at real size, 1024 px, batch 1, fp8 + checkpointing + cached outputs: --blocks_to_swap 0 and 16
+if [ "$(left)" -gt 200 ]; then
+    check memory_flux 200 $PY benchmarks/bench_flux_memory.py --device cuda --rows 24 12 --batch 1 \
+        --workdir "$OUT/memory_flux"
+fi
+# sdtrain vs sd-scripts, real-size SDXL LoRA at 1024 px on this GPU (when SDS points to sd-scripts' source, with its
+# pinned packages in SDS_SITE and the CLIP tokenizers in SDS_TOKCACHE)
+if [ -n "${SDS:-}" ] && [ "$(left)" -gt 190 ]; then
+    check pair_sdxl "$(($(left) - 10))" $PY benchmarks/gpu_pair_sdxl.py --sdscripts "$SDS" --sds_site "$SDS_SITE" \
+        --tokcache "$SDS_TOKCACHE" --steps 20 --timeout 110 --workdir "$OUT/pair_sdxl"
+fi
+if [ "$(left)" -gt 240 ]; then
+    check gpu_runs 240 $PY benchmarks/gpu_runs.py --steps 30 --workdir "$OUT/gpu_runs"
+fi
 for family in sd1 sdxl; do
     if [ "$(left)" -gt 180 ]; then  # both runs fit in what is left
         check "speed_${family}_plain" 90 $PY benchmarks/bench_device_memory.py --family "$family" --device cuda \
@@ -89,7 +109,9 @@ results = {
     "steps": steps, "failures": sum(s["exit"] != 0 for s in steps),
     "pytest_gpu": pytest_counts("pytest_gpu"), "pytest_gpu_slow": pytest_counts("pytest_gpu_slow"),
     "tiny_runs": json_lines("gpu_runs"),
-    "device_memory": [r for n in ("memory_sd1", "memory_sdxl") for r in json_lines(n)],
+    "device_memory": [r for n in ("memory_sd1", "memory_sdxl", "memory_sdxl_whole_decode", "memory_flux")
+                      for r in json_lines(n)],
+    "pair_sdxl": json_lines("pair_sdxl"),
     "speed": [r for n in ("speed_sd1_plain", "speed_sd1_low_vram", "speed_sdxl_plain", "speed_sdxl_low_vram")
               for r in json_lines(n)],
 }

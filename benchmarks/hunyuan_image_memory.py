@@ -20,7 +20,7 @@ only ``family.load`` is replaced; tokenizers and prompt settings are a real load
 byT5 tokens). ``--fp8_scaled``'s cast is done by this loader on the meta device with the run's rule (the family's
 ``fp8_skip``) and a scale of 1 per weight (the same stored bytes and the same scaled copy per forward as the run's
 cast; the run leaves stored layers as they are). With ``--fp8_vl`` in ``--extra`` Qwen2.5-VL is stored as
-``qwen25vl.store_in_fp8`` stores it.
+``qwen25vl.store_fp8_as_sd_scripts`` stores it.
 
 Settings (sd-scripts' docs line): ``--mixed_precision bf16 --gradient_checkpointing --cache_latents
 --cache_text_encoder_outputs --network_train_unet_only --split_attn``, ``networks.lora_hunyuan_image`` rank 16
@@ -87,7 +87,7 @@ class RealSizeLoader:
         def empty(module, fp8_skip=None, vl=False):
             module = module.to(dtype).requires_grad_(False)
             if vl:  # --fp8_vl's cast, on meta
-                qwen25vl.store_in_fp8(module, dtype)
+                qwen25vl.store_fp8_as_sd_scripts(module, dtype)
             if fp8 and fp8_skip is not None:  # --fp8_scaled's cast on meta, scale 1 (module docstring)
                 store_in_fp8(module, dtype, skip=fp8_skip)
                 for layer in module.modules():

@@ -13,9 +13,11 @@ loader on the meta device with the run's rule.
 
 Settings (musubi-tuner's documented line): ``--gradient_checkpointing --mixed_precision bf16``, latents and text
 outputs cached in the run, batch 1, ``networks.lora_qwen_image`` rank 16, AdamW, one 1024 px image, one sample after
-the step (1024 px, 4 steps, CFG 4 with an empty negative prompt), the save. Rows ``MODE:N``: bf16 or fp8 base
-weights, ``--blocks_to_swap N`` (0: none; at most 58). musubi-tuner's rows: 42 GB plain, 30 GB ``--fp8_base
---fp8_scaled``, 24 GB + swap 16, 12 GB + swap 45 (``--fp8_scaled`` is refused here: plain fp8 storage is used).
+the step (1024 px, 4 steps, CFG 4 with an empty negative prompt), the save. Rows ``MODE:N``: bf16, or fp8
+(``--fp8_base --fp8_scaled``, and ``--fp8_vl`` for the text caching phase, which musubi-tuner's separate caching step
+on a 12 GB card needs too), ``--blocks_to_swap N`` (0: none; at most 58). musubi-tuner's rows: 42 GB plain, 30 GB
+``--fp8_base --fp8_scaled``, 24 GB + swap 16, 12 GB + swap 45. With the caching scripts run before, the training
+run finds every entry and moves neither the VAE nor Qwen2.5-VL to the device: its caching phases hold nothing.
 
 library/measure/simulated_device.py counts every device-resident tensor per phase with real shapes and lifetimes,
 attention as the fused kernel a GPU runs. A row meets the goal when every phase's peak + 1 GiB (CUDA context) is at
@@ -53,7 +55,7 @@ class RealSizeLoader:
     def __init__(self, family) -> None:
         self.family, self.tiny_load, self.parts = family, family.load, None
 
-    def prepare(self, dtype, fp8: bool = True) -> None:
+    def prepare(self, dtype, fp8: bool = True, fp8_vl: bool = False) -> None:
         from accelerate import init_empty_weights
 
         from library.device.fp8 import store_in_fp8
@@ -65,12 +67,13 @@ class RealSizeLoader:
 
         def empty(module, fp8_skip=None):
             module = module.to(dtype).requires_grad_(False)
-            if fp8 and fp8_skip is not None:  # --fp8_base's cast, on meta (the run's cast skips stored layers)
+            if fp8_skip is not None:  # the run's float8 cast, on meta (the run's cast skips stored layers)
                 store_in_fp8(module, dtype, skip=fp8_skip)
             return module.to_empty(device="cpu").eval()
 
-        denoiser = empty(reference.denoiser, self.family.fp8_skip)
-        encoders = [empty(te, ("norm",)) for te in reference.text_encoders]
+        # --fp8_scaled stores the same float8 bytes and one float per weight (its scale needs values: not on meta)
+        denoiser = empty(reference.denoiser, self.family.fp8_skip if fp8 else None)
+        encoders = [empty(te, ("norm",) if fp8_vl else None) for te in reference.text_encoders]  # --fp8_vl
         self.parts = dataclasses.replace(reference, denoiser=denoiser, vae=empty(vae), text_encoders=encoders,
                                          source=f"real-size {self.family.name}")  # fmt: skip
 
@@ -110,14 +113,14 @@ def measure(row: str, args: argparse.Namespace, work: Path) -> dict:
     if swap:
         argv += ["--blocks_to_swap", str(swap)]
     if name == "fp8":
-        argv += ["--fp8_base"]
+        argv += ["--fp8_base", "--fp8_scaled", "--fp8_vl"]
     argv += args.extra.split()
     if not args.no_sample:
         argv += ["--sample_prompts", str(work / "prompts.txt"), "--sample_every_n_steps", "1"]
     family = get_family(variant)
     start = time.time()
     if isinstance(family.load, RealSizeLoader):
-        family.load.prepare(torch.bfloat16, fp8="--fp8_base" in argv)  # --mixed_precision bf16: frozen parts in bf16
+        family.load.prepare(torch.bfloat16, fp8="--fp8_base" in argv, fp8_vl="--fp8_vl" in argv)  # frozen parts: bf16
     with simulated_device() as sim:
         qwen_image_train_network.run(argv)
     table = {k: round(v / 1024, 2) for k, v in sim.phase_table().items()}  # MiB -> GiB

@@ -7,7 +7,8 @@ Our side (this venv) writes the tiny Qwen-Image files, trains a LoRA one step wi
 line and computes, for fixed inputs: the DiT's velocity, the noisy input / timesteps / target / loss of every
 ``--timestep_sampling`` we take (seeded), Qwen-Image's prompt embeddings and mask. Then musubi-tuner's side runs in
 its venv (``--musubi_python``, default ~/sdtrain-peer/sdsvenv; ``PYTHONPATH`` ~/musubi/src + the torchvision shims):
-its ``QwenImageTransformer2DModel`` loads our DiT file strictly (same key names), runs on the same inputs; its
+its ``QwenImageTransformer2DModel`` loads our DiT file strictly (same key names), runs on the same inputs (also
+with two reference latents as its edit ``call_dit`` appends them, and as an Edit-2511 DiT with ``zero_cond_t``); its
 ``NetworkTrainer.get_noisy_model_input_and_timesteps`` runs on the same noise draws and seeds; its
 ``get_qwen_prompt_embeds`` runs over a transformers ``Qwen2_5_VLForConditionalGeneration`` holding our tiny language
 model; its ``lora_qwen_image.create_arch_network`` names its modules. Prints each comparison's max |difference|.
@@ -51,8 +52,14 @@ def ours(out: Path) -> None:
     ctx[1, 3:] = 0
     sigma = torch.tensor([0.3, 0.8])
     res = {"x": x, "ctx": ctx, "mask": mask, "sigma": sigma}
+    res["ref0"], res["ref1"] = torch.randn(B, C, 4, 8, generator=g), torch.randn(B, C, 6, 6, generator=g)
+    edit2511 = M.build(dict(M.TINY, zero_cond_t=True)).eval()  # Edit-2511's DiT: the same weights, zero_cond_t
+    edit2511.load_state_dict(parts.denoiser.state_dict())
     with torch.no_grad():
         res["velocity"] = M.forward(parts.denoiser, x, sigma, ctx, mask)
+        refs = [res["ref0"], res["ref1"]]  # the edit models' control latents, two as Edit-2509 takes
+        res["edit.velocity"] = M.forward(parts.denoiser, x, sigma, ctx, mask, references=refs)
+        res["edit2511.velocity"] = M.forward(edit2511, x, sigma, ctx, mask, references=refs)
         for kind in SAMPLINGS:
             obj = QwenFlowObjective(QwenFlowConfig(timestep_sampling=kind, discrete_flow_shift=2.2), LossConfig())
             ex = obj.example(x, torch.Generator().manual_seed(7))
@@ -107,6 +114,20 @@ def musubi(out: Path) -> None:
                    encoder_hidden_states=ctx, img_shapes=[[(1, H // 2, W // 2)]] * B, txt_seq_lens=lens)  # fmt: skip
         out_ = out_[0] if isinstance(out_, (tuple, list)) else getattr(out_, "sample", out_)
         res["velocity"] = qwen_image_utils.unpack_latents(out_, H * 8, W * 8, 8).squeeze(2)
+        # the edit models: musubi-tuner's call_dit appends the packed control latents and their img_shapes
+        refs = [ours_["ref0"], ours_["ref1"]]
+        controls = torch.cat([qwen_image_utils.pack_latents(r.unsqueeze(2)) for r in refs], dim=1)
+        shapes = [[(1, H // 2, W // 2)] + [(1, r.shape[-2] // 2, r.shape[-1] // 2) for r in refs]] * B
+        zero = qwen_image_model.QwenImageTransformer2DModel(num_layers=2, attention_head_dim=16, num_attention_heads=2,
+                                                            joint_attention_dim=16, axes_dims_rope=(4, 6, 6),
+                                                            attn_mode="torch", zero_cond_t=True)  # fmt: skip
+        zero.load_state_dict(load_file(str(out / "tiny_dit.safetensors")), strict=True)
+        for key, model in (("edit.velocity", dit), ("edit2511.velocity", zero)):
+            o = model(hidden_states=torch.cat([packed, controls], dim=1), timestep=sigma, guidance=None,
+                      encoder_hidden_states_mask=mask.bool(), encoder_hidden_states=ctx, img_shapes=shapes,
+                      txt_seq_lens=lens)  # fmt: skip
+            o = o[0] if isinstance(o, (tuple, list)) else getattr(o, "sample", o)
+            res[key] = qwen_image_utils.unpack_latents(o[:, : packed.shape[1]], H * 8, W * 8, 8).squeeze(2)
     trainer = NetworkTrainer.__new__(NetworkTrainer)
     trainer.num_timestep_buckets = None
     for kind in SAMPLINGS:

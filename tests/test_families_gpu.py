@@ -102,7 +102,12 @@ def _every_family_with_a_tiny_model() -> list[str]:
 # diffusers' FluxTransformer2DModel rounds the guidance to the compute dtype before multiplying by 1000 (3.5 -> 3504
 # in bf16); BFL's reference and sd-scripts embed it in float32. On the CPU in bf16: relative error 6.1 % for
 # flux-dev against <= 2 % for every other family (schnell and Chroma, without guidance, 0.6-0.8 %).
-_KNOWN = {"flux-dev": "diffusers embeds FLUX.1-dev's guidance from a bf16-rounded value (3504 for 3.5)"}
+_KNOWN = {
+    "flux-dev": "diffusers embeds FLUX.1-dev's guidance from a bf16-rounded value (3504 for 3.5)",
+    # as musubi-tuner's own copy of the model does (qwen_image_model.py): equal to the reference, not to fp32; with
+    # the timestep rounded the same way the fp32 prediction is within 1.1 % (tests/test_qwen_image.py pins it)
+    "qwen_image": "QwenImageTransformer2DModel rounds t / 1000 to bf16 before embedding it (0.9 -> 0.8984)",
+}
 
 
 @pytest.mark.parametrize(

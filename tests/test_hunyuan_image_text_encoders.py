@@ -1,4 +1,4 @@
-"""``--fp8_vl`` (the shared ``encoders/qwen25vl.store_in_fp8``, Qwen-Image's too) and ``--text_encoder_cpu`` for
+"""``--fp8_vl`` (the shared ``encoders/qwen25vl.store_fp8_as_sd_scripts``: sd-scripts' cast) and ``--text_encoder_cpu`` for
 HunyuanImage 2.1: what is stored in float8 and what is kept, outputs against the bf16 path on a tiny Qwen2.5-VL, and
 the docs' training line with both flags on the simulated device (the text encoders never on it); and the DiT's
 ``--fp8_scaled`` rule."""
@@ -60,7 +60,9 @@ def test_fp8_vl_stores_what_sd_scripts_stores_and_stays_close_to_bf16():
     bf16 model whose weights were rounded through float8, and within float8's precision of the bf16 outputs."""
     bf16 = deep_qwen()
     fp8 = copy.deepcopy(bf16)
-    assert qwen25vl.store_in_fp8(fp8, torch.bfloat16) == 4 * 9 + 1  # 7 Linears + 2 norms per layer, the final norm
+    assert (
+        qwen25vl.store_fp8_as_sd_scripts(fp8, torch.bfloat16) == 4 * 9 + 1
+    )  # 7 Linears + 2 norms per layer, the final norm
     dtypes = {k: v.dtype for k, v in fp8.state_dict().items()}
     assert dtypes.pop("embed_tokens.weight") == torch.bfloat16
     assert set(dtypes.values()) == {FP8} and any(k.endswith("q_proj.bias") for k in dtypes)

@@ -7,10 +7,10 @@ training with a message naming the flag / table."""
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import pytest
 import torch
+from _qwen_image_commands import doc_command, musubi_toml
 from safetensors.torch import load_file, save_file
 
 import qwen_image_train_network
@@ -23,25 +23,6 @@ from library.files.weights import read_metadata
 
 pytest_plugins = ["_qwen_image_helpers"]
 CAPTIONS = ["a red cube on a table", ""]
-
-
-def musubi_toml(dataset: Path, path: Path, extra: str = "") -> Path:
-    """musubi-tuner's dataset config (docs/dataset_config.md's image example) over the demo's images, 64 px."""
-    path.write_text(f'[general]\nresolution = [64, 64]\ncaption_extension = ".txt"\nbatch_size = 2\nenable_bucket = true\n'
-                    f'bucket_no_upscale = false\n\n[[datasets]]\nimage_directory = "{(dataset / "10_sks shape").as_posix()}"\n'
-                    f'cache_directory = "{(path.parent / "cache").as_posix()}"\nnum_repeats = 1\n{extra}')  # fmt: skip
-    return path
-
-
-def doc_command(files, toml, out, *extra):
-    """musubi-tuner's docs/qwen_image.md LoRA line with the tiny files (1 epoch, loader workers 0 for the test)."""
-    return ["--dit", files["dit"], "--vae", files["vae"], "--text_encoder", files["text_encoder"],
-            "--model_version", "original", "--dataset_config", str(toml), "--sdpa", "--mixed_precision", "bf16",
-            "--timestep_sampling", "shift", "--weighting_scheme", "none", "--discrete_flow_shift", "2.2",
-            "--optimizer_type", "adamw8bit", "--learning_rate", "5e-5", "--gradient_checkpointing",
-            "--max_data_loader_n_workers", "0", "--persistent_data_loader_workers", "--network_module",
-            "networks.lora_qwen_image", "--network_dim", "16", "--max_train_epochs", "1", "--save_every_n_epochs", "1",
-            "--seed", "42", "--output_dir", str(out), "--output_name", "my-lora", *extra]  # fmt: skip
 
 
 def test_prompt_equals_transformers_qwen25vl(qwen_files):
@@ -184,7 +165,6 @@ def test_loss_falls(qwen_files, dataset, tmp_path):
 @pytest.mark.parametrize(
     ("extra", "toml_extra", "message"),
     [
-        (["--fp8_vl"], "", "--fp8_vl is not supported yet"),
         (["--model_version", "edit-2509"], "", "--model_version edit-2509 is not supported yet"),
         ([], 'control_directory = "x"\n', "datasets\\[0\\]: control_directory: the edit models' control images"),
         ([], "frame_stride = 2\n", "frame_stride: video datasets are not supported"),
@@ -236,6 +216,8 @@ def test_generate_image_script(qwen_files, tmp_path):
     (b,) = qwen_image_generate_image.run([*base, "--save_path", str(tmp_path / "b"), "--flow_shift", "5.0"])
     pa, pb = np.asarray(Image.open(a)), np.asarray(Image.open(b))
     assert pa.shape == (32, 32, 3) and not np.array_equal(pa, pb)
+    (d,) = qwen_image_generate_image.run([*base, "--save_path", str(tmp_path / "d"), "--fp8_vl"])  # float8 Qwen2.5-VL
+    assert np.asarray(Image.open(d)).shape == (32, 32, 3)
     with pytest.raises(ConfigError, match="--control_image_path: the edit models are not supported yet"):
         qwen_image_generate_image.run([*base, "--save_path", str(tmp_path / "c"), "--control_image_path", "x.png"])
 

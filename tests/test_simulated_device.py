@@ -104,15 +104,21 @@ def test_only_the_part_that_computes_is_on_the_device(models, data, tmp_path, mo
         current["run"] = run
         return fill_latent_cache(run)
 
-    def latents(*args, **kwargs):  # while the latents are encoded
-        parts = current["run"].parts
-        inside["latents"] = devices(parts.denoiser, parts.vae, parts.text_encoders[0])
-        return cache_latents(*args, **kwargs)
+    def latents(plan, encode, *args, **kwargs):  # while the latents are encoded
+        def spied(*a):
+            parts = current["run"].parts
+            inside["latents"] = devices(parts.denoiser, parts.vae, parts.text_encoders[0])
+            return encode(*a)
 
-    def texts(*args, **kwargs):  # while the captions are encoded
-        parts = current["run"].parts
-        inside["texts"] = devices(parts.denoiser, parts.vae, parts.text_encoders[0])
-        return cache_texts(*args, **kwargs)
+        return cache_latents(plan, spied, *args, **kwargs)
+
+    def texts(plan, encode, *args, **kwargs):  # while the captions are encoded
+        def spied(*a):
+            parts = current["run"].parts
+            inside["texts"] = devices(parts.denoiser, parts.vae, parts.text_encoders[0])
+            return encode(*a)
+
+        return cache_texts(plan, spied, *args, **kwargs)
 
     monkeypatch.setattr(data_module, "cache_latents", latents)
     monkeypatch.setattr(data_module, "cache_text_encoder_outputs", texts)

@@ -339,7 +339,8 @@ def load_dataset_configs(args: DataArgs, *, size_multiple: int = 64) -> tuple[li
         source = args.dataset_config
         doc = read_dataset_file(source)
         if musubi_dataset.is_musubi(doc):  # kohya-ss/musubi-tuner's layout: rewritten as sd-scripts' document
-            doc = musubi_dataset.to_sdscripts(doc, source, problems, size_multiple)
+            read = bool(args.cache_dir) and musubi_dataset.cache_directory(source) == args.cache_dir
+            doc = musubi_dataset.to_sdscripts(doc, source, problems, size_multiple, read_cache_directory=read)
             problems.raise_if_any()
         validate_document(doc, source, problems)
         problems.raise_if_any()

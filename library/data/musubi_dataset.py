@@ -11,14 +11,17 @@ per line (sd-scripts' fine-tune metadata reader takes JSONL). Buckets step by th
 16 for Qwen-Image) and range from half the shorter side to twice the longer one (musubi-tuner keeps the area and
 has no limits: the same buckets for ordinary aspect ratios).
 
-``cache_directory`` is accepted with a warning: musubi-tuner's cache files are not read; the run caches latents and
-text-encoder outputs itself (in memory, or next to the images with the ``*_to_disk`` flags). Refused with a message:
+``cache_directory``: where the caches go (:func:`cache_directory`: the scripts with musubi-tuner's names read it as
+``--cache_dir``; the other scripts warn that it is not read). The entries are ours (content-keyed, never stale),
+not musubi-tuner's ``*_qi.safetensors`` files, which are not read. Refused with a message:
 video datasets (``video_directory``, ``video_jsonl_file``, frame keys), the edit models' control images
 (``control_directory``, ``no_resize_control``, ``control_resolution``, ``multiple_target``), FramePack's ``fp_*`` keys,
 ``debug_dataset``, and any unknown key.
 """
 
 from __future__ import annotations
+
+import tomllib
 
 from library.cli.problems import Problems
 
@@ -65,8 +68,37 @@ def _check_keys(table: dict, where: str, problems: Problems, allowed: tuple[str,
                            f"{', '.join(allowed)})")  # fmt: skip
 
 
-def to_sdscripts(doc: dict, source: str, problems: Problems, size_multiple: int = 16) -> dict:
-    """sd-scripts' document for musubi-tuner's ``doc`` (module docstring); problems name ``source`` and the table."""
+def read_musubi(path: str | None) -> dict | None:
+    """musubi-tuner's dataset config at ``path``; None for another layout or a file that does not read (the full
+    read reports it)."""
+    if not path or not str(path).lower().endswith(".toml"):
+        return None
+    try:
+        with open(path, "rb") as f:
+            doc = tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError):
+        return None
+    return doc if is_musubi(doc) else None
+
+
+def cache_directory(path: str | None) -> str | None:
+    """The ``cache_directory`` of musubi-tuner's dataset config at ``path`` (the first dataset's, else
+    ``[general]``'s); None for another layout or none given. The entries are content-keyed, so several datasets
+    can share the first one's folder."""
+    doc = read_musubi(path)
+    if doc is None:
+        return None
+    named = [d["cache_directory"] for d in doc["datasets"] if isinstance(d, dict) and "cache_directory" in d]
+    general = (doc.get("general") or {}).get("cache_directory")
+    found = named[0] if named else general
+    return str(found) if isinstance(found, str) and found else None
+
+
+def to_sdscripts(doc: dict, source: str, problems: Problems, size_multiple: int = 16,
+                 read_cache_directory: bool = False) -> dict:  # fmt: skip
+    """sd-scripts' document for musubi-tuner's ``doc`` (module docstring); problems name ``source`` and the table.
+    ``read_cache_directory``: the caller reads ``cache_directory`` (:func:`cache_directory`), so it is not warned
+    about."""
     general = dict(doc.get("general") or {})
     for key in doc:
         if key not in ("general", "datasets"):
@@ -92,9 +124,9 @@ def to_sdscripts(doc: dict, source: str, problems: Problems, size_multiple: int 
             if not any(k in ds for k in VIDEO):
                 problems.error(where, "needs exactly one of image_directory or image_jsonl_file")
             continue
-        if "cache_directory" in ds or "cache_directory" in general:
-            problems.warn(where, "cache_directory: musubi-tuner's cache files are not read; this run caches latents "
-                          "and text-encoder outputs itself (musubi-tuner's separate caching step is optional)")  # fmt: skip
+        if ("cache_directory" in ds or "cache_directory" in general) and not read_cache_directory:
+            problems.warn(where, "cache_directory is read by the scripts with musubi-tuner's names (its training and "
+                          "caching scripts); here pass --cache_dir to keep the caches on disk")  # fmt: skip
         size = _size(ds.get("resolution", general.get("resolution", DEFAULT_RESOLUTION)), where, problems)
         subset = {"image_dir": ds["image_directory"]} if "image_directory" in ds else {
             "metadata_file": ds["image_jsonl_file"]}  # fmt: skip

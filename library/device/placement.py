@@ -12,7 +12,7 @@ Copies from the host to a CUDA device are made without waiting for the device (:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 from torch import Tensor, nn
@@ -48,6 +48,23 @@ def on_device(modules: Iterable[nn.Module | None], device: torch.device | str) -
     finally:
         for module, where in reversed(moved):
             module.to(where)
+
+
+@contextlib.contextmanager
+def on_device_when_used(
+    modules: Iterable[nn.Module | None], device: torch.device | str
+) -> Iterator[Callable[[], None]]:
+    """:func:`on_device` entered at the first call of the function it yields (a caching step that finds every entry
+    on disk never moves its encoder), left at the end of the block."""
+    with contextlib.ExitStack() as stack:
+        entered: list[bool] = []
+
+        def use() -> None:
+            if not entered:
+                stack.enter_context(on_device(modules, device))
+                entered.append(True)
+
+        yield use
 
 
 def to_device(tensor: Tensor, device: torch.device | str, dtype: torch.dtype | None = None) -> Tensor:

@@ -97,12 +97,24 @@ def instrumented(peaks: PhasePeaks) -> Iterator[PhasePeaks]:
             setattr(owner, name, original)
 
 
-def cuda_phase_peaks() -> PhasePeaks:
-    """``torch.cuda.max_memory_allocated`` per phase (synchronized at every change)."""
+def cuda_phase_peaks(also: dict[str, dict[str, int]] | None = None) -> PhasePeaks:
+    """``torch.cuda.max_memory_allocated`` per phase (synchronized at every change). ``also``, when given, receives
+    per phase ``max_memory_reserved`` (the caching allocator's peak: what the card must hold) and ``device_used``
+    (total minus free as the driver reports it when the phase ends: reserved plus the CUDA context, cuBLAS
+    workspaces and other processes), in bytes: what the planner's calibration is set from."""
     import torch
 
     def reset() -> None:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
 
-    return PhasePeaks(torch.cuda.max_memory_allocated, reset)
+    def read() -> int:
+        if also is not None:
+            free, total = torch.cuda.mem_get_info()
+            phase = also.setdefault(peaks.phase, {})
+            phase["reserved"] = max(phase.get("reserved", 0), torch.cuda.max_memory_reserved())
+            phase["device_used"] = max(phase.get("device_used", 0), total - free)
+        return torch.cuda.max_memory_allocated()
+
+    peaks = PhasePeaks(read, reset)
+    return peaks

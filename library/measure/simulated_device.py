@@ -205,8 +205,10 @@ def simulated_device(strict: bool = True) -> Iterator[SimulatedDevice]:
         return parts
 
     def released(module: Any, *args: Any) -> Any:
+        peak = sim.peak_bytes[DEVICE.type]  # the meta tensors a freed host part becomes are no device memory
         out = release(module, *args)
         sim.forget(module)
+        sim.peak_bytes[DEVICE.type] = max(peak, sim.live_bytes[DEVICE.type])
         return out
 
     run_setup.make_accelerator, run_setup.load_model, run_setup._release = simulated_accelerator, loaded, released

@@ -23,6 +23,7 @@ from library.objectives.noising import add_noise_args
 from library.optim import add_optim_args, add_part_lr_args
 from library.run.config import add_model_args, add_validation_args
 from library.run.ema import add_ema_args
+from library.run.memory_watch import add_memory_watch_args
 from library.run.model_trainable import add_model_training_args
 from library.run.run_files import add_save_args, add_state_args
 from library.run.runtime import add_run_args
@@ -36,7 +37,7 @@ def add_run_groups(
     deepspeed: bool = False,
     block_swap: bool = False,
 ) -> None:
-    """The groups every training recipe takes, in order: logging, model, dataset, run, save (``default_format``:
+    """The groups every training recipe takes, in order: logging, model, dataset, run, memory watch, save (``default_format``:
     ``--save_model_as``'s default), state, trackers, validation, EMA, noise, loss. ``deepspeed``: the DeepSpeed
     flags are read (full-model recipes) instead of refused. ``block_swap``: ``--blocks_to_swap`` and
     ``--cpu_offload_checkpointing`` are read (FLUX / SD3 scripts, library/run/block_swap.py) instead of refused."""
@@ -44,6 +45,7 @@ def add_run_groups(
     add_model_args(parser)
     add_dataset_args(parser)
     add_run_args(parser, deepspeed, block_swap)
+    add_memory_watch_args(parser)
     add_save_args(parser, default_format)
     for add in (add_state_args, add_tracker_args, add_validation_args, add_ema_args, add_noise_args, add_loss_args):
         add(parser)

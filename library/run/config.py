@@ -30,6 +30,7 @@ from library.optim.optimizers import full_fp16_problem
 from library.run import resume
 from library.run.block_swap import BlockSwapConfig, swap_problems
 from library.run.ema import EMAConfig
+from library.run.memory_watch import WatchConfig
 from library.run.method import MethodConfig, NothingTrained
 from library.run.run_files import SaveConfig
 from library.run.runtime import (
@@ -142,6 +143,7 @@ class TrainConfig:
     validation: ValidationConfig
     ema: EMAConfig
     block_swap: BlockSwapConfig = BlockSwapConfig()  # --blocks_to_swap / --cpu_offload_checkpointing
+    memory_watch: WatchConfig = WatchConfig()  # --no_memory_watch (library/run/memory_watch.py)
     # the family's own flags, read by the family (``family.options.from_args``): ``family.load(..., options=)`` takes
     # them; the run asks for ``metadata()`` (ss_* keys of trained files) and ``text_encoder_batch_size``
     options: FamilyOptions = NoOptions()
@@ -208,6 +210,7 @@ def read_config(
         validation=read(ValidationConfig.from_args, args),
         ema=read(EMAConfig.from_args, args),
         block_swap=read(BlockSwapConfig.from_args, args),
+        memory_watch=read(WatchConfig.from_args, args),
         options=read(script_options(family_names).from_args, args, training=True),
     )
     if family is not None and values["options"] is not None:  # e.g. --model_type against the weights

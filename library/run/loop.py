@@ -16,6 +16,7 @@ import torch
 from library.cli.console import print_error
 from library.files.weights import SaveError
 from library.optim import effective_lrs, make_optimizer, make_scheduler, step_without_optimizer
+from library.run import memory_watch
 from library.run import setup as run_setup
 from library.run.train_step import Interrupt, LossTracker, NonFiniteLoss, batch_loss, check_finite
 from library.run.trainable import prepare_for_training
@@ -37,6 +38,8 @@ def train(run: run_setup.Run, trainable: Any, groups: list[dict]) -> Result:
     trainer.resume_if_asked()  # exact: weights, optimizer, scheduler, EMA, RNG, data position, counters
     trainer.sample(at_first=True)
     tracker = LossTracker(window=loader.num_batches(0))
+    watch = run.watch or memory_watch.for_run(cfg, run.accelerator.device)  # slow steps, full card, short host
+    watch.restart()
 
     stop = False  # Ctrl-C / SIGTERM on any process
     with Interrupt() as interrupt:
@@ -67,8 +70,9 @@ def train(run: run_setup.Run, trainable: Any, groups: list[dict]) -> Result:
                     tracker.add(status.loss)
                     trainer.step_done(status.loss)  # counters, EMA, --scale_weight_norms
                     trainer.log({"loss/current": status.loss, "loss/average": tracker.average,
-                                 **effective_lrs(optimizer)})  # fmt: skip
+                                 **effective_lrs(optimizer), **watch.step_done(trainer.step)})  # fmt: skip
                     trainer.after_step()  # step saves, samples, validation
+                    watch.restart()  # their time is not step time
                     # one process stops at once; several decide together at their next step (window_status)
                     stop = status.stop or (interrupt.requested and run.accelerator.num_processes == 1)
                     if stop or trainer.step >= max_steps:
@@ -78,6 +82,7 @@ def train(run: run_setup.Run, trainable: Any, groups: list[dict]) -> Result:
                     return trainer.result(interrupted=True)
                 trainer.log({"loss/epoch_average": tracker.end_epoch()})
                 trainer.end_epoch(epoch + 1)  # epoch saves, samples, validation
+                watch.restart()
                 if trainer.step >= max_steps:
                     break
         except NonFiniteLoss as e:  # raised on every process together (trainer.check_finite)

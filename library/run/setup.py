@@ -22,10 +22,11 @@ from library.cli.console import console_logging
 from library.cli.problems import ConfigError, problems_of
 from library.device.fp8 import store_in_fp8
 from library.device.host import choose_cpu_threads, return_freed_memory, reuse_heap_for_small_models
-from library.device.placement import on_device, to_device
+from library.device.placement import on_device_when_used, to_device
 from library.families.base import PartDtypes, Parts, stays_on_host
 from library.families.protocol import ModelFamily
 from library.files.weights import without_mmap
+from library.run import memory_watch
 from library.run.block_swap import BlockSwap, BlockSwapConfig, enable_offloaded_checkpointing, swap_problems
 from library.run.config import TrainConfig, with_native_resolution
 from library.run.runtime import (
@@ -63,6 +64,7 @@ class Run:
     validation_latent_cache: Any = None
     validation_text_cache: Any = None
     block_swap: BlockSwap | None = None  # --blocks_to_swap: the blocks kept on the host (place_for_training)
+    watch: Any = None  # library/run/memory_watch.py: slow steps, a full card, a host short of memory
 
     def make_loader(self, validation: bool = False) -> data.Loader:
         acc = self.accelerator
@@ -96,7 +98,10 @@ def start(cfg: TrainConfig) -> Run:
         sampling.check_sample_prompts(cfg.sample, cfg.family, parts)
     tune_host(cfg, accelerator, parts, plan)
     run = Run(cfg, accelerator, cfg.family, parts, plan, define_step(cfg, parts, accelerator))
+    run.watch = memory_watch.for_run(cfg, accelerator.device)  # the host's memory now, the steps' in the loop
+    run.watch.check_host("before caching")
     fill_caches(run)  # the VAE, then the text encoders, alone on the device
+    run.watch.check_host("after caching")
     place_for_training(run)  # the denoiser and what the step still runs
     if plan.validation is not None:
         run.validation_loader = run.make_loader(validation=True)
@@ -284,7 +289,8 @@ def store_frozen_in_fp8(cfg: TrainConfig, parts: Parts) -> list[str]:
     else:
         store_in_fp8(parts.denoiser, run.weight_dtype, skip=cfg.family.fp8_skip, scaled=run.fp8_scaled)
         stored.append(name)
-    if run.fp8_base and not run.fp8_base_unet:
+    # a family whose trainer reads --fp8_base for its denoiser only (musubi-tuner's) says so
+    if run.fp8_base and not run.fp8_base_unet and getattr(cfg.family, "fp8_base_text_encoders", True):
         if "text_encoders" in trained:
             logger.warning("--fp8_base: this script trains the text encoders, which stay in %s",
                            str(run.train_dtype).replace("torch.", ""))  # fmt: skip
@@ -373,6 +379,21 @@ def module_identity(module: torch.nn.Module, extra: str = "") -> str:
     return h.hexdigest()[:16]
 
 
+def latent_cache_id(family: ModelFamily, vae: torch.nn.Module) -> str:
+    """The VAE's part of every latent cache key: its weights, its dtype and the family (a separate caching step
+    computes the same to write entries training finds)."""
+    return module_identity(vae, f"{family.name}/{next(vae.parameters()).dtype}")
+
+
+def text_cache_id(parts: Parts, clip_skip: int | None, max_token_length: int | None, weighted: bool) -> str:
+    """The text encoders' part of every text cache key: their weights and the settings that change their outputs
+    (--no_token_padding gives the same padded outputs; the family's options add theirs, e.g. a T5 length)."""
+    te_id = "+".join(module_identity(te) for te in parts.text_encoders)
+    te_id += f"/clip_skip={clip_skip}/max_len={max_token_length}"
+    te_id += "/weighted" if weighted else ""
+    return te_id + (parts.options.prompt_identity() if parts.options is not None else "")
+
+
 def fill_caches(run: Run) -> None:
     """``--cache_latents(_to_disk)`` with the VAE alone on the device, then ``--cache_text_encoder_outputs(_to_disk)``
     with the text encoders alone on it; each goes back to where it was after (sd-scripts' order)."""
@@ -383,18 +404,20 @@ def fill_caches(run: Run) -> None:
 
 
 def fill_latent_cache(run: Run) -> None:
-    """Every image's latents (and the held-out images'), encoded with the VAE on the device."""
+    """Every image's latents (and the held-out images'), encoded with the VAE on the device (moved there only when
+    an entry is missing)."""
     cfg, acc, parts, family = run.cfg, run.accelerator, run.parts, run.family
     gen = torch.Generator().manual_seed(cfg.run.seed)
     vae_dtype = next(parts.vae.parameters()).dtype
-
-    def encode(pixels: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad():
-            return family.encode_latents(parts, to_device(pixels, acc.device, vae_dtype), gen).float().cpu()
-
-    vae_id = module_identity(parts.vae, f"{family.name}/{vae_dtype}")
+    vae_id = latent_cache_id(family, parts.vae)
     downscale = getattr(family, "latent_downscale", 8)  # the VAE's spatial factor (a family with another states it)
-    with on_device([parts.vae], acc.device):
+    with on_device_when_used([parts.vae], acc.device) as use:
+
+        def encode(pixels: torch.Tensor) -> torch.Tensor:
+            use()
+            with torch.no_grad():
+                return family.encode_latents(parts, to_device(pixels, acc.device, vae_dtype), gen).float().cpu()
+
         run.latent_cache = data.cache_latents(run.plan, encode, vae_id, rank=acc.process_index,
                                               world_size=acc.num_processes, downscale=downscale)  # fmt: skip
         if run.plan.validation is not None:
@@ -410,22 +433,23 @@ def fill_latent_cache(run: Run) -> None:
 
 
 def fill_text_cache(run: Run, batch_size: int | None = None) -> None:
-    """Every caption's text-encoder outputs (and the held-out images'), with the encoders on the device;
-    ``batch_size`` captions per call (default: the first dataset's batch size)."""
+    """Every caption's text-encoder outputs (and the held-out images'), with the encoders on the device (moved there
+    only when an entry is missing or sample prompts are encoded); ``batch_size`` captions per call (default: the
+    first dataset's batch size)."""
     cfg, acc, parts, family = run.cfg, run.accelerator, run.parts, run.family
+    te_id = text_cache_id(parts, cfg.model.clip_skip, cfg.model.max_token_length, cfg.data.weighted_captions)
+    with on_device_when_used(parts.text_encoders, acc.device) as use:
 
-    def encode_text(captions: list[str]) -> dict[str, torch.Tensor]:
-        with torch.no_grad():
-            cond = encode_captions(family, parts, captions, cfg.model.clip_skip, cfg.model.max_token_length,
-                                   cfg.data.weighted_captions)  # fmt: skip
-        return {k: v.float().cpu() for k, v in text_cache_entry(cond).items()}
+        def encode_text(captions: list[str]) -> dict[str, torch.Tensor]:
+            use()
+            with torch.no_grad():
+                cond = encode_captions(family, parts, captions, cfg.model.clip_skip, cfg.model.max_token_length,
+                                       cfg.data.weighted_captions)  # fmt: skip
+            return {k: v.float().cpu() for k, v in text_cache_entry(cond).items()}
 
-    te_id = "+".join(module_identity(te) for te in parts.text_encoders)
-    te_id += f"/clip_skip={cfg.model.clip_skip}/max_len={cfg.model.max_token_length}"
-    te_id += "/weighted" if cfg.data.weighted_captions else ""  # --no_token_padding: the same padded outputs
-    te_id += parts.options.prompt_identity() if parts.options is not None else ""  # e.g. a T5 length and mask
-    with on_device(parts.text_encoders, acc.device):
         run.text_cache = data.cache_text_encoder_outputs(run.plan, encode_text, te_id, batch_size=batch_size)
+        if cfg.sample.enabled:
+            use()
         run.sample_conds = sampling.cache_sample_prompts(cfg.sample, family, parts)  # FLUX: no T5 on the device later
         if run.plan.validation is not None:
             run.validation_text_cache = data.cache_text_encoder_outputs(run.plan.validation, encode_text, te_id,

@@ -28,6 +28,7 @@ from .flow_generate import encode_prompt_texts, flow_settings, negative_key, pro
 from .generate import generate_batch, random_seed, resolve
 from .images import log_to_trackers, make_grid, png_info, sample_file_name, save_png, timestamp
 from .prompts import read_prompt_file
+from .vae_tiling import tiled_decoding
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,7 @@ def sample_during_training(
     Flow-matching models (FLUX) hold one part at a time on the device besides the denoiser: the text encoders while
     prompts are encoded (not at all for texts in ``conds``, the prompts cached with the text-encoder outputs:
     :func:`cache_sample_prompts`), the VAE while decoding. DDPM models bring every part for the round.
+    ``cfg.tiled_vae`` (``--sample_vae_tiling``): the VAE decodes in tiles (library/sampling/vae_tiling.py).
     """
     try:
         specs = read_prompt_file(cfg.prompts_file)
@@ -81,8 +83,9 @@ def sample_during_training(
     flow = uses_flow_sampler(family, parts)
     resident = [parts.denoiser] if flow else _modules(parts)
     stage = (lambda modules: on_device(modules, device)) if flow else None
+    tiles = tiled_decoding(parts.vae) if cfg.tiled_vae and parts.vae is not None else contextlib.nullcontext()
     try:
-        with ema_context or contextlib.nullcontext(), on_device(resident, device):
+        with ema_context or contextlib.nullcontext(), on_device(resident, device), tiles:
             results = [_one(cfg, family, parts, spec, autocast, stage, conds) for spec in specs[rank::world]]
     finally:
         _restore_modes(modes)

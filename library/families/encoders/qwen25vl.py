@@ -325,6 +325,17 @@ def load(path: str | Path, dtype: Any = torch.bfloat16, device: Any = "cpu", *, 
     return model.eval().requires_grad_(False)
 
 
+def store_fp8(model: nn.Module, compute_dtype: torch.dtype = torch.bfloat16) -> int:
+    """``--fp8_vl`` (musubi-tuner's meaning): the language model's Linear weights stored in float8_e4m3fn by a plain
+    cast (musubi-tuner's ``load_qwen2_5_vl`` with a float8 dtype; no scale), each computed in ``compute_dtype`` (the
+    shared float8 storage, ``library/device/fp8.py``: norms and the token embedding stay in ``compute_dtype``).
+    Halves the 15 GB of bf16 weights to about 8 GB; the outputs differ from bf16's by float8's rounding. Returns
+    how many layers were stored."""
+    from library.device.fp8 import store_in_fp8
+
+    return store_in_fp8(model, compute_dtype)
+
+
 # ------------------------------------------------------------------------------------------------ float8 storage
 FP8 = torch.float8_e4m3fn
 
@@ -360,9 +371,10 @@ class Fp8RMSNorm(nn.Module):
         return (self.weight.float() * x).to(hidden_states.dtype)
 
 
-def store_in_fp8(model: nn.Module, compute_dtype: torch.dtype = torch.bfloat16) -> int:
-    """``--fp8_vl`` (sd-scripts' HunyuanImage ``load_qwen2_5_vl`` with ``dtype=float8_e4m3fn``; Qwen-Image's flag
-    too): the Qwen2.5-VL language model's Linear weights and biases and its RMS norm weights stored in float8
+def store_fp8_as_sd_scripts(model: nn.Module, compute_dtype: torch.dtype = torch.bfloat16) -> int:
+    """``--fp8_vl`` as sd-scripts' HunyuanImage ``load_qwen2_5_vl`` with ``dtype=float8_e4m3fn`` does it (unlike
+    :func:`store_fp8`, musubi-tuner's meaning, the norms and biases are stored in float8 too): the Qwen2.5-VL
+    language model's Linear weights and biases and its RMS norm weights stored in float8
     (e4m3fn, no scale), the Linears computed in ``compute_dtype`` (bf16), the norms in float32; the token embedding
     keeps its dtype (sd-scripts puts it back to bf16). About half the bf16 size: 7.6 GB instead of 15.2 GB for the
     7B language model. In place (parameter names unchanged); returns how many modules were replaced.

@@ -169,7 +169,7 @@ def load_hunyuan(name: str, path: str | Path, *, dtype: torch.dtype | PartDtypes
     denoiser = load_dit(path, dtypes.denoiser, device)
     qwen = load_text_encoder(te_path, dtypes.text_encoders, "cpu" if options.fp8_vl else device)
     if options.fp8_vl:  # cast on the host: the device never holds the bf16 copy
-        qwen25vl.store_in_fp8(qwen, dtypes.text_encoders)
+        qwen25vl.store_fp8_as_sd_scripts(qwen, dtypes.text_encoders)
     byt5 = load_byt5(byt5_path, dtypes.text_encoders, device)
     autoencoder = load_vae(vae_path, dtypes.vae, device)
     tokenizers = [qwen25vl.load_tokenizer(te_path if te_path.is_dir() else None), M.load_byt5_tokenizer()]

@@ -10,7 +10,7 @@ chunked VAE convolutions: the same values; the diffusers VAE here runs whole), `
   warns and ignores them); with it they are left to the shared ``--fp8_scaled`` (sd-scripts ignores them then);
 * ``--fp8_scaled`` is the shared flag where the run layer has it (else refused here);
 * ``--fp8_vl``: Qwen2.5-VL's Linear and norm weights in float8 as sd-scripts stores them
-  (``encoders/qwen25vl.store_in_fp8``); ``--text_encoder_cpu``: Qwen2.5-VL and byT5 stay on the CPU and compute
+  (``encoders/qwen25vl.store_fp8_as_sd_scripts``); ``--text_encoder_cpu``: Qwen2.5-VL and byT5 stay on the CPU and compute
   there (caching, or every step without a cache), as sd-scripts.
 """
 

@@ -132,6 +132,7 @@ class QwenImageFamily:
     # --fp8_base: the embedders, norms and the final projection stay in the compute dtype (musubi-tuner keeps
     # img_in / txt_in / norm_out / proj_out / time_text_embed out of fp8)
     fp8_skip = ("img_in", "txt_in", "time_text_embed", "norm", "proj_out")
+    fp8_base_text_encoders = False  # musubi-tuner's --fp8_base stores the DiT only; Qwen2.5-VL has --fp8_vl
     target_classes = TARGETS
     options = QwenImageOptions
     full_training = PlainFullTraining()

@@ -130,6 +130,9 @@ def load_qwen_image(name: str, path: str | Path, *, dtype: torch.dtype | PartDty
     vae_path = _part(vae, folder, "vae", "--vae", "the Qwen-Image VAE, e.g. qwen_image_vae.safetensors")
     denoiser = load_dit(path, dtypes.denoiser, device)
     encoder = qwen25vl.load(te_path, dtypes.text_encoders, device, where="--text_encoder")
+    if getattr(options, "fp8_vl", False):  # musubi-tuner's --fp8_vl: Qwen2.5-VL in float8, computed as loaded
+        stored = qwen25vl.store_fp8(encoder, dtypes.text_encoders)
+        log.info("--fp8_vl: %d Qwen2.5-VL layers stored in float8", stored)
     autoencoder = load_vae(vae_path, dtypes.vae, device)
     tokenizers = [qwen25vl.load_tokenizer(te_path if te_path.is_dir() else None)]
     parts = Parts(denoiser, autoencoder, [encoder], tokenizers, dict(M.SCHEDULER), name, str(path), options)

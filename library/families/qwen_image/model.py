@@ -8,9 +8,10 @@ The released model (Qwen/Qwen-Image, -Edit, -Edit-2509): 60 dual-stream blocks, 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 RELEASED = dict(patch_size=2, in_channels=64, out_channels=16, num_layers=60, attention_head_dim=128,
@@ -76,18 +77,24 @@ def unpack(packed: Tensor, h: int, w: int) -> Tensor:
     return x.reshape(b, c, h, w)
 
 
-def forward(denoiser: nn.Module, noisy: Tensor, sigma: Tensor, states: Tensor, mask: Tensor | None) -> Tensor:
+def forward(denoiser: nn.Module, noisy: Tensor, sigma: Tensor, states: Tensor, mask: Tensor | None,
+            references: Sequence[Tensor] = ()) -> Tensor:  # fmt: skip
     """The velocity (B, C, H, W) at ``sigma`` (B,) (the model's timestep, in [0, 1]) over the text ``states``
-    (B, L, D) with ``mask`` (B, L) (None: every token real): musubi-tuner's ``call_dit`` for the original model."""
+    (B, L, D) with ``mask`` (B, L) (None: every token real): musubi-tuner's ``call_dit``. ``references``: the edit
+    models' control latents (each (B, C, h, w), any size), packed and appended to the image sequence after the noisy
+    latents, their shapes appended to ``img_shapes`` (so an Edit-2511 DiT's ``zero_cond_t`` modulates them at t = 0),
+    and the output cut back to the noisy latents' tokens (musubi-tuner's edit ``call_dit``, diffusers'
+    ``QwenImageEditPlusPipeline``)."""
     b, _, h, w = noisy.shape
     packed = pack(noisy)
+    shapes = [(1, h // 2, w // 2)] + [(1, r.shape[-2] // 2, r.shape[-1] // 2) for r in references]
+    hidden = torch.cat([packed, *(pack(r.to(packed.dtype)) for r in references)], dim=1) if references else packed
     attn = None if mask is None else mask.to(noisy.device).bool()
     if attn is not None and bool(attn.all()):
         attn = None
-    out = denoiser(hidden_states=packed, encoder_hidden_states=states, encoder_hidden_states_mask=attn,
-                   timestep=sigma.to(packed.dtype), img_shapes=[[(1, h // 2, w // 2)]] * b,
-                   return_dict=False)[0]  # fmt: skip
-    return unpack(out, h, w)
+    out = denoiser(hidden_states=hidden, encoder_hidden_states=states, encoder_hidden_states_mask=attn,
+                   timestep=sigma.to(packed.dtype), img_shapes=[shapes] * b, return_dict=False)[0]  # fmt: skip
+    return unpack(out[:, : packed.shape[1]], h, w)
 
 
 def dynamic_shift(h: int, w: int) -> float:

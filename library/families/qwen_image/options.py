@@ -8,7 +8,9 @@ and the edit / layered versions are refused: the edit models' control images are
 (attention per sample in musubi-tuner; SDPA with the text mask gives the same values), ``--vae_dtype`` (the VAE's
 dtype), ``--dit_dtype`` (musubi-tuner fixes bfloat16; read as the DiT's storage dtype when given).
 ``--fp8_scaled`` is the shared flag (library/run/runtime.py, library/device/fp8.py: with ``--fp8_base`` as musubi-tuner).
-Refused with a message: ``--fp8_vl`` (float8 Qwen2.5-VL is not done; its outputs are cached and it is freed), ``--num_layers``, ``--remove_first_image_from_target``, attention back ends other than SDPA, and the musubi-tuner
+``--fp8_vl``: Qwen2.5-VL's Linear weights stored in float8 (musubi-tuner's plain cast; ``qwen25vl.store_fp8``); ``--fp8_base``
+stores the DiT only, as musubi-tuner (Qwen2.5-VL stays bfloat16 without ``--fp8_vl``).
+Refused with a message: ``--num_layers``, ``--remove_first_image_from_target``, attention back ends other than SDPA, and the musubi-tuner
 common flags with no counterpart here (:data:`MUSUBI_ONLY`).
 """
 
@@ -45,8 +47,6 @@ SD_ONLY_FLAGS = {
 }
 # musubi-tuner flags with no counterpart here: flag -> (argparse kwargs, why refused)
 MUSUBI_ONLY: dict[str, tuple[dict, str]] = {
-    "--fp8_vl": ({"action": "store_true"}, "fp8 storage of Qwen2.5-VL comes later; cache the text encoder outputs "
-                 "(the default here) so it is freed before training"),
     "--num_layers": ({"type": int, "default": None}, "a DiT with fewer blocks is read from its file's shapes; give the "
                      "pruned file instead"),
     "--remove_first_image_from_target": ({"action": "store_true"}, "the layered model is not supported yet"),
@@ -95,6 +95,7 @@ class QwenImageOptions:
     vae_dtype: str | None = None
     dit_dtype: str | None = None
     text_encoder_batch_size: int | None = None
+    fp8_vl: bool = False
     flow: QwenFlowConfig | None = None
 
     @classmethod
@@ -118,6 +119,8 @@ class QwenImageOptions:
                  help="musubi-tuner attends sample by sample; SDPA with the text mask gives the same values")  # fmt: skip
         add_once(g, parser, "--vae_dtype", type=str, default=None, help="the VAE's dtype (default bfloat16)")
         add_once(g, parser, "--dit_dtype", type=str, default=None, help="the DiT's storage dtype")
+        add_once(g, parser, "--fp8_vl", action="store_true",
+                 help="Qwen2.5-VL's Linear weights in float8 (musubi-tuner's plain cast), computed in bfloat16")  # fmt: skip
         if training:
             add_once(g, parser, "--text_encoder_batch_size", type=int, default=None,
                      help="captions per Qwen2.5-VL call when caching (default: the training batch size)")  # fmt: skip
@@ -182,14 +185,25 @@ class QwenImageOptions:
 
 def musubi_argv(argv: Any, network: bool = True) -> list[str]:
     """musubi-tuner's caching behaviour on our flags: it always trains from cached latents and text-encoder outputs
-    (its separate caching scripts), so the run caches both (in memory) unless the command line says otherwise
-    (``--cache_latents*`` / ``--cache_text_encoder_outputs*`` given); and it trains the DiT's adapters only
+    (its separate caching scripts), so the run caches both unless the command line says otherwise
+    (``--cache_latents*`` / ``--cache_text_encoder_outputs*`` given): with musubi-tuner's dataset config on disk, in
+    its ``cache_directory`` (``--cache_dir``, unless given) else next to the images, where
+    qwen_image_cache_latents.py / qwen_image_cache_text_encoder_outputs.py write them, and in memory with
+    sd-scripts' dataset config; and it trains the DiT's adapters only
     (``--network_train_unet_only`` unless a ``--network_train_*`` flag is given)."""
+    from library.cli.parse import peek
+    from library.data import musubi_dataset
+
     args = list(sys.argv[1:] if argv is None else argv)
+    config = peek(args, "dataset_config")
+    on_disk = "_to_disk" if musubi_dataset.read_musubi(config) is not None else ""
+    folder = musubi_dataset.cache_directory(config)
+    if folder is not None and peek(args, "cache_dir") is None:
+        args += ["--cache_dir", folder]
     if not any(a.startswith("--cache_latents") for a in args):
-        args.append("--cache_latents")
+        args.append("--cache_latents" + on_disk)
     if not any(a.startswith("--cache_text_encoder_outputs") for a in args):
-        args.append("--cache_text_encoder_outputs")
+        args.append("--cache_text_encoder_outputs" + on_disk)
     if network and not any(a.startswith(("--network_train_unet_only", "--network_train_text_encoder_only"))
                            for a in args):  # fmt: skip
         args.append("--network_train_unet_only")  # musubi-tuner trains no text-encoder adapters
