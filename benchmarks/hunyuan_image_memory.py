@@ -1,7 +1,8 @@
 """Device memory per phase of a whole real-size HunyuanImage 2.1 LoRA run (hunyuan_image_train_network.py), and the
 host bytes of its parts, for sd-scripts' documented VRAM rows (docs/hunyuan_image_train_network.md §6.1).
 
-    python benchmarks/hunyuan_image_memory.py                          # every row, on the simulated device (any CPU)
+    python benchmarks/hunyuan_image_memory.py --rows fp8s:9            # one row, on the simulated device (any CPU);
+                                                                       # one row per process (docs/hunyuan_image.md)
     python benchmarks/hunyuan_image_memory.py --rows fp8s:37 --resolution 2048 --no_sample
     python benchmarks/hunyuan_image_memory.py --tiny                   # the same runs on the tiny model (a smoke check)
 
