@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CONTEXT, POOLED, DEPTH = 333, 2048, 24
 
 
-def sdscripts_model(compile_blocks: bool):
+def sdscripts_model():
     import torch
 
     sys.path.insert(0, os.getcwd())
@@ -50,9 +50,6 @@ def sdscripts_model(compile_blocks: bool):
     network = lora_sd3.create_network(1.0, 4, 2, None, encoders, mmdit)
     network.apply_to(encoders, mmdit, apply_text_encoder=False, apply_unet=True)
     mmdit.train()
-    if compile_blocks:
-        for block in mmdit.joint_blocks:
-            block.compile()
 
     def forward(x, t, context, pooled):
         return mmdit(x, t, y=pooled, context=context)
@@ -60,7 +57,7 @@ def sdscripts_model(compile_blocks: bool):
     return forward, [p for p in network.parameters() if p.requires_grad]
 
 
-def our_model(compile_blocks: bool):
+def our_model():
     sys.path.insert(0, str(ROOT))
     import sd3_train_network
     from library.families import get_family
@@ -79,9 +76,6 @@ def our_model(compile_blocks: bool):
          "--network_train_unet_only"])  # fmt: skip
     network = prepare_network(NetworkConfig.from_args(args), family.adapter_roots(parts), family.target_classes)
     parts.denoiser.train()
-    if compile_blocks:
-        for block in parts.denoiser.transformer_blocks:
-            block.compile()
 
     def forward(x, t, context, pooled):
         return family.predict(parts.denoiser, x, t, Cond(context, pooled, None))
@@ -89,11 +83,11 @@ def our_model(compile_blocks: bool):
     return forward, [p for p in network.parameters() if p.requires_grad]
 
 
-def run_side(side: str, res: int, steps: int, profile: str | None, compile_blocks: bool) -> dict:
+def run_side(side: str, res: int, steps: int, profile: str | None) -> dict:
     import torch
 
     t0 = time.perf_counter()
-    forward, params = (sdscripts_model if side == "sdscripts" else our_model)(compile_blocks)
+    forward, params = (sdscripts_model if side == "sdscripts" else our_model)()
     build_s = time.perf_counter() - t0
     g = torch.Generator().manual_seed(0)
     lat = res // 8
@@ -130,7 +124,7 @@ def both(a: argparse.Namespace) -> None:
     """The two sides one after the other (sd-scripts first), each its own process; prints the ratio."""
     sds = Path(a.sdscripts).expanduser()
     venv = Path(a.sdsvenv).expanduser() / "bin" / "python"
-    common = ["--res", str(a.res), "--steps", str(a.steps)] + (["--compile"] if a.compile else [])
+    common = ["--res", str(a.res), "--steps", str(a.steps)]
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
     results = {}
     for side, python, cwd in (("sdscripts", str(venv), sds), ("ours", sys.executable, ROOT)):
@@ -154,7 +148,6 @@ def main() -> None:
     ap.add_argument("--res", type=int, default=256, help="image side in pixels (latents res/8, patches res/16)")
     ap.add_argument("--steps", type=int, default=2, help="timed steps after one warm-up step")
     ap.add_argument("--profile", default=None, help="write torch.profiler's operator table of one more step here")
-    ap.add_argument("--compile", action="store_true", help="torch.compile each joint block (regional compilation)")
     ap.add_argument("--json", action="store_true", help="print one JSON line")
     ap.add_argument("--threads", type=int, default=1, help="both: OMP_NUM_THREADS of each side")
     ap.add_argument("--sdscripts", default="~/sdtrain-peer/sd-scripts")
@@ -163,7 +156,7 @@ def main() -> None:
     a = ap.parse_args()
     if a.side == "both":
         return both(a)
-    r = run_side(a.side, a.res, a.steps, a.profile, a.compile)
+    r = run_side(a.side, a.res, a.steps, a.profile)
     print(json.dumps(r) if a.json else r)
 
 
