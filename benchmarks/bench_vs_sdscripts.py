@@ -39,6 +39,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 PEER = HERE / "peer"
 sys.path.insert(0, str(PEER))
+from dit_cases import DIT_CASES, dit_flags, reference_wrapper  # noqa: E402
 from pairs import fmt, safetensors_summary, summarize  # noqa: E402
 
 HOOK = r"""
@@ -94,7 +95,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--sdtrain_venv", type=Path, help="default: SDTRAIN/.venv, else the running interpreter's venv")
     ap.add_argument("--before", type=Path, help="a second sdtrain checkout (with its .venv) measured as 'before'")
     ap.add_argument("--before_venv", type=Path, help="default: BEFORE/.venv")
-    ap.add_argument("--cases", default="sd1,sdxl", help=f"comma list of {', '.join(CASES)}")
+    ap.add_argument("--cases", default="sd1,sdxl", help=f"comma list of {', '.join([*CASES, *DIT_CASES])}")
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--steps", default="10,40", help="comma list of --max_train_steps values, each run in every pair")
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="accelerate --num_cpu_threads_per_process")
@@ -105,13 +106,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--timeout", type=int, default=3600, help="seconds per run")
     ap.add_argument("--rss_interval", type=float, default=0.5, help="RSS sampling period in s (0 = off)")
     ap.add_argument("--summarize", type=Path, metavar="OUT", help="only re-print the tables of an earlier run")
+    ap.add_argument(
+        "--kit",
+        type=Path,
+        default=Path("/work/shared/peer/helpers"),
+        help="the peer kit's helpers folder (its run_sdscripts_tiny.py patches sd-scripts' SD3 configs)",
+    )
     a = ap.parse_args(argv)
     a.assets = a.assets.expanduser()
     if a.summarize is None and a.sdscripts is None:
         ap.error("--sdscripts PATH (an sd-scripts checkout) is required")
     for c in a.cases.split(","):
-        if c not in CASES:
-            ap.error(f"unknown case {c!r}; known: {', '.join(CASES)}")
+        if c not in CASES and c not in DIT_CASES:
+            ap.error(f"unknown case {c!r}; known: {', '.join([*CASES, *DIT_CASES])}")
     return a
 
 
@@ -145,8 +152,16 @@ def ensure_assets(a: argparse.Namespace, sds: Side, cases: list[str]) -> None:
     sdtrain's library; the dataset with sd-scripts' python)."""
     py = str(sds.venv / "bin" / "python")
     models = a.assets / "models"
+    dit = [c for c in cases if c in DIT_CASES and not (models / DIT_CASES[c].folder).exists()]
+    if dit:  # written with this checkout's library (its tiny builders)
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        subprocess.run([sys.executable, str(PEER / "tiny_families.py"), str(models), "--only",
+                        ",".join(DIT_CASES[c].family for c in dit)], check=True, env=env)  # fmt: skip
     for kind in ("sd1", "sdxl"):
-        if any(CASES[c][1] == f"tiny-{kind}-real" for c in cases) and not (models / f"tiny-{kind}-real").exists():
+        if (
+            any(c in CASES and CASES[c][1] == f"tiny-{kind}-real" for c in cases)
+            and not (models / f"tiny-{kind}-real").exists()
+        ):
             subprocess.run([sys.executable, str(PEER / "tiny_models.py"), str(models), "--layout", "real", "--only",
                             kind], check=True)  # fmt: skip
     tok = a.assets / "tokcache"
@@ -213,21 +228,27 @@ def parse_time_v(path: Path) -> dict:
 
 
 def command(a: argparse.Namespace, side: Side, case: str, steps: int, rdir: Path) -> list[str]:
-    script, model, extra, res, batch = CASES[case]
+    if case in DIT_CASES:
+        script, res, batch, wrapper = DIT_CASES[case].script, 64, 1, reference_wrapper(case, a.kit)
+        model = dit_flags(case, a.assets / "models")
+    else:
+        script, name, extra, res, batch = CASES[case]
+        wrapper = PEER / "run_sdscripts_tiny.py"
+        model = ["--pretrained_model_name_or_path", str(a.assets / "models" / name), "--network_module",
+                 "networks.lora", "--network_dim", str(a.network_dim), "--network_alpha", str(a.network_dim), "--seed",
+                 "42", "--sdpa", *extra]  # fmt: skip
     data = a.assets / ("data512" if case == "sd1_real" else "data") / "train"
-    flags = [
-        "--pretrained_model_name_or_path", str(a.assets / "models" / model),
+    flags = model + [
         "--tokenizer_cache_dir", str(a.assets / "tokcache"), "--train_data_dir", str(data),
         "--caption_extension", ".txt", "--resolution", str(res), "--train_batch_size", str(batch),
-        "--network_module", "networks.lora", "--network_dim", str(a.network_dim), "--network_alpha", str(a.network_dim),
-        "--optimizer_type", "AdamW", "--learning_rate", "1e-4", "--max_train_steps", str(steps), "--seed", "42",
-        "--mixed_precision", "no", "--sdpa", "--max_data_loader_n_workers", "0",
+        "--optimizer_type", "AdamW", "--learning_rate", "1e-4", "--max_train_steps", str(steps),
+        "--mixed_precision", "no", "--max_data_loader_n_workers", "0",
         "--output_dir", str(rdir / "out"), "--output_name", "lora", "--save_model_as", "safetensors",
-    ] + extra + a.extra.split()  # fmt: skip
+    ] + a.extra.split()  # fmt: skip
     launch = [str(side.venv / "bin" / "accelerate"), "launch", "--cpu", "--num_processes", "1", "--num_machines", "1",
               "--mixed_precision", "no", "--dynamo_backend", "no", "--num_cpu_threads_per_process", str(a.threads)]  # fmt: skip
     if side.sdscripts:
-        return launch + [str(PEER / "run_sdscripts_tiny.py"), script] + flags
+        return launch + [str(wrapper), script] + flags
     return launch + [script] + flags
 
 
@@ -237,7 +258,8 @@ def run_one(a: argparse.Namespace, side: Side, case: str, steps: int, pair: int,
     stamps, timef, log = rdir / "stamps.txt", rdir / "time_v.txt", rdir / "log.txt"
     env = dict(os.environ, HF_HUB_OFFLINE="1", BENCH_STAMPS=str(stamps))
     env.pop("TQDM_DISABLE", None)
-    path = [str(out / "_hook")] + ([str(PEER / "sds_shims")] if side.sdscripts else [])
+    shims = a.kit / "sds_shims" if case in DIT_CASES else PEER / "sds_shims"  # DiT paths need the kit's fuller one
+    path = [str(out / "_hook")] + ([str(shims)] if side.sdscripts else [])
     env["PYTHONPATH"] = os.pathsep.join(path)
     cmd = command(a, side, case, steps, rdir)
     data = a.assets / ("data512" if case == "sd1_real" else "data") / "train"

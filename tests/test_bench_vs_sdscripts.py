@@ -89,8 +89,28 @@ def test_arguments_name_what_is_missing(tmp_path, capsys):
         bench_vs_sdscripts.parse_args(["--cases", "sd1"])
     assert "--sdscripts" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        bench_vs_sdscripts.parse_args(["--sdscripts", str(tmp_path), "--cases", "sd3"])
-    assert "unknown case 'sd3'" in capsys.readouterr().err
+        bench_vs_sdscripts.parse_args(["--sdscripts", str(tmp_path), "--cases", "sd4"])
+    assert "unknown case 'sd4'" in capsys.readouterr().err
     a = bench_vs_sdscripts.parse_args(["--sdscripts", str(tmp_path)])
     with pytest.raises(SystemExit, match="not an sd-scripts checkout"):
         bench_vs_sdscripts.make_sides(a)
+
+
+@pytest.mark.parametrize("case", ["sd3", "anima", "lumina"])
+def test_dit_cases_give_both_sides_the_same_files_and_flags(tmp_path, case):
+    """A DiT case runs the same entry script on both sides with the same arguments; only the reference side goes
+    through the wrapper that patches its released configs (the kit's for SD3, run_reference_tiny.py otherwise)."""
+    a = bench_vs_sdscripts.parse_args(["--sdscripts", str(tmp_path), "--assets", str(tmp_path), "--cases", case,
+                                       "--kit", str(tmp_path / "kit")])  # fmt: skip
+    sds = bench_vs_sdscripts.Side("sd-scripts", tmp_path, tmp_path / "venv", sdscripts=True)
+    ours = bench_vs_sdscripts.Side("sdtrain", tmp_path, tmp_path / "venv2")
+    theirs, mine = (bench_vs_sdscripts.command(a, s, case, 7, tmp_path / "run") for s in (sds, ours))
+    script = bench_vs_sdscripts.DIT_CASES[case].script
+    assert mine[mine.index(script) + 1 :] == theirs[theirs.index(script) + 1 :]
+    wrapper = Path(theirs[theirs.index(script) - 1])
+    assert wrapper.parent == (tmp_path / "kit" if case == "sd3" else PEER)
+    flags = mine[mine.index(script) + 1 :]
+    model = Path(flags[flags.index("--pretrained_model_name_or_path") + 1])
+    assert model.parent == tmp_path / "models" / bench_vs_sdscripts.DIT_CASES[case].folder
+    assert flags[flags.index("--network_module") + 1] == f"networks.lora_{case}"
+    assert flags[flags.index("--max_train_steps") + 1] == "7" and "--network_train_unet_only" in flags

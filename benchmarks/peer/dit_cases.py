@@ -1,0 +1,55 @@
+"""bench_vs_sdscripts.py's cases for the families sd-scripts builds from hard-coded release configs (SD3 and after).
+
+Both sides run the same entry script name (sd-scripts' and ours), on the same single files of
+benchmarks/peer/tiny_families.py under ``ASSETS/models/<folder>``, with the same flags: 64 px, batch 1, LoRA dim 4
+alpha 2 with the family's ``networks.lora_<family>``, AdamW, seed 1, cached latents and text-encoder outputs, the
+denoiser only. sd-scripts runs through a wrapper that patches its released configs to the tiny widths from the
+``tiny_config.json`` beside the model file: the peer kit's helpers/run_sdscripts_tiny.py for SD3 (``--kit``), this
+folder's run_reference_tiny.py for the others.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+COMMON = ["--network_dim", "4", "--network_alpha", "2", "--seed", "1", "--cache_latents", "--cache_text_encoder_outputs",
+          "--network_train_unet_only"]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class DitCase:
+    script: str
+    folder: str  # under ASSETS/models, written by tiny_families.py's builder of the same family
+    family: str
+    files: tuple[tuple[str, str], ...]  # (flag, file name in the folder)
+    flags: tuple[str, ...]
+    kit_wrapper: bool = False  # the peer kit's run_sdscripts_tiny.py (else run_reference_tiny.py)
+
+
+DIT_CASES = {
+    "sd3": DitCase("sd3_train_network.py", "tiny-sd3", "sd3",
+                   (("--pretrained_model_name_or_path", "sd3_tiny.safetensors"), ("--clip_l", "clip_l.safetensors"),
+                    ("--clip_g", "clip_g.safetensors"), ("--t5xxl", "t5xxl.safetensors")),
+                   ("--network_module", "networks.lora_sd3", "--weighting_scheme", "uniform", "--sdpa"),
+                   kit_wrapper=True),
+    "anima": DitCase("anima_train_network.py", "tiny-anima", "anima",
+                     (("--pretrained_model_name_or_path", "tiny_dit.safetensors"), ("--qwen3", "tiny_qwen3.safetensors"),
+                      ("--vae", "tiny_vae.safetensors")),
+                     ("--network_module", "networks.lora_anima")),
+    "lumina": DitCase("lumina_train_network.py", "tiny-lumina", "lumina",
+                      (("--pretrained_model_name_or_path", "model.safetensors"), ("--gemma2", "gemma2.safetensors"),
+                       ("--ae", "ae.safetensors")),
+                      ("--network_module", "networks.lora_lumina")),
+}  # fmt: skip
+
+
+def dit_flags(case: str, models: Path) -> list[str]:
+    """The model files and case flags both sides get (the shared ones come from the caller)."""
+    c = DIT_CASES[case]
+    return [x for flag, name in c.files for x in (flag, str(models / c.folder / name))] + list(c.flags) + COMMON
+
+
+def reference_wrapper(case: str, kit: Path) -> Path:
+    return kit / "run_sdscripts_tiny.py" if DIT_CASES[case].kit_wrapper else HERE / "run_reference_tiny.py"
