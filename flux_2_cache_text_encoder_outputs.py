@@ -19,7 +19,7 @@ from library.cli.main_guard import main_guard
 from library.cli.problems import ConfigError
 
 WHY = ("flux_2_cache_text_encoder_outputs.py is not supported yet (musubi-tuner's separate caching step); skip it: "
-       "flux_2_train_network.py cache the latents and text encoder outputs inside the run "
+       "flux_2_train_network.py caches the latents and text encoder outputs inside the run "
        "(add --cache_latents_to_disk / --cache_text_encoder_outputs_to_disk to keep them on disk)")  # fmt: skip
 
 

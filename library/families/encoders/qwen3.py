@@ -5,8 +5,10 @@ Tokenizer: ``data/qwen3_tokenizer.json.gz`` + ``data/qwen3_tokenizer_config.json
 vocab.json + merges.txt, Apache-2.0, as one tokenizers file; every Qwen3 size shares it), unpacked once into the
 sdtrain cache; a folder's own tokenizer is used when it has one.
 
-Chat template (:func:`chat`): Qwen3's ``apply_chat_template([{"role": "user", "content": c}],
-add_generation_prompt=True, enable_thinking=False)`` written out (the shipped config carries no Jinja template):
+Chat template (:func:`chat`): Qwen3's own Jinja template (``data/qwen3_chat_template.jinja``, the ``chat_template``
+of Qwen3's tokenizer_config.json as sd-scripts' ``configs/qwen3_06b`` ships it, Apache-2.0; every Qwen3 size shares
+it) rendered by transformers' ``apply_chat_template([{"role": "user", "content": c}], add_generation_prompt=True,
+enable_thinking=False)``, as diffusers' ``Flux2KleinPipeline`` and musubi-tuner's ``Qwen3Embedder`` call it:
 ``<|im_start|>user\\n{c}<|im_end|>\\n<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n``.
 
 Weights (:func:`load`): one file (``model.``-prefixed as ``Qwen3ForCausalLM`` / ComfyUI save it, or bare), the first
@@ -34,7 +36,7 @@ from ..tokenizers import _cache_root
 DATA = Path(__file__).parent.parent / "data"
 TOKENIZER_FILE = DATA / "qwen3_tokenizer.json.gz"
 TOKENIZER_CONFIG = DATA / "qwen3_tokenizer_config.json"
-CHAT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+CHAT_TEMPLATE = DATA / "qwen3_chat_template.jinja"
 SPLIT_FILE = re.compile(r"^(?P<stem>.*)-(?P<index>\d{5})-of-(?P<count>\d{5})$")
 _COMMON = dict(hidden_act="silu", attention_bias=False, max_position_embeddings=40960, rms_norm_eps=1e-6,
                rope_theta=1000000, model_type="qwen3", vocab_size=151936, head_dim=128)  # fmt: skip
@@ -79,15 +81,23 @@ def load_tokenizer(path: str | Path | None = None) -> Any:
     return _tokenizer(str(bundled_folder()))
 
 
-def chat(caption: str) -> str:
-    """``caption`` in Qwen3's chat template, a user turn, generation prompt, thinking off (module docstring)."""
-    return CHAT.format(caption)
+@lru_cache(maxsize=1)
+def chat_template() -> str:
+    return CHAT_TEMPLATE.read_text(encoding="utf-8")
+
+
+def chat(tokenizer: Any, caption: str) -> str:
+    """``caption`` in Qwen3's chat template (the tokenizer's own when it has one, else the shipped one): a user
+    turn, the generation prompt, thinking off (module docstring)."""
+    template = getattr(tokenizer, "chat_template", None) or chat_template()
+    return tokenizer.apply_chat_template([{"role": "user", "content": caption}], chat_template=template,
+                                         tokenize=False, add_generation_prompt=True, enable_thinking=False)  # fmt: skip
 
 
 def tokenize_chat(tokenizer: Any, captions: Sequence[str], length: int) -> tuple[Tensor, Tensor]:
     """(ids, mask) (B, ``length``) int64 of the captions in the chat template, padded to ``length`` and truncated
     (diffusers' ``Flux2KleinPipeline._get_qwen3_prompt_embeds``, musubi-tuner's ``Qwen3Embedder``)."""
-    out = tokenizer([chat(c) for c in captions], return_tensors="pt", padding="max_length", truncation=True,
+    out = tokenizer([chat(tokenizer, c) for c in captions], return_tensors="pt", padding="max_length", truncation=True,
                     max_length=length)  # fmt: skip
     return out["input_ids"], out["attention_mask"]
 

@@ -1,0 +1,287 @@
+"""FLUX.2 (klein) on the tiny files: the BFL / ComfyUI / diffusers DiT layouts against diffusers' single-file
+converter on every key; the AE's names and latent normalisation against diffusers' converter and Flux2KleinPipeline;
+the Qwen3 prompt against Flux2KleinPipeline's encoder; the DiT call's position ids against the pipeline's; musubi-tuner's
+documented flux_2_train_network.py command line with its dataset TOML, whose LoRA applied by ComfyUI's rule (by hand)
+and by diffusers' Flux2KleinPipeline loader equals our injected network; LoKr; the loss falls; bad input is refused
+before training."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import flux_2_train_network
+from library.cli.problems import ConfigError
+from library.families.autoencoders import flux2 as ae
+from library.families.base import Parts
+from library.families.flux2 import FLUX2
+from library.families.flux2 import keys as K
+from library.families.flux2 import model as M
+from library.families.flux2.loading import load_dit, variant
+from library.files.weights import read_metadata
+
+pytest_plugins = ["_flux2_helpers"]
+CAPTIONS = ["a red cube on a table", ""]
+
+
+def musubi_toml(dataset: Path, path: Path, extra: str = "") -> Path:
+    """musubi-tuner's dataset config (docs/dataset_config.md's image example) over the demo's images, 64 px."""
+    path.write_text(f'[general]\nresolution = [64, 64]\ncaption_extension = ".txt"\nbatch_size = 2\nenable_bucket = true\n'
+                    f'bucket_no_upscale = false\n\n[[datasets]]\nimage_directory = "{(dataset / "10_sks shape").as_posix()}"\n'
+                    f'num_repeats = 1\n{extra}')  # fmt: skip
+    return path
+
+
+def doc_command(files, toml, out, *extra):
+    """musubi-tuner's docs/flux_2.md LoRA line with the tiny files (1 epoch, loader workers 0 for the test)."""
+    return ["--model_version", "klein-base-4b", "--dit", files["dit"], "--vae", files["vae"], "--text_encoder",
+            files["text_encoder"], "--dataset_config", str(toml), "--sdpa", "--mixed_precision", "bf16",
+            "--timestep_sampling", "flux2_shift", "--weighting_scheme", "none", "--optimizer_type", "adamw8bit",
+            "--learning_rate", "1e-4", "--gradient_checkpointing", "--max_data_loader_n_workers", "0",
+            "--persistent_data_loader_workers", "--network_module", "networks.lora_flux_2", "--network_dim", "32",
+            "--max_train_epochs", "1", "--save_every_n_epochs", "1", "--seed", "42", "--output_dir", str(out),
+            "--output_name", "name-of-lora", *extra]  # fmt: skip
+
+
+def _inputs(seed: int, batch: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    return (
+        torch.randn(batch, 128, 4, 6, generator=g),
+        torch.randn(batch, 5, 48, generator=g),
+        torch.tensor([0.6] * batch),
+    )
+
+
+@pytest.mark.parametrize("guidance", [False, True])
+def test_dit_keys_equal_diffusers_converter(flux2_files, guidance):
+    """Every key of a tiny BFL file (klein; dev's guidance_in too) converts as diffusers'
+    convert_flux2_transformer_checkpoint_to_diffusers converts it, bare and under model.diffusion_model.; back to BFL
+    gives the file again."""
+    from diffusers.loaders.single_file_utils import convert_flux2_transformer_checkpoint_to_diffusers
+
+    torch.manual_seed(1)
+    model = M.build(dict(M.TINY, guidance_embeds=guidance))
+    bfl = {k: torch.randn(v.shape) for k, v in K.to_bfl(model.state_dict()).items()}
+    want = convert_flux2_transformer_checkpoint_to_diffusers(dict(bfl))
+    assert set(want) == set(model.state_dict())
+    for source in (bfl, {K.BFL_PREFIX + k: v for k, v in bfl.items()}):
+        view = K.BflView(source)
+        assert set(view) == set(want) and view.unread == []
+        for k in want:
+            assert torch.equal(view[k], want[k]) and tuple(view.shape(k)) == tuple(want[k].shape), k
+    back = K.to_bfl(dict(K.BflView(bfl).items()))
+    assert back.keys() == bfl.keys() and all(torch.equal(back[k], bfl[k]) for k in bfl)
+
+
+def test_dit_layouts_load_the_same(flux2_files, tmp_path):
+    """BFL's file, ComfyUI's model.diffusion_model. file, a file in diffusers' names and a diffusers folder read the
+    same DiT; the folder also gives its text encoder and AE (no --text_encoder / --vae)."""
+    parts = flux2_files["parts"]
+    want = parts.denoiser.state_dict()
+    bfl = load_file(flux2_files["dit"])
+    save_file({K.BFL_PREFIX + k: v for k, v in bfl.items()}, str(tmp_path / "comfy.safetensors"))
+    save_file(dict(want), str(tmp_path / "diffusers.safetensors"))
+    FLUX2.tiny.write_folder(parts, tmp_path / "pipe")
+    for path in (Path(flux2_files["dit"]), tmp_path / "comfy.safetensors", tmp_path / "diffusers.safetensors"):
+        got = load_dit(path, torch.float32, "cpu").state_dict()
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want), path
+    loaded = FLUX2.load(tmp_path / "pipe")
+    for a, b in ((parts.denoiser, loaded.denoiser), (parts.vae, loaded.vae), (parts.text_encoders[0],
+                                                                              loaded.text_encoders[0])):  # fmt: skip
+        sa, sb = a.state_dict(), b.state_dict()
+        assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+    with pytest.raises(ValueError, match="--dit .*no FLUX.2 DiT weights"):
+        load_dit(Path(flux2_files["vae"]), torch.float32, "cpu")
+
+
+def test_variant_from_the_weights():
+    """dev / klein 4B / klein 9B from the architecture; base from --model_version or the file name; a version that
+    names another architecture is refused."""
+    assert variant(M.DEV, None, Path("flux2-dev.safetensors")) == "dev"
+    assert variant(M.KLEIN_9B, None, Path("flux2-klein-9b.safetensors")) == "klein-9b"
+    assert variant(M.KLEIN_4B, None, Path("flux2-klein-base-4b.safetensors")) == "klein-base-4b"
+    assert variant(M.KLEIN_4B, "klein-base-4b", Path("x.safetensors")) == "klein-base-4b"
+    with pytest.raises(ValueError, match="--model_version dev: the DiT .* is FLUX.2 klein-4b"):
+        variant(M.KLEIN_4B, "dev", Path("x.safetensors"))
+
+
+def test_ae_names_and_latents_equal_diffusers(flux2_files):
+    """The BFL ae.safetensors names read as diffusers' convert_ldm_vae_checkpoint reads them (quant convs moved to
+    the top, bn kept); encode equals Flux2KleinPipeline._encode_vae_image (argmax, patchify, bn statistics) and
+    decode inverts the normalisation."""
+    from diffusers import Flux2KleinPipeline
+    from diffusers.loaders.single_file_utils import convert_ldm_vae_checkpoint
+
+    vae = flux2_files["parts"].vae
+    bfl = load_file(flux2_files["vae"])
+    moved = {k.replace("encoder.quant_conv", "quant_conv").replace("decoder.post_quant_conv", "post_quant_conv"): v
+             for k, v in bfl.items()}  # fmt: skip
+    want = convert_ldm_vae_checkpoint(moved, dict(vae.config))
+    got = ae.load(Path(flux2_files["vae"]), torch.float32, "cpu").state_dict()
+    assert set(want) | {k for k in got if k.startswith("bn.")} == set(got)
+    assert all(torch.equal(got[k], want[k].reshape(got[k].shape)) for k in want)
+    assert all(torch.equal(got[k], vae.state_dict()[k]) for k in got)
+    pixels = torch.rand(2, 3, 64, 32, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    pipe = SimpleNamespace(vae=vae, _patchify_latents=Flux2KleinPipeline._patchify_latents)
+    with torch.no_grad():
+        ref = Flux2KleinPipeline._encode_vae_image(pipe, pixels, None)
+        ours = FLUX2.encode_latents(flux2_files["parts"], pixels)
+        torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
+        z = vae.encode(pixels).latent_dist.mode()
+        torch.testing.assert_close(FLUX2.decode_latents(flux2_files["parts"], ours),
+                                   vae.decode(z).sample.clamp(-1, 1), atol=1e-5, rtol=1e-5)  # fmt: skip
+
+
+def test_prompt_equals_klein_pipeline(flux2_files):
+    """Our prompt equals Flux2KleinPipeline._get_qwen3_prompt_embeds over Qwen3ForCausalLM with the same weights
+    (chat template, thinking off, 512 tokens, layers 9, 18, 27 side by side)."""
+    from diffusers import Flux2KleinPipeline
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from library.families.encoders import qwen3
+    from library.families.flux2.loading import TINY_QWEN3
+
+    parts = flux2_files["parts"]
+    lm = Qwen3ForCausalLM(Qwen3Config(**TINY_QWEN3)).eval()
+    lm.model.load_state_dict(parts.text_encoders[0].state_dict())
+    tok = copy.copy(parts.tokenizers[0])
+    tok.chat_template = qwen3.chat_template()
+    with torch.no_grad():
+        ref = Flux2KleinPipeline._get_qwen3_prompt_embeds(lm, tok, CAPTIONS, dtype=torch.float32, device="cpu")
+        ours = FLUX2.encode_prompt(parts, CAPTIONS).hidden_states
+    assert ours.shape == (2, 512, 48)
+    torch.testing.assert_close(ours, ref)
+
+
+def test_forward_ids_equal_pipeline(flux2_files):
+    """The DiT call (tokens in row order, ids (0, h, w, 0), text ids (0, 0, 0, l), a reference image at t = 10)
+    equals the transformer called with Flux2KleinPipeline's own packing and id helpers."""
+    from diffusers import Flux2KleinPipeline as P
+
+    denoiser = flux2_files["parts"].denoiser
+    x, ctx, t = _inputs(0, 2)
+    ref = torch.randn(2, 128, 2, 2, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ours = M.forward(denoiser, x, t, ctx, references=[ref])
+        ids = torch.cat([P._prepare_latent_ids(x)[0], P._prepare_image_ids([ref[:1]])[0]])
+        tokens = torch.cat([P._pack_latents(x), P._pack_latents(ref)], dim=1)
+        out = denoiser(hidden_states=tokens, encoder_hidden_states=ctx, timestep=t, img_ids=ids,
+                       txt_ids=P._prepare_text_ids(ctx)[0], return_dict=False)[0][:, :24]  # fmt: skip
+    torch.testing.assert_close(ours, out.transpose(1, 2).reshape(x.shape))
+
+
+def _merged(denoiser, lora_sd, multiplier=1.0):
+    """ComfyUI's rule by hand on the BFL state dict (lora_unet_ + the BFL key's module path with dots as
+    underscores; W += m·α/r·up@down), read back into the diffusers model through the BFL view."""
+    bfl = K.to_bfl(denoiser.state_dict())
+    by_kohya = {"lora_unet_" + k[: -len(".weight")].replace(".", "_"): k for k in bfl if k.endswith(".weight")}
+    for name in {k.split(".")[0] for k in lora_sd}:
+        up, down = lora_sd[f"{name}.lora_up.weight"].float(), lora_sd[f"{name}.lora_down.weight"].float()
+        alpha = float(lora_sd[f"{name}.alpha"]) if f"{name}.alpha" in lora_sd else down.shape[0]
+        key = by_kohya[name]
+        bfl[key] = bfl[key] + multiplier * alpha / down.shape[0] * (up @ down)
+    out = copy.deepcopy(denoiser)
+    out.load_state_dict(dict(K.BflView(bfl).items()))
+    return out
+
+
+def test_documented_command_line_with_musubi_toml(flux2_files, dataset, tmp_path):
+    """musubi-tuner's docs/flux_2.md line with its dataset TOML runs; the file names every Linear of the blocks by
+    its BFL path (qkv fused); applied by ComfyUI's rule, by diffusers' Flux2KleinPipeline loader and by our injected
+    network it gives the same output."""
+    from diffusers import Flux2KleinPipeline
+
+    from networks.inject import network_from_file
+
+    toml = musubi_toml(dataset, tmp_path / "dataset.toml")
+    result = flux_2_train_network.run(doc_command(flux2_files, toml, tmp_path / "out", "--network_alpha", "8"))
+    meta = read_metadata(result.output)
+    assert meta["ss_network_module"] == "networks.lora_flux_2" and meta["ss_timestep_sampling"] == "flux2_shift"
+    assert meta["modelspec.architecture"] == "flux-2/lora" and meta["ss_base_model_version"] == "flux2"
+    sd = load_file(str(result.output))
+    names = {k.split(".")[0] for k in sd}
+    blocks = {f"lora_unet_double_blocks_0_{s}_{m}" for s in ("img", "txt") for m in ("attn_qkv", "attn_proj",
+                                                                                        "mlp_0", "mlp_2")}  # fmt: skip
+    assert names == blocks | {f"lora_unet_single_blocks_{i}_linear{j}" for i in (0, 1) for j in (1, 2)}
+    for k in [k for k in sd if k.endswith("lora_up.weight")]:
+        sd[k] = torch.randn_like(sd[k]) * 0.05  # trained ups are tiny after 2 steps: make the comparison telling
+    save_file(sd, str(tmp_path / "lora.safetensors"))
+    base = flux2_files["parts"].denoiser
+    merged = _merged(base, sd)
+    ours = copy.deepcopy(base)
+    net = network_from_file(tmp_path / "lora.safetensors", FLUX2.adapter_roots(Parts(ours, None, [], [], {}, "flux2")))
+    net.set_multiplier(1.0)
+    x, ctx, t = _inputs(3)
+    with torch.no_grad():
+        want = M.forward(merged, x, t, ctx)
+        assert (want - M.forward(base, x, t, ctx)).abs().max() > 1e-3  # the LoRA changes the output
+        diff = copy.deepcopy(base)
+        state = Flux2KleinPipeline.lora_state_dict(str(tmp_path / "lora.safetensors"))
+        Flux2KleinPipeline.load_lora_into_transformer(state, transformer=diff)
+        torch.testing.assert_close(M.forward(diff, x, t, ctx), want, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(M.forward(ours, x, t, ctx), want, atol=1e-4, rtol=1e-4)
+
+
+def test_lycoris_lokr_trains_and_merges(flux2_files, dataset, tmp_path):
+    """LoKr through lycoris.kohya on the blocks (the fused qkv one module): live equals merged into the weights."""
+    from networks.inject import network_from_file
+
+    toml = musubi_toml(dataset, tmp_path / "dataset.toml")
+    extra = ["--network_module", "lycoris.kohya", "--network_args", "algo=lokr", "factor=4", "--network_dim", "4"]
+    result = flux_2_train_network.run(doc_command(flux2_files, toml, tmp_path / "out", *extra))
+    sd = load_file(str(result.output))
+    assert "lora_unet_double_blocks_0_img_attn_qkv.lokr_w1" in sd and all(k.startswith("lora_unet_") for k in sd)
+    for k in [k for k in sd if "lokr_w" in k]:
+        sd[k] = torch.randn_like(sd[k]) * 0.3
+    save_file(sd, str(tmp_path / "lokr.safetensors"))
+    base = flux2_files["parts"].denoiser
+    live, merged = copy.deepcopy(base), copy.deepcopy(base)
+    net = network_from_file(tmp_path / "lokr.safetensors", FLUX2.adapter_roots(Parts(live, None, [], [], {}, "f")))
+    net.set_multiplier(1.0)
+    other = network_from_file(tmp_path / "lokr.safetensors", FLUX2.adapter_roots(Parts(merged, None, [], [], {}, "f")))
+    other.set_multiplier(1.0)
+    other.merge_into_base()
+    x, ctx, t = _inputs(5)
+    with torch.no_grad():
+        a, b = M.forward(live, x, t, ctx), M.forward(merged, x, t, ctx)
+        assert (a - M.forward(base, x, t, ctx)).abs().max() > 1e-3
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_loss_falls(flux2_files, dataset, tmp_path):
+    """Ten epochs at a high learning rate on the four images: the loss of the last epoch is below the first's."""
+    toml = musubi_toml(dataset, tmp_path / "dataset.toml")
+    result = flux_2_train_network.run(doc_command(flux2_files, toml, tmp_path / "out", "--max_train_epochs", "10",
+                                                  "--learning_rate", "3e-3", "--optimizer_type", "AdamW",
+                                                  "--timestep_sampling", "uniform", "--save_every_n_epochs", "10"))  # fmt: skip
+    assert result.output.is_file() and len(result.losses) == 20
+    assert sum(result.losses[-4:]) < sum(result.losses[:4])
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--fp8_text_encoder"], "--fp8_text_encoder is not supported yet"),
+        (["--timestep_sampling", "qinglong_flux"], "--timestep_sampling qinglong_flux is not supported for FLUX.2"),
+        (["--model_version", "klein-9"], "--model_version klein-9: unknown"),
+    ],
+)
+def test_refused_before_training(flux2_files, dataset, tmp_path, extra, message):
+    toml = musubi_toml(dataset, tmp_path / "dataset.toml")
+    with pytest.raises(ConfigError, match=message):
+        flux_2_train_network.run(doc_command(flux2_files, toml, tmp_path / "out", *extra))
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_caching_scripts_refuse_with_a_message(capsys):
+    import flux_2_cache_latents
+    import flux_2_cache_text_encoder_outputs
+
+    for script in (flux_2_cache_latents, flux_2_cache_text_encoder_outputs):
+        assert script.main(["--dataset_config", "x.toml"]) == 2
+        assert "caches the latents and text encoder outputs inside the run" in capsys.readouterr().err
