@@ -285,3 +285,41 @@ def test_caching_scripts_refuse_with_a_message(capsys):
     for script in (flux_2_cache_latents, flux_2_cache_text_encoder_outputs):
         assert script.main(["--dataset_config", "x.toml"]) == 2
         assert "caches the latents and text encoder outputs inside the run" in capsys.readouterr().err
+
+
+def test_generate_image_equals_klein_pipeline(flux2_files, tmp_path):
+    """flux_2_generate_image.py's musubi-tuner line (klein base: true CFG with the negative prompt) writes the image
+    diffusers' Flux2KleinPipeline makes from the same noise and noise levels (its scheduler given our shifted sigmas);
+    reference images are refused with the reason."""
+    import numpy as np
+    from diffusers import FlowMatchEulerDiscreteScheduler, Flux2KleinPipeline
+    from PIL import Image
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    import flux_2_generate_image
+    from library.families.encoders import qwen3
+    from library.families.flux2.loading import TINY_QWEN3
+    from library.sampling.flow import latent_noise
+    from library.sampling.flow_generate import flow_settings, sampling_sigmas
+
+    base = ["--dit", flux2_files["dit"], "--vae", flux2_files["vae"], "--text_encoder", flux2_files["text_encoder"],
+            "--prompt", "a cat", "--negative_prompt", "", "--image_size", "32", "64", "--infer_steps", "3",
+            "--guidance_scale", "2.5", "--flow_shift", "3.0", "--seed", "1"]  # fmt: skip
+    (path,) = flux_2_generate_image.run([*base, "--save_path", str(tmp_path / "a")])
+    ours = np.asarray(Image.open(path)).astype(int)
+    parts = flux2_files["parts"]
+    lm = Qwen3ForCausalLM(Qwen3Config(**TINY_QWEN3)).eval()
+    lm.model.load_state_dict(parts.text_encoders[0].state_dict())
+    tok = copy.copy(parts.tokenizers[0])
+    tok.chat_template = qwen3.chat_template()
+    pipe = Flux2KleinPipeline(FlowMatchEulerDiscreteScheduler(shift=1.0, use_dynamic_shifting=False), parts.vae, lm,
+                              tok, parts.denoiser, is_distilled=False)  # fmt: skip
+    settings = flow_settings(FLUX2, Parts(parts.denoiser, None, [], [], {"static_shift": 3.0}, "flux2"))
+    sigmas = sampling_sigmas(settings, 3, 32, 64)[:-1].tolist()
+    noise = latent_noise([torch.Generator().manual_seed(1)], 32, 64, 128, 16)
+    want = pipe(prompt="a cat", height=32, width=64, num_inference_steps=3, sigmas=sigmas, guidance_scale=2.5,
+                latents=noise, output_type="np").images[0]  # fmt: skip
+    assert ours.shape == (32, 64, 3)
+    assert np.abs(ours - np.round(want * 255).astype(int)).max() <= 1
+    with pytest.raises(ConfigError, match="--control_image_path: reference images"):
+        flux_2_generate_image.run([*base, "--save_path", str(tmp_path / "c"), "--control_image_path", "x.png"])

@@ -59,6 +59,19 @@ log = logging.getLogger(__name__)
 ARCHITECTURE = "flux-2"
 IMPLEMENTATION = "https://github.com/black-forest-labs/flux2"
 SCRIPTS = {"network": "flux_2_train_network.py"}
+
+
+def _sampler_line() -> tuple[float, float]:
+    """FLUX's shift line μ(n) through (256, 0.5) and (4096, 1.15) at FLUX.2's n = (H/16)(W/16) tokens, written as the
+    (base, max) shifts of the shared sampler, which counts (H/32)(W/32) = n/4 tokens between 256 and 4096:
+    μ'(n/4) = μ(n), so μ' has 4x the slope and μ'(256) = μ(1024)."""
+    slope = (1.15 - 0.5) / (4096 - 256)
+    base = 0.5 + slope * (4 * 256 - 256)
+    return base, base + 4 * slope * (4096 - 256)
+
+
+SAMPLER_LINE = _sampler_line()
+
 TARGETS = TargetClasses(
     transformer=lora.BLOCK_CLASSES,
     attention=("Flux2Attention", "Flux2ParallelSelfAttention"),
@@ -260,15 +273,18 @@ class Flux2Family:
 
     def flow_sampling(self, parts: Parts) -> FlowSampling:
         """musubi-tuner's FLUX.2 defaults: klein 4 steps, guidance 1; base and dev 50 steps, guidance 4 (true CFG
-        for base, embedded guidance for dev); FLUX.1's resolution-dependent shift (musubi-tuner's empirical μ is
-        not done)."""
+        for base, embedded guidance for dev); FLUX's resolution-dependent shift at FLUX.2's token count
+        (:data:`SAMPLER_LINE`; musubi-tuner's empirical μ is not done); ``--flow_shift``: a static shift."""
         cfg = parts.scheduler_config
         distilled = bool(cfg.get("guidance_distilled", False))
         embedded = bool(getattr(parts.denoiser.config, "guidance_embeds", False))
-        return FlowSampling(embedded_guidance=embedded, shift=True, base_shift=0.5, max_shift=1.15,
-                            latent_channels=int(parts.denoiser.config.in_channels), packed_noise=False, latent_downscale=16,
+        static = cfg.get("static_shift")  # --flow_shift
+        shift = {"shift": True, "base_shift": SAMPLER_LINE[0], "max_shift": SAMPLER_LINE[1]} if static is None else \
+            {"shift": False, "static_shift": float(static)}  # fmt: skip
+        return FlowSampling(embedded_guidance=embedded, latent_channels=int(parts.denoiser.config.in_channels),
+                            packed_noise=False, latent_downscale=16,
                             default_steps=int(cfg.get("default_steps", 4 if distilled else 50)),
-                            default_scale=float(cfg.get("default_guidance", 1.0 if distilled else 4.0)))  # fmt: skip
+                            default_scale=float(cfg.get("default_guidance", 1.0 if distilled else 4.0)), **shift)  # fmt: skip
 
     def default_resolution(self, prediction_type: str = FLOW_MATCHING) -> int:
         return 1024
