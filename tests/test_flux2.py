@@ -323,3 +323,29 @@ def test_generate_image_equals_klein_pipeline(flux2_files, tmp_path):
     assert np.abs(ours - np.round(want * 255).astype(int)).max() <= 1
     with pytest.raises(ConfigError, match="--control_image_path: reference images"):
         flux_2_generate_image.run([*base, "--save_path", str(tmp_path / "c"), "--control_image_path", "x.png"])
+
+
+def test_fp8_flags_mean_musubis(flux2_files, dataset, tmp_path):
+    """musubi-tuner's --fp8_base is the DiT's alone (our --fp8_base_unet); with --fp8_text_encoder the text encoder
+    is stored in float8 too (our --fp8_base); the run trains with both and says so in the file."""
+    from library.families.flux2.options import musubi_argv
+
+    assert "--fp8_base_unet" in musubi_argv(["--fp8_base", "--fp8_scaled"])
+    both = musubi_argv(["--fp8_base", "--fp8_text_encoder"])
+    assert "--fp8_base" in both and "--fp8_text_encoder" not in both and "--fp8_base_unet" not in both
+    toml = musubi_toml(dataset, tmp_path / "dataset.toml")
+    extra = ["--fp8_base", "--fp8_scaled", "--fp8_text_encoder"]
+    result = flux_2_train_network.run(doc_command(flux2_files, toml, tmp_path / "out", *extra))
+    meta = read_metadata(result.output)
+    assert meta["ss_fp8_base"] == "True" and meta["ss_fp8_scaled"] == "True"
+    assert all(torch.isfinite(torch.tensor(result.losses)))
+
+
+def test_vae_dtype_is_read(flux2_files):
+    """--vae_dtype sets the AE's dtype (musubi-tuner's flag); the others keep theirs."""
+    from library.families.flux2.options import Flux2Options
+
+    opts = Flux2Options(text_encoder=flux2_files["text_encoder"], vae_dtype="bfloat16")
+    parts = FLUX2.load(flux2_files["dit"], vae=flux2_files["vae"], options=opts)
+    assert next(parts.vae.parameters()).dtype == torch.bfloat16
+    assert next(parts.denoiser.parameters()).dtype == torch.float32

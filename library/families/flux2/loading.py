@@ -29,6 +29,8 @@ TEXT_LENGTH = 512
 GUIDANCE_DISTILLED = {"dev": True, "klein-4b": True, "klein-9b": True, "klein-base-4b": False, "klein-base-9b": False}
 SAMPLING = {True: (4, 1.0), False: (50, 4.0)}  # (steps, guidance) of musubi-tuner's klein / base defaults
 DEV_SAMPLING = (50, 4.0)
+VAE_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
+              "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}  # fmt: skip
 
 
 def is_dit(keys: Any) -> bool:
@@ -126,7 +128,7 @@ def load_flux2(name: str, path: str | Path, *, dtype: torch.dtype | PartDtypes, 
     denoiser = load_dit(path, dtypes.denoiser, device)
     version = variant(dict(denoiser.config), options.model_version, path)
     encoder = load_text_encoder(te_path, version, dtypes.text_encoders, device)
-    autoencoder = ae.load(vae_path, dtypes.vae, device)
+    autoencoder = ae.load(vae_path, VAE_DTYPES.get(options.vae_dtype or "", dtypes.vae), device)  # --vae_dtype
     tokenizers = [qwen3.load_tokenizer(te_path if te_path.is_dir() else None)]
     steps, guidance = DEV_SAMPLING if version == "dev" else SAMPLING[GUIDANCE_DISTILLED[version]]
     scheduler = {"model_version": version, "guidance_distilled": GUIDANCE_DISTILLED[version],

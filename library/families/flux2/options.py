@@ -7,9 +7,9 @@ Read: ``--dit`` (the DiT: another name of ``--pretrained_model_name_or_path``), 
 part, or a folder), ``--model_version`` (dev, klein-4b, klein-base-4b, klein-9b, klein-base-9b; musubi-tuner's
 default is dev, here the architecture is read from the weights and a given version must agree with them),
 ``--vae_dtype`` (the AE's dtype; musubi-tuner's default float32), ``--split_attn`` (SDPA gives the same values).
-``--fp8_scaled`` is the shared flag (with ``--fp8_base`` as musubi-tuner). Refused with a message: ``--fp8_text_encoder``
-(float8 text encoders come later; their outputs are cached and they are freed) and the musubi-tuner common flags
-with no counterpart here (:data:`MUSUBI_ONLY`).
+``--fp8_scaled`` is the shared flag; ``--fp8_base`` stores the DiT alone in float8 as musubi-tuner's, with
+``--fp8_text_encoder`` the text encoder too (:func:`musubi_argv`). Refused with a message: ``--fp8_text_encoder``
+without ``--fp8_base``, and the musubi-tuner common flags with no counterpart here (:data:`MUSUBI_ONLY`).
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ SD_ONLY_FLAGS = {
 }
 # musubi-tuner flags with no counterpart here: flag -> (argparse kwargs, why refused)
 MUSUBI_ONLY: dict[str, tuple[dict, str]] = {
-    "--fp8_text_encoder": ({"action": "store_true"}, "float8 storage of the text encoder comes later; its outputs are "
-                           "cached before training (the default here) and it is freed, so it never trains beside the "
-                           "DiT"),
+    "--fp8_text_encoder": ({"action": "store_true"}, "alone (without --fp8_base); with --fp8_base the DiT and the "
+                           "text encoder are both stored in float8 (musubi-tuner's --fp8_base --fp8_scaled "
+                           "--fp8_text_encoder)"),
     "--num_layers": ({"type": int, "default": None}, "a DiT with fewer blocks is read from its file's shapes; give the "
                      "pruned file instead"),
     "--flash_attn": ({"action": "store_true"}, "attention runs on PyTorch SDPA here; use --sdpa"),
@@ -161,9 +161,16 @@ class Flux2Options:
 
 
 def musubi_argv(argv: Any, network: bool = True) -> list[str]:
-    """musubi-tuner's caching behaviour on our flags: it trains from cached latents and text-encoder outputs, so the
-    run caches both (in memory) unless the command line says otherwise; and it trains the DiT's adapters only."""
+    """musubi-tuner's meanings on our flags: it trains from cached latents and text-encoder outputs, so the run
+    caches both (in memory) unless the command line says otherwise; it trains the DiT's adapters only; its
+    ``--fp8_base`` stores the DiT alone in float8 (ours: ``--fp8_base_unet``) and ``--fp8_text_encoder`` the text
+    encoder too (with ``--fp8_base``: ours, both; alone it is refused by name)."""
     args = list(sys.argv[1:] if argv is None else argv)
+    if "--fp8_base" in args:
+        if "--fp8_text_encoder" in args:
+            args.remove("--fp8_text_encoder")
+        else:
+            args[args.index("--fp8_base")] = "--fp8_base_unet"
     if not any(a.startswith("--cache_latents") for a in args):
         args.append("--cache_latents")
     if not any(a.startswith("--cache_text_encoder_outputs") for a in args):
