@@ -130,6 +130,19 @@ SPEC = FamilySpec(
 )
 
 
+def reference(name: str, version: str) -> Parts:
+    """The released DiT of ``version`` and its text encoder's architecture on the meta device; ``vae`` None."""
+    from accelerate import init_empty_weights
+
+    arch = version.replace("base-", "")
+    if arch == "dev":
+        raise ValueError("FLUX.2 dev's Mistral 3 text encoder is not supported yet")
+    with init_empty_weights(include_buffers=True):
+        denoiser = M.build(M.RELEASED[arch])
+        encoder = qwen3.factory(qwen3.QWEN3_8B if arch == "klein-9b" else qwen3.QWEN3_4B)()
+    return Parts(denoiser, None, [encoder], [], {"model_version": version}, name)
+
+
 def options_of(parts: Parts) -> Flux2Options:
     return parts.options if isinstance(parts.options, Flux2Options) else Flux2Options()
 
@@ -187,13 +200,8 @@ class Flux2Family:
                          title=title, resolution=self.default_resolution(), prediction_type=None)  # fmt: skip
 
     def reference_parts(self) -> Parts:
-        """klein 4B's DiT and Qwen3-4B on the meta device; ``vae`` None."""
-        from accelerate import init_empty_weights
-
-        with init_empty_weights(include_buffers=True):
-            denoiser = M.build(M.KLEIN_4B)
-            encoder = qwen3.factory(qwen3.QWEN3_4B)()
-        return Parts(denoiser, None, [encoder], [], {"model_version": "klein-base-4b"}, self.name)
+        """klein 4B's DiT and Qwen3-4B on the meta device; ``vae`` None (:func:`reference` for the others)."""
+        return reference(self.name, "klein-base-4b")
 
     # ------------------------------------------------------------------------------------------- prompts
     def tokenize(self, parts: Parts, captions: list[str], max_token_length: int | None = None) -> list[Tensor]:
