@@ -1,4 +1,4 @@
-"""FLUX.2 (klein) text-to-image with LoRA: musubi-tuner's flux_2_generate_image.py command line over
+"""FLUX.2 (dev, klein) text-to-image with LoRA: musubi-tuner's flux_2_generate_image.py command line over
 library/sampling/minimal.py (device, offloading, one flow image, its PNG, the interactive loop) and networks.apply.
 
     python flux_2_generate_image.py --model_version klein-base-4b --dit flux2-klein-base-4b.safetensors \
@@ -9,10 +9,10 @@ Read with musubi-tuner's meanings: ``--dit --vae --text_encoder --model_version`
 ``--lora_weight`` / ``--lora_multiplier`` (kohya files of networks.lora_flux_2, LyCORIS files too: ``--lycoris``
 accepted), ``--prompt --negative_prompt --image_size H W``, ``--infer_steps`` (default: musubi-tuner's per model, klein
 4, base 50), ``--guidance_scale`` (true CFG of the base models, default 4.0; the distilled klein models run without
-CFG, as musubi-tuner's ``denoise``), ``--flow_shift`` (a static shift), ``--seed --save_path`` (a folder),
-``--from_file``, ``--interactive``, ``--device``, ``--attn_mode torch|sdpa``, ``--blocks_to_swap`` (read as
-``--offload``). The schedule is FLUX.1's resolution-dependent shift, not musubi-tuner's empirical μ
-(``compute_empirical_mu``): images differ at the same seed. Refused with the reason: dev (its Mistral 3 text encoder),
+CFG, as musubi-tuner's ``denoise``), ``--embedded_cfg_scale`` (dev's embedded guidance, default 4.0),
+``--flow_shift`` (a static shift), ``--seed --save_path`` (a folder), ``--from_file``, ``--interactive``,
+``--device``, ``--attn_mode torch|sdpa``, ``--blocks_to_swap`` (read as ``--offload``). The schedule is FLUX.1's resolution-dependent shift, not musubi-tuner's empirical μ
+(``compute_empirical_mu``): images differ at the same seed. Refused with the reason:
 ``--control_image_path`` (reference images), ``--fp8 --fp8_scaled --fp8_text_encoder``, ``--include_patterns
 --exclude_patterns``, ``--output_type`` other than images, ``--latent_path``, ``--save_merged_model``,
 ``--no_metadata``, ``--sample_solver`` other than euler.
@@ -56,7 +56,6 @@ REFUSED_VALUES = {
     "control_image_path": "reference images (FLUX.2's edit mode) are not supported yet",
     "ckpt_dir": "not read here",
     "num_layers": "a DiT with fewer blocks is read from its file's shapes",
-    "embedded_cfg_scale": "dev's embedded guidance: dev is not supported yet (klein has no guidance embedding)",
     "video_path": "not read here",
     "image_path": "not read here",
 }
@@ -72,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--lora_multiplier", type=float, nargs="*", default=None, help="their multipliers (default 1.0)")
     g.add_argument("--lycoris", action="store_true", help="accepted: LyCORIS files are read like any adapter file")
     g.add_argument("--guidance_scale", type=float, default=4.0, help="true CFG scale of the base models (default 4.0)")
+    g.add_argument("--embedded_cfg_scale", type=float, default=4.0, help="dev's embedded guidance (default 4.0)")
     g.add_argument("--prompt", type=str, default=None)
     g.add_argument("--negative_prompt", type=str, default=None)
     g.add_argument("--image_size", type=int, nargs=2, default=[1024, 1024], metavar=("H", "W"))
@@ -142,10 +142,11 @@ def run(argv: Sequence[str] | None = None) -> list[Path]:
     negative = " " if args.negative_prompt is None else args.negative_prompt  # musubi-tuner's default for base
     distilled = bool(parts.scheduler_config.get("guidance_distilled"))
     steps = args.infer_steps or int(parts.scheduler_config["default_steps"])
+    guidance = args.embedded_cfg_scale if parts.denoiser.config.guidance_embeds else None  # dev
 
     def spec_of(prompt: str) -> PromptSpec:
         return PromptSpec(prompt, negative_prompt=negative, width=width, height=height, steps=steps,
-                          scale=1.0 if distilled else args.guidance_scale)  # fmt: skip
+                          scale=1.0 if distilled else args.guidance_scale, guidance=guidance)  # fmt: skip
 
     def generate(spec: PromptSpec, seed: int | None) -> Path:
         from library.sampling.generate import resolve

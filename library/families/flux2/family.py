@@ -2,7 +2,8 @@
 ``flux_2_train_network.py`` (LoRA, musubi-tuner's command line).
 
 Parts: the DiT (diffusers' ``Flux2Transformer2DModel``, BFL files through ``keys.py``, ``model.py``), the text encoder
-(klein: Qwen3-4B / -8B, the shared ``encoders/qwen3.py``; dev's Mistral 3 is not done yet), FLUX.2's AE
+(klein: Qwen3-4B / -8B, the shared ``encoders/qwen3.py``; dev: Mistral-Small-3.1's language model,
+``encoders/mistral3.py``, with the tokenizer found beside it), FLUX.2's AE
 (``autoencoders/flux2.py``: 128 normalised channels at 1/16), the Qwen3 tokenizer (shipped). Files: ``loading.py`` /
 ``saving.py``; objective: ``objective.py``; flags: ``options.py``; LoRA rules: ``lora.py``; tiny model: ``tiny.py``.
 
@@ -42,7 +43,7 @@ from ..base import (
     TextEncoderSpec,
 )
 from ..blocks import BlockLayout
-from ..encoders import qwen3
+from ..encoders import mistral3, qwen3
 from ..full_training import PlainFullTraining
 from ..saving import with_kind
 from . import keys as K
@@ -135,12 +136,16 @@ def reference(name: str, version: str) -> Parts:
     from accelerate import init_empty_weights
 
     arch = version.replace("base-", "")
-    if arch == "dev":
-        raise ValueError("FLUX.2 dev's Mistral 3 text encoder is not supported yet")
+    text = {"dev": (mistral3.factory, mistral3.RELEASED), "klein-9b": (qwen3.factory, qwen3.QWEN3_8B)}
+    make, config = text.get(arch, (qwen3.factory, qwen3.QWEN3_4B))
     with init_empty_weights(include_buffers=True):
         denoiser = M.build(M.RELEASED[arch])
-        encoder = qwen3.factory(qwen3.QWEN3_8B if arch == "klein-9b" else qwen3.QWEN3_4B)()
+        encoder = make(config)()
     return Parts(denoiser, None, [encoder], [], {"model_version": version}, name)
+
+
+def _is_dev(parts: Parts) -> bool:
+    return parts.scheduler_config.get("model_version") == "dev"
 
 
 def options_of(parts: Parts) -> Flux2Options:
@@ -205,15 +210,18 @@ class Flux2Family:
 
     # ------------------------------------------------------------------------------------------- prompts
     def tokenize(self, parts: Parts, captions: list[str], max_token_length: int | None = None) -> list[Tensor]:
-        """``[ids, mask]`` (B, 512) of the captions in Qwen3's chat template (``max_token_length``, a CLIP setting,
-        is not read)."""
-        ids, mask = qwen3.tokenize_chat(parts.tokenizers[0], captions, TEXT_LENGTH)
-        return [ids, mask]
+        """``[ids, mask]`` (B, 512) of the captions in the text encoder's chat template (Qwen3's, thinking off; dev:
+        Mistral's with the system message); ``max_token_length``, a CLIP setting, is not read."""
+        if _is_dev(parts):
+            return list(mistral3.tokenize(parts.tokenizers[0], captions, TEXT_LENGTH))
+        return list(qwen3.tokenize_chat(parts.tokenizers[0], captions, TEXT_LENGTH))
 
     def encode_tokens(self, parts: Parts, tokens: list[Tensor], clip_skip: int | None = None) -> Cond:
-        """Cond(states (B, 512, 3 D): layers 9, 18, 27 side by side, None, None)."""
+        """Cond(states (B, 512, 3 D): hidden states 9, 18, 27 (Qwen3) or 10, 20, 30 (Mistral 3) side by side, None,
+        None)."""
         ids, mask = tokens
-        return Cond(qwen3.stacked_layers(parts.text_encoders[0], ids, mask, TEXT_LAYERS["qwen3"]), None, None)
+        layers = TEXT_LAYERS["mistral" if _is_dev(parts) else "qwen3"]
+        return Cond(qwen3.stacked_layers(parts.text_encoders[0], ids, mask, layers), None, None)
 
     def encode_prompt(self, parts: Parts, captions: list[str], clip_skip: int | None = None,
                       max_token_length: int | None = None, negative: bool = False) -> Cond:  # fmt: skip
@@ -228,14 +236,15 @@ class Flux2Family:
 
     # ------------------------------------------------------------------------------------------- denoising
     def predict(self, denoiser: nn.Module, noisy: Tensor, t: Tensor, cond: Cond, *,
-                time_ids: Tensor | None = None) -> Tensor:  # fmt: skip
+                time_ids: Tensor | None = None, guidance: Tensor | None = None) -> Tensor:  # fmt: skip
         """The velocity (B, 128, h, w) at the timesteps ``t`` (B,): the DiT gets t / 1000 (musubi-tuner's
-        ``call_dit``; training's timesteps are 1000 σ + 1, as musubi-tuner's) and, for dev, guidance 1.0."""
+        ``call_dit``; training's timesteps are 1000 σ + 1, as musubi-tuner's) and, for dev, ``guidance`` (B,) (default 1.0, musubi-tuner's training value; sampling gives the embedded
+        guidance scale)."""
         if time_ids is not None:
             raise ValueError("FLUX.2 takes no size/crop time_ids")
         b = noisy.shape[0]
         sigma = (t.to(noisy.device, torch.float32) / 1000).expand(b)
-        return M.forward(denoiser, noisy, sigma, cond.hidden_states.to(noisy.device))
+        return M.forward(denoiser, noisy, sigma, cond.hidden_states.to(noisy.device), guidance)
 
     def objective(self, parts: Parts) -> str:
         return FLOW_MATCHING

@@ -1,7 +1,7 @@
 """Reading FLUX.2's files: the DiT (``--dit``: BFL's ``flux2-dev.safetensors`` / ``flux2-klein-4b.safetensors`` ...,
 bare or under ``model.diffusion_model.`` (ComfyUI), a file in diffusers names, or a diffusers folder whose
 ``transformer/`` is read), the text encoder (``--text_encoder``, else the folder's ``text_encoder/``: Qwen3 for klein,
-``encoders/qwen3.py``), the AE (``--vae``, BFL or diffusers names, else the folder's ``vae/``:
+``encoders/qwen3.py``; Mistral 3 for dev, ``encoders/mistral3.py``, its tokenizer from beside it), the AE (``--vae``, BFL or diffusers names, else the folder's ``vae/``:
 ``autoencoders/flux2.py``). The architecture (dev, klein 4B, klein 9B) is read from the DiT's shapes; klein base
 from ``--model_version`` or a file name with "base" (its weights have klein's shapes).
 """
@@ -17,7 +17,7 @@ from torch import nn
 
 from ..autoencoders import flux2 as ae
 from ..base import PartDtypes, Parts
-from ..encoders import qwen3
+from ..encoders import mistral3, qwen3
 from ..loading import KeyView, finish, instantiate, read_weights
 from . import keys as K
 from . import model as M
@@ -107,8 +107,8 @@ def _part(given: str | None, folder: Path | None, sub: str, flag: str, what: str
 
 def load_text_encoder(path: Path, version: str, dtype: Any, device: Any) -> nn.Module:
     if version == "dev":
-        raise ValueError(f"--text_encoder {path}: FLUX.2 dev's Mistral 3 text encoder is not supported yet (its "
-                         "tokenizer is not shipped); train FLUX.2 klein (Qwen3) for now")  # fmt: skip
+        candidates = [(mistral3.RELEASED, "Mistral-Small-3.1"), (mistral3.TINY, "the tiny test Mistral 3")]
+        return mistral3.load(path, candidates, dtype, device)
     released = (qwen3.QWEN3_8B, "Qwen3-8B") if version.endswith("9b") else (qwen3.QWEN3_4B, "Qwen3-4B")
     return qwen3.load(path, [released, (TINY_QWEN3, "the tiny test Qwen3")], dtype, device)
 
@@ -123,13 +123,17 @@ def load_flux2(name: str, path: str | Path, *, dtype: torch.dtype | PartDtypes, 
                                 "flux2-klein-base-4b.safetensors, or a diffusers FLUX.2 folder)")  # fmt: skip
     folder = path if path.is_dir() else None
     te_path = _part(options.text_encoder, folder, "text_encoder", "--text_encoder",
-                    "Qwen3 for klein (the first file of the split set, e.g. 00001-of-00002.safetensors)")  # fmt: skip
+                    "Qwen3 for klein, Mistral 3 for dev (the first file of a split set, e.g. "
+                    "00001-of-00002.safetensors)")  # fmt: skip
     vae_path = _part(vae, folder, "vae", "--vae", "FLUX.2's AE, ae.safetensors")
     denoiser = load_dit(path, dtypes.denoiser, device)
     version = variant(dict(denoiser.config), options.model_version, path)
+    if version == "dev":
+        tokenizers = [mistral3.load_tokenizer(te_path)]
+    else:
+        tokenizers = [qwen3.load_tokenizer(te_path if te_path.is_dir() else None)]
     encoder = load_text_encoder(te_path, version, dtypes.text_encoders, device)
     autoencoder = ae.load(vae_path, VAE_DTYPES.get(options.vae_dtype or "", dtypes.vae), device)  # --vae_dtype
-    tokenizers = [qwen3.load_tokenizer(te_path if te_path.is_dir() else None)]
     steps, guidance = DEV_SAMPLING if version == "dev" else SAMPLING[GUIDANCE_DISTILLED[version]]
     scheduler = {"model_version": version, "guidance_distilled": GUIDANCE_DISTILLED[version],
                  "default_steps": steps, "default_guidance": guidance, "prediction_type": "flow_matching"}  # fmt: skip
