@@ -437,3 +437,32 @@ def test_dev_generate_equals_flux2_pipeline(flux2_dev_files, tmp_path):
     want = pipe(prompt="a cat", height=32, width=32, num_inference_steps=2, sigmas=sigmas, guidance_scale=3.5,
                 latents=noise, output_type="np").images[0]  # fmt: skip
     assert np.abs(ours - np.round(want * 255).astype(int)).max() <= 1
+
+
+def test_lokr_loads_in_diffusers_equal_to_ours(flux2_files, tmp_path):
+    """A LoKr file (lycoris.kohya names, the fused qkv one module) converted by lokr_for_diffusers loads in
+    Flux2KleinPipeline.load_lora_weights and gives our injected network's output."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, Flux2KleinPipeline
+
+    from library.families.flux2.lora_formats import lokr_for_diffusers
+    from networks.inject import network_from_file
+
+    base = flux2_files["parts"].denoiser
+    g = torch.Generator().manual_seed(9)
+    sd = {}
+    for name, (rows, cols) in (("double_blocks_0_img_attn_qkv", (96, 32)), ("single_blocks_1_linear2", (32, 128))):
+        sd[f"lora_unet_{name}.lokr_w1"] = torch.randn(4, 4, generator=g) * 0.3
+        sd[f"lora_unet_{name}.lokr_w2"] = torch.randn(rows // 4, cols // 4, generator=g) * 0.3
+    save_file(sd, str(tmp_path / "lokr.safetensors"))
+    ours = copy.deepcopy(base)
+    net = network_from_file(tmp_path / "lokr.safetensors", FLUX2.adapter_roots(Parts(ours, None, [], [], {}, "f")))
+    net.set_multiplier(1.0)
+    pipe = Flux2KleinPipeline(FlowMatchEulerDiscreteScheduler(), None, None, None, copy.deepcopy(base))
+    pipe.load_lora_weights(lokr_for_diffusers(sd))
+    x, ctx, t = _inputs(8)
+    with torch.no_grad():
+        want = M.forward(ours, x, t, ctx)
+        assert (want - M.forward(base, x, t, ctx)).abs().max() > 1e-3
+        torch.testing.assert_close(M.forward(pipe.transformer, x, t, ctx), want, atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="not a LoKr tensor"):
+        lokr_for_diffusers({"lora_unet_single_blocks_0_linear1.lora_down.weight": torch.zeros(1)})
