@@ -466,3 +466,43 @@ def test_lokr_loads_in_diffusers_equal_to_ours(flux2_files, tmp_path):
         torch.testing.assert_close(M.forward(pipe.transformer, x, t, ctx), want, atol=1e-4, rtol=1e-4)
     with pytest.raises(ValueError, match="not a LoKr tensor"):
         lokr_for_diffusers({"lora_unet_single_blocks_0_linear1.lora_down.weight": torch.zeros(1)})
+
+
+# every flag of musubi-tuner's flux_2_train_network.py (training/parser_common.py's setup_parser_common +
+# flux2_setup_parser, read from kohya-ss/musubi-tuner's parser)
+MUSUBI_FLAGS = """--async_upload --base_weights --base_weights_multiplier --block_swap_h2d_only --block_swap_ring_size
+--blocks_to_swap --compile --compile_backend --compile_cache_size_limit --compile_dynamic --compile_fullgraph
+--compile_mode --config_file --cuda_allow_tf32 --cuda_cudnn_benchmark --dataset_config --ddp_gradient_as_bucket_view
+--ddp_static_graph --ddp_timeout --dim_from_weights --disable_numpy_memmap --discrete_flow_shift --dit
+--dynamo_backend --dynamo_dynamic --dynamo_fullgraph --dynamo_mode --flash3 --flash_attn --fp8_base --fp8_scaled
+--fp8_text_encoder --gradient_accumulation_steps --gradient_checkpointing --gradient_checkpointing_cpu_offload
+--guidance_scale --help --huggingface_path_in_repo --huggingface_repo_id --huggingface_repo_type
+--huggingface_repo_visibility --huggingface_token --img_in_txt_in_offloading --learning_rate --log_config
+--log_prefix --log_tracker_config --log_tracker_name --log_with --logging_dir --logit_mean --logit_std
+--lr_decay_steps --lr_scheduler --lr_scheduler_args --lr_scheduler_min_lr_ratio --lr_scheduler_num_cycles
+--lr_scheduler_power --lr_scheduler_timescale --lr_scheduler_type --lr_warmup_steps --max_data_loader_n_workers
+--max_grad_norm --max_timestep --max_train_epochs --max_train_steps --metadata_arch --metadata_author
+--metadata_description --metadata_license --metadata_reso --metadata_tags --metadata_title --min_timestep
+--mixed_precision --mode_scale --model_version --network_alpha --network_args --network_dim --network_dropout
+--network_module --network_weights --no_metadata --num_timestep_buckets --optimizer_args --optimizer_type
+--output_dir --output_name --persistent_data_loader_workers --preserve_distribution_shape --resume
+--resume_from_huggingface --sage_attn --sample_at_first --sample_every_n_epochs --sample_every_n_steps
+--sample_prompts --save_every_n_epochs --save_every_n_steps --save_last_n_epochs --save_last_n_epochs_state
+--save_last_n_steps --save_last_n_steps_state --save_precision --save_state --save_state_on_train_end
+--save_state_to_huggingface --scale_weight_norms --sdpa --seed --show_timesteps --sigmoid_scale --split_attn
+--text_encoder --timestep_sampling --training_comment --use_pinned_memory_for_block_swap --vae --vae_dtype
+--wandb_api_key --wandb_run_name --weighting_scheme --xformers""".split()
+
+
+def test_every_musubi_flag_is_read_or_refused_by_name():
+    """Each flag of musubi-tuner's FLUX.2 LoRA script is one of ours; the musubi-only ones are refused with a message
+    naming the flag."""
+    from library.cli.parse import unsupported_problems
+    from library.families.flux2.options import MUSUBI_ONLY
+
+    parser = flux_2_train_network.build_parser()
+    assert [f for f in MUSUBI_FLAGS if f not in parser._option_string_actions] == []
+    for flag, (kwargs, _) in MUSUBI_ONLY.items():
+        value = [] if kwargs.get("action") == "store_true" else ["1"]
+        args = parser.parse_args([flag, *value])
+        assert any(p.startswith(f"{flag} is not supported yet") for p in unsupported_problems(parser, args)), flag
