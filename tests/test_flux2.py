@@ -506,3 +506,19 @@ def test_every_musubi_flag_is_read_or_refused_by_name():
         value = [] if kwargs.get("action") == "store_true" else ["1"]
         args = parser.parse_args([flag, *value])
         assert any(p.startswith(f"{flag} is not supported yet") for p in unsupported_problems(parser, args)), flag
+
+
+def test_sampling_during_training_with_cfg(flux2_files, dataset, tmp_path):
+    """A sample prompt with a negative prompt is drawn during training (klein base: true CFG) as a 64 px PNG that
+    is not blank."""
+    import numpy as np
+    from PIL import Image
+
+    toml = musubi_toml(dataset, tmp_path / "dataset.toml")
+    (tmp_path / "prompts.txt").write_text("a red cube on the table --w 64 --h 64 --s 2 --l 4.0 --n bad --d 3\n")
+    extra = ["--sample_prompts", str(tmp_path / "prompts.txt"), "--sample_every_n_epochs", "1"]
+    flux_2_train_network.run(doc_command(flux2_files, toml, tmp_path / "out", *extra))
+    pngs = sorted((tmp_path / "out" / "sample").glob("*.png"))
+    assert pngs
+    pixels = np.asarray(Image.open(pngs[-1]))
+    assert pixels.shape == (64, 64, 3) and pixels.std() > 0
