@@ -35,9 +35,10 @@ HERE = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE / "benchmarks"))
 
-ROWS = ("klein-4b:bf16:0", "klein-4b:fp8:0", "klein-9b:bf16:0", "klein-9b:fp8:0", "klein-9b:fp8:8")
-VARIANTS, MODES = ("klein-4b", "klein-9b"), ("bf16", "fp8")
-GOALS_GIB, CONTEXT_GIB = {"klein-4b": 8.0, "klein-9b": 12.0}, 1.0
+ROWS = ("klein-4b:bf16:0", "klein-4b:fp8:0", "klein-9b:bf16:0", "klein-9b:fp8:0", "klein-9b:fp8:6", "dev:fp8:0",
+        "dev:fp8:24")  # fmt: skip
+VARIANTS, MODES = ("klein-4b", "klein-9b", "dev"), ("bf16", "fp8")
+GOALS_GIB, CONTEXT_GIB = {"klein-4b": 8.0, "klein-9b": 12.0, "dev": 24.0}, 1.0
 SETTINGS = ["--mixed_precision", "bf16", "--gradient_checkpointing", "--timestep_sampling", "flux2_shift",
             "--weighting_scheme", "none"]  # fmt: skip
 
@@ -58,6 +59,7 @@ class RealSizeLoader:
         from library.families.flux2.family import reference
 
         ref = reference(self.family.name, variant.replace("klein-", "klein-base-"))
+        self.variant = variant
         with init_empty_weights(include_buffers=True):
             vae = ae.factory(ae.RELEASED)()
 
@@ -76,12 +78,14 @@ class RealSizeLoader:
     def __call__(self, path, *, dtype=None, device="cpu", **options):
         import torch
 
-        tiny = self.tiny_load(path, dtype=torch.float32, device=device, **options)
+        tiny = self.tiny_load(Path(path) / "dev" if self.variant == "dev" else path, dtype=torch.float32,
+                              device=device, **options)  # fmt: skip
         parts, self.parts = self.parts, None
         if parts is None:
             raise RuntimeError("RealSizeLoader: call prepare() before each run")
+        dev = parts.scheduler_config["model_version"] == "dev"
         config = dict(tiny.scheduler_config, model_version=parts.scheduler_config["model_version"],
-                      guidance_distilled=False, default_steps=4, default_guidance=4.0)  # fmt: skip
+                      guidance_distilled=dev, default_steps=4, default_guidance=1.0 if dev else 4.0)  # fmt: skip
         return dataclasses.replace(parts, tokenizers=tiny.tokenizers, scheduler_config=config, family=tiny.family,
                                    options=tiny.options)  # fmt: skip
 
@@ -95,7 +99,7 @@ def measure(row: str, args: argparse.Namespace, work: Path) -> dict:
 
     variant, name, swap = row.split(":")
     swap = int(swap)
-    argv = ["--dit", str(work / "tiny"), "--dataset_config", str(work / "dataset.toml"),
+    argv = ["--dit", str(work / "tiny"), "--model_version", variant.replace("klein-", "klein-base-"), "--dataset_config", str(work / "dataset.toml"),
             "--output_dir", str(work / "out"), "--output_name", f"lora-{variant}-{name}{swap}",
             "--network_module", "networks.lora_flux_2", "--network_dim", "32", "--network_alpha", "32",
             "--optimizer_type", "AdamW", "--learning_rate", "1e-4", "--max_train_steps", "1",
@@ -140,6 +144,40 @@ def prepare_work(work: Path, resolution: int) -> None:
     if not (work / "tiny").exists():
         family = get_family("flux2")
         family.tiny.write_folder(family.tiny.build(), work / "tiny")
+        write_tiny_dev(work / "tiny" / "dev")
+
+
+def write_tiny_dev(folder: Path) -> None:
+    """A tiny dev folder for the real-size loader's tokenizer and settings: the tiny DiT with guidance, a tiny
+    Mistral 3 and a word-level tokenizer with Mistral's chat markers (Mistral's own is not shipped)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from library.families.autoencoders import flux2 as ae
+    from library.families.encoders import mistral3
+    from library.families.flux2 import model as M
+    from library.files.weights import save_state_dict
+
+    special = ["<unk>", "<s>", "</s>", "<pad>", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[INST]", "[/INST]"]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(special + ["a", "red", "circle"])}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>", bos_token="<s>",
+                                   eos_token="</s>", additional_special_tokens=special[4:])  # fmt: skip
+    fast.chat_template = ("{{ bos_token }}{% for m in messages %}{% if m.role == 'system' %}[SYSTEM_PROMPT]"
+                          "{{ m.content[0].text }}[/SYSTEM_PROMPT]{% else %}[INST]{{ m.content[0].text }}[/INST]"
+                          "{% endif %}{% endfor %}")  # fmt: skip
+    for sub in ("transformer", "text_encoder", "vae"):
+        (folder / sub).mkdir(parents=True)
+    fast.save_pretrained(folder / "tokenizer")
+    dit = M.build(dict(M.TINY, guidance_embeds=True))
+    dit.save_config(folder / "transformer")
+    save_state_dict(dict(dit.state_dict()), folder / "transformer" / "diffusion_pytorch_model.safetensors", {})
+    te = mistral3.factory(mistral3.TINY)()
+    save_state_dict({"model.language_model." + k: v for k, v in te.state_dict().items()},
+                    folder / "text_encoder" / "model.safetensors", {})  # fmt: skip
+    save_state_dict(
+        dict(ae.factory(ae.TINY)().state_dict()), folder / "vae" / "diffusion_pytorch_model.safetensors", {}
+    )
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

@@ -205,8 +205,10 @@ class Flux2Family:
                          title=title, resolution=self.default_resolution(), prediction_type=None)  # fmt: skip
 
     def reference_parts(self) -> Parts:
-        """klein 4B's DiT and Qwen3-4B on the meta device; ``vae`` None (:func:`reference` for the others)."""
-        return reference(self.name, "klein-base-4b")
+        """dev's DiT (the most blocks of both lists: checks made before loading, such as ``--blocks_to_swap``'s limit,
+        allow every variant's; the run checks the loaded model) and Mistral 3 on the meta device; ``vae`` None
+        (:func:`reference` for the others)."""
+        return reference(self.name, "dev")
 
     # ------------------------------------------------------------------------------------------- prompts
     def tokenize(self, parts: Parts, captions: list[str], max_token_length: int | None = None) -> list[Tensor]:
