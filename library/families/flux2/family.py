@@ -93,7 +93,8 @@ _BLOCK = re.compile(r"lora_unet_(double|single)_blocks_(\d+)_")
 
 @dataclass(frozen=True)
 class Flux2Blocks(BlockLayout):
-    """The DiT's blocks in musubi-tuner's names (``lora_unet_double_blocks_<n>_...``, then the single blocks)."""
+    """The DiT's blocks in musubi-tuner's names (``lora_unet_double_blocks_<n>_...``, then the single blocks after
+    the most double blocks any variant has)."""
 
     def names_match(self, name: str) -> bool:
         return bool(_BLOCK.match(name))
@@ -102,10 +103,11 @@ class Flux2Blocks(BlockLayout):
         m = _BLOCK.match(name)
         if not m:
             return -1
-        return int(m.group(2)) + (self.depth if m.group(1) == "single" else 0)
+        return int(m.group(2)) + (MOST_DOUBLE if m.group(1) == "single" else 0)
 
 
-FLUX2_BLOCKS = Flux2Blocks("flux2", 56, 0, 0, 0)
+MOST_DOUBLE = 8  # the double blocks of dev and klein 9B: single block k is numbered 8 + k in every variant
+FLUX2_BLOCKS = Flux2Blocks("flux2", MOST_DOUBLE + 48, 0, 0, 0)
 
 
 def _detect(sd: Mapping[str, Any], metadata: Mapping[str, str]) -> bool:
