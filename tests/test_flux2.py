@@ -434,3 +434,26 @@ def test_sampling_during_training_with_cfg(flux2_files, dataset, tmp_path):
     assert pngs
     pixels = np.asarray(Image.open(pngs[-1]))
     assert pixels.shape == (64, 64, 3) and pixels.std() > 0
+
+
+def test_qwen3_comfy_fp8_scaled_file_loads(flux2_files, tmp_path):
+    """ComfyUI's fp8_scaled Qwen3 file (each Linear weight in float8 times its scale_weight) loads as the bf16 one,
+    within float8's rounding."""
+    from library.families.encoders import qwen3
+    from library.families.flux2.loading import TINY_QWEN3
+
+    want = flux2_files["parts"].text_encoders[0].state_dict()
+    scaled = {}
+    for k, v in want.items():
+        if k.endswith(".weight") and v.ndim == 2 and "embed" not in k:
+            scale = v.abs().max() / 448
+            scaled["model." + k] = (v / scale).to(torch.float8_e4m3fn)
+            scaled["model." + k[: -len("weight")] + "scale_weight"] = scale.reshape(1)
+        else:
+            scaled["model." + k] = v
+    scaled["scaled_fp8"] = torch.zeros(0, dtype=torch.float8_e4m3fn)
+    save_file(scaled, str(tmp_path / "qwen_3_4b_fp8_scaled.safetensors"))
+    got = qwen3.load(tmp_path / "qwen_3_4b_fp8_scaled.safetensors", [(TINY_QWEN3, "tiny")], torch.float32).state_dict()
+    assert got.keys() == want.keys()
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], atol=0.07 * float(want[k].abs().max()) + 1e-7, rtol=0)

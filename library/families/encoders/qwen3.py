@@ -11,9 +11,10 @@ it) rendered by transformers' ``apply_chat_template([{"role": "user", "content":
 enable_thinking=False)``, as diffusers' ``Flux2KleinPipeline`` and musubi-tuner's ``Qwen3Embedder`` call it:
 ``<|im_start|>user\\n{c}<|im_end|>\\n<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n``.
 
-Weights (:func:`load`): one file (``model.``-prefixed as ``Qwen3ForCausalLM`` / ComfyUI save it, or bare), the first
-part of a split ``-00001-of-0000N`` file (the others are found beside it), or a transformers folder (its
-``text_encoder/``); ``lm_head`` is left out. The model is transformers' ``Qwen3Model``.
+Weights (:func:`load`): one file (``model.``-prefixed as ``Qwen3ForCausalLM`` / ComfyUI save it, or bare; bf16 or
+ComfyUI's fp8_scaled, ``weight`` x ``scale_weight``), the first part of a split ``-00001-of-0000N`` file (the others
+are found beside it), or a transformers folder (its ``text_encoder/``); ``lm_head`` is left out. The model is
+transformers' ``Qwen3Model``.
 """
 
 from __future__ import annotations
@@ -179,9 +180,15 @@ def weight_files(path: str | Path, where: str = "--text_encoder") -> list[Path]:
 
 
 def read(path: str | Path, where: str = "--text_encoder") -> Mapping[str, Any]:
-    """The lazy weights of ``path`` (:func:`weight_files`, merged)."""
+    """The lazy weights of ``path`` (:func:`weight_files`, merged; ComfyUI's fp8_scaled files dequantized by the
+    shared ``qwen25vl.Dequantized``)."""
+    from .qwen25vl import Dequantized
+
     readers = [read_weights(f)[0] for f in weight_files(path, where)]
-    return readers[0] if len(readers) == 1 else _Merged(readers)
+    state = readers[0] if len(readers) == 1 else _Merged(readers)
+    if "scaled_fp8" in state.keys() or any(k.endswith(".scale_weight") for k in state.keys()):
+        state = Dequantized(state)
+    return state
 
 
 def folder_config(path: str | Path) -> dict | None:
