@@ -10,12 +10,14 @@ its venv (``--musubi_python``, default ~/sdtrain-peer/sdsvenv; ``PYTHONPATH`` ~/
 its ``flux2_models.Flux2`` loads our BFL DiT file strictly and runs on the same inputs with its own ``prc_img`` /
 ``prc_txt`` / ``pack_control_latent`` ids; its ``NetworkTrainer.get_noisy_model_input_and_timesteps`` runs on the
 same noise draws and seeds; its ``Qwen3Embedder`` runs over a transformers ``Qwen3ForCausalLM`` holding our tiny
-Qwen3; its ``lora_flux_2.create_arch_network`` names its modules. Prints each comparison's max |difference|.
+Qwen3; its ``AutoEncoder`` (at its 32-group width) loads our BFL ``ae.safetensors`` strictly and encodes / decodes
+the same pixels; its ``lora_flux_2.create_arch_network`` names its modules. Prints each comparison's max |difference|.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -61,6 +63,22 @@ def ours(out: Path) -> None:
             res[f"{kind}.noisy"], res[f"{kind}.timesteps"], res[f"{kind}.target"] = ex.noisy, ex.timesteps, ex.target
             res[f"{kind}.loss"] = obj.loss_per_sample(torch.zeros_like(x), ex).mean().reshape(1)
         res["embeds"] = FLUX2.encode_prompt(parts, CAPTIONS).hidden_states
+    # the AE at musubi-tuner's GroupNorm width (32 groups): BFL names written by us, encode / decode by us
+    from library.families.autoencoders import flux2 as ae
+    from library.families.flux2.saving import save_vae
+    from library.families.flux2.tiny import randomize
+
+    vae = ae.factory(dict(ae.RELEASED, block_out_channels=[32, 32, 32, 32], layers_per_block=1))().eval()
+    randomize(vae, 11)
+    vae.bn.running_mean.normal_(0, 0.3, generator=g)
+    vae.bn.running_var.uniform_(0.5, 1.5, generator=g)
+    save_vae(dataclasses.replace(parts, vae=vae), out / "ae32.safetensors")
+    pixels = torch.rand(1, 3, 64, 32, generator=g) * 2 - 1
+    with torch.no_grad():
+        res["pixels"] = pixels
+        res["ae_latents"] = ae.encode(vae, pixels)
+        mean, std = ae._stats(vae, res["ae_latents"])  # decode without the clamp (musubi-tuner's does not clamp)
+        res["ae_decoded"] = vae.decode(ae.unpatchify(res["ae_latents"] * std + mean)).sample
     save_file({k: v.contiguous() for k, v in res.items()}, str(out / "ours.safetensors"))
     ds = make_example_dataset(out / "data")
     toml = out / "dataset.toml"
@@ -112,6 +130,11 @@ def musubi(out: Path) -> None:
         out_ = dit(x=torch.cat([img, ref_tokens], 1), x_ids=torch.cat([img_ids, ref_ids], 1), timesteps=sigma,
                    ctx=txt, ctx_ids=txt_ids, guidance=None)[:, : H * W]  # fmt: skip
         res["velocity_ref"] = out_.transpose(1, 2).reshape(x.shape)
+    ae_model = flux2_models.AutoEncoder(flux2_models.AutoEncoderParams(ch=32, ch_mult=[1, 1, 1, 1], num_res_blocks=1))
+    print("musubi AE strict load:", ae_model.load_state_dict(load_file(str(out / "ae32.safetensors")), strict=True))
+    with torch.no_grad():
+        res["ae_latents"] = ae_model.encode(ours_["pixels"])
+        res["ae_decoded"] = ae_model.decode(res["ae_latents"])
     trainer = NetworkTrainer.__new__(NetworkTrainer)
     trainer.num_timestep_buckets = None
     for kind in SAMPLINGS:
