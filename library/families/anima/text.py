@@ -1,9 +1,9 @@
 """Anima's prompts: Qwen3-0.6B's last hidden states (padding rows zeroed) plus the T5 token ids the LLM adapter
 embeds, as sd-scripts' ``strategy_anima`` (``AnimaTokenizeStrategy`` / ``AnimaTextEncodingStrategy``).
 
-Tokenizers ship with the package and load offline: Qwen3's (``families/data/qwen3_tokenizer.json.gz`` +
-``qwen3_tokenizer_config.json``: sd-scripts' ``configs/qwen3_06b`` vocab.json + merges.txt, Apache-2.0, as one
-tokenizers file) and T5's, which is the shared one (``encoders/t5.py``: byte-identical to sd-scripts'
+Tokenizers ship with the package and load offline: Qwen3's (the shared ``encoders/qwen3.py``:
+``families/data/qwen3_tokenizer.json.gz`` + ``qwen3_tokenizer_config.json``, sd-scripts' ``configs/qwen3_06b``
+vocab.json + merges.txt, Apache-2.0, as one tokenizers file) and T5's, which is the shared one (``encoders/t5.py``: byte-identical to sd-scripts'
 ``configs/t5_old/tokenizer.json``, 32128 ids with the 100 extra ids). A Qwen3 folder's own tokenizer is used when it
 has one (sd-scripts does the same); ``--t5_tokenizer_path`` a folder with ``tokenizer.json``.
 
@@ -20,25 +20,20 @@ ids of padding only (mask 0, so zero states) and T5 ids ``[</s>, pad...]`` with 
 
 from __future__ import annotations
 
-import gzip
 import json
 import logging
-import os
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from ..encoders import qwen3 as qwen3_encoder
 from ..encoders import t5 as t5_encoder
-from ..tokenizers import _cache_root
 
 log = logging.getLogger(__name__)
 
 DATA = Path(__file__).parent / "data"
-QWEN3_TOKENIZER = DATA.parent.parent / "data" / "qwen3_tokenizer.json.gz"  # shared with encoders/qwen25vl.py
-QWEN3_TOKENIZER_CONFIG = DATA / "qwen3_tokenizer_config.json"
 QWEN3_CONFIG = DATA / "qwen3_06b_config.json"  # sd-scripts' configs/qwen3_06b/config.json (Qwen3-0.6B)
 # the tiny test Qwen3 (tiny.py): Qwen3's real vocabulary (the shipped tokenizer's ids fit) at width 16
 TINY_QWEN3 = dict(
@@ -49,38 +44,10 @@ TINY_QWEN3 = dict(
 DEFAULT_LENGTH = 512  # --qwen3_max_token_length and --t5_max_token_length defaults (sd-scripts)
 
 
-def _bundled_qwen3_folder() -> Path:
-    """The shipped Qwen3 tokenizer unpacked once into the sdtrain cache (atomically)."""
-    folder = _cache_root() / "qwen3_tokenizer"
-    dest = folder / "tokenizer.json"
-    if not dest.is_file() or not (folder / "tokenizer_config.json").is_file():
-        folder.mkdir(parents=True, exist_ok=True)
-        for name, data in (("tokenizer_config.json", QWEN3_TOKENIZER_CONFIG.read_bytes()),
-                           ("tokenizer.json", gzip.decompress(QWEN3_TOKENIZER.read_bytes()))):  # fmt: skip
-            tmp = folder / f"{name}.tmp{os.getpid()}"
-            tmp.write_bytes(data)
-            os.replace(tmp, folder / name)
-    return folder
-
-
-@lru_cache(maxsize=4)
-def _qwen3_tokenizer(folder: str) -> Any:
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
-
-
 def load_qwen3_tokenizer(qwen3_path: str | Path | None = None) -> Any:
     """A Qwen3 folder's tokenizer when it has one, else the shipped one (sd-scripts: the folder's, else
-    ``configs/qwen3_06b``)."""
-    if qwen3_path is not None and Path(qwen3_path).is_dir():
-        folder = Path(qwen3_path)
-        if any((folder / name).is_file() for name in ("tokenizer.json", "vocab.json")):
-            return _qwen3_tokenizer(str(folder))
-    return _qwen3_tokenizer(str(_bundled_qwen3_folder()))
+    ``configs/qwen3_06b``): the shared Qwen3 encoder's (``encoders/qwen3.py``)."""
+    return qwen3_encoder.load_tokenizer(qwen3_path)
 
 
 def load_t5_tokenizer(path: str | Path | None = None) -> Any:
@@ -134,24 +101,5 @@ def qwen3_config(folder: Path | None = None) -> dict:
     return json.loads(path.read_text())
 
 
-def qwen3_factory(config: dict):
-    from transformers import Qwen3Config, Qwen3Model
-
-    def make() -> nn.Module:
-        cfg = Qwen3Config(**{k: v for k, v in config.items() if k not in ("architectures", "transformers_version",
-                                                                            "torch_dtype", "dtype")})  # fmt: skip
-        cfg.use_cache = False
-        return Qwen3Model(cfg)
-
-    return make
-
-
-def qwen3_names(keys: list[str]) -> dict[str, str]:
-    """``Qwen3Model`` key -> file key: ``model.`` stripped (a ``Qwen3ForCausalLM`` file or ComfyUI's), ``lm_head``
-    left out (sd-scripts' ``load_qwen3_text_encoder``)."""
-    names = {}
-    for key in keys:
-        if key.startswith("lm_head."):
-            continue
-        names[key[len("model.") :] if key.startswith("model.") else key] = key
-    return names
+qwen3_factory = qwen3_encoder.factory
+qwen3_names = qwen3_encoder.names
