@@ -199,6 +199,9 @@ class FlowSampling:
     cfg_trunc_ratio: float | None = None
     renorm_cfg: float = 0.0
     plain_negative: bool = False
+    linear_grid: bool = False
+    """With ``static_shift``: the levels are the shifted ``linspace(1, 1/steps, steps)`` (diffusers' ``ZImagePipeline``,
+    musubi-tuner's Z-Image sampling) instead of SD3's discrete grid (``flow.linear_flow_sigmas``)."""
 
     def __post_init__(self) -> None:
         if self.static_shift is not None and (self.shift or self.static_shift <= 0):

@@ -62,6 +62,7 @@ from .flow import (
     flow_sigmas,
     image_seq_len,
     latent_noise,
+    linear_flow_sigmas,
     packed_noise,
     sample_euler,
     with_cfg,
@@ -236,6 +237,8 @@ def sampling_sigmas(settings: FlowSampling, steps: int, height: int, width: int)
     """The (steps + 1,) noise levels for an H x W image: ``flow.discrete_flow_sigmas`` with a static shift (SD3),
     else ``flow.flow_sigmas`` with FLUX's resolution-dependent shift (or none: schnell)."""
     seq_len = image_seq_len(height, width, settings.latent_downscale)
+    if settings.static_shift is not None and settings.linear_grid:
+        return linear_flow_sigmas(steps, settings.static_shift)
     if settings.static_shift is not None:
         return discrete_flow_sigmas(steps, settings.static_shift)
     return flow_sigmas(

@@ -68,7 +68,8 @@ TARGETS = TargetClasses(
     transformer=lora.BLOCK_CLASSES,
     attention=("Attention",),
     text_encoder={},
-    full_names=("all_x_embedder", "cap_embedder", "t_embedder", "all_final_layer"),
+    # not t_embedder: diffusers' TimestepEmbedder reads its first Linear's .weight.dtype outside that Linear's forward
+    full_names=("all_x_embedder", "cap_embedder", "all_final_layer"),
 )
 _BLOCK = re.compile(r"lora_unet_layers_(\d+)_")
 
@@ -267,7 +268,7 @@ class ZImageFamily:
         shift = float(parts.scheduler_config.get("static_shift", parts.scheduler_config.get("shift", 3.0)))
         return FlowSampling(embedded_guidance=False, shift=False, static_shift=shift,
                             latent_channels=int(parts.denoiser.config.in_channels), packed_noise=False,
-                            default_steps=steps, default_scale=scale)  # fmt: skip
+                            default_steps=steps, default_scale=scale, linear_grid=True)  # fmt: skip
 
     def default_resolution(self, prediction_type: str = FLOW_MATCHING) -> int:
         return 1024
