@@ -5,6 +5,7 @@ shift, CFG); musubi-tuner's objective draws; bad input is refused before anythin
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from library.families.zimage import ZIMAGE
 from library.families.zimage import model as M
 from library.families.zimage.loading import load_dit, load_vae
 from library.families.zimage.objective import ZImageFlowConfig, ZImageFlowObjective
+from library.families.zimage.options import ZImageOptions
 from library.objectives.losses import LossConfig
 
 pytest_plugins = ["_zimage_helpers"]
@@ -93,6 +95,21 @@ def test_prompt_and_text_encoder_layouts(zimage_files, tmp_path):
     assert all(torch.equal(got[k], v) for k, v in parts.text_encoders[0].state_dict().items())
     vae = load_vae(Path(zimage_files["vae"]), torch.float32, "cpu")
     assert all(torch.equal(vae.state_dict()[k], v) for k, v in parts.vae.state_dict().items())
+    # our folder (DiT, Qwen3, AE) loads without the part flags; --fp8_llm keeps the prompt states close
+    ZIMAGE.save(parts, tmp_path / "folder")
+    again = ZIMAGE.load(tmp_path / "folder")
+    assert all(torch.equal(again.denoiser.state_dict()[k], v) for k, v in parts.denoiser.state_dict().items())
+    fp8 = ZIMAGE.load(tmp_path / "folder", options=ZImageOptions(fp8_llm=True))
+    assert fp8.text_encoders[0].layers[0].mlp.up_proj.weight.dtype == torch.float8_e4m3fn
+    rounded = copy.deepcopy(parts)  # the oracle: every Linear weight rounded to float8 and back by hand
+    for module in rounded.text_encoders[0].modules():
+        if isinstance(module, torch.nn.Linear):
+            module.weight.data = module.weight.data.to(torch.float8_e4m3fn).float()
+    with torch.no_grad():
+        got = ZIMAGE.encode_prompt(fp8, CAPTIONS).hidden_states
+        want = ZIMAGE.encode_prompt(rounded, CAPTIONS).hidden_states
+    torch.testing.assert_close(got, want)
+    assert (want - cond.hidden_states).abs().max() > 1e-3
 
 
 def test_sampling_equals_diffusers_pipeline(zimage_files):

@@ -24,6 +24,7 @@ from ..loading import KeyView, finish, instantiate_fitting, read_weights
 from . import model as M
 
 FOLDER_CLASS = "ZImage"
+FOLDER_DIT = "zimage_dit.safetensors"  # saving.FOLDER_FILES["dit"]
 
 
 def is_dit(keys: Any) -> bool:
@@ -58,6 +59,8 @@ def load_dit(path: Path, dtype: torch.dtype, device: Any, flag: str = "--dit") -
     """The DiT of a single file, a split set, or a diffusers folder's ``transformer/``; config from the folder's
     config.json, else released / tiny / the weights' shapes."""
     candidates = [(M.RELEASED, "Z-Image (30 blocks)"), (M.TINY, "the tiny test DiT")]
+    if path.is_dir() and (path / FOLDER_DIT).is_file():  # our folder (saving.py): the DiT file beside the parts
+        path = path / FOLDER_DIT
     if path.is_dir():
         folder = path / "transformer" if (path / "transformer").is_dir() else path
         if not any(folder.glob("*.safetensors")):
@@ -85,9 +88,7 @@ def load_vae(path: Path, dtype: torch.dtype, device: Any, flag: str = "--vae") -
         state, _ = read_weights(files[0])
     else:
         state, _ = read_weights(path)
-    from .tiny import AE
-
-    candidates = [(flux_ae.released_config(), "FLUX.1's AE config"), (dict(AE), "the tiny AE config")]
+    candidates = [(flux_ae.released_config(), "FLUX.1's AE config"), (dict(flux_ae.TINY_AE), "the tiny AE config")]
     return flux_ae.load(path, state, candidates, dtype, device, where=flag, what="AE (--vae)",
                         this="Z-Image's AE (FLUX.1's)")  # fmt: skip
 
@@ -124,8 +125,7 @@ def load_zimage(name: str, path: str | Path, *, dtype: torch.dtype | PartDtypes,
     denoiser = load_dit(path, dtypes.denoiser, device)
     encoder = qwen3.load(te_path, dtypes.text_encoders, device, where="--text_encoder")
     if options.fp8_llm:
-        compute = dtypes.text_encoders if dtypes.text_encoders != torch.float32 else torch.bfloat16
-        store_in_fp8(encoder, compute, skip=("norm",))
+        store_in_fp8(encoder, dtypes.text_encoders, skip=("norm",))  # computed in the encoder's dtype (bf16 in a run)
     autoencoder = load_vae(vae_path, _dtype(options.vae_dtype, dtypes.vae), device)
     tokenizers = [qwen3.load_tokenizer(te_path if te_path.is_dir() else None)]
     parts = Parts(denoiser, autoencoder, [encoder], tokenizers, dict(M.SCHEDULER), name, str(path), options)

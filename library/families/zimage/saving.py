@@ -1,7 +1,7 @@
 """Writing Z-Image's files: the DiT as one .safetensors in diffusers' names (musubi-tuner's zimage_train.py output
 layout; ``original=True``: the original / ComfyUI names, fused ``qkv``), Qwen3 under ``model.`` (ComfyUI's
 ``qwen_3_4b.safetensors`` layout), the AE in BFL's names (``ae.safetensors``), and a folder of the three
-(``dit.safetensors``, ``text_encoder/``, ``vae/``) that ``load`` takes without ``--text_encoder`` / ``--vae``.
+(``zimage_dit.safetensors``, ``text_encoder/``, ``vae/``) that ``load`` takes without ``--text_encoder`` / ``--vae``.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from ..convert import vae_to_ldm
 from ..loading import META_FAMILY
 from ..saving import atomic_dir
 from . import model as M
+from .loading import FOLDER_DIT
 
-FOLDER_FILES = {"dit": "dit.safetensors", "text_encoder": "text_encoder/model.safetensors",
+FOLDER_FILES = {"dit": FOLDER_DIT, "text_encoder": "text_encoder/model.safetensors",
                 "vae": "vae/diffusion_pytorch_model.safetensors"}  # fmt: skip
 
 
