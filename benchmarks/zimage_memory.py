@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -125,6 +126,7 @@ def measure(row: str, args: argparse.Namespace, work: Path) -> dict:
         family.load.prepare(torch.bfloat16, fp8="--fp8_base" in argv)  # --mixed_precision bf16: frozen parts in bf16
     with simulated_device() as sim:
         (zimage_train_network if kind == "lora" else zimage_train).run(argv)
+    shutil.rmtree(work / "out", ignore_errors=True)  # a real-size full fine-tune writes 12 GB of (empty) weights
     table = {k: round(v / 1024, 2) for k, v in sim.phase_table().items()}  # MiB -> GiB
     highest = max(table.values())
     return {"row": row, "variant": variant, "weights": name, "blocks_to_swap": swap, "batch": args.batch,
