@@ -54,7 +54,7 @@ class RealSizeLoader:
     def __init__(self, family) -> None:
         self.family, self.tiny_load, self.parts = family, family.load, None
 
-    def prepare(self, dtype, fp8: bool = True) -> None:
+    def prepare(self, dtype, fp8: bool = True, fp8_llm: bool = False) -> None:
         from accelerate import init_empty_weights
 
         from library.device.fp8 import store_in_fp8
@@ -64,14 +64,17 @@ class RealSizeLoader:
         with init_empty_weights(include_buffers=True):
             vae = flux_ae.factory(flux_ae.released_config())()
 
-        def empty(module, fp8_skip=None):
+        def empty(module, fp8_skip=None, cast=fp8):
             module = module.to(dtype).requires_grad_(False)
-            if fp8 and fp8_skip is not None:  # --fp8_base's cast, on meta (the run's cast skips stored layers)
+            if cast and fp8_skip is not None:  # --fp8_base's cast, on meta (the run's cast skips stored layers)
                 store_in_fp8(module, dtype, skip=fp8_skip)
             return module.to_empty(device="cpu").eval()
 
         denoiser = empty(reference.denoiser, self.family.fp8_skip)
-        encoders = [empty(te, ("norm",)) for te in reference.text_encoders]
+        # Qwen3 in float8 with --fp8_llm (the family's loader), or with --fp8_base where the run's rule stores the
+        # text encoders too (a family's fp8_base_text_encoders: False for Z-Image, as musubi-tuner)
+        te_fp8 = fp8_llm or fp8 and getattr(self.family, "fp8_base_text_encoders", True)
+        encoders = [empty(te, ("norm",), te_fp8) for te in reference.text_encoders]
         self.parts = dataclasses.replace(reference, denoiser=denoiser, vae=empty(vae), text_encoders=encoders,
                                          source=f"real-size {self.family.name}")  # fmt: skip
 
@@ -123,7 +126,9 @@ def measure(row: str, args: argparse.Namespace, work: Path) -> dict:
     family = get_family(variant)
     start = time.time()
     if isinstance(family.load, RealSizeLoader):
-        family.load.prepare(torch.bfloat16, fp8="--fp8_base" in argv)  # --mixed_precision bf16: frozen parts in bf16
+        family.load.prepare(
+            torch.bfloat16, fp8="--fp8_base" in argv, fp8_llm="--fp8_llm" in argv
+        )  # --mixed_precision bf16: frozen parts in bf16
     with simulated_device() as sim:
         (zimage_train_network if kind == "lora" else zimage_train).run(argv)
     shutil.rmtree(work / "out", ignore_errors=True)  # a real-size full fine-tune writes 12 GB of (empty) weights

@@ -143,6 +143,7 @@ class ZImageFamily:
     # --fp8_base: the embedders, the final layer, the modulations and norms stay in the compute dtype (musubi-tuner
     # stores only the blocks' Linears in fp8, not their _modulation / norms)
     fp8_skip = ("t_embedder", "cap_embedder", "all_x_embedder", "all_final_layer", "adaLN_modulation", "norm")
+    fp8_base_text_encoders = False  # musubi-tuner's --fp8_base stores the DiT only; Qwen3 has --fp8_llm
     target_classes = TARGETS
     options = ZImageOptions
     full_training = PlainFullTraining()

@@ -15,6 +15,10 @@ runs from noise 0 to image 1) and predicts x0 − ε (musubi-tuner's target ``la
 ``sigma`` (musubi-tuner's default): u by ``--weighting_scheme``, the index ⌊u (max − min) + min⌋ into its scheduler's
 unshifted table, σ = (1000 − index) / 1000, timesteps 1000 σ (no + 1 on this path).
 
+Copied from library/families/qwen_image/objective.py (the t laws, the config and the example: musubi-tuner's one
+shared trainer code; family folders cannot import each other): keep the two equal, or move them into
+library/objectives/ together.
+
 Refused with a message (not implemented here): ``qinglong_*``, ``flux2_shift``, ``krea2_shift``, ``ideogram4_shift``;
 ``--weighting_scheme sigma_sqrt / cosmap``; ``--preserve_distribution_shape``, ``--num_timestep_buckets``.
 """
