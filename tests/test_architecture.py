@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CODE = ("library", "networks", "tools", "finetune")
 FAMILY_WORDS = re.compile(
     r"(?<![a-z0-9])(sd1|sd2|sdxl|sd3|sd35|sd3\.5|sd 1|sd 2|flux|schnell|chroma|t5xxl|t5|clip_l|clip_g|mmdit|bfl|"
-    r"lumina|anima|hunyuan|qwen|zimage|z_image|pixart|cascade|wuerstchen|gemma)(?![a-z0-9])",
+    r"lumina|anima|hunyuan|qwen|zimage|z_image|z image|pixart|cascade|wuerstchen|gemma)(?![a-z0-9])",
     re.IGNORECASE,
 )
 SHIM_LINES = 40  # a family-named file outside the family folder is a shim: a docstring and a few lines

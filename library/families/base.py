@@ -228,6 +228,9 @@ class FlowSampling:
     latent_patch: int = 2
     """The denoiser's patch side in latent pixels: sample sizes are multiples of ``latent_patch · latent_downscale``
     (2x2 patches: FLUX, SD3 ...; 1: HunyuanImage 2.1's 32x VAE, sizes in steps of 32)."""
+    linear_grid: bool = False
+    """With ``static_shift``: the levels are the shifted ``linspace(1, 1/steps, steps)`` (diffusers' ``ZImagePipeline``,
+    musubi-tuner's Z-Image sampling) instead of SD3's discrete grid (``flow.linear_flow_sigmas``)."""
 
     def __post_init__(self) -> None:
         if self.static_shift is not None and (self.shift or self.static_shift <= 0):

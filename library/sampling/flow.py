@@ -110,6 +110,18 @@ def shifted_linear_sigmas(steps: int, shift: float) -> Tensor:
     return ((shift * sigmas) / (1 + (shift - 1) * sigmas)).to(torch.float32)
 
 
+def linear_flow_sigmas(steps: int, shift: float) -> Tensor:
+    """The (steps + 1,) float32 noise levels of Z-Image: ``f(linspace(1, 1/steps, steps))`` with the static shift
+    ``f(σ) = s·σ / (1 + (s - 1)·σ)``, then 0 (diffusers' ``ZImagePipeline`` through ``FlowMatchEulerDiscreteScheduler``;
+    musubi-tuner's ``zimage_utils.get_timesteps_sigmas`` spaces them as ``linspace(1000, 1, steps + 1)[:-1] / 1000``,
+    at most 0.001 apart)."""
+    if steps < 1 or shift <= 0:
+        raise ValueError(f"linear_flow_sigmas: steps must be >= 1 and shift positive, got {steps}, {shift}")
+    sigmas = torch.linspace(1.0, 1.0 / steps, steps, dtype=torch.float32)  # in float32, as diffusers computes them
+    sigmas = shift * sigmas / (1 + (shift - 1) * sigmas)
+    return torch.cat([sigmas, torch.zeros(1)])
+
+
 def image_seq_len(height: int, width: int, downscale: int = 8, patch: int = 2) -> int:
     """Packed 2x2 latent tokens of an H x W image for a VAE that downscales by ``downscale``:
     (H/(2·downscale))·(W/(2·downscale)), (H/16)·(W/16) for an 8x VAE; raises ValueError unless both sides are

@@ -62,6 +62,7 @@ from .flow import (
     flow_sigmas,
     image_seq_len,
     latent_noise,
+    linear_flow_sigmas,
     packed_noise,
     sample_euler,
     shifted_linear_sigmas,
@@ -248,6 +249,8 @@ def sampling_sigmas(settings: FlowSampling, steps: int, height: int, width: int)
     seq_len = image_seq_len(height, width, settings.latent_downscale, settings.latent_patch)
     if settings.static_shift is not None and settings.linear_shift:
         return shifted_linear_sigmas(steps, settings.static_shift)
+    if settings.static_shift is not None and settings.linear_grid:
+        return linear_flow_sigmas(steps, settings.static_shift)
     if settings.static_shift is not None:
         return discrete_flow_sigmas(steps, settings.static_shift)
     return flow_sigmas(

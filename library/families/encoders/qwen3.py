@@ -47,6 +47,23 @@ QWEN3_4B = dict(_COMMON, hidden_size=2560, intermediate_size=9728, num_hidden_la
 QWEN3_8B = dict(_COMMON, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
                 num_key_value_heads=8, tie_word_embeddings=False)  # fmt: skip
 
+# Z-Image's prompt: the user turn and the assistant's start, no thinking block (diffusers' ZImagePipeline)
+USER_TURN = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
+MAX_LENGTH = 512
+LAYER = -2
+
+# Qwen3-4B (Z-Image's text encoder; musubi-tuner's zimage_utils QWEN3_4B_CONFIG_JSON)
+RELEASED_4B = dict(
+    vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
+    num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1000000,
+    tie_word_embeddings=True, hidden_act="silu", attention_bias=False, max_window_layers=36,
+    bos_token_id=151643, eos_token_id=151645,
+)  # fmt: skip
+# the tiny test encoder: the real vocabulary (the shipped tokenizer's ids fit) at width 16, 3 layers (layer -2 is
+# then a middle block's output, not the last)
+TINY = dict(RELEASED_4B, hidden_size=16, intermediate_size=32, num_hidden_layers=3, num_attention_heads=2,
+            num_key_value_heads=1, head_dim=8, max_window_layers=3, max_position_embeddings=1024)  # fmt: skip
+
 
 # ------------------------------------------------------------------------------------------------ tokenizer
 def bundled_folder() -> Path:
@@ -109,6 +126,25 @@ def stacked_layers(model: nn.Module, ids: Tensor, mask: Tensor, layers: Sequence
     device = next(model.parameters()).device
     out = model(input_ids=ids.to(device), attention_mask=mask.to(device), output_hidden_states=True, use_cache=False)
     return torch.cat([out.hidden_states[k] for k in layers], dim=-1)
+
+
+def tokenize(tokenizer: Any, captions: Sequence[str], template: str = USER_TURN,
+             max_length: int = MAX_LENGTH) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """(ids, mask) (B, L) int64 of the captions in ``template``, padded to the batch's longest, at most
+    ``max_length`` tokens (the reference pads to 512; the padding's states are never read)."""
+    out = tokenizer([template.format(c) for c in captions], max_length=max_length, padding=True, truncation=True,
+                    return_tensors="pt")  # fmt: skip
+    return out.input_ids, out.attention_mask
+
+
+def hidden(model: nn.Module, ids: Tensor, mask: Tensor, layer: int = LAYER) -> Tensor:
+    """(B, L, D) states of transformers' ``hidden_states[layer]`` of ``model`` (``Qwen3Model``); rows past the mask
+    zeroed."""
+    device = next(model.parameters()).device
+    mask = mask.to(device)
+    out = model(input_ids=ids.to(device), attention_mask=mask, output_hidden_states=True, use_cache=False)
+    states = out.hidden_states[layer]
+    return states * mask.unsqueeze(-1).to(states.dtype)
 
 
 # ------------------------------------------------------------------------------------------------ the encoder
@@ -191,6 +227,24 @@ def read(path: str | Path, where: str = "--text_encoder") -> Mapping[str, Any]:
     return state
 
 
+def config_from_shapes(state: Mapping[str, Any], shape, candidates: list[dict]) -> dict | None:
+    """A Qwen3 config read from the weights (vocabulary, width, depth, MLP width, heads from the q / k projections
+    at the candidates' head width 128)."""
+    keys = list(state.keys())
+    if not candidates or not all(k in keys for k in ("embed_tokens.weight", "layers.0.self_attn.q_proj.weight",
+                                                     "layers.0.self_attn.k_proj.weight",
+                                                     "layers.0.mlp.gate_proj.weight")):  # fmt: skip
+        return None
+    head = int(candidates[0]["head_dim"])
+    vocab, width = shape("embed_tokens.weight")
+    depth = 1 + max(int(k.split(".")[1]) for k in keys if k.startswith("layers."))
+    return dict(candidates[0], vocab_size=vocab, hidden_size=width,
+                num_attention_heads=shape("layers.0.self_attn.q_proj.weight")[0] // head,
+                num_key_value_heads=shape("layers.0.self_attn.k_proj.weight")[0] // head,
+                intermediate_size=shape("layers.0.mlp.gate_proj.weight")[0], num_hidden_layers=depth,
+                max_window_layers=depth)  # fmt: skip
+
+
 def folder_config(path: str | Path) -> dict | None:
     for folder in (Path(path) / "text_encoder", Path(path)):
         if (folder / "config.json").is_file():
@@ -198,18 +252,19 @@ def folder_config(path: str | Path) -> dict | None:
     return None
 
 
-def load(path: str | Path, candidates: Sequence[tuple[dict, str]], dtype: Any = torch.bfloat16, device: Any = "cpu",
-         *, where: str = "--text_encoder") -> nn.Module:  # fmt: skip
+def load(path: str | Path, candidates: Sequence[tuple[dict, str]] | None = None, dtype: Any = torch.bfloat16,
+         device: Any = "cpu", *, where: str = "--text_encoder") -> nn.Module:  # fmt: skip
     """The ``Qwen3Model`` (eval mode, no gradients) of ``path``, read tensor by tensor, cast to ``dtype`` on
-    ``device``: built from the folder's config.json, else the first of ``candidates`` that fits."""
+    ``device``: built from the folder's config.json, else the first of ``candidates`` (default: Qwen3-4B, then the
+    tiny test Qwen3) that fits, else a config read from the weights' shapes (:func:`config_from_shapes`)."""
     state = read(path, where)
     view = KeyView(state, names(list(state.keys())))
     if "layers.0.self_attn.q_norm.weight" not in view.names:
         raise ValueError(f"{where} {path}: no Qwen3 weights (expected model.layers.0.self_attn.q_norm.weight); is this "
                          "the Qwen3 text encoder?")  # fmt: skip
-    options = list(candidates)
+    options = list(candidates or [(RELEASED_4B, "Qwen3-4B"), (TINY, "the tiny test Qwen3")])
     config = folder_config(path) if Path(path).is_dir() else None
     if config is not None:
         options.insert(0, (config, f"{path}'s config.json"))
-    model = instantiate_fitting(options, factory, view, "Qwen3", Path(path), dtype, device)
+    model = instantiate_fitting(options, factory, view, "Qwen3", Path(path), dtype, device, derive=config_from_shapes)
     return model.eval().requires_grad_(False)
