@@ -91,7 +91,7 @@ def test_prompt_and_text_encoder_layouts(zimage_files, tmp_path):
         assert not cond.hidden_states[i, n:].any()
     save_file({**{"model." + k: v for k, v in lm.model.state_dict().items()}, "lm_head.weight": lm.lm_head.weight.clone()},
               str(tmp_path / "qwen3_causal.safetensors"))  # fmt: skip
-    got = qwen3.load(tmp_path / "qwen3_causal.safetensors", torch.float32).state_dict()
+    got = qwen3.load(tmp_path / "qwen3_causal.safetensors", dtype=torch.float32).state_dict()
     assert all(torch.equal(got[k], v) for k, v in parts.text_encoders[0].state_dict().items())
     vae = load_vae(Path(zimage_files["vae"]), torch.float32, "cpu")
     assert all(torch.equal(vae.state_dict()[k], v) for k, v in parts.vae.state_dict().items())
