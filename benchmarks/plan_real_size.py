@@ -77,6 +77,9 @@ def write_files(name: str, folder: Path) -> list[str]:
         parts = phantom_parts(name, dtype)
         model = family.save(parts, folder / f"{name}.safetensors")
         extra = family.tiny.write_files(parts, folder, name) if name.startswith("flux") else {}
+    written = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+    if written > 2**26:  # headers only: a few hundred KB
+        raise RuntimeError(f"{folder}: {written} bytes written; the header-only writes missed a writer")
     flags = ["--pretrained_model_name_or_path", str(model)]
     return flags + [w for part, path in extra.items() for w in (f"--{part}", str(path))]
 

@@ -146,3 +146,29 @@ def test_plan_memory_outside_a_plan_asks_for_one_and_the_plan_flags_need_it(data
     with pytest.raises(ConfigError, match="--vram is read with --plan_memory only"):
         run([*argv, "--vram", "8"])
     assert not (tmp_path / "out").exists()
+
+
+def test_the_advice_plans_each_change_on_top_of_the_ones_before(data, tmp_path):
+    """``--vram``'s search (library/measure/advice.py) against the same flags written by hand: asked for the device
+    peak that caching both outputs and checkpointing reach, it takes changes in the users' order, stops at the first
+    that fits (every earlier one did not), its last plan equals the plan of the command with those flags written by
+    hand, and the pasted command carries them."""
+    from library.measure.advice import advise, paste_line
+
+    order = [*CACHED[::-1], "--gradient_checkpointing"]  # text outputs first, then latents, then checkpointing
+    run, argv = command("sd1", tmp_path, data, tmp_path / "out")
+    argv = [w for w in argv if w != "--gradient_checkpointing"]
+    target = plan_command(lambda: run([*argv, *order, "--plan_memory"]), out=print)["device_peak_mib"]
+
+    def plan_with(changes):
+        return plan_command(lambda: run([*argv, "--plan_memory"]), out=lambda line: None, changes=changes)
+
+    taken = advise(plan_with, argv, lambda plan: plan["device_peak_mib"] <= target, out=print)
+    flags = [t["flags"][0] for t in taken]
+    assert flags and flags == order[: len(flags)]
+    by_hand = plan_command(lambda: run([*argv, *flags, "--plan_memory"]), out=lambda line: None)
+    assert taken[-1]["card_peak_mib"] == by_hand["card_peak_mib"] and by_hand["device_peak_mib"] <= target
+    for earlier in range(1, len(flags)):
+        plan = plan_command(lambda n=earlier: run([*argv, *flags[:n], "--plan_memory"]), out=lambda line: None)
+        assert plan["device_peak_mib"] > target
+    assert paste_line("train_network.py", argv, taken).endswith(" ".join(flags))

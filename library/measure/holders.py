@@ -3,9 +3,9 @@ and the rest (activations, temporaries, gradients already freed), for ``--plan_m
 
 :class:`PeakHolders` is mixed into the simulated device: whenever a phase's device bytes pass the last snapshot by
 1 % it keeps the set of storages alive (so a snapshot is within 1 % of the phase's peak), and at the phase's end it
-names each storage of the snapshot by what owns it then. Ownership is found on live objects only: the loaded parts
-(``Parts``), every optimizer that stepped (its state, its parameters: what trains, and their ``.grad``). A storage
-freed before the phase ends is named by nothing and counts as activations and temporaries.
+names each storage of the snapshot by what owns it: the loaded parts (``Parts``) as they were at the snapshot,
+the run's optimizers (their state, their parameters: what trains, and their ``.grad``). A storage
+freed before the phase ends (other than a part's weight) counts as activations and temporaries.
 """
 
 from __future__ import annotations
@@ -40,26 +40,19 @@ class PeakHolders:
 
     def __init__(self) -> None:
         self.parts: Any = None  # the run's loaded Parts, set by the plan when the model is loaded
-        self.optimizers: weakref.WeakSet = weakref.WeakSet()  # every optimizer that stepped (see :meth:`watch`)
+        self.optimizers: weakref.WeakSet = weakref.WeakSet()  # the run's optimizers (the plan tells them)
         self._snap: dict[int, int] = {}
+        self._snap_parts: dict[int, str] = {}
+        self.before: set[int] = set()  # storages alive before the run (not the run's; none in a fresh process)
         self._snap_bytes = 0
         self.holders: dict[str, dict[str, int]] = {}  # phase -> owner -> bytes
         self._best: dict[str, int] = {}
 
-    def watch(self) -> Any:
-        """Know every optimizer that steps from now on; returns the hook's handle (``.remove()`` it after)."""
-
-        def stepped(optimizer: torch.optim.Optimizer, *_: Any) -> None:
-            self.optimizers.add(getattr(optimizer, "optimizer", optimizer))
-
-        from torch.optim.optimizer import register_optimizer_step_post_hook
-
-        return register_optimizer_step_post_hook(stepped)
-
     def snapshot(self, live: dict[int, tuple[str, int]], device: str, total: int) -> None:
         if total > self._snap_bytes * GROWTH or not self._snap:
-            self._snap = {k: size for k, (where, size) in live.items() if where == device}
+            self._snap = {k: size for k, (where, size) in live.items() if where == device and k not in self.before}
             self._snap_bytes = total
+            self._snap_parts = self._part_owners()  # a part on the device now may be back on the host at the end
 
     def restart(self, live: dict[int, tuple[str, int]], device: str, total: int) -> None:
         self._snap, self._snap_bytes = {}, 0
@@ -91,6 +84,12 @@ class PeakHolders:
                 owners[key] = "gradients"
             for key in _keys(trained):
                 owners[key] = "trained parameters"
+        for key, label in self._snap_parts.items():
+            owners.setdefault(key, label)
+        return owners
+
+    def _part_owners(self) -> dict[int, str]:
+        owners: dict[int, str] = {}
         parts = self.parts
         if parts is not None:
             named = [("denoiser weights", parts.denoiser), ("VAE weights", parts.vae)]

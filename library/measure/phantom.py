@@ -242,23 +242,33 @@ def _save_header_only(state: dict, path: Any, metadata: dict | None = None, dtyp
     return Path(path)
 
 
+def _save_file_header_only(tensors: dict, filename: Any, metadata: dict | None = None) -> None:
+    """``safetensors.torch.save_file`` writing the header only (no bytes for the tensors)."""
+    _save_header_only(tensors, filename, metadata)
+
+
 @contextlib.contextmanager
 def header_only_writes() -> Iterator[None]:
-    """Inside, weight files written through ``library.files.weights.save_state_dict`` hold their header only (the
-    plan's save; and the real-size layouts of benchmarks/plan_real_size.py, written without a weight value)."""
+    """Inside, weight files written through ``library.files.weights.save_state_dict`` or
+    ``safetensors.torch.save_file`` hold their header only (the plan's save; and the real-size layouts of
+    benchmarks/plan_real_size.py, written without a weight value)."""
+    import safetensors.torch
+
     from library.files import weights
 
-    original = weights.save_state_dict
+    swaps = {"save_state_dict": (weights.save_state_dict, _save_header_only),
+             "save_file": (safetensors.torch.save_file, _save_file_header_only)}  # fmt: skip
     undo = []
     for module in list(sys.modules.values()):
-        if getattr(module, "save_state_dict", None) is original:
-            undo.append(module)
-            module.save_state_dict = _save_header_only
+        for name, (original, replacement) in swaps.items():
+            if getattr(module, name, None) is original:
+                undo.append((module, name, original))
+                setattr(module, name, replacement)
     try:
         yield
     finally:
-        for module in undo:
-            module.save_state_dict = original
+        for module, name, original in reversed(undo):
+            setattr(module, name, original)
 
 
 @contextlib.contextmanager

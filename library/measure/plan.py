@@ -54,6 +54,7 @@ def plan_command(
     from library.measure.phantom import header_only_reads, header_only_writes
     from library.measure.simulated_device import fused_attention, simulated_device
     from library.run import setup as run_setup
+    from library.run.trainer import Trainer
 
     gc.collect()  # what earlier runs of this process left in reference cycles is not the plan's
     with tempfile.TemporaryDirectory(prefix="sdtrain-plan-") as tmp:
@@ -71,12 +72,18 @@ def plan_command(
 
             run_setup.load_model = loaded
             sim.phases.listeners.append(lambda phase: out(f"plan_memory: {phase}"))
-            hook = sim.watch()
+            trainer_init = Trainer.__init__
+
+            def trainer(self: Any, run: Any, trainable: Any, optimizer: Any, *args: Any, **kwargs: Any) -> None:
+                sim.optimizers.add(getattr(optimizer, "optimizer", optimizer))  # accelerate's wrapper holds it
+                trainer_init(self, run, trainable, optimizer, *args, **kwargs)
+
+            Trainer.__init__ = trainer
             try:
                 result = run()
             finally:
                 run_setup.load_model = load_model
-                hook.remove()
+                Trainer.__init__ = trainer_init
         if getattr(result, "failed", None):
             raise RuntimeError(f"the planned run stopped: {result.failed}")
         plan = plan_report.build(sim, state.argv_flags)
@@ -145,6 +152,11 @@ def _plan_device() -> type:
                 if kind == "convolution":
                     facts.largest_conv_output = max(facts.largest_conv_output, out.numel() * out.element_size())
             return out
+
+        def __enter__(self) -> Any:
+            entered = super().__enter__()
+            self.before = {k for k, (where, _) in self._live.items() if where == "meta"}
+            return entered
 
         def _track(self, tensor: Any) -> None:
             super()._track(tensor)

@@ -85,6 +85,7 @@ class SimulatedDevice(TensorMemory):
         self.host_peak_bytes: dict[str, int] = {}  # phase -> the most host tensor bytes alive at once in it
         self.phases.listeners.append(self._entered)
         self.host_compute_allowed = True  # loading and file writing compute on the host by design
+        self.quiet = False  # True while a part is released (its meta copies are no device memory)
         self.host_reads = 0  # values the host read from the device (each one a device sync on a GPU)
         self.host_reads_by_phase: dict[str, int] = defaultdict(int)
 
@@ -139,6 +140,10 @@ class SimulatedDevice(TensorMemory):
             entry = self._live.pop(tensor.untyped_storage()._cdata, None)
             if entry is not None:
                 self.live_bytes[entry[0]] -= entry[1]
+
+    def _track(self, tensor: torch.Tensor) -> None:
+        if not self.quiet:
+            super()._track(tensor)
 
     def _host_read(self) -> None:
         self.host_reads += 1
@@ -235,7 +240,11 @@ def simulated_device(strict: bool = True, mode: type[SimulatedDevice] | None = N
         return parts
 
     def released(module: Any, *args: Any) -> Any:
-        out = release(module, *args)
+        sim.quiet = True  # module.to("meta") frees memory on a GPU; here meta is the device: not counted
+        try:
+            out = release(module, *args)
+        finally:
+            sim.quiet = False
         sim.forget(module)
         return out
 
