@@ -13,6 +13,7 @@ PATH`` writes the plan as JSON. Exit status 0 after a plan, 2 for a command the 
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import sys
 from collections.abc import Sequence
@@ -30,28 +31,37 @@ def training_scripts() -> list[str]:
     return sorted(p.name for p in ROOT.glob("*.py") if "train" in p.stem and "--plan_memory" not in p.stem)
 
 
-def plan(argv: Sequence[str]) -> dict:
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        usage="python tools/plan_memory.py SCRIPT [its flags...] [--vram GB] [--ram GB] [--plan_memory_json PATH]",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="training scripts: " + " ".join(training_scripts()),
+    )
+    parser.add_argument("script", help="a training script of this repository (its file name)")
+    parser.add_argument("flags", nargs=argparse.REMAINDER, help="the script's flags, unchanged")
+    return parser
+
+
+def run(argv: Sequence[str] | None = None) -> dict:
+    """Plan the command; returns the plan (library/measure/plan.py)."""
     from library.measure.plan import plan_command
 
-    argv = list(argv)
-    if not argv or argv[0] in ("-h", "--help"):
-        print(__doc__)
-        print("training scripts: " + " ".join(training_scripts()))
-        return {}
-    script = Path(argv[0]).name
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else list(argv))
+    script = Path(args.script).name
     if script not in training_scripts():
-        raise ValueError(f"{argv[0]}: not a training script of this repository; give one of "
+        raise ValueError(f"{args.script}: not a training script of this repository; give one of "
                          f"{', '.join(training_scripts())}, then its flags")  # fmt: skip
     module = importlib.import_module(script.removesuffix(".py"))
-    flags = argv[1:] + ([] if "--plan_memory" in argv else ["--plan_memory"])
+    flags = args.flags + ([] if "--plan_memory" in args.flags else ["--plan_memory"])
     return plan_command(lambda: module.run(flags), script=script)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    def run() -> None:
-        plan(sys.argv[1:] if argv is None else argv)
+    def planned() -> None:
+        run(argv)
 
-    return main_guard(run)
+    return main_guard(planned)
 
 
 if __name__ == "__main__":
