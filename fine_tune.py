@@ -24,6 +24,7 @@ from library.cli import deferred_imports
 from library.cli.main_guard import main_guard
 from library.cli.parse import parse_args
 from library.families import get_family
+from library.measure import plan as memory_plan  # noqa: F401 - registers the --plan_memory planner
 from library.run import args as arg_groups
 from library.run import config as run_config
 from library.run import setup as run_setup

@@ -22,6 +22,7 @@ from library.cli.main_guard import main_guard
 from library.cli.parse import parse_args
 from library.cli.problems import ConfigError, Problems
 from library.families.registry import network_module_problems
+from library.measure import plan as memory_plan  # noqa: F401 - registers the --plan_memory planner
 from library.run import args as arg_groups
 from library.run import config as run_config
 from library.run import demo, run_files

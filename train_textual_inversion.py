@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from library.cli import deferred_imports
 from library.cli.main_guard import main_guard
 from library.cli.parse import parse_args
+from library.measure import plan as memory_plan  # noqa: F401 - registers the --plan_memory planner
 from library.run import args as arg_groups
 from library.run import config as run_config
 from library.run import run_files

@@ -12,13 +12,19 @@ def main_guard(func: Callable[[], Any]) -> int:
     ``main(argv)`` is this. Problems with the user's input (``ValueError``, ``ConfigError``) and with the files and
     disks it names (``OSError``: no such file, no permission, disk full while saving) print as one ``error:`` line
     and give status 2; a run that stopped early (a training ``Result`` that failed or was interrupted, a check that
-    returned False) gives 1; Ctrl-C gives 130 without a traceback. Anything else is a bug and propagates with its
+    returned False) gives 1; Ctrl-C gives 130 without a traceback. ``--plan_memory`` plans the command instead of
+    running it (library/cli/plan_flags.py) and gives 0. Anything else is a bug and propagates with its
     traceback. ``--help`` exits 0 through argparse's ``SystemExit``."""
     from library.cli.console import library_output
+    from library.cli.plan_flags import PlanRequested, run_planner
 
     library_output(False)  # the libraries' bars and notices (as in a training run); our bars and messages stay
     try:
-        result = func()
+        try:
+            result = func()
+        except PlanRequested:  # --plan_memory: the same command, planned (library/measure/plan.py)
+            run_planner(func)
+            return 0
     except (ValueError, OSError) as e:
         from library.cli.console import print_error
 

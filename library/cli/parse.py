@@ -78,7 +78,9 @@ def _is_set(value: Any, default: Any) -> bool:
 
 def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace | None:
     """Parse ``argv`` with ``--config_file`` support. Returns None after ``--output_config`` wrote the file."""
-    argv = list(argv) if argv is not None else None
+    from library.cli import plan_flags as plan
+
+    argv = plan.planned_argv(list(argv) if argv is not None else None)  # inside a plan: with its changes
     first = parser.parse_args(argv)
     path = getattr(first, "config_file", None)
     if path and not first.output_config:
@@ -93,10 +95,11 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = Non
         write_config_file(parser, args, path)
         print(f"wrote the arguments to {path}")
         return None
-    problems = unsupported_problems(parser, args)
+    problems = unsupported_problems(parser, args) + plan.plan_problems(args)
     if problems:
         raise ConfigError(problems)
     reset_no_effect_flags(parser, args)
+    plan.intercept(args)  # --plan_memory: PlanRequested, or the plan's settings inside a plan
     return args
 
 

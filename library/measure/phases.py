@@ -24,7 +24,8 @@ class PhasePeaks:
 
     def __init__(self, read_peak: Callable[[], int], reset_peak: Callable[[], None]) -> None:
         self.read_peak, self.reset_peak = read_peak, reset_peak
-        self.phase = "load"
+        self.phase = "setup"  # reading the configuration, before the model loads: not a phase of the table (its
+        # checks may build the released architecture's skeleton on meta, which is no device memory)
         self.peaks: dict[str, int] = {}
         self.listeners: list[Callable[[str], None]] = []  # told the new phase at every change
 

@@ -38,7 +38,8 @@ from library.measure.phases import PhasePeaks, instrumented
 from library.measure.tensor_memory import TensorMemory
 
 DEVICE = torch.device("meta")
-HOST_PHASES = ("load", "save")  # the phases that compute on the host by design (building the model, writing files)
+# the phases that compute on the host by design (reading the configuration, building the model, writing files)
+HOST_PHASES = ("setup", "load", "save")
 
 _aten = torch.ops.aten
 # operators that move data between devices (CUDA allows mixed devices for them)
@@ -80,15 +81,23 @@ class SimulatedDevice(TensorMemory):
     def __init__(self, strict: bool = True) -> None:
         super().__init__()
         self.strict = strict
-        self.phases = PhasePeaks(lambda: self.peak_bytes[DEVICE.type], self.reset_peak)
+        self.phases = PhasePeaks(self._read_peak, self.reset_peak)
+        self.host_peak_bytes: dict[str, int] = {}  # phase -> the most host tensor bytes alive at once in it
         self.phases.listeners.append(self._entered)
         self.host_compute_allowed = True  # loading and file writing compute on the host by design
+        self.quiet = False  # True while a part is released (its meta copies are no device memory)
         self.host_reads = 0  # values the host read from the device (each one a device sync on a GPU)
         self.host_reads_by_phase: dict[str, int] = defaultdict(int)
 
     @property
     def phase(self) -> str:
         return self.phases.phase
+
+    def _read_peak(self) -> int:
+        """The device peak of the phase that ends (its host peak is kept in :attr:`host_peak_bytes`)."""
+        phase = self.phases.phase
+        self.host_peak_bytes[phase] = max(self.host_peak_bytes.get(phase, 0), self.peak_bytes["cpu"])
+        return self.peak_bytes[DEVICE.type]
 
     def _entered(self, phase: str) -> None:
         self.host_compute_allowed = phase in HOST_PHASES
@@ -132,6 +141,10 @@ class SimulatedDevice(TensorMemory):
             if entry is not None:
                 self.live_bytes[entry[0]] -= entry[1]
 
+    def _track(self, tensor: torch.Tensor) -> None:
+        if not self.quiet:
+            super()._track(tensor)
+
     def _host_read(self) -> None:
         self.host_reads += 1
         self.host_reads_by_phase[self.phase] += 1
@@ -167,6 +180,27 @@ _META_FALLBACKS = {
 }
 
 
+@contextlib.contextmanager
+def fused_attention() -> Iterator[None]:
+    """Inside, attention on the simulated device is counted as the fused kernel a GPU runs (on meta, torch's SDPA
+    takes its math path and would hold the whole attention matrix): the flash kernel's meta function gives the
+    output and its softmax statistics only."""
+    original = torch.nn.functional.scaled_dot_product_attention
+
+    def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kwargs):  # noqa: ANN001
+        if query.device.type != DEVICE.type or kwargs:
+            return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                            scale=scale, **kwargs)  # fmt: skip
+        op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+        return op(query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)[0]
+
+    torch.nn.functional.scaled_dot_product_attention = sdpa
+    try:
+        yield
+    finally:
+        torch.nn.functional.scaled_dot_product_attention = original
+
+
 def make_simulated(accelerator: Any) -> Any:
     """Turn an ``accelerate.Accelerator`` made for the CPU into one whose device is meta; with fp16 mixed precision
     give it the GradScaler accelerate gives CUDA runs."""
@@ -185,14 +219,15 @@ def make_simulated(accelerator: Any) -> Any:
 
 
 @contextlib.contextmanager
-def simulated_device(strict: bool = True) -> Iterator[SimulatedDevice]:
+def simulated_device(strict: bool = True, mode: type[SimulatedDevice] | None = None) -> Iterator[SimulatedDevice]:
     """Run training scripts in-process with the meta device as the accelerator (see the module docstring).
 
-    Yields the :class:`SimulatedDevice` whose ``phase_table()`` gives the device-resident peak per phase.
+    Yields the :class:`SimulatedDevice` whose ``phase_table()`` gives the device-resident peak per phase; ``mode``:
+    a subclass to use instead (library/measure/phantom.py's, for plans).
     """
     from library.run import setup as run_setup
 
-    sim = SimulatedDevice(strict)
+    sim = (mode or SimulatedDevice)(strict)
     make_accelerator, load_model, release = run_setup.make_accelerator, run_setup.load_model, run_setup._release
 
     def simulated_accelerator(*args: Any, **kwargs: Any) -> Any:
@@ -206,16 +241,20 @@ def simulated_device(strict: bool = True) -> Iterator[SimulatedDevice]:
 
     def released(module: Any, *args: Any) -> Any:
         peak = sim.peak_bytes[DEVICE.type]  # the meta tensors a freed host part becomes are no device memory
-        out = release(module, *args)
+        sim.quiet = True  # module.to("meta") frees memory on a GPU; here meta is the device: not counted
+        try:
+            out = release(module, *args)
+        finally:
+            sim.quiet = False
         sim.forget(module)
         sim.peak_bytes[DEVICE.type] = max(peak, sim.live_bytes[DEVICE.type])
         return out
 
     run_setup.make_accelerator, run_setup.load_model, run_setup._release = simulated_accelerator, loaded, released
-    # boolean-mask indexing of device tensors (a text mask selecting its valid tokens) has a data-dependent size:
-    # meta answers with every element selected (an upper bound: a mask and its complement both select all)
     from torch.fx.experimental import _config as fx_config
 
+    # boolean-mask indexing on the device (a text mask) asks nonzero's meta kernel for a shape: every element
+    # counts, the largest the selection can be
     try:
         with instrumented(sim.phases), sim, fx_config.patch(meta_nonzero_assume_all_nonzero=True):
             yield sim

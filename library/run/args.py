@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from library import sampling
 from library.cli.console import add_logging_args
 from library.cli.parse import add_config_args
+from library.cli.plan_flags import add_plan_args
 from library.data.data_args import add_dataset_args
 from library.objectives.losses import add_loss_args
 from library.objectives.noising import add_noise_args
@@ -37,11 +38,13 @@ def add_run_groups(
     deepspeed: bool = False,
     block_swap: bool = False,
 ) -> None:
-    """The groups every training recipe takes, in order: logging, model, dataset, run, memory watch, save (``default_format``:
-    ``--save_model_as``'s default), state, trackers, validation, EMA, noise, loss. ``deepspeed``: the DeepSpeed
+    """The groups every training recipe takes, in order: logging, model, dataset, run, memory watch, save
+    (``default_format``: ``--save_model_as``'s default), state, trackers, validation, EMA, noise, loss; and
+    ``--plan_memory`` (library/cli/plan_flags.py). ``deepspeed``: the DeepSpeed
     flags are read (full-model recipes) instead of refused. ``block_swap``: ``--blocks_to_swap`` and
     ``--cpu_offload_checkpointing`` are read (FLUX / SD3 scripts, library/run/block_swap.py) instead of refused."""
     add_logging_args(parser)
+    add_plan_args(parser)
     add_model_args(parser)
     add_dataset_args(parser)
     add_run_args(parser, deepspeed, block_swap)

@@ -1,0 +1,180 @@
+"""``--plan_memory`` (library/measure/plan.py): the plan of a command, built from the files' headers without a weight
+value, against the same command run with its real weights on the simulated device.
+
+Oracle: library/measure/simulated_device.py's byte count of the real run (the tiny model's weights read and
+computed on): the planned device peak of every phase equals it to the byte, for every registered family, with the
+main flags spread over the families (fp8, block swap, checkpointing, both caches, batch 2). A file cut short right
+after its header plans exactly like the whole file (no tensor data is read).
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import os
+from pathlib import Path
+
+import pytest
+
+from library.cli.plan_flags import PlanRequested
+from library.families.registry import FAMILIES, get_family
+from library.measure.plan import plan_command
+from library.measure.simulated_device import fused_attention, simulated_device
+from library.run.demo import make_example_dataset
+
+CACHED = ["--cache_latents", "--cache_text_encoder_outputs"]
+SWAP = ["--blocks_to_swap", "2"]
+# family -> the flags of its case (each main flag in several families; every family once)
+CASES = {
+    "sd1": ["--train_batch_size", "2", "--gradient_checkpointing"],
+    "sd2": CACHED,
+    "sdxl": [*CACHED, "--fp8_base", "--mixed_precision", "bf16"],
+    "flux-dev": [*CACHED, "--fp8_base", *SWAP, "--gradient_checkpointing", "--mixed_precision", "bf16"],
+    "flux-schnell": ["--cache_latents"],
+    "chroma": [*CACHED, *SWAP, "--model_type", "chroma", "--apply_t5_attn_mask"],
+    "sd3": [*CACHED, *SWAP, "--gradient_checkpointing"],
+    "sd3.5-medium": [*CACHED, "--train_batch_size", "2"],
+    "sd3.5-large": [*CACHED, "--fp8_base", "--mixed_precision", "bf16"],
+    "anima": [*CACHED, "--gradient_checkpointing"],
+    "lumina2": [*CACHED, *SWAP],
+    "hunyuan_image": [*CACHED, *SWAP, "--gradient_checkpointing"],
+    "qwen_image": [*CACHED, "--fp8_base", "--mixed_precision", "bf16"],
+}
+# the tiny models' own options where a case swaps blocks (each list keeps 2 blocks on the device)
+BUILD = {"flux-dev": {"blocks": (4, 4)}, "chroma": {"blocks": (4, 4)}, "sd3": {"blocks": 4}, "lumina2": {"layers": 4},
+         "hunyuan_image": {"blocks": 4}}  # fmt: skip
+SAMPLED = {"flux-dev", "sdxl"}  # a sampling round after the step (the others: load, caching, step, save)
+
+
+def test_every_registered_family_is_planned():
+    """Every family of the registry is a case (a family registered later gets both caches until it has its own)."""
+    assert set(FAMILIES) <= set(cases()) and all(get_family(name).tiny is not None for name in FAMILIES)
+
+
+def cases() -> dict[str, list[str]]:
+    return {name: CASES.get(name, CACHED) for name in FAMILIES}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return make_example_dataset(tmp_path_factory.mktemp("plan_data"))
+
+
+def model_flags(name: str, root: Path) -> list[str]:
+    """The tiny model of ``name`` as its script takes it: the diffusers folder, else the files beside the DiT."""
+    family = get_family(name)
+    parts = family.tiny.build(seed=0, **BUILD.get(name, {}))
+    try:
+        return ["--pretrained_model_name_or_path", str(family.tiny.write_folder(parts, root / name))]
+    except ValueError:  # no folder layout: the DiT file and the files sd-scripts takes beside it
+        files = family.tiny.write_files(parts, root, "tiny")
+        flags = ["--pretrained_model_name_or_path", str(files.pop("dit"))]
+        return flags + [w for part, path in files.items() for w in (f"--{part}", str(path))]
+
+
+def command(name: str, root: Path, data: Path, out: Path) -> tuple:
+    script = importlib.import_module(get_family(name).spec.training_script.removesuffix(".py"))
+    prompts = root / "prompts.txt"
+    prompts.write_text("a red circle --w 64 --h 64 --s 2\n")
+    argv = [*model_flags(name, root), "--train_data_dir", str(data), "--caption_extension", ".txt",
+            "--resolution", "64", "--output_dir", str(out), "--output_name", "t", "--network_module",
+            "networks.lora", "--network_dim", "4",
+            "--network_train_unet_only", "--learning_rate", "1e-3", "--max_train_steps", "1",
+            "--max_data_loader_n_workers", "0", "--seed", "1", *cases()[name]]  # fmt: skip
+    if name in SAMPLED:
+        argv += ["--sample_prompts", str(prompts), "--sample_every_n_steps", "1", "--sample_sampler", "euler"]
+    return script.run, argv
+
+
+# the suite's CPU budget runs two cases (fp8, swap, checkpointing, both caches, sampling among them; batch 2 in the
+# advice test's command); SDTRAIN_PLAN_ALL_FAMILIES=1 runs all
+# thirteen (~4 min on 2 cores)
+DEFAULT = {"flux-dev", "qwen_image"}
+ALL = os.environ.get("SDTRAIN_PLAN_ALL_FAMILIES") == "1"
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_planned_peaks_equal_the_real_run_on_the_simulated_device(name, data, tmp_path):
+    if not ALL and name not in DEFAULT:
+        pytest.skip("set SDTRAIN_PLAN_ALL_FAMILIES=1 to plan every family (~4 min)")
+    run, argv = command(name, tmp_path, data, tmp_path / "real")
+    gc.collect()  # what earlier tests left in reference cycles
+    with simulated_device() as sim, fused_attention():  # as the plan counts attention
+        result = run(argv)
+    assert result.failed is None and result.steps == 1
+    before = sim.baseline_bytes.get("meta", 0)  # what earlier runs of this process left on meta (none in a CLI)
+    real = {phase: int(v) - before for phase, v in sim.phases.table(scale=1.0).items()}
+
+    plan = plan_command(lambda: run([*argv, "--plan_memory"]), out=lambda line: None)
+    planned = {phase: row["device_bytes"] for phase, row in plan["phases"].items()}
+    assert planned == real
+    assert "step" in planned and "save" in planned and (name not in SAMPLED or "sampling" in planned)
+
+
+def test_a_file_cut_after_its_header_plans_like_the_whole_file(data, tmp_path):
+    """The tiny SD1.5 model as a single file, then the file cut right after its header (the tensor data gone): the
+    plan reads the header only, so both give the same plan; the real run of the cut file fails."""
+    from library.measure.phantom import read_header
+
+    family = get_family("sd1")
+    parts = family.tiny.build(seed=0)
+    whole = family.save(parts, tmp_path / "whole" / "tiny.safetensors")
+    files = {"pretrained_model_name_or_path": whole, **family.tiny.write_files(parts, tmp_path / "whole", "tiny")}
+    cut = {}
+    for flag, path in files.items():
+        data_start = 8 + int.from_bytes(Path(path).read_bytes()[:8], "little")
+        cut[flag] = tmp_path / "cut" / Path(path).name
+        cut[flag].parent.mkdir(exist_ok=True)
+        cut[flag].write_bytes(Path(path).read_bytes()[:data_start])
+        assert read_header(cut[flag]) == read_header(path)
+    run, argv = command("sd1", tmp_path, data, tmp_path / "out")
+    base = argv[argv.index("--train_data_dir") :]
+
+    def plan_of(paths: dict) -> dict:
+        flags = [w for flag, path in paths.items() for w in (f"--{flag}", str(path))]
+        return plan_command(lambda: run([*flags, *base, "--plan_memory"]), out=lambda line: None)
+
+    def device(plan: dict) -> dict:
+        return {phase: row["device_bytes"] for phase, row in plan["phases"].items()}
+
+    assert device(plan_of(cut)) == device(plan_of(files))
+    with pytest.raises((ValueError, OSError, RuntimeError)):  # the cut files hold no weights: a real load fails
+        with simulated_device():
+            run([*[w for f, p in cut.items() for w in (f"--{f}", str(p))], *base])
+
+
+def test_plan_memory_outside_a_plan_asks_for_one_and_the_plan_flags_need_it(data, tmp_path):
+    from library.cli.problems import ConfigError
+
+    run, argv = command("sd1", tmp_path, data, tmp_path / "out")
+    with pytest.raises(PlanRequested):
+        run([*argv, "--plan_memory"])
+    with pytest.raises(ConfigError, match="--vram is read with --plan_memory only"):
+        run([*argv, "--vram", "8"])
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_advice_plans_each_change_on_top_of_the_ones_before(data, tmp_path):
+    """``--vram``'s search (library/measure/advice.py) against the same flags written by hand: asked for the device
+    peak that caching both outputs and checkpointing reach, it takes changes in the users' order, stops at the first
+    that fits (every earlier one did not), its last plan equals the plan of the command with those flags written by
+    hand, and the pasted command carries them."""
+    from library.measure.advice import advise, paste_line
+
+    order = [*CACHED[::-1], "--gradient_checkpointing"]  # text outputs first, then latents, then checkpointing
+    run, argv = command("sd1", tmp_path, data, tmp_path / "out")
+    argv = [w for w in argv if w != "--gradient_checkpointing"]
+    target = plan_command(lambda: run([*argv, *order, "--plan_memory"]), out=print)["device_peak_mib"]
+
+    def plan_with(changes):
+        return plan_command(lambda: run([*argv, "--plan_memory"]), out=lambda line: None, changes=changes)
+
+    taken = advise(plan_with, argv, lambda plan: plan["device_peak_mib"] <= target, out=print)
+    flags = [t["flags"][0] for t in taken]
+    assert flags and flags == order[: len(flags)]
+    by_hand = plan_command(lambda: run([*argv, *flags, "--plan_memory"]), out=lambda line: None)
+    assert taken[-1]["card_peak_mib"] == by_hand["card_peak_mib"] and by_hand["device_peak_mib"] <= target
+    for earlier in range(1, len(flags)):
+        plan = plan_command(lambda n=earlier: run([*argv, *flags[:n], "--plan_memory"]), out=lambda line: None)
+        assert plan["device_peak_mib"] > target
+    assert paste_line("train_network.py", argv, taken).endswith(" ".join(flags))
