@@ -168,7 +168,8 @@ NO_EFFECT_HERE.update({("flux_train_network.py", flag): "never wrapped in DDP"
                        for flag in ("--ddp_gradient_as_bucket_view", "--ddp_static_graph")})  # fmt: skip
 NO_EFFECT_HERE.update({(script, flag): "has no effect here" for script in ("flux_train_network.py", "flux_train.py")
                        for flag in ("--v2", "--v_parameterization", "--clip_skip", "--max_token_length")})  # fmt: skip
-NOT_A_RUN_SETTING = {"help", "config_file", "output_config", "demo", "demo_dir"}
+# modes that answer instead of training (--plan_memory: tests/test_plan_memory.py), and the config-file flags
+NOT_A_RUN_SETTING = {"help", "config_file", "output_config", "demo", "demo_dir", "plan_memory"}
 
 
 def _value(action, script: str = "train_network.py") -> list[str]:

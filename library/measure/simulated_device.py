@@ -89,6 +89,19 @@ class SimulatedDevice(TensorMemory):
         self.host_reads = 0  # values the host read from the device (each one a device sync on a GPU)
         self.host_reads_by_phase: dict[str, int] = defaultdict(int)
 
+    def __enter__(self) -> SimulatedDevice:
+        """As :class:`TensorMemory`, except that meta tensors alive before the run (kept by an earlier run's caches in
+        this process, e.g. diffusers' lru-cached RoPE tables) are no device memory of this run: a GPU run starts in
+        a new process. They stay uncounted for their whole life."""
+        super().__enter__()
+        for key, (device, size) in list(self._live.items()):
+            if device == DEVICE.type:
+                self._live[key] = (device, 0)
+                self.live_bytes[device] -= size
+        self.peak_bytes[DEVICE.type] = self.live_bytes[DEVICE.type]
+        self.baseline_bytes = dict(self.live_bytes)
+        return self
+
     @property
     def phase(self) -> str:
         return self.phases.phase
