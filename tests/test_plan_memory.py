@@ -178,3 +178,13 @@ def test_the_advice_plans_each_change_on_top_of_the_ones_before(data, tmp_path):
         plan = plan_command(lambda n=earlier: run([*argv, *flags[:n], "--plan_memory"]), out=lambda line: None)
         assert plan["device_peak_mib"] > target
     assert paste_line("train_network.py", argv, taken).endswith(" ".join(flags))
+
+
+def test_demo_with_a_plan_is_refused_with_the_reason(tmp_path, monkeypatch, capsys):
+    """The demo trains on the CPU: --plan_memory has no device to plan there and says so (exit 2), no traceback."""
+    import train_network
+
+    monkeypatch.chdir(tmp_path)
+    assert train_network.main(["--demo", "--plan_memory"]) == 2
+    out = capsys.readouterr()
+    assert "--plan_memory with --demo" in out.out + out.err and "Traceback" not in out.out + out.err

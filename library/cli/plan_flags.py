@@ -114,6 +114,12 @@ def intercept(args: argparse.Namespace) -> None:
     :class:`PlanRequested`; inside one, the run's flags are set for the plan (module docstring)."""
     if not getattr(args, "plan_memory", False):
         return
+    if getattr(args, "demo", False):  # the demo trains the tiny model on the host: there is no device to plan
+        from library.cli.problems import ConfigError
+
+        raise ConfigError(["--plan_memory with --demo: the demo trains its tiny model on the CPU, so there is no device "
+                           "memory to plan; give --plan_memory your own command line (the demo's model and images "
+                           "are in demo/models and demo/dataset)"])  # fmt: skip
     if not _active:
         raise PlanRequested()
     state = _active[-1]
