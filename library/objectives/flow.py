@@ -24,6 +24,7 @@ import dataclasses
 import logging
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -87,6 +88,21 @@ def sigma_table(shift: float, n: int = NUM_TRAIN_TIMESTEPS) -> tuple[Tensor, Ten
 def time_shift(mu: float, sigmas: Tensor) -> Tensor:
     """The resolution-dependent shift ``e^μ / (e^μ + 1/σ - 1)`` (FLUX.1's; BFL ``time_shift`` with exponent 1)."""
     return math.exp(mu) / (math.exp(mu) + (1 / sigmas - 1))
+
+
+@dataclass(frozen=True)
+class ShiftLine:
+    """The μ of a resolution-dependent shift: linear through ``points`` ((length, μ), (length, μ)) in the sequence
+    length (h // patch)(w // patch) of (h, w) latents (sd-scripts' ``get_lin_function``, musubi-tuner's ``flux_shift``
+    and its kin)."""
+
+    points: tuple[tuple[int, float], tuple[int, float]]
+    patch: int = 2
+
+    def mu(self, h: int, w: int) -> float:
+        (x1, y1), (x2, y2) = self.points
+        slope = (y2 - y1) / (x2 - x1)
+        return slope * ((h // self.patch) * (w // self.patch)) + (y1 - slope * x1)
 
 
 def table_density(cfg: Weighting, batch_size: int, generator: torch.Generator | None = None) -> Tensor:

@@ -8,8 +8,8 @@ One example, in musubi-tuner's draw order: ε ~ N(0, I) shaped like the latents;
 ``uniform`` U(0, 1); ``sigmoid`` sigmoid(s·N(0, 1)); ``shift`` the sigmoid draw shifted by S = ``--discrete_flow_shift``
 (t' = S t / (1 + (S − 1) t)); a family's resolution-dependent shifts (musubi-tuner's ``flux_shift``, ``qwen_shift``,
 ``flux2_shift``) the same with S = e^μ, μ linear in the sequence length (h/p)(w/p) through two (length, μ) points
-(:class:`ShiftLine`); ``logsnr`` sigmoid(−λ/2), λ ~ N(``--logit_mean``, ``--logit_std``²); then scaled into
-[``--min_timestep``, ``--max_timestep``] / 1000. x_t = (1 − t) x0 + t ε; target ε − x0; the timesteps the family's
+(:class:`~library.objectives.flow.ShiftLine`); ``logsnr`` sigmoid(−λ/2), λ ~ N(``--logit_mean``, ``--logit_std``²);
+then scaled into [``--min_timestep``, ``--max_timestep``] / 1000. x_t = (1 − t) x0 + t ε; target ε − x0; the timesteps the family's
 ``predict`` gets are 1000 t + 1, as musubi-tuner adds 1 to the timesteps before ``call_dit`` divides them by 1000.
 Loss: MSE, weight 1 (``--weighting_scheme none``, musubi-tuner's default and its documented choice).
 
@@ -28,7 +28,7 @@ from __future__ import annotations
 import argparse
 import math
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import torch
 from torch import Tensor
@@ -37,24 +37,11 @@ from library.cli.problems import ConfigError
 
 from . import flow as fm
 from .base import FLOW_MATCHING, NUM_VALIDATION_TIMESTEPS, Example
+from .flow import ShiftLine
 from .losses import LossConfig
 from .noising import NoiseConfig
 
 WEIGHTINGS = ("none", "uniform", "logit_normal", "mode")  # weight 1 (musubi-tuner's compute_loss_weighting_for_sd3)
-
-
-@dataclass(frozen=True)
-class ShiftLine:
-    """A resolution-dependent shift S = e^μ, μ linear through ``points`` ((length, μ), (length, μ)) in the sequence
-    length (h // patch)(w // patch) of (h, w) latents."""
-
-    points: tuple[tuple[int, float], tuple[int, float]]
-    patch: int = 2
-
-    def shift(self, h: int, w: int) -> float:
-        (x1, y1), (x2, y2) = self.points
-        slope = (y2 - y1) / (x2 - x1)
-        return math.exp(slope * ((h // self.patch) * (w // self.patch)) + (y1 - slope * x1))
 
 
 @dataclass(frozen=True)
@@ -77,6 +64,10 @@ class MusubiFlowLaws:
     def problems(self, title: str, noise: NoiseConfig, loss: LossConfig) -> list[str]:
         """The flags no flow objective trains with (:func:`library.objectives.flow.flow_problems`)."""
         return fm.flow_problems(title, noise, loss, self.hint)
+
+    def add_args(self, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        """musubi-tuner's objective flags with this family's ``--timestep_sampling`` choices."""
+        return add_musubi_flow_args(parser, self)
 
 
 def add_musubi_flow_args(parser: argparse.ArgumentParser, laws: MusubiFlowLaws) -> argparse.ArgumentParser:
@@ -189,7 +180,7 @@ def sample_t(cfg: MusubiFlowConfig, batch: int, size: tuple[int, int], generator
     else:
         t = torch.sigmoid(cfg.sigmoid_scale * torch.randn((batch,), generator=generator, device=draw))
         if kind != "sigmoid":
-            shift = cfg.discrete_flow_shift if kind == "shift" else cfg.laws.lines[kind].shift(*size)
+            shift = cfg.discrete_flow_shift if kind == "shift" else math.exp(cfg.laws.lines[kind].mu(*size))
             t = (t * shift) / (1 + (shift - 1) * t)
     lo, hi = cfg.t_range()
     return (t * (hi - lo) + lo).to(device)
@@ -205,7 +196,7 @@ class MusubiFlowObjective:
     predict_options: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def for_run(cls, title: str, cfg: MusubiFlowConfig, noise: NoiseConfig, loss: LossConfig) -> Any:
+    def for_run(cls, title: str, cfg: MusubiFlowConfig, noise: NoiseConfig, loss: LossConfig) -> Self:
         """The run's objective; one warning naming the DDPM-only flags it ignores (``--min_timestep`` /
         ``--max_timestep`` are read: musubi-tuner scales t into the range)."""
         names = tuple(n for n in fm.DDPM_ONLY_NOISE_FLAGS if n not in ("min_timestep", "max_timestep"))

@@ -14,17 +14,8 @@ Refused with a message (not implemented here): ``qinglong_*``, ``krea2_shift``, 
 
 from __future__ import annotations
 
-import argparse
-
-from library.objectives.losses import LossConfig
-from library.objectives.musubi_flow import (
-    MusubiFlowConfig,
-    MusubiFlowLaws,
-    MusubiFlowObjective,
-    ShiftLine,
-    add_musubi_flow_args,
-)
-from library.objectives.noising import NoiseConfig
+from library.objectives.flow import ShiftLine
+from library.objectives.musubi_flow import MusubiFlowConfig, MusubiFlowLaws, MusubiFlowObjective
 
 FLUX_POINTS = ((256, 0.5), (4096, 1.15))
 LAWS = MusubiFlowLaws(
@@ -39,10 +30,8 @@ LAWS = MusubiFlowLaws(
     "--discrete_flow_shift",
     lines_help="flux2_shift (recommended), flux_shift, qwen_shift (resolution-dependent shift)",
 )
-
-
-def add_flow_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    return add_musubi_flow_args(parser, LAWS)
+add_flow_args = LAWS.add_args
+objective_problems = LAWS.problems
 
 
 class Flux2FlowConfig(MusubiFlowConfig):
@@ -55,9 +44,4 @@ class Flux2FlowObjective(MusubiFlowObjective):
     """The objective of a FLUX.2 run (module docstring)."""
 
 
-def flux2_objective(title: str, cfg: Flux2FlowConfig, noise: NoiseConfig, loss: LossConfig) -> Flux2FlowObjective:
-    return Flux2FlowObjective.for_run(title, cfg, noise, loss)
-
-
-def objective_problems(title: str, noise: NoiseConfig, loss: LossConfig) -> list[str]:
-    return LAWS.problems(title, noise, loss)
+flux2_objective = Flux2FlowObjective.for_run

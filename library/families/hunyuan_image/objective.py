@@ -18,105 +18,44 @@ floor(1000 u'), u' by ``--weighting_scheme``; ``uniform``: σ = u; ``sigmoid``: 
 from __future__ import annotations
 
 import argparse
-import math
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from library.cli.problems import ConfigError
 from library.objectives import flow as fm
-from library.objectives.base import FLOW_MATCHING, NUM_VALIDATION_TIMESTEPS, Example
-from library.objectives.flow import MODEL_PREDICTION_TYPES, NUM_TRAIN_TIMESTEPS, WEIGHTING_SCHEMES, choice_error
+from library.objectives.flow import NUM_TRAIN_TIMESTEPS, ShiftLine
 from library.objectives.losses import LossConfig
 from library.objectives.noising import NoiseConfig
+from library.objectives.sdscripts_flow import ScriptsFlowConfig, ScriptsFlowObjective, add_scripts_flow_args
 
 TIMESTEP_SAMPLINGS = ("sigma", "uniform", "sigmoid", "shift", "flux_shift")
-SHIFT_POINTS = ((256, 0.5), (4096, 1.15))  # μ through (tokens, μ), as sd-scripts' get_lin_function defaults
+SHIFT_LINE = ShiftLine(((256, 0.5), (4096, 1.15)))  # μ through (tokens, μ), as sd-scripts' get_lin_function defaults
+SIGMOID_HELP = "scale of the normal draw for sigmoid / shift / flux_shift"
 SHIFT_HINT = "--timestep_sampling shift with --discrete_flow_shift (or sigma, the default)"
-DEFAULT_SHIFT = 5.0
+
+
+class HunyuanFlowConfig(ScriptsFlowConfig):
+    """HunyuanImage 2.1's objective settings (names and defaults = sd-scripts' flags). ``ConfigError`` lists every
+    bad one."""
+
+    title = "HunyuanImage 2.1"
+    samplings = TIMESTEP_SAMPLINGS
 
 
 def add_hunyuan_flow_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """sd-scripts' HunyuanImage objective flags on a training parser; the shared ``--timestep_sampling`` gets its
     choices and default (``sigma``). Returns the parser."""
-    existing = {action.dest: action for action in parser._actions}
-    helps = {
-        "timestep_sampling": "σ law: sigma (the shifted scheduler table by --weighting_scheme; default), uniform, "
-        "sigmoid, shift (sigmoid then --discrete_flow_shift), flux_shift (sigmoid then the resolution time-shift)",
-        "sigmoid_scale": "scale of the normal draw for sigmoid / shift / flux_shift",
-        "logit_mean": "--weighting_scheme logit_normal (with --timestep_sampling sigma): mean",
-        "logit_std": "--weighting_scheme logit_normal (with --timestep_sampling sigma): standard deviation",
-    }
-    sampling = existing.get("timestep_sampling")
-    if sampling is not None:
-        sampling.choices, sampling.default, sampling.help = list(TIMESTEP_SAMPLINGS), "sigma", helps[sampling.dest]
-    g = parser.add_argument_group("flow matching (HunyuanImage 2.1)", "sd-scripts' HunyuanImage 2.1 objective")
-    if sampling is None:
-        g.add_argument("--timestep_sampling", type=str, default="sigma", choices=list(TIMESTEP_SAMPLINGS),
-                       help=helps["timestep_sampling"])  # fmt: skip
-    for name, default in (("sigmoid_scale", 1.0), ("logit_mean", 0.0), ("logit_std", 1.0)):
-        if name in existing:
-            existing[name].help = helps[name]
-        else:
-            g.add_argument(f"--{name}", type=float, default=default, help=helps[name])
-    if "discrete_flow_shift" not in existing:
-        g.add_argument("--discrete_flow_shift", type=float, default=DEFAULT_SHIFT,
-                       help="shift S of --timestep_sampling shift and of the σ table (default 5.0)")  # fmt: skip
-    if "weighting_scheme" not in existing:
-        g.add_argument("--weighting_scheme", type=str, default="uniform", choices=list(WEIGHTING_SCHEMES),
-                       help="sigma: the law of the table index; with sigma_scaled: the loss weight per sample")  # fmt: skip
-    if "mode_scale" not in existing:
-        g.add_argument("--mode_scale", type=float, default=1.29, help="--weighting_scheme mode: its scale")
-    if "model_prediction_type" not in existing:
-        g.add_argument("--model_prediction_type", type=str, default="raw", choices=list(MODEL_PREDICTION_TYPES),
-                       help="what is compared with the target ε - x0: raw (the output; default), additive (output + "
-                       "x_σ), sigma_scaled (x_σ - σ output)")  # fmt: skip
-    return parser
-
-
-@dataclass(frozen=True)
-class HunyuanFlowConfig:
-    """HunyuanImage 2.1's objective settings (names and defaults = sd-scripts' flags). ``ConfigError`` lists every
-    bad one."""
-
-    timestep_sampling: str = "sigma"
-    sigmoid_scale: float = 1.0
-    discrete_flow_shift: float = DEFAULT_SHIFT
-    weighting_scheme: str = "uniform"
-    logit_mean: float = 0.0
-    logit_std: float = 1.0
-    mode_scale: float = 1.29
-    model_prediction_type: str = "raw"
-    ip_noise_gamma: float | None = None
-    ip_noise_gamma_random_strength: bool = False
-
-    def __post_init__(self) -> None:
-        errors = choice_error("timestep_sampling", self.timestep_sampling, TIMESTEP_SAMPLINGS)
-        errors += choice_error("model_prediction_type", self.model_prediction_type, MODEL_PREDICTION_TYPES)
-        errors += fm.weighting_problems(self)
-        for flag in ("sigmoid_scale", "discrete_flow_shift"):
-            value = getattr(self, flag)
-            if not (value > 0 and math.isfinite(value)):
-                errors.append(f"--{flag} must be a finite number > 0, got {value}")
-        if self.ip_noise_gamma is not None and not self.ip_noise_gamma >= 0:
-            errors.append(f"--ip_noise_gamma must be >= 0 (around 0.1 is usual), got {self.ip_noise_gamma}")
-        if errors:
-            raise ConfigError(errors, "HunyuanImage 2.1 flow-matching settings")
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> HunyuanFlowConfig:
-        from library.cli.parse import from_namespace
-
-        return from_namespace(cls, args)
+    sampling_help = ("σ law: sigma (the shifted scheduler table by --weighting_scheme; default), uniform, sigmoid, "
+                     "shift (sigmoid then --discrete_flow_shift), flux_shift (sigmoid then the resolution time-shift)")  # fmt: skip
+    return add_scripts_flow_args(
+        parser, HunyuanFlowConfig, sampling_help=sampling_help, sigmoid_help=SIGMOID_HELP, target="ε - x0"
+    )
 
 
 def flux_mu(latent_height: int, latent_width: int) -> float:
-    """μ of the resolution time-shift: linear in ``(h // 2) (w // 2)`` through :data:`SHIFT_POINTS`."""
-    (x1, y1), (x2, y2) = SHIFT_POINTS
-    slope = (y2 - y1) / (x2 - x1)
-    return slope * ((latent_height // 2) * (latent_width // 2)) + (y1 - slope * x1)
+    """μ of the resolution time-shift: linear in ``(h // 2) (w // 2)`` through :data:`SHIFT_LINE`."""
+    return SHIFT_LINE.mu(latent_height, latent_width)
 
 
 def sample_sigmas(cfg: HunyuanFlowConfig, batch: int, latent_size: tuple[int, int],
@@ -141,59 +80,15 @@ def sample_sigmas(cfg: HunyuanFlowConfig, batch: int, latent_size: tuple[int, in
     return sigmas, (sigmas * n).to(torch.int64)
 
 
-@dataclass(frozen=True, eq=False)
-class HunyuanFlowObjective:
+class HunyuanFlowObjective(ScriptsFlowObjective):
     """sd-scripts' HunyuanImage 2.1 objective (module docstring): target ε − x0, int64 ``timesteps`` = 1000 σ."""
 
-    cfg: HunyuanFlowConfig
-    loss: LossConfig
-    name: str = FLOW_MATCHING
-    predict_options: dict[str, Any] = field(default_factory=dict)
-
-    def example(self, latents: Tensor, generator: torch.Generator | None = None, *,
-                timesteps: Tensor | None = None) -> Example:  # fmt: skip
-        size = tuple(latents.shape[-2:])
-        noise, sigmas, timesteps = fm.draw_noise_and_sigmas(
-            latents, generator, timesteps, lambda b, gen, device: sample_sigmas(self.cfg, b, size, gen, device)
-        )
-        c = self.cfg
-        noisy = fm.noisy_input(latents, noise, sigmas, generator, ip_noise_gamma=c.ip_noise_gamma,
-                               ip_noise_gamma_random_strength=c.ip_noise_gamma_random_strength)  # fmt: skip
-        return Example(noisy.to(latents.dtype), fm.flow_target(latents, noise), timesteps, noise, sigmas)
-
-    def prediction(self, output: Tensor, example: Example) -> Tensor:
-        noisy = example.noisy.to(output.device, output.dtype)
-        return fm.apply_model_prediction_type(self.cfg.model_prediction_type, output, noisy, example.sigmas)
-
-    def weighting(self, example: Example) -> Tensor | None:
-        if self.cfg.model_prediction_type != "sigma_scaled":
-            return None
-        weight = fm.loss_weighting(self.cfg.weighting_scheme, example.sigmas)
-        return None if weight is None else weight.view(-1, 1, 1, 1)
-
-    def loss_per_sample(self, pred: Tensor, example: Example, *, loss_weights: Tensor | None = None,
-                        mask: Tensor | None = None, generator: torch.Generator | None = None) -> Tensor:  # fmt: skip
-        return fm.flow_loss(self.loss, self.weighting(example), pred, example, loss_weights, mask, generator)
-
-    def validation_timesteps(self) -> list[None]:
-        return [None] * NUM_VALIDATION_TIMESTEPS
-
-    def metadata(self) -> dict[str, Any]:
-        c = self.cfg
-        return {"ss_weighting_scheme": c.weighting_scheme, "ss_logit_mean": c.logit_mean,
-                "ss_logit_std": c.logit_std, "ss_mode_scale": c.mode_scale,
-                "ss_timestep_sampling": c.timestep_sampling, "ss_sigmoid_scale": c.sigmoid_scale,
-                "ss_model_prediction_type": c.model_prediction_type,
-                "ss_discrete_flow_shift": c.discrete_flow_shift}  # fmt: skip
-
-    def to(self, device: torch.device | str) -> HunyuanFlowObjective:
-        return self
+    def sample_sigmas(self, batch: int, size: tuple[int, int], generator: torch.Generator | None,
+                      device: Any) -> tuple[Tensor, Tensor]:  # fmt: skip
+        return sample_sigmas(self.cfg, batch, size, generator, device)
 
 
-def hunyuan_objective(title: str, cfg: HunyuanFlowConfig, noise: NoiseConfig, loss: LossConfig) -> HunyuanFlowObjective:
-    """The run's objective; one warning naming the DDPM-only flags it ignores (as sd-scripts ignores them)."""
-    fm.warn_ignored(title, fm.ignored_flags(noise, loss))
-    return HunyuanFlowObjective(cfg, loss)
+hunyuan_objective = HunyuanFlowObjective.for_run
 
 
 def objective_problems(title: str, noise: NoiseConfig, loss: LossConfig) -> list[str]:

@@ -12,17 +12,8 @@ Refused with a message (not implemented here): ``qinglong_*``, ``flux2_shift``, 
 
 from __future__ import annotations
 
-import argparse
-
-from library.objectives.losses import LossConfig
-from library.objectives.musubi_flow import (
-    MusubiFlowConfig,
-    MusubiFlowLaws,
-    MusubiFlowObjective,
-    ShiftLine,
-    add_musubi_flow_args,
-)
-from library.objectives.noising import NoiseConfig
+from library.objectives.flow import ShiftLine
+from library.objectives.musubi_flow import MusubiFlowConfig, MusubiFlowLaws, MusubiFlowObjective
 
 LAWS = MusubiFlowLaws(
     title="Qwen-Image",
@@ -31,10 +22,8 @@ LAWS = MusubiFlowLaws(
     hint="--timestep_sampling shift with --discrete_flow_shift (musubi-tuner's documented 2.2), or qwen_shift",
     lines_help="flux_shift, qwen_shift (resolution-dependent shift)",
 )
-
-
-def add_flow_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    return add_musubi_flow_args(parser, LAWS)
+add_flow_args = LAWS.add_args
+objective_problems = LAWS.problems
 
 
 class QwenFlowConfig(MusubiFlowConfig):
@@ -47,9 +36,4 @@ class QwenFlowObjective(MusubiFlowObjective):
     """The objective of a Qwen-Image run (module docstring)."""
 
 
-def qwen_objective(title: str, cfg: QwenFlowConfig, noise: NoiseConfig, loss: LossConfig) -> QwenFlowObjective:
-    return QwenFlowObjective.for_run(title, cfg, noise, loss)
-
-
-def objective_problems(title: str, noise: NoiseConfig, loss: LossConfig) -> list[str]:
-    return LAWS.problems(title, noise, loss)
+qwen_objective = QwenFlowObjective.for_run

@@ -15,17 +15,8 @@ Refused with a message (not implemented here): ``qinglong_*``, ``flux2_shift``, 
 
 from __future__ import annotations
 
-import argparse
-
-from library.objectives.losses import LossConfig
-from library.objectives.musubi_flow import (
-    MusubiFlowConfig,
-    MusubiFlowLaws,
-    MusubiFlowObjective,
-    ShiftLine,
-    add_musubi_flow_args,
-)
-from library.objectives.noising import NoiseConfig
+from library.objectives.flow import ShiftLine
+from library.objectives.musubi_flow import MusubiFlowConfig, MusubiFlowLaws, MusubiFlowObjective
 
 LAWS = MusubiFlowLaws(
     title="Z-Image",
@@ -34,10 +25,8 @@ LAWS = MusubiFlowLaws(
     hint="--timestep_sampling shift with --discrete_flow_shift (musubi-tuner's documented 2.0)",
     lines_help="flux_shift, qwen_shift (resolution-dependent shift)",
 )
-
-
-def add_flow_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    return add_musubi_flow_args(parser, LAWS)
+add_flow_args = LAWS.add_args
+objective_problems = LAWS.problems
 
 
 class ZImageFlowConfig(MusubiFlowConfig):
@@ -50,9 +39,4 @@ class ZImageFlowObjective(MusubiFlowObjective):
     """The objective of a Z-Image run (module docstring)."""
 
 
-def zimage_objective(title: str, cfg: ZImageFlowConfig, noise: NoiseConfig, loss: LossConfig) -> ZImageFlowObjective:
-    return ZImageFlowObjective.for_run(title, cfg, noise, loss)
-
-
-def objective_problems(title: str, noise: NoiseConfig, loss: LossConfig) -> list[str]:
-    return LAWS.problems(title, noise, loss)
+zimage_objective = ZImageFlowObjective.for_run
