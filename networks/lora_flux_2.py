@@ -5,4 +5,4 @@ Its rules (the blocks' Linears under BFL names, the fused qkv, the default exclu
 (``library/families/flux2/lora.py``, ``ModelFamily.adapter_rules``); the adapters are built by ``networks.inject``.
 """
 
-from library.families.flux2.lora import *  # noqa: F403  (MODULE, ARGS, Args, preset, select, rank_for ...)
+from library.families.flux2.lora import *  # noqa: F403  (MODULE, RULES: musubi-tuner's shared LoRA rules)

@@ -5,4 +5,4 @@ Its rules (the blocks' Linears, the built-in exclusion, ``exclude_patterns`` / `
 ``ModelFamily.adapter_rules``); the adapters are built by ``networks.inject`` as for every module.
 """
 
-from library.families.zimage.lora import *  # noqa: F403  (MODULE, ARGS, Args, preset, select, rank_for ...)
+from library.families.zimage.lora import *  # noqa: F403  (MODULE, RULES: musubi-tuner's shared LoRA rules)

@@ -171,7 +171,7 @@ class Flux2Family:
     target_classes = TARGETS
     options = Flux2Options
     full_training = PlainFullTraining()
-    adapter_rules = MappingProxyType({lora.MODULE: lora})
+    adapter_rules = MappingProxyType({lora.MODULE: lora.RULES})
 
     def __init__(self, spec: FamilySpec) -> None:
         self.spec = spec

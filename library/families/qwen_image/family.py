@@ -136,7 +136,7 @@ class QwenImageFamily:
     target_classes = TARGETS
     options = QwenImageOptions
     full_training = PlainFullTraining()
-    adapter_rules = MappingProxyType({lora.MODULE: lora})
+    adapter_rules = MappingProxyType({lora.MODULE: lora.RULES})
 
     def __init__(self, spec: FamilySpec) -> None:
         self.spec = spec

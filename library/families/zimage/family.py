@@ -147,7 +147,7 @@ class ZImageFamily:
     target_classes = TARGETS
     options = ZImageOptions
     full_training = PlainFullTraining()
-    adapter_rules = MappingProxyType({lora.MODULE: lora})
+    adapter_rules = MappingProxyType({lora.MODULE: lora.RULES})
 
     def __init__(self, spec: FamilySpec) -> None:
         self.spec = spec
