@@ -18,49 +18,15 @@ needs)
 
 from __future__ import annotations
 
-import argparse
 import logging
-import random
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from library.cli import deferred_imports
-from library.cli.console import add_logging_args, console_logging
 from library.cli.main_guard import main_guard
-from library.cli.problems import ConfigError
 from library.families.zimage import ZIMAGE
-from library.sampling.minimal import apply_options, device_of_choice, flow_image, prompt_loop, save_new_png
-from library.sampling.prompts import PromptSpec
-
-log = logging.getLogger("zimage_generate_image")
-OPTIONS = {"w": ("width", int), "h": ("height", int), "s": ("steps", int), "c": ("scale", float)}
-REFUSED_SWITCHES = {
-    "fp8": "float8 storage is training's --fp8_base; inference runs in the weights' precision",
-    "fp8_scaled": "scaled float8 weights are not supported yet",
-    "fp8_fast": "scaled float8 weights are not supported yet",
-    "text_encoder_cpu": "use --offload (each part on the device only while it runs)",
-    "no_metadata": "the PNG info (prompt and settings) is always written",
-    "vae_enable_tiling": "tiled VAE decoding is not done here",
-    "cfg_normalize": "CFG renormalisation is not done here",
-    "bell": "not done here",
-    "use_pinned_memory_for_block_swap": "use --offload",
-    "disable_numpy_memmap": "not read here",
-}
-REFUSED_VALUES = {
-    "include_patterns": "LoRA module filters at load are not supported; every module of the file is applied",
-    "exclude_patterns": "LoRA module filters at load are not supported; every module of the file is applied",
-    "latent_path": "decoding saved latents is not supported",
-    "save_merged_model": "saving the merged DiT is not done here; use networks/merge tools",
-    "ckpt_dir": "not read here",
-    "num_layers": "a DiT with fewer blocks is read from its file's shapes",
-    "embedded_cfg_scale": "Z-Image has no embedded guidance",
-    "rcm_threshold": "not done here",
-    "rcm_relative_threshold": "not done here",
-    "rcm_kernel_size": "not done here",
-    "rcm_dilate_size": "not done here",
-    "rcm_debug_save": "not done here",
-}
+from library.sampling.musubi_generate import Flag, MusubiGenerateScript
 
 
 def cfg_scale(guidance: float) -> float:
@@ -69,105 +35,40 @@ def cfg_scale(guidance: float) -> float:
     return guidance + 1.0 if guidance > 1.0 else 1.0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_logging_args(parser)
-    parser.add_argument("--dit", type=str, required=True, help="Z-Image DiT .safetensors (or a diffusers folder)")
-    parser.add_argument("--vae", type=str, default=None, help="the FLUX.1 AE .safetensors (ae.safetensors)")
-    g = parser.add_argument_group("image")
-    g.add_argument("--lora_weight", type=str, nargs="*", default=None, help="LoRA files")
-    g.add_argument("--lora_multiplier", type=float, nargs="*", default=None, help="their multipliers (default 1.0)")
-    g.add_argument("--lycoris", action="store_true", help="accepted: LyCORIS files are read like any adapter file")
-    g.add_argument("--guidance_scale", type=float, default=0.0, help="true CFG scale (default 0.0: none)")
-    g.add_argument("--prompt", type=str, default=None)
-    g.add_argument("--negative_prompt", type=str, default=None)
-    g.add_argument("--image_size", type=int, nargs=2, default=[256, 256], metavar=("H", "W"))
-    g.add_argument("--infer_steps", type=int, default=25)
-    g.add_argument("--save_path", type=str, required=True, help="folder for the images")
-    g.add_argument("--seed", type=int, default=None)
-    g.add_argument("--flow_shift", type=float, default=3.0, help="the static shift (default 3.0)")
-    g.add_argument("--device", type=str, default=None, help="default: CUDA, else MPS, else CPU")
-    g.add_argument("--attn_mode", type=str, default="torch", choices=["torch", "sdpa", "xformers", "flash",
-                                                                       "sageattn", "flash3"])  # fmt: skip
-    g.add_argument("--output_type", type=str, default="images", choices=["images", "latent", "latent_images"])
-    g.add_argument("--sample_solver", type=str, default="euler", help="euler only here")
-    g.add_argument("--from_file", type=str, default=None, help="one prompt per line")
-    g.add_argument("--interactive", action="store_true")
-    g.add_argument("--offload", action="store_true", help="each part on the device only while it runs")
-    g.add_argument("--blocks_to_swap", type=int, default=None, help="read as --offload")
-    for flag, why in REFUSED_SWITCHES.items():
-        if f"--{flag}" not in parser._option_string_actions:
-            g.add_argument(f"--{flag}", action="store_true", help=f"refused: {why}")
-    for flag, why in REFUSED_VALUES.items():
-        if f"--{flag}" not in parser._option_string_actions:
-            g.add_argument(f"--{flag}", type=str, nargs="*", default=None, help=f"refused: {why}")
-    ZIMAGE.options.add_args(parser, training=False)  # --text_encoder --fp8_llm --model_version
-    return parser
+SCRIPT = MusubiGenerateScript(
+    ZIMAGE,
+    __doc__,
+    logging.getLogger("zimage_generate_image"),
+    dit_help="Z-Image DiT .safetensors (or a diffusers folder)",
+    vae_help="the FLUX.1 AE .safetensors (ae.safetensors)",
+    spec_fields=lambda args, parts: {
+        "negative_prompt": args.negative_prompt or "",
+        "steps": args.infer_steps,
+        "scale": cfg_scale(args.guidance_scale),
+    },  # fmt: skip
+    refused_switches={
+        "text_encoder_cpu": "use --offload (each part on the device only while it runs)",
+        "cfg_normalize": "CFG renormalisation is not done here",
+        "bell": "not done here",
+    },
+    refused_values={
+        "embedded_cfg_scale": "Z-Image has no embedded guidance",
+        **dict.fromkeys(
+            ("rcm_threshold", "rcm_relative_threshold", "rcm_kernel_size", "rcm_dilate_size", "rcm_debug_save"),
+            "not done here",
+        ),  # fmt: skip
+    },
+    guidance_scale=Flag(0.0, "true CFG scale (default 0.0: none)"),
+    flow_shift=Flag(3.0, "the static shift (default 3.0)"),
+)
+build_parser = SCRIPT.build_parser
 
 
 def run(argv: Sequence[str] | None = None) -> list[Path]:
     """Run the script with ``argv``; returns the written image paths."""
-    import torch
-
     from networks.apply import apply_adapter_files
 
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    console_logging(args.console_log_level, args.console_log_file, args.console_log_simple)
-    from library.cli.parse import unsupported_problems
-
-    problems = unsupported_problems(parser, args)
-    problems += [f"--{flag}: {why}" for flag, why in {**REFUSED_SWITCHES, **REFUSED_VALUES}.items()
-                 if getattr(args, flag, None) not in (None, False)]  # fmt: skip
-    if args.output_type != "images":
-        problems.append(f"--output_type {args.output_type}: only images are written")
-    if args.sample_solver != "euler":
-        problems.append(f"--sample_solver {args.sample_solver}: the flow Euler sampler only (--sample_solver euler)")
-    if args.attn_mode not in ("torch", "sdpa"):
-        problems.append(f"--attn_mode {args.attn_mode}: attention runs on PyTorch SDPA (torch / sdpa)")
-    if args.prompt is None and args.from_file is None and not args.interactive:
-        problems.append("give --prompt, --from_file or --interactive")
-    loras = list(args.lora_weight or [])
-    multipliers = list(args.lora_multiplier or [])
-    if multipliers and len(multipliers) not in (1, len(loras)):
-        problems.append(f"--lora_multiplier: {len(multipliers)} values for {len(loras)} --lora_weight files")
-    try:
-        options = ZIMAGE.options.from_args(args, training=False)
-    except ConfigError as e:
-        problems += e.problems
-    if problems:
-        raise ConfigError(problems)
-    offload = args.offload or bool(args.blocks_to_swap)
-    device = torch.device(args.device) if args.device else device_of_choice()
-    parts = ZIMAGE.load(args.dit, vae=args.vae, device="cpu" if offload else device, options=options)
-    if args.flow_shift is not None:
-        parts.scheduler_config["static_shift"] = float(args.flow_shift)
-    pairs = [(p, multipliers[i] if i < len(multipliers) else (multipliers[0] if multipliers else 1.0))
-             for i, p in enumerate(loras)]  # fmt: skip
-    networks = apply_adapter_files(pairs, ZIMAGE.adapter_roots(parts), False, device, log)
-    height, width = args.image_size
-    negative = args.negative_prompt or ""
-
-    def spec_of(prompt: str) -> PromptSpec:
-        return PromptSpec(prompt, negative_prompt=negative, width=width, height=height, steps=args.infer_steps,
-                          scale=cfg_scale(args.guidance_scale))  # fmt: skip
-
-    def generate(spec: PromptSpec, seed: int | None) -> Path:
-        from library.sampling.generate import resolve
-
-        seed = args.seed if seed is None else seed
-        seed = random.randint(0, 2**32 - 1) if seed is None else seed
-        spec = resolve(spec, ZIMAGE, parts)
-        image = flow_image(ZIMAGE, parts, spec, seed, device, offload)
-        return save_new_png(image, Path(args.save_path), spec, seed, Path(args.dit).name, log)
-
-    if args.from_file is not None:
-        lines = [x.strip() for x in Path(args.from_file).read_text(encoding="utf-8").splitlines() if x.strip()]
-        return [generate(spec_of(line), None) for line in lines]
-    if not args.interactive:
-        return [generate(spec_of(args.prompt), None)]
-    parse = lambda line, spec: apply_options(line, spec, networks, OPTIONS, negative, log)  # noqa: E731
-    return prompt_loop(spec_of(args.prompt or ""), "Enter prompt (empty to exit).", parse, generate, log)
+    return SCRIPT.run(argv, apply_adapter_files)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
