@@ -14,6 +14,7 @@ registered families' modules.
 
 from __future__ import annotations
 
+import ast
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -282,6 +283,24 @@ def parse_reg_pairs(value: str, number: Callable[[str], int | float]) -> tuple[t
                 f"{pair!r}: {num.strip()!r} is not {'an integer' if number is int else 'a number'}"
             ) from None
     return tuple(pairs)
+
+
+def parse_regex_list(value: str) -> tuple[str, ...]:
+    """``exclude_patterns`` / ``include_patterns``: a Python literal, one regex or a list of them (the reference
+    modules' ``ast.literal_eval``), each compiled."""
+    try:
+        parsed = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        raise ValueError("expected a Python list of regular expressions, e.g. ['.*mlp.*']") from None
+    parsed = parsed if isinstance(parsed, list) else [parsed]
+    for p in parsed:
+        if not isinstance(p, str):
+            raise ValueError(f"{p!r} is not a string")
+        try:
+            re.compile(p)
+        except re.error as e:
+            raise ValueError(f"{p!r} is not a regular expression ({e})") from None
+    return tuple(parsed)
 
 
 def parse_reg_dims(value: str) -> tuple[tuple[str, int], ...]:

@@ -17,7 +17,6 @@ with dots as underscores.
 
 from __future__ import annotations
 
-import ast
 import logging
 import re
 from collections.abc import Callable, Sequence
@@ -26,29 +25,21 @@ from typing import TYPE_CHECKING
 
 from torch import nn
 
-from .adapters import PLAIN_LORA_NOT_READ, ArgSpec, LoraModuleArgs, NetworkSettings, Preset, Target, parse_reg_pairs
+from .adapters import (
+    PLAIN_LORA_NOT_READ,
+    ArgSpec,
+    LoraModuleArgs,
+    NetworkSettings,
+    Preset,
+    Target,
+    parse_reg_pairs,
+    parse_regex_list,
+)
 
 if TYPE_CHECKING:
     from .base import TargetClasses
 
 logger = logging.getLogger("networks.config")
-
-
-def patterns(value: str) -> tuple[str, ...]:
-    """A Python literal: one regex or a list of them (musubi-tuner's ``ast.literal_eval``)."""
-    try:
-        parsed = ast.literal_eval(value)
-    except (ValueError, SyntaxError):
-        raise ValueError("expected a Python list of regular expressions, e.g. ['.*mlp.*']") from None
-    parsed = parsed if isinstance(parsed, list) else [parsed]
-    for p in parsed:
-        if not isinstance(p, str):
-            raise ValueError(f"{p!r} is not a string")
-        try:
-            re.compile(p)
-        except re.error as e:
-            raise ValueError(f"{p!r} is not a regular expression ({e})") from None
-    return tuple(parsed)
 
 
 def path_regex(regex: str) -> str:
@@ -84,8 +75,8 @@ class MusubiLoraRules:
 
     Args = MusubiLoraArgs
     ARGS: dict[str, ArgSpec] = {
-        "exclude_patterns": (patterns, "exclude_patterns"),
-        "include_patterns": (patterns, "include_patterns"),
+        "exclude_patterns": (parse_regex_list, "exclude_patterns"),
+        "include_patterns": (parse_regex_list, "include_patterns"),
         "network_reg_dims": (lambda v: _reg(v, int), "reg_dims"),
         "network_reg_lrs": (lambda v: _reg(v, float), "reg_lrs"),
         "verbose": (None, "verbose"),

@@ -196,6 +196,14 @@ def loss_weighting(scheme: str, sigmas: Tensor) -> Tensor | None:
     return None
 
 
+FLOW_METADATA = ("weighting_scheme", "logit_mean", "logit_std", "mode_scale", "timestep_sampling", "sigmoid_scale")
+
+
+def flow_metadata(cfg: Any, *names: str) -> dict[str, Any]:
+    """The reference trainers' objective metadata: ``ss_<name>`` of each setting of ``cfg``, in order."""
+    return {f"ss_{name}": getattr(cfg, name) for name in names}
+
+
 def choice_error(flag: str, value: str, choices: tuple[str, ...]) -> list[str]:
     """``["--flag must be one of ..."]`` when ``value`` is not one of ``choices``, else []."""
     return [] if value in choices else [f"--{flag} must be one of {', '.join(choices)}, got {value!r}"]

@@ -237,11 +237,7 @@ class MusubiFlowObjective:
         return [None] * NUM_VALIDATION_TIMESTEPS
 
     def metadata(self) -> dict[str, Any]:
-        c = self.cfg
-        return {"ss_weighting_scheme": c.weighting_scheme, "ss_logit_mean": c.logit_mean,
-                "ss_logit_std": c.logit_std, "ss_mode_scale": c.mode_scale,
-                "ss_timestep_sampling": c.timestep_sampling, "ss_sigmoid_scale": c.sigmoid_scale,
-                "ss_discrete_flow_shift": c.discrete_flow_shift}  # fmt: skip
+        return fm.flow_metadata(self.cfg, *fm.FLOW_METADATA, "discrete_flow_shift")
 
     def to(self, device: torch.device | str) -> MusubiFlowObjective:
         return self

@@ -24,7 +24,6 @@ Names are sd-scripts': ``lora_unet_`` + the module's path in ``anima_models.Anim
 
 from __future__ import annotations
 
-import ast
 import logging
 import re
 from collections.abc import Sequence
@@ -33,7 +32,16 @@ from typing import TYPE_CHECKING
 
 from torch import nn
 
-from ..adapters import PLAIN_LORA_NOT_READ, ArgSpec, LoraModuleArgs, NetworkSettings, Preset, Target, parse_reg_pairs
+from ..adapters import (
+    PLAIN_LORA_NOT_READ,
+    ArgSpec,
+    LoraModuleArgs,
+    NetworkSettings,
+    Preset,
+    Target,
+    parse_reg_pairs,
+    parse_regex_list,
+)
 from . import keys as K
 
 if TYPE_CHECKING:
@@ -45,23 +53,6 @@ MODULE = "networks.lora_anima"
 BUILTIN_EXCLUDE = r".*(_modulation|_norm|_embedder|final_layer).*"
 ADAPTER_CLASSES = ("AnimaTextConditionerBlock",)
 TE_CLASSES = ("Qwen3Attention", "Qwen3MLP", "Qwen3SdpaAttention", "Qwen3FlashAttention2")
-
-
-def _patterns(value: str) -> tuple[str, ...]:
-    """A Python literal: one regex or a list of them (sd-scripts' ``ast.literal_eval``)."""
-    try:
-        parsed = ast.literal_eval(value)
-    except (ValueError, SyntaxError):
-        raise ValueError("expected a Python list of regular expressions, e.g. ['.*mlp.*']") from None
-    parsed = parsed if isinstance(parsed, list) else [parsed]
-    for p in parsed:
-        if not isinstance(p, str):
-            raise ValueError(f"{p!r} is not a string")
-        try:
-            re.compile(p)
-        except re.error as e:
-            raise ValueError(f"{p!r} is not a regular expression ({e})") from None
-    return tuple(parsed)
 
 
 def path_regex(regex: str) -> str:
@@ -91,8 +82,8 @@ Args = AnimaLoraArgs
 
 ARGS: dict[str, ArgSpec] = {
     "train_llm_adapter": (_bool, "train_llm_adapter"),
-    "exclude_patterns": (_patterns, "exclude_patterns"),
-    "include_patterns": (_patterns, "include_patterns"),
+    "exclude_patterns": (parse_regex_list, "exclude_patterns"),
+    "include_patterns": (parse_regex_list, "include_patterns"),
     "network_reg_dims": (lambda v: _reg(v, int), "reg_dims"),
     "network_reg_lrs": (lambda v: _reg(v, float), "reg_lrs"),
     "verbose": (None, "verbose"),
