@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 import tempfile
 import time
@@ -120,15 +119,11 @@ def measure(swap: int, args: argparse.Namespace, work: Path) -> dict:
 def prepare_work(work: Path, resolution: int) -> None:
     """One image and its caption at ``resolution``, the sample prompt, and the tiny files whose tokenizer and settings
     the real-size loader takes (the tiny model has the released 26 layers, so every N runs on it too)."""
-    from library.families.lumina.tiny import build_tiny_lumina, write_tiny_files
-    from library.run.demo import make_example_dataset
+    from phase_table import two_image_work
 
-    if not (work / "data").exists():
-        make_example_dataset(work / "four", size=resolution)
-        (work / "data" / "1_sks shape").mkdir(parents=True)
-        for f in sorted((work / "four" / "10_sks shape").iterdir())[:2]:
-            (work / "data" / "1_sks shape" / f.name).write_bytes(f.read_bytes())
-    (work / "prompts.txt").write_text(f"a red circle --w {resolution} --h {resolution} --s 4 --l 3.5 --n \n")
+    from library.families.lumina.tiny import build_tiny_lumina, write_tiny_files
+
+    two_image_work(work, resolution, f"a red circle --w {resolution} --h {resolution} --s 4 --l 3.5 --n ")
     if not (work / "tiny").exists():
         write_tiny_files(build_tiny_lumina(layers=26), work / "tiny")
 
@@ -146,6 +141,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     import torch
     from bench_block_swap import fused_attention
     from bench_flux_memory import lazy_host_copies, uncounted_swap_check
+    from phase_table import print_phase_table, run_rows
 
     from library.families import get_family
 
@@ -159,19 +155,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
         lazy_host_copies()
     uncounted_swap_check()
     fused_attention(torch)
-    rows = []
-    for swap in args.rows:
-        result = measure(swap, args, work)
-        rows.append(result)
-        print(json.dumps(result), flush=True)
-    phases = list(rows[0]["peak_gib"])
-    print(f"\n| --blocks_to_swap | batch | {' | '.join(phases)} | peak phase | highest + {CONTEXT_GIB:g} GiB | "
-          f"<= {GOAL_GIB:g} GiB |")  # fmt: skip
-    print("|---" * (len(phases) + 5) + "|")
-    for r in rows:
-        cells = " | ".join(str(r["peak_gib"].get(p, "")) for p in phases)
-        print(f"| {r['blocks_to_swap']} | {r['batch']} | {cells} | {r['peak_phase']} | "
-              f"{r['highest_gib'] + CONTEXT_GIB:.2f} | {'yes' if r['meets_goal'] else 'NO'} |")  # fmt: skip
+    rows = run_rows(args.rows, measure, args, work)
+    print_phase_table(
+        rows,
+        [("--blocks_to_swap", "blocks_to_swap"), ("batch", "batch")],
+        CONTEXT_GIB,
+        GOAL_GIB,
+        [("peak phase", "peak_phase")],
+    )
     return rows
 
 

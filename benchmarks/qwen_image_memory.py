@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 import tempfile
 import time
@@ -134,15 +133,11 @@ def measure(row: str, args: argparse.Namespace, work: Path) -> dict:
 def prepare_work(work: Path, variants: set[str], resolution: int) -> None:
     """Two images (one image and its caption) at ``resolution``, the sample prompt, and the tiny models whose
     tokenizers and settings the real-size loader takes (diffusers folders under ``work/tiny``)."""
-    from library.families import get_family
-    from library.run.demo import make_example_dataset
+    from phase_table import two_image_work
 
-    if not (work / "data").exists():
-        make_example_dataset(work / "four", size=resolution)
-        (work / "data" / "1_sks shape").mkdir(parents=True)
-        for f in sorted((work / "four" / "10_sks shape").iterdir())[:2]:
-            (work / "data" / "1_sks shape" / f.name).write_bytes(f.read_bytes())
-    (work / "prompts.txt").write_text(f"a red circle --w {resolution} --h {resolution} --s 4 --n \n")
+    from library.families import get_family
+
+    two_image_work(work, resolution, f"a red circle --w {resolution} --h {resolution} --s 4 --n ")
     for variant in sorted(variants):
         if not (work / "tiny" / variant).exists():
             family = get_family(variant)
@@ -166,6 +161,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     import torch
     from bench_block_swap import fused_attention
     from bench_flux_memory import lazy_host_copies, uncounted_swap_check
+    from phase_table import print_phase_table, run_rows
 
     from library.families import get_family
 
@@ -180,19 +176,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
         lazy_host_copies()
     uncounted_swap_check()  # the released block lists built on meta for the --blocks_to_swap check: no device memory
     fused_attention(torch)  # SDPA as the fused kernel a GPU runs
-    rows = []
-    for row in args.rows:
-        result = measure(row, args, work)
-        rows.append(result)
-        print(json.dumps(result), flush=True)
-    phases = list(rows[0]["peak_gib"])
-    print(f"\n| model | weights | --blocks_to_swap | batch | {' | '.join(phases)} | highest + {CONTEXT_GIB:g} GiB | "
-          f"<= {GOAL_GIB:g} GiB |")  # fmt: skip
-    print("|---" * (len(phases) + 6) + "|")
-    for r in rows:
-        cells = " | ".join(str(r["peak_gib"].get(p, "")) for p in phases)
-        print(f"| {r['variant']} | {r['weights']} | {r['blocks_to_swap']} | {r['batch']} | {cells} | "
-              f"{r['highest_gib'] + CONTEXT_GIB:.2f} | {'yes' if r['meets_goal'] else 'NO'} |")  # fmt: skip
+    rows = run_rows(args.rows, measure, args, work)
+    print_phase_table(
+        rows,
+        [("model", "variant"), ("weights", "weights"), ("--blocks_to_swap", "blocks_to_swap"), ("batch", "batch")],
+        CONTEXT_GIB,
+        GOAL_GIB,
+    )
     return rows
 
 
