@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import random
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,11 +28,10 @@ from library.cli.console import add_logging_args, console_logging
 from library.cli.main_guard import main_guard
 from library.cli.problems import ConfigError
 from library.families.anima import ANIMA
-from library.sampling.minimal import apply_options, device_of_choice, flow_image, prompt_loop, save_new_png
+from library.sampling.minimal import device_of_choice, generate_images
 from library.sampling.prompts import PromptSpec
 
 log = logging.getLogger("anima_minimal_inference")
-OPTIONS = {"w": ("width", int), "h": ("height", int), "s": ("steps", int), "c": ("scale", float)}
 REFUSED = {
     "fp8": "float8 storage is training's --fp8_base; inference runs in the weights' precision",
     "fp8_scaled": "scaled float8 weights are not supported",
@@ -113,22 +111,7 @@ def run(argv: Sequence[str] | None = None) -> list[Path]:
         return PromptSpec(prompt, negative_prompt=args.negative_prompt, width=width, height=height,
                           steps=args.infer_steps, scale=args.guidance_scale)  # fmt: skip
 
-    def generate(spec: PromptSpec, seed: int | None) -> Path:
-        from library.sampling.generate import resolve
-
-        seed = args.seed if seed is None else seed
-        seed = random.randint(0, 2**32 - 1) if seed is None else seed
-        spec = resolve(spec, ANIMA, parts)
-        image = flow_image(ANIMA, parts, spec, seed, device, args.offload)
-        return save_new_png(image, Path(args.save_path), spec, seed, Path(args.dit).name, log)
-
-    if args.from_file is not None:
-        lines = [x.strip() for x in Path(args.from_file).read_text(encoding="utf-8").splitlines() if x.strip()]
-        return [generate(spec_of(line), None) for line in lines]
-    if not args.interactive:
-        return [generate(spec_of(args.prompt), None)]
-    parse = lambda line, spec: apply_options(line, spec, networks, OPTIONS, args.negative_prompt, log)  # noqa: E731
-    return prompt_loop(spec_of(args.prompt or ""), "Enter prompt (empty to exit).", parse, generate, log)
+    return generate_images(ANIMA, parts, args, spec_of, device, args.offload, networks, args.negative_prompt, log)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

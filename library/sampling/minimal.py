@@ -161,6 +161,35 @@ def prompt_loop(
     return written
 
 
+PROMPT_OPTIONS = {"w": ("width", int), "h": ("height", int), "s": ("steps", int), "c": ("scale", float)}
+
+
+def generate_images(family: ModelFamily, parts: Parts, args: Any, spec_of: Callable[[str], PromptSpec],
+                    device: torch.device, offload: bool, networks: list[Any], negative: str,
+                    log: logging.Logger) -> list[Path]:  # fmt: skip
+    """One flow image per prompt: ``args.prompt``, each line of ``args.from_file``, or the ``--interactive`` loop
+    (``--w --h --s --c`` and the adapters' multipliers); seed ``args.seed`` (random when None); PNGs under
+    ``args.save_path``. Returns the written paths."""
+    import random
+
+    from library.sampling.generate import resolve
+
+    def generate(spec: PromptSpec, seed: int | None) -> Path:
+        seed = args.seed if seed is None else seed
+        seed = random.randint(0, 2**32 - 1) if seed is None else seed
+        spec = resolve(spec, family, parts)
+        image = flow_image(family, parts, spec, seed, device, offload)
+        return save_new_png(image, Path(args.save_path), spec, seed, Path(args.dit).name, log)
+
+    if args.from_file is not None:
+        lines = [x.strip() for x in Path(args.from_file).read_text(encoding="utf-8").splitlines() if x.strip()]
+        return [generate(spec_of(line), None) for line in lines]
+    if not args.interactive:
+        return [generate(spec_of(args.prompt), None)]
+    parse = lambda line, spec: apply_options(line, spec, networks, PROMPT_OPTIONS, negative, log)  # noqa: E731
+    return prompt_loop(spec_of(args.prompt or ""), "Enter prompt (empty to exit).", parse, generate, log)
+
+
 @dataclass(frozen=True)
 class Lora:
     """An adapter file and its multiplier (a minimal inference script's ``--lora_weights path;multiplier``)."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,10 +20,9 @@ from typing import Any
 from library.cli.console import add_logging_args, console_logging
 from library.cli.problems import ConfigError
 from library.families.protocol import ModelFamily
-from library.sampling.minimal import apply_options, device_of_choice, flow_image, prompt_loop, save_new_png
+from library.sampling.minimal import device_of_choice, generate_images
 from library.sampling.prompts import PromptSpec
 
-OPTIONS = {"w": ("width", int), "h": ("height", int), "s": ("steps", int), "c": ("scale", float)}
 COMMON_REFUSED_SWITCHES = {
     "fp8": "float8 storage is training's --fp8_base; inference runs in the weights' precision",
     "fp8_scaled": "scaled float8 weights are not supported yet",
@@ -171,20 +169,5 @@ class MusubiGenerateScript:
         def spec_of(prompt: str) -> PromptSpec:
             return PromptSpec(prompt, width=width, height=height, **fields)
 
-        def generate(spec: PromptSpec, seed: int | None) -> Path:
-            from library.sampling.generate import resolve
-
-            seed = args.seed if seed is None else seed
-            seed = random.randint(0, 2**32 - 1) if seed is None else seed
-            spec = resolve(spec, family, parts)
-            image = flow_image(family, parts, spec, seed, device, offload)
-            return save_new_png(image, Path(args.save_path), spec, seed, Path(args.dit).name, log)
-
-        if args.from_file is not None:
-            lines = [x.strip() for x in Path(args.from_file).read_text(encoding="utf-8").splitlines() if x.strip()]
-            return [generate(spec_of(line), None) for line in lines]
-        if not args.interactive:
-            return [generate(spec_of(args.prompt), None)]
         negative = fields.get("negative_prompt", "")
-        parse = lambda line, spec: apply_options(line, spec, networks, OPTIONS, negative, log)  # noqa: E731
-        return prompt_loop(spec_of(args.prompt or ""), "Enter prompt (empty to exit).", parse, generate, log)
+        return generate_images(family, parts, args, spec_of, device, offload, networks, negative, log)
