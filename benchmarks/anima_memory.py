@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     import torch
     from bench_block_swap import fused_attention
     from bench_flux_memory import lazy_host_copies, uncounted_swap_check
-    from phase_table import print_phase_table, run_rows
+    from phase_table import SETTINGS, print_phase_table, run_rows
 
     from library.families import get_family
 
@@ -173,12 +173,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     uncounted_swap_check()  # the released block lists built on meta for the --blocks_to_swap check: no device memory
     fused_attention(torch)  # SDPA as the fused kernel a GPU runs
     rows = run_rows(args.rows, measure, args, work)
-    print_phase_table(
-        rows,
-        [("model", "variant"), ("weights", "weights"), ("--blocks_to_swap", "blocks_to_swap"), ("batch", "batch")],
-        CONTEXT_GIB,
-        GOAL_GIB,
-    )
+    print_phase_table(rows, SETTINGS, CONTEXT_GIB, GOAL_GIB)
     return rows
 
 

@@ -8,6 +8,9 @@ import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+SETTINGS = (("model", "variant"), ("weights", "weights"), ("--blocks_to_swap", "blocks_to_swap"), ("batch", "batch"))
+"""The lead columns of a row of MODE:N settings (model, weights, --blocks_to_swap, batch)."""
+
 
 def two_image_work(work: Path, resolution: int, prompt: str) -> None:
     """Two images (and their captions) of the demo dataset at ``resolution`` under ``work/data`` and one sample
