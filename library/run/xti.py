@@ -103,6 +103,7 @@ class LayerConditioning:
 
     def __init__(self, family: ModelFamily, embeddings: Sequence[XTIEmbeddings], count: int):
         self.family, self.embeddings, self.count = family, list(embeddings), count
+        self.context_blocks = count  # prompt weighting weights each layer's block as a prompt of its own
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.family, name)

@@ -247,4 +247,5 @@ def encode_weighted(
     ]
     weights = torch.stack([merged_weights(w, k) for _, w in per_tokenizer[0]])
     cond = family.encode_tokens(parts, tokens, clip_skip=clip_skip)
-    return Cond(apply_weights(cond.hidden_states, weights, normalize), cond.pooled)
+    blocks = cond.hidden_states.chunk(getattr(family, "context_blocks", 1), dim=1)  # XTI: one per layer, each weighted
+    return Cond(torch.cat([apply_weights(h, weights, normalize) for h in blocks], dim=1), cond.pooled)
