@@ -208,7 +208,10 @@ def apply_weights(hidden: Tensor, weights: Tensor, normalize: str = "original") 
         measure = (lambda x: x.abs()) if normalize == "abs" else (lambda x: x)
         before = measure(h).mean(dim=(-2, -1))
         after = measure(out).mean(dim=(-2, -1))
-        ratio = torch.where(after.abs() > 1e-12, before / after, torch.ones_like(after))  # a zero mean: no rescale
+        nonzero = after.abs() > 1e-12  # a zero mean: no rescale (and no 0/0 in the gradient of the unused branch)
+        ratio = torch.where(
+            nonzero, before / torch.where(nonzero, after, torch.ones_like(after)), torch.ones_like(after)
+        )
         out = out * ratio[:, None, None]
     untouched = (w == 1.0).all(dim=1)
     out = torch.where(untouched[:, None, None], h, out)
