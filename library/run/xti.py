@@ -207,7 +207,8 @@ def read_xti(path: str | Path, layers: Sequence[str]) -> Tensor:
     raw = {k: v for k, v in _load(path).items() if isinstance(v, Tensor)}
     if set(raw) != set(layers):
         raise ValueError(f"{path}: holds {sorted(raw)}, but an XTI embedding for this model needs one tensor per "
-                         f"cross-attention layer: {list(layers)}; is it a plain textual-inversion file?")  # fmt: skip
+                         f"cross-attention layer: {list(layers)}; a plain textual-inversion file goes to "
+                         "--textual_inversion_embeddings, and an XTI file fits the model it was trained for")  # fmt: skip
     shapes = {tuple(t.shape) for t in raw.values()}
     if len(shapes) != 1 or len(next(iter(shapes))) != 2:
         raise ValueError(f"{path}: the layers' tensors must all be (vectors, dim); found {sorted(shapes)}")
@@ -218,9 +219,9 @@ def load_xti_files(family: ModelFamily, parts: Parts, paths: Sequence[Path]) -> 
     """gen_img's ``--XTI_embeddings``: each file's token (its name without extension) in ``parts``, the UNet's
     cross-attention layers given their processors; the family that encodes prompts per layer."""
     layers = cross_attention_layers(parts.denoiser)
-    if not layers:
-        raise ValueError(f"--XTI_embeddings: {family.name} has no UNet cross-attention layers; XTI embeddings are "
-                         "for Stable Diffusion 1.x / 2.x models")  # fmt: skip
+    if not layers or len(parts.text_encoders) != 1:
+        raise ValueError(f"--XTI_embeddings: the model is {family.name}; XTI embeddings are for models with one "
+                         "text encoder and a UNet with cross-attention (Stable Diffusion 1.x / 2.x)")  # fmt: skip
     embeddings = [XTIEmbeddings(family, parts, Path(p).stem, read_xti(p, list(layers)), list(layers)) for p in paths]
     install_processors(layers)
     return LayerConditioning(family, embeddings, len(layers))
