@@ -14,6 +14,7 @@ import train_network
 import train_textual_inversion
 import train_textual_inversion_XTI
 from library.cli.parse import ConfigError, parse_args
+from library.run.xti import SAMPLE_FLAGS
 
 ROOT = Path(__file__).resolve().parents[1]
 FLAGS = json.loads((ROOT / "tests" / "data" / "sd_scripts_train_network_flags.json").read_text())
@@ -263,18 +264,15 @@ def _run_flags():
     ti = _parser("train_textual_inversion")._actions
     out += [("train_textual_inversion.py", a) for a in ti if a.option_strings and a.dest not in NOT_A_RUN_SETTING]
     # train_textual_inversion_XTI.py: textual inversion's parser (test_xti_parser_is_textual_inversions) and reader
-    # but for the flags its reader refuses (samples during training)
+    # but for the sampling flags, which it refuses
     xti = _parser("train_textual_inversion_XTI")._actions
-    out += [("train_textual_inversion_XTI.py", a) for a in xti if a.dest in XTI_OWN]
+    out += [("train_textual_inversion_XTI.py", a) for a in xti if a.dest in SAMPLE_FLAGS]
     return out
-
-
-XTI_OWN = {"sample_every_n_steps", "sample_every_n_epochs", "sample_at_first"}
 
 
 def test_xti_parser_is_textual_inversions():
     """Every flag of train_textual_inversion_XTI.py is one of train_textual_inversion.py's with the same default, so
-    the flag-effect test of the latter covers it (the XTI reader differs in XTI_OWN only: library/run/xti.py)."""
+    the flag-effect test of the latter covers it (the XTI reader differs in SAMPLE_FLAGS only: library/run/xti.py)."""
     xti, ti = _actions("train_textual_inversion_XTI"), _actions("train_textual_inversion")
     assert set(xti) == set(ti) and all(xti[f].default == ti[f].default for f in xti)
 

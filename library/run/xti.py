@@ -227,6 +227,11 @@ def load_xti_files(family: ModelFamily, parts: Parts, paths: Sequence[Path]) -> 
     return LayerConditioning(family, embeddings, len(layers))
 
 
+# the sampling flags (and their defaults) train_textual_inversion_XTI.py refuses
+SAMPLE_FLAGS = {"sample_every_n_steps": None, "sample_every_n_epochs": None, "sample_at_first": False,
+                "sample_prompts": None, "sample_sampler": "ddim", "sample_vae_tiling": "auto"}  # fmt: skip
+
+
 @dataclasses.dataclass(frozen=True)
 class XTIConfig(TextualInversionConfig):
     """train_textual_inversion_XTI.py: textual inversion's flags; ``--weights`` is an XTI file."""
@@ -234,8 +239,8 @@ class XTIConfig(TextualInversionConfig):
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> XTIConfig:
         problems = []
-        for flag in ("sample_every_n_steps", "sample_every_n_epochs", "sample_at_first"):
-            if getattr(args, flag, None):
+        for flag, default in SAMPLE_FLAGS.items():
+            if getattr(args, flag, default) not in (default, None, False):
                 problems.append(f"--{flag}: samples during XTI training are not supported (sd-scripts ignores them "
                                 "too); sample the saved file with gen_img_diffusers.py --XTI_embeddings")  # fmt: skip
         try:
