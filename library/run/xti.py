@@ -114,9 +114,11 @@ class LayerConditioning:
         return ids
 
     def encode_tokens(self, parts: Parts, tokens: list[Tensor], clip_skip: int | None = None) -> Cond:
-        states = [self.family.encode_tokens(parts, [self.layer_tokens(t, i) for t in tokens], clip_skip).hidden_states
-                  for i in range(self.count)]  # fmt: skip
-        return Cond(torch.cat(states, dim=1))
+        """Every layer's ids in one batch (count·B, L) through the text encoder, then (B, count·L, D)."""
+        batch = tokens[0].shape[0]
+        stacked = [torch.cat([self.layer_tokens(t, i) for i in range(self.count)]) for t in tokens]
+        hidden = self.family.encode_tokens(parts, stacked, clip_skip).hidden_states
+        return Cond(torch.cat(hidden.split(batch), dim=1))
 
     def encode_prompt(self, parts: Parts, captions: list[str], clip_skip: int | None = None,
                       max_token_length: int | None = None, *, pad: bool = True) -> Cond:  # fmt: skip
