@@ -50,9 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def run(argv: Sequence[str] | None = None) -> list[Path]:
-    """Run gen_img with ``argv`` (default: the command line); returns the written image paths."""
-    args = parse_args(build_parser(), argv)
+def run(argv: Sequence[str] | None = None, parser: argparse.ArgumentParser | None = None) -> list[Path]:
+    """Run gen_img with ``argv`` (default: the command line); returns the written image paths. ``parser``: a legacy
+    entry's (gen_img_diffusers.py, sdxl_gen_img.py: this one's plus the flags they refuse)."""
+    args = parse_args(parser or build_parser(), argv)
     if args is None:  # --output_config wrote the arguments
         return []
     console_logging(args.console_log_level, args.console_log_file, args.console_log_simple)
@@ -60,6 +61,7 @@ def run(argv: Sequence[str] | None = None) -> list[Path]:
     family, parts = load_model(cfg)
     networks = load_networks(cfg, family, parts)
     load_embeddings(cfg, family, parts)
+    family = load_xti_embeddings(cfg, family, parts)
     specs = [resolve(s, family, parts, ddpm_defaults=GEN_IMG_DDPM_DEFAULTS, **cfg.defaults) for s in cfg.prompts]
     jobs = plan_images(cfg, specs)
     log.info("%d image(s) of %d prompt(s) with %s", len(jobs), len(specs), family.name)
@@ -141,6 +143,19 @@ def load_embeddings(cfg: GenImgConfig, family: ModelFamily, parts: Parts) -> Non
     for path in cfg.embeddings:
         ids = add_embedding(family, parts, path)
         log.info("embedding %s: %d vector(s), token %r", path.name, len(ids[0]), path.stem)
+
+
+def load_xti_embeddings(cfg: GenImgConfig, family: ModelFamily, parts: Parts) -> ModelFamily:
+    """--XTI_embeddings: the files' tokens in ``parts`` and the family that encodes prompts once per cross-attention
+    layer (library/run/xti.py); the family unchanged without them."""
+    if not cfg.xti_embeddings:
+        return family
+    from library.run.xti import load_xti_files
+
+    conditioning = load_xti_files(family, parts, cfg.xti_embeddings)
+    for emb in conditioning.embeddings:
+        log.info("XTI embedding %r: %d vector(s) for each of %d layers", emb.token, emb.num_vectors, len(emb.layers))
+    return conditioning
 
 
 def batches(jobs: list[Job], size: int) -> list[list[Job]]:

@@ -97,10 +97,10 @@ def test_importable_and_trains_from_outside_the_clone(tmp_path):
     checkout), and ``train_network.main`` trains the demo LoRA for 2 steps and returns 0."""
     code = f"""
 import importlib, sys
+import train_network
+print("FROM", train_network.__file__, flush=True)  # before the others: an install of another checkout skips
 names = {ENTRIES!r}
 modules = [importlib.import_module(n) for n in names]
-import train_network
-print("FROM", train_network.__file__)
 assert all(callable(m.main) and callable(m.run) for m in modules)
 sys.exit(train_network.main(["--demo", "--demo_dir", "demo", "--max_train_steps", "2"]))
 """

@@ -12,7 +12,9 @@ import pytest
 
 import train_network
 import train_textual_inversion
+import train_textual_inversion_XTI
 from library.cli.parse import ConfigError, parse_args
+from library.run.xti import SAMPLE_FLAGS
 
 ROOT = Path(__file__).resolve().parents[1]
 FLAGS = json.loads((ROOT / "tests" / "data" / "sd_scripts_train_network_flags.json").read_text())
@@ -26,8 +28,8 @@ SCRIPTS = {
     "train_network": (FLAGS, train_network.build_parser),
     **{
         name: (json.loads((ROOT / "tests" / "data" / f"sd_scripts_{name}_flags.json").read_text()),
-               train_textual_inversion.build_parser)
-        for name in ("train_textual_inversion", "sdxl_train_textual_inversion")
+               (train_textual_inversion_XTI if name.endswith("XTI") else train_textual_inversion).build_parser)
+        for name in ("train_textual_inversion", "sdxl_train_textual_inversion", "train_textual_inversion_XTI")
     },
 }  # fmt: skip
 
@@ -126,7 +128,7 @@ def test_textual_inversion_flag_counts():
     assert {name: len(SCRIPTS[name][0]) for name in TI_SCRIPTS} == TI_SCRIPTS
 
 
-TI_SCRIPTS = {"train_textual_inversion": 169, "sdxl_train_textual_inversion": 170}
+TI_SCRIPTS = {"train_textual_inversion": 169, "sdxl_train_textual_inversion": 170, "train_textual_inversion_XTI": 168}
 
 
 # A value that differs from the default for flags whose type alone does not give a usable one, plus any flag the
@@ -147,7 +149,8 @@ VALUES = {
     "--sample_every_n_epochs": ["5", "--sample_prompts", "{data}/p.txt"],
 }
 # The same for one script only (textual inversion trains text-encoder rows: no --network_train_unet_only there).
-SCRIPT_VALUES = {("train_textual_inversion.py", "--cache_text_encoder_outputs_to_disk"): []}
+SCRIPT_VALUES = {(script, "--cache_text_encoder_outputs_to_disk"): []
+                 for script in ("train_textual_inversion.py", "train_textual_inversion_XTI.py")}  # fmt: skip
 # Flags that ask for what sdtrain always does: the run's configuration cannot change, and the run says so in the log
 # (or the help says it is the default). flag -> the words the log or the help text carries.
 ALWAYS_ON = {
@@ -160,7 +163,7 @@ ALWAYS_ON = {
 # DDP never wraps what the adapter and TI scripts train (the trainer averages its gradients itself).
 NO_EFFECT_HERE = {
     (script, flag): "never wrapped in DDP"
-    for script in ("train_network.py", "train_textual_inversion.py")
+    for script in ("train_network.py", "train_textual_inversion.py", "train_textual_inversion_XTI.py")
     for flag in ("--ddp_gradient_as_bucket_view", "--ddp_static_graph")
 }
 # flux_train_network.py: DDP as above; the SD-only flags sd-scripts' FLUX script ignores (flux/options.py)
@@ -217,6 +220,7 @@ def run_config(tiny_dir, tmp_path_factory):
                                        str(data), "--output_dir", str(data / "out"), "--token_string", "sksx",
                                        "--init_word", "cat", "--seed", "1"],
     }  # fmt: skip
+    bases["train_textual_inversion_XTI.py"] = bases["train_textual_inversion.py"]
 
     def train(argv):
         cfg = read_config(parse_args(_parser(), argv), ("sd1", "sd2"), train_network.AdapterMethod.from_args)
@@ -233,7 +237,16 @@ def run_config(tiny_dir, tmp_path_factory):
         cfg = read_config(args, ("sd1", "sd2"), TextualInversionConfig.from_args)
         return dataclasses.replace(cfg, args={})
 
-    readers = {"train_network.py": train, "gen_img.py": gen, "train_textual_inversion.py": ti}
+    def xti(argv):
+        from library.run.xti import XTIConfig
+
+        args = parse_args(train_textual_inversion_XTI.build_parser(), argv)
+        args.output_name = args.output_name or args.token_string  # as train_textual_inversion_XTI.run
+        cfg = read_config(args, ("sd1", "sd2"), XTIConfig.from_args)
+        return dataclasses.replace(cfg, args={})
+
+    readers = {"train_network.py": train, "gen_img.py": gen, "train_textual_inversion.py": ti,
+               "train_textual_inversion_XTI.py": xti}  # fmt: skip
 
     def read(script: str, *extra: str):
         extra = tuple(e.replace("{data}", str(data)) for e in extra)
@@ -250,7 +263,18 @@ def _run_flags():
     out += [("gen_img.py", a) for a in gen_img.build_parser()._actions if a.option_strings and a.dest not in skip]
     ti = _parser("train_textual_inversion")._actions
     out += [("train_textual_inversion.py", a) for a in ti if a.option_strings and a.dest not in NOT_A_RUN_SETTING]
+    # train_textual_inversion_XTI.py: textual inversion's parser (test_xti_parser_is_textual_inversions) and reader
+    # but for the sampling flags, which it refuses
+    xti = _parser("train_textual_inversion_XTI")._actions
+    out += [("train_textual_inversion_XTI.py", a) for a in xti if a.dest in SAMPLE_FLAGS]
     return out
+
+
+def test_xti_parser_is_textual_inversions():
+    """Every flag of train_textual_inversion_XTI.py is one of train_textual_inversion.py's with the same default, so
+    the flag-effect test of the latter covers it (the XTI reader differs in SAMPLE_FLAGS only: library/run/xti.py)."""
+    xti, ti = _actions("train_textual_inversion_XTI"), _actions("train_textual_inversion")
+    assert set(xti) == set(ti) and all(xti[f].default == ti[f].default for f in xti)
 
 
 @pytest.mark.parametrize("script,action", _run_flags(), ids=lambda x: x if isinstance(x, str) else x.option_strings[0])

@@ -67,6 +67,16 @@ def test_apply_weights_matches_hand_computation():
     assert by_abs[0].abs().mean().item() == pytest.approx(hidden[0].abs().mean().item(), rel=1e-6)
 
 
+def test_apply_weights_gradient_is_finite_for_a_zero_mean_prompt():
+    """A layer-normed prompt can have a mean of exactly 0 (the tiny CLIP's does): no rescale, and the gradient that
+    trains embeddings through the weighting (--weighted_captions) stays finite."""
+    hidden = torch.tensor([[[1.0, -1.0], [2.0, -2.0]], [[0.5, 1.0], [1.0, 0.5]]], requires_grad=True)
+    weights = torch.tensor([[1.0, 1.0], [1.0, 1.5]])
+    out = apply_weights(hidden, weights)
+    out.sum().backward()
+    assert torch.equal(out[0], hidden[0]) and torch.isfinite(hidden.grad).all()
+
+
 def test_chunk_count_and_weight_layout():
     assert num_chunks([3, 80], 3) == 2 and num_chunks([0], 3) == 1 and num_chunks([400], 3) == 3
     w = merged_weights([1.5, 0.5], 2)

@@ -271,10 +271,11 @@ class TokenEmbeddings(nn.Module):
         vectors: Sequence[Tensor],
         init_word: str | None = None,
         stop_after: int | None = None,
+        names: Sequence[str] | None = None,
     ):
         super().__init__()
         self.family, self.token, self.init_word, self.stop_after = family, token, init_word, stop_after
-        self.names = token_names(token, vectors[0].shape[0])
+        self.names = list(names) if names else token_names(token, vectors[0].shape[0])  # one per row
         self.rows = nn.ParameterList([nn.Parameter(v.detach().clone().float()) for v in vectors])
         if stop_after:  # resumable: the step count and the rows as they were when training stopped
             self.register_buffer("steps_done", torch.zeros((), dtype=torch.long))

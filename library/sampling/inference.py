@@ -51,7 +51,6 @@ _UNSUPPORTED_STORE = {
     "--network_args": "adapter files are rebuilt from their own keys; no arguments are needed",
     "--network_merge_n_models": "use --network_merge to merge every network",
     "--network_regional_mask_max_color_codes": "regional networks",
-    "--XTI_embeddings": "extended textual inversion",
     "--highres_fix_scale": "highres fix",
     "--highres_fix_strength": "highres fix",
     "--highres_fix_upscaler": "highres fix",
@@ -180,6 +179,8 @@ def _add_extra_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--network_merge", action="store_true", help="merge the networks into the model weights")
     g.add_argument("--network_show_meta", action="store_true", help="print each network file's metadata")
     g.add_argument("--textual_inversion_embeddings", type=str, default=None, nargs="*", help="embedding files")
+    g.add_argument("--XTI_embeddings", type=str, default=None, nargs="*",
+                   help="extended textual-inversion (XTI) files: one embedding per cross-attention layer")  # fmt: skip
     g = parser.add_argument_group("precision and attention")
     g.add_argument("--fp16", action="store_true", help="run the model in float16")
     g.add_argument("--bf16", action="store_true", help="run the model in bfloat16")
@@ -223,6 +224,7 @@ class GenImgConfig:
     network_merge: bool
     network_show_meta: bool
     embeddings: tuple[Path, ...]
+    xti_embeddings: tuple[Path, ...]
     dtype: torch.dtype
     vae_dtype: torch.dtype
     attention: str
@@ -262,6 +264,7 @@ class GenImgConfig:
             normalize=args.emb_normalize_mode, networks=tuple(networks), network_merge=args.network_merge,
             network_show_meta=args.network_show_meta,
             embeddings=tuple(Path(p) for p in args.textual_inversion_embeddings or ()),
+            xti_embeddings=tuple(Path(p) for p in args.XTI_embeddings or ()),
             dtype=dtype, vae_dtype=torch.float32 if args.no_half_vae else dtype,
             attention="xformers" if args.xformers else "sdpa", channels_last=args.opt_channels_last,
             device=args.device or ("cuda" if torch.cuda.is_available() else "cpu"),

@@ -208,7 +208,10 @@ def apply_weights(hidden: Tensor, weights: Tensor, normalize: str = "original") 
         measure = (lambda x: x.abs()) if normalize == "abs" else (lambda x: x)
         before = measure(h).mean(dim=(-2, -1))
         after = measure(out).mean(dim=(-2, -1))
-        ratio = torch.where(after.abs() > 1e-12, before / after, torch.ones_like(after))  # a zero mean: no rescale
+        nonzero = after.abs() > 1e-12  # a zero mean: no rescale (and no 0/0 in the gradient of the unused branch)
+        ratio = torch.where(
+            nonzero, before / torch.where(nonzero, after, torch.ones_like(after)), torch.ones_like(after)
+        )
         out = out * ratio[:, None, None]
     untouched = (w == 1.0).all(dim=1)
     out = torch.where(untouched[:, None, None], h, out)
@@ -247,4 +250,5 @@ def encode_weighted(
     ]
     weights = torch.stack([merged_weights(w, k) for _, w in per_tokenizer[0]])
     cond = family.encode_tokens(parts, tokens, clip_skip=clip_skip)
-    return Cond(apply_weights(cond.hidden_states, weights, normalize), cond.pooled)
+    blocks = cond.hidden_states.chunk(getattr(family, "context_blocks", 1), dim=1)  # XTI: one per layer, each weighted
+    return Cond(torch.cat([apply_weights(h, weights, normalize) for h in blocks], dim=1), cond.pooled)
