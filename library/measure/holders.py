@@ -29,17 +29,26 @@ def _keys(tensors: Any) -> set[int]:
     return out
 
 
-def _module_keys(module: torch.nn.Module | None) -> set[int]:
+def _tensor_holders(module: torch.nn.Module | None) -> list[weakref.ref]:
+    """``module`` and its submodules that hold parameters or buffers, weakly (the plan keeps nothing alive): their
+    tensors are read anew at each snapshot, following a weight that is moved or replaced (``.to()``, a float8 cast)
+    without walking the module tree again."""
     if module is None:
-        return set()
-    return _keys([*module.parameters(), *module.buffers()])
+        return []
+    return [weakref.ref(m) for m in module.modules() if m._parameters or m._buffers]
+
+
+def _held_keys(holders: list[weakref.ref]) -> set[int]:
+    modules = [m for m in (ref() for ref in holders) if m is not None]
+    return _keys(t for m in modules for d in (m._parameters, m._buffers) for t in d.values())
 
 
 class PeakHolders:
     """Snapshots of the device's storages near each phase's peak, and their owners (module docstring)."""
 
     def __init__(self) -> None:
-        self.parts: Any = None  # the run's loaded Parts, set by the plan when the model is loaded
+        self._parts: Any = None  # the run's loaded Parts, set by the plan when the model is loaded
+        self._part_dicts: list[tuple[str, list[weakref.ref]]] | None = None  # their modules (walked once)
         self.optimizers: weakref.WeakSet = weakref.WeakSet()  # the run's optimizers (the plan tells them)
         self._snap: dict[int, int] = {}
         self._snap_parts: dict[int, str] = {}
@@ -47,6 +56,14 @@ class PeakHolders:
         self._snap_bytes = 0
         self.holders: dict[str, dict[str, int]] = {}  # phase -> owner -> bytes
         self._best: dict[str, int] = {}
+
+    @property
+    def parts(self) -> Any:
+        return self._parts
+
+    @parts.setter
+    def parts(self, parts: Any) -> None:
+        self._parts, self._part_dicts = parts, None
 
     def snapshot(self, live: dict[int, tuple[str, int]], device: str, total: int) -> None:
         if total > self._snap_bytes * GROWTH or not self._snap:
@@ -56,6 +73,7 @@ class PeakHolders:
 
     def restart(self, live: dict[int, tuple[str, int]], device: str, total: int) -> None:
         self._snap, self._snap_bytes = {}, 0
+        self._part_dicts = None  # a phase may have added modules (an adapter, a swap wrapper): walk the tree again
         self.snapshot(live, device, total)
 
     def close(self, phase: str, peak: int) -> bool:
@@ -90,13 +108,16 @@ class PeakHolders:
 
     def _part_owners(self) -> dict[int, str]:
         owners: dict[int, str] = {}
-        parts = self.parts
-        if parts is not None:
+        parts = self._parts
+        if parts is None:
+            return owners
+        if self._part_dicts is None:
             named = [("denoiser weights", parts.denoiser), ("VAE weights", parts.vae)]
             named += [("text encoder weights", te) for te in parts.text_encoders]
-            for label, module in named:
-                for key in _module_keys(module):
-                    owners.setdefault(key, label)
+            self._part_dicts = [(label, _tensor_holders(module)) for label, module in named]
+        for label, dicts in self._part_dicts:
+            for key in _held_keys(dicts):
+                owners.setdefault(key, label)
         return owners
 
     def table(self) -> dict[str, dict[str, float]]:
