@@ -181,7 +181,7 @@ class LLLiteNetwork(nn.Module):
             raise ValueError("ControlNet-LLLite found no attn1 / attn2 projections in the UNet's input blocks")
         self.weights = nn.ModuleDict()
         self._layers: dict[str, LLLiteLayer] = {}
-        self._model = root.module
+        self._model = (root.module,)  # a tuple: the UNet is not this network's submodule (nor in its state)
         for t in targets:
             parent, attr = parent_of(root.module, t.path)
             base = getattr(parent, attr)
@@ -208,7 +208,7 @@ class LLLiteNetwork(nn.Module):
     def eject(self) -> None:
         """Put the original Linears back."""
         for name, layer in self._layers.items():
-            parent, attr = parent_of(self._model, self._paths[name])
+            parent, attr = parent_of(self._model[0], self._paths[name])
             setattr(parent, attr, layer.base_layer)
         self._layers = {}
 
