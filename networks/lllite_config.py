@@ -51,7 +51,9 @@ class LLLiteConfig:
 
         errors = []
         if args.cond_emb_dim is None or args.cond_emb_dim < 2 or args.cond_emb_dim % 2:
-            errors.append(f"--cond_emb_dim: an even number >= 2 is needed (sd-scripts' docs: 32), got {args.cond_emb_dim}")
+            errors.append(
+                f"--cond_emb_dim: an even number >= 2 is needed (sd-scripts' docs: 32), got {args.cond_emb_dim}"
+            )
         if args.network_dim is None or args.network_dim < 1:
             errors.append(f"--network_dim: a width >= 1 is needed (sd-scripts' docs: 64), got {args.network_dim}")
         dropout = args.network_dropout or None  # 0 is sd-scripts' "no dropout"
