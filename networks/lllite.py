@@ -14,9 +14,10 @@ The file keys are sd-scripts': ``lllite_unet_<original module path with _>.{cond
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -151,6 +152,18 @@ def dims_of_file(tensors: dict[str, Tensor]) -> tuple[int, int]:
     return cond.shape[0] * 2, down.shape[0]
 
 
+def load_guide_image(path: str, width: int, height: int) -> Tensor:
+    """A guide (conditioning) image file as (1, 3, height, width) float32 in [-1, 1] (resized, as sd-scripts'
+    gen_img.py resizes guide images to the generated size)."""
+    import numpy as np
+    from PIL import Image
+
+    with Image.open(path) as im:
+        img = im.convert("RGB").resize((width, height), Image.Resampling.LANCZOS)
+    arr = torch.from_numpy(np.asarray(img, dtype=np.float32)).permute(2, 0, 1)
+    return (arr / 127.5 - 1.0).unsqueeze(0)
+
+
 def parent_of(model: nn.Module, path: str) -> tuple[nn.Module, str]:
     head, _, attr = path.rpartition(".")
     return (model.get_submodule(head) if head else model), attr
@@ -225,6 +238,22 @@ class LLLiteNetwork(nn.Module):
 
     def after_step(self) -> dict[str, float]:
         return {}
+
+    @contextlib.contextmanager
+    def sample_control(self, spec: Any) -> Iterator[None]:
+        """Sample ``spec`` (a prompt with ``--cn <image>``) with that image as the condition: resized to the
+        prompt's size, in [-1, 1] as in training; the network is off again afterwards."""
+        self.use_guide_image(load_guide_image(spec.control_image, spec.width, spec.height))
+        try:
+            yield
+        finally:
+            self.set_cond_image(None)
+
+    def use_guide_image(self, image: Tensor) -> None:
+        """Embed a (B, 3, H, W) guide image in [-1, 1] for inference (no autograd), on the modules' device/dtype."""
+        p = next(self.weights.parameters())
+        with torch.no_grad():
+            self.set_cond_image(image.to(p.device, p.dtype))
 
     def prepare(self, accelerator: Any) -> LLLiteNetwork:
         return self

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
-from PIL import ImageOps
+from PIL import Image, ImageOps
 from safetensors import safe_open
 
 import sdxl_train_control_net_lllite as script
@@ -25,8 +26,6 @@ def pairs(tmp_path_factory):
     cond = root.parent / "cond"
     cond.mkdir()
     for img in sorted(root.glob("*.png")):
-        from PIL import Image
-
         ImageOps.invert(Image.open(img).convert("L")).convert("RGB").save(cond / img.name)
     return root, cond
 
@@ -60,8 +59,17 @@ def _toml(v: object) -> str:
 def test_docs_example_trains_writes_sd_scripts_file_and_resumes_exactly(tiny_dir, tiny_parts, pairs, tmp_path):
     """The docs' config trains 2 steps into sd-scripts' file; 1 step + --resume repeats it bit for bit."""
     model = tiny_dir / "sdxl"
-    full = script.run(["--config_file", str(_files(tmp_path / "a", model, pairs, max_train_steps=2))])
+    prompts = tmp_path / "prompts.txt"
+    guide = sorted(pairs[1].glob("*.png"))[0]
+    common = "sks shape --w 64 --h 64 --d 3 --s 2 --l 1"
+    prompts.write_text(f"{common} --cn {guide}\n{common}\n")  # samples 00 (with the image) and 01
+    sampling = {"sample_prompts": str(prompts), "sample_every_n_steps": 2}
+    full = script.run(["--config_file", str(_files(tmp_path / "a", model, pairs, max_train_steps=2, **sampling))])
     assert full is not None and full.output is not None
+    samples = {p.stem.split("_")[2]: np.asarray(Image.open(p)) for p in (tmp_path / "a" / "out" / "sample").glob("*.png")
+               if "grid" not in p.name}  # fmt: skip
+    assert set(samples) == {"00", "01"}
+    assert not np.array_equal(samples["00"], samples["01"])  # --cn: the trained LLLite sees the guide image
     with safe_open(str(full.output), "pt") as f:
         keys, meta = set(f.keys()), f.metadata()
         ups = [f.get_tensor(k) for k in keys if k.endswith(".up.0.weight")]
