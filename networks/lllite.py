@@ -124,15 +124,16 @@ def find_targets(root: Root) -> list[LLLiteTarget]:
     """The Linears sd-scripts' ControlNet-LLLite adapts, by their original names (``root``: the UNet's root)."""
     out = []
     for path, module in root.module.named_modules():
-        if not isinstance(module, nn.Linear) or not _TARGET.search(path):
-            continue
+        if not isinstance(module, (nn.Linear, LLLiteLayer)) or not _TARGET.search(path):
+            continue  # an LLLiteLayer: a second network wraps the first (gen_img.py with several files)
         try:
             sgm = root.rename(path)
         except KeyError:
             continue
         depth = depth_of(sgm)
         if depth is not None:
-            out.append(LLLiteTarget(PREFIX + "_" + sgm.replace(".", "_"), path, depth, module.in_features))
+            in_dim = module.in_features if isinstance(module, nn.Linear) else module.lllite.down[0].in_features
+            out.append(LLLiteTarget(PREFIX + "_" + sgm.replace(".", "_"), path, depth, in_dim))
     return out
 
 
@@ -198,7 +199,8 @@ class LLLiteNetwork(nn.Module):
         for t in targets:
             parent, attr = parent_of(root.module, t.path)
             base = getattr(parent, attr)
-            w = LLLiteWeights(t.in_dim, t.depth, cond_emb_dim, mlp_dim).to(base.weight.device)
+            device = next(base.parameters()).device
+            w = LLLiteWeights(t.in_dim, t.depth, cond_emb_dim, mlp_dim).to(device)
             layer = LLLiteLayer(base, w, dropout)
             layer.multiplier = multiplier
             setattr(parent, attr, layer)

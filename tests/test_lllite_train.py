@@ -88,6 +88,29 @@ def test_docs_example_trains_writes_sd_scripts_file_and_resumes_exactly(tiny_dir
     a, b = (safe_open(str(r.output), "pt") for r in (full, resumed))
     for k in keys:
         assert torch.equal(a.get_tensor(k), b.get_tensor(k)), k
+    _gen_img_applies_the_file(model, full.output, sorted(pairs[1].glob("*.png")), tmp_path / "gen")
+
+
+def _gen_img_applies_the_file(model: Path, lllite: Path, guides: list[Path], out: Path) -> None:
+    """gen_img.py --control_net_lllite_models: the guide image changes the image; multiplier 0 is no LLLite."""
+    import gen_img
+
+    line = "sks shape --w 64 --h 64 --d 5 --s 2 --l 1\n"
+    prompts = out / "p.txt"
+    out.mkdir(parents=True)
+    prompts.write_text(line)
+    base = ["--ckpt", str(model), "--from_file", str(prompts), "--sampler", "euler", "--sequential_file_name"]
+    net = ["--control_net_lllite_models", str(lllite)]
+
+    def gen(name: str, *extra: str) -> list[np.ndarray]:
+        return [np.asarray(Image.open(p)) for p in gen_img.run([*base, "--outdir", str(out / name), *extra])]
+
+    plain = gen("plain")
+    assert np.array_equal(gen("zero", *net, "--control_net_multipliers", "0", "--guide_image_path", str(guides[0]))[0],
+                          plain[0])  # fmt: skip
+    prompts.write_text(line * 2)  # images 0 and 1: the same seed, guide images 0 and 1
+    with_a, with_b = gen("guided", *net, "--guide_image_path", str(guides[0]), str(guides[1]))
+    assert not np.array_equal(with_a, with_b) and not np.array_equal(with_a, plain[0])
 
 
 @pytest.mark.parametrize(
