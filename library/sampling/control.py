@@ -19,7 +19,7 @@ def add_control_net_args(parser: argparse.ArgumentParser) -> None:
         type=str,
         default=None,
         nargs="*",
-        help="ControlNet-LLLite files to apply (sd-scripts' sdxl_train_control_net_lllite.py output)",
+        help="ControlNet-LLLite files to apply (the LLLite trainer's output)",
     )
     g.add_argument(
         "--control_net_multipliers",
