@@ -60,6 +60,7 @@ def run(argv: Sequence[str] | None = None, parser: argparse.ArgumentParser | Non
     cfg = GenImgConfig.from_args(args)
     family, parts = load_model(cfg)
     networks = load_networks(cfg, family, parts)
+    control_nets = load_control_nets(cfg, family, parts)
     load_embeddings(cfg, family, parts)
     family = load_xti_embeddings(cfg, family, parts)
     specs = [resolve(s, family, parts, ddpm_defaults=GEN_IMG_DDPM_DEFAULTS, **cfg.defaults) for s in cfg.prompts]
@@ -69,6 +70,7 @@ def run(argv: Sequence[str] | None = None, parser: argparse.ArgumentParser | Non
     with tqdm(total=len(jobs), unit="image") as bar:
         for batch in batches(jobs, cfg.batch_size):
             set_multipliers(networks, cfg, batch[0].spec.network_multipliers)
+            set_guide_images(control_nets, cfg, batch)
             images = generate_batch(
                 family, parts, [j.spec for j in batch], [torch.Generator("cpu").manual_seed(j.seed) for j in batch],
                 clip_skip=cfg.clip_skip, max_embeddings_multiples=cfg.max_embeddings_multiples,
@@ -127,6 +129,39 @@ def load_networks(cfg: GenImgConfig, family: ModelFamily, parts: Parts) -> list[
     network = adapters.network_from_file(cfg.networks[0].weights, roots)
     network.set_multiplier(cfg.networks[0].multiplier)
     return [network]
+
+
+def load_control_nets(cfg: GenImgConfig, family: ModelFamily, parts: Parts) -> list[Any]:
+    """The --control_net_lllite_models files on the UNet, each at its --control_net_multipliers value (their
+    widths read from the file, as sd-scripts)."""
+    if not cfg.control.enabled:
+        return []
+    from library.files.weights import load_state_dict
+    from networks.lllite import LLLiteNetwork, dims_of_file, unet_root
+
+    out = []
+    for path, multiplier in cfg.control.models:
+        tensors, _ = load_state_dict(path)
+        cond_emb_dim, mlp_dim = dims_of_file(tensors)
+        net = LLLiteNetwork(unet_root(family.adapter_roots(parts)), cond_emb_dim, mlp_dim, multiplier=multiplier)
+        net.load_file_tensors(tensors, str(path))
+        net.to(device=cfg.device, dtype=cfg.dtype).eval()
+        log.info("ControlNet-LLLite %s: %d modules, multiplier %s", path.name, len(net.names), multiplier)
+        out.append(net)
+    return out
+
+
+def set_guide_images(control_nets: list[Any], cfg: GenImgConfig, batch: list[Job]) -> None:
+    """Each image of the batch gets its guide image (image n: --guide_image_path n modulo their count), resized to
+    the batch's size."""
+    if not control_nets:
+        return
+    from networks.lllite import load_guide_image
+
+    spec = batch[0].spec
+    images = torch.cat([load_guide_image(str(cfg.control.guide_for(j.number)), spec.width, spec.height) for j in batch])
+    for net in control_nets:
+        net.use_guide_image(images)
 
 
 def set_multipliers(networks: list[Any], cfg: GenImgConfig, override: tuple[float, ...] | None) -> None:

@@ -188,3 +188,31 @@ def test_demo_with_a_plan_is_refused_with_the_reason(tmp_path, monkeypatch, caps
     assert train_network.main(["--demo", "--plan_memory"]) == 2
     out = capsys.readouterr()
     assert "--plan_memory with --demo" in out.out + out.err and "Traceback" not in out.out + out.err
+
+
+def test_lllite_trainer_plans_like_its_real_run(data, tmp_path):
+    """sdxl_train_control_net_lllite.py's plan (conditioning images, the LLLite modules trained) equals its real run
+    on the simulated device (run with SDTRAIN_PLAN_ALL_FAMILIES=1, like the families beyond the default two)."""
+    if not ALL:
+        pytest.skip("set SDTRAIN_PLAN_ALL_FAMILIES=1 to plan the ControlNet-LLLite trainer too")
+    import shutil
+
+    import sdxl_train_control_net_lllite as script
+
+    images = data / "10_sks shape"
+    cond = tmp_path / "cond"
+    cond.mkdir()
+    for png in images.glob("*.png"):
+        shutil.copy(png, cond / png.name)
+    argv = [*model_flags("sdxl", tmp_path), "--train_data_dir", str(images), "--conditioning_data_dir", str(cond),
+            "--caption_extension", ".txt", "--resolution", "64", "--output_dir", str(tmp_path / "real"),
+            "--cond_emb_dim", "8", "--network_dim", "4", "--learning_rate", "1e-3", "--max_train_steps", "1",
+            "--max_data_loader_n_workers", "0", "--seed", "1", *CACHED]  # fmt: skip
+    gc.collect()
+    with simulated_device() as sim, fused_attention():
+        result = script.run(argv)
+    assert result.failed is None and result.steps == 1
+    before = sim.baseline_bytes.get("meta", 0)
+    real = {phase: int(v) - before for phase, v in sim.phases.table(scale=1.0).items()}
+    plan = plan_command(lambda: script.run([*argv, "--plan_memory"]), out=lambda line: None)
+    assert {phase: row["device_bytes"] for phase, row in plan["phases"].items()} == real

@@ -18,6 +18,8 @@ from library.run.method import MethodConfig, NothingTrained, method_members
 from library.run.model_trainable import ModelTrainable, ModelTrainingConfig
 from library.run.token_embeddings import TextualInversionConfig, TokenEmbeddings
 from library.run.trainable import Trainable, TrainableSet
+from networks.lllite import LLLiteNetwork
+from networks.lllite_config import LLLiteConfig
 from networks.network import AdapterNetwork
 
 
@@ -56,7 +58,13 @@ def problems(protocol: type[Protocol], obj: object) -> list[str]:
     return out
 
 
-METHOD_CONFIGS = [train_network.AdapterMethod, TextualInversionConfig, ModelTrainingConfig, NothingTrained]
+METHOD_CONFIGS = [
+    train_network.AdapterMethod,
+    TextualInversionConfig,
+    ModelTrainingConfig,
+    NothingTrained,
+    LLLiteConfig,
+]
 
 
 def test_method_members_are_the_protocol():
@@ -98,7 +106,7 @@ def test_method_configs_answer_what_the_run_reads(tiny_dir):
     assert ti.trains_text_encoder is True and ti.trained_parts == ()
 
 
-TRAINABLES = [AdapterNetwork, TokenEmbeddings, ModelTrainable]
+TRAINABLES = [AdapterNetwork, TokenEmbeddings, ModelTrainable, LLLiteNetwork]
 
 
 @pytest.mark.parametrize("cls", TRAINABLES, ids=lambda c: c.__name__)

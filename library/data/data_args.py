@@ -68,6 +68,10 @@ class DataArgs:
     cache_text_encoder_outputs: bool = False
     cache_text_encoder_outputs_to_disk: bool = False
     cache_dir: str | None = None
+    # set by the parser of a trainer that takes conditioning images (ControlNet-LLLite): conditioning_data_dir then
+    # names them (library/data/conditioning.py) instead of loss masks
+    conditioning_images: bool = False
+    conditioning_data_dir: str | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> DataArgs:
@@ -143,17 +147,19 @@ def _range_errors(v: dict) -> list[str]:
     return [f"--{name}: {text}, got {v.get(name)}" for name, ok, text in checks if not ok]
 
 
-def add_dataset_args(parser: argparse.ArgumentParser) -> None:
-    """Add the dataset, caption, bucket, augmentation, mask and caching flags (sd-scripts names and defaults)."""
+def add_dataset_args(parser: argparse.ArgumentParser, *, conditioning: bool = False) -> None:
+    """Add the dataset, caption, bucket, augmentation, mask and caching flags (sd-scripts names and defaults).
+    ``conditioning``: the trainer takes conditioning images (``--conditioning_data_dir`` read, as sd-scripts'
+    ControlNet trainers read it)."""
     group = parser.add_argument_group("dataset")
-    _add_sources_args(group)
+    _add_sources_args(group, conditioning)
     _add_captions_args(group)
     _add_buckets_args(group)
     _add_augmentation_args(group)
     _add_caching_args(group)
 
 
-def _add_sources_args(parser: argparse._ArgumentGroup) -> None:
+def _add_sources_args(parser: argparse._ArgumentGroup, conditioning: bool = False) -> None:
     parser.add_argument(
         "--train_data_dir",
         type=str,
@@ -181,14 +187,24 @@ def _add_sources_args(parser: argparse._ArgumentGroup) -> None:
         parser, "--debug_dataset", "the bucket report (--bucket_report) lists what will train", action="store_true"
     )
     parser.add_argument("--prior_loss_weight", type=float, default=1.0, help="loss weight of regularisation images")
-    add_unsupported(
-        parser,
-        "--conditioning_data_dir",
-        "on the command line (sd-scripts ignores it there too); put conditioning_data_dir in a [[datasets.subsets]] "
-        "table of a --dataset_config file, or use alpha masks (--alpha_mask) or <image>-masklabel.png files",
-        type=str,
-        default=None,
-    )
+    if conditioning:
+        parser.add_argument(
+            "--conditioning_data_dir",
+            type=str,
+            default=None,
+            help="folder of conditioning images, one per training image of --train_data_dir with the same base name",
+        )
+        parser.set_defaults(conditioning_images=True)
+    else:
+        add_unsupported(
+            parser,
+            "--conditioning_data_dir",
+            "on the command line (sd-scripts ignores it there too); put conditioning_data_dir in a "
+            "[[datasets.subsets]] table of a --dataset_config file, or use alpha masks (--alpha_mask) or "
+            "<image>-masklabel.png files",
+            type=str,
+            default=None,
+        )
     parser.add_argument("--train_batch_size", type=int, default=1, help="batch size per process")
 
 

@@ -20,6 +20,7 @@ from library.cli.problems import ConfigError, Problems
 from . import musubi_dataset
 from .buckets import BucketSpec
 from .captions import CaptionConfig
+from .conditioning import REFUSED_WITH_CONDITIONING
 from .data_args import DataArgs
 from .resolution import Size, format_size, parse_resolutions
 from .schema import show, validate_document
@@ -155,6 +156,11 @@ def command_line_document(args: DataArgs, problems: Problems) -> dict:
     if not args.train_data_dir:
         problems.error(CLI, "no dataset given; pass --dataset_config, --train_data_dir or --in_json")
         return {"datasets": []}
+    if args.conditioning_images:  # sd-scripts' ControlNet trainers: the folder itself, paired with its conditioning
+        if not args.conditioning_data_dir:
+            problems.error("--conditioning_data_dir", "required with --train_data_dir: the conditioning images' folder")
+        subset = {"image_dir": args.train_data_dir, "conditioning_data_dir": args.conditioning_data_dir}
+        return {"datasets": [{"subsets": [{**subset, "_where": f"--train_data_dir {args.train_data_dir}"}]}]}
     subsets = _folder_subsets(args.train_data_dir, "--train_data_dir", False, problems)
     if args.reg_data_dir:
         subsets += _folder_subsets(args.reg_data_dir, "--reg_data_dir", True, problems)
@@ -200,7 +206,9 @@ def _resolve_subset(sub: dict, where: str, kind: str, tables: list[dict], cli: d
     meta = sub.get("metadata_file")
     if meta and not os.path.isfile(meta):
         _missing(sub, where, "metadata_file", "file", problems)
-    if sub.get("conditioning_data_dir") and not cli.get("masked_loss"):
+    if cli.get("conditioning_images"):
+        _check_conditioning(sub, where, tables, cli, problems)
+    elif sub.get("conditioning_data_dir") and not cli.get("masked_loss"):
         problems.error(f"{where}.conditioning_data_dir", "masks need --masked_loss; add the flag or remove the key")
     if _pick("cache_info", tables, {}):
         problems.warn(f"{where}.cache_info", "has no effect: sdtrain reads image headers directly; ignored")
@@ -224,6 +232,21 @@ def _resolve_subset(sub: dict, where: str, kind: str, tables: list[dict], cli: d
         resize_interpolation=_pick("resize_interpolation", tables, cli),
         custom_attributes=dict(_pick("custom_attributes", tables, {}, {})),
     )
+
+
+def _check_conditioning(sub: dict, where: str, tables: list[dict], cli: dict, problems: Problems) -> None:
+    """A subset of a trainer that takes conditioning images: it names their folder, and nothing cuts the training
+    image unlike its conditioning image (library/data/conditioning.py)."""
+    if sub.get("metadata_file"):
+        problems.error(f"{where}.metadata_file", "conditioning images pair with an image folder (image_dir), as in "
+                       "sd-scripts; use image_dir with caption files")  # fmt: skip
+    if not sub.get("conditioning_data_dir"):
+        problems.error(f"{where}.conditioning_data_dir", "required: this trainer trains on conditioning images; set "
+                       "the folder that holds one per training image (same base name)")  # fmt: skip
+    for name, why in REFUSED_WITH_CONDITIONING.items():
+        if _pick(name, tables, cli):
+            problems.error(_key_where(where, name, CLI if where.startswith("--") else ""), f"not supported with "
+                           f"conditioning images: {why}; turn it off")  # fmt: skip
 
 
 def _resolve_subsets(dataset: dict, where: str, general: dict, cli: dict, problems: Problems) -> list[SubsetConfig]:
@@ -332,8 +355,12 @@ def load_dataset_configs(args: DataArgs, *, size_multiple: int = 64) -> tuple[li
     Returns (datasets, warnings). Raises one ``ConfigError`` listing every problem found.
     """
     problems = Problems("dataset configuration")
+    if args.conditioning_images and args.masked_loss:
+        problems.error("--masked_loss", "this trainer reads conditioning_data_dir as its conditioning images and has "
+                       "no masked loss (as sd-scripts' ControlNet trainers); drop --masked_loss")  # fmt: skip
     if args.dataset_config:
-        ignored = [f"--{n}" for n in ("train_data_dir", "reg_data_dir", "in_json") if getattr(args, n)]
+        names = ("train_data_dir", "reg_data_dir", "in_json", "conditioning_data_dir")
+        ignored = [f"--{n}" for n in names if getattr(args, n)]
         if ignored:
             problems.warn(CLI, f"{', '.join(ignored)} ignored because --dataset_config is given (as in sd-scripts)")
         source = args.dataset_config

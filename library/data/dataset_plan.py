@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from library.cli.problems import Problems
 
 from .buckets import Assignment, predefined_buckets, select_bucket
+from .conditioning import conditioning_images_in, match_conditioning, unpaired
 from .data_args import DataArgs
 from .dataset_config import DatasetConfig, SubsetConfig, load_dataset_configs
 from .sources import (
@@ -102,6 +103,8 @@ def _read_sizes(paths: list[str]) -> list[tuple[int, int] | ValueError]:
 def _scan_subset(subset: SubsetConfig, index: int, args: DataArgs, problems: Problems, corrupt: list[str]):
     items = finetune_items(subset, problems) if subset.kind == "finetune" else dreambooth_items(subset, problems)
     records, no_caption = [], []
+    cond_dir = subset.conditioning_data_dir if args.conditioning_images else None
+    cond_images = conditioning_images_in(cond_dir) if cond_dir and os.path.isdir(cond_dir) else None
     for (path, text), size in zip(items, _read_sizes([path for path, _ in items])):
         if isinstance(size, ValueError):
             corrupt.append(str(size))
@@ -109,10 +112,17 @@ def _scan_subset(subset: SubsetConfig, index: int, args: DataArgs, problems: Pro
         if text is None or not text.strip():
             no_caption.append(path)
             text = subset.class_tokens or ""
-        needs_mask = args.masked_loss or subset.conditioning_data_dir
-        mask = find_mask(path, subset.conditioning_data_dir, args.masked_loss, problems) if needs_mask else None
+        mask_dir = None if args.conditioning_images else subset.conditioning_data_dir
+        mask = find_mask(path, mask_dir, args.masked_loss, problems) if args.masked_loss or mask_dir else None
         face = face_box(path) if subset.face_crop_aug_range else None
-        records.append(ImageRecord(path, size, text, index, subset.is_reg, subset.num_repeats, mask, face))
+        cond = None
+        if cond_images is not None:
+            cond = match_conditioning(path, size, cond_images, subset.conditioning_data_dir, problems)
+        records.append(ImageRecord(path, size, text, index, subset.is_reg, subset.num_repeats, mask, face, cond))
+    if cond_images is not None:
+        unpaired(
+            subset.conditioning_data_dir, cond_images, {r.conditioning_path for r in records}, problems, subset.where
+        )
     if no_caption:
         fallback = f'class tokens "{subset.class_tokens}"' if subset.class_tokens else "an empty caption"
         shown = ", ".join(os.path.basename(p) for p in no_caption[:3]) + (" ..." if len(no_caption) > 3 else "")

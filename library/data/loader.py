@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from .batching import BatchSpec, epoch_batches, shard
 from .captions import compose_caption, resolve_warmup_steps
+from .conditioning import render_conditioning
 from .images import render_sample
 from .plan import Plan
 from .precompute import LatentCache, TextCache
@@ -56,6 +57,8 @@ class Batch:
     is_reg: torch.Tensor
     flipped: torch.Tensor
     custom_attributes: list[dict] = field(default_factory=list)
+    # (B, 3, H, W) float in [-1, 1]: each sample's conditioning image, cut like it (library/data/conditioning.py)
+    conditioning_images: torch.Tensor | None = None
     epoch: int = 0
     index: int = 0  # position of this batch in this process's epoch
     step: int = 0  # optimizer step this batch belongs to (index over epochs // grad_accum)
@@ -161,6 +164,10 @@ class _EpochDataset(Dataset):
                 interpolation=sub.resize_interpolation,
             )
             out.update(pixels=pixels, mask=mask, crop=crop)
+        if rec.conditioning_path is not None:
+            out["conditioning"] = render_conditioning(
+                rec.conditioning_path, a, flip=flip, interpolation=sub.resize_interpolation
+            )
         if self.text is not None:
             out["text"] = self.text.get(caption)
         return out
@@ -209,6 +216,7 @@ def _collate(samples: list[dict], prior_loss_weight: float, epoch: int, index: i
         is_reg=torch.tensor([r.is_reg for r in recs], dtype=torch.bool),
         flipped=torch.tensor([s["flip"] for s in samples], dtype=torch.bool),
         custom_attributes=[dict(s["subset"].custom_attributes) for s in samples],
+        conditioning_images=torch.stack([s["conditioning"] for s in samples]) if "conditioning" in samples[0] else None,
         epoch=epoch,
         index=index,
         step=step,

@@ -54,6 +54,7 @@ class BucketReport:
     warnings: list[str] = field(default_factory=list)
     train_with_repeats: int = 0  # sd-scripts' num_train_images / num_reg_images: images x their configured
     reg_with_repeats: int = 0  # num_repeats (regularisation images counted as listed, before balancing)
+    conditioning_images: int = 0  # training images paired with a conditioning image (ControlNet trainers)
 
     def to_text(self) -> str:
         head = (
@@ -61,6 +62,8 @@ class BucketReport:
             f"{self.samples_per_epoch} samples per epoch, batch size {'/'.join(map(str, self.batch_size))} x "
             f"{self.grad_accum} accumulation x {self.num_processes} processes"
         )
+        if self.conditioning_images:
+            head += f", {self.conditioning_images} paired with conditioning images"
         lines = [head, f"{'ds':>3} {'resolution':>11} {'bucket':>11} {'images':>7} {'samples':>8} {'batches':>8} last"]
         for r in self.rows:
             lines.append(
@@ -172,6 +175,7 @@ def build_report(
         unused=unused,
         train_with_repeats=sum(r.num_repeats for p in datasets for r in p.records if not r.is_reg),
         reg_with_repeats=sum(r.num_repeats for p in datasets for r in p.listed_reg),
+        conditioning_images=sum(1 for p in datasets for r in p.records if r.conditioning_path),
     )
     report.warnings = _warnings(report, any(len(p.config.resolutions) > 1 for p in datasets), saved_to)
     return report

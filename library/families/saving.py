@@ -48,7 +48,8 @@ def _save_weights(state: Mapping[str, Tensor], path: Path, dtype: torch.dtype | 
 
 
 def with_kind(architecture: str, kind: str) -> str:
-    """``modelspec.architecture`` for a checkpoint (``kind`` "") or an adapter ("lora", "textual-inversion")."""
-    if kind not in ("", "lora", "textual-inversion"):
-        raise ValueError(f"modelspec kind {kind!r}: expected '', 'lora' or 'textual-inversion'")
+    """``modelspec.architecture`` for a checkpoint (``kind`` "") or an adapter ("lora", "textual-inversion",
+    "control-net-lllite")."""
+    if kind not in ("", "lora", "textual-inversion", "control-net-lllite"):
+        raise ValueError(f"modelspec kind {kind!r}: expected '', 'lora', 'textual-inversion' or 'control-net-lllite'")
     return f"{architecture}/{kind}" if kind else architecture

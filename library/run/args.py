@@ -37,6 +37,7 @@ def add_run_groups(
     default_format: str | None = "safetensors",
     deepspeed: bool = False,
     block_swap: bool = False,
+    conditioning: bool = False,
 ) -> None:
     """The groups every training recipe takes, in order: logging, model, dataset, run, memory watch, save
     (``default_format``: ``--save_model_as``'s default), state, trackers, validation, EMA, noise, loss; and
@@ -46,7 +47,7 @@ def add_run_groups(
     add_logging_args(parser)
     add_plan_args(parser)
     add_model_args(parser)
-    add_dataset_args(parser)
+    add_dataset_args(parser, conditioning=conditioning)  # conditioning images: ControlNet trainers
     add_run_args(parser, deepspeed, block_swap)
     add_memory_watch_args(parser)
     add_save_args(parser, default_format)

@@ -196,7 +196,8 @@ def file_metadata(trainer: Any, *, step: int | None = None, epoch: int | None = 
 
 def _default_title(kind: str) -> str:
     """sd-scripts' fallback title: ``LoRA@<time>`` for adapters, ``TextualInversion@<time>`` for embeddings."""
-    name = {"lora": "LoRA", "textual-inversion": "TextualInversion"}.get(kind, "Checkpoint")
+    names = {"lora": "LoRA", "control-net-lllite": "LoRA", "textual-inversion": "TextualInversion"}  # sd-scripts'
+    name = names.get(kind, "Checkpoint")
     return f"{name}@{time.strftime('%Y%m%d%H%M%S')}"
 
 

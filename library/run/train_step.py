@@ -52,6 +52,8 @@ class StepModels:
     # captions -> captions before encoding (textual inversion: templates, multi-vector tokens); may draw from the
     # step's generator
     caption_rewrite: Callable[[list[str], torch.Generator | None], list[str]] | None = None
+    # takes each batch's conditioning images (B, 3, H, W) before the prediction (ControlNet-LLLite's network)
+    conditioning: Callable[[Tensor | None], None] | None = None
 
 
 def batch_latents(m: StepModels, batch: Any, generator: torch.Generator | None) -> Tensor:
@@ -135,6 +137,9 @@ def batch_loss(
     cond = batch_cond(m, batch, generator).to(m.device, m.weight_dtype)
     example = m.objective.example(latents, generator, timesteps=timesteps)
     time_ids = m.family.size_conditioning(batch.original_sizes, batch.crop_top_lefts, batch.target_sizes)
+    if m.conditioning is not None:
+        images = getattr(batch, "conditioning_images", None)
+        m.conditioning(None if images is None else to_device(images, m.device, m.weight_dtype))
     output = m.family.predict(m.denoiser, example.noisy.to(m.weight_dtype), example.timesteps, cond,
                               time_ids=time_ids, **m.objective.predict_options)  # fmt: skip
     masks = to_device(batch.masks, m.device) if batch.masks is not None else None

@@ -323,6 +323,7 @@ class Trainer:
                 epoch=epoch,
                 accelerator=self.acc,
                 conds=self.run.sample_conds,
+                control=getattr(self.trainable, "sample_control", None),  # a ControlNet's --cn images
             )
 
     def validate(self) -> float | None:

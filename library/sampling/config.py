@@ -70,6 +70,7 @@ class SampleConfig:
     default_steps: int | None = None
     default_scale: float | None = None
     tiled_vae: bool = False  # decode in tiles (--sample_vae_tiling; library/sampling/vae_tiling.py)
+    controls: bool = False  # a ControlNet samples: prompts may give --cn (the trainer's conditioning_images)
 
     @property
     def enabled(self) -> bool:
@@ -93,7 +94,7 @@ class SampleConfig:
         path = Path(args.sample_prompts) if args.sample_prompts else None
         if path is not None:
             try:
-                read_prompt_file(path)
+                read_prompt_file(path, controls=bool(getattr(args, "conditioning_images", False)))
             except FileNotFoundError as e:
                 problems.append(str(e))
             except ConfigError as e:
@@ -102,6 +103,7 @@ class SampleConfig:
             raise ConfigError(problems)
         return cls(
             prompts_file=path,
+            controls=bool(getattr(args, "conditioning_images", False)),
             every_n_steps=args.sample_every_n_steps,
             every_n_epochs=args.sample_every_n_epochs,
             at_first=args.sample_at_first,

@@ -21,6 +21,7 @@ from library.families import FAMILIES, family_flags, family_title
 from library.families.options import option_actions
 
 from .config import DEFAULT_MAX_EMBEDDINGS_MULTIPLES
+from .control import ControlNetConfig, add_control_net_args
 from .flow_generate import DEFAULT_FLOW_SCALE, DEFAULT_GUIDANCE
 from .prompts import PromptSpec, parse_prompt_line, read_prompt_file
 from .schedulers import SAMPLER_NAMES
@@ -56,12 +57,9 @@ _UNSUPPORTED_STORE = {
     "--highres_fix_upscaler": "highres fix",
     "--highres_fix_upscaler_args": "highres fix",
     "--negative_scale": "a separate negative-prompt guidance scale",
-    "--control_net_lllite_models": "ControlNet",
     "--control_net_models": "ControlNet",
     "--control_net_preps": "ControlNet",
-    "--control_net_multipliers": "ControlNet",
     "--control_net_ratios": "ControlNet",
-    "--guide_image_path": "ControlNet",
     "--clip_vision_strength": "CLIP vision conditioning",
     "--ds_depth_1": "Deep Shrink",
     "--ds_timesteps_1": "Deep Shrink",
@@ -89,6 +87,7 @@ def add_gen_img_args(parser: argparse.ArgumentParser) -> None:
     _add_model_args(parser)
     _add_image_args(parser)
     _add_extra_args(parser)
+    add_control_net_args(parser)  # library/sampling/control.py
     g = parser.add_argument_group("not supported")
     for flag, reason in _UNSUPPORTED_STORE.items():
         add_unsupported(g, flag, reason if flag in _EXPLAINED else f"{reason} is not available in gen_img.py",
@@ -231,6 +230,7 @@ class GenImgConfig:
     channels_last: bool
     device: str
     load_flags: dict = dataclasses.field(default_factory=dict)
+    control: ControlNetConfig = ControlNetConfig()  # --control_net_lllite_models / --guide_image_path
     """The families' load flags given on the command line (:func:`load_flag_dests`; unset ones left out): the
     model's family reads them into its options (gen_img.load_model), and refuses those it does not take."""
 
@@ -240,6 +240,7 @@ class GenImgConfig:
         problems: list[str] = []
         prompts = _prompts(args, problems)
         networks = _networks(args, problems)
+        control = ControlNetConfig.from_args(args, problems)
         _check_model(args, problems)
         _check_numbers(args, problems)
         if problems:
@@ -269,6 +270,7 @@ class GenImgConfig:
             attention="xformers" if args.xformers else "sdpa", channels_last=args.opt_channels_last,
             device=args.device or ("cuda" if torch.cuda.is_available() else "cpu"),
             load_flags={k: getattr(args, k) for k in load_flag_dests() if getattr(args, k) not in (None, False, "")},
+            control=control,
         )  # fmt: skip
 
 

@@ -85,6 +85,7 @@ class PromptSpec:
     guidance: float | None = None
     cfg_trunc_ratio: float | None = None
     renorm_cfg: float | None = None
+    control_image: str | None = None  # --cn: the conditioning image of a ControlNet (read with ``controls=True``)
     index: int = 0
 
     @property
@@ -243,6 +244,8 @@ TABLE_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "cfg_trunc_ratio": ("cfg_trunc_ratio", _nonneg_float),
     "renorm_cfg": ("renorm_cfg", _nonneg_float),
 }
+# read only where a ControlNet samples (``controls=True``): sd-scripts' --cn / controlnet_image
+CONTROL_OPTION, CONTROL_KEY = "cn", "controlnet_image"
 IGNORED_KEYS = {"enum"}
 
 
@@ -250,9 +253,9 @@ IGNORED_KEYS = {"enum"}
 # Parsing
 
 
-def parse_prompt_line(line: str, *, where: str = "prompt", index: int = 0) -> PromptSpec:
+def parse_prompt_line(line: str, *, where: str = "prompt", index: int = 0, controls: bool = False) -> PromptSpec:
     """Parse one prompt line (module docstring). Raises ``ConfigError`` listing every bad option, each prefixed by
-    ``where`` (e.g. ``"prompts.txt:3"``)."""
+    ``where`` (e.g. ``"prompts.txt:3"``). ``controls``: a ControlNet samples, so ``--cn <image>`` is read."""
     segments = line.strip().split(" --")
     values: dict[str, Any] = {"prompt": segments[0].strip(), "index": index}
     problems: list[str] = []
@@ -263,6 +266,9 @@ def parse_prompt_line(line: str, *, where: str = "prompt", index: int = 0) -> Pr
             continue
         if key in IGNORED_OPTIONS:
             log.info("%s: %s", where, IGNORED_OPTIONS[key])
+            continue
+        if key == CONTROL_OPTION and controls:
+            values["control_image"] = _control_image(value, f"{where}: --{name}", problems)
             continue
         if key in UNSUPPORTED_OPTIONS:
             problems.append(f"{where}: {UNSUPPORTED_OPTIONS[key]}; remove --{name}")
@@ -285,12 +291,24 @@ def parse_prompt_line(line: str, *, where: str = "prompt", index: int = 0) -> Pr
     return PromptSpec(**values)
 
 
-def parse_prompt_table(table: Mapping[str, Any], *, where: str, index: int = 0) -> PromptSpec:
-    """Build a PromptSpec from a TOML/JSON table with sd-scripts' keys; ``ConfigError`` names ``where`` and the key."""
+def _control_image(value: Any, where: str, problems: list[str]) -> str | None:
+    path = str(value).strip()
+    if not path or not Path(path).is_file():
+        problems.append(f"{where}: conditioning image {path!r} not found")
+        return None
+    return path
+
+
+def parse_prompt_table(table: Mapping[str, Any], *, where: str, index: int = 0, controls: bool = False) -> PromptSpec:
+    """Build a PromptSpec from a TOML/JSON table with sd-scripts' keys; ``ConfigError`` names ``where`` and the key.
+    ``controls``: a ControlNet samples, so ``controlnet_image`` is read."""
     values: dict[str, Any] = {"index": index}
     problems: list[str] = []
     for key, value in table.items():
         if key in IGNORED_KEYS:
+            continue
+        if key == CONTROL_KEY and controls:
+            values["control_image"] = _control_image(value, f"{where}: {key}", problems)
             continue
         if key not in TABLE_KEYS:
             hint = did_you_mean(key, TABLE_KEYS, otherwise=f"known keys: {', '.join(TABLE_KEYS)}")
@@ -308,8 +326,9 @@ def parse_prompt_table(table: Mapping[str, Any], *, where: str, index: int = 0) 
     return PromptSpec(**values)
 
 
-def read_prompt_file(path: str | Path) -> list[PromptSpec]:
+def read_prompt_file(path: str | Path, *, controls: bool = False) -> list[PromptSpec]:
     """All prompts of a .txt / .toml / .json prompt file (module docstring), in file order (``index`` 0, 1, ...).
+    ``controls``: a ControlNet samples them, so ``--cn`` / ``controlnet_image`` are read (else refused).
 
     Raises ``FileNotFoundError`` for a missing file and ``ConfigError`` (a ``ValueError``) listing every bad line.
     """
@@ -332,9 +351,9 @@ def read_prompt_file(path: str | Path) -> list[PromptSpec]:
     for index, (where, entry) in enumerate(entries):
         try:
             if isinstance(entry, str):
-                specs.append(parse_prompt_line(entry, where=where, index=index))
+                specs.append(parse_prompt_line(entry, where=where, index=index, controls=controls))
             else:
-                specs.append(parse_prompt_table(entry, where=where, index=index))
+                specs.append(parse_prompt_table(entry, where=where, index=index, controls=controls))
         except ConfigError as e:
             problems.extend(e.problems)
     if problems:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,7 @@ def sample_during_training(
     trackers: Sequence[Any] | None = None,
     ema_context: contextlib.AbstractContextManager | None = None,
     conds: Mapping[str, Any] | None = None,
+    control: Callable[[Any], contextlib.AbstractContextManager] | None = None,
 ) -> list[Path]:
     """Generate the prompts of ``cfg.prompts_file`` (re-read now, so it may be edited during training) with the
     model as it is (adapters applied at their multiplier; the EMA weights inside ``ema_context`` when given).
@@ -65,9 +66,11 @@ def sample_during_training(
     prompts are encoded (not at all for texts in ``conds``, the prompts cached with the text-encoder outputs:
     :func:`cache_sample_prompts`), the VAE while decoding. DDPM models bring every part for the round.
     ``cfg.tiled_vae`` (``--sample_vae_tiling``): the VAE decodes in tiles (library/sampling/vae_tiling.py).
+    ``control(spec)``: the context a prompt with a conditioning image (``--cn``) samples in (the trained ControlNet
+    given that image; the trainable's ``sample_control``).
     """
     try:
-        specs = read_prompt_file(cfg.prompts_file)
+        specs = read_prompt_file(cfg.prompts_file, controls=control is not None)
         problems = prompt_problems(family, parts, specs, str(cfg.prompts_file))
         if problems:
             raise ConfigError(problems)
@@ -86,7 +89,7 @@ def sample_during_training(
     tiles = tiled_decoding(parts.vae) if cfg.tiled_vae and parts.vae is not None else contextlib.nullcontext()
     try:
         with ema_context or contextlib.nullcontext(), on_device(resident, device), tiles:
-            results = [_one(cfg, family, parts, spec, autocast, stage, conds) for spec in specs[rank::world]]
+            results = [_one(cfg, family, parts, spec, autocast, stage, conds, control) for spec in specs[rank::world]]
     finally:
         _restore_modes(modes)
         restore_rng(rng)
@@ -104,7 +107,8 @@ def check_sample_prompts(cfg: SampleConfig, family: ModelFamily, parts: Parts) -
     (flow matching: sizes not multiples of 16; ``SampleConfig.from_args`` checked the rest without the model)."""
     if cfg.prompts_file is None:
         return
-    problems = prompt_problems(family, parts, read_prompt_file(cfg.prompts_file), str(cfg.prompts_file))
+    specs = read_prompt_file(cfg.prompts_file, controls=cfg.controls)
+    problems = prompt_problems(family, parts, specs, str(cfg.prompts_file))
     if problems:
         raise ConfigError(problems)
 
@@ -126,13 +130,28 @@ def cache_sample_prompts(cfg: SampleConfig, family: ModelFamily, parts: Parts) -
 
 
 def _one(
-    cfg: SampleConfig, family: ModelFamily, parts: Parts, spec: Any, autocast: Any, stage: Any = None, conds: Any = None
+    cfg: SampleConfig,
+    family: ModelFamily,
+    parts: Parts,
+    spec: Any,
+    autocast: Any,
+    stage: Any = None,
+    conds: Any = None,
+    control: Any = None,
 ) -> tuple[Any, int, Any]:
     spec = resolve(spec, family, parts, sampler=cfg.sampler, steps=cfg.default_steps, scale=cfg.default_scale)
     seed = spec.seed if spec.seed is not None else random_seed()
     if spec.network_multipliers:
         log.warning("prompt %d: --am (network multipliers) only applies to gen_img.py; ignored", spec.index)
-    image = generate_batch(
+    uses_control = control is not None and spec.control_image is not None
+    with control(spec) if uses_control else contextlib.nullcontext():
+        image = _generate(cfg, family, parts, spec, seed, autocast, stage, conds)
+    return spec, seed, image
+
+
+def _generate(cfg: SampleConfig, family: ModelFamily, parts: Parts, spec: Any, seed: int, autocast: Any, stage: Any,
+              conds: Any) -> Any:  # fmt: skip
+    return generate_batch(
         family,
         parts,
         [spec],
@@ -144,7 +163,6 @@ def _one(
         stage=stage,
         conds=conds,
     )[0]
-    return spec, seed, image
 
 
 def _save_and_log(
