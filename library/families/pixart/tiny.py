@@ -22,7 +22,7 @@ from .model import ALPHA, SCHEDULER, TIED_T5, transformer_factory
 
 TRANSFORMER = dict(
     num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=8, num_layers=2, dropout=0.0,
-    norm_num_groups=32, cross_attention_dim=24, attention_bias=True, sample_size=8, patch_size=2,
+    norm_num_groups=32, cross_attention_dim=24, attention_bias=True, sample_size=128, patch_size=2,
     activation_fn="gelu-approximate", num_embeds_ada_norm=1000, upcast_attention=False, norm_type="ada_norm_single",
     norm_elementwise_affine=False, norm_eps=1e-6, interpolation_scale=None, caption_channels=32,
     use_additional_conditions=False,
