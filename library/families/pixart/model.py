@@ -67,13 +67,19 @@ def micro_conditions(denoiser: nn.Module, latents: Tensor) -> dict[str, Tensor |
     """``added_cond_kwargs``: the image's (height, width) in pixels and height / width per sample when the transformer
     takes them (PixArt-α 1024; diffusers' pipeline and OneTrainer use the generated / trained size, 8 × the latent's),
     else None for both."""
-    if not getattr(denoiser, "use_additional_conditions", False):
+    if not takes_micro_conditions(denoiser.config):  # the config: a trainer may hand a wrapper of the transformer
         return {"resolution": None, "aspect_ratio": None}
     b, _, h, w = latents.shape
     dtype = latents.dtype
     resolution = torch.tensor([h * 8, w * 8], device=latents.device, dtype=dtype).repeat(b, 1)
     aspect = torch.tensor([float(h * 8 / (w * 8))], device=latents.device, dtype=dtype).repeat(b, 1)
     return {"resolution": resolution, "aspect_ratio": aspect}
+
+
+def takes_micro_conditions(config: Any) -> bool:
+    """diffusers' rule: ``use_additional_conditions``, or when unset, whether ``sample_size`` is 128."""
+    given = getattr(config, "use_additional_conditions", None)
+    return bool(given) if given is not None else int(config.sample_size) == 128
 
 
 def eps_half(output: Tensor, latent_channels: int) -> Tensor:

@@ -3,7 +3,7 @@
 
 A ``PixArtTransformer2DModel`` of width 24 (2 heads of 12; a multiple of 3: the micro-condition embedders take a third each), 2 blocks, 8 output channels (ε and the variance), caption
 width 32 (the shared tiny T5's), with the micro-conditions for α; the shared tiny T5 (``encoders.t5.TINY_T5``, the
-bundled T5 tokenizer); a 4-channel ``AutoencoderKL`` (8× down, the SD layout).
+bundled T5 tokenizer); a 4-channel ``AutoencoderKL`` (8× down, the SD layout, the variant's scaling factor as its released config).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from library.families.protocol import ModelFamily
 
 from ..base import Parts
 from ..encoders import t5
-from .model import ALPHA, SCHEDULER, TIED_T5, transformer_factory
+from .model import ALPHA, SCHEDULER, TIED_T5, VAE_SCALE, transformer_factory
 
 TRANSFORMER = dict(
     num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=8, num_layers=2, dropout=0.0,
@@ -35,7 +35,7 @@ VAE = dict(
 
 
 def part_configs(variant: str) -> dict[str, Any]:
-    return {"transformer": dict(TRANSFORMER, use_additional_conditions=variant == ALPHA), "vae": dict(VAE),
+    return {"transformer": dict(TRANSFORMER, use_additional_conditions=variant == ALPHA), "vae": dict(VAE, scaling_factor=VAE_SCALE[variant]),
             "text_encoder": dict(t5.TINY_T5)}  # fmt: skip
 
 
