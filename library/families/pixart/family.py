@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,7 +111,7 @@ class PixArtFamily:
         self.ti_embedding_keys = (T5_SPEC.ti_key,)
         self._architecture = architecture
         self.tiny = PixArtTiny(self)
-        self.extras: dict[int, dict[str, Tensor]] = {}  # id(denoiser) -> the official tensors diffusers drops
+        self.extras: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # denoiser -> what diffusers drops
 
     def __repr__(self) -> str:
         return f"<model family {self.name}>"
@@ -125,7 +126,7 @@ class PixArtFamily:
             raise ValueError("--v_parameterization does not apply to PixArt: it predicts ε (and a variance)")
         parts, extras = load_pixart(self.name, path, dtype=dtype, device=device, t5xxl=options.t5xxl, vae=vae,
                                     tokenizer_cache_dir=tokenizer_cache_dir, tiny=self.tiny.part_configs())  # fmt: skip
-        self.extras[id(parts.denoiser)] = extras
+        self.extras[parts.denoiser] = extras
         parts.options = dataclasses.replace(options, t5xxl_max_token_length=options.t5xxl_max_token_length
                                             or TOKENS[self.name])  # fmt: skip
         return parts
@@ -133,7 +134,7 @@ class PixArtFamily:
     def official_extras(self, parts: Parts) -> dict[str, Tensor]:
         """``pos_embed`` (the transformer's sin-cos table) and ``y_embedder.y_embedding`` (the loaded file's, else
         zeros of (T5 tokens, caption width)): what ComfyUI reads the input size and token length from."""
-        found = dict(self.extras.get(id(parts.denoiser), {}))
+        found = dict(self.extras.get(parts.denoiser, {}))
         denoiser = parts.denoiser
         found[K.POS_EMBED] = denoiser.pos_embed.pos_embed.detach().cpu()
         if K.Y_EMBEDDING not in found:
