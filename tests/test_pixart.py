@@ -98,6 +98,22 @@ def test_official_pth_reads_as_the_conversion_scripts_convert_it(files, variant)
     assert loaded.options.t5xxl_max_token_length == (120 if variant == "alpha" else 300)
     with pytest.raises(ValueError, match="is a pixart_"):
         FAMILIES["sigma" if variant == "alpha" else "alpha"].load(f["pth"], vae=f["vae"])
+    with pytest.raises(ValueError, match=r"--t5xxl, --vae required: the single file .* holds the transformer only"):
+        family.load(f["pth"])
+
+
+def test_a_diffusers_single_file_reads_too(files, tmp_path):
+    """A diffusers-named transformer file (no metadata, no null caption): α from its micro-condition embedders."""
+    from safetensors.torch import save_file
+
+    for variant, family in FAMILIES.items():
+        f = files[variant]
+        path = tmp_path / f"{variant}.safetensors"
+        save_file({"transformer." + k: v.contiguous() for k, v in f["parts"].denoiser.state_dict().items()}, path)
+        assert detect_family(path) is family
+        loaded = family.load(path, vae=f["vae"], options=family.options(t5xxl=str(f["t5xxl"])))
+        theirs = f["parts"].denoiser.state_dict()
+        assert all(torch.equal(v, theirs[k]) for k, v in loaded.denoiser.state_dict().items())
 
 
 def test_objective_is_ddpm_epsilon_on_the_eps_half(files):

@@ -51,9 +51,10 @@ def variant_of_keys(keys: list[str], metadata: Mapping[str, str], shape: Any = N
     """α or Σ from a file's keys (module docstring); None when they are no PixArt transformer."""
     if metadata.get(META_FAMILY) in (ALPHA, SIGMA):
         return metadata[META_FAMILY]
-    if not (K.is_official(keys) or K.is_diffusers(keys)):
+    names = [k.removeprefix("transformer.") for k in keys]  # a diffusers file may keep the pipeline's prefix
+    if not (K.is_official(names) or K.is_diffusers(names)):
         return None
-    if K.has_micro_conditions(keys):
+    if K.has_micro_conditions(names):
         return ALPHA
     y = next((k for k in keys if K.strip(k) == K.Y_EMBEDDING), None)
     if y is not None and shape is not None and shape(y)[0] == TOKENS[ALPHA]:
