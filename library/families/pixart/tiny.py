@@ -57,7 +57,9 @@ def build_tiny_pixart(variant: str, seed: int = 0, layers: int | None = None) ->
 
 
 def add_tool_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--pixart_layers", type=int, default=2, help="PixArt transformer blocks (default 2)")
+    parser.add_argument(
+        "--pixart_layers", type=int, default=2, metavar="N", help="PixArt transformer blocks (default 2)"
+    )
 
 
 class PixArtTiny:
