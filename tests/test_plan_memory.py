@@ -39,10 +39,12 @@ CASES = {
     "lumina2": [*CACHED, *SWAP],
     "hunyuan_image": [*CACHED, *SWAP, "--gradient_checkpointing"],
     "qwen_image": [*CACHED, "--fp8_base", "--mixed_precision", "bf16"],
+    "pixart_alpha": [*CACHED, *SWAP, "--gradient_checkpointing"],
+    "pixart_sigma": [*CACHED, "--mixed_precision", "bf16"],
 }
 # the tiny models' own options where a case swaps blocks (each list keeps 2 blocks on the device)
 BUILD = {"flux-dev": {"blocks": (4, 4)}, "chroma": {"blocks": (4, 4)}, "sd3": {"blocks": 4}, "lumina2": {"layers": 4},
-         "hunyuan_image": {"blocks": 4}}  # fmt: skip
+         "hunyuan_image": {"blocks": 4}, "pixart_alpha": {"layers": 4}}  # fmt: skip
 SAMPLED = {"flux-dev", "sdxl"}  # a sampling round after the step (the others: load, caching, step, save)
 
 

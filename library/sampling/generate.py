@@ -177,10 +177,13 @@ def _ddpm_images(
     pipe.set_progress_bar_config(disable=True)
     texts = [s.prompt for s in specs] + [s.negative_prompt for s in specs]
     with autocast():
-        cond = encode_weighted(
-            family, parts, texts, clip_skip=clip_skip, max_embeddings_multiples=max_embeddings_multiples,
-            normalize=normalize,
-        )  # fmt: skip
+        if weighted_prompts(family):
+            cond = encode_weighted(
+                family, parts, texts, clip_skip=clip_skip, max_embeddings_multiples=max_embeddings_multiples,
+                normalize=normalize,
+            )  # fmt: skip
+        else:  # a T5-conditioned DDPM family (PixArt): its own encoder, prompts as written, with the padding mask
+            cond = family.encode_prompt(parts, texts)
         n = len(specs)
         kwargs = _condition_kwargs(pipe, cond, n, first)
         latents = pipe(
@@ -194,6 +197,11 @@ def _ddpm_images(
         ).images
         pixels = _decode(family, parts, latents)
     return to_pil(pixels)
+
+
+def weighted_prompts(family: ModelFamily) -> bool:
+    """Whether the family's prompts are CLIP prompts, encoded with A1111-style weights and 75-token chunks."""
+    return all(te.layout in ("clip", "open_clip") for te in family.spec.text_encoders)
 
 
 def _decode(family: ModelFamily, parts: Parts, latents: Tensor) -> Tensor:
@@ -210,6 +218,12 @@ def _condition_kwargs(pipe: Any, cond: Any, n: int, spec: PromptSpec) -> dict[st
         "prompt_embeds": cond.hidden_states[:n],
         "negative_prompt_embeds": cond.hidden_states[n:],
     }
+    if cond.mask is not None and "prompt_attention_mask" in params:  # T5 padding (PixArt)
+        kwargs["prompt_attention_mask"] = cond.mask[:n]
+        kwargs["negative_prompt_attention_mask"] = cond.mask[n:]
+        kwargs["negative_prompt"] = None  # its default "" would be encoded again beside the embeddings
+    if "use_resolution_binning" in params:  # PixArt: the size asked for, not the nearest trained aspect ratio
+        kwargs["use_resolution_binning"] = False
     if cond.pooled is not None and "pooled_prompt_embeds" in params:
         kwargs["pooled_prompt_embeds"] = cond.pooled[:n]
         kwargs["negative_pooled_prompt_embeds"] = cond.pooled[n:]
