@@ -68,6 +68,7 @@ class DataArgs:
     cache_text_encoder_outputs: bool = False
     cache_text_encoder_outputs_to_disk: bool = False
     cache_dir: str | None = None
+    control_images: bool = False  # not a flag: the model takes control images (library/data/control_images.py)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> DataArgs:

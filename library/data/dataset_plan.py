@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 
 from library.cli.problems import Problems
 
+from . import control_images
 from .buckets import Assignment, predefined_buckets, select_bucket
 from .data_args import DataArgs
 from .dataset_config import DatasetConfig, SubsetConfig, load_dataset_configs
@@ -113,6 +114,7 @@ def _scan_subset(subset: SubsetConfig, index: int, args: DataArgs, problems: Pro
         mask = find_mask(path, subset.conditioning_data_dir, args.masked_loss, problems) if needs_mask else None
         face = face_box(path) if subset.face_crop_aug_range else None
         records.append(ImageRecord(path, size, text, index, subset.is_reg, subset.num_repeats, mask, face))
+    records = control_images.attach(records, subset.control, subset.where, problems)
     if no_caption:
         fallback = f'class tokens "{subset.class_tokens}"' if subset.class_tokens else "an empty caption"
         shown = ", ".join(os.path.basename(p) for p in no_caption[:3]) + (" ..." if len(no_caption) > 3 else "")

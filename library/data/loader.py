@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from . import control_images
 from .batching import BatchSpec, epoch_batches, shard
 from .captions import compose_caption, resolve_warmup_steps
 from .images import render_sample
@@ -56,6 +57,7 @@ class Batch:
     is_reg: torch.Tensor
     flipped: torch.Tensor
     custom_attributes: list[dict] = field(default_factory=list)
+    controls: list[torch.Tensor] | None = None  # the edit models' control images: (B, C, h, w) per index
     epoch: int = 0
     index: int = 0  # position of this batch in this process's epoch
     step: int = 0  # optimizer step this batch belongs to (index over epochs // grad_accum)
@@ -68,6 +70,8 @@ class Batch:
                 v = fn(v)
             elif isinstance(v, dict) and v and all(isinstance(t, torch.Tensor) for t in v.values()):
                 v = {k: fn(t) for k, t in v.items()}
+            elif isinstance(v, list) and v and all(isinstance(t, torch.Tensor) for t in v):
+                v = [fn(t) for t in v]
             out[f.name] = v
         return Batch(**out)
 
@@ -146,6 +150,7 @@ class _EpochDataset(Dataset):
             if flip:
                 left = a.resized[0] - left - a.bucket[0]
             out.update(latents=entry["latents"], mask=entry.get("mask"), crop=(left, top))
+            out["controls"] = control_images.cached(self.latents, (d, i, k))
         else:
             pixels, mask, crop, _ = render_sample(
                 rec.path,
@@ -160,7 +165,7 @@ class _EpochDataset(Dataset):
                 face_rng=rng_for(*key, "face"),
                 interpolation=sub.resize_interpolation,
             )
-            out.update(pixels=pixels, mask=mask, crop=crop)
+            out.update(pixels=pixels, mask=mask, crop=crop, controls=control_images.rendered(ds, i, k))
         if self.text is not None:
             out["text"] = self.text.get(caption)
         return out
@@ -209,6 +214,7 @@ def _collate(samples: list[dict], prior_loss_weight: float, epoch: int, index: i
         is_reg=torch.tensor([r.is_reg for r in recs], dtype=torch.bool),
         flipped=torch.tensor([s["flip"] for s in samples], dtype=torch.bool),
         custom_attributes=[dict(s["subset"].custom_attributes) for s in samples],
+        controls=control_images.stack([s["controls"] for s in samples], [r.path for r in recs]),
         epoch=epoch,
         index=index,
         step=step,

@@ -37,6 +37,7 @@ class ImageRecord:
     num_repeats: int
     mask_path: str | None = None
     face: tuple[int, int, int, int] | None = None  # (cx, cy, w, h) from a name_cx_cy_w_h file name
+    controls: tuple[str, ...] = ()  # the edit models' control images (library/data/control_images.py)
 
 
 def _is_image(name: str) -> bool:
