@@ -60,8 +60,7 @@ def musubi(out: Path) -> None:
 
     import torch
     from safetensors.torch import load_file, save_file
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2TokenizerFast
-    from transformers import Qwen2VLProcessor
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2TokenizerFast, Qwen2VLProcessor
     from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
 
     sys.modules.setdefault("av", types.ModuleType("av"))  # PyAV reads videos only; not installed beside it here
@@ -75,8 +74,11 @@ def musubi(out: Path) -> None:
     model = Qwen2_5_VLForConditionalGeneration(config).eval()
     missing, unexpected = model.load_state_dict(load_file(str(out / "vl.safetensors")), strict=False)
     print("musubi side: missing", missing, "unexpected", unexpected, file=sys.stderr)
-    tok = Qwen2TokenizerFast(tokenizer_file=os.path.join(cfg["tokenizer"], "tokenizer.json"), eos_token="<|im_end|>",
-                             pad_token="<|endoftext|>")  # the shipped file (its config is transformers 5's)
+    tok = Qwen2TokenizerFast(
+        tokenizer_file=os.path.join(cfg["tokenizer"], "tokenizer.json"),
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+    )  # the shipped file (its config is transformers 5's)
     proc = object.__new__(Qwen2VLProcessor)  # its video processor needs torchvision: the image path's attributes only
     proc.image_processor, proc.tokenizer, proc.chat_template = Qwen2VLImageProcessor(**cfg["processor"]), tok, None
     proc.image_token, proc.video_token = "<|image_pad|>", "<|video_pad|>"
