@@ -173,6 +173,13 @@ def open_control(path: str) -> Image.Image:
     return img if img.mode in ("RGB", "RGBA") else img.convert("RGB")
 
 
+def header_size(path: str) -> tuple[int, int]:
+    """(width, height) of the image at ``path`` as :func:`open_control` gives it, from the header (no decoding)."""
+    with Image.open(path) as im:
+        (w, h), orientation = im.size, im.getexif().get(0x0112, 1)
+    return (h, w) if orientation in (5, 6, 7, 8) else (w, h)
+
+
 def resize_to(img: Image.Image, size: tuple[int, int]) -> np.ndarray:
     """musubi-tuner's ``resize_image_to_bucket``: (H, W, C) uint8 covering ``size`` then centre-cropped to it."""
     if tuple(size) == img.size:
@@ -221,7 +228,7 @@ def _todo(plan, encoder_id: str, cache) -> list[tuple]:
             settings = ds.subset(rec).control
             if not rec.controls or settings is None:
                 continue
-            sizes = [open_control(p).size for p in rec.controls]
+            sizes = [header_size(p) for p in rec.controls]
             for k in range(len(ds.config.resolutions)):
                 bucket = ds.assignments[k][i].bucket
                 keys = []
