@@ -1,4 +1,4 @@
-"""The edit models' DiT input (the first piece of --model_version edit / edit-2509 / edit-2511; the data side is not
+"""The edit models' DiT input and prompt (pieces of --model_version edit / edit-2509 / edit-2511; the run side is not
 done and those versions are refused): model.forward with reference latents equals diffusers' QwenImageEditPlusPipeline
 way of calling QwenImageTransformer2DModel (its own _pack_latents, the references after the noisy latents, their
 shapes in img_shapes, the output cut to the noisy tokens), for the plain DiT and an Edit-2511 one (zero_cond_t, which
@@ -36,3 +36,47 @@ def test_reference_latents_as_diffusers_edit_pipeline(zero_cond_t):
         plain = M.forward(dit, noisy, sigma, states, mask)
     torch.testing.assert_close(ours, want, atol=1e-5, rtol=1e-5)
     assert ours.shape == noisy.shape and (ours - plain).abs().max() > 1e-4  # the references are attended to
+
+
+@pytest.fixture(scope="module")
+def vl():
+    """A tiny Qwen2.5-VL with its vision tower (seeded) and the processor over the shipped tokenizer."""
+    from library.families.encoders import qwen25vl
+    from library.families.encoders import qwen25vl_edit as E
+
+    return E.randomize(E.build(qwen25vl.TINY_TEXT, E.TINY_VISION).eval(), 0), E.processor()
+
+
+@pytest.mark.parametrize("version", ["edit", "edit-2509"])
+def test_prompt_with_control_images_equals_diffusers_edit_pipelines(vl, version):
+    """The edit models' prompt embeddings with their control images (encode_with_images, a batch of two captions
+    with one and two images) equal diffusers' QwenImageEditPipeline / QwenImageEditPlusPipeline
+    _get_qwen_prompt_embeds (their own templates, set by their __init__) caption by caption; edit takes the first
+    image only. musubi-tuner's get_qwen_prompt_embeds_with_image on the same model and processor:
+    benchmarks/qwen_image_edit_prompt_vs_musubi.py."""
+    import numpy as np
+    from diffusers import QwenImageEditPipeline, QwenImageEditPlusPipeline
+    from PIL import Image
+
+    from library.families.encoders import qwen25vl_edit as E
+
+    model, proc = vl
+    cls = QwenImageEditPipeline if version == "edit" else QwenImageEditPlusPipeline
+    pipe = cls(scheduler=None, vae=None, text_encoder=model, tokenizer=proc.tokenizer, processor=proc,
+               transformer=None)  # fmt: skip
+    rng = np.random.default_rng(0)
+    images = [[rng.integers(0, 256, (64, 96, 3), dtype=np.uint8)],
+              [rng.integers(0, 256, (56, 56, 3), dtype=np.uint8), rng.integers(0, 256, (28, 84, 3), dtype=np.uint8)]]  # fmt: skip
+    captions = ["a red cube on a table", "make it blue"]
+    with torch.no_grad():
+        states, mask = E.encode_with_images(model, proc, captions, images, version)
+        for i, (caption, imgs) in enumerate(zip(captions, images)):
+            given = [Image.fromarray(x) for x in imgs]
+            want, want_mask = pipe._get_qwen_prompt_embeds(caption, given[0] if version == "edit" else given,
+                                                           torch.device("cpu"), torch.float32)  # fmt: skip
+            n = int(mask[i].sum())
+            assert n == want.shape[1] and not mask[i, n:].any()
+            torch.testing.assert_close(states[i, :n], want[0], atol=1e-5, rtol=1e-5)
+    with torch.no_grad():  # the images are seen: other pixels, other states
+        other, _ = E.encode_with_images(model, proc, captions[:1], [[255 - images[0][0]]], version)
+    assert (other[0] - states[0, : other.shape[1]]).abs().max() > 1e-4

@@ -72,6 +72,7 @@ class DataArgs:
     # names them (library/data/conditioning.py) instead of loss masks
     conditioning_images: bool = False
     conditioning_data_dir: str | None = None
+    control_images: bool = False  # not a flag: the model takes control images (library/data/control_images.py)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> DataArgs:

@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 from library.cli.parse import bom_hint
 from library.cli.problems import ConfigError, Problems
 
-from . import musubi_dataset
+from . import control_images, musubi_dataset
 from .buckets import BucketSpec
 from .captions import CaptionConfig
 from .conditioning import REFUSED_WITH_CONDITIONING
+from .control_images import ControlSettings
 from .data_args import DataArgs
 from .resolution import Size, format_size, parse_resolutions
 from .schema import show, validate_document
@@ -66,6 +67,7 @@ class SubsetConfig:
     alpha_mask: bool = False
     resize_interpolation: str | None = None
     custom_attributes: dict = field(default_factory=dict)
+    control: ControlSettings | None = None  # the edit models' control_directory (library/data/control_images.py)
 
 
 @dataclass(frozen=True)
@@ -231,6 +233,7 @@ def _resolve_subset(sub: dict, where: str, kind: str, tables: list[dict], cli: d
         alpha_mask=_pick("alpha_mask", tables, cli, False),
         resize_interpolation=_pick("resize_interpolation", tables, cli),
         custom_attributes=dict(_pick("custom_attributes", tables, {}, {})),
+        control=control_images.subset_settings(sub, tables, cli, problems, where),
     )
 
 
@@ -367,7 +370,8 @@ def load_dataset_configs(args: DataArgs, *, size_multiple: int = 64) -> tuple[li
         doc = read_dataset_file(source)
         if musubi_dataset.is_musubi(doc):  # kohya-ss/musubi-tuner's layout: rewritten as sd-scripts' document
             read = bool(args.cache_dir) and musubi_dataset.cache_directory(source) == args.cache_dir
-            doc = musubi_dataset.to_sdscripts(doc, source, problems, size_multiple, read_cache_directory=read)
+            doc = musubi_dataset.to_sdscripts(doc, source, problems, size_multiple, read_cache_directory=read,
+                                             control_images=args.control_images)  # fmt: skip
             problems.raise_if_any()
         validate_document(doc, source, problems)
         problems.raise_if_any()

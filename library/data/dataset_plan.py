@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 
 from library.cli.problems import Problems
 
+from . import control_images
 from .buckets import Assignment, predefined_buckets, select_bucket
 from .conditioning import conditioning_images_in, match_conditioning, unpaired
 from .data_args import DataArgs
@@ -123,6 +124,7 @@ def _scan_subset(subset: SubsetConfig, index: int, args: DataArgs, problems: Pro
         unpaired(
             subset.conditioning_data_dir, cond_images, {r.conditioning_path for r in records}, problems, subset.where
         )
+    records = control_images.attach(records, subset.control, subset.where, problems)
     if no_caption:
         fallback = f'class tokens "{subset.class_tokens}"' if subset.class_tokens else "an empty caption"
         shown = ", ".join(os.path.basename(p) for p in no_caption[:3]) + (" ..." if len(no_caption) > 3 else "")

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from . import control_images
 from .batching import BatchSpec, epoch_batches, shard
 from .captions import compose_caption, resolve_warmup_steps
 from .conditioning import render_conditioning
@@ -59,6 +60,7 @@ class Batch:
     custom_attributes: list[dict] = field(default_factory=list)
     # (B, 3, H, W) float in [-1, 1]: each sample's conditioning image, cut like it (library/data/conditioning.py)
     conditioning_images: torch.Tensor | None = None
+    controls: list[torch.Tensor] | None = None  # the edit models' control images: (B, C, h, w) per index
     epoch: int = 0
     index: int = 0  # position of this batch in this process's epoch
     step: int = 0  # optimizer step this batch belongs to (index over epochs // grad_accum)
@@ -71,6 +73,8 @@ class Batch:
                 v = fn(v)
             elif isinstance(v, dict) and v and all(isinstance(t, torch.Tensor) for t in v.values()):
                 v = {k: fn(t) for k, t in v.items()}
+            elif isinstance(v, list) and v and all(isinstance(t, torch.Tensor) for t in v):
+                v = [fn(t) for t in v]
             out[f.name] = v
         return Batch(**out)
 
@@ -149,6 +153,7 @@ class _EpochDataset(Dataset):
             if flip:
                 left = a.resized[0] - left - a.bucket[0]
             out.update(latents=entry["latents"], mask=entry.get("mask"), crop=(left, top))
+            out["controls"] = control_images.cached(self.latents, (d, i, k))
         else:
             pixels, mask, crop, _ = render_sample(
                 rec.path,
@@ -163,7 +168,7 @@ class _EpochDataset(Dataset):
                 face_rng=rng_for(*key, "face"),
                 interpolation=sub.resize_interpolation,
             )
-            out.update(pixels=pixels, mask=mask, crop=crop)
+            out.update(pixels=pixels, mask=mask, crop=crop, controls=control_images.rendered(ds, i, k))
         if rec.conditioning_path is not None:
             out["conditioning"] = render_conditioning(
                 rec.conditioning_path, a, flip=flip, interpolation=sub.resize_interpolation
@@ -217,6 +222,7 @@ def _collate(samples: list[dict], prior_loss_weight: float, epoch: int, index: i
         flipped=torch.tensor([s["flip"] for s in samples], dtype=torch.bool),
         custom_attributes=[dict(s["subset"].custom_attributes) for s in samples],
         conditioning_images=torch.stack([s["conditioning"] for s in samples]) if "conditioning" in samples[0] else None,
+        controls=control_images.stack([s["controls"] for s in samples], [r.path for r in recs]),
         epoch=epoch,
         index=index,
         step=step,

@@ -15,7 +15,8 @@ has no limits: the same buckets for ordinary aspect ratios).
 ``--cache_dir``; the other scripts warn that it is not read). The entries are ours (content-keyed, never stale),
 not musubi-tuner's ``*_qi.safetensors`` files, which are not read. Refused with a message:
 video datasets (``video_directory``, ``video_jsonl_file``, frame keys), the edit models' control images
-(``control_directory``, ``no_resize_control``, ``control_resolution``, ``multiple_target``), FramePack's ``fp_*`` keys,
+(``control_directory``, ``no_resize_control``, ``control_resolution``) unless the model takes them (the edit models:
+``to_sdscripts(control_images=True)``, read by library/data/control_images.py), ``multiple_target``, FramePack's ``fp_*`` keys,
 ``debug_dataset``, and any unknown key.
 """
 
@@ -53,17 +54,21 @@ def _size(value, where: str, problems: Problems) -> list[int] | None:
 
 def _check_keys(table: dict, where: str, problems: Problems, allowed: tuple[str, ...]) -> None:
     for key in table:
+        if key in allowed:
+            continue
         if key in VIDEO:
             problems.error(where, f"{key}: video datasets are not supported (musubi-tuner's video models); the image "
                            "models here train on image_directory / image_jsonl_file")  # fmt: skip
+        elif key == "multiple_target":
+            problems.error(where, "multiple_target is not supported (one target image per control set); drop it")
         elif key in CONTROL:
-            problems.error(where, f"{key}: the edit models' control images are not supported yet; train the original "
-                           "model on image_directory without control_directory")  # fmt: skip
+            problems.error(where, f"{key}: the edit models' control images: this model does not take them; train an "
+                           "edit model (--model_version edit ...) or drop control_directory")  # fmt: skip
         elif key in FRAMEPACK:
             problems.error(where, f"{key}: FramePack's setting; not for these models")
         elif key == "debug_dataset":
             problems.error(where, "debug_dataset is not supported; drop it")
-        elif key not in allowed:
+        else:
             problems.error(where, f"unknown key {key!r} in a musubi-tuner dataset config (known: "
                            f"{', '.join(allowed)})")  # fmt: skip
 
@@ -95,16 +100,18 @@ def cache_directory(path: str | None) -> str | None:
 
 
 def to_sdscripts(doc: dict, source: str, problems: Problems, size_multiple: int = 16,
-                 read_cache_directory: bool = False) -> dict:  # fmt: skip
+                 read_cache_directory: bool = False, control_images: bool = False) -> dict:  # fmt: skip
     """sd-scripts' document for musubi-tuner's ``doc`` (module docstring); problems name ``source`` and the table.
     ``read_cache_directory``: the caller reads ``cache_directory`` (:func:`cache_directory`), so it is not warned
-    about."""
+    about. ``control_images``: the model takes control images, so ``control_directory``, ``no_resize_control`` and
+    ``control_resolution`` go to the subset (library/data/control_images.py reads them)."""
+    control = CONTROL[:3] if control_images else ()
     general = dict(doc.get("general") or {})
     for key in doc:
         if key not in ("general", "datasets"):
             problems.error(source, f"unknown table [{key}] (musubi-tuner's dataset config has [general] and "
                            "[[datasets]])")  # fmt: skip
-    _check_keys(general, f"{source}: [general]", problems, COMMON + ("cache_directory",))
+    _check_keys(general, f"{source}: [general]", problems, COMMON + ("cache_directory",) + control[1:])
     out_general = {k: general[k] for k in ("caption_extension", "batch_size", "enable_bucket", "bucket_no_upscale",
                                            "num_repeats") if k in general}  # fmt: skip
     out_general.setdefault("caption_extension", ".txt")
@@ -118,7 +125,7 @@ def to_sdscripts(doc: dict, source: str, problems: Problems, size_multiple: int 
             problems.error(where, "mixes sd-scripts' [[datasets.subsets]] with musubi-tuner's image_directory "
                            "datasets; use one layout in a file")  # fmt: skip
             continue
-        _check_keys(ds, where, problems, COMMON + SOURCES + ("cache_directory",))
+        _check_keys(ds, where, problems, COMMON + SOURCES + ("cache_directory",) + control)
         given = [k for k in ("image_directory", "image_jsonl_file") if k in ds]
         if len(given) != 1:
             if not any(k in ds for k in VIDEO):
@@ -130,9 +137,11 @@ def to_sdscripts(doc: dict, source: str, problems: Problems, size_multiple: int 
         size = _size(ds.get("resolution", general.get("resolution", DEFAULT_RESOLUTION)), where, problems)
         subset = {"image_dir": ds["image_directory"]} if "image_directory" in ds else {
             "metadata_file": ds["image_jsonl_file"]}  # fmt: skip
-        for key in ("num_repeats", "caption_extension"):
+        for key in ("num_repeats", "caption_extension", *control):
             if key in ds:
                 subset[key] = ds[key]
+            elif key in control[1:] and key in general:
+                subset[key] = general[key]
         out = {k: ds[k] for k in ("batch_size", "enable_bucket", "bucket_no_upscale") if k in ds}
         if size is not None:
             out["resolution"] = size

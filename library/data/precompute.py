@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 
+from . import control_images
 from .cache_store import CacheStore, Tensors, file_digest, latent_key, text_key
 from .captions import possible_captions
 from .images import render_sample
@@ -40,6 +41,8 @@ class LatentCache:
     store: CacheStore
     keys: dict[LatentSlot, str] = field(default_factory=dict)
     anchors: dict[LatentSlot, str] = field(default_factory=dict)
+    # (dataset, record, resolution) -> the (key, anchor) of each control image's latents (control_images.py)
+    controls: dict[tuple[int, int, int], list[tuple[str, str]]] = field(default_factory=dict)
 
     def get(self, dataset: int, record: int, resolution: int, flip: bool) -> Tensors:
         slot = (dataset, record, resolution, flip)
@@ -167,6 +170,7 @@ def cache_latents(
         todo = todo[rank::world_size]
     logger.info("latent cache: %d of %d entries to encode", len(todo), len(seen))
     _encode_latents(plan, todo, store, encode_fn, show_progress, downscale)
+    control_images.cache_controls(plan, cache, encode_fn, encoder_id, plan.args.vae_batch_size, downscale)
     return cache
 
 

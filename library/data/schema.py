@@ -109,6 +109,11 @@ def resolution_check(v: object) -> str | None:
     return None
 
 
+def size_check(v: object) -> str | None:
+    ok = _is_int(v) and v > 0 or isinstance(v, list) and len(v) == 2 and all(_is_int(x) and x > 0 for x in v)
+    return None if ok else f"expected an integer or [width, height], got {show(v)}"
+
+
 @dataclass(frozen=True)
 class Key:
     check: Check
@@ -158,6 +163,10 @@ KEYS: dict[str, Key] = {
     "is_reg": Key(bool_check, _S),
     "metadata_file": Key(nonempty_str_check, _S),
     "conditioning_data_dir": Key(nonempty_str_check, _S),
+    # the edit models' control images (library/data/control_images.py checks them)
+    "control_directory": Key(nonempty_str_check, _S),
+    "no_resize_control": Key(bool_check, _ALL),
+    "control_resolution": Key(size_check, _ALL),
 }
 
 # Names users put in a dataset file that are command-line flags (or flag spellings) instead.

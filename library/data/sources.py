@@ -38,6 +38,7 @@ class ImageRecord:
     mask_path: str | None = None
     face: tuple[int, int, int, int] | None = None  # (cx, cy, w, h) from a name_cx_cy_w_h file name
     conditioning_path: str | None = None  # its conditioning image (ControlNet trainers; library/data/conditioning.py)
+    controls: tuple[str, ...] = ()  # the edit models' control images (library/data/control_images.py)
 
 
 def _is_image(name: str) -> bool:

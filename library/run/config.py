@@ -217,6 +217,8 @@ def read_config(
         problems.extend(values["options"].problems(family.spec, args.pretrained_model_name_or_path))
     if family is not None and None not in (values["noise"], values["loss"], values["options"]):
         problems.extend(family.objective_problems(values["noise"], values["loss"], values["options"]))
+    if values["data"] is not None and getattr(values["options"], "takes_control_images", False):  # edit models
+        values["data"] = dataclasses.replace(values["data"], control_images=True)  # their control_directory is read
     given = args.dataset_config or args.train_data_dir or args.in_json  # (none given: a cross-check says so)
     if values["data"] is not None and family is not None and given:  # the dataset file and folders, same round
         data_args = with_native_resolution(values["data"], family, args.v_parameterization)

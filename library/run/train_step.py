@@ -66,6 +66,20 @@ def batch_latents(m: StepModels, batch: Any, generator: torch.Generator | None) 
         return m.family.encode_latents(m.parts, pixels, generator).to(torch.float32)
 
 
+def batch_references(m: StepModels, batch: Any, generator: torch.Generator | None) -> list[Tensor]:
+    """The batch's control images as latents on the training device (cached, or encoded here like the targets'
+    pixels), one (B, C, h, w) per control index; [] without control images."""
+    controls = getattr(batch, "controls", None)
+    if not controls:
+        return []
+    if batch.latents is not None:
+        return [to_device(c, m.device, m.weight_dtype) for c in controls]
+    dtype = next(m.parts.vae.parameters()).dtype
+    with torch.no_grad():
+        return [m.family.encode_latents(m.parts, to_device(c, m.device, dtype), generator).to(m.weight_dtype)
+                for c in controls]  # fmt: skip
+
+
 def batch_cond(m: StepModels, batch: Any, generator: torch.Generator | None = None) -> Cond:
     """Text conditioning: cached encoder outputs, or the text encoders run on the batch's captions."""
     if batch.text_encoder_outputs is not None:
@@ -140,8 +154,10 @@ def batch_loss(
     if m.conditioning is not None:
         images = getattr(batch, "conditioning_images", None)
         m.conditioning(None if images is None else to_device(images, m.device, m.weight_dtype))
+    refs = batch_references(m, batch, generator)  # the edit models' control images (library/data/control_images.py)
     output = m.family.predict(m.denoiser, example.noisy.to(m.weight_dtype), example.timesteps, cond,
-                              time_ids=time_ids, **m.objective.predict_options)  # fmt: skip
+                              time_ids=time_ids, **({"references": refs} if refs else {}),
+                              **m.objective.predict_options)  # fmt: skip
     masks = to_device(batch.masks, m.device) if batch.masks is not None else None
     return m.objective.loss_per_sample(
         m.objective.prediction(output.float(), example),

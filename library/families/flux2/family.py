@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -240,15 +240,16 @@ class Flux2Family:
 
     # ------------------------------------------------------------------------------------------- denoising
     def predict(self, denoiser: nn.Module, noisy: Tensor, t: Tensor, cond: Cond, *,
-                time_ids: Tensor | None = None, guidance: Tensor | None = None) -> Tensor:  # fmt: skip
+                time_ids: Tensor | None = None, guidance: Tensor | None = None,
+                references: Sequence[Tensor] = ()) -> Tensor:  # fmt: skip
         """The velocity (B, 128, h, w) at the timesteps ``t`` (B,): the DiT gets t / 1000 (musubi-tuner's
         ``call_dit``; training's timesteps are 1000 σ + 1, as musubi-tuner's) and, for dev, ``guidance`` (B,) (default 1.0, musubi-tuner's training value; sampling gives the embedded
-        guidance scale)."""
+        guidance scale); ``references``: the control images' latents (B, 128, h_k, w_k), the edit mode."""
         if time_ids is not None:
             raise ValueError("FLUX.2 takes no size/crop time_ids")
         b = noisy.shape[0]
         sigma = (t.to(noisy.device, torch.float32) / 1000).expand(b)
-        return M.forward(denoiser, noisy, sigma, cond.hidden_states.to(noisy.device), guidance)
+        return M.forward(denoiser, noisy, sigma, cond.hidden_states.to(noisy.device), guidance, references)
 
     def objective(self, parts: Parts) -> str:
         return FLOW_MATCHING

@@ -18,7 +18,7 @@ import argparse
 import logging
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from library.cli.parse import add_unsupported
 from library.cli.problems import ConfigError
@@ -90,6 +90,8 @@ class Flux2Options:
     vae_dtype: str | None = None
     text_encoder_batch_size: int | None = None
     flow: Flux2FlowConfig | None = None
+    # the dataset's control_directory: reference images, as musubi-tuner's flux_2 trains edits (every variant)
+    takes_control_images: ClassVar[bool] = True
 
     @classmethod
     def add_args(cls, parser: argparse.ArgumentParser, *, training: bool) -> argparse.ArgumentParser:

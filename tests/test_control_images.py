@@ -1,0 +1,161 @@
+"""The edit models' control images (library/data/control_images.py) against kohya-ss/musubi-tuner's own dataset code.
+
+The oracle, tests/data/musubi_control_images.json, is musubi-tuner's ``ImageDirectoryDatasource`` matching and its
+``ImageDataset.retrieve_latent_cache_batches`` pixels (shape + SHA-256 of each control image as its caching step
+encodes it) on seeded images, written by
+
+    PYTHONPATH=~/musubi/src:/work/shared/peer/helpers/sds_shims ~/sdtrain-peer/sdsvenv/bin/python \\
+        benchmarks/peer/musubi_control_fixture.py
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from library.cli.problems import ConfigError
+from library.data import build_datasets, cache_latents, make_loader
+from library.data import control_images as CI
+from tests._data_utils import parse
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks" / "peer"))
+import musubi_control_fixture as FIX  # noqa: E402 - the fixture's own image generator (numpy only)
+
+ORACLE = json.loads((Path(__file__).parent / "data" / "musubi_control_images.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("controls")
+    os.rmdir(root)
+    os.makedirs(root)
+    return FIX.write_dataset(str(root))
+
+
+def _settings(case: str, folder: str) -> CI.ControlSettings:
+    raw = ORACLE["settings"][case]
+    res = raw.get("control_resolution")
+    return CI.ControlSettings(folder, raw.get("no_resize_control", False), tuple(res) if res else None)
+
+
+def _digest(arr: np.ndarray) -> list:
+    return [list(arr.shape), hashlib.sha256(np.ascontiguousarray(arr).tobytes()).hexdigest()]
+
+
+def test_matching_as_musubi(folders):
+    images, control = folders
+    paths = [os.path.join(images, n + ".png") for n in FIX.TARGETS]
+    found = {os.path.basename(k): [os.path.basename(p) for p in v] for k, v in CI.match(paths, control).items()}
+    assert found == ORACLE["matching"]
+
+
+@pytest.mark.parametrize("case", list(FIX.SETTINGS))
+def test_pixels_as_musubi(folders, case):
+    """Each control image at its target's bucket, for each setting: the same uint8 pixels as musubi-tuner's, and
+    control_pixels is them in [-1, 1]."""
+    images, control = folders
+    settings = _settings(case, control)
+    matched = CI.match([os.path.join(images, n + ".png") for n in FIX.TARGETS], control)
+    for target, want in ORACLE[case].items():
+        bucket = tuple(want["bucket"])
+        paths = matched[os.path.join(images, target)]
+        got = []
+        for path in paths:
+            img = CI.open_control(path)
+            arr = CI.resize_to(img, CI.target_size(img.size, bucket, settings, 16))[..., :3]
+            got.append(_digest(arr))
+            px = CI.control_pixels(path, bucket, settings, 16)
+            torch.testing.assert_close(px, torch.from_numpy(arr.copy()).permute(2, 0, 1).float() / 127.5 - 1.0)
+        assert got == want["controls"], (case, target)
+
+
+def _toml(tmp_path, images, control, extra: str = "", general: str = "") -> str:
+    path = tmp_path / "dataset.toml"
+    path.write_text(f"[general]\nresolution = 64\ncaption_extension = \".txt\"\nbatch_size = 1\n{general}\n"
+                    f"[[datasets]]\nimage_directory = \"{images}\"\ncontrol_directory = \"{control}\"\n{extra}")  # fmt: skip
+    return str(path)
+
+
+def _plan(toml: str, takes: bool = True, *flags: str):
+    args = dataclasses.replace(parse(["--dataset_config", toml, *flags]), control_images=takes)
+    return build_datasets(args, size_multiple=16)
+
+
+def test_cached_control_latents_in_the_batch(folders, tmp_path):
+    """musubi-tuner's TOML with control_directory: every batch carries its target's control images, encoded by the
+    caller's encoder at musubi-tuner's pixels (target "a": the same bucket as musubi-tuner's); the entries are
+    keyed on the control file's bytes (an edited control image is encoded again, the others are reused)."""
+    images, control = folders
+    toml = _toml(tmp_path, images, control)
+    plan = _plan(toml, True, "--cache_latents_to_disk", "--cache_dir", str(tmp_path / "cache"))
+    calls = []
+
+    def encode(pixels):
+        calls.append(pixels.shape[0])
+        return F.avg_pool2d(pixels, 8)
+
+    cache = cache_latents(plan, encode, "enc", show_progress=False)
+    assert sum(calls) == 3 + 6  # three targets, six control images
+    batches = list(make_loader(plan, latent_cache=cache).epoch(0))
+    assert len(batches) == 3
+    seen = set()
+    for batch in batches:
+        name = os.path.basename(batch.image_paths[0])
+        ds, rec = plan.datasets[0], next(r for r in plan.datasets[0].records if r.path == batch.image_paths[0])
+        bucket = (batch.target_sizes[0, 1].item(), batch.target_sizes[0, 0].item())
+        assert len(batch.controls) == len(ORACLE["default"][name]["controls"])
+        for path, got in zip(rec.controls, batch.controls):
+            want = F.avg_pool2d(CI.control_pixels(path, bucket, ds.subset(rec).control, 16)[None], 8)
+            torch.testing.assert_close(got, want)
+        if bucket == tuple(ORACLE["default"][name]["bucket"]):
+            seen.add(name)
+    assert "a.png" in seen
+    # content-keyed: rewrite one control image -> only it is encoded again
+    arr = np.asarray(Image.open(os.path.join(control, "bb_2.png"))).copy()
+    arr[0, 0] ^= 255
+    Image.fromarray(arr).save(os.path.join(control, "bb_2.png"))
+    calls.clear()
+    plan = _plan(toml, True, "--cache_latents_to_disk", "--cache_dir", str(tmp_path / "cache"))
+    cache_latents(plan, encode, "enc", show_progress=False)
+    assert calls == [1]
+    # without a latent cache the batch carries the control pixels
+    batch = next(iter(make_loader(_plan(toml, True)).epoch(0)))
+    rec = next(r for r in plan.datasets[0].records if r.path == batch.image_paths[0])
+    bucket = (batch.target_sizes[0, 1].item(), batch.target_sizes[0, 0].item())
+    for path, got in zip(rec.controls, batch.controls):
+        torch.testing.assert_close(got[0], CI.control_pixels(path, bucket, plan.datasets[0].subset(rec).control, 16))
+
+
+def test_refused_before_training(folders, tmp_path):
+    images, control = folders
+    with pytest.raises(ConfigError, match="control_directory: the edit models' control images: this model does not"):
+        _plan(_toml(tmp_path, images, control), False)
+    lonely = tmp_path / "lonely"
+    lonely.mkdir()
+    Image.new("RGB", (64, 64)).save(lonely / "zz.png")
+    (lonely / "zz.txt").write_text("zz")
+    with pytest.raises(ConfigError, match=r"zz.png: no control image zz\.\* or zz_<n>\.\* in control_directory"):
+        _plan(_toml(tmp_path, lonely, control), True)
+    with pytest.raises(ConfigError, match="flip_aug: would change the target image but not its control image"):
+        _plan(_toml(tmp_path, images, control), True, "--flip_aug")
+    with pytest.raises(ConfigError, match="control_resolution: expected an integer or"):
+        _plan(_toml(tmp_path, images, control, 'control_resolution = "big"\n'), True)
+    with pytest.raises(ConfigError, match="control_directory: folder .*nowhere.* not found"):
+        _plan(_toml(tmp_path, images, tmp_path / "nowhere"), True)
+
+
+def test_batch_of_mixed_controls_refused():
+    a, b = [torch.zeros(3, 8, 8)], [torch.zeros(3, 8, 8), torch.zeros(3, 8, 8)]
+    assert [t.shape for t in CI.stack([a, a], ["x", "y"])] == [(2, 3, 8, 8)]
+    with pytest.raises(ValueError, match="a batch mixes control images of different counts or sizes \\(x, y\\)"):
+        CI.stack([a, b], ["x", "y"])
