@@ -278,15 +278,6 @@ def test_refused_before_training(flux2_files, dataset, tmp_path, extra, message)
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 
-def test_caching_scripts_refuse_with_a_message(capsys):
-    import flux_2_cache_latents
-    import flux_2_cache_text_encoder_outputs
-
-    for script in (flux_2_cache_latents, flux_2_cache_text_encoder_outputs):
-        assert script.main(["--dataset_config", "x.toml"]) == 2
-        assert "caches the latents and text encoder outputs inside the run" in capsys.readouterr().err
-
-
 def test_generate_image_equals_klein_pipeline(flux2_files, tmp_path):
     """flux_2_generate_image.py's musubi-tuner line (klein base: true CFG with the negative prompt) writes the image
     diffusers' Flux2KleinPipeline makes from the same noise and noise levels (its scheduler given our shifted sigmas);
