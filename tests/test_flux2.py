@@ -190,6 +190,30 @@ def _merged(denoiser, lora_sd, multiplier=1.0):
     return out
 
 
+def _comfy_lokr_merged(denoiser, lokr_sd):
+    """ComfyUI's LoKr rule (comfy/weight_adapter/lokr.py) by hand on the BFL state dict: W += s·kron(w1, w2), each
+    factor given whole or as a @ b, s = alpha / the decomposed factor's rank (1 when neither is decomposed)."""
+    bfl = K.to_bfl(denoiser.state_dict())
+    by_kohya = {"lora_unet_" + k[: -len(".weight")].replace(".", "_"): k for k in bfl if k.endswith(".weight")}
+    for name in {k.split(".")[0] for k in lokr_sd}:
+        get = {k.split(".", 1)[1]: v.float() for k, v in lokr_sd.items() if k.split(".")[0] == name}
+        w1 = get["lokr_w1"] if "lokr_w1" in get else get["lokr_w1_a"] @ get["lokr_w1_b"]
+        w2 = get["lokr_w2"] if "lokr_w2" in get else get["lokr_w2_a"] @ get["lokr_w2_b"]
+        dim = (
+            get["lokr_w2_b"].shape[0]
+            if "lokr_w2_b" in get
+            else get["lokr_w1_b"].shape[0]
+            if "lokr_w1_b" in get
+            else None
+        )
+        scale = float(get["alpha"]) / dim if dim is not None and "alpha" in get else 1.0
+        key = by_kohya[name]
+        bfl[key] = bfl[key] + scale * torch.kron(w1, w2).reshape(bfl[key].shape)
+    out = copy.deepcopy(denoiser)
+    out.load_state_dict(dict(K.BflView(bfl).items()))
+    return out
+
+
 def test_documented_command_line_with_musubi_toml(flux2_files, dataset, tmp_path):
     """musubi-tuner's docs/flux_2.md line with its dataset TOML runs; the file names every Linear of the blocks by
     its BFL path (qkv fused); applied by ComfyUI's rule, by diffusers' Flux2KleinPipeline loader and by our injected
@@ -228,7 +252,8 @@ def test_documented_command_line_with_musubi_toml(flux2_files, dataset, tmp_path
 
 
 def test_lycoris_lokr_trains_and_merges(flux2_files, dataset, tmp_path):
-    """LoKr through lycoris.kohya on the blocks (the fused qkv one module): live equals merged into the weights."""
+    """LoKr through lycoris.kohya on the blocks (the fused qkv one module): live equals merged into the weights, and
+    equals the file applied by ComfyUI's LoKr rule on the BFL names (what klein users load)."""
     from networks.inject import network_from_file
 
     toml = musubi_toml(dataset, tmp_path / "dataset.toml")
@@ -251,6 +276,8 @@ def test_lycoris_lokr_trains_and_merges(flux2_files, dataset, tmp_path):
         a, b = M.forward(live, x, t, ctx), M.forward(merged, x, t, ctx)
         assert (a - M.forward(base, x, t, ctx)).abs().max() > 1e-3
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+        comfy = M.forward(_comfy_lokr_merged(base, sd), x, t, ctx)
+        torch.testing.assert_close(comfy, a, atol=1e-4, rtol=1e-4)
 
 
 def test_loss_falls(flux2_files, dataset, tmp_path):
@@ -276,15 +303,6 @@ def test_refused_before_training(flux2_files, dataset, tmp_path, extra, message)
     with pytest.raises(ConfigError, match=message):
         flux_2_train_network.run(doc_command(flux2_files, toml, tmp_path / "out", *extra))
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
-
-
-def test_caching_scripts_refuse_with_a_message(capsys):
-    import flux_2_cache_latents
-    import flux_2_cache_text_encoder_outputs
-
-    for script in (flux_2_cache_latents, flux_2_cache_text_encoder_outputs):
-        assert script.main(["--dataset_config", "x.toml"]) == 2
-        assert "caches the latents and text encoder outputs inside the run" in capsys.readouterr().err
 
 
 def test_generate_image_equals_klein_pipeline(flux2_files, tmp_path):

@@ -97,3 +97,26 @@ def test_uncached_controls_are_encoded_like_the_targets(flux2_files):
         for ref, px in zip(refs, pixels, strict=True):
             torch.testing.assert_close(ref, ae.encode(parts.vae, px))
     assert batch_references(m, SimpleNamespace(controls=None, latents=None), None) == []
+
+
+def test_caching_scripts_cache_the_control_latents(flux2_files, dataset, controls, tmp_path, monkeypatch):
+    """docs/flux_2.md's caching lines on a TOML with a control_directory cache the control images' latents beside the
+    targets': the edit training run after them encodes nothing and still gives the DiT every control image."""
+    import flux_2_cache_latents
+    import flux_2_cache_text_encoder_outputs
+
+    cache = (tmp_path / "cache").as_posix()
+    extra = f'control_directory = "{controls.as_posix()}"\ncache_directory = "{cache}"\n'
+    toml = musubi_toml(dataset, tmp_path / "dataset.toml", extra)
+    toml.write_text(toml.read_text().replace("batch_size = 2", "batch_size = 1"))
+    version = ["--model_version", "klein-base-4b"]
+    assert flux_2_cache_latents.main(["--dataset_config", str(toml), "--vae", flux2_files["vae"], *version]) == 0
+    text = ["--dataset_config", str(toml), "--text_encoder", flux2_files["text_encoder"], *version]
+    assert flux_2_cache_text_encoder_outputs.main(text) == 0
+    calls = []
+    for name in ("encode_latents", "encode_tokens"):
+        original = getattr(FLUX2, name)
+        monkeypatch.setattr(FLUX2, name, lambda *a, _f=original, _n=name, **k: calls.append(_n) or _f(*a, **k))
+    seen = _recording(monkeypatch)
+    flux_2_train_network.run(doc_command(flux2_files, toml, tmp_path / "out"))
+    assert calls == [] and sorted(len(r) for r in seen) == [1, 1, 1, 2]

@@ -159,7 +159,7 @@ def test_objective_draws():
 
 
 def test_bad_input_refused_before_loading(tmp_path, capsys):
-    """Refusals name the flag, all at once, before any file is read; the caching scripts say the run caches."""
+    """Refusals name the flag, all at once, before any file is read; the caching scripts name a missing file."""
     argv = ["--dit", str(tmp_path / "none.safetensors"), "--dataset_config", str(tmp_path / "d.toml"),
             "--network_module", "networks.lora_zimage", "--output_dir", str(tmp_path)]  # fmt: skip
     assert zimage_train_network.main([*argv, "--flash_attn"]) == 2
@@ -168,4 +168,4 @@ def test_bad_input_refused_before_loading(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "qinglong_flux" in err and "--model_version edit" in err and "d.toml: file not found" in err
     assert zimage_cache_latents.main(["--dataset_config", "x.toml", "--vae", "ae.safetensors"]) == 2
-    assert "inside the run" in capsys.readouterr().err
+    assert "--vae ae.safetensors: no such file" in capsys.readouterr().err

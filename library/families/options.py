@@ -71,3 +71,25 @@ def mark_no_effect(parser: argparse.ArgumentParser, reasons: dict[str, str]) -> 
 def identity_of(settings: Iterable[tuple[str, Any]]) -> str:
     """``"/name=value"`` per setting, sorted by name (a text-encoder-output cache key part)."""
     return "".join(f"/{k}={v}" for k, v in sorted(settings))
+
+
+def musubi_caching(args: list[str]) -> list[str]:
+    """musubi-tuner's caching behaviour on our flags, for its training scripts: it always trains from cached latents
+    and text-encoder outputs (its separate ``*_cache_*.py`` steps), so ``args`` gets both caches unless it says
+    otherwise (``--cache_latents*`` / ``--cache_text_encoder_outputs*`` given): with musubi-tuner's dataset config, on
+    disk in its ``cache_directory`` (``--cache_dir``, unless given) else next to the images, where the caching scripts
+    write them; with sd-scripts' dataset config, in memory."""
+    from library.cli.parse import peek
+    from library.data import musubi_dataset
+
+    args = list(args)
+    config = peek(args, "dataset_config")
+    on_disk = "_to_disk" if musubi_dataset.read_musubi(config) is not None else ""
+    folder = musubi_dataset.cache_directory(config)
+    if folder is not None and peek(args, "cache_dir") is None:
+        args += ["--cache_dir", folder]
+    if not any(a.startswith("--cache_latents") for a in args):
+        args.append("--cache_latents" + on_disk)
+    if not any(a.startswith("--cache_text_encoder_outputs") for a in args):
+        args.append("--cache_text_encoder_outputs" + on_disk)
+    return args

@@ -4,9 +4,10 @@
 frozen weights of the last N blocks of each of the denoiser's block lists (:meth:`ModelFamily.swap_blocks`) stay on
 the host; each comes onto the device just before its forward and goes back after it, and comes again for its
 backward (in reverse order), with or without gradient checkpointing. Everything else (the other blocks, the
-embedders, the output layer, every buffer) sits on the device as usual. N is split between the lists as sd-scripts
-splits it (:func:`split_blocks_to_swap`: FLUX ``N // 2`` double blocks and ``(N - N // 2) * 2`` single blocks, each
-list keeping at least two blocks on the device, hence N <= 35 for FLUX.1).
+embedders, the output layer, every buffer) sits on the device as usual. N is split between the lists by the
+family's rule (library/run/swap_split.py: sd-scripts' even split, FLUX ``N // 2`` double blocks and ``(N - N // 2) * 2``
+single blocks, hence N <= 35 for FLUX.1; or musubi-tuner's split by the lists' ratio), each list keeping at least two
+blocks on the device.
 
 How a swapped block moves (:class:`BlockSwap`):
 
@@ -69,10 +70,13 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from library.cli.problems import ConfigError
 from library.families.base import BlockList
+from library.run.swap_split import max_blocks_to_swap, split_blocks_to_swap, swap_problems
 
 logger = logging.getLogger("sdtrain")
 
-KEEP_ON_DEVICE = 2  # blocks of each list that stay on the device (sd-scripts: "num_blocks - 2" at most swapped)
+# the split of N between the lists (library/run/swap_split.py), read from here too
+__all__ = ["BlockSwap", "BlockSwapConfig", "add_block_swap_args", "enable_offloaded_checkpointing", "max_blocks_to_swap",
+           "offloaded_checkpoint", "split_blocks_to_swap", "swap_problems"]  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------------ flags and config
@@ -118,55 +122,6 @@ class BlockSwapConfig:
             logger.warning("--cpu_offload_checkpointing: gradient checkpointing is turned on too (as sd-scripts' "
                            "scripts do); pass --gradient_checkpointing to say so")  # fmt: skip
         return cfg
-
-
-def split_blocks_to_swap(n: int, lists: Sequence[BlockList]) -> list[int]:
-    """How many blocks of each list ``--blocks_to_swap n`` swaps (sd-scripts' split): n is shared out evenly over the
-    lists, the last list taking the remainder, and each share is counted in the list's ``per_unit`` blocks. FLUX
-    (double ``per_unit`` 1, single 2): ``[n // 2, (n - n // 2) * 2]`` as ``FluxModel.enable_block_swap``.
-
-    Raises ValueError when a list would keep fewer than two blocks on the device (FLUX.1: n > 35) or has no lists."""
-    if n < 0:
-        raise ValueError(f"--blocks_to_swap must be >= 0, got {n}")
-    if not lists:
-        raise ValueError("--blocks_to_swap: this denoiser has no block lists to swap")
-    k = len(lists)
-    shares = [n // k] * (k - 1) + [n - (k - 1) * (n // k)]
-    counts = [share * bl.per_unit for share, bl in zip(shares, lists)]
-    if any(c > len(bl.blocks) - KEEP_ON_DEVICE for c, bl in zip(counts, lists)):
-        sizes = " and ".join(f"{c} of {len(bl.blocks)}" for c, bl in zip(counts, lists))
-        raise ValueError(f"--blocks_to_swap {n} would swap {sizes} blocks; each list keeps at least "
-                         f"{KEEP_ON_DEVICE} on the device, so at most {max_blocks_to_swap(lists)} can be swapped")  # fmt: skip
-    return counts
-
-
-def max_blocks_to_swap(lists: Sequence[BlockList]) -> int:
-    """The largest N :func:`split_blocks_to_swap` accepts (35 for FLUX.1's 19 double + 38 single blocks)."""
-    n = 0
-    while True:
-        k = len(lists)
-        nxt = n + 1
-        shares = [nxt // k] * (k - 1) + [nxt - (k - 1) * (nxt // k)]
-        if any(s * bl.per_unit > len(bl.blocks) - KEEP_ON_DEVICE for s, bl in zip(shares, lists)):
-            return n
-        n = nxt
-
-
-def swap_problems(n: int | None, lists: Sequence[BlockList], family_title: str) -> list[str]:
-    """Problems of ``--blocks_to_swap n`` for a denoiser with these block lists (empty: it can be done)."""
-    if not n:
-        return []
-    if not lists:
-        from library.families.registry import block_swap_groups
-
-        groups, scripts = block_swap_groups()
-        return [f"--blocks_to_swap {n}: the {family_title} denoiser has no transformer block lists to swap; sd-scripts "
-                f"swaps blocks for {' and '.join(groups)} only ({', '.join(scripts)}): remove the flag"]  # fmt: skip
-    try:
-        split_blocks_to_swap(n, lists)
-    except ValueError as e:
-        return [f"{e}: lower --blocks_to_swap"]
-    return []
 
 
 # ------------------------------------------------------------------------------------------------ swapping
@@ -393,13 +348,14 @@ class BlockSwap:
     weights: :class:`_Swapped`).
 
     ``lists``: the denoiser's block lists in forward order (:meth:`ModelFamily.swap_blocks`); ``blocks_to_swap``: N,
-    split by :func:`split_blocks_to_swap`; ``device``: the accelerator's device. :meth:`place` puts the model there.
+    split by :func:`split_blocks_to_swap` with the family's rule ``split``; ``device``: the accelerator's device. :meth:`place` puts the model there.
     ``moves_in`` / ``moves_out``: how many times a block came onto / left the device (for tests and logs).
     """
 
-    def __init__(self, lists: Sequence[BlockList], blocks_to_swap: int, device: torch.device | str) -> None:
+    def __init__(self, lists: Sequence[BlockList], blocks_to_swap: int, device: torch.device | str,
+                 split: str = "even") -> None:  # fmt: skip
         self.device = torch.device(device)
-        self.counts = split_blocks_to_swap(blocks_to_swap, lists)
+        self.counts = split_blocks_to_swap(blocks_to_swap, lists, split)
         self.asynchronous = self.device.type == "cuda"
         self.stream = torch.cuda.Stream(self.device) if self.asynchronous else None
         self.moves_in = self.moves_out = 0

@@ -10,6 +10,7 @@ run with the same dataset config, encoder files and dtypes finds every entry and
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import Any
 
 import torch
@@ -24,11 +25,12 @@ from library.run.setup import latent_cache_id, text_cache_id
 from library.run.train_step import encode_captions, text_cache_entry
 
 
-def dataset_plan(dataset_config: str, family: ModelFamily, *, cache_dir: str | None,
-                 vae_batch_size: int = 1) -> data.Plan:  # fmt: skip
+def dataset_plan(dataset_config: str, family: ModelFamily, *, cache_dir: str | None, vae_batch_size: int = 1,
+                 control_images: bool = False) -> data.Plan:  # fmt: skip
     """The datasets of ``dataset_config`` as a training run of ``family`` reads them, with both caches on disk
-    (in ``cache_dir``, else next to the images), ``vae_batch_size`` images per VAE call. Raises ConfigError naming
-    every problem of the file."""
+    (in ``cache_dir``, else next to the images), ``vae_batch_size`` images per VAE call; ``control_images``: the
+    model takes the subsets' control images (library/data/control_images.py), whose latents are cached beside the
+    images'. Raises ConfigError naming every problem of the file."""
     parser = argparse.ArgumentParser(add_help=False)
     add_dataset_args(parser)
     argv = [
@@ -41,6 +43,7 @@ def dataset_plan(dataset_config: str, family: ModelFamily, *, cache_dir: str | N
     ]
     args = parser.parse_args(argv + (["--cache_dir", cache_dir] if cache_dir else []))
     data_args = with_native_resolution(data.DataArgs.from_args(args), family, False)
+    data_args = dataclasses.replace(data_args, control_images=control_images)
     data.load_dataset_configs(data_args, size_multiple=family.size_multiple)  # every problem of the file at once
     return data.build_datasets(data_args, size_multiple=family.size_multiple)
 

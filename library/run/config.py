@@ -255,7 +255,7 @@ def block_swap_problems(family: ModelFamily, cfg: BlockSwapConfig) -> list[str]:
     if not cfg.swaps:
         return []
     lists = family.swap_blocks(family.reference_parts().denoiser)
-    return swap_problems(cfg.blocks_to_swap, lists, family.spec.title)
+    return swap_problems(cfg.blocks_to_swap, lists, family.spec.title, getattr(family, "block_swap_split", "even"))
 
 
 def method_with_text_cache(family: ModelFamily | None, data_args: Any, method: Any, flag: str) -> Any:

@@ -360,10 +360,11 @@ def place_denoiser(
         denoiser.to(device)
         return None
     lists = family.swap_blocks(denoiser)
-    problems = swap_problems(cfg.blocks_to_swap, lists, family.spec.title)
+    split = getattr(family, "block_swap_split", "even")  # how N is shared between the lists (swap_split.py)
+    problems = swap_problems(cfg.blocks_to_swap, lists, family.spec.title, split)
     if problems:
         raise ConfigError(problems)
-    swap = BlockSwap(lists, cfg.blocks_to_swap, device)
+    swap = BlockSwap(lists, cfg.blocks_to_swap, device, split)
     swap.place(denoiser)
     return swap
 

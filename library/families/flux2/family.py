@@ -167,6 +167,7 @@ class Flux2Family:
     denoiser_name = "transformer"
     partial_text_cache = None  # one text encoder: its cached outputs cannot train its adapters
     # --fp8_base: only the blocks' Linears in float8 (musubi-tuner's FP8_OPTIMIZATION_TARGET_KEYS; norms excluded)
+    block_swap_split = "ratio"  # musubi-tuner's share of --blocks_to_swap by the lists' ratio (dev: up to 29)
     fp8_skip = ("x_embedder", "context_embedder", "time_guidance_embed", "modulation", "norm", "proj_out")
     target_classes = TARGETS
     options = Flux2Options

@@ -113,6 +113,13 @@ def load_text_encoder(path: Path, version: str, dtype: Any, device: Any) -> nn.M
     return qwen3.load(path, [released, (TINY_QWEN3, "the tiny test Qwen3")], dtype, device)
 
 
+def load_tokenizer(path: Path, version: str) -> Any:
+    """Mistral's tokenizer beside the text encoder for dev; Qwen3's (the folder's, else the shipped one) for klein."""
+    if version == "dev":
+        return mistral3.load_tokenizer(path)
+    return qwen3.load_tokenizer(path if path.is_dir() else None)
+
+
 def load_flux2(name: str, path: str | Path, *, dtype: torch.dtype | PartDtypes, vae: str | None, device: Any,
                options: Any) -> Parts:  # fmt: skip
     """The parts of a FLUX.2 model (module docstring); errors name the flag."""
@@ -128,10 +135,7 @@ def load_flux2(name: str, path: str | Path, *, dtype: torch.dtype | PartDtypes, 
     vae_path = _part(vae, folder, "vae", "--vae", "FLUX.2's AE, ae.safetensors")
     denoiser = load_dit(path, dtypes.denoiser, device)
     version = variant(dict(denoiser.config), options.model_version, path)
-    if version == "dev":
-        tokenizers = [mistral3.load_tokenizer(te_path)]
-    else:
-        tokenizers = [qwen3.load_tokenizer(te_path if te_path.is_dir() else None)]
+    tokenizers = [load_tokenizer(te_path, version)]
     encoder = load_text_encoder(te_path, version, dtypes.text_encoders, device)
     autoencoder = ae.load(vae_path, VAE_DTYPES.get(options.vae_dtype or "", dtypes.vae), device)  # --vae_dtype
     steps, guidance = DEV_SAMPLING if version == "dev" else SAMPLING[GUIDANCE_DISTILLED[version]]

@@ -24,7 +24,7 @@ from library.cli.parse import add_unsupported
 from library.cli.problems import ConfigError
 
 from ..base import FamilySpec
-from ..options import add_once, identity_of, mark_no_effect
+from ..options import add_once, mark_no_effect, musubi_caching
 from .objective import Flux2FlowConfig, add_flow_args
 
 log = logging.getLogger(__name__)
@@ -159,12 +159,16 @@ class Flux2Options:
         return {"ss_model_version": self.model_version or ""}
 
     def prompt_identity(self) -> str:
-        return identity_of((("model_version", self.model_version or ""),))
+        """Nothing beyond the text encoder's weights: they tell Mistral 3 (dev, its template) from Qwen3 (klein),
+        and klein and klein base encode alike, so flux_2_cache_text_encoder_outputs.py's entries (its
+        ``--model_version`` defaults to dev) are found by a run whose version is read from the weights."""
+        return ""
 
 
 def musubi_argv(argv: Any, network: bool = True) -> list[str]:
     """musubi-tuner's meanings on our flags: it trains from cached latents and text-encoder outputs, so the run
-    caches both (in memory) unless the command line says otherwise; it trains the DiT's adapters only; its
+    caches both unless told otherwise (:func:`..options.musubi_caching`: on disk in musubi-tuner's
+    ``cache_directory``, where flux_2_cache_*.py write); it trains the DiT's adapters only; its
     ``--fp8_base`` stores the DiT alone in float8 (ours: ``--fp8_base_unet``) and ``--fp8_text_encoder`` the text
     encoder too (with ``--fp8_base``: ours, both; alone it is refused by name)."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -173,10 +177,7 @@ def musubi_argv(argv: Any, network: bool = True) -> list[str]:
             args.remove("--fp8_text_encoder")
         else:
             args[args.index("--fp8_base")] = "--fp8_base_unet"
-    if not any(a.startswith("--cache_latents") for a in args):
-        args.append("--cache_latents")
-    if not any(a.startswith("--cache_text_encoder_outputs") for a in args):
-        args.append("--cache_text_encoder_outputs")
+    args = musubi_caching(args)  # on disk in the dataset config's cache_directory, where the caching scripts write
     if network and not any(a.startswith(("--network_train_unet_only", "--network_train_text_encoder_only"))
                            for a in args):  # fmt: skip
         args.append("--network_train_unet_only")

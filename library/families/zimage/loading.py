@@ -93,6 +93,15 @@ def load_vae(path: Path, dtype: torch.dtype, device: Any, flag: str = "--vae") -
                         this="Z-Image's AE (FLUX.1's)")  # fmt: skip
 
 
+def load_text_encoder(path: Path, dtype: torch.dtype, device: Any, fp8_llm: bool) -> nn.Module:
+    """Qwen3-4B in ``dtype``; ``--fp8_llm``: its Linear weights stored in float8, computed in ``dtype`` (training and
+    zimage_cache_text_encoder_outputs.py load it alike: the text cache keys include its storage)."""
+    encoder = qwen3.load(path, dtype=dtype, device=device, where="--text_encoder")
+    if fp8_llm:
+        store_in_fp8(encoder, dtype, skip=("norm",))
+    return encoder
+
+
 def _part(given: str | None, folder: Path | None, sub: str, flag: str, what: str) -> Path:
     if given is not None:
         p = Path(given)
@@ -123,9 +132,7 @@ def load_zimage(name: str, path: str | Path, *, dtype: torch.dtype | PartDtypes,
                     "Qwen3-4B, e.g. ComfyUI's qwen_3_4b.safetensors")  # fmt: skip
     vae_path = _part(vae, folder, "vae", "--vae", "the FLUX.1 AE, e.g. ae.safetensors")
     denoiser = load_dit(path, dtypes.denoiser, device)
-    encoder = qwen3.load(te_path, dtype=dtypes.text_encoders, device=device, where="--text_encoder")
-    if options.fp8_llm:
-        store_in_fp8(encoder, dtypes.text_encoders, skip=("norm",))  # computed in the encoder's dtype (bf16 in a run)
+    encoder = load_text_encoder(te_path, dtypes.text_encoders, device, options.fp8_llm)
     autoencoder = load_vae(vae_path, _dtype(options.vae_dtype, dtypes.vae), device)
     tokenizers = [qwen3.load_tokenizer(te_path if te_path.is_dir() else None)]
     parts = Parts(denoiser, autoencoder, [encoder], tokenizers, dict(M.SCHEDULER), name, str(path), options)

@@ -27,7 +27,7 @@ from library.cli.parse import add_unsupported
 from library.cli.problems import ConfigError
 
 from ..base import FamilySpec
-from ..options import add_once, identity_of, mark_no_effect
+from ..options import add_once, identity_of, mark_no_effect, musubi_caching
 from .objective import ZImageFlowConfig, add_flow_args
 
 log = logging.getLogger(__name__)
@@ -186,14 +186,11 @@ class ZImageOptions:
 
 def musubi_argv(argv: Any, network: bool = True) -> list[str]:
     """musubi-tuner's caching behaviour on our flags: it always trains from cached latents and text-encoder outputs
-    (its separate caching scripts), so the run caches both (in memory) unless the command line says otherwise
-    (``--cache_latents*`` / ``--cache_text_encoder_outputs*`` given); and it trains the DiT's adapters only
-    (``--network_train_unet_only`` unless a ``--network_train_*`` flag is given)."""
+    (its separate caching scripts), so the run caches both unless told otherwise (:func:`..options.musubi_caching`:
+    on disk in musubi-tuner's ``cache_directory``, where zimage_cache_*.py write); and it trains the DiT's adapters
+    only (``--network_train_unet_only`` unless a ``--network_train_*`` flag is given)."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if not any(a.startswith("--cache_latents") for a in args):
-        args.append("--cache_latents")
-    if not any(a.startswith("--cache_text_encoder_outputs") for a in args):
-        args.append("--cache_text_encoder_outputs")
+    args = musubi_caching(args)  # on disk in the dataset config's cache_directory, where the caching scripts write
     if network and not any(a.startswith(("--network_train_unet_only", "--network_train_text_encoder_only"))
                            for a in args):  # fmt: skip
         args.append("--network_train_unet_only")  # musubi-tuner trains no text-encoder adapters
