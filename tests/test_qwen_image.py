@@ -165,7 +165,7 @@ def test_loss_falls(qwen_files, dataset, tmp_path):
 @pytest.mark.parametrize(
     ("extra", "toml_extra", "message"),
     [
-        (["--model_version", "edit-2509"], "", "--model_version edit-2509 is not supported yet"),
+        (["--model_version", "layered"], "", "--model_version layered is not supported yet"),
         ([], 'control_directory = "x"\n', "datasets\\[0\\]: control_directory: the edit models' control images"),
         ([], "frame_stride = 2\n", "frame_stride: video datasets are not supported"),
         ([], "colour = 2\n", "unknown key 'colour'"),

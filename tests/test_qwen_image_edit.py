@@ -1,5 +1,5 @@
-"""The edit models' DiT input and prompt (pieces of --model_version edit / edit-2509 / edit-2511; the run side is not
-done and those versions are refused): model.forward with reference latents equals diffusers' QwenImageEditPlusPipeline
+"""The edit models' DiT input, prompt and files (pieces of --model_version edit / edit-2509 / edit-2511; the run:
+tests/test_qwen_image_edit_training.py): model.forward with reference latents equals diffusers' QwenImageEditPlusPipeline
 way of calling QwenImageTransformer2DModel (its own _pack_latents, the references after the noisy latents, their
 shapes in img_shapes, the output cut to the noisy tokens), for the plain DiT and an Edit-2511 one (zero_cond_t, which
 modulates the reference tokens at t = 0). musubi-tuner's own call_dit on the same inputs: benchmarks/qwen_image_vs_musubi.py."""

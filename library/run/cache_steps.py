@@ -10,6 +10,7 @@ run with the same dataset config, encoder files and dtypes finds every entry and
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import Any
 
 import torch
@@ -25,10 +26,10 @@ from library.run.train_step import encode_captions, text_cache_entry
 
 
 def dataset_plan(dataset_config: str, family: ModelFamily, *, cache_dir: str | None,
-                 vae_batch_size: int = 1) -> data.Plan:  # fmt: skip
+                 vae_batch_size: int = 1, control_images: bool = False) -> data.Plan:  # fmt: skip
     """The datasets of ``dataset_config`` as a training run of ``family`` reads them, with both caches on disk
-    (in ``cache_dir``, else next to the images), ``vae_batch_size`` images per VAE call. Raises ConfigError naming
-    every problem of the file."""
+    (in ``cache_dir``, else next to the images), ``vae_batch_size`` images per VAE call; ``control_images``: the
+    datasets' control images read (an edit model's). Raises ConfigError naming every problem of the file."""
     parser = argparse.ArgumentParser(add_help=False)
     add_dataset_args(parser)
     argv = [
@@ -41,6 +42,8 @@ def dataset_plan(dataset_config: str, family: ModelFamily, *, cache_dir: str | N
     ]
     args = parser.parse_args(argv + (["--cache_dir", cache_dir] if cache_dir else []))
     data_args = with_native_resolution(data.DataArgs.from_args(args), family, False)
+    if control_images:
+        data_args = dataclasses.replace(data_args, control_images=True)
     data.load_dataset_configs(data_args, size_multiple=family.size_multiple)  # every problem of the file at once
     return data.build_datasets(data_args, size_multiple=family.size_multiple)
 
@@ -65,14 +68,15 @@ def write_text(plan: data.Plan, family: ModelFamily, parts: Parts, device: Any,
     captions per call (default: the first dataset's batch size), as training encodes them with no --clip_skip,
     --max_token_length or --weighted_captions."""
 
-    def encode_text(captions: list[str]) -> dict[str, torch.Tensor]:
+    def encode_text(captions: list[str], controls: list | None = None) -> dict[str, torch.Tensor]:
         with torch.no_grad():
-            cond = encode_captions(family, parts, captions, None, None, False)
+            cond = encode_captions(family, parts, captions, None, None, False, controls=controls)
         return {k: v.float().cpu() for k, v in text_cache_entry(cond).items()}
 
+    seen = getattr(parts.options, "prompt_control_images", False)  # the edit models' prompts see the controls
     with on_device(parts.text_encoders, device):
         return data.cache_text_encoder_outputs(plan, encode_text, text_cache_id(parts, None, None, False),
-                                               batch_size=batch_size)  # fmt: skip
+                                               batch_size=batch_size, with_controls=seen)  # fmt: skip
 
 
 def where(plan: data.Plan) -> str:

@@ -1,0 +1,139 @@
+"""Qwen-Image edit training (--model_version edit / edit-2509 / edit-2511 with the dataset's control_directory, as
+musubi-tuner's docs/qwen_image.md trains them): musubi-tuner's documented LoRA line with its dataset TOML and a
+control folder runs on tiny files (Qwen2.5-VL with its vision tower in ComfyUI's layout); for each batch the DiT gets
+the VAE's latents of each control image at musubi-tuner's pixels as references (library/data/control_images.py,
+checked against musubi-tuner's own dataset code in tests/test_control_images.py; model.forward(references=) against
+diffusers in tests/test_qwen_image_edit.py) and the prompt states that diffusers' QwenImageEditPlusPipeline encodes
+from the caption and the control images at musubi-tuner's 384 x 384 condition area; the text cache is keyed on the
+control images' bytes."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from _qwen_image_commands import doc_command, musubi_toml
+from PIL import Image
+
+import qwen_image_cache_latents
+import qwen_image_cache_text_encoder_outputs
+import qwen_image_train_network
+from library.data import control_images as CI
+from library.families.autoencoders import qwen_image as ae
+from library.families.encoders import qwen25vl
+from library.families.encoders import qwen25vl_edit as E
+from library.families.qwen_image import QWEN_IMAGE, saving
+
+pytest_plugins = ["_qwen_image_helpers"]
+
+
+@pytest.fixture(scope="module")
+def edit_files(qwen_files, tmp_path_factory):
+    """The tiny files with a Qwen2.5-VL that has its vision tower (``model.*`` + ``visual.*``) and that model."""
+    vl = E.randomize(E.build(qwen25vl.TINY_TEXT, E.TINY_VISION).eval(), 0)
+    path = tmp_path_factory.mktemp("vl") / "tiny_vl.safetensors"
+    saving.save_text_encoder(SimpleNamespace(text_encoders=[E.core(vl)]), path)
+    return {**qwen_files, "text_encoder": str(path), "vl": vl}
+
+
+@pytest.fixture(scope="module")
+def controls(dataset, tmp_path_factory):
+    """One control image per demo image (sizes other than the targets'), two for the first."""
+    folder = tmp_path_factory.mktemp("control")
+    images = sorted(p for p in (dataset / "10_sks shape").iterdir() if p.suffix == ".png")
+    rng = np.random.default_rng(0)
+    for i, image in enumerate(images):
+        for name in [image.stem + ".png"] + ([image.stem + "_1.png"] if i == 0 else []):
+            Image.fromarray(rng.integers(0, 256, (40 + 8 * i, 56, 3), dtype=np.uint8)).save(folder / name)
+    return folder
+
+
+def _counting(method, calls, key):
+    def counted(*args, **kwargs):
+        calls[key] += 1
+        return method(*args, **kwargs)
+
+    return counted
+
+
+def _edit_command(files, toml, out, version, *extra):
+    argv = doc_command(files, toml, out, *extra)
+    argv[argv.index("--model_version") + 1] = version
+    return argv
+
+
+def test_edit_training_gets_controls_and_prompts_with_images(edit_files, dataset, controls, tmp_path, monkeypatch):
+    from diffusers import QwenImageEditPlusPipeline
+
+    toml = musubi_toml(dataset, tmp_path / "dataset.toml", f'control_directory = "{controls.as_posix()}"\n')
+    toml.write_text(toml.read_text().replace("batch_size = 2", "batch_size = 1"))
+    seen, batches = [], []
+    original = type(QWEN_IMAGE).predict
+
+    def predict(self, denoiser, noisy, t, cond, **options):
+        seen.append(([r.detach().float().clone() for r in options.get("references", ())], cond))
+        return original(self, denoiser, noisy, t, cond, **options)
+
+    monkeypatch.setattr(type(QWEN_IMAGE), "predict", predict)
+    from library.run import loop
+
+    step_loss = loop.batch_loss
+
+    def batch_loss(m, batch, generator, **kw):
+        batches.append(batch)
+        return step_loss(m, batch, generator, **kw)
+
+    monkeypatch.setattr(loop, "batch_loss", batch_loss)
+    calls = {"vae": 0, "vl": 0}
+    for name, key in (("encode_latents", "vae"), ("encode_prompt", "vl")):
+        monkeypatch.setattr(QWEN_IMAGE, name, _counting(getattr(QWEN_IMAGE, name), calls, key))
+    # musubi-tuner's workflow: its two caching scripts for the edit model, then training, which encodes nothing
+    assert qwen_image_cache_latents.main(["--dataset_config", str(toml), "--vae", edit_files["vae"],
+                                          "--model_version", "edit-2509"]) == 0  # fmt: skip
+    assert qwen_image_cache_text_encoder_outputs.main(["--dataset_config", str(toml), "--text_encoder",
+                                                       edit_files["text_encoder"], "--edit_plus"]) == 0  # fmt: skip
+    assert calls["vae"] == 4 + 5 and calls["vl"] >= 1  # four targets and five control images
+    entries = sorted((tmp_path / "cache").rglob("*.safetensors"))
+    assert len(entries) == 4 + 5 + 4  # latents, control latents, one prompt per (caption, control images)
+    calls.update(vae=0, vl=0)
+    result = qwen_image_train_network.run(_edit_command(edit_files, toml, tmp_path / "out", "edit-2509"))
+    assert calls == {"vae": 0, "vl": 0} and sorted((tmp_path / "cache").rglob("*.safetensors")) == entries
+    assert result.output.is_file()
+    assert len(seen) == len(batches) == 4 and sorted(len(r) for r, _ in seen) == [1, 1, 1, 2]
+    vae = edit_files["parts"].vae.to(torch.bfloat16)
+    vl = E.build(qwen25vl.TINY_TEXT, E.TINY_VISION).eval()
+    vl.load_state_dict(edit_files["vl"].state_dict())
+    vl = vl.to(torch.bfloat16)  # the run's Qwen2.5-VL: --mixed_precision bf16
+    proc = E.processor()
+    pipe = QwenImageEditPlusPipeline(scheduler=None, vae=None, text_encoder=vl, tokenizer=proc.tokenizer,
+                                     processor=proc, transformer=None)  # fmt: skip
+    settings = CI.ControlSettings(str(controls))
+    try:
+        for (refs, cond), batch in zip(seen, batches):
+            path = batch.image_paths[0]
+            files = CI.match([path], str(controls))[path]
+            bucket = (int(batch.target_sizes[0, 1]), int(batch.target_sizes[0, 0]))
+            assert len(refs) == len(files)
+            with torch.no_grad():
+                for ref, f in zip(refs, files):
+                    want = ae.encode(vae, CI.control_pixels(f, bucket, settings, 16)[None]).float()
+                    torch.testing.assert_close(ref, want.to(torch.bfloat16).float())
+                shown = []
+                for f in files:  # musubi-tuner: the 384 x 384 area's bucket nearest the aspect ratio, step 16
+                    img = Image.open(f).convert("RGB")
+                    size = CI.bucket_for_area(img.size, (384, 384), 16)
+                    shown.append(Image.fromarray(CI.resize_to(img, size)))
+                want, want_mask = pipe._get_qwen_prompt_embeds(batch.captions[0], shown, torch.device("cpu"),
+                                                               torch.bfloat16)  # fmt: skip
+            n = int(cond.mask[0].sum())
+            assert n == want.shape[1]
+            torch.testing.assert_close(cond.hidden_states[0, :n].float(), want[0].float(), atol=2e-2, rtol=2e-2)
+    finally:
+        edit_files["parts"].vae.float()
+    last = sorted(controls.iterdir())[-1]  # an edited control image: its prompt entry is encoded again, alone
+    Image.fromarray(255 - np.asarray(Image.open(last))).save(last)
+    assert qwen_image_cache_text_encoder_outputs.main(["--dataset_config", str(toml), "--text_encoder",
+                                                       edit_files["text_encoder"], "--edit_plus"]) == 0  # fmt: skip
+    assert calls["vl"] == 1 and len(list((tmp_path / "cache").rglob("*.safetensors"))) == len(entries) + 1
