@@ -64,16 +64,20 @@ def _edit_command(files, toml, out, version, *extra):
     return argv
 
 
-def test_edit_training_gets_controls_and_prompts_with_images(edit_files, dataset, controls, tmp_path, monkeypatch):
+@pytest.mark.parametrize("version", ["edit-2509", "edit-2511"])
+def test_edit_training_gets_controls_and_prompts_with_images(edit_files, dataset, controls, tmp_path, monkeypatch,
+                                                             version):  # fmt: skip
+    """edit-2511: the same prompt template as edit-2509; its DiT is built with zero_cond_t (musubi-tuner's rule)."""
     from diffusers import QwenImageEditPlusPipeline
 
     toml = musubi_toml(dataset, tmp_path / "dataset.toml", f'control_directory = "{controls.as_posix()}"\n')
     toml.write_text(toml.read_text().replace("batch_size = 2", "batch_size = 1"))
-    seen, batches = [], []
+    seen, batches, zero_cond = [], [], set()
     original = type(QWEN_IMAGE).predict
 
     def predict(self, denoiser, noisy, t, cond, **options):
         seen.append(([r.detach().float().clone() for r in options.get("references", ())], cond))
+        zero_cond.add(bool(getattr(denoiser.config, "zero_cond_t", False)))
         return original(self, denoiser, noisy, t, cond, **options)
 
     monkeypatch.setattr(type(QWEN_IMAGE), "predict", predict)
@@ -91,14 +95,16 @@ def test_edit_training_gets_controls_and_prompts_with_images(edit_files, dataset
         monkeypatch.setattr(QWEN_IMAGE, name, _counting(getattr(QWEN_IMAGE, name), calls, key))
     # musubi-tuner's workflow: its two caching scripts for the edit model, then training, which encodes nothing
     assert qwen_image_cache_latents.main(["--dataset_config", str(toml), "--vae", edit_files["vae"],
-                                          "--model_version", "edit-2509"]) == 0  # fmt: skip
+                                          "--model_version", version]) == 0  # fmt: skip
+    given = ["--edit_plus"] if version == "edit-2509" else ["--model_version", version]  # musubi-tuner's two names
     assert qwen_image_cache_text_encoder_outputs.main(["--dataset_config", str(toml), "--text_encoder",
-                                                       edit_files["text_encoder"], "--edit_plus"]) == 0  # fmt: skip
+                                                       edit_files["text_encoder"], *given]) == 0  # fmt: skip
     assert calls["vae"] == 4 + 5 and calls["vl"] >= 1  # four targets and five control images
     entries = sorted((tmp_path / "cache").rglob("*.safetensors"))
     assert len(entries) == 4 + 5 + 4  # latents, control latents, one prompt per (caption, control images)
     calls.update(vae=0, vl=0)
-    result = qwen_image_train_network.run(_edit_command(edit_files, toml, tmp_path / "out", "edit-2509"))
+    result = qwen_image_train_network.run(_edit_command(edit_files, toml, tmp_path / "out", version))
+    assert zero_cond == {version == "edit-2511"}
     assert calls == {"vae": 0, "vl": 0} and sorted((tmp_path / "cache").rglob("*.safetensors")) == entries
     assert result.output.is_file()
     assert len(seen) == len(batches) == 4 and sorted(len(r) for r, _ in seen) == [1, 1, 1, 2]
@@ -135,5 +141,5 @@ def test_edit_training_gets_controls_and_prompts_with_images(edit_files, dataset
     last = sorted(controls.iterdir())[-1]  # an edited control image: its prompt entry is encoded again, alone
     Image.fromarray(255 - np.asarray(Image.open(last))).save(last)
     assert qwen_image_cache_text_encoder_outputs.main(["--dataset_config", str(toml), "--text_encoder",
-                                                       edit_files["text_encoder"], "--edit_plus"]) == 0  # fmt: skip
+                                                       edit_files["text_encoder"], "--model_version", version]) == 0  # fmt: skip
     assert calls["vl"] == 1 and len(list((tmp_path / "cache").rglob("*.safetensors"))) == len(entries) + 1
