@@ -9,6 +9,7 @@ control images' bytes."""
 
 from __future__ import annotations
 
+import copy
 from types import SimpleNamespace
 
 import numpy as np
@@ -108,7 +109,7 @@ def test_edit_training_gets_controls_and_prompts_with_images(edit_files, dataset
     assert calls == {"vae": 0, "vl": 0} and sorted((tmp_path / "cache").rglob("*.safetensors")) == entries
     assert result.output.is_file()
     assert len(seen) == len(batches) == 4 and sorted(len(r) for r, _ in seen) == [1, 1, 1, 2]
-    vae = edit_files["parts"].vae.to(torch.bfloat16)
+    vae = copy.deepcopy(edit_files["parts"].vae).to(torch.bfloat16)  # the run's VAE: --mixed_precision bf16
     vl = E.build(qwen25vl.TINY_TEXT, E.TINY_VISION).eval()
     vl.load_state_dict(edit_files["vl"].state_dict())
     vl = vl.to(torch.bfloat16)  # the run's Qwen2.5-VL: --mixed_precision bf16
@@ -116,30 +117,82 @@ def test_edit_training_gets_controls_and_prompts_with_images(edit_files, dataset
     pipe = QwenImageEditPlusPipeline(scheduler=None, vae=None, text_encoder=vl, tokenizer=proc.tokenizer,
                                      processor=proc, transformer=None)  # fmt: skip
     settings = CI.ControlSettings(str(controls))
-    try:
-        for (refs, cond), batch in zip(seen, batches):
-            path = batch.image_paths[0]
-            files = CI.match([path], str(controls))[path]
-            bucket = (int(batch.target_sizes[0, 1]), int(batch.target_sizes[0, 0]))
-            assert len(refs) == len(files)
-            with torch.no_grad():
-                for ref, f in zip(refs, files):
-                    want = ae.encode(vae, CI.control_pixels(f, bucket, settings, 16)[None]).float()
-                    torch.testing.assert_close(ref, want.to(torch.bfloat16).float())
-                shown = []
-                for f in files:  # musubi-tuner: the 384 x 384 area's bucket nearest the aspect ratio, step 16
-                    img = Image.open(f).convert("RGB")
-                    size = CI.bucket_for_area(img.size, (384, 384), 16)
-                    shown.append(Image.fromarray(CI.resize_to(img, size)))
-                want, want_mask = pipe._get_qwen_prompt_embeds(batch.captions[0], shown, torch.device("cpu"),
-                                                               torch.bfloat16)  # fmt: skip
-            n = int(cond.mask[0].sum())
-            assert n == want.shape[1]
-            torch.testing.assert_close(cond.hidden_states[0, :n].float(), want[0].float(), atol=2e-2, rtol=2e-2)
-    finally:
-        edit_files["parts"].vae.float()
+    for (refs, cond), batch in zip(seen, batches):
+        path = batch.image_paths[0]
+        files = CI.match([path], str(controls))[path]
+        bucket = (int(batch.target_sizes[0, 1]), int(batch.target_sizes[0, 0]))
+        assert len(refs) == len(files)
+        with torch.no_grad():
+            for ref, f in zip(refs, files):
+                want = ae.encode(vae, CI.control_pixels(f, bucket, settings, 16)[None]).float()
+                torch.testing.assert_close(ref, want.to(torch.bfloat16).float())
+            shown = []
+            for f in files:  # musubi-tuner: the 384 x 384 area's bucket nearest the aspect ratio, step 16
+                img = Image.open(f).convert("RGB")
+                size = CI.bucket_for_area(img.size, (384, 384), 16)
+                shown.append(Image.fromarray(CI.resize_to(img, size)))
+            want, want_mask = pipe._get_qwen_prompt_embeds(batch.captions[0], shown, torch.device("cpu"),
+                                                           torch.bfloat16)  # fmt: skip
+        n = int(cond.mask[0].sum())
+        assert n == want.shape[1]
+        torch.testing.assert_close(cond.hidden_states[0, :n].float(), want[0].float(), atol=2e-2, rtol=2e-2)
     last = sorted(controls.iterdir())[-1]  # an edited control image: its prompt entry is encoded again, alone
     Image.fromarray(255 - np.asarray(Image.open(last))).save(last)
     assert qwen_image_cache_text_encoder_outputs.main(["--dataset_config", str(toml), "--text_encoder",
                                                        edit_files["text_encoder"], "--model_version", version]) == 0  # fmt: skip
     assert calls["vl"] == 1 and len(list((tmp_path / "cache").rglob("*.safetensors"))) == len(entries) + 1
+
+
+def test_generate_with_control_images(edit_files, controls, tmp_path, monkeypatch):
+    """qwen_image_generate_image.py --model_version edit-2509 --control_image_path A B (musubi-tuner's flags): each DiT
+    call gets the VAE latents of the control images at musubi-tuner's sizes (the bucket of their own area; with
+    --resize_control_to_image_size the image size) and the prompt states diffusers' QwenImageEditPlusPipeline encodes
+    with those images; true CFG runs with them too; without --control_image_path an edit model is refused."""
+    from diffusers import QwenImageEditPlusPipeline
+
+    import qwen_image_generate_image
+    from library.cli.problems import ConfigError
+
+    seen = []
+    original = type(QWEN_IMAGE).predict
+
+    def predict(self, denoiser, noisy, t, cond, **options):
+        seen.append(([r.detach().float().clone() for r in options.get("references", ())], cond, noisy.shape[0]))
+        return original(self, denoiser, noisy, t, cond, **options)
+
+    monkeypatch.setattr(type(QWEN_IMAGE), "predict", predict)
+    files = sorted(str(p) for p in controls.iterdir())[:2]
+    base = ["--dit", edit_files["dit"], "--vae", edit_files["vae"], "--text_encoder", edit_files["text_encoder"],
+            "--model_version", "edit-2509", "--prompt", "make it blue", "--image_size", "32", "48",
+            "--infer_steps", "2", "--seed", "1", "--guidance_scale", "1.0"]  # fmt: skip
+    with pytest.raises(ConfigError, match="--control_image_path"):
+        qwen_image_generate_image.run([*base, "--save_path", str(tmp_path / "none")])
+    vl = E.build(qwen25vl.TINY_TEXT, E.TINY_VISION).eval()
+    vl.load_state_dict(edit_files["vl"].state_dict())
+    proc = E.processor()
+    pipe = QwenImageEditPlusPipeline(scheduler=None, vae=None, text_encoder=vl, tokenizer=proc.tokenizer,
+                                     processor=proc, transformer=None)  # fmt: skip
+    vae = edit_files["parts"].vae
+    for extra, sizes in (([], None), (["--resize_control_to_image_size"], (48, 32))):
+        seen.clear()
+        (out,) = qwen_image_generate_image.run([*base, "--save_path", str(tmp_path / "a"), "--control_image_path",
+                                                *files, *extra])  # fmt: skip
+        assert Image.open(out).size == (48, 32) and len(seen) == 2
+        shown = []
+        for f in files:
+            img = Image.open(f).convert("RGB")
+            shown.append(CI.resize_to(img, sizes or CI.bucket_for_area(img.size, img.size, 16)))
+        refs, cond, _ = seen[0]
+        with torch.no_grad():
+            for ref, arr in zip(refs, shown, strict=True):
+                pixels = torch.from_numpy(np.ascontiguousarray(arr)).permute(2, 0, 1)[None].float() / 127.5 - 1
+                torch.testing.assert_close(ref, ae.encode(vae, pixels.to(ref.dtype)).float(), atol=1e-4, rtol=1e-4)
+            want, _ = pipe._get_qwen_prompt_embeds("make it blue", [Image.fromarray(a) for a in shown],
+                                                   torch.device("cpu"), torch.float32)  # fmt: skip
+        n = int(cond.mask[0].sum())
+        assert n == want.shape[1]
+        torch.testing.assert_close(cond.hidden_states[0, :n].float(), want[0], atol=1e-3, rtol=1e-3)
+    seen.clear()
+    qwen_image_generate_image.run([*base[:-1], "4.0", "--save_path", str(tmp_path / "cfg"), "--control_image_path",
+                                   files[0], "--negative_prompt", "blurry"])  # fmt: skip
+    assert [(len(r), b) for r, _, b in seen] == [(1, 2), (1, 2)]  # [negative; prompt], both with the control image
