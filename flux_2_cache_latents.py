@@ -46,7 +46,8 @@ def run(argv: Sequence[str] | None = None):
         raise ConfigError(problems)
     if not Path(args.vae).exists():
         raise FileNotFoundError(f"--vae {args.vae}: no such file or folder (FLUX.2's AE, ae.safetensors)")
-    plan = cache_steps.dataset_plan(args.dataset_config, FLUX2, control_images=True, vae_batch_size=flags.batch_size or 1,
+    plan = cache_steps.dataset_plan(args.dataset_config, FLUX2, control_images=True,
+                                    vae_batch_size=flags.batch_size or 1,
                                     cache_dir=musubi_dataset.cache_directory(args.dataset_config))  # fmt: skip
     parts = Parts(None, ae.load(Path(args.vae), dtype, "cpu"), [], [], {}, FLUX2.name)
     cache = cache_steps.write_latents(plan, FLUX2, parts, flags.device)

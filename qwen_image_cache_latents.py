@@ -26,6 +26,7 @@ from library.data import musubi_dataset
 from library.families.base import Parts
 from library.families.qwen_image import QWEN_IMAGE, cache_flags
 from library.families.qwen_image.loading import load_vae
+from library.families.qwen_image.options import EDIT_VERSIONS
 from library.run import cache_steps
 
 
@@ -39,8 +40,10 @@ def run(argv: Sequence[str] | None = None):
     flags = cache_flags.read_common(args, "--vae")
     if not Path(args.vae).exists():
         raise FileNotFoundError(f"--vae {args.vae}: no such file or folder (the Qwen-Image VAE)")
+    edit = flags.model_version in EDIT_VERSIONS  # the control images' latents too
     plan = cache_steps.dataset_plan(args.dataset_config, QWEN_IMAGE, vae_batch_size=flags.batch_size or 1,
-                                    cache_dir=musubi_dataset.cache_directory(args.dataset_config))  # fmt: skip
+                                    cache_dir=musubi_dataset.cache_directory(args.dataset_config),
+                                    control_images=edit)  # fmt: skip
     vae = load_vae(Path(args.vae), torch.bfloat16, "cpu")
     parts = Parts(None, vae, [], [], {}, QWEN_IMAGE.name)
     cache = cache_steps.write_latents(plan, QWEN_IMAGE, parts, flags.device)

@@ -9,7 +9,9 @@ scripts' encoding) and written into the dataset config's ``cache_directory`` (el
 content key a training run computes, so qwen_image_train_network.py / qwen_image_train.py with the same dataset config
 (and ``--mixed_precision bf16``: Qwen2.5-VL runs in bfloat16 here) find every entry and run no text encoder. The
 entries are ours, not musubi-tuner's ``*_qi_te.safetensors`` files, which are neither written nor read. The flags:
-library/families/qwen_image/cache_flags.py.
+library/families/qwen_image/cache_flags.py. With ``--model_version edit`` / ``edit-2509`` / ``edit-2511`` (or ``--edit`` /
+``--edit_plus``) Qwen2.5-VL sees each sample's control images from the dataset's ``control_directory`` (one entry per
+caption and control images, keyed on their bytes), as musubi-tuner caches the edit models' prompts.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from library.cli.main_guard import main_guard
 from library.cli.parse import parse_args
 from library.data import musubi_dataset
 from library.families.base import Parts
-from library.families.encoders import qwen25vl
+from library.families.encoders import qwen25vl, qwen25vl_edit
 from library.families.qwen_image import QWEN_IMAGE, cache_flags
 from library.families.qwen_image.options import QwenImageOptions
 from library.run import cache_steps
@@ -41,11 +43,13 @@ def run(argv: Sequence[str] | None = None):
     path = Path(args.text_encoder)
     if not path.exists():
         raise FileNotFoundError(f"--text_encoder {path}: no such file or folder (Qwen2.5-VL-7B)")
-    plan = cache_steps.dataset_plan(args.dataset_config, QWEN_IMAGE,
+    edit = flags.model_version in qwen25vl_edit.VERSIONS  # prompts encoded with their control images
+    plan = cache_steps.dataset_plan(args.dataset_config, QWEN_IMAGE, control_images=edit,
                                     cache_dir=musubi_dataset.cache_directory(args.dataset_config))  # fmt: skip
-    encoder = qwen25vl.load(path, torch.bfloat16, "cpu", where="--text_encoder")
+    load = qwen25vl_edit.load if edit else qwen25vl.load
+    encoder = load(path, torch.bfloat16, "cpu", where="--text_encoder")
     if args.fp8_vl:
-        qwen25vl.store_fp8(encoder, torch.bfloat16)
+        qwen25vl.store_fp8(getattr(encoder, "language_model", encoder), torch.bfloat16)
     tokenizer = qwen25vl.load_tokenizer(path if path.is_dir() else None)
     options = QwenImageOptions(text_encoder=str(path), model_version=flags.model_version, fp8_vl=args.fp8_vl)
     parts = Parts(None, None, [encoder], [tokenizer], {}, QWEN_IMAGE.name, options=options)

@@ -12,7 +12,11 @@ Read with musubi-tuner's meanings: ``--dit --vae --text_encoder``, ``--model_ver
 --save_path`` (a folder), ``--from_file``, ``--interactive``, ``--device``, ``--attn_mode torch|sdpa``,
 ``--blocks_to_swap`` (read as ``--offload``: each part on the device only while it runs), ``--fp8_vl`` (Qwen2.5-VL in float8). The Euler sampler does not
 stretch the schedule to the scheduler's ``shift_terminal`` 0.02 (diffusers / musubi-tuner do): images differ
-slightly at the same seed. Refused with the reason: the edit / layered options (``--control_image_path`` ...),
+slightly at the same seed. The edit models (``--model_version edit / edit-2509 / edit-2511``) take
+``--control_image_path`` (one or more images; required for them, as musubi-tuner), ``--resize_control_to_image_size``,
+``--resize_control_to_official_size`` with musubi-tuner's sizes: the prompt and the negative prompt are encoded with
+the control images, whose latents every DiT call gets as references (library/families/qwen_image/edit.py). Refused
+with the reason: ``--mask_path``, ``--append_original_name``, the layered options,
 ``--fp8 --fp8_scaled --fp8_fast``, ``--text_encoder_cpu``, ``--include_patterns --exclude_patterns``,
 ``--output_type`` other than images, ``--latent_path``, ``--save_merged_model``, ``--no_metadata``,
 ``--sample_solver`` other than euler, ``--num_layers``, ``--vae_enable_tiling``, the RCM / mask options.
@@ -28,10 +32,56 @@ from pathlib import Path
 from library.cli import deferred_imports
 from library.cli.main_guard import main_guard
 from library.families.qwen_image import QWEN_IMAGE
+from library.families.qwen_image.options import EDIT_VERSIONS
 from library.sampling.musubi_generate import MusubiGenerateScript
 
-EDIT = "the edit models are not supported yet"
+EDIT = "not done for the edit models here"
 LAYERED = "the layered model is not supported yet"
+
+
+def edit_args(group) -> None:
+    group.add_argument("--control_image_path", type=str, nargs="*", default=None,
+                       help="the edit models' control (reference) image(s); resized to the bucket of their own area "
+                       "unless one of the next two flags is given")  # fmt: skip
+    group.add_argument("--resize_control_to_image_size", action="store_true",
+                       help="control images resized to --image_size")  # fmt: skip
+    group.add_argument("--resize_control_to_official_size", action="store_true",
+                       help="control images resized to a 1024 x 1024 area (384 x 384 for Qwen2.5-VL)")  # fmt: skip
+
+
+def edit_problems(args, options) -> list[str]:
+    """musubi-tuner's rule: an edit model needs --control_image_path; the original takes none."""
+    edit = options.model_version in EDIT_VERSIONS
+    if edit and not args.control_image_path:
+        return [f"--model_version {options.model_version}: give the control image(s) with --control_image_path "
+                "(musubi-tuner requires them for the edit models)"]  # fmt: skip
+    given = [f for f in ("control_image_path", "resize_control_to_image_size", "resize_control_to_official_size")
+             if getattr(args, f)]  # fmt: skip
+    if not edit and given:
+        return [f"--{given[0]}: for the edit models; add --model_version edit, edit-2509 or edit-2511"]
+    missing = [p for p in args.control_image_path or () if not Path(p).is_file()]
+    return [f"--control_image_path {p}: no such file" for p in missing]
+
+
+def edit_sampling(args, family, parts):
+    """The family with the control images (library/families/qwen_image/edit.py), or itself for the original."""
+    import torch
+
+    from library.families.qwen_image import edit
+
+    version = parts.options.model_version
+    if version not in EDIT_VERSIONS:
+        return family
+    height, width = args.image_size
+    pixels, shown = edit.generation_controls(args.control_image_path, args.resize_control_to_official_size,
+                                             (width, height) if args.resize_control_to_image_size else None)  # fmt: skip
+    vae = parts.vae
+    device, dtype = next(vae.parameters()).device, next(vae.parameters()).dtype
+    with torch.no_grad():
+        latents = [family.encode_latents(parts, p.to(device, dtype)).cpu() for p in pixels]
+    return edit.EditSampling(family, version, shown, latents)
+
+
 SCRIPT = MusubiGenerateScript(
     QWEN_IMAGE,
     __doc__,
@@ -45,16 +95,13 @@ SCRIPT = MusubiGenerateScript(
     },  # fmt: skip
     refused_switches={
         "text_encoder_cpu": "use --offload (each part on the device only while it runs)",
-        "resize_control_to_image_size": EDIT,
-        "resize_control_to_official_size": EDIT,
         "append_original_name": EDIT,
         "automatic_prompt_lang_for_layered": LAYERED,
         "cfg_normalize": "CFG renormalisation is not done here",
         "bell": "not done here",
     },
     refused_values={
-        "control_image_path": EDIT,
-        "mask_path": EDIT,
+        "mask_path": "inpainting masks are not done here",
         "output_layers": LAYERED,
         "embedded_cfg_scale": "Qwen-Image has no embedded guidance",
         **dict.fromkeys(
@@ -62,6 +109,9 @@ SCRIPT = MusubiGenerateScript(
             "not done here",
         ),  # fmt: skip
     },
+    extra_args=edit_args,
+    extra_problems=edit_problems,
+    sampling=edit_sampling,
 )
 build_parser = SCRIPT.build_parser
 

@@ -307,8 +307,8 @@ def test_refused_before_training(flux2_files, dataset, tmp_path, extra, message)
 
 def test_generate_image_equals_klein_pipeline(flux2_files, tmp_path):
     """flux_2_generate_image.py's musubi-tuner line (klein base: true CFG with the negative prompt) writes the image
-    diffusers' Flux2KleinPipeline makes from the same noise and noise levels (its scheduler given our shifted sigmas);
-    reference images are refused with the reason."""
+    diffusers' Flux2KleinPipeline makes from the same noise and noise levels (its scheduler given our shifted sigmas),
+    and with --control_image_path what it makes with the reference image (image=)."""
     import numpy as np
     from diffusers import FlowMatchEulerDiscreteScheduler, Flux2KleinPipeline
     from PIL import Image
@@ -339,8 +339,18 @@ def test_generate_image_equals_klein_pipeline(flux2_files, tmp_path):
                 latents=noise, output_type="np").images[0]  # fmt: skip
     assert ours.shape == (32, 64, 3)
     assert np.abs(ours - np.round(want * 255).astype(int)).max() <= 1
-    with pytest.raises(ConfigError, match="--control_image_path: reference images"):
+    with pytest.raises(ConfigError, match="--control_image_path x.png: no such file"):
         flux_2_generate_image.run([*base, "--save_path", str(tmp_path / "c"), "--control_image_path", "x.png"])
+    # reference images (the edit mode): the pipeline's image= on the same image (a size its processor keeps)
+    rng = np.random.default_rng(3)
+    control = tmp_path / "control.png"
+    Image.fromarray(rng.integers(0, 256, (64, 80, 3), dtype=np.uint8)).save(control)
+    (path,) = flux_2_generate_image.run([*base, "--save_path", str(tmp_path / "e"), "--control_image_path",
+                                         str(control)])  # fmt: skip
+    edited = np.asarray(Image.open(path)).astype(int)
+    want = pipe(prompt="a cat", image=[Image.open(control)], height=32, width=64, num_inference_steps=3,
+                sigmas=sigmas, guidance_scale=2.5, latents=noise, output_type="np").images[0]  # fmt: skip
+    assert np.abs(edited - np.round(want * 255).astype(int)).max() <= 1 and np.abs(edited - ours).max() > 1
 
 
 def test_fp8_flags_mean_musubis(flux2_files, dataset, tmp_path):

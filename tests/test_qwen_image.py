@@ -165,7 +165,7 @@ def test_loss_falls(qwen_files, dataset, tmp_path):
 @pytest.mark.parametrize(
     ("extra", "toml_extra", "message"),
     [
-        (["--model_version", "edit-2509"], "", "--model_version edit-2509 is not supported yet"),
+        (["--model_version", "layered"], "", "--model_version layered is not supported yet"),
         ([], 'control_directory = "x"\n', "datasets\\[0\\]: control_directory: the edit models' control images"),
         ([], "frame_stride = 2\n", "frame_stride: video datasets are not supported"),
         ([], "colour = 2\n", "unknown key 'colour'"),
@@ -204,7 +204,8 @@ def test_full_finetune_reads_back_and_resumes(qwen_files, dataset, tmp_path):
 
 def test_generate_image_script(qwen_files, tmp_path):
     """qwen_image_generate_image.py's musubi-tuner line writes a PNG; --flow_shift (a static shift) changes the
-    image of the same seed; the edit models' --control_image_path is refused with the reason."""
+        image of the same seed; --control_image_path is refused for the original model with the reason (the edit models':
+    tests/test_qwen_image_edit_training.py)."""
     import numpy as np
     from PIL import Image
 
@@ -218,7 +219,7 @@ def test_generate_image_script(qwen_files, tmp_path):
     assert pa.shape == (32, 32, 3) and not np.array_equal(pa, pb)
     (d,) = qwen_image_generate_image.run([*base, "--save_path", str(tmp_path / "d"), "--fp8_vl"])  # float8 Qwen2.5-VL
     assert np.asarray(Image.open(d)).shape == (32, 32, 3)
-    with pytest.raises(ConfigError, match="--control_image_path: the edit models are not supported yet"):
+    with pytest.raises(ConfigError, match="--control_image_path: for the edit models; add --model_version"):
         qwen_image_generate_image.run([*base, "--save_path", str(tmp_path / "c"), "--control_image_path", "x.png"])
 
 

@@ -84,7 +84,7 @@ def test_every_musubi_caching_flag_is_read_or_refused():
     [
         ("latents", ["--vae_dtype", "float16"], "--vae_dtype is not supported yet"),
         ("latents", ["--debug_mode", "image"], "--debug_mode is not supported yet"),
-        ("latents", ["--model_version", "edit-2511"], "--model_version edit-2511 is not supported yet"),
+        ("latents", ["--model_version", "layered"], "--model_version layered is not supported yet"),
         ("latents", ["--vae", "missing.safetensors"], "--vae missing.safetensors: no such file"),
         ("text", ["--device", "nowhere"], "--device nowhere"),
         ("text", ["--model_version", "nope"], "--model_version nope: unknown"),

@@ -1,5 +1,5 @@
-"""The edit models' DiT input and prompt (pieces of --model_version edit / edit-2509 / edit-2511; the run side is not
-done and those versions are refused): model.forward with reference latents equals diffusers' QwenImageEditPlusPipeline
+"""The edit models' DiT input, prompt and files (pieces of --model_version edit / edit-2509 / edit-2511; the run:
+tests/test_qwen_image_edit_training.py): model.forward with reference latents equals diffusers' QwenImageEditPlusPipeline
 way of calling QwenImageTransformer2DModel (its own _pack_latents, the references after the noisy latents, their
 shapes in img_shapes, the output cut to the noisy tokens), for the plain DiT and an Edit-2511 one (zero_cond_t, which
 modulates the reference tokens at t = 0). musubi-tuner's own call_dit on the same inputs: benchmarks/qwen_image_vs_musubi.py."""
@@ -80,3 +80,44 @@ def test_prompt_with_control_images_equals_diffusers_edit_pipelines(vl, version)
     with torch.no_grad():  # the images are seen: other pixels, other states
         other, _ = E.encode_with_images(model, proc, captions[:1], [[255 - images[0][0]]], version)
     assert (other[0] - states[0, : other.shape[1]]).abs().max() > 1e-4
+
+
+def test_vl_file_with_vision_tower_loads(vl, tmp_path):
+    """Qwen2.5-VL with its vision tower read from ComfyUI's single-file layout (``model.*`` language model,
+    ``visual.*`` vision tower, ``lm_head`` left out), as musubi-tuner's load_qwen2_5_vl renames it: the loaded model
+    encodes a prompt with an image exactly as the model written; a text-only file is refused naming the flag."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from library.families.encoders import qwen25vl_edit as E
+    from library.families.qwen_image import saving
+    from library.files.weights import save_state_dict
+
+    model, proc = vl
+    path = saving.save_text_encoder(SimpleNamespace(text_encoders=[E.core(model)]), tmp_path / "vl.safetensors")
+    loaded = E.load(path, torch.float32, "cpu")
+    image = [[np.random.default_rng(1).integers(0, 256, (56, 84, 3), dtype=np.uint8)]]
+    with torch.no_grad():
+        want = E.encode_with_images(model, proc, ["make it blue"], image, "edit-2509")
+        got = E.encode_with_images(loaded, proc, ["make it blue"], image, "edit-2509")
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    text_only = tmp_path / "text.safetensors"
+    save_state_dict({"model." + k: v for k, v in E.core(model).language_model.state_dict().items()}, text_only)
+    with pytest.raises(ValueError, match=r"--text_encoder .*without its vision tower"):
+        E.load(text_only, torch.float32, "cpu")
+
+
+def test_edit_2511_dit_file(tmp_path):
+    """The Edit-2511 DiT (ComfyUI's file with the ``__index_timestep_zero__`` marker) loads with zero_cond_t for
+    --model_version edit-2511 (musubi-tuner's load_qwen_image_model) and is refused naming that flag otherwise."""
+    from library.families.qwen_image import loading
+    from library.files.weights import save_state_dict
+
+    dit = M.build(M.TINY).eval()
+    state = {"model.diffusion_model." + k: v for k, v in dit.state_dict().items()}
+    path = save_state_dict({**state, loading.EDIT_2511_MARKER: torch.zeros(1)}, tmp_path / "dit.safetensors")
+    loaded = loading.load_dit(path, torch.float32, "cpu", zero_cond_t=True)
+    assert loaded.zero_cond_t and all(torch.equal(v, dit.state_dict()[k]) for k, v in loaded.state_dict().items())
+    with pytest.raises(ValueError, match="--model_version edit-2511"):
+        loading.load_dit(path, torch.float32, "cpu")

@@ -77,8 +77,11 @@ def latent_key(
     )
 
 
-def text_key(*, caption: str, encoder_id: str) -> str:
-    """Key of cached text-encoder outputs for one caption string."""
+def text_key(*, caption: str, encoder_id: str, controls: list[str] | None = None) -> str:
+    """Key of cached text-encoder outputs for one caption string (``controls``: the digests of the control images
+    an edit model's prompt encoder sees with it)."""
+    if controls:
+        return cache_key("text", caption=caption, encoder=encoder_id, controls=list(controls))
     return cache_key("text", caption=caption, encoder=encoder_id)
 
 

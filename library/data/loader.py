@@ -174,7 +174,7 @@ class _EpochDataset(Dataset):
                 rec.conditioning_path, a, flip=flip, interpolation=sub.resize_interpolation
             )
         if self.text is not None:
-            out["text"] = self.text.get(caption)
+            out["text"] = self.text.get(caption, rec.controls)
         return out
 
     def __getitem__(self, index: tuple[int, int]) -> Batch:

@@ -51,16 +51,25 @@ class LatentCache:
 
 @dataclass
 class TextCache:
-    """Cached text-encoder outputs; ``get(caption)`` returns the encoder's dict without the batch dimension."""
+    """Cached text-encoder outputs; ``get(caption)`` returns the encoder's dict without the batch dimension.
+    ``with_controls``: entries are per (caption, the sample's control images), for prompt encoders that see them
+    (the Qwen-Image edit models); ``get(caption, controls)``."""
 
     store: CacheStore
-    keys: dict[str, str] = field(default_factory=dict)
-    anchors: dict[str, str] = field(default_factory=dict)
+    keys: dict[str | tuple, str] = field(default_factory=dict)
+    anchors: dict[str | tuple, str] = field(default_factory=dict)
+    with_controls: bool = False
 
-    def get(self, caption: str) -> Tensors:
-        if caption not in self.keys:
-            raise KeyError(f"caption not cached: {caption!r}")
-        return self.store.load(self.keys[caption], self.anchors[caption])
+    def slot(self, caption: str, controls: tuple[str, ...] = ()) -> str | tuple:
+        return (caption, tuple(controls)) if self.with_controls and controls else caption
+
+    def get(self, caption: str, controls: tuple[str, ...] = ()) -> Tensors:
+        slot = self.slot(caption, controls)
+        if slot not in self.keys:
+            raise KeyError(
+                f"caption not cached: {caption!r}" + (f" with control images {controls}" if controls else "")
+            )
+        return self.store.load(self.keys[slot], self.anchors[slot])
 
 
 def _store(plan: Plan, kind: str, to_disk: bool) -> CacheStore:
@@ -181,24 +190,35 @@ def cache_text_encoder_outputs(
     *,
     batch_size: int | None = None,
     show_progress: bool = True,
+    with_controls: bool = False,
 ) -> TextCache:
     """Encode every caption a sample can take (each line of a multi-line caption; "" when captions can be
-    dropped) that is not cached yet. ``batch_size`` defaults to the first dataset's batch size."""
+    dropped) that is not cached yet. ``batch_size`` defaults to the first dataset's batch size. ``with_controls``:
+    one entry per caption and sample's control images (keyed on their bytes), ``encode_text_fn(captions,
+    controls)`` given each caption's control image paths."""
     store = _store(plan, "text", plan.args.cache_text_encoder_outputs_to_disk)
-    cache = TextCache(store)
+    cache = TextCache(store, with_controls=with_controls)
+    digests: dict[str, str] = {}
     for ds in plan.datasets:
         for rec in ds.records:
+            controls = rec.controls if with_controls else ()
             for caption in possible_captions(rec.caption, ds.subset(rec).captions):
-                if caption not in cache.keys:
-                    cache.keys[caption] = text_key(caption=caption, encoder_id=encoder_id)
-                    cache.anchors[caption] = rec.path
+                slot = cache.slot(caption, controls)
+                if slot not in cache.keys:
+                    seen = [digests.setdefault(p, file_digest(p)) for p in controls]
+                    cache.keys[slot] = text_key(caption=caption, encoder_id=encoder_id, controls=seen)
+                    cache.anchors[slot] = rec.path
     todo = [c for c in cache.keys if not store.has(cache.keys[c], cache.anchors[c])]
     bs = batch_size or plan.datasets[0].config.batch_size
     logger.info("text-encoder cache: %d of %d captions to encode", len(todo), len(cache.keys))
     for start in tqdm(range(0, len(todo), bs), desc="caching text", unit="batch", disable=not show_progress):
         chunk = todo[start : start + bs]
+        captions = [s if isinstance(s, str) else s[0] for s in chunk]
         with torch.no_grad():
-            out = encode_text_fn(chunk)
-        for j, caption in enumerate(chunk):
-            store.save(cache.keys[caption], cache.anchors[caption], {k: v[j] for k, v in out.items()})
+            if with_controls:
+                out = encode_text_fn(captions, [() if isinstance(s, str) else s[1] for s in chunk])
+            else:
+                out = encode_text_fn(captions)
+        for j, slot in enumerate(chunk):
+            store.save(cache.keys[slot], cache.anchors[slot], {k: v[j] for k, v in out.items()})
     return cache

@@ -68,14 +68,15 @@ def write_text(plan: data.Plan, family: ModelFamily, parts: Parts, device: Any,
     captions per call (default: the first dataset's batch size), as training encodes them with no --clip_skip,
     --max_token_length or --weighted_captions."""
 
-    def encode_text(captions: list[str]) -> dict[str, torch.Tensor]:
+    def encode_text(captions: list[str], controls: list | None = None) -> dict[str, torch.Tensor]:
         with torch.no_grad():
-            cond = encode_captions(family, parts, captions, None, None, False)
+            cond = encode_captions(family, parts, captions, None, None, False, controls=controls)
         return {k: v.float().cpu() for k, v in text_cache_entry(cond).items()}
 
+    seen = getattr(parts.options, "prompt_control_images", False)  # the edit models' prompts see the controls
     with on_device(parts.text_encoders, device):
         return data.cache_text_encoder_outputs(plan, encode_text, text_cache_id(parts, None, None, False),
-                                               batch_size=batch_size)  # fmt: skip
+                                               batch_size=batch_size, with_controls=seen)  # fmt: skip
 
 
 def where(plan: data.Plan) -> str:

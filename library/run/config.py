@@ -219,6 +219,10 @@ def read_config(
         problems.extend(family.objective_problems(values["noise"], values["loss"], values["options"]))
     if values["data"] is not None and getattr(values["options"], "takes_control_images", False):  # edit models
         values["data"] = dataclasses.replace(values["data"], control_images=True)  # their control_directory is read
+        cached = values["data"].cache_text_encoder_outputs or values["data"].cache_text_encoder_outputs_to_disk
+        if getattr(values["options"], "prompt_control_images", False) and not cached:
+            problems.error("the edit model's prompts are encoded with their control images when cached: add "
+                           "--cache_text_encoder_outputs (musubi-tuner caches them before training)")  # fmt: skip
     given = args.dataset_config or args.train_data_dir or args.in_json  # (none given: a cross-check says so)
     if values["data"] is not None and family is not None and given:  # the dataset file and folders, same round
         data_args = with_native_resolution(values["data"], family, args.v_parameterization)

@@ -441,20 +441,22 @@ def fill_text_cache(run: Run, batch_size: int | None = None) -> None:
     te_id = text_cache_id(parts, cfg.model.clip_skip, cfg.model.max_token_length, cfg.data.weighted_captions)
     with on_device_when_used(parts.text_encoders, acc.device) as use:
 
-        def encode_text(captions: list[str]) -> dict[str, torch.Tensor]:
+        def encode_text(captions: list[str], controls: list | None = None) -> dict[str, torch.Tensor]:
             use()
             with torch.no_grad():
                 cond = encode_captions(family, parts, captions, cfg.model.clip_skip, cfg.model.max_token_length,
-                                       cfg.data.weighted_captions)  # fmt: skip
+                                       cfg.data.weighted_captions, controls=controls)  # fmt: skip
             return {k: v.float().cpu() for k, v in text_cache_entry(cond).items()}
 
-        run.text_cache = data.cache_text_encoder_outputs(run.plan, encode_text, te_id, batch_size=batch_size)
+        seen = getattr(parts.options, "prompt_control_images", False)  # the edit models' prompts see the controls
+        run.text_cache = data.cache_text_encoder_outputs(run.plan, encode_text, te_id, batch_size=batch_size,
+                                                         with_controls=seen)  # fmt: skip
         if cfg.sample.enabled:
             use()
         run.sample_conds = sampling.cache_sample_prompts(cfg.sample, family, parts)  # FLUX: no T5 on the device later
         if run.plan.validation is not None:
             run.validation_text_cache = data.cache_text_encoder_outputs(run.plan.validation, encode_text, te_id,
-                                                                        batch_size=batch_size)  # fmt: skip
+                                                                        batch_size=batch_size, with_controls=seen)  # fmt: skip
 
 
 def release_unused_parts(run: Run) -> list[str]:

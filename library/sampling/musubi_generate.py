@@ -57,7 +57,8 @@ class MusubiGenerateScript:
 
     ``spec_fields(args, parts)``: the :class:`PromptSpec` fields besides the prompt and size (``negative_prompt``,
     ``steps``, ``scale``, ``guidance`` ...), read once the family is loaded. ``extra_args(group)``: the script's own
-    flags on the image group.
+    flags on the image group; ``extra_problems(args, options)``: its own checks, before anything loads;
+    ``sampling(args, family, parts)``: the family to sample with once loaded (an edit model's control images).
     """
 
     family: ModelFamily
@@ -73,6 +74,8 @@ class MusubiGenerateScript:
     infer_steps: Flag = Flag(25)
     flow_shift: Flag = Flag(None, "a static shift (default: the dynamic shift)")
     extra_args: Callable[[Any], None] | None = None
+    extra_problems: Callable[[argparse.Namespace, Any], list[str]] | None = None
+    sampling: Callable[[argparse.Namespace, ModelFamily, Any], Any] | None = None
 
     @property
     def refused(self) -> dict[str, str]:
@@ -141,6 +144,8 @@ class MusubiGenerateScript:
             options = self.family.options.from_args(args, training=False)
         except ConfigError as e:
             problems += e.problems
+        if self.extra_problems is not None and options is not None:
+            problems += self.extra_problems(args, options)
         return problems, options
 
     def run(self, argv: Sequence[str] | None, apply_adapter_files: ApplyAdapters) -> list[Path]:
@@ -169,5 +174,7 @@ class MusubiGenerateScript:
         def spec_of(prompt: str) -> PromptSpec:
             return PromptSpec(prompt, width=width, height=height, **fields)
 
+        if self.sampling is not None:
+            family = self.sampling(args, family, parts)
         negative = fields.get("negative_prompt", "")
         return generate_images(family, parts, args, spec_of, device, offload, networks, negative, log)

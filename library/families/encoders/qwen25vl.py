@@ -131,7 +131,9 @@ def tokenize(tokenizer: Any, captions: Sequence[str], template: str = QWEN_IMAGE
 # ------------------------------------------------------------------------------------------------ the encoder
 def hidden(model: nn.Module, ids: Tensor, mask: Tensor, layer: int = -1) -> Tensor:
     """(B, L, D) hidden states of ``layer`` (an index into transformers' ``hidden_states``; -1: the last, after the
-    final norm) of the language model ``model`` (``Qwen2_5_VLTextModel``)."""
+    final norm) of the language model ``model`` (``Qwen2_5_VLTextModel``, or a ``Qwen2_5_VLModel``'s: the text
+    alone takes plain positions)."""
+    model = getattr(model, "language_model", model)
     device = next(model.parameters()).device
     out = model(input_ids=ids.to(device), attention_mask=mask.to(device), output_hidden_states=layer != -1,
                 use_cache=False, return_dict=True)  # fmt: skip

@@ -17,12 +17,14 @@ kept without the template's first 64 tokens (:func:`qwen25vl.trim`). The control
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ..loading import KeyView, instantiate_fitting
 from . import qwen25vl
 
 _SYSTEM = (
@@ -87,16 +89,70 @@ def processor(tokenizer: Any = None) -> Processor:
     return Processor(tokenizer)
 
 
-def build(text: Mapping, vision: Mapping) -> nn.Module:
-    """A ``Qwen2_5_VLForConditionalGeneration`` of the ``text`` and ``vision`` config dicts (random weights)."""
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+def _config(text: Mapping, vision: Mapping) -> Any:
+    from transformers import Qwen2_5_VLConfig
 
     skip = ("architectures", "transformers_version", "torch_dtype", "dtype", "model_type")
     cfg = Qwen2_5_VLConfig(text_config={k: v for k, v in dict(text).items() if k not in skip},
                            vision_config=dict(vision), image_token_id=IMAGE_PAD_ID,
                            vision_start_token_id=VISION_START_ID, vision_end_token_id=VISION_END_ID)  # fmt: skip
     cfg.use_cache = False
-    return Qwen2_5_VLForConditionalGeneration(cfg)
+    return cfg
+
+
+def build(text: Mapping, vision: Mapping) -> nn.Module:
+    """A ``Qwen2_5_VLForConditionalGeneration`` of the ``text`` and ``vision`` config dicts (random weights)."""
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    return Qwen2_5_VLForConditionalGeneration(_config(text, vision))
+
+
+def factory(config: Mapping) -> Any:
+    """A ``Qwen2_5_VLModel`` builder (the language model and the vision tower, no ``lm_head``: only hidden states are
+    read) for ``config`` = {"text": text config, "vision": vision config}."""
+    from transformers import Qwen2_5_VLModel
+
+    return lambda: Qwen2_5_VLModel(_config(config["text"], config["vision"]))
+
+
+def core(model: nn.Module) -> nn.Module:
+    """The ``Qwen2_5_VLModel`` of ``model`` (itself, or a ``Qwen2_5_VLForConditionalGeneration``'s ``.model``)."""
+    return model.model if hasattr(model, "lm_head") else model
+
+
+VISION_PREFIXES = ("visual.", "model.visual.")
+
+
+def vl_names(keys: Sequence[str]) -> dict[str, str]:
+    """``Qwen2_5_VLModel`` key -> file key: the language model under the prefix :func:`qwen25vl.text_names` finds,
+    the vision tower under ``visual.`` (ComfyUI's and the official single file, musubi-tuner's
+    ``load_qwen2_5_vl``) or ``model.visual.`` (transformers >= 4.52); ``lm_head`` is left out."""
+    names = {"language_model." + k: v for k, v in qwen25vl.text_names(keys).items()}
+    present = set(keys)
+    prefix = next((p for p in VISION_PREFIXES if p + "patch_embed.proj.weight" in present), None)
+    if prefix is not None:
+        names.update({"visual." + k[len(prefix) :]: k for k in keys if k.startswith(prefix)})
+    return names
+
+
+def load(path: Any, dtype: Any = torch.bfloat16, device: Any = "cpu", *, where: str = "--text_encoder") -> nn.Module:
+    """Qwen2.5-VL with its vision tower (``Qwen2_5_VLModel``, eval, no gradients) from the files
+    :func:`qwen25vl.read` reads; the released or the tiny config, whichever fits. A file without the vision tower is
+    an error naming ``where`` and what to give."""
+    state, _ = qwen25vl.read(path)
+    names = vl_names(list(state.keys()))
+    if "language_model.layers.0.self_attn.q_proj.weight" not in names:
+        raise ValueError(f"{where} {path}: no Qwen2.5-VL language model weights (expected keys such as "
+                         "model.layers.0.self_attn.q_proj.weight); is this the Qwen2.5-VL text encoder?")  # fmt: skip
+    if "visual.patch_embed.proj.weight" not in names:
+        raise ValueError(f"{where} {path}: Qwen2.5-VL without its vision tower (no visual.* weights); the edit "
+                         "models show it the control images: give the whole Qwen2.5-VL, e.g. ComfyUI's "
+                         "qwen_2.5_vl_7b.safetensors or a diffusers Qwen-Image-Edit folder's text_encoder/")  # fmt: skip
+    candidates = [({"text": qwen25vl.RELEASED_TEXT, "vision": RELEASED_VISION}, "Qwen2.5-VL-7B"),
+                  ({"text": qwen25vl.TINY_TEXT, "vision": TINY_VISION}, "the tiny test encoder")]  # fmt: skip
+    model = instantiate_fitting(candidates, factory, KeyView(state, names), "Qwen2.5-VL with its vision tower",
+                                Path(path), dtype, device)  # fmt: skip
+    return model.eval().requires_grad_(False)
 
 
 def prompts(captions: Sequence[str], counts: Sequence[int], version: str) -> list[str]:
@@ -124,8 +180,8 @@ def encode_with_images(model: nn.Module, proc: Any, captions: Sequence[str],
     texts = prompts(captions, [len(i) for i in images], version)
     inputs = proc(text=texts, images=flat, padding=True, return_tensors="pt")
     device = next(model.parameters()).device
-    dtype = next(model.model.visual.parameters()).dtype
-    out = model(input_ids=inputs["input_ids"].to(device), attention_mask=inputs["attention_mask"].to(device),
+    dtype = next(core(model).visual.parameters()).dtype
+    out = core(model)(input_ids=inputs["input_ids"].to(device), attention_mask=inputs["attention_mask"].to(device),
                 pixel_values=inputs["pixel_values"].to(device, dtype), image_grid_thw=inputs["image_grid_thw"].to(device),
                 output_hidden_states=True, use_cache=False)  # fmt: skip
     return qwen25vl.trim(out.hidden_states[-1], inputs["attention_mask"].to(device), EDIT_DROP)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -45,7 +45,7 @@ from ..blocks import BlockLayout
 from ..encoders import qwen25vl
 from ..full_training import PlainFullTraining
 from ..saving import with_kind
-from . import lora
+from . import edit, lora
 from . import model as M
 from .loading import is_dit, is_folder, load_qwen_image
 from .objective import QwenFlowConfig, QwenFlowObjective, objective_problems, qwen_objective
@@ -198,7 +198,15 @@ class QwenImageFamily:
         return Cond(states, None, mask)
 
     def encode_prompt(self, parts: Parts, captions: list[str], clip_skip: int | None = None,
-                      max_token_length: int | None = None, negative: bool = False) -> Cond:  # fmt: skip
+                      max_token_length: int | None = None, negative: bool = False,
+                      controls: list[tuple[str, ...]] | None = None) -> Cond:  # fmt: skip
+        """The captions' conditioning; an edit model's with each caption's control image files ``controls``
+        (``edit.py``). Without control images the plain prompt, as musubi-tuner encodes an edit model's caption
+        that has none."""
+        version = options_of(parts).model_version
+        if controls and all(controls) and version in edit.E.VERSIONS:
+            states, mask = edit.encode(parts.text_encoders[0], parts.tokenizers[0], captions, controls, version)
+            return Cond(states, None, mask)
         return self.encode_tokens(parts, self.tokenize(parts, captions, max_token_length), clip_skip)
 
     def size_conditioning(self, original_sizes: Any, crop_top_lefts: Any, target_sizes: Any) -> None:
@@ -209,15 +217,17 @@ class QwenImageFamily:
                          "--network_train_unet_only or drop --cache_text_encoder_outputs)")  # fmt: skip
 
     # ------------------------------------------------------------------------------------------- denoising
-    def predict(self, denoiser: nn.Module, noisy: Tensor, t: Tensor, cond: Cond, *,
-                time_ids: Tensor | None = None) -> Tensor:  # fmt: skip
+    def predict(self, denoiser: nn.Module, noisy: Tensor, t: Tensor, cond: Cond, *, time_ids: Tensor | None = None,
+                references: Sequence[Tensor] = ()) -> Tensor:  # fmt: skip
         """The velocity (B, 16, h, w) at the timesteps ``t`` (B,): the DiT gets t / 1000 (musubi-tuner's
-        ``call_dit``; training's timesteps are 1000 σ + 1, as musubi-tuner's)."""
+        ``call_dit``; training's timesteps are 1000 σ + 1, as musubi-tuner's); ``references``: an edit model's
+        control latents (B, 16, h_k, w_k), packed after the noisy latents (``model.forward``)."""
         if time_ids is not None:
             raise ValueError("Qwen-Image takes no size/crop time_ids")
         b = noisy.shape[0]
         sigma = (t.to(noisy.device, torch.float32) / 1000).expand(b)
-        return M.forward(denoiser, noisy, sigma, cond.hidden_states.to(noisy.dtype), cond.mask)
+        refs = [r.to(noisy.dtype) for r in references]
+        return M.forward(denoiser, noisy, sigma, cond.hidden_states.to(noisy.dtype), cond.mask, references=refs)
 
     def objective(self, parts: Parts) -> str:
         return FLOW_MATCHING

@@ -18,7 +18,7 @@ from torch import nn
 
 from ..autoencoders import qwen_image
 from ..base import PartDtypes, Parts
-from ..encoders import qwen25vl
+from ..encoders import qwen25vl, qwen25vl_edit
 from ..loading import KeyView, finish, instantiate_fitting, read_weights
 from . import model as M
 
@@ -59,10 +59,13 @@ def dit_names(keys: list[str]) -> dict[str, str]:
     return {k[len(prefix) :]: k for k in keys if k.startswith(prefix) and k != EDIT_2511_MARKER}
 
 
-def load_dit(path: Path, dtype: torch.dtype, device: Any, flag: str = "--dit") -> nn.Module:
+def load_dit(path: Path, dtype: torch.dtype, device: Any, flag: str = "--dit", zero_cond_t: bool = False) -> nn.Module:
     """The DiT of a single file or a diffusers folder's ``transformer/``; config from the folder's config.json,
-    else released / tiny / the weights' shapes."""
-    candidates = [(M.RELEASED, "Qwen-Image (60 blocks)"), (M.TINY, "the tiny test DiT")]
+    else released / tiny / the weights' shapes. ``zero_cond_t``: the Edit-2511 DiT (``--model_version edit-2511``,
+    as musubi-tuner's ``load_qwen_image_model`` sets it from the version: the weights' names are the same; its
+    ComfyUI file's ``__index_timestep_zero__`` marker is dropped, and refused for the other versions)."""
+    extra = {"zero_cond_t": True} if zero_cond_t else {}
+    candidates = [(dict(M.RELEASED, **extra), "Qwen-Image (60 blocks)"), (dict(M.TINY, **extra), "the tiny test DiT")]
     if path.is_dir():
         folder = path / "transformer" if (path / "transformer").is_dir() else path
         files = sorted(folder.glob("*.safetensors"))
@@ -71,18 +74,19 @@ def load_dit(path: Path, dtype: torch.dtype, device: Any, flag: str = "--dit") -
         if (folder / "config.json").is_file():
             cfg = json.loads((folder / "config.json").read_text())
             cfg = {k: v for k, v in cfg.items() if k in M.RELEASED or k == "zero_cond_t"}
-            candidates.insert(0, (dict(M.RELEASED, **cfg), f"{folder}/config.json"))
+            candidates.insert(0, (dict(M.RELEASED, **cfg, **extra), f"{folder}/config.json"))
         state = _weights(files)
     else:
         state = _weights([path])
     keys = list(state.keys())
-    if EDIT_2511_MARKER in keys:
-        raise ValueError(f"{flag} {path}: a Qwen-Image-Edit-2511 DiT (zero_cond_t); the edit models are not supported "
-                         "yet: give the original Qwen-Image DiT")  # fmt: skip
+    if EDIT_2511_MARKER in keys and not zero_cond_t:
+        raise ValueError(f"{flag} {path}: a Qwen-Image-Edit-2511 DiT (its {EDIT_2511_MARKER} marker); train it with "
+                         "--model_version edit-2511")  # fmt: skip
     if not is_dit(keys):
         raise ValueError(f"{flag} {path}: no Qwen-Image DiT weights (expected img_in.weight, txt_in.weight, "
                          "transformer_blocks.0.img_mod.1.weight, bare or under model.diffusion_model.)")  # fmt: skip
     view = KeyView(state, dit_names(keys))
+    # (the shapes' config is the first candidate's with other sizes: it keeps zero_cond_t)
     return instantiate_fitting(candidates, M.factory, view, "Qwen-Image DiT", path, dtype, device,
                                derive=M.config_from_shapes)  # fmt: skip
 
@@ -128,10 +132,14 @@ def load_qwen_image(name: str, path: str | Path, *, dtype: torch.dtype | PartDty
     te_path = _part(options.text_encoder, folder, "text_encoder", "--text_encoder",
                     "Qwen2.5-VL-7B, e.g. ComfyUI's qwen_2.5_vl_7b.safetensors")  # fmt: skip
     vae_path = _part(vae, folder, "vae", "--vae", "the Qwen-Image VAE, e.g. qwen_image_vae.safetensors")
-    denoiser = load_dit(path, dtypes.denoiser, device)
-    encoder = qwen25vl.load(te_path, dtypes.text_encoders, device, where="--text_encoder")
+    version = getattr(options, "model_version", "original")
+    denoiser = load_dit(path, dtypes.denoiser, device, zero_cond_t=version == "edit-2511")
+    if version in qwen25vl_edit.VERSIONS:  # the edit models' prompts see the control images: the vision tower too
+        encoder = qwen25vl_edit.load(te_path, dtypes.text_encoders, device, where="--text_encoder")
+    else:
+        encoder = qwen25vl.load(te_path, dtypes.text_encoders, device, where="--text_encoder")
     if getattr(options, "fp8_vl", False):  # musubi-tuner's --fp8_vl: Qwen2.5-VL in float8, computed as loaded
-        stored = qwen25vl.store_fp8(encoder, dtypes.text_encoders)
+        stored = qwen25vl.store_fp8(getattr(encoder, "language_model", encoder), dtypes.text_encoders)
         log.info("--fp8_vl: %d Qwen2.5-VL layers stored in float8", stored)
     autoencoder = load_vae(vae_path, dtypes.vae, device)
     tokenizers = [qwen25vl.load_tokenizer(te_path if te_path.is_dir() else None)]

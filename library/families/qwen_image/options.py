@@ -3,8 +3,9 @@ musubi-tuner common flags that train_network.py has no name for) next to their o
 :class:`QwenImageOptions` (``QwenImageFamily.options``).
 
 Read: ``--dit`` (the DiT: another name of ``--pretrained_model_name_or_path``), ``--text_encoder`` (Qwen2.5-VL-7B: one
-file, a split file's first part, or a folder), ``--model_version original`` (the default; ``--edit`` / ``--edit_plus``
-and the edit / layered versions are refused: the edit models' control images are not done yet), ``--split_attn``
+file, a split file's first part, or a folder), ``--model_version`` ``original`` (the default), ``edit``, ``edit-2509``,
+``edit-2511`` (``--edit`` / ``--edit_plus``: the edit models, with the dataset's control images; ``layered`` is refused),
+``--split_attn``
 (attention per sample in musubi-tuner; SDPA with the text mask gives the same values), ``--vae_dtype`` (the VAE's
 dtype), ``--dit_dtype`` (musubi-tuner fixes bfloat16; read as the DiT's storage dtype when given).
 ``--fp8_scaled`` is the shared flag (library/run/runtime.py, library/device/fp8.py: with ``--fp8_base`` as musubi-tuner).
@@ -33,12 +34,8 @@ log = logging.getLogger(__name__)
 
 FAMILY_NAMES = ("qwen_image",)
 MODEL_VERSIONS = ("original", "layered", "edit", "edit-2509", "edit-2511")
-NOT_DONE_VERSIONS = {
-    "layered": "the layered model's RGBA layers",
-    "edit": "the edit models' control images (control_directory)",
-    "edit-2509": "the edit models' control images (control_directory)",
-    "edit-2511": "the edit models' control images (control_directory)",
-}
+EDIT_VERSIONS = ("edit", "edit-2509", "edit-2511")
+NOT_DONE_VERSIONS = {"layered": "the layered model's RGBA layers"}
 SD_ONLY_FLAGS = {
     "--v2": "Qwen-Image is read from the weights",
     "--v_parameterization": "Qwen-Image is a flow-matching model",
@@ -111,10 +108,11 @@ class QwenImageOptions:
                  help="Qwen2.5-VL-7B: one .safetensors (ComfyUI's qwen_2.5_vl_7b, bf16 or fp8_scaled), the first part "
                  "of a split file, or a folder")  # fmt: skip
         add_once(g, parser, "--model_version", type=str, default=None,
-                 help="original (default); edit, edit-2509, edit-2511, layered are refused for now")  # fmt: skip
-        add_once(g, parser, "--edit", action="store_true", help="musubi-tuner's --model_version edit (refused for now)")
+                 help="original (default), edit, edit-2509, edit-2511 (the edit models take the dataset's "
+                 "control_directory); layered is refused for now")  # fmt: skip
+        add_once(g, parser, "--edit", action="store_true", help="musubi-tuner's --model_version edit")
         add_once(g, parser, "--edit_plus", action="store_true",
-                 help="musubi-tuner's --model_version edit-2509 (refused for now)")  # fmt: skip
+                 help="musubi-tuner's --model_version edit-2509")  # fmt: skip
         add_once(g, parser, "--split_attn", action="store_true",
                  help="musubi-tuner attends sample by sample; SDPA with the text mask gives the same values")  # fmt: skip
         add_once(g, parser, "--vae_dtype", type=str, default=None, help="the VAE's dtype (default bfloat16)")
@@ -170,6 +168,16 @@ class QwenImageOptions:
         if getattr(args, "split_attn", False):
             log.info("--split_attn: PyTorch SDPA attends the whole batch with the text mask; the values are the same")
         return from_namespace(cls, args, flow=flow, model_version=version)
+
+    @property
+    def takes_control_images(self) -> bool:
+        """The edit models read the dataset's control_directory (their latents reach ``predict`` as references)."""
+        return self.model_version in EDIT_VERSIONS
+
+    @property
+    def prompt_control_images(self) -> bool:
+        """The edit models' prompts are encoded with their control images (text cache keyed on them too)."""
+        return self.model_version in EDIT_VERSIONS
 
     def problems(self, spec: FamilySpec, path: str | None) -> list[str]:
         if spec.name not in FAMILY_NAMES:

@@ -30,7 +30,11 @@ def save_dit(parts: Parts, path: Path, family: Any, dtype: torch.dtype | None = 
 
 
 def save_text_encoder(parts: Parts, path: Path, dtype: torch.dtype | None = None) -> Path:
-    state = {"model." + k: v for k, v in parts.text_encoders[0].state_dict().items()}
+    """ComfyUI's layout: the language model under ``model.``, an edit model's vision tower under ``visual.``."""
+    encoder = parts.text_encoders[0]
+    state = {"model." + k: v for k, v in getattr(encoder, "language_model", encoder).state_dict().items()}
+    if hasattr(encoder, "visual"):
+        state.update({"visual." + k: v for k, v in encoder.visual.state_dict().items()})
     return save_state_dict(state, path, {"format": "pt"}, dtype)
 
 
