@@ -6,6 +6,7 @@ makes them so; the VAE latents are the distribution's mean)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -19,15 +20,16 @@ from _launch import two_processes
 ROOT = Path(__file__).resolve().parents[1]
 
 _WRAPPER = """
-import sys, zlib, torch
+import json, sys, zlib, torch
 sys.path.insert(0, {root!r})
-import {script}, train_network
+import importlib
+import fine_tune, train_network, train_textual_inversion
 import library.objectives.ddpm as O
 import library.run.train_step as T
 from library.run import loop
 from library.run.trainer import Trainer
 
-noise_now = {{}}
+noise_now, out_now = {{}}, {{}}
 make_example = O.make_example
 
 def fixed_noise_example(cfg, latents, schedule, generator=None, *, timesteps=None, noise=None):
@@ -46,11 +48,14 @@ loop.batch_loss = per_sample_loss
 finish = Trainer.finish
 
 def finish_and_dump(self):
-    torch.save([p.detach().clone() for p in self.params], {out!r} + f"/params_{{self.acc.process_index}}.pt")
+    torch.save([p.detach().clone() for p in self.params], out_now["out"] + f"/params_{{self.acc.process_index}}.pt")
     return finish(self)
 
 Trainer.finish = finish_and_dump
-sys.exit(0 if {script}.run(sys.argv[1:]).output else 1)
+for script, out, argv in json.loads(open(sys.argv[1]).read()):  # one run after another (single process only)
+    out_now["out"] = out
+    if not importlib.import_module(script).run(argv).output:
+        sys.exit(1)
 """
 
 # what each script trains, on top of the common flags
@@ -63,23 +68,34 @@ TRAINS = {
 }  # fmt: skip
 
 
-def _run(tmp: Path, name: str, data: Path, model: Path, processes: int, batch: int, script: str = "fine_tune",
-         *extra: str):  # fmt: skip
-    out = tmp / name
-    out.mkdir()
-    wrapper = tmp / f"{name}.py"
-    wrapper.write_text(_WRAPPER.format(root=str(ROOT), out=str(out), script=script))
-    cmd = (two_processes() if processes == 2 else [sys.executable]) + [
-        str(wrapper), "--pretrained_model_name_or_path", str(model), "--train_data_dir", str(data),
+def _argv(out: Path, data: Path, model: Path, batch: int, script: str, *extra: str) -> list[str]:
+    return [
+        "--pretrained_model_name_or_path", str(model), "--train_data_dir", str(data),
         "--caption_extension", ".txt", "--resolution", "64", "--output_dir", str(out), "--output_name", "m",
         "--save_model_as", "safetensors", "--optimizer_type", "SGDNesterov", *TRAINS[script],
         "--train_batch_size", str(batch), "--max_train_steps", "3", "--max_data_loader_n_workers", "0", "--seed", "3",
         *extra,
     ]  # fmt: skip
+
+
+def _run(tmp: Path, data: Path, model: Path, processes: int, batch: int, jobs: dict[str, tuple]) -> dict:
+    """``jobs`` (name -> script and extra flags) run one after another in the same process(es); each job's
+    trained parameters, per process."""
+    runs = []
+    for name, (script, *extra) in jobs.items():
+        out = tmp / name
+        out.mkdir()
+        runs.append((script, str(out), _argv(out, data, model, batch, script, *extra)))
+    listing = tmp / f"jobs_{processes}.json"
+    listing.write_text(json.dumps(runs))
+    wrapper = tmp / "wrapper.py"
+    wrapper.write_text(_WRAPPER.format(root=str(ROOT)))
+    cmd = (two_processes() if processes == 2 else [sys.executable]) + [str(wrapper), str(listing)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1", "CUDA_VISIBLE_DEVICES": ""}
     result = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    return [torch.load(out / f"params_{i}.pt", weights_only=True) for i in range(processes)]
+    return {name: [torch.load(tmp / name / f"params_{i}.pt", weights_only=True) for i in range(processes)]
+            for name in jobs}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -98,14 +114,30 @@ def two_images(tmp_path_factory):
     return model, data.parent
 
 
+def _doubled_lr() -> str:
+    flags = TRAINS["train_network"]
+    return str(2 * float(flags[flags.index("--learning_rate") + 1]))
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory, two_images):
+    """Every script trained by one process with batch 2, and train_network.py once more at twice the learning rate:
+    one process runs the four one after another (one start-up instead of four; each run starts afresh as its
+    command line would: a single process resets accelerate's state). The two-process launches stay one per script:
+    a launched process group does not start a second time in one process."""
+    model, data = two_images
+    jobs = {script: (script,) for script in TRAINS}
+    jobs["doubled"] = ("train_network", "--learning_rate", _doubled_lr())
+    return {name: runs[0] for name, runs in _run(tmp_path_factory.mktemp("one"), data, model, 1, 2, jobs).items()}
+
+
 @pytest.mark.parametrize("script", ["fine_tune", "train_network", "train_textual_inversion"])
-def test_two_processes_agree_and_equal_one_process_with_the_total_batch(tmp_path, two_images, script):
+def test_two_processes_agree_and_equal_one_process_with_the_total_batch(tmp_path, two_images, one_process, script):
     """Full models go through accelerate's DDP; adapters and embeddings average their gradients by hand: either
     way two processes with batch 1 train what one process with batch 2 trains (a sum instead of the mean would
     double every step)."""
     model, data = two_images
-    two = _run(tmp_path, "two", data, model, processes=2, batch=1, script=script)
-    one = _run(tmp_path, "one", data, model, processes=1, batch=2, script=script)[0]
+    two, one = _run(tmp_path, data, model, 2, 1, {"two": (script,)})["two"], one_process[script]
     assert all(torch.equal(a, b) for a, b in zip(two[0], two[1]))  # the processes hold the same weights
     if script == "fine_tune":
         from library.families import get_family
@@ -114,8 +146,7 @@ def test_two_processes_agree_and_equal_one_process_with_the_total_batch(tmp_path
         start = [*base.denoiser.parameters(), *base.text_encoders[0].parameters()]  # the trainable's order
         assert len(start) == len(one) and sum(not torch.equal(a, b) for a, b in zip(start, one)) > len(one) // 2
     elif script == "train_network":  # a summed gradient = twice the learning rate (SGD): outside the tolerance
-        lr = TRAINS[script][TRAINS[script].index("--learning_rate") + 1]
-        doubled = _run(tmp_path, "doubled", data, model, 1, 2, script, "--learning_rate", str(2 * float(lr)))[0]
+        doubled = one_process["doubled"]
         apart = sum(not torch.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(doubled, one))
         assert apart >= max(1, len(one) // 4), "the runs barely trained: the comparison would prove nothing"
     for a, b in zip(two[0], one):

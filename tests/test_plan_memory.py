@@ -62,16 +62,30 @@ def data(tmp_path_factory):
     return make_example_dataset(tmp_path_factory.mktemp("plan_data"))
 
 
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """One folder for the tiny models the SD1 tests share (each is built and written once, read by every run)."""
+    return tmp_path_factory.mktemp("plan_models")
+
+
+_WRITTEN: dict[tuple[str, Path], list[str]] = {}
+
+
 def model_flags(name: str, root: Path) -> list[str]:
-    """The tiny model of ``name`` as its script takes it: the diffusers folder, else the files beside the DiT."""
+    """The tiny model of ``name`` as its script takes it: the diffusers folder, else the files beside the DiT
+    (written once per ``root``: the runs only read it)."""
+    if (name, root) in _WRITTEN:
+        return list(_WRITTEN[name, root])
     family = get_family(name)
     parts = family.tiny.build(seed=0, **BUILD.get(name, {}))
     try:
-        return ["--pretrained_model_name_or_path", str(family.tiny.write_folder(parts, root / name))]
+        flags = ["--pretrained_model_name_or_path", str(family.tiny.write_folder(parts, root / name))]
     except ValueError:  # no folder layout: the DiT file and the files sd-scripts takes beside it
         files = family.tiny.write_files(parts, root, "tiny")
         flags = ["--pretrained_model_name_or_path", str(files.pop("dit"))]
-        return flags + [w for part, path in files.items() for w in (f"--{part}", str(path))]
+        flags += [w for part, path in files.items() for w in (f"--{part}", str(path))]
+    _WRITTEN[name, root] = flags
+    return list(flags)
 
 
 def command(name: str, root: Path, data: Path, out: Path) -> tuple:
@@ -113,7 +127,7 @@ def test_planned_peaks_equal_the_real_run_on_the_simulated_device(name, data, tm
     assert "step" in planned and "save" in planned and (name not in SAMPLED or "sampling" in planned)
 
 
-def test_a_file_cut_after_its_header_plans_like_the_whole_file(data, tmp_path):
+def test_a_file_cut_after_its_header_plans_like_the_whole_file(data, models, tmp_path):
     """The tiny SD1.5 model as a single file, then the file cut right after its header (the tensor data gone): the
     plan reads the header only, so both give the same plan; the real run of the cut file fails."""
     from library.measure.phantom import read_header
@@ -129,7 +143,7 @@ def test_a_file_cut_after_its_header_plans_like_the_whole_file(data, tmp_path):
         cut[flag].parent.mkdir(exist_ok=True)
         cut[flag].write_bytes(Path(path).read_bytes()[:data_start])
         assert read_header(cut[flag]) == read_header(path)
-    run, argv = command("sd1", tmp_path, data, tmp_path / "out")
+    run, argv = command("sd1", models, data, tmp_path / "out")
     base = argv[argv.index("--train_data_dir") :]
 
     def plan_of(paths: dict) -> dict:
@@ -145,10 +159,10 @@ def test_a_file_cut_after_its_header_plans_like_the_whole_file(data, tmp_path):
             run([*[w for f, p in cut.items() for w in (f"--{f}", str(p))], *base])
 
 
-def test_plan_memory_outside_a_plan_asks_for_one_and_the_plan_flags_need_it(data, tmp_path):
+def test_plan_memory_outside_a_plan_asks_for_one_and_the_plan_flags_need_it(data, models, tmp_path):
     from library.cli.problems import ConfigError
 
-    run, argv = command("sd1", tmp_path, data, tmp_path / "out")
+    run, argv = command("sd1", models, data, tmp_path / "out")
     with pytest.raises(PlanRequested):
         run([*argv, "--plan_memory"])
     with pytest.raises(ConfigError, match="--vram is read with --plan_memory only"):
@@ -156,7 +170,7 @@ def test_plan_memory_outside_a_plan_asks_for_one_and_the_plan_flags_need_it(data
     assert not (tmp_path / "out").exists()
 
 
-def test_the_advice_plans_each_change_on_top_of_the_ones_before(data, tmp_path):
+def test_the_advice_plans_each_change_on_top_of_the_ones_before(data, models, tmp_path):
     """``--vram``'s search (library/measure/advice.py) against the same flags written by hand: asked for the device
     peak that caching both outputs and checkpointing reach, it takes changes in the users' order, stops at the first
     that fits (every earlier one did not), its last plan equals the plan of the command with those flags written by
@@ -164,9 +178,16 @@ def test_the_advice_plans_each_change_on_top_of_the_ones_before(data, tmp_path):
     from library.measure.advice import advise, paste_line
 
     order = [*CACHED[::-1], "--gradient_checkpointing"]  # text outputs first, then latents, then checkpointing
-    run, argv = command("sd1", tmp_path, data, tmp_path / "out")
+    run, argv = command("sd1", models, data, tmp_path / "out")
     argv = [w for w in argv if w != "--gradient_checkpointing"]
-    target = plan_command(lambda: run([*argv, *order, "--plan_memory"]), out=print)["device_peak_mib"]
+    by_hand_plans = {}
+
+    def by_hand(flags: list[str]) -> dict:  # a command written by hand, planned once (a plan is deterministic)
+        if tuple(flags) not in by_hand_plans:
+            by_hand_plans[tuple(flags)] = plan_command(lambda: run([*argv, *flags, "--plan_memory"]), out=print)
+        return by_hand_plans[tuple(flags)]
+
+    target = by_hand(order)["device_peak_mib"]
 
     def plan_with(changes):
         return plan_command(lambda: run([*argv, "--plan_memory"]), out=lambda line: None, changes=changes)
@@ -174,11 +195,10 @@ def test_the_advice_plans_each_change_on_top_of_the_ones_before(data, tmp_path):
     taken = advise(plan_with, argv, lambda plan: plan["device_peak_mib"] <= target, out=print)
     flags = [t["flags"][0] for t in taken]
     assert flags and flags == order[: len(flags)]
-    by_hand = plan_command(lambda: run([*argv, *flags, "--plan_memory"]), out=lambda line: None)
-    assert taken[-1]["card_peak_mib"] == by_hand["card_peak_mib"] and by_hand["device_peak_mib"] <= target
+    plan = by_hand(flags)
+    assert taken[-1]["card_peak_mib"] == plan["card_peak_mib"] and plan["device_peak_mib"] <= target
     for earlier in range(1, len(flags)):
-        plan = plan_command(lambda n=earlier: run([*argv, *flags[:n], "--plan_memory"]), out=lambda line: None)
-        assert plan["device_peak_mib"] > target
+        assert by_hand(flags[:earlier])["device_peak_mib"] > target
     assert paste_line("train_network.py", argv, taken).endswith(" ".join(flags))
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import pickle
+import shutil
 
 import pytest
 import torch
@@ -79,9 +80,14 @@ def test_resuming_a_finished_run_says_so_and_writes_nothing(finished, monkeypatc
 
 def test_resuming_a_finished_epoch_run_with_save_state(tiny_dir, dataset, tmp_path, monkeypatch, capsys):
     """--max_train_epochs with --save_state: resuming the final state is a no-op (it used to crash on
-    'Trainer' object has no attribute 'epoch_batches'); giving one more epoch trains exactly that epoch."""
-    argv = args_for(tiny_dir / "sd1", dataset, tmp_path / "a", "--max_train_epochs", "1", "--save_state",
-                    "--train_batch_size", "4")  # fmt: skip
+    'Trainer' object has no attribute 'epoch_batches'); giving one more epoch trains exactly that epoch. The four
+    images once each, batch 2: an epoch of two steps (the example folder's 10 repeats made it 10 steps)."""
+    once = tmp_path / "data" / "1_sks shape"
+    once.mkdir(parents=True)
+    for file in (dataset / "10_sks shape").iterdir():
+        shutil.copy(file, once / file.name)
+    argv = args_for(tiny_dir / "sd1", once.parent, tmp_path / "a", "--max_train_epochs", "1", "--save_state",
+                    "--train_batch_size", "2")  # fmt: skip
     first = train("sd1", *argv)
     before = snapshot(tmp_path / "a")
     code, stdout, _ = cli(monkeypatch, capsys, [*argv, "--resume", str(tmp_path / "a" / "t-state")])
@@ -89,7 +95,7 @@ def test_resuming_a_finished_epoch_run_with_save_state(tiny_dir, dataset, tmp_pa
     more = [a if a != "1" or argv[i - 1] != "--max_train_epochs" else "2" for i, a in enumerate(argv)]
     resumed = train("sd1", *more, "--resume", str(tmp_path / "a" / "t-state"), "--output_dir", str(tmp_path / "b"))
     full = train("sd1", *more, "--output_dir", str(tmp_path / "c"))
-    assert resumed.steps == full.steps == 2 * first.steps and resumed.losses == full.losses
+    assert first.steps == 2 and resumed.steps == full.steps == 2 * first.steps and resumed.losses == full.losses
 
 
 def test_resume_from_the_output_folder_picks_the_newest_state(finished, tiny_dir, dataset, tmp_path, caplog):

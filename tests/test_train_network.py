@@ -217,8 +217,9 @@ def test_bad_flags_are_reported_together(tiny_dir, dataset, tmp_path):
 
 
 def test_loss_on_the_training_images_falls(tiny_dir, dataset, tmp_path, monkeypatch):
-    """100 steps on the 4 example images at 64 px: the fixed-noise denoising loss on those images (5 fixed timesteps,
-    fixed seed) falls by far more than noise could explain (measured: 1.13 -> 0.49 with these settings)."""
+    """40 steps on the 4 example images at 64 px: the fixed-noise denoising loss on those images (5 fixed timesteps,
+    fixed seed) falls by far more than noise could explain (measured: 1.13 -> 0.57 with these settings; 100 steps at
+    lr 5e-3 reached the same bound in 2.5x the time)."""
     from library.run.train_step import validation_loss
 
     measured = {}
@@ -234,10 +235,10 @@ def test_loss_on_the_training_images_falls(tiny_dir, dataset, tmp_path, monkeypa
 
     monkeypatch.setattr(loop.Trainer, "__init__", init_and_measure)
     argv = args_for(tiny_dir / "sd1", dataset, tmp_path, "--network_dim", "8", "--network_alpha", "8",
-                    "--network_args", "conv_dim=8", "conv_alpha=8", "--learning_rate", "5e-3", steps=100)  # fmt: skip
+                    "--network_args", "conv_dim=8", "conv_alpha=8", "--learning_rate", "1e-2", steps=40)  # fmt: skip
     result = train("sd1", *argv)
     after = fixed_noise_loss(measured["run"])
-    assert result.steps == 100
+    assert result.steps == 40
     assert after < 0.6 * measured["before"], (measured["before"], after)
 
 
