@@ -24,6 +24,7 @@ from library.cli.parse import add_unsupported
 from library.cli.problems import ConfigError
 
 from ..base import FamilySpec
+from ..musubi_flags import musubi_refused
 from ..options import add_once, mark_no_effect, musubi_caching
 from .objective import Flux2FlowConfig, add_flow_args
 
@@ -38,42 +39,16 @@ SD_ONLY_FLAGS = {
     "--max_token_length": "FLUX.2 takes 512 text tokens (musubi-tuner's fixed length)",
 }
 # musubi-tuner flags with no counterpart here: flag -> (argparse kwargs, why refused)
-MUSUBI_ONLY: dict[str, tuple[dict, str]] = {
+MUSUBI_ONLY: dict[str, tuple[dict, str]] = musubi_refused("FLUX.2", {
     "--fp8_text_encoder": ({"action": "store_true"}, "alone (without --fp8_base); with --fp8_base the DiT and the "
                            "text encoder are both stored in float8 (musubi-tuner's --fp8_base --fp8_scaled "
                            "--fp8_text_encoder)"),
     "--num_layers": ({"type": int, "default": None}, "a DiT with fewer blocks is read from its file's shapes; give the "
                      "pruned file instead"),
-    "--flash_attn": ({"action": "store_true"}, "attention runs on PyTorch SDPA here; use --sdpa"),
-    "--flash3": ({"action": "store_true"}, "attention runs on PyTorch SDPA here; use --sdpa"),
-    "--sage_attn": ({"action": "store_true"}, "attention runs on PyTorch SDPA here; use --sdpa"),
-    "--img_in_txt_in_offloading": ({"action": "store_true"}, "HunyuanVideo's offloading; not for FLUX.2"),
     "--guidance_scale": ({"type": float, "default": None}, "training passes guidance 1.0 to dev, as musubi-tuner; the "
                          "sampling guidance is the prompt's --g"),
-    "--gradient_checkpointing_cpu_offload": ({"action": "store_true"}, "use --cpu_offload_checkpointing"),
-    "--show_timesteps": ({"type": str, "default": None}, "print / plot the timestep law: not done here"),
-    "--block_swap_h2d_only": ({"action": "store_true"}, "our block swap moves blocks both ways"),
-    "--block_swap_ring_size": ({"type": int, "default": None}, "our block swap has no ring buffer setting"),
-    "--use_pinned_memory_for_block_swap": ({"action": "store_true"}, "our block swap chooses its own host memory"),
-    "--compile": ({"action": "store_true"}, "torch.compile of the DiT is not done for FLUX.2"),
-    "--compile_backend": ({"type": str, "default": None}, "see --compile"),
-    "--compile_mode": ({"type": str, "default": None}, "see --compile"),
-    "--compile_dynamic": ({"type": str, "default": None}, "see --compile"),
-    "--compile_fullgraph": ({"action": "store_true"}, "see --compile"),
-    "--compile_cache_size_limit": ({"type": int, "default": None}, "see --compile"),
-    "--cuda_allow_tf32": ({"action": "store_true"}, "not read here"),
-    "--cuda_cudnn_benchmark": ({"action": "store_true"}, "not read here"),
-    "--disable_numpy_memmap": ({"action": "store_true"}, "musubi-tuner's cache files are not read here"),
-    "--async_upload": ({"action": "store_true"}, "Hugging Face upload is not done here"),
-    "--flow_shift": ({"type": float, "default": None}, "musubi-tuner's sampling shift; use --discrete_flow_shift for "
-                     "training"),
-    "--metadata_arch": ({"type": str, "default": None}, "the architecture is the family's"),
-    "--dynamo_mode": ({"type": str, "default": None}, "torch.compile settings are not read here"),
-    "--dynamo_fullgraph": ({"action": "store_true"}, "torch.compile settings are not read here"),
-    "--dynamo_dynamic": ({"action": "store_true"}, "torch.compile settings are not read here"),
-    "--metadata_reso": ({"type": str, "default": None}, "the resolution metadata is written from the dataset"),
     "--mem_eff_save": ({"action": "store_true"}, "the saves here write tensor by tensor already; drop it"),
-}  # fmt: skip
+})  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from library.cli.parse import add_unsupported
 from library.cli.problems import ConfigError
 
 from ..base import FamilySpec
+from ..musubi_flags import musubi_refused
 from ..options import add_once, identity_of, mark_no_effect, musubi_caching
 from .objective import ZImageFlowConfig, add_flow_args
 
@@ -41,35 +42,9 @@ SD_ONLY_FLAGS = {
     "--max_token_length": "Z-Image takes up to 512 prompt tokens (musubi-tuner's fixed length)",
 }
 # musubi-tuner flags with no counterpart here: flag -> (argparse kwargs, why refused)
-MUSUBI_ONLY: dict[str, tuple[dict, str]] = {
-    "--flash_attn": ({"action": "store_true"}, "attention runs on PyTorch SDPA here; use --sdpa"),
-    "--flash3": ({"action": "store_true"}, "attention runs on PyTorch SDPA here; use --sdpa"),
-    "--sage_attn": ({"action": "store_true"}, "attention runs on PyTorch SDPA here; use --sdpa"),
-    "--img_in_txt_in_offloading": ({"action": "store_true"}, "HunyuanVideo's offloading; not for Z-Image"),
+MUSUBI_ONLY: dict[str, tuple[dict, str]] = musubi_refused("Z-Image", {
     "--guidance_scale": ({"type": float, "default": None}, "Z-Image has no guidance embedding; the sample prompts' --l sets CFG"),
-    "--gradient_checkpointing_cpu_offload": ({"action": "store_true"}, "use --cpu_offload_checkpointing"),
-    "--show_timesteps": ({"type": str, "default": None}, "print / plot the timestep law: not done here"),
-    "--block_swap_h2d_only": ({"action": "store_true"}, "our block swap moves blocks both ways"),
-    "--block_swap_ring_size": ({"type": int, "default": None}, "our block swap has no ring buffer setting"),
-    "--use_pinned_memory_for_block_swap": ({"action": "store_true"}, "our block swap chooses its own host memory"),
-    "--compile": ({"action": "store_true"}, "torch.compile of the DiT is not done for Z-Image"),
-    "--compile_backend": ({"type": str, "default": None}, "see --compile"),
-    "--compile_mode": ({"type": str, "default": None}, "see --compile"),
-    "--compile_dynamic": ({"type": str, "default": None}, "see --compile"),
-    "--compile_fullgraph": ({"action": "store_true"}, "see --compile"),
-    "--compile_cache_size_limit": ({"type": int, "default": None}, "see --compile"),
-    "--cuda_allow_tf32": ({"action": "store_true"}, "not read here"),
-    "--cuda_cudnn_benchmark": ({"action": "store_true"}, "not read here"),
-    "--disable_numpy_memmap": ({"action": "store_true"}, "musubi-tuner's cache files are not read here"),
-    "--async_upload": ({"action": "store_true"}, "Hugging Face upload is not done here"),
-    "--flow_shift": ({"type": float, "default": None}, "musubi-tuner's sampling shift; use --discrete_flow_shift for "
-                     "training"),
-    "--metadata_arch": ({"type": str, "default": None}, "the architecture is the family's"),
-    "--dynamo_mode": ({"type": str, "default": None}, "torch.compile settings are not read here"),
-    "--dynamo_fullgraph": ({"action": "store_true"}, "torch.compile settings are not read here"),
-    "--dynamo_dynamic": ({"action": "store_true"}, "torch.compile settings are not read here"),
-    "--metadata_reso": ({"type": str, "default": None}, "the resolution metadata is written from the dataset"),
-}  # fmt: skip
+})  # fmt: skip
 
 
 @dataclass(frozen=True)
