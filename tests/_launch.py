@@ -24,3 +24,12 @@ def two_processes(*, quiet: bool = False) -> list[str]:
     return [str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
             "--main_process_port", str(free_port()), "--mixed_precision", "no", "--dynamo_backend", "no",
             *(["--quiet"] if quiet else [])]  # fmt: skip
+
+
+# For a wrapper script that runs several trainings one after another in the launched processes: accelerate's
+# ``end_training`` destroys the process group, and a launched process cannot open it a second time (the launcher's
+# rendezvous is over), so each run's end keeps it for the next one (trackers still finish).
+KEEP_PROCESS_GROUP = """
+from accelerate import Accelerator
+Accelerator.end_training = lambda self: [tracker.finish() for tracker in self.trackers]
+"""

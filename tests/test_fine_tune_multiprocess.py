@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _launch import two_processes
+from _launch import KEEP_PROCESS_GROUP, two_processes
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,7 +52,8 @@ def finish_and_dump(self):
     return finish(self)
 
 Trainer.finish = finish_and_dump
-for script, out, argv in json.loads(open(sys.argv[1]).read()):  # one run after another (single process only)
+{keep_group}
+for script, out, argv in json.loads(open(sys.argv[1]).read()):  # one run after another
     out_now["out"] = out
     if not importlib.import_module(script).run(argv).output:
         sys.exit(1)
@@ -89,7 +90,7 @@ def _run(tmp: Path, data: Path, model: Path, processes: int, batch: int, jobs: d
     listing = tmp / f"jobs_{processes}.json"
     listing.write_text(json.dumps(runs))
     wrapper = tmp / "wrapper.py"
-    wrapper.write_text(_WRAPPER.format(root=str(ROOT)))
+    wrapper.write_text(_WRAPPER.format(root=str(ROOT), keep_group=KEEP_PROCESS_GROUP))
     cmd = (two_processes() if processes == 2 else [sys.executable]) + [str(wrapper), str(listing)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1", "CUDA_VISIBLE_DEVICES": ""}
     result = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
@@ -123,34 +124,34 @@ def _doubled_lr() -> str:
 def one_process(tmp_path_factory, two_images):
     """Every script trained by one process with batch 2, and train_network.py once more at twice the learning rate:
     one process runs the four one after another (one start-up instead of four; each run starts afresh as its
-    command line would: a single process resets accelerate's state). The two-process launches stay one per script:
-    a launched process group does not start a second time in one process."""
+    command line would: a single process resets accelerate's state)."""
     model, data = two_images
     jobs = {script: (script,) for script in TRAINS}
     jobs["doubled"] = ("train_network", "--learning_rate", _doubled_lr())
     return {name: runs[0] for name, runs in _run(tmp_path_factory.mktemp("one"), data, model, 1, 2, jobs).items()}
 
 
-@pytest.mark.parametrize("script", ["fine_tune", "train_network", "train_textual_inversion"])
-def test_two_processes_agree_and_equal_one_process_with_the_total_batch(tmp_path, two_images, one_process, script):
+def test_two_processes_agree_and_equal_one_process_with_the_total_batch(tmp_path, two_images, one_process):
     """Full models go through accelerate's DDP; adapters and embeddings average their gradients by hand: either
     way two processes with batch 1 train what one process with batch 2 trains (a sum instead of the mean would
-    double every step)."""
+    double every step). The three scripts run one after another in one launch (one start-up of two processes)."""
     model, data = two_images
-    two, one = _run(tmp_path, data, model, 2, 1, {"two": (script,)})["two"], one_process[script]
-    assert all(torch.equal(a, b) for a, b in zip(two[0], two[1]))  # the processes hold the same weights
-    if script == "fine_tune":
-        from library.families import get_family
+    two_runs = _run(tmp_path, data, model, 2, 1, {script: (script,) for script in TRAINS})
+    for script, two in two_runs.items():
+        one = one_process[script]
+        assert all(torch.equal(a, b) for a, b in zip(two[0], two[1])), f"{script}: the processes' weights differ"
+        if script == "fine_tune":
+            from library.families import get_family
 
-        base = get_family("sd1").load(model)
-        start = [*base.denoiser.parameters(), *base.text_encoders[0].parameters()]  # the trainable's order
-        assert len(start) == len(one) and sum(not torch.equal(a, b) for a, b in zip(start, one)) > len(one) // 2
-    elif script == "train_network":  # a summed gradient = twice the learning rate (SGD): outside the tolerance
-        doubled = one_process["doubled"]
-        apart = sum(not torch.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(doubled, one))
-        assert apart >= max(1, len(one) // 4), "the runs barely trained: the comparison would prove nothing"
-    for a, b in zip(two[0], one):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+            base = get_family("sd1").load(model)
+            start = [*base.denoiser.parameters(), *base.text_encoders[0].parameters()]  # the trainable's order
+            assert len(start) == len(one) and sum(not torch.equal(a, b) for a, b in zip(start, one)) > len(one) // 2
+        elif script == "train_network":  # a summed gradient = twice the learning rate (SGD): outside the tolerance
+            doubled = one_process["doubled"]
+            apart = sum(not torch.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(doubled, one))
+            assert apart >= max(1, len(one) // 4), "the runs barely trained: the comparison would prove nothing"
+        for a, b in zip(two[0], one):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6, msg=lambda m, s=script: f"{s}: {m}")
 
 
 # ------------------------------------------------------------------------------------------------ FSDP / DeepSpeed
