@@ -10,6 +10,9 @@ names; the uninterrupted run for ``--resume``; diffusers' own loader for the sav
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -118,11 +121,13 @@ def test_a_diffusers_single_file_reads_too(files, tmp_path):
 
 def test_objective_is_ddpm_epsilon_on_the_eps_half(files):
     """Fixed draws: the noisy input equals DDPMScheduler's add_noise and OneTrainer's formula on the linear betas; the
-    target is ε; the prediction is the ε half of the 8 channels with α's micro-conditions of the latents' size."""
+    target is ε; the prediction is the ε half of the 8 channels with α's micro-conditions of the latents' size; at
+    --vb_loss_strength 0 the loss is the ε loss alone."""
     from diffusers import DDPMScheduler
 
     parts = files["alpha"]["parts"]
-    objective = PIXART_ALPHA.training_objective(parts, NoiseConfig(), LossConfig())
+    eps_only = dataclasses.replace(parts, options=PIXART_ALPHA.options(vb_loss_strength=0.0))
+    objective = PIXART_ALPHA.training_objective(eps_only, NoiseConfig(), LossConfig())
     latents = torch.randn(2, 4, 8, 12, generator=torch.Generator().manual_seed(3))
     ex = objective.example(latents, torch.Generator().manual_seed(4))
     scheduler = DDPMScheduler(num_train_timesteps=1000, beta_start=0.0001, beta_end=0.02, beta_schedule="linear")
@@ -137,11 +142,67 @@ def test_objective_is_ddpm_epsilon_on_the_eps_half(files):
                               timestep=ex.timesteps, added_cond_kwargs={"resolution": size,
                                                                          "aspect_ratio": size[:, :1] / size[:, 1:]},
                               ).sample.chunk(2, dim=1)  # fmt: skip
-    pred = PIXART_ALPHA.predict(parts.denoiser, ex.noisy, ex.timesteps, cond)
+    pred = PIXART_ALPHA.predict(parts.denoiser, ex.noisy, ex.timesteps, cond, **objective.predict_options)
     assert torch.equal(pred, eps) and var.abs().sum() > 0
     loss = objective.loss_per_sample(objective.prediction(pred, ex), ex)
     assert torch.allclose(loss, ((eps - ex.noise) ** 2).mean(dim=(1, 2, 3)), atol=1e-6)
     assert PIXART_ALPHA.objective_problems(NoiseConfig(), LossConfig(v_parameterization=True), None)
+
+
+def test_the_variational_bound_trains_the_variance_half_only():
+    """--vb_loss_strength (default 1): ε loss + the bound, whose reverse-step mean and learned-range log variance are
+    diffusers' DDPMScheduler's (``step`` from ε, ``variance_type="learned_range"``), its KL the Gaussian one, its
+    t = 0 term the 1/255-bin likelihood (exact normal CDF here); the bound's gradient reaches the variance half only."""
+    from diffusers import DDPMScheduler
+
+    from library.families.pixart.vb_loss import Coefficients, vb_terms
+
+    parts = FAMILIES["alpha"].tiny.build(seed=0)
+    objective = PIXART_ALPHA.training_objective(parts, NoiseConfig(), LossConfig())
+    assert objective.predict_options == {"with_variance": True} and objective.vb_strength == 1.0
+    g = torch.Generator().manual_seed(5)
+    x0 = torch.randn(3, 4, 6, 6, generator=g).clamp(-1, 1)
+    ex = objective.example(x0, g, timesteps=torch.tensor([0, 7, 640]))
+    eps, var_values = torch.randn(3, 4, 6, 6, generator=g), torch.rand(3, 4, 6, 6, generator=g) * 2 - 1
+    ours = vb_terms(Coefficients.of(objective.schedule), x0, ex.noisy, ex.timesteps, eps, var_values)
+
+    def mean_and_log_var(scheduler, eps_, i, t):  # the step's mean: its sample minus its own noise draw
+        learned = scheduler.config.variance_type == "learned_range"
+        output = torch.cat([eps_[i : i + 1], var_values[i : i + 1]], dim=1) if learned else eps_[i : i + 1]
+        out = scheduler.step(output, t, ex.noisy[i : i + 1], generator=torch.Generator().manual_seed(9))
+        variance = scheduler._get_variance(t, var_values[i : i + 1] if learned else None)
+        log_var = variance if learned else torch.log(variance)
+        noise = torch.randn(1, 4, 6, 6, generator=torch.Generator().manual_seed(9))
+        return out.prev_sample - torch.exp(0.5 * log_var) * noise, log_var
+
+    config = dict(num_train_timesteps=1000, beta_start=0.0001, beta_end=0.02, beta_schedule="linear", clip_sample=False)
+    learned, fixed = DDPMScheduler(**config, variance_type="learned_range"), DDPMScheduler(**config)
+    learned.set_timesteps(1000), fixed.set_timesteps(1000)
+    for i, t in ((1, 7), (2, 640)):
+        mean, log_var = mean_and_log_var(learned, eps, i, t)
+        true_mean, true_log_var = mean_and_log_var(fixed, ex.noise, i, t)
+        kl = 0.5 * (-1 + log_var - true_log_var + torch.exp(true_log_var - log_var)
+                    + (true_mean - mean) ** 2 * torch.exp(-log_var)) / math.log(2)  # fmt: skip
+        torch.testing.assert_close(ours[i : i + 1], kl, rtol=2e-4, atol=2e-5)
+    c = Coefficients.of(objective.schedule)  # t = 0: the decoder's likelihood of x0 under N(mean, σ²)
+    mean = c.posterior_mean_x0[0] * (ex.noisy[0] / c.alphas_cumprod[0].sqrt()
+                                     - (1 / c.alphas_cumprod[0] - 1).sqrt() * eps[0]) + c.posterior_mean_xt[0] * ex.noisy[0]  # fmt: skip
+    log_var = (var_values[0] + 1) / 2 * c.betas[0].log() + (1 - var_values[0]) / 2 * c.log_posterior_variance[0]
+    normal = torch.distributions.Normal(mean.double(), torch.exp(0.5 * log_var).double())
+    upper = torch.where(x0[0] > 0.999, torch.ones_like(mean.double()), normal.cdf(x0[0].double() + 1 / 255))
+    lower = torch.where(x0[0] < -0.999, torch.zeros_like(mean.double()), normal.cdf(x0[0].double() - 1 / 255))
+    p = upper - lower  # the tanh approximation of the CDF holds away from the far tails
+    kept = p > 1e-4
+    assert kept.sum() > p.numel() // 2
+    torch.testing.assert_close(ours[0].double()[kept], -torch.log(p[kept]) / math.log(2), rtol=5e-2, atol=2e-2)
+
+    pred = torch.cat([eps, var_values], dim=1).requires_grad_()
+    total = objective.loss_per_sample(pred, ex)
+    eps_only = ((eps - ex.noise) ** 2).mean(dim=(1, 2, 3))
+    torch.testing.assert_close(total, eps_only + ours.mean(dim=(1, 2, 3)), rtol=1e-5, atol=1e-6)
+    (grad,) = torch.autograd.grad(total.sum(), pred)
+    torch.testing.assert_close(grad[:, :4], 2 * (eps - ex.noise) / eps[0].numel())  # the ε loss's gradient alone
+    assert grad[:, 4:].abs().sum() > 0
 
 
 @pytest.mark.parametrize("variant", ["alpha", "sigma"])

@@ -3,9 +3,10 @@
 4-channel SD-style VAE (the SD VAE × 0.18215 for α, the SDXL VAE × 0.13025 for Σ), trained on the DDPM ε objective
 (linear β, 1000 steps; ``model.py``). Trained by ``pixart_train_network.py`` / ``pixart_train.py``.
 
-The transformer predicts 8 channels, ε and the learned variance; :meth:`PixArtFamily.predict` hands the ε half to the
-shared DDPM objective, so training is the ε loss on it (OneTrainer's default; the variance half gets no gradient and
-keeps its released weights, which diffusers' samplers never read). PixArt-α 1024 takes the image's resolution and
+The transformer predicts 8 channels, ε and the learned variance: training is the ε loss on the first half plus
+``--vb_loss_strength`` (default 1, as the PixArt authors' hybrid loss and OneTrainer) × the variational bound on the
+second (``vb_loss.py``); at 0 only ε is trained and the variance half keeps its released weights. Sampling reads
+the ε half (:meth:`PixArtFamily.predict`), as diffusers' pipelines do. PixArt-α 1024 takes the image's resolution and
 aspect ratio (micro-conditions: the trained / generated size, as diffusers' pipeline and OneTrainer); Σ none.
 
 Files (``loading.py``): the official ``.pth`` / ``.safetensors`` with ``--t5xxl --vae``, or a diffusers pipeline folder.
@@ -48,6 +49,7 @@ from .loading import load_pixart, variant_of_folder, variant_of_keys
 from .model import ALPHA, PIPELINES, SIGMA, TIED_T5, TOKENS, VAE_SCALE, eps_half, micro_conditions, released
 from .options import PixArtOptions
 from .tiny import PixArtTiny
+from .vb_loss import pixart_objective
 
 IMPLEMENTATION = "https://github.com/PixArt-alpha/PixArt-sigma"
 T5_SPEC = TextEncoderSpec("text_encoders.t5xxl.transformer.", "t5", False, "<pad>", "google/t5-v1_1-xxl", "t5xxl")
@@ -214,9 +216,10 @@ class PixArtFamily:
 
     # ------------------------------------------------------------------------------------------- denoising
     def predict(self, denoiser: nn.Module, noisy: Tensor, t: Tensor, cond: Cond, *,
-                time_ids: Tensor | None = None) -> Tensor:  # fmt: skip
-        """ε (B, 4, h, w): the ε half of the transformer's 8 channels, at integer timesteps t, with T5's states and
-        mask in the cross-attention and, for α, the micro-conditions of the latents' size."""
+                time_ids: Tensor | None = None, with_variance: bool = False) -> Tensor:  # fmt: skip
+        """ε (B, 4, h, w): the ε half of the transformer's 8 channels (all 8 ``with_variance``: the training loss's
+        bound reads the variance half), at integer timesteps t, with T5's states and mask in the cross-attention
+        and, for α, the micro-conditions of the latents' size."""
         if time_ids is not None:
             raise ValueError("PixArt takes no SDXL size/crop time_ids")
         mask = cond.mask
@@ -226,7 +229,7 @@ class PixArtFamily:
         out = denoiser(noisy, encoder_hidden_states=cond.hidden_states.to(noisy.dtype),
                        encoder_attention_mask=mask.to(noisy.device), timestep=timesteps,
                        added_cond_kwargs=micro_conditions(denoiser, noisy), return_dict=False)[0]  # fmt: skip
-        return eps_half(out, noisy.shape[1])
+        return out if with_variance else eps_half(out, noisy.shape[1])
 
     def objective(self, parts: Parts) -> str:
         return EPSILON
@@ -238,7 +241,8 @@ class PixArtFamily:
         return problems
 
     def training_objective(self, parts: Parts, noise: NoiseConfig, loss: LossConfig) -> DDPMObjective:
-        return ddpm_objective(self.spec.title, EPSILON, parts.scheduler_config, noise, loss)
+        base = ddpm_objective(self.spec.title, EPSILON, parts.scheduler_config, noise, loss)
+        return pixart_objective(base, options_of(parts).vb_loss_strength)
 
     def swap_blocks(self, denoiser: nn.Module) -> list[BlockList]:
         return [BlockList(denoiser.transformer_blocks, 1)]

@@ -4,7 +4,9 @@ Load flags: ``--t5xxl`` (the T5-XXL encoder beside a single file, or a folder) a
 tokens per caption: the model's own by default, 120 for PixArt-α, 300 for PixArt-Σ, as the original trainers, diffusers'
 pipelines and OneTrainer read them). The attention mask of the padding is always passed to T5 and to the transformer's
 cross-attention (as the released models were trained). Training: ``--text_encoder_batch_size``; the CLIP-only flags
-are marked as having no effect, and training T5 is refused (``problems``).
+are marked as having no effect, and training T5 is refused (``problems``); ``--vb_loss_strength`` (OneTrainer's name
+and default, 1): the weight of the variational bound that trains the learned-variance half of the output
+(``vb_loss.py``; 0 trains ε only).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class PixArtOptions:
     t5xxl_max_token_length: int | None = None
     text_encoder_batch_size: int | None = None
     train_text_encoder: bool = False
+    vb_loss_strength: float = 1.0
 
     @classmethod
     def add_args(cls, parser: argparse.ArgumentParser, *, training: bool) -> argparse.ArgumentParser:
@@ -49,6 +52,9 @@ class PixArtOptions:
             return parser
         add_once(g, parser, "--text_encoder_batch_size", type=int, default=None,
                  help="captions per text-encoder call when caching (default: the training batch size)")  # fmt: skip
+        add_once(g, parser, "--vb_loss_strength", type=float, default=1.0,
+                 help="weight of the variational-bound loss that trains the learned variance (the second half of "
+                 "the output), as the PixArt authors and OneTrainer (default 1; 0: the ε loss only)")  # fmt: skip
         mark_no_effect(parser, SD_ONLY_FLAGS)
         return parser
 
@@ -75,6 +81,13 @@ class PixArtOptions:
         if training and getattr(args, "weighted_captions", False):
             problems.append("--weighted_captions is not supported for PixArt: A1111-style weights are for CLIP "
                             "prompts, T5 encodes the caption as written; drop the flag")  # fmt: skip
+        vb = getattr(args, "vb_loss_strength", 0.0) or 0.0
+        if training and vb < 0:
+            problems.append(f"--vb_loss_strength must be 0 or more, got {vb}")
+        if training and vb and (getattr(args, "unmasked_probability", 0.0) or 0.0) > 0:
+            problems.append("--unmasked_probability with the variational-bound loss is not supported (the bound would "
+                            "need the same mask draw as the ε loss): add --vb_loss_strength 0, or drop "
+                            "--unmasked_probability")  # fmt: skip
         if problems:
             raise ConfigError(problems)
         return from_namespace(cls, args, train_text_encoder=False)
@@ -83,7 +96,7 @@ class PixArtOptions:
         return identity_of((("t5xxl_max_token_length", self.t5xxl_max_token_length),))
 
     def metadata(self) -> dict[str, Any]:
-        return {"ss_t5xxl_max_token_length": self.t5xxl_max_token_length}
+        return {"ss_t5xxl_max_token_length": self.t5xxl_max_token_length, "ss_vb_loss_strength": self.vb_loss_strength}
 
     def problems(self, spec: FamilySpec, path: str | None) -> list[str]:
         if spec.name not in FAMILY_NAMES:
