@@ -51,13 +51,18 @@ def build_parser() -> argparse.ArgumentParser:
     return run_config.script_options(FAMILIES).add_args(parser, training=True)
 
 
+def read_config(args: argparse.Namespace) -> run_config.TrainConfig:
+    """The typed configuration of the run, every problem at once (the deprecated block-swap flags read first)."""
+    prepare_args(args)
+    return run_config.read_config(args, FAMILIES, ControlNetConfig.from_args, ("safetensors",))
+
+
 def run(argv: Sequence[str] | None = None) -> Result | None:
     """Train a FLUX.1 ControlNet on the conditioning images of the dataset."""
     args = parse_args(build_parser(), argv)
     if args is None:  # --output_config wrote the file
         return None
-    prepare_args(args)  # the deprecated block-swap flags -> --blocks_to_swap
-    cfg = run_config.read_config(args, FAMILIES, ControlNetConfig.from_args, ("safetensors",))  # all errors at once
+    cfg = read_config(args)
     if run_files.nothing_left(cfg.save, cfg.run):
         return None
     run = run_setup.start(cfg)  # accelerator, seed, dataset plan + bucket report, model, caches

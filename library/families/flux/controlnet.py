@@ -54,15 +54,17 @@ def build_controlnet(transformer: nn.Module, depth: int = 2, copy_weights: bool 
                          f"{config['in_channels']}")  # fmt: skip
     if not 1 <= depth <= config["num_layers"]:
         raise ValueError(f"ControlNet depth {depth}: must be 1..{config['num_layers']} (the transformer's blocks)")
-    keep = ("patch_size", "in_channels", "attention_head_dim", "num_attention_heads", "joint_attention_dim",
+    keep = ("in_channels", "attention_head_dim", "num_attention_heads", "joint_attention_dim",
             "pooled_projection_dim", "guidance_embeds", "axes_dims_rope")  # fmt: skip
-    cn = FluxControlNetModel(**{k: config[k] for k in keep}, num_layers=depth, num_single_layers=0,
+    # patch_size 2: diffusers reads it only to cut the hint into the 2x2 patches of the packed latent tokens
+    cn = FluxControlNetModel(**{k: config[k] for k in keep}, patch_size=2, num_layers=depth, num_single_layers=0,
                              conditioning_embedding_channels=HINT_CHANNELS)  # fmt: skip
     if copy_weights:
         own = cn.state_dict()
         base = {k: v for k, v in transformer.state_dict().items() if k in own and not k.startswith("controlnet")}
         cn.load_state_dict(base, strict=False)
-    return cn.to(device=transformer.device, dtype=transformer.dtype)
+    cn = cn.to(transformer.device)
+    return cn.to(transformer.dtype) if transformer.dtype != cn.dtype else cn  # (diffusers warns on any dtype cast)
 
 
 # ----------------------------------------------------------------------------------------------------- file keys
