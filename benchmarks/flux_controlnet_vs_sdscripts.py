@@ -66,7 +66,7 @@ def main(record: bool) -> None:
                   timestep=x["timesteps"], img_ids=img_ids, txt_ids=torch.zeros(t, 3), guidance=x["guidance"])  # fmt: skip
     with torch.no_grad():
         ours = C.residuals(net.model, x["cond"], kwargs)
-        net.set_cond_image(x["cond"])
+        net.use_guide_image(x["cond"])
         out = transformer(**kwargs, return_dict=False)[0]
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": f"{PEER / 'sd-scripts'}:{ROOT / 'benchmarks' / 'peer' / 'sds_shims'}"}  # fmt: skip

@@ -4,7 +4,7 @@ Oracles: a fresh ControlNet leaves the transformer's output unchanged, bit for b
 its residuals equal diffusers' own ``FluxControlNetModel.forward``; the file's keys and shapes are those of
 sd-scripts' ``ControlNetFlux`` for the same model (recorded by benchmarks/flux_controlnet_vs_sdscripts.py, which also
 runs sd-scripts' module on our file: strict load, same forward); the file reads back to the trained tensors; a
-trained ControlNet changes samples (``--cn``) and flux_minimal_inference.py's image, multiplier 0 gives the plain
+training batch's control images serve its own prediction only; a trained ControlNet changes samples (``--cn``) and flux_minimal_inference.py's image, multiplier 0 gives the plain
 image; 1 step + ``--resume`` repeats 2 uninterrupted steps bit for bit; block swapping (the deprecated
 ``--double_blocks_to_swap --single_blocks_to_swap``) trains the same weights."""
 
@@ -44,7 +44,7 @@ def test_fresh_controlnet_is_exact_no_op_and_its_file_is_sd_scripts_layout():
     with torch.no_grad():
         plain = family.predict(transformer, noisy, t, cond)
         net = FluxControlNet.create(transformer)
-        net.set_cond_image(image)
+        net.use_guide_image(image)
         assert torch.equal(family.predict(transformer, noisy, t, cond), plain)  # zero outputs: exactly the base
         file = net.state_dict_for_file()
         assert {k: list(v.shape) for k, v in file.items()} == LAYOUT  # sd-scripts' ControlNetFlux, key by key
@@ -59,14 +59,23 @@ def test_fresh_controlnet_is_exact_no_op_and_its_file_is_sd_scripts_layout():
         theirs = net.model(controlnet_cond=image, return_dict=False, **kwargs)[0]
         for a, b in zip(C.residuals(net.model, image, kwargs), theirs, strict=True):
             torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+        # --mixed_precision bf16: bf16 inputs, fp32 ControlNet weights: the fp32 computation, rounded to bf16
+        half = {k: v.bfloat16() for k, v in kwargs.items()}
+        same = C.residuals(net.model, image.bfloat16().float(), {k: v.float() for k, v in half.items()})
+        for a, b in zip(C.residuals(net.model, image.bfloat16(), half), same, strict=True):
+            assert a.dtype == torch.bfloat16 and torch.equal(a, b.bfloat16())
         net.set_multiplier(0.0)
         assert torch.equal(family.predict(transformer, noisy, t, cond), plain)
         net.set_multiplier(1.0)
+        # a training batch's images serve its own prediction only (a later sample without --cn is plain)
+        net.set_cond_image(image)
+        assert torch.equal(family.predict(transformer, noisy, t, cond), guided)
+        assert torch.equal(family.predict(transformer, noisy, t, cond), plain)
         # the file reads back into a fresh ControlNet (our loader) with the same forward
         back = FluxControlNet(transformer, C.build_controlnet(transformer, copy_weights=False))
         net.remove()
         back.load_file_tensors(net.state_dict_for_file(), "file")
-        back.set_cond_image(image)
+        back.use_guide_image(image)
         assert torch.equal(family.predict(transformer, noisy, t, cond), guided)
     with pytest.raises(ValueError, match="not a FLUX ControlNet file"):
         back.load_file_tensors({"lora_unet_x.lora_down.weight": torch.zeros(1)}, "lora.safetensors")
@@ -104,11 +113,11 @@ def test_trains_samples_resumes_and_generates(setup, tmp_path):
     guides = sorted(cond.glob("*.png"))
     prompts = tmp_path / "p.txt"
     line = "sks shape --w 64 --h 64 --d 3 --s 2"
-    prompts.write_text(f"{line} --cn {guides[0]}\n{line}\n")  # samples 00 (with the control image) and 01
+    prompts.write_text(f"{line}\n{line} --cn {guides[0]}\n")  # samples 00 (right after a step) and 01 (--cn)
     full = _train(setup, tmp_path / "a", 2, "--sample_prompts", str(prompts), "--sample_every_n_steps", "2",
                   "--save_every_n_steps", "1", "--save_state")  # fmt: skip
     samples = sorted(p for p in (tmp_path / "a" / "sample").glob("*.png") if "grid" not in p.name)
-    with_cn, without = (np.asarray(Image.open(p)) for p in samples)
+    without, with_cn = (np.asarray(Image.open(p)) for p in samples)
     assert not np.array_equal(with_cn, without)
     trained = load_state_dict(full.output)[0]
     assert {k: list(v.shape) for k, v in trained.items()} == LAYOUT  # 2 ControlNet blocks of a 3-block model

@@ -57,14 +57,17 @@ def build_controlnet(transformer: nn.Module, depth: int = 2, copy_weights: bool 
     keep = ("in_channels", "attention_head_dim", "num_attention_heads", "joint_attention_dim",
             "pooled_projection_dim", "guidance_embeds", "axes_dims_rope")  # fmt: skip
     # patch_size 2: diffusers reads it only to cut the hint into the 2x2 patches of the packed latent tokens
-    cn = FluxControlNetModel(**{k: config[k] for k in keep}, patch_size=2, num_layers=depth, num_single_layers=0,
-                             conditioning_embedding_channels=HINT_CHANNELS)  # fmt: skip
-    if copy_weights:
+    with torch.device(transformer.device):  # built where the transformer is (meta: --plan_memory, no memory)
+        cn = FluxControlNetModel(**{k: config[k] for k in keep}, patch_size=2, num_layers=depth, num_single_layers=0,
+                                 conditioning_embedding_channels=HINT_CHANNELS)  # fmt: skip
+    if copy_weights and transformer.device.type != "meta":
         own = cn.state_dict()
         base = {k: v for k, v in transformer.state_dict().items() if k in own and not k.startswith("controlnet")}
         cn.load_state_dict(base, strict=False)
-    cn = cn.to(transformer.device)
-    return cn.to(transformer.dtype) if transformer.dtype != cn.dtype else cn  # (diffusers warns on any dtype cast)
+    dtype = transformer.dtype
+    if dtype == cn.dtype or dtype.itemsize == 1:  # fp8 storage (--fp8_base): the caller picks the compute dtype
+        return cn
+    return cn.to(dtype)
 
 
 # ----------------------------------------------------------------------------------------------------- file keys
@@ -141,27 +144,29 @@ def residuals(cn: nn.Module, image: Tensor, kwargs: Mapping[str, Any], checkpoin
     transformer call ``kwargs`` (what ``FluxFamily.predict`` passes: packed tokens, text, timestep / 1000, ids,
     pooled, guidance, the T5 mask in ``joint_attention_kwargs``) and the control ``image`` (b, 3, H, W) in [-1, 1]
     (b divides B: classifier-free guidance's halves share it). The mask reaches the ControlNet's blocks too, as
-    sd-scripts passes ``txt_attention_mask`` to both."""
+    sd-scripts passes ``txt_attention_mask`` to both. The ControlNet computes in its own dtype (fp32 trained
+    weights beside a bf16 transformer under ``--mixed_precision bf16``); the residuals come back in the tokens'."""
     x = kwargs["hidden_states"]
+    dtype = next(cn.parameters()).dtype
     if x.shape[0] != image.shape[0]:
         if x.shape[0] % image.shape[0]:
             raise ValueError(f"{image.shape[0]} control image(s) for a batch of {x.shape[0]}")
         image = image.repeat(x.shape[0] // image.shape[0], 1, 1, 1)
-    hint = cn.input_hint_block(image.to(x.dtype))
+    hint = cn.input_hint_block(image.to(dtype))
     b, c, h, w = hint.shape
     if h * w // 4 != x.shape[1]:
         raise ValueError(f"the control image ({image.shape[-2]}x{image.shape[-1]}) is not the generated image's "
                          f"size ({x.shape[1]} latent patches); resize it to that size")  # fmt: skip
     hint = hint.reshape(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5).reshape(b, h * w // 4, c * 4)
-    hidden = cn.x_embedder(x) + cn.controlnet_x_embedder(hint)
-    t = kwargs["timestep"].to(hidden.dtype) * 1000
+    hidden = cn.x_embedder(x.to(dtype)) + cn.controlnet_x_embedder(hint)
+    t = kwargs["timestep"].to(dtype) * 1000
     guidance = kwargs.get("guidance")
-    pooled = kwargs["pooled_projections"]
+    pooled = kwargs["pooled_projections"].to(dtype)
     if cn.config.guidance_embeds:
-        temb = cn.time_text_embed(t, guidance.to(hidden.dtype) * 1000, pooled)
+        temb = cn.time_text_embed(t, guidance.to(dtype) * 1000, pooled)
     else:
         temb = cn.time_text_embed(t, pooled)
-    txt = cn.context_embedder(kwargs["encoder_hidden_states"])
+    txt = cn.context_embedder(kwargs["encoder_hidden_states"].to(dtype))
     rope = cn.pos_embed(torch.cat((kwargs["txt_ids"], kwargs["img_ids"]), dim=0))
     extra = kwargs.get("joint_attention_kwargs")
     out = []
@@ -173,5 +178,5 @@ def residuals(cn: nn.Module, image: Tensor, kwargs: Mapping[str, Any], checkpoin
         else:
             txt, hidden = block(hidden_states=hidden, encoder_hidden_states=txt, temb=temb, image_rotary_emb=rope,
                                 joint_attention_kwargs=extra)  # fmt: skip
-        out.append(proj(hidden))
+        out.append(proj(hidden).to(x.dtype))
     return out

@@ -36,6 +36,7 @@ class FluxControlNet(nn.Module):
         self.multiplier = float(multiplier)
         self.checkpointing = checkpointing
         self._image: Tensor | None = None
+        self._once = False  # a training batch's image: used by the next transformer call only
         self._transformer = (transformer,)  # a tuple: not a submodule, not in the state
         self._hook = transformer.register_forward_pre_hook(self._add_residuals, with_kwargs=True)
 
@@ -76,6 +77,8 @@ class FluxControlNet(nn.Module):
         if args:
             raise ValueError("the FLUX ControlNet reads the transformer's keyword arguments (FluxFamily.predict)")
         res = C.residuals(self.model, self._image, kwargs, self.checkpointing)
+        if self._once:  # a sample prompt without --cn after a step must not see the last batch's images
+            self._image, self._once = None, False
         if self.multiplier != 1.0:
             res = [r * self.multiplier for r in res]
         before = kwargs.get("controlnet_block_samples")
@@ -86,15 +89,16 @@ class FluxControlNet(nn.Module):
         return args, {**kwargs, "controlnet_block_samples": res, "controlnet_blocks_repeat": True}
 
     def set_cond_image(self, image: Tensor | None) -> None:
-        """The control image (B, 3, H, W) in [-1, 1] of the next transformer calls; None switches it off."""
-        self._image = image
+        """A training batch's control images (B, 3, H, W) in [-1, 1], for the next transformer call only."""
+        self._image, self._once = image, image is not None
 
     def set_multiplier(self, multiplier: float) -> None:
         self.multiplier = float(multiplier)
 
-    def use_guide_image(self, image: Tensor) -> None:
+    def use_guide_image(self, image: Tensor | None) -> None:
+        """A guide image (B, 3, H, W) in [-1, 1] for every transformer call until changed (sampling); None: off."""
         p = next(self.model.parameters())
-        self.set_cond_image(image.to(p.device, p.dtype))
+        self._image, self._once = (None if image is None else image.to(p.device, p.dtype)), False
 
     def remove(self) -> None:
         """Detach from the transformer (its forward is plain again)."""
@@ -121,7 +125,7 @@ class FluxControlNet(nn.Module):
         try:
             yield
         finally:
-            self.set_cond_image(None)
+            self.use_guide_image(None)
 
     def prepare(self, accelerator: Any) -> FluxControlNet:
         return self
