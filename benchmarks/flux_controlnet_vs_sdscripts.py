@@ -59,15 +59,18 @@ def main(record: bool) -> None:
     x = dict(img=torch.randn(b, h * w, 64, generator=g), txt=torch.randn(b, t, 32, generator=g),
              y=torch.randn(b, 32, generator=g), timesteps=torch.tensor([0.3, 0.8]), guidance=torch.tensor([3.5, 3.5]),
              cond=torch.rand(b, 3, 64, 64, generator=g) * 2 - 1, img_ids=img_ids.expand(b, -1, -1).contiguous(),
-             txt_ids=torch.zeros(b, t, 3))  # fmt: skip
+             txt_ids=torch.zeros(b, t, 3), mask=torch.tensor([[1.0] * t, [1.0] * 3 + [0.0] * (t - 3)]))  # fmt: skip
     save_file(x, str(work / "inputs.safetensors"))
     (work / "request.json").write_text(json.dumps({"params": tiny_params(transformer)}))
     kwargs = dict(hidden_states=x["img"], encoder_hidden_states=x["txt"], pooled_projections=x["y"],
                   timestep=x["timesteps"], img_ids=img_ids, txt_ids=torch.zeros(t, 3), guidance=x["guidance"])  # fmt: skip
+    from library.families.flux.text import transformer_mask
+
+    masked = {**kwargs, "joint_attention_kwargs": {"attention_mask": transformer_mask(x["mask"], h * w)[:, None, None]}}
     with torch.no_grad():
-        ours = C.residuals(net.model, x["cond"], kwargs)
         net.use_guide_image(x["cond"])
-        out = transformer(**kwargs, return_dict=False)[0]
+        ours = {case: (C.residuals(net.model, x["cond"], k), transformer(**k, return_dict=False)[0])
+                for case, k in (("", kwargs), ("masked.", masked))}  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": f"{PEER / 'sd-scripts'}:{ROOT / 'benchmarks' / 'peer' / 'sds_shims'}"}  # fmt: skip
     side = ROOT / "benchmarks" / "peer" / "flux_controlnet_sdscripts_side.py"
@@ -76,11 +79,13 @@ def main(record: bool) -> None:
     if done.returncode != 0:
         sys.exit(done.stderr[-3000:])
     theirs = load_file(str(work / "outputs.safetensors"))
-    for i, r in enumerate(ours):
-        print(f"residual {i}: max |ours - sd-scripts| = {(r - theirs[f'residual.{i}']).abs().max():.3g} "
-              f"(max |residual| {r.abs().max():.3g})")  # fmt: skip
-    print(f"transformer output with the residuals: max diff {(out - theirs['flux']).abs().max():.3g} "
-          f"(max |output| {out.abs().max():.3g})")  # fmt: skip
+    for case, (residuals, out) in ours.items():
+        print("with the T5 mask (--apply_t5_attn_mask):" if case else "without a mask:")
+        for i, r in enumerate(residuals):
+            print(f"  residual {i}: max |ours - sd-scripts| = {(r - theirs[f'{case}residual.{i}']).abs().max():.3g} "
+                  f"(max |residual| {r.abs().max():.3g})")  # fmt: skip
+        print(f"  transformer output with the residuals: max diff {(out - theirs[f'{case}flux']).abs().max():.3g} "
+              f"(max |output| {out.abs().max():.3g})")  # fmt: skip
     layout = json.loads((work / "layout.json").read_text())
     mine = {k: list(v.shape) for k, v in load_file(str(work / "controlnet.safetensors")).items()}
     print(f"sd-scripts read our file strict=True: {len(layout)} tensors; same keys and shapes: {layout == mine}")

@@ -7,7 +7,8 @@ Reads ``<work>/request.json`` (the tiny model's ``FluxParams``), ``<work>/contro
 ``<work>/flux.safetensors`` (the transformer, BFL keys) and ``<work>/inputs.safetensors``; builds sd-scripts'
 ``ControlNetFlux(params, controlnet_depth=2, controlnet_single_depth=0)`` and ``Flux(params)``, loads both with
 ``strict=True`` and writes ``<work>/outputs.safetensors``: ``residual.N`` (the ControlNet's block samples) and
-``flux`` (the transformer's output with them, as flux_train_control_net.py calls it), and ``<work>/layout.json``
+``flux`` (the transformer's output with them, as flux_train_control_net.py calls it), again under ``masked.``
+with the T5 mask ``mask`` given to both (``--apply_t5_attn_mask``), and ``<work>/layout.json``
 (the ControlNet's state-dict keys and shapes).
 """
 
@@ -34,11 +35,15 @@ def main(work: Path) -> None:
     x = load_file(str(work / "inputs.safetensors"))
     common = dict(img=x["img"], img_ids=x["img_ids"], txt=x["txt"], txt_ids=x["txt_ids"], y=x["y"],
                   timesteps=x["timesteps"], guidance=x["guidance"])  # fmt: skip
-    with torch.no_grad():
-        samples, single = cn(controlnet_cond=x["cond"], **common)
-        out = flux(block_controlnet_hidden_states=samples, block_controlnet_single_hidden_states=single, **common)
-    tensors = {f"residual.{i}": s.contiguous() for i, s in enumerate(samples)}
-    save_file({**tensors, "flux": out.contiguous()}, str(work / "outputs.safetensors"))
+    tensors = {}
+    for case, mask in (("", None), ("masked.", x["mask"])):  # without / with --apply_t5_attn_mask
+        with torch.no_grad():
+            samples, single = cn(controlnet_cond=x["cond"], txt_attention_mask=mask, **common)
+            out = flux(block_controlnet_hidden_states=samples, block_controlnet_single_hidden_states=single,
+                       txt_attention_mask=mask, **common)  # fmt: skip
+        tensors |= {f"{case}residual.{i}": s.contiguous() for i, s in enumerate(samples)}
+        tensors[f"{case}flux"] = out.contiguous()
+    save_file(tensors, str(work / "outputs.safetensors"))
     layout = {k: list(t.shape) for k, t in cn.state_dict().items()}
     (work / "layout.json").write_text(json.dumps(layout, indent=1, sort_keys=True))
 
