@@ -168,3 +168,28 @@ def _inference_uses_the_file(files: dict, controlnet: Path, guides: list[Path], 
     assert np.array_equal(image("zero", *cn, str(guides[0]), "--control_net_multipliers", "0"), plain)
     a, b = image("a", *cn, str(guides[0])), image("b", *cn, str(guides[1]))
     assert not np.array_equal(a, plain) and not np.array_equal(a, b)
+
+
+@pytest.mark.parametrize(
+    "flags, expect",
+    [
+        (["--guide_image_path", "{img}"], "--guide_image_path without --control_net_models"),
+        (["--control_net_models", "{cn}"], "--guide_image_path: give one control image"),
+        (["--control_net_models", "{cn}", "{cn}", "--guide_image_path", "{img}", "--control_net_multipliers", "1"],
+         "--control_net_multipliers: 1 value"),
+        (["--control_net_models", "missing.safetensors", "--guide_image_path", "{img}"], "missing.safetensors: no such"),
+    ],
+)  # fmt: skip
+def test_inference_control_flags_are_checked_before_loading(tmp_path, flags, expect):
+    import flux_minimal_inference as inference
+    from library.cli.problems import ConfigError
+
+    (tmp_path / "cn.safetensors").write_bytes(b"")
+    (tmp_path / "img.png").write_bytes(b"")
+    argv = [
+        "--ckpt_path",
+        str(tmp_path),
+        *(f.format(cn=tmp_path / "cn.safetensors", img=tmp_path / "img.png") for f in flags),
+    ]
+    with pytest.raises(ConfigError, match=expect):
+        inference.InferenceConfig.from_args(inference.build_parser().parse_args(argv))
