@@ -19,6 +19,10 @@ code (``networks.inject``: any algorithm we read, kohya / LyCORIS files, live or
   the transformer, then the AE).
 * ``--lora_weights path;multiplier`` (any algorithm we read); ``--merge_lora_weights`` bakes them into the weights,
   as do several files (live adapters cannot be stacked yet: their multipliers are then fixed, as gen_img.py's).
+* ``--control_net_models a.safetensors [b ...] --guide_image_path img.png [img2 ...]
+  [--control_net_multipliers 1.0 ...]``: FLUX ControlNets (flux_train_control_net.py's files, sd-scripts' / XLabs'
+  ControlNetFlux keys) given a control image each (one image: all of them), resized to the generated size;
+  sd-scripts has no FLUX ControlNet inference (only samples during training).
 * ``--interactive`` reads prompts from stdin until an empty line, with sd-scripts' options ``--w --h --s --d --g
   --m --n (- for empty) --c``; width, height, steps, guidance and CFG scale carry over to the next prompt.
 
@@ -104,6 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
     g = parser.add_argument_group("LoRA")
     g.add_argument("--lora_weights", type=str, nargs="*", default=[], help="adapter files as path;multiplier")
     g.add_argument("--merge_lora_weights", action="store_true", help="merge the adapters into the model weights")
+    g = parser.add_argument_group("ControlNet")
+    g.add_argument("--control_net_models", type=str, nargs="*", default=[], help="FLUX ControlNet files")
+    g.add_argument("--control_net_multipliers", type=float, nargs="*", default=None,
+                   help="one strength per ControlNet (default 1.0)")  # fmt: skip
+    g.add_argument("--guide_image_path", type=str, nargs="*", default=[],
+                   help="the control image: one for every ControlNet, or one per ControlNet")  # fmt: skip
     return parser
 
 
@@ -123,6 +133,7 @@ class InferenceConfig:
     offload: bool
     loras: tuple[Lora, ...]
     merge: bool
+    controls: tuple[tuple[str, float, str], ...] = ()  # (ControlNet file, multiplier, guide image)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> InferenceConfig:
@@ -142,6 +153,7 @@ class InferenceConfig:
             if value is not None and value < 1:
                 problems.append(f"--{flag} must be >= 1, got {value}")
         problems += guidance_problems("--guidance", args.guidance)
+        controls = _controls(args, problems)
         if problems:
             raise ConfigError(problems)
         if MODEL_TYPE_OF_FAMILY.get("chroma") == args.model_type and "clip_l" in files:
@@ -152,8 +164,31 @@ class InferenceConfig:
             ckpt=Path(args.ckpt_path), model_type=args.model_type, files=files, apply_t5_attn_mask=args.apply_t5_attn_mask,
             spec=spec, seed=args.seed, output_dir=Path(args.output_dir), interactive=args.interactive,
             dtypes=dtypes, offload=args.offload, loras=tuple(x for x in loras if x is not None),
-            merge=args.merge_lora_weights,
+            merge=args.merge_lora_weights, controls=controls,
         )  # fmt: skip
+
+
+def _controls(args: argparse.Namespace, problems: list[str]) -> tuple[tuple[str, float, str], ...]:
+    """``--control_net_models`` with their multipliers and guide images; every problem named by its flag."""
+    models, images = args.control_net_models, args.guide_image_path
+    mults = args.control_net_multipliers if args.control_net_multipliers is not None else [1.0] * len(models)
+    if not models:
+        for flag, given in (
+            ("--control_net_multipliers", args.control_net_multipliers),
+            ("--guide_image_path", images),
+        ):
+            if given:
+                problems.append(f"{flag} without --control_net_models: give the FLUX ControlNet file(s)")
+        return ()
+    if len(mults) != len(models):
+        problems.append(f"--control_net_multipliers: {len(mults)} value(s) for {len(models)} ControlNet(s)")
+    if len(images) not in (1, len(models)):
+        problems.append(f"--guide_image_path: give one control image, or one per ControlNet ({len(models)}); "
+                        f"got {len(images)}")  # fmt: skip
+    for flag, paths in (("--control_net_models", models), ("--guide_image_path", images)):
+        problems += [f"{flag} {p}: no such file" for p in paths if not Path(p).is_file()]
+    images = images * len(models) if len(images) == 1 else images
+    return tuple(zip(models, mults, images)) if len(mults) == len(models) == len(images) else ()
 
 
 _PARTS = ("clip_l", "t5xxl", "ae", "flux")
@@ -229,6 +264,20 @@ def apply_loras(cfg: Any, family: ModelFamily, parts: Parts, device: torch.devic
     return apply_adapter_files(files, family.adapter_roots(parts), cfg.merge, device, log)
 
 
+def load_controlnets(cfg: InferenceConfig, parts: Parts, device: torch.device) -> list[tuple[Any, str]]:
+    """The ``--control_net_models`` on the transformer (in its compute dtype, on ``device``), each with its guide
+    image path."""
+    from library.families.flux.controlnet_trainable import FluxControlNet
+
+    dtype = FP8_COMPUTE if cfg.dtypes["flux"].itemsize == 1 else cfg.dtypes["flux"]
+    nets = []
+    for path, multiplier, image in cfg.controls:
+        net = FluxControlNet.from_file(parts.denoiser, path, multiplier=multiplier).to(device=device, dtype=dtype)
+        log.info("ControlNet %s (multiplier %s) with the control image %s", path, multiplier, image)
+        nets.append((net.eval(), image))
+    return nets
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # Generation
 
@@ -251,11 +300,22 @@ def settle(spec: PromptSpec, family: ModelFamily, parts: Parts) -> PromptSpec:
 
 
 def generate_image(
-    cfg: InferenceConfig, family: ModelFamily, parts: Parts, spec: PromptSpec, seed: int | None, device: torch.device
+    cfg: InferenceConfig,
+    family: ModelFamily,
+    parts: Parts,
+    spec: PromptSpec,
+    seed: int | None,
+    device: torch.device,
+    controlnets: Sequence[tuple[Any, str]] = (),
 ) -> Path:
-    """One image of ``spec`` (:func:`settle`) with ``seed`` (None: random), saved as a PNG; returns its path."""
+    """One image of ``spec`` (:func:`settle`) with ``seed`` (None: random), saved as a PNG; returns its path.
+    ``controlnets``: (ControlNet, guide image path) pairs, the image resized to the spec's size."""
+    from library.families.flux.controlnet import guide_image
+
     seed = seed if seed is not None else random.randint(0, 2**32 - 1)
     spec = settle(spec, family, parts)
+    for net, image in controlnets:
+        net.use_guide_image(guide_image(image, spec.width, spec.height))
     log.info("seed %d, %dx%d, %d steps, guidance %s, CFG %s", seed, spec.width, spec.height, spec.steps,
              spec.guidance, spec.scale)  # fmt: skip
     image = flow_image(family, parts, spec, seed, device, cfg.offload)
@@ -286,13 +346,14 @@ def run(argv: Sequence[str] | None = None) -> list[Path]:
     family, parts = load_model(cfg, device)
     networks = apply_loras(cfg, family, parts, device)
     store_fp8_parts(cfg, family, parts)
+    controlnets = load_controlnets(cfg, parts, device)
     if not cfg.interactive:
-        return [generate_image(cfg, family, parts, cfg.spec, cfg.seed, device)]
+        return [generate_image(cfg, family, parts, cfg.spec, cfg.seed, device, controlnets)]
     return prompt_loop(
         cfg.spec,
         PROMPT_HELP,
         lambda line, spec: interactive_options(line, spec, networks),
-        lambda spec, seed: generate_image(cfg, family, parts, spec, seed, device),
+        lambda spec, seed: generate_image(cfg, family, parts, spec, seed, device, controlnets),
         log,
     )
 

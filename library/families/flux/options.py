@@ -9,7 +9,7 @@
 given in every training step, default 3.5; schnell has no guidance input and Chroma's diffusers model none either:
 sd-scripts passes the value to them all, the models ignore it); ``--text_encoder_batch_size`` (captions per
 text-encoder call while caching; default the batch size). ``--split_mode`` (deprecated in sd-scripts, which turns it
-into ``--blocks_to_swap 18``) and ``--controlnet_model_name_or_path`` (FLUX ControlNet training) are refused. Every
+into ``--blocks_to_swap 18``) and ``--controlnet_model_name_or_path`` (flux_train_control_net.py's) are refused. Every
 entry point that loads a FLUX model takes the load flags (``--clip_l --t5xxl --ae --t5xxl_max_token_length
 --apply_t5_attn_mask``); a training script also the objective's (``objective.add_flow_matching_args``) and the rest.
 """
@@ -98,8 +98,9 @@ class FluxOptions:
                  help="captions per text-encoder call when caching (default: the training batch size)")  # fmt: skip
         add_unsupported(g, "--split_mode", "sd-scripts deprecated it; use --blocks_to_swap 18, which it stands for",
                         action="store_true")  # fmt: skip
-        add_unsupported(g, "--controlnet_model_name_or_path", "FLUX ControlNet training is not implemented", type=str,
-                        default=None)  # fmt: skip
+        if "--controlnet_model_name_or_path" not in parser._option_string_actions:  # flux_train_control_net.py's
+            add_unsupported(g, "--controlnet_model_name_or_path", "a LoRA / fine-tune script does not train a "
+                            "ControlNet: use flux_train_control_net.py", type=str, default=None)  # fmt: skip
         mark_no_effect(parser, SD_ONLY_FLAGS)
         return parser
 
