@@ -239,6 +239,10 @@ class LLLiteNetwork(nn.Module):
         return dataclasses.replace(models, conditioning=self.set_cond_image)
 
     def after_step(self) -> dict[str, float]:
+        """The step's conditioning ends with its optimizer step (kept through the backward: gradient checkpointing
+        runs the UNet again there): a sample prompt without ``--cn`` after it must not see the last batch's
+        images, and their embeddings' graph is not held until the next step."""
+        self.set_cond_image(None)
         return {}
 
     @contextlib.contextmanager
