@@ -213,6 +213,8 @@ def test_lora_is_comfyuis_and_resume_repeats_the_run(files, dataset_toml, tmp_pa
 def test_refusals_are_clear(files, dataset_toml, tmp_path):
     with pytest.raises(ConfigError, match="--adaptive_loss_weight is not supported"):
         stable_cascade_train_c_network.run(lora(files, dataset_toml, tmp_path, "--adaptive_loss_weight"))
+    with pytest.raises(ConfigError, match="--sample_prompts is not supported for Stable Cascade training"):
+        stable_cascade_train_c_network.run(lora(files, dataset_toml, tmp_path, "--sample_prompts", str(dataset_toml)))
     with pytest.raises(ConfigError, match="--timestep_sampling logit_normal: Stable Cascade draws"):
         stable_cascade_train_c_network.run(lora(files, dataset_toml, tmp_path, "--timestep_sampling", "logit_normal"))
 
@@ -272,3 +274,63 @@ def test_full_fine_tune_loss_falls_and_reads_back(files, dataset, dataset_toml, 
     trained_te, original_te = load_state_dict(text_model)[0], load_state_dict(files["text_model"])[0]
     assert trained_te.keys() == original_te.keys()
     assert any(not torch.equal(trained_te[k], original_te[k]) for k in trained_te)
+
+
+def tiny_decoder_folder(root):
+    """A tiny diffusers StableCascadeDecoderPipeline folder (diffusers' own test sizes, stage B reading the 16-channel
+    stage C latents)."""
+    from diffusers import DDPMWuerstchenScheduler, StableCascadeDecoderPipeline, StableCascadeUNet
+    from diffusers.pipelines.deprecated.wuerstchen.modeling_paella_vq_model import PaellaVQModel
+
+    from library.families.encoders import clip
+
+    torch.manual_seed(0)
+    res, attn = ["SDCascadeResBlock", "SDCascadeTimestepBlock"], ["SDCascadeResBlock", "SDCascadeTimestepBlock",
+                                                                    "SDCascadeAttnBlock"]  # fmt: skip
+    decoder = StableCascadeUNet(in_channels=4, out_channels=4, conditioning_dim=32, block_out_channels=[16, 32],
+                                num_attention_heads=[-1, 2], down_num_layers_per_block=[1, 1],
+                                up_num_layers_per_block=[1, 1], down_blocks_repeat_mappers=[1, 1],
+                                up_blocks_repeat_mappers=[1, 1], block_types_per_layer=[res, attn], switch_level=None,
+                                clip_text_pooled_in_channels=48, effnet_in_channels=16, dropout=[0.0, 0.0],
+                                timestep_conditioning_type=["sca"], patch_size=2)  # fmt: skip
+    encoder = clip.factory(dict(clip.TINY_COMMON, **clip.TINY_CLIP_G), with_projection=True)()
+    pipe = StableCascadeDecoderPipeline(decoder=decoder, tokenizer=FAMILY.tiny.build().tokenizers[0],
+                                        text_encoder=encoder, scheduler=DDPMWuerstchenScheduler(),
+                                        vqgan=PaellaVQModel(bottleneck_blocks=1, num_vq_embeddings=2),
+                                        latent_dim_scale=4.0)  # fmt: skip
+    pipe.save_pretrained(root)
+    return root
+
+
+def test_stage_c_sampler_equals_the_prior_pipeline_and_gen_img_decodes(files, tmp_path):
+    import stable_cascade_gen_img
+    from library.families.stable_cascade.sampling import encode_pair, latent_shape, sample_stage_c
+
+    parts = load(files)
+    cond, uncond = encode_pair(FAMILY, parts, "a red circle", "blurry", 1)
+    ours = sample_stage_c(FAMILY, parts.denoiser, cond, uncond, latent_shape(1, 96, 64), steps=3, guidance=4.0,
+                          generator=torch.Generator().manual_seed(7))  # fmt: skip
+    pipe = FAMILY.pipeline(parts, None)
+    pipe.set_progress_bar_config(disable=True)
+    theirs = pipe(prompt_embeds=cond.hidden_states, prompt_embeds_pooled=cond.pooled.unsqueeze(1),
+                  negative_prompt_embeds=uncond.hidden_states, negative_prompt_embeds_pooled=uncond.pooled.unsqueeze(1),
+                  height=96, width=64, num_inference_steps=3, guidance_scale=4.0,
+                  generator=torch.Generator().manual_seed(7), output_type="pt").image_embeddings  # fmt: skip
+    assert ours.shape == theirs.shape == (1, 16, 3, 2)
+    assert torch.allclose(ours, theirs, atol=1e-5), (ours - theirs).abs().max()
+
+    decoder = tiny_decoder_folder(tmp_path / "decoder")
+    written = stable_cascade_gen_img.run(["--stage_c_checkpoint_path", str(files["stage_c"]),
+                                          "--text_model_checkpoint_path", str(files["text_model"]), "--decoder",
+                                          str(decoder), "--prompt", "a red circle", "--negative_prompt", "blurry",
+                                          "--h", "96", "--w", "64", "--steps", "3", "--decoder_steps", "2", "--seed",
+                                          "7", "--outdir", str(tmp_path / "out"), "--save_latents",
+                                          "--device", "cpu"])  # fmt: skip
+    latents = load_state_dict(written[0])[0]["stage_c_latents"]
+    assert torch.equal(latents, ours)
+    from PIL import Image
+
+    assert Image.open(written[1]).size[1] > 0
+    with pytest.raises(ValueError, match="--stage_b_checkpoint_path: Stability's stage B / A single files"):
+        stable_cascade_gen_img.run(["--stage_c_checkpoint_path", str(files["stage_c"]), "--prompt", "x",
+                                    "--stage_b_checkpoint_path", str(files["stage_c"]), "--outdir", str(tmp_path)])  # fmt: skip
