@@ -45,7 +45,7 @@ def load(f):
                                                              text_model_checkpoint_path=str(f["text_model"])))  # fmt: skip
 
 
-def test_stability_files_read_as_diffusers_converts_them(files):
+def test_stability_files_read_as_diffusers_converts_them(files, tmp_path):
     from diffusers.loaders.single_file_utils import convert_stable_cascade_unet_single_file_to_diffusers as convert
 
     stability, _ = load_state_dict(files["stage_c"])
@@ -60,6 +60,12 @@ def test_stability_files_read_as_diffusers_converts_them(files):
     assert all(torch.equal(v, reference[k]) for k, v in loaded.denoiser.state_dict().items())
     with pytest.raises(ValueError, match="--text_model_checkpoint_path"):
         FAMILY.load(files["stage_c"])
+    folder = FAMILY.save(loaded, tmp_path / "folder")  # a diffusers prior folder, the encoder in effnet/
+    again = FAMILY.load(folder)
+    assert detect_family(folder) is FAMILY and again.vae is not None
+    for mine, theirs in ((again.denoiser, loaded.denoiser), (again.vae, loaded.vae),
+                         (again.text_encoders[0], loaded.text_encoders[0])):  # fmt: skip
+        assert all(torch.equal(v, theirs.state_dict()[k]) for k, v in mine.state_dict().items())
 
 
 @pytest.mark.parametrize("config", [M.PRIOR, M.PRIOR_LITE], ids=["3.6B", "lite"])
@@ -310,7 +316,7 @@ def test_stage_c_sampler_equals_the_prior_pipeline_and_gen_img_decodes(files, tm
     cond, uncond = encode_pair(FAMILY, parts, "a red circle", "blurry", 1)
     ours = sample_stage_c(FAMILY, parts.denoiser, cond, uncond, latent_shape(1, 96, 64), steps=3, guidance=4.0,
                           generator=torch.Generator().manual_seed(7))  # fmt: skip
-    pipe = FAMILY.pipeline(parts, None)
+    pipe = FAMILY.prior_pipeline(parts)
     pipe.set_progress_bar_config(disable=True)
     theirs = pipe(prompt_embeds=cond.hidden_states, prompt_embeds_pooled=cond.pooled.unsqueeze(1),
                   negative_prompt_embeds=uncond.hidden_states, negative_prompt_embeds_pooled=uncond.pooled.unsqueeze(1),
@@ -331,6 +337,8 @@ def test_stage_c_sampler_equals_the_prior_pipeline_and_gen_img_decodes(files, tm
     from PIL import Image
 
     assert Image.open(written[1]).size[1] > 0
+    with pytest.raises(ValueError, match="generate with stable_cascade_gen_img.py --decoder"):
+        FAMILY.pipeline(parts, None)  # what gen_img.py and the samples during training would ask
     with pytest.raises(ValueError, match="--stage_b_checkpoint_path: Stability's stage B / A single files"):
         stable_cascade_gen_img.run(["--stage_c_checkpoint_path", str(files["stage_c"]), "--prompt", "x",
                                     "--stage_b_checkpoint_path", str(files["stage_c"]), "--outdir", str(tmp_path)])  # fmt: skip

@@ -8,7 +8,7 @@ branch, whose flags they take).
 Files (``loading.py``): Stability's stage C single file with ``--text_model_checkpoint_path`` and
 ``--effnet_checkpoint_path``, or a diffusers ``StableCascadePriorPipeline`` folder. Saving a ``.safetensors`` writes
 stage C under Stability's names (what the branch writes and ComfyUI, diffusers' ``from_single_file`` and the branch
-read); any other path a diffusers prior folder. Adapter names: ``lora_unet_`` + the module path in Stability's /
+read); any other path a diffusers prior folder (with the EfficientNet encoder in ``effnet/``, read back from there). Adapter names: ``lora_unet_`` + the module path in Stability's /
 ComfyUI's model (``attention.attn.to_q``, ``attention.attn.out_proj``), every Linear and 1x1 convolution of stage C as
 the branch's ``networks.lora`` ("replace all modules for Stable Cascade Stage C"): ComfyUI's ``lora_unet_`` rule.
 """
@@ -36,7 +36,7 @@ from ..encoders import clip
 from ..loading import META_CONFIGS, META_FAMILY
 from ..saving import _save_weights, atomic_dir, clean_config, with_kind
 from .full_training import CascadeFullTraining
-from .loading import NAME, detect, is_prior_folder, load_cascade
+from .loading import EFFNET_FILE, EFFNET_FOLDER, NAME, detect, is_prior_folder, load_cascade
 from .model import CLIP_IMAGE_WIDTH, PRIOR, diffusers_to_stability, module_to_stability, prior_factory
 from .objective import CascadeObjective, cascade_objective, cascade_problems
 from .options import CascadeOptions
@@ -141,7 +141,7 @@ class StableCascadeFamily:
             return save_state_dict(state, path, meta, dtype)
         suffix = ".safetensors" if safetensors else ".bin"
         with atomic_dir(path) as tmp:
-            self.pipeline(parts, None).save_config(tmp)
+            self.prior_pipeline(parts).save_config(tmp)
             parts.denoiser.save_config(tmp / "prior")
             _save_weights(parts.denoiser.state_dict(), tmp / "prior" / ("diffusion_pytorch_model" + suffix), dtype)
             encoder = parts.text_encoders[0]
@@ -150,6 +150,9 @@ class StableCascadeFamily:
                                                                         + suffix), dtype)  # fmt: skip
             parts.tokenizers[0].save_pretrained(tmp / "tokenizer")
             self._scheduler(parts).save_pretrained(tmp / "scheduler")
+            if parts.vae is not None:  # ours beside the pipeline's parts (diffusers' prior folders have none)
+                (tmp / EFFNET_FOLDER).mkdir()
+                save_state_dict(parts.vae.state_dict(), tmp / EFFNET_FOLDER / EFFNET_FILE, {}, dtype)
         return path
 
     def save_text_model(self, parts: Parts, path: Path, dtype: torch.dtype | None) -> Path:
@@ -254,13 +257,18 @@ class StableCascadeFamily:
 
         return DDPMWuerstchenScheduler()
 
-    def pipeline(self, parts: Parts, scheduler: Any) -> Any:
-        """``StableCascadePriorPipeline`` over ``parts`` (the same modules)."""
+    def prior_pipeline(self, parts: Parts, scheduler: Any = None) -> Any:
+        """``StableCascadePriorPipeline`` over ``parts`` (the same modules): stage C latents, not images."""
         from diffusers import StableCascadePriorPipeline
 
         return StableCascadePriorPipeline(tokenizer=parts.tokenizers[0] if parts.tokenizers else None,
                                           text_encoder=parts.text_encoders[0], prior=parts.denoiser,
                                           scheduler=scheduler or self._scheduler(parts))  # fmt: skip
+
+    def pipeline(self, parts: Parts, scheduler: Any) -> Any:
+        """The shared samplers' image pipeline: refused (stage C makes latents that stage B / A turn into images)."""
+        raise ValueError("Stable Cascade images need stage B / A after stage C: generate with "
+                         "stable_cascade_gen_img.py --decoder <a diffusers StableCascadeDecoderPipeline folder>")  # fmt: skip
 
     def flow_sampling(self, parts: Parts) -> None:
         return None

@@ -7,7 +7,8 @@
   ``text_projection.weight``: what the stable-cascade branch reads and writes); a folder's ``text_encoder/``
   otherwise (the flag replaces it).
 * ``--effnet_checkpoint_path`` (or ``--vae``): Stability's ``effnet_encoder.safetensors`` (``backbone.*``,
-  ``mapper.*``; a ``state_dict`` wrapper is read too). Without it the model has no latent encoder (generation).
+  ``mapper.*``; a ``state_dict`` wrapper is read too), else a folder's ``effnet/effnet_encoder.safetensors`` (what
+  sdtrain writes there). Without either the model has no latent encoder (generation).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from .model import CLIP_BIG_G, SCHEDULER, config_from_weights, is_prior, prior_f
 log = logging.getLogger(__name__)
 PIPELINE = "StableCascadePriorPipeline"
 NAME = "stable_cascade"
+EFFNET_FOLDER, EFFNET_FILE = "effnet", "effnet_encoder.safetensors"  # our folders keep the encoder there
 
 
 def is_prior_folder(folder: Path) -> bool:
@@ -127,6 +129,8 @@ def load_cascade(path: str | Path, *, dtype: Any = torch.float32, device: Any = 
         raise ValueError(f"{path}: the single file holds stage C only; pass the CLIP-bigG text model with "
                          "--text_model_checkpoint_path (a .safetensors in transformers names, e.g. written by "
                          "--save_text_model from a diffusers stable-cascade-prior folder)")  # fmt: skip
+    if effnet is None and folder is not None and (folder / EFFNET_FOLDER / EFFNET_FILE).is_file():
+        effnet = folder / EFFNET_FOLDER / EFFNET_FILE
     effnet_module = read_effnet(Path(effnet), dtypes.vae, device) if effnet is not None else None
     tokenizer = None
     if folder is not None and (folder / "tokenizer" / "tokenizer_config.json").is_file():
