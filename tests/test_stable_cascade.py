@@ -124,6 +124,14 @@ def test_objective_is_the_branchs_gdf_and_diffusers_schedule(files):
     assert torch.equal(ex.noise, noise) and torch.equal(ex.target, noise)
     assert torch.allclose(ex.noisy, a.view(-1, 1, 1, 1) * latents + b.view(-1, 1, 1, 1) * noise, atol=1e-6)
     assert torch.allclose(ex.noisy, DDPMWuerstchenScheduler().add_noise(latents, noise, t), atol=1e-6)
+    # OneTrainer's BaseWuerstchenSetup for Stable Cascade: t.add(0.001).clamp(0.001, 1) of its draw, its
+    # __alpha_cumprod (the same cosine, clamped to [1e-4, 0.9999]), sqrt(ᾱ) x0 + sqrt(1 - ᾱ) ε, target ε
+    s0 = torch.tensor([0.008])
+    bar = (torch.cos((t + s0) / (1 + s0) * torch.pi * 0.5) ** 2 / torch.cos(s0 / (1 + s0) * torch.pi * 0.5) ** 2).clamp(
+        0.0001, 0.9999
+    )
+    onetrainer = bar.sqrt().view(-1, 1, 1, 1) * latents + (1 - bar).sqrt().view(-1, 1, 1, 1) * noise
+    assert torch.allclose(ex.noisy, onetrainer, atol=1e-6)
     assert torch.allclose(ex.timesteps, cond, atol=1e-5)
     pred = torch.randn(latents.shape, generator=g)
     loss = objective.loss_per_sample(pred, ex)

@@ -77,9 +77,6 @@ class CascadeOptions:
         if training and getattr(args, "sample_prompts", None):
             problems.append("--sample_prompts is not supported for Stable Cascade training: an image needs stage B / A "
                             "after stage C; generate from the saved files with stable_cascade_gen_img.py --decoder")  # fmt: skip
-        if training and "conv_dim" in " ".join(getattr(args, "network_args", None) or []):
-            problems.append("--network_args conv_dim is not supported for Stable Cascade: stage C's 3x3 convolutions "
-                            "are depthwise (grouped), which the adapters do not take; drop conv_dim")  # fmt: skip
         if training and getattr(args, "weighted_captions", False):
             problems.append("--weighted_captions is not supported for Stable Cascade (as the stable-cascade branch); "
                             "drop the flag")  # fmt: skip
