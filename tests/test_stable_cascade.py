@@ -66,6 +66,10 @@ def test_stability_files_read_as_diffusers_converts_them(files, tmp_path):
     for mine, theirs in ((again.denoiser, loaded.denoiser), (again.vae, loaded.vae),
                          (again.text_encoders[0], loaded.text_encoders[0])):  # fmt: skip
         assert all(torch.equal(v, theirs.state_dict()[k]) for k, v in mine.state_dict().items())
+    target = tmp_path / "text_model.safetensors"  # --save_text_model: the folder's encoder, as the branch writes it
+    FAMILY.load(folder, options=FAMILY.options(save_text_model=True, text_model_checkpoint_path=str(target)))
+    written, original = load_state_dict(target)[0], load_state_dict(files["text_model"])[0]
+    assert written.keys() == original.keys() and all(torch.equal(written[k], original[k]) for k in written)
 
 
 @pytest.mark.parametrize("config", [M.PRIOR, M.PRIOR_LITE], ids=["3.6B", "lite"])
