@@ -231,6 +231,10 @@ def test_lora_is_comfyuis_and_resume_repeats_the_run(files, dataset_toml, tmp_pa
 def test_refusals_are_clear(files, dataset_toml, tmp_path):
     with pytest.raises(ConfigError, match="--adaptive_loss_weight is not supported"):
         stable_cascade_train_c_network.run(lora(files, dataset_toml, tmp_path, "--adaptive_loss_weight"))
+    argv = lora(files, dataset_toml, tmp_path)
+    at = argv.index("--effnet_checkpoint_path")
+    with pytest.raises(ConfigError, match="--effnet_checkpoint_path is required for training"):
+        stable_cascade_train_c_network.run(argv[:at] + argv[at + 2 :])
     with pytest.raises(ConfigError, match="--sample_prompts is not supported for Stable Cascade training"):
         stable_cascade_train_c_network.run(lora(files, dataset_toml, tmp_path, "--sample_prompts", str(dataset_toml)))
     with pytest.raises(ConfigError, match="--timestep_sampling logit_normal: Stable Cascade draws"):

@@ -140,3 +140,19 @@ def tiny_stages() -> tuple[Stage, ...]:
     """The V2-S stage kinds, strides and residual rules at tiny widths and one or two blocks (tests)."""
     return (Stage(True, 1, 3, 1, 8, 8, 2), Stage(True, 2, 3, 2, 8, 8, 1), Stage(True, 2, 3, 2, 8, 16, 1),
             Stage(False, 2, 3, 2, 16, 16, 1), Stage(False, 2, 3, 1, 16, 16, 2), Stage(False, 2, 3, 2, 16, 24, 1))  # fmt: skip
+
+
+class MissingEncoder(nn.Module):
+    """Stands for the EfficientNet encoder a load was not given (generation needs none): moves and casts like a
+    module, and says what to pass when asked for latents."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("placeholder", torch.zeros(1))
+
+    def encode(self, pixels: Tensor) -> Tensor:
+        raise ValueError("no EfficientNet encoder loaded: pass --effnet_checkpoint_path effnet_encoder.safetensors "
+                         "(Stability's stage C latent encoder)")  # fmt: skip
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.encode(x)

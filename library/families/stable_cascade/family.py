@@ -35,6 +35,7 @@ from ..blocks import BlockLayout
 from ..encoders import clip
 from ..loading import META_CONFIGS, META_FAMILY
 from ..saving import _save_weights, atomic_dir, clean_config, with_kind
+from .effnet import EfficientNetEncoder
 from .full_training import CascadeFullTraining
 from .loading import EFFNET_FILE, EFFNET_FOLDER, NAME, detect, is_prior_folder, load_cascade
 from .model import CLIP_IMAGE_WIDTH, PRIOR, diffusers_to_stability, module_to_stability, prior_factory
@@ -150,7 +151,9 @@ class StableCascadeFamily:
                                                                         + suffix), dtype)  # fmt: skip
             parts.tokenizers[0].save_pretrained(tmp / "tokenizer")
             self._scheduler(parts).save_pretrained(tmp / "scheduler")
-            if parts.vae is not None:  # ours beside the pipeline's parts (diffusers' prior folders have none)
+            if isinstance(
+                parts.vae, EfficientNetEncoder
+            ):  # ours beside the pipeline's parts (diffusers' prior folders have none)
                 (tmp / EFFNET_FOLDER).mkdir()
                 save_state_dict(parts.vae.state_dict(), tmp / EFFNET_FOLDER / EFFNET_FILE, {}, dtype)
         return path
@@ -230,8 +233,6 @@ class StableCascadeFamily:
 
     def encode_latents(self, parts: Parts, pixels: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """Images in [-1, 1] (B, 3, H, W) -> (B, 16, H/32, W/32) through the EfficientNet encoder."""
-        if parts.vae is None:
-            raise ValueError("no EfficientNet encoder loaded: pass --effnet_checkpoint_path effnet_encoder.safetensors")
         return parts.vae.encode(pixels)
 
     def decode_latents(self, parts: Parts, latents: Tensor) -> Tensor:

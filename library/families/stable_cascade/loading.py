@@ -8,7 +8,7 @@
   otherwise (the flag replaces it).
 * ``--effnet_checkpoint_path`` (or ``--vae``): Stability's ``effnet_encoder.safetensors`` (``backbone.*``,
   ``mapper.*``; a ``state_dict`` wrapper is read too), else a folder's ``effnet/effnet_encoder.safetensors`` (what
-  sdtrain writes there). Without either the model has no latent encoder (generation).
+  sdtrain writes there). Without either ``Parts.vae`` is a ``MissingEncoder`` (generation needs none; asked for latents it names the flag).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from ..encoders import clip
 from ..loading import META_FAMILY, _tf_dtype, check_weights_path, instantiate, read_weights, shape_reader
 from ..part_files import stored_configs
 from ..tokenizers import PAD_OPEN_CLIP, load_clip_tokenizer
-from .effnet import V2_S, EfficientNetEncoder, Stage, tiny_stages
+from .effnet import V2_S, EfficientNetEncoder, MissingEncoder, Stage, tiny_stages
 from .model import CLIP_BIG_G, SCHEDULER, config_from_weights, is_prior, prior_factory, stability_to_diffusers
 
 log = logging.getLogger(__name__)
@@ -131,7 +131,7 @@ def load_cascade(path: str | Path, *, dtype: Any = torch.float32, device: Any = 
                          "--save_text_model from a diffusers stable-cascade-prior folder)")  # fmt: skip
     if effnet is None and folder is not None and (folder / EFFNET_FOLDER / EFFNET_FILE).is_file():
         effnet = folder / EFFNET_FOLDER / EFFNET_FILE
-    effnet_module = read_effnet(Path(effnet), dtypes.vae, device) if effnet is not None else None
+    effnet_module = read_effnet(Path(effnet), dtypes.vae, device) if effnet is not None else MissingEncoder()
     tokenizer = None
     if folder is not None and (folder / "tokenizer" / "tokenizer_config.json").is_file():
         from transformers import CLIPTokenizer
@@ -146,7 +146,6 @@ def load_cascade(path: str | Path, *, dtype: Any = torch.float32, device: Any = 
     tokenizer = tokenizer or load_clip_tokenizer(PAD_OPEN_CLIP)
     parts = Parts(prior, effnet_module, [encoder], [tokenizer], dict(SCHEDULER), NAME, str(path))
     for module in (prior, effnet_module, encoder):
-        if module is not None:
-            module.to(device).eval().requires_grad_(False)
+        module.to(device).eval().requires_grad_(False)
     parts.text_encoder_extras = [{}]
     return parts

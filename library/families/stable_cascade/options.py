@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from library.cli.problems import ConfigError
@@ -74,6 +75,11 @@ class CascadeOptions:
                             "default P2 weight 1 / (1 + SNR) is the branch's default")  # fmt: skip
         if training and getattr(args, "effnet_checkpoint_path", None) and getattr(args, "vae", None):
             problems.append("--vae and --effnet_checkpoint_path both name the EfficientNet encoder; give one")
+        model = getattr(args, "pretrained_model_name_or_path", None)
+        in_folder = bool(model) and Path(model, "effnet", "effnet_encoder.safetensors").is_file()
+        if training and not (getattr(args, "effnet_checkpoint_path", None) or getattr(args, "vae", None) or in_folder):
+            problems.append("--effnet_checkpoint_path is required for training (as in the stable-cascade branch): "
+                            "Stability's effnet_encoder.safetensors makes the stage C latents")  # fmt: skip
         if training and getattr(args, "sample_prompts", None):
             problems.append("--sample_prompts is not supported for Stable Cascade training: an image needs stage B / A "
                             "after stage C; generate from the saved files with stable_cascade_gen_img.py --decoder")  # fmt: skip
