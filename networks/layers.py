@@ -41,10 +41,11 @@ NORMS = (nn.GroupNorm, nn.LayerNorm)
 
 
 def weight_kind(module: nn.Module) -> str | None:
-    """``"linear"`` (Linear or 1x1 conv: the "network_dim" layers), ``"conv"`` (k > 1), ``"norm"`` or None."""
+    """``"linear"`` (Linear or 1x1 conv: the "network_dim" layers), ``"conv"`` (k > 1), ``"norm"`` or None (a grouped
+    convolution too: its ΔW would need the groups, as sd-scripts' ``networks.lora`` skips it)."""
     if isinstance(module, nn.Linear):
         return "linear"
-    if isinstance(module, nn.Conv2d):
+    if isinstance(module, nn.Conv2d) and module.groups == 1:
         return "linear" if tuple(module.kernel_size) == (1, 1) else "conv"
     if isinstance(module, NORMS) and getattr(module, "weight", None) is not None:
         return "norm"

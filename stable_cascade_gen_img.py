@@ -1,0 +1,101 @@
+"""Generate images with Stable Cascade: stage C by our sampler (with LoRA files applied), then the user's stage B / A
+through diffusers' decoder pipeline, as sd-scripts' stable-cascade branch's ``stable_cascade_gen_img.py``.
+
+    python stable_cascade_gen_img.py --stage_c_checkpoint_path stage_c_bf16.safetensors \
+        --text_model_checkpoint_path text_model.safetensors --decoder stable-cascade/ \
+        --prompt "a cat in a hat" --negative_prompt "blurry" --h 1024 --w 1024 --steps 20 --guidance_scale 4 \
+        --seed 1 --network_weights sc_lora.safetensors --outdir out
+
+``--decoder``: a diffusers ``StableCascadeDecoderPipeline`` folder (stabilityai/stable-cascade: stage B and stage A).
+The branch's ``--stage_b_checkpoint_path`` / ``--stage_a_checkpoint_path`` (Stability's single files) are refused
+with that fix: diffusers reads stage B / A from a folder. ``--save_latents``: also write the stage C latents.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from library.cli.main_guard import main_guard
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--stage_c_checkpoint_path", "--pretrained_model_name_or_path", dest="stage_c", required=True,
+                   help="stage C .safetensors (Stability's names) or a diffusers StableCascadePriorPipeline folder")  # fmt: skip
+    p.add_argument("--text_model_checkpoint_path", default=None, help="CLIP-bigG with projection (.safetensors)")
+    p.add_argument("--decoder", default=None, help="diffusers StableCascadeDecoderPipeline folder (stage B / A)")
+    p.add_argument("--stage_b_checkpoint_path", default=None, help="refused: give --decoder")
+    p.add_argument("--stage_a_checkpoint_path", default=None, help="refused: give --decoder")
+    p.add_argument("--network_weights", nargs="*", default=[], help="LoRA / LyCORIS files for stage C")
+    p.add_argument("--network_mul", nargs="*", type=float, default=[], help="their multipliers (default 1)")
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--negative_prompt", default="")
+    p.add_argument("--h", type=int, default=1024)
+    p.add_argument("--w", type=int, default=1024)
+    p.add_argument("--steps", type=int, default=20, help="stage C steps (the branch's default 20)")
+    p.add_argument("--guidance_scale", type=float, default=4.0, help="stage C CFG (the branch's default 4)")
+    p.add_argument("--decoder_steps", type=int, default=10)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--images_per_prompt", type=int, default=1)
+    p.add_argument("--outdir", required=True)
+    p.add_argument("--save_latents", action="store_true")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--bf16", action="store_true", help="stage C in bfloat16")
+    return p
+
+
+def run(argv: Sequence[str] | None = None) -> list[Path]:
+    """Generate; the written files."""
+    from library.families.stable_cascade import STABLE_CASCADE as family
+    from library.families.stable_cascade.sampling import decode_with_stage_b, encode_pair, latent_shape, sample_stage_c
+    from networks.inject import network_from_file
+
+    args = build_parser().parse_args(argv)
+    problems = [f"--{flag}: Stability's stage B / A single files are not read; give --decoder with a diffusers "
+                "StableCascadeDecoderPipeline folder (stabilityai/stable-cascade)"
+                for flag in ("stage_b_checkpoint_path", "stage_a_checkpoint_path") if getattr(args, flag)]  # fmt: skip
+    if args.h % 32 or args.w % 32:
+        problems.append(f"--h {args.h} / --w {args.w}: give multiples of 32")
+    if problems:
+        raise ValueError("; ".join(problems))
+    dtype = torch.bfloat16 if args.bf16 else torch.float32
+    parts = family.load(args.stage_c, dtype=dtype, device=args.device,
+                        options=family.options(text_model_checkpoint_path=args.text_model_checkpoint_path))  # fmt: skip
+    for i, path in enumerate(args.network_weights):
+        network = network_from_file(path, family.adapter_roots(parts))
+        network.set_multiplier(args.network_mul[i] if i < len(args.network_mul) else 1.0)
+    generator = torch.Generator().manual_seed(args.seed if args.seed is not None else torch.seed() % 2**32)
+    n = args.images_per_prompt
+    with torch.no_grad():
+        cond, uncond = encode_pair(family, parts, args.prompt, args.negative_prompt, n)
+        latents = sample_stage_c(family, parts.denoiser, cond, uncond, latent_shape(n, args.h, args.w),
+                                 steps=args.steps, guidance=args.guidance_scale, generator=generator)  # fmt: skip
+    out = Path(args.outdir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    if args.save_latents or args.decoder is None:
+        from library.files.weights import save_state_dict
+
+        written.append(save_state_dict({"stage_c_latents": latents.float().cpu()}, out / "stage_c_latents.safetensors",
+                                       {}, None))  # fmt: skip
+    if args.decoder is not None:
+        images = decode_with_stage_b(args.decoder, latents.float(), args.prompt, args.negative_prompt,
+                                     steps=args.decoder_steps, generator=generator, device=args.device)  # fmt: skip
+        for i, image in enumerate(images):
+            path = out / f"stable_cascade_{args.seed}_{i:02d}.png"
+            image.save(path)
+            written.append(path)
+    return written
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return main_guard(lambda: run(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
