@@ -136,6 +136,7 @@ class ControlNet(nn.Module):
             encoder_hidden_states=values["encoder_hidden_states"].to(self.controlnet.dtype), controlnet_cond=image,
             conditioning_scale=self.multiplier, added_cond_kwargs=kwargs.get("added_cond_kwargs"), return_dict=False,
         )  # fmt: skip
+        down, mid = [d.to(sample.dtype) for d in down], mid.to(sample.dtype)  # a float32 ControlNet, bf16 UNet
         earlier = kwargs.get("down_block_additional_residuals")
         if earlier is not None:  # another ControlNet ran first: the residuals add up
             down = [a + b for a, b in zip(earlier, down)]

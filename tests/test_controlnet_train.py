@@ -111,17 +111,19 @@ def test_sd1_trains_writes_sd_scripts_keys_and_resumes_exactly(tiny_dir, tiny_pa
 
 def test_sdxl_trains_two_learning_rates_into_diffusers_names(tiny_dir, tiny_parts, pairs, tmp_path):
     """--learning_rate 0 keeps the copied UNet encoder exactly while --control_net_lr trains the ControlNet's own
-    modules (zero convolutions); the file has sd-scripts' SDXL (diffusers) names, which from_single_file reads."""
+    modules (zero convolutions), a float32 ControlNet beside the bf16 UNet (--mixed_precision bf16); the file has
+    sd-scripts' SDXL (diffusers) names, which from_single_file reads."""
     model = tiny_dir / "sdxl"
     run = sdxl_train_control_net.run(_argv(model, pairs, tmp_path, 2, "--control_net_lr", "2e-3",
-                                           "--learning_rate", "0", "--cache_text_encoder_outputs"))  # fmt: skip
+                                           "--learning_rate", "0", "--cache_text_encoder_outputs",
+                                           "--mixed_precision", "bf16"))  # fmt: skip
     assert run.failed is None
     tensors = load_file(str(run.output))
     unet = copy.deepcopy(tiny_parts["sdxl"].denoiser)
     fresh = controlnet_from_unet(unet).state_dict()
     assert set(tensors) == set(fresh)
     copied = [k for k in fresh if not k.startswith("controlnet_")]
-    assert all(torch.equal(tensors[k], fresh[k]) for k in copied)
+    assert all(torch.equal(tensors[k], fresh[k].bfloat16().float()) for k in copied)  # copied from the bf16 UNet
     assert all(tensors[k].abs().sum() > 0 for k in tensors if k.startswith(("controlnet_down", "controlnet_mid")))
     _single_file_equals(run.output, load_controlnet(run.output, unet), tmp_path)
 
