@@ -34,6 +34,9 @@ def controlnet_from_unet(unet: nn.Module) -> nn.Module:
     """A fresh ControlNet: the UNet's encoder weights, zero output convolutions (diffusers ``from_unet``)."""
     from diffusers import ControlNetModel
 
+    if unet.device.type == "meta":  # --plan_memory: shapes only
+        with torch.device("meta"):
+            return ControlNetModel.from_unet(unet, load_weights_from_unet=False).to(unet.dtype)
     model = ControlNetModel.from_unet(unet).to(unet.device)
     return model if model.dtype == unet.dtype else model.to(unet.dtype)
 

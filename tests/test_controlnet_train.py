@@ -138,3 +138,14 @@ def test_sdxl_trains_two_learning_rates_into_diffusers_names(tiny_dir, tiny_part
 def test_bad_flags_are_refused_before_training(tiny_dir, pairs, tmp_path, flags, expect):
     with pytest.raises(ConfigError, match=expect):
         train_control_net.run(_argv(tiny_dir / "sd1", pairs, tmp_path, 1, *flags))
+
+
+def test_plan_memory_plans_the_controlnet(tiny_dir, tiny_parts, pairs, tmp_path):
+    """--plan_memory builds the ControlNet from the UNet's shapes alone (no weights on the simulated device) and
+    plans its float32 tensors as the trained parameters: planned == counted."""
+    from library.measure.plan import plan_command
+
+    argv = _argv(tiny_dir / "sd1", pairs, tmp_path, 1, "--plan_memory")
+    plan = plan_command(lambda: train_control_net.run(argv), out=lambda line: None)
+    counted = sum(p.numel() * 4 for p in controlnet_from_unet(copy.deepcopy(tiny_parts["sd1"].denoiser)).parameters())
+    assert plan["phases"]["step"]["holders_mib"]["trained parameters"] == round(counted / 2**20, 1)
