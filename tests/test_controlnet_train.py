@@ -81,7 +81,8 @@ def _single_file_equals(path: Path, model: torch.nn.Module, tmp_path: Path) -> N
 
 
 def test_sd1_trains_writes_sd_scripts_keys_and_resumes_exactly(tiny_dir, tiny_parts, pairs, tmp_path):
-    """2 steps with samples into the LDM-named file diffusers reads; 1 step + --resume repeats it bit for bit."""
+    """2 steps with samples into the LDM-named file diffusers reads; 1 step + --resume repeats it bit for bit; a run
+    continued from the file starts from its tensors."""
     model = tiny_dir / "sd1"
     prompts = tmp_path / "prompts.txt"
     guide = sorted(pairs[1].glob("*.png"))[1]
@@ -107,6 +108,11 @@ def test_sd1_trains_writes_sd_scripts_keys_and_resumes_exactly(tiny_dir, tiny_pa
     assert half.failed is None and resumed.failed is None
     again = load_file(str(resumed.output))
     assert all(torch.equal(tensors[k], again[k]) for k in tensors)
+    # --controlnet_model_name_or_path continues from the file: at learning rate 0 a step writes it back unchanged
+    kept = train_control_net.run(_argv(model, pairs, tmp_path / "d", 1, "--controlnet_model_name_or_path",
+                                       str(full.output), "--learning_rate", "0"))  # fmt: skip
+    kept = load_file(str(kept.output))
+    assert all(torch.equal(tensors[k], kept[k]) for k in tensors)
 
 
 def test_sdxl_trains_two_learning_rates_into_diffusers_names(tiny_dir, tiny_parts, pairs, tmp_path):
