@@ -68,7 +68,7 @@ def _pipeline(tiny_dir, name: str, cn_file: Path):
 def test_sd1_image_equals_diffusers_controlnet_pipeline(tiny_dir, tiny_parts, guides, tmp_path):
     """Our LDM-named file in gen_img.py and in StableDiffusionControlNetPipeline (from_single_file): the same image;
     the multiplier is diffusers' conditioning scale, sd-scripts' ratio 0.2 of 4 steps is diffusers' guidance end
-    0.25 (step 0 guided), canny_63_191 equals OpenCV's edges given as the image."""
+    0.25 (step 0 guided), canny_63_191 equals OpenCV's edges given as the image; two ControlNets add their residuals."""
     import cv2
 
     cn = _controlnet_file(copy.deepcopy(tiny_parts["sd1"]), tmp_path / "cn" / "cn.safetensors", "ldm")
@@ -95,6 +95,9 @@ def test_sd1_image_equals_diffusers_controlnet_pipeline(tiny_dir, tiny_parts, gu
     (ratio,) = ours("--guide_image_path", str(guides[0]), "--control_net_ratios", "0.2", steps="4")
     assert _max_diff(ratio, theirs(guide, steps=4, control_guidance_end=0.25)) <= 1
     assert _max_diff(ratio, theirs(guide, steps=4)) > 1  # the ratio did stop the guidance
+    (two,) = ours("--control_net_models", str(cn), str(cn), "--control_net_multipliers", "0.25", "0.25",
+                  "--guide_image_path", str(guides[0]))  # two ControlNets add up: 0.25 + 0.25 is 0.5  # fmt: skip
+    assert _max_diff(two, half) <= 1 and _max_diff(two, image) > 1
     edges = cv2.Canny(cv2.cvtColor(np.asarray(guide), cv2.COLOR_RGB2GRAY), 63, 191)
     (canny,) = ours("--guide_image_path", str(guides[0]), "--control_net_preps", "canny_63_191")
     assert _max_diff(canny, theirs(Image.fromarray(edges).convert("RGB"))) <= 1
