@@ -186,7 +186,13 @@ class ControlNet(nn.Module):
                 {"params": copied, "lr": lr, "name": "unet_copy"}]  # fmt: skip
 
     # ----------------------------------------------------------------------------------------------------- files
-    def state_dict_for_file(self, dtype: torch.dtype | None = None) -> dict[str, Tensor]:
+    def state_dict_for_file(self, dtype: torch.dtype | None = None) -> None:
+        """None: a ControlNet file is a whole model, which sd-scripts writes without ``sshs_*`` hashes (hashing
+        would serialise the 1.4 / 4.8 GB file once more in memory at every save)."""
+        return None
+
+    def file_tensors(self, dtype: torch.dtype | None = None) -> dict[str, Tensor]:
+        """The file's tensors in its names (:attr:`file_keys`), cast to ``dtype``."""
         state = {k: t.detach().to("cpu") for k, t in self.controlnet.state_dict().items()}
         if dtype is not None:
             state = {k: t.to(dtype) for k, t in state.items()}
@@ -202,7 +208,7 @@ class ControlNet(nn.Module):
         from library.files.weights import save_state_dict
 
         meta = {**self.metadata(), **(metadata or {})}
-        save_state_dict(self.state_dict_for_file(dtype), path, metadata=meta, wrap_ckpt=False)
+        save_state_dict(self.file_tensors(dtype), path, metadata=meta, wrap_ckpt=False)
 
 
 def guide_image(path: str | os.PathLike, width: int, height: int, prep: Any = None) -> Tensor:

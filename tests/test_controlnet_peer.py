@@ -38,7 +38,7 @@ def test_file_names_are_sd_scripts(tiny_parts, tmp_path):
     run = subprocess.run([str(SDS_PYTHON), str(script), str(tmp_path)], env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-3000:]
     theirs = json.loads((tmp_path / "sdscripts.json").read_text())
-    ours = net.state_dict_for_file()
+    ours = net.file_tensors()
     assert {k: float(t.double().sum()) for k, t in ours.items()} == theirs["sd_names"]
     assert theirs["back"] == sorted(state)
     with torch.device("meta"):
