@@ -13,7 +13,9 @@ the flow-matching Euler sampler (FLUX: --steps 20, --scale 1.0 = no CFG, --guida
 gen_img's 50 steps and scale 7.5). Prompts use the sample-prompt
 syntax (``library.sampling.prompts``) and A1111 weighting (``library.text.prompt_weighting``). Several adapter files of any
 algorithm we train (LoRA, LoCon, LoHa, LoKr, DoRA; kohya / LyCORIS format) apply at once, each with its multiplier
-(a prompt's ``--am`` overrides them). Each PNG carries its prompt and settings as text chunks.
+(a prompt's ``--am`` overrides them). SD 1.x / 2.x / SDXL take ControlNet and ControlNet-LLLite files with guide
+images (``--control_net_models`` / ``--control_net_lllite_models``, ``--guide_image_path``; library/sampling/control.py).
+Each PNG carries its prompt and settings as text chunks.
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ def run(argv: Sequence[str] | None = None, parser: argparse.ArgumentParser | Non
     with tqdm(total=len(jobs), unit="image") as bar:
         for batch in batches(jobs, cfg.batch_size):
             set_multipliers(networks, cfg, batch[0].spec.network_multipliers)
-            set_guide_images(control_nets, cfg, batch)
+            set_guide_images(control_nets, cfg, parts, batch)
             images = generate_batch(
                 family, parts, [j.spec for j in batch], [torch.Generator("cpu").manual_seed(j.seed) for j in batch],
                 clip_skip=cfg.clip_skip, max_embeddings_multiples=cfg.max_embeddings_multiples,
@@ -132,36 +134,61 @@ def load_networks(cfg: GenImgConfig, family: ModelFamily, parts: Parts) -> list[
 
 
 def load_control_nets(cfg: GenImgConfig, family: ModelFamily, parts: Parts) -> list[Any]:
-    """The --control_net_lllite_models files on the UNet, each at its --control_net_multipliers value (their
-    widths read from the file, as sd-scripts)."""
+    """The --control_net_models (ControlNet) or --control_net_lllite_models files on the UNet, each at its
+    --control_net_multipliers value (LLLite widths read from the file, as sd-scripts)."""
     if not cfg.control.enabled:
         return []
     from library.files.weights import load_state_dict
-    from networks.lllite import LLLiteNetwork, dims_of_file, unet_root
 
+    roots = family.adapter_roots(parts)
+    if not any(r.prefix == "lora_unet" for r in roots):
+        raise ValueError(f"ControlNet files apply to SD 1.x / 2.x / SDXL UNets; {cfg.ckpt} is a {family.name} model")
     out = []
-    for path, multiplier in cfg.control.models:
-        tensors, _ = load_state_dict(path)
-        cond_emb_dim, mlp_dim = dims_of_file(tensors)
-        net = LLLiteNetwork(unet_root(family.adapter_roots(parts)), cond_emb_dim, mlp_dim, multiplier=multiplier)
-        net.load_file_tensors(tensors, str(path))
-        net.to(device=cfg.device, dtype=cfg.dtype).eval()
-        log.info("ControlNet-LLLite %s: %d modules, multiplier %s", path.name, len(net.names), multiplier)
+    for model in cfg.control.models:
+        if model.kind == "controlnet":
+            from networks.controlnet import ControlNet, load_controlnet
+
+            net = ControlNet(parts.denoiser, load_controlnet(model.path, parts.denoiser), multiplier=model.multiplier)
+            net.ratio = model.ratio
+            net.controlnet.to(device=cfg.device, dtype=cfg.dtype).eval()
+            log.info("ControlNet %s: multiplier %s, ratio %s", model.path.name, model.multiplier, model.ratio)
+        else:
+            from networks.lllite import LLLiteNetwork, dims_of_file, unet_root
+
+            tensors, _ = load_state_dict(model.path)
+            cond_emb_dim, mlp_dim = dims_of_file(tensors)
+            net = LLLiteNetwork(unet_root(roots), cond_emb_dim, mlp_dim, multiplier=model.multiplier)
+            net.load_file_tensors(tensors, str(model.path))
+            net.to(device=cfg.device, dtype=cfg.dtype).eval()
+            log.info("ControlNet-LLLite %s: %d modules, multiplier %s", model.path.name, len(net.names),
+                     model.multiplier)  # fmt: skip
         out.append(net)
     return out
 
 
-def set_guide_images(control_nets: list[Any], cfg: GenImgConfig, batch: list[Job]) -> None:
-    """Each image of the batch gets its guide image (image n: --guide_image_path n modulo their count), resized to
-    the batch's size."""
+def set_guide_images(control_nets: list[Any], cfg: GenImgConfig, parts: Parts, batch: list[Job]) -> None:
+    """Each image of the batch gets its guide image (``ControlNetConfig.guide_for``), resized to the batch's size
+    (ControlNets: preprocessed, in [0, 1]; LLLite: in [-1, 1]); a ControlNet with a ratio below 1 gets the batch's
+    sampling schedule, which tells it when to stop."""
     if not control_nets:
         return
+    from library.sampling.control import preprocessor
+    from library.sampling.schedulers import make_scheduler
+    from networks.controlnet import guide_image
     from networks.lllite import load_guide_image
 
     spec = batch[0].spec
-    images = torch.cat([load_guide_image(str(cfg.control.guide_for(j.number)), spec.width, spec.height) for j in batch])
-    for net in control_nets:
-        net.use_guide_image(images)
+    for i, (net, model) in enumerate(zip(control_nets, cfg.control.models)):
+        paths = [str(cfg.control.guide_for(j.number, i)) for j in batch]
+        if model.kind == "lllite":
+            net.use_guide_image(torch.cat([load_guide_image(p, spec.width, spec.height) for p in paths]))
+            continue
+        prep = preprocessor(model.prep)
+        net.set_cond_image(torch.cat([guide_image(p, spec.width, spec.height, prep) for p in paths]))
+        if model.ratio < 1.0:
+            scheduler = make_scheduler(spec.sampler, parts.scheduler_config)
+            scheduler.set_timesteps(spec.steps)
+            net.schedule = scheduler.timesteps.float().cpu()
 
 
 def set_multipliers(networks: list[Any], cfg: GenImgConfig, override: tuple[float, ...] | None) -> None:

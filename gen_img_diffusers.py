@@ -5,9 +5,10 @@
 
 Everything gen_img.py takes works the same (SD 1.x / 2.x / SDXL ..., adapters, ``--textual_inversion_embeddings``),
 including ``--XTI_embeddings`` (files of train_textual_inversion_XTI.py: one embedding per cross-attention layer;
-the token is the file name). The old script's own flags are refused with the reason: ``--control_net_weights``
-(ControlNet, issue 36; gen_img.py names it ``--control_net_multipliers``), CLIP / VGG16 guidance (dropped by
-sd-scripts' gen_img.py too), Gradual Latent and ``--highres_fix_steps`` (not available in gen_img.py).
+the token is the file name) and ControlNet (``--control_net_models --control_net_preps --control_net_ratios
+--guide_image_path``, with the old name ``--control_net_weights`` of ``--control_net_multipliers``). The old
+script's other own flags are refused with the reason: CLIP / VGG16 guidance (dropped by sd-scripts' gen_img.py too),
+Gradual Latent and ``--highres_fix_steps`` (not available in gen_img.py).
 """
 
 from __future__ import annotations
@@ -38,8 +39,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.description = __doc__.split("\n\n")[0]
     add_legacy_flags(parser)
     g = parser.add_argument_group("gen_img_diffusers.py only")
-    add_unsupported(g, "--control_net_weights", "ControlNet is not available yet (issue 36); once it is, this is "
-                    "gen_img.py's --control_net_multipliers", type=float, default=None, nargs="*")  # fmt: skip
+    g.add_argument(
+        "--control_net_weights",
+        dest="control_net_multipliers",
+        type=float,
+        default=None,
+        nargs="*",
+        help="the old name of --control_net_multipliers: each --control_net_models file's strength",
+    )
     guidance = (("--clip_guidance_scale", float, 0.0), ("--clip_image_guidance_scale", float, 0.0),
                 ("--vgg16_guidance_scale", float, 0.0), ("--vgg16_guidance_layer", int, 20))  # fmt: skip
     for flag, kind, default in guidance:

@@ -18,6 +18,8 @@ from library.run.method import MethodConfig, NothingTrained, method_members
 from library.run.model_trainable import ModelTrainable, ModelTrainingConfig
 from library.run.token_embeddings import TextualInversionConfig, TokenEmbeddings
 from library.run.trainable import Trainable, TrainableSet
+from networks.controlnet import ControlNet
+from networks.controlnet_config import ControlNetConfig
 from networks.lllite import LLLiteNetwork
 from networks.lllite_config import LLLiteConfig
 from networks.network import AdapterNetwork
@@ -64,6 +66,7 @@ METHOD_CONFIGS = [
     ModelTrainingConfig,
     NothingTrained,
     LLLiteConfig,
+    ControlNetConfig,
 ]
 
 
@@ -106,7 +109,7 @@ def test_method_configs_answer_what_the_run_reads(tiny_dir):
     assert ti.trains_text_encoder is True and ti.trained_parts == ()
 
 
-TRAINABLES = [AdapterNetwork, TokenEmbeddings, ModelTrainable, LLLiteNetwork]
+TRAINABLES = [AdapterNetwork, TokenEmbeddings, ModelTrainable, LLLiteNetwork, ControlNet]
 
 
 @pytest.mark.parametrize("cls", TRAINABLES, ids=lambda c: c.__name__)

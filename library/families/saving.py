@@ -49,7 +49,8 @@ def _save_weights(state: Mapping[str, Tensor], path: Path, dtype: torch.dtype | 
 
 def with_kind(architecture: str, kind: str) -> str:
     """``modelspec.architecture`` for a checkpoint (``kind`` "") or an adapter ("lora", "textual-inversion",
-    "control-net-lllite")."""
-    if kind not in ("", "lora", "textual-inversion", "control-net-lllite"):
-        raise ValueError(f"modelspec kind {kind!r}: expected '', 'lora', 'textual-inversion' or 'control-net-lllite'")
+    "control-net-lllite", "controlnet": sd-scripts' SDXL ControlNet suffix)."""
+    kinds = ("", "lora", "textual-inversion", "control-net-lllite", "controlnet")
+    if kind not in kinds:
+        raise ValueError(f"modelspec kind {kind!r}: expected one of {', '.join(map(repr, kinds))}")
     return f"{architecture}/{kind}" if kind else architecture

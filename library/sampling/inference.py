@@ -1,7 +1,7 @@
 """gen_img.py's flags (sd-scripts' names), its validated config and the plan of images to make.
 
 Flag names, types and defaults follow sd-scripts' ``gen_img.py``. Features we do not have (img2img, inpainting,
-highres fix, ControlNet, Deep Shrink, Gradual Latent, regional prompts, CLIP guidance, negative scale, interactive
+highres fix, Deep Shrink, Gradual Latent, regional prompts, CLIP guidance, negative scale, interactive
 mode) are accepted flags that raise an error naming them when used, never silent no-ops.
 """
 
@@ -57,9 +57,6 @@ _UNSUPPORTED_STORE = {
     "--highres_fix_upscaler": "highres fix",
     "--highres_fix_upscaler_args": "highres fix",
     "--negative_scale": "a separate negative-prompt guidance scale",
-    "--control_net_models": "ControlNet",
-    "--control_net_preps": "ControlNet",
-    "--control_net_ratios": "ControlNet",
     "--clip_vision_strength": "CLIP vision conditioning",
     "--ds_depth_1": "Deep Shrink",
     "--ds_timesteps_1": "Deep Shrink",
@@ -230,7 +227,7 @@ class GenImgConfig:
     channels_last: bool
     device: str
     load_flags: dict = dataclasses.field(default_factory=dict)
-    control: ControlNetConfig = ControlNetConfig()  # --control_net_lllite_models / --guide_image_path
+    control: ControlNetConfig = ControlNetConfig()  # --control_net_(lllite_)models / --guide_image_path
     """The families' load flags given on the command line (:func:`load_flag_dests`; unset ones left out): the
     model's family reads them into its options (gen_img.load_model), and refuses those it does not take."""
 
