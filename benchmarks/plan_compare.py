@@ -65,6 +65,8 @@ def tiny_case(name: str, work: Path) -> tuple[dict, float, float]:
 
 
 def record(args: argparse.Namespace) -> None:
+    from library.measure import simulated_device as sim_device
+
     work = Path(args.workdir or tempfile.mkdtemp(prefix="plan-compare-"))
     (work / "tiny").mkdir(parents=True, exist_ok=True)
     out = {}
@@ -72,8 +74,10 @@ def record(args: argparse.Namespace) -> None:
         for name in names:
             plan, wall, cpu = case(name, work)
             out[f"{kind} {name}"] = {"plan": plan, "wall_s": round(wall, 2), "cpu_s": round(cpu, 2)}
-            print(f"{kind} {name}: plan {wall:.1f} s wall, {cpu:.1f} s CPU; device peak {plan['device_peak_mib']} MiB",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            cache = getattr(sim_device, "_META_OUTPUTS", None)  # the meta-output cache, where the planner has one
+            stats = f"; meta kernels run {cache.runs}, answered from the cache {cache.hits}" if cache else ""
+            print(f"{kind} {name}: plan {wall:.1f} s wall, {cpu:.1f} s CPU; device peak {plan['device_peak_mib']} MiB"
+                  f"{stats}", file=sys.stderr, flush=True)  # fmt: skip
             Path(args.out).write_text(json.dumps(out, indent=1))
 
 

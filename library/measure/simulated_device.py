@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from library.measure.meta_outputs import MetaOutputs
 from library.measure.phases import PhasePeaks, instrumented
 from library.measure.tensor_memory import TensorMemory
 
@@ -64,6 +65,8 @@ _HEAVY = {
     _aten._scaled_dot_product_flash_attention_for_cpu.default,
     _aten._scaled_dot_product_efficient_attention.default,
 }
+# the outputs of operators on the simulated device by input signature, shared by every run of the process
+_META_OUTPUTS = MetaOutputs()
 # host reads of device values: answered with zeros
 _LOCAL_SCALAR = _aten._local_scalar_dense.default
 
@@ -142,6 +145,11 @@ class SimulatedDevice(TensorMemory):
         if on_device and func in _META_FALLBACKS:
             return _META_FALLBACKS[func](*args, **kwargs)
         return super()._dispatch(func, args, kwargs, tensors)
+
+    def _run(self, func: Any, args: tuple, kwargs: dict, tensors: list[torch.Tensor]) -> Any:
+        if tensors and all(t.is_meta for t in tensors):  # nothing computed: outputs by input signature
+            return _META_OUTPUTS(func, args, kwargs, tensors)
+        return func(*args, **kwargs)
 
     def forget(self, module: torch.nn.Module) -> None:
         """Stop counting a module's tensors: a part freed with ``module.to("meta")`` (library/run/run_setup.py

@@ -86,12 +86,15 @@ class TensorMemory(TorchDispatchMode):
 
     def _dispatch(self, func: Any, args: tuple, kwargs: dict, tensors: list[torch.Tensor]) -> Any:
         """Run ``func`` and count its arguments' storages (``tensors``, in order), then its outputs'."""
-        out = func(*args, **kwargs)
+        out = self._run(func, args, kwargs, tensors)
         for tensor in tensors:
             self._track(tensor)
         for tensor in tensors_in(out):
             self._track(tensor)
         return out
+
+    def _run(self, func: Any, args: tuple, kwargs: dict, tensors: list[torch.Tensor]) -> Any:
+        return func(*args, **kwargs)
 
     def _track(self, tensor: torch.Tensor) -> None:
         if type(tensor) is not torch.Tensor and not isinstance(tensor, torch.nn.Parameter):
