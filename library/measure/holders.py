@@ -24,7 +24,7 @@ REST = "activations and temporaries"
 def _keys(tensors: Any) -> set[int]:
     out = set()
     for t in tensors:
-        if isinstance(t, torch.Tensor) and t.device.type == "meta":
+        if isinstance(t, torch.Tensor) and t.is_meta:
             out.add(t.untyped_storage()._cdata)
     return out
 

@@ -79,8 +79,12 @@ class PhantomDevice(sim_device.SimulatedDevice):
     def _dispatch(self, func: Any, args: tuple, kwargs: dict, tensors: list[torch.Tensor]) -> Any:
         on_device = any(t.is_meta for t in tensors)
         target = sim_device._target_device(args, kwargs)
-        large = bool(args) and isinstance(args[0], torch.Tensor) and args[0].nbytes >= LARGE
-        if func is _aten._to_copy.default and on_device and large and target not in (None, sim_device.DEVICE.type):
+        if (
+            func is _aten._to_copy.default
+            and on_device
+            and args[0].nbytes >= LARGE
+            and target not in (None, sim_device.DEVICE.type)
+        ):
             self._host_read()  # a large device tensor back to the host: counted, never written
             source = args[0]
             out = phantom(source.shape, kwargs.get("dtype") or source.dtype)
