@@ -16,6 +16,10 @@ On top of that the mode enforces what CUDA enforces and counts what the device w
   boolean), so the code around them runs: losses read 0, samples are black, saved tensors are zeros; ``nonzero``
   answers "the first element" (samplers look their timestep up with it).
 
+Operators whose inputs are all on the device are computed once per input signature; later calls get new empty
+tensors of the outputs' shapes, strides and dtypes (library/measure/meta_outputs.py: on meta nothing is computed,
+and most of a planned step repeats the same operators on the same shapes).
+
 With ``--mixed_precision fp16`` the accelerator gets a GradScaler on the simulated device, as accelerate makes one
 on CUDA (it makes none on the CPU), so the fp16 paths (``--full_fp16``) run as on a GPU.
 
