@@ -6,7 +6,9 @@ Writes each released architecture as the files users have (SD1.5 / SDXL / SD3.5 
 transformer with ``--clip_l --t5xxl --ae``) holding their safetensors headers only: the real key names, shapes and
 dtypes (bf16; SD1.5 fp16) and no tensor data, so any read of a weight value would fail. Then times the plan of a LoRA
 command on them (tools/plan_memory.py's path: the training script with ``--plan_memory``) and prints one JSON line per
-family: seconds, the plan's peaks, and the process's peak RSS (the phantoms cost no resident memory).
+family: the plan's wall and CPU seconds, its peaks, and the process's peak RSS (the phantoms cost no resident memory).
+Plan one family per process for its own time (the first plan of a process also imports the libraries the run uses,
+and later plans reuse the meta outputs earlier ones remembered: library/measure/meta_outputs.py).
 """
 
 from __future__ import annotations
@@ -108,11 +110,11 @@ def main() -> None:
                 str(resolution), "--output_dir", str(work / "out"), "--max_train_steps", "1", *COMMON,
                 "--plan_memory", *(["--vram", args.vram] if args.vram else [])]  # fmt: skip
         run = importlib.import_module(script).run
-        start = time.time()
+        start, cpu = time.time(), time.process_time()
         plan = plan_command(lambda run=run, argv=argv: run(argv), out=lambda line: print(line, file=sys.stderr))
-        seconds = time.time() - start
+        seconds, cpu = time.time() - start, time.process_time() - cpu
         size = sum(p.stat().st_size for p in folder.iterdir())
-        print(json.dumps({"family": name, "plan_s": round(seconds, 1), "files_written_s": round(written, 1),
+        print(json.dumps({"family": name, "plan_s": round(seconds, 1), "plan_cpu_s": round(cpu, 1), "files_written_s": round(written, 1),
                           "file_bytes": size, "device_peak_mib": plan["device_peak_mib"],
                           "card_peak_mib": plan["card_peak_mib"], "host_peak_mib": plan["host_peak_mib"],
                           "max_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),

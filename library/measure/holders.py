@@ -24,7 +24,7 @@ REST = "activations and temporaries"
 def _keys(tensors: Any) -> set[int]:
     out = set()
     for t in tensors:
-        if isinstance(t, torch.Tensor) and t.device.type == "meta":
+        if isinstance(t, torch.Tensor) and t.is_meta:
             out.add(t.untyped_storage()._cdata)
     return out
 
@@ -69,7 +69,10 @@ class PeakHolders:
         if total > self._snap_bytes * GROWTH or not self._snap:
             self._snap = {k: size for k, (where, size) in live.items() if where == device and k not in self.before}
             self._snap_bytes = total
-            self._snap_parts = self._part_owners()  # a part on the device now may be back on the host at the end
+            # a part on the device now may be back on the host at the end; an empty snapshot names nothing (close()
+            # skips it), so the walk is left out: a phase with nothing on the device (the host work of a caching
+            # phase) would otherwise walk the parts at every host tensor made
+            self._snap_parts = self._part_owners() if self._snap else {}
 
     def restart(self, live: dict[int, tuple[str, int]], device: str, total: int) -> None:
         self._snap, self._snap_bytes = {}, 0

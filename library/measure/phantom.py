@@ -76,13 +76,15 @@ def _writes(func: Any) -> list[int]:
 class PhantomDevice(sim_device.SimulatedDevice):
     """The simulated device with phantom host tensors (see the module docstring)."""
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
-        tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-        on_device = any(t.device.type == sim_device.DEVICE.type for t in tensors)
+    def _dispatch(self, func: Any, args: tuple, kwargs: dict, tensors: list[torch.Tensor]) -> Any:
+        on_device = any(t.is_meta for t in tensors)
         target = sim_device._target_device(args, kwargs)
-        large = bool(args) and isinstance(args[0], torch.Tensor) and args[0].nbytes >= LARGE
-        if func is _aten._to_copy.default and on_device and large and target not in (None, sim_device.DEVICE.type):
+        if (
+            func is _aten._to_copy.default
+            and on_device
+            and args[0].nbytes >= LARGE
+            and target not in (None, sim_device.DEVICE.type)
+        ):
             self._host_read()  # a large device tensor back to the host: counted, never written
             source = args[0]
             out = phantom(source.shape, kwargs.get("dtype") or source.dtype)
@@ -92,7 +94,7 @@ class PhantomDevice(sim_device.SimulatedDevice):
         if on_device or to_device or func.is_view or not any(is_phantom(t) for t in tensors):
             if func is _aten.copy_.default and not on_device and is_phantom(args[0]):
                 _unmark(args[0])  # written with real values
-            return super().__torch_dispatch__(func, types, args, kwargs)
+            return super()._dispatch(func, args, kwargs, tensors)
         if self.strict and func not in sim_device._COPIES:
             self._check_devices(func, tensors)
         if self.strict and func in sim_device._HEAVY and not self.host_compute_allowed:

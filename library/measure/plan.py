@@ -143,10 +143,10 @@ def _plan_device() -> type:
             PeakHolders.__init__(self)
             self.facts: dict[str, PhaseFacts] = {}
 
-        def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-            out = super().__torch_dispatch__(func, types, args, kwargs)
+        def _dispatch(self, func: Any, args: tuple, kwargs: dict, tensors: list) -> Any:
+            out = super()._dispatch(func, args, kwargs, tensors)
             kind = kinds.get(func)
-            if kind is not None and isinstance(args[0], torch.Tensor) and args[0].device.type == "meta":
+            if kind is not None and isinstance(args[0], torch.Tensor) and args[0].is_meta:
                 facts = self.facts.setdefault(self.phase, PhaseFacts())
                 facts.kernels.add(kind)
                 if kind == "convolution":

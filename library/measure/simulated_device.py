@@ -16,6 +16,10 @@ On top of that the mode enforces what CUDA enforces and counts what the device w
   boolean), so the code around them runs: losses read 0, samples are black, saved tensors are zeros; ``nonzero``
   answers "the first element" (samplers look their timestep up with it).
 
+Operators whose inputs are all on the device are computed once per input signature; later calls get new empty
+tensors of the outputs' shapes, strides and dtypes (library/measure/meta_outputs.py: on meta nothing is computed,
+and most of a planned step repeats the same operators on the same shapes).
+
 With ``--mixed_precision fp16`` the accelerator gets a GradScaler on the simulated device, as accelerate makes one
 on CUDA (it makes none on the CPU), so the fp16 paths (``--full_fp16``) run as on a GPU.
 
@@ -32,8 +36,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_leaves
 
+from library.measure.meta_outputs import MetaOutputs
 from library.measure.phases import PhasePeaks, instrumented
 from library.measure.tensor_memory import TensorMemory
 
@@ -65,6 +69,8 @@ _HEAVY = {
     _aten._scaled_dot_product_flash_attention_for_cpu.default,
     _aten._scaled_dot_product_efficient_attention.default,
 }
+# the outputs of operators on the simulated device by input signature, shared by every run of the process
+_META_OUTPUTS = MetaOutputs()
 # host reads of device values: answered with zeros
 _LOCAL_SCALAR = _aten._local_scalar_dense.default
 
@@ -120,10 +126,8 @@ class SimulatedDevice(TensorMemory):
         return self.phases.table()
 
     # ------------------------------------------------------------------------------------------------ dispatch
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
-        tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-        on_device = any(t.device.type == DEVICE.type for t in tensors)
+    def _dispatch(self, func: Any, args: tuple, kwargs: dict, tensors: list[torch.Tensor]) -> Any:
+        on_device = any(t.is_meta for t in tensors)
         if func is _LOCAL_SCALAR and on_device:
             self._host_read()
             return True if args[0].dtype == torch.bool else 0
@@ -144,7 +148,12 @@ class SimulatedDevice(TensorMemory):
             )
         if on_device and func in _META_FALLBACKS:
             return _META_FALLBACKS[func](*args, **kwargs)
-        return super().__torch_dispatch__(func, types, args, kwargs)
+        return super()._dispatch(func, args, kwargs, tensors)
+
+    def _run(self, func: Any, args: tuple, kwargs: dict, tensors: list[torch.Tensor]) -> Any:
+        if tensors and all(t.is_meta for t in tensors):  # nothing computed: outputs by input signature
+            return _META_OUTPUTS(func, args, kwargs, tensors)
+        return func(*args, **kwargs)
 
     def forget(self, module: torch.nn.Module) -> None:
         """Stop counting a module's tensors: a part freed with ``module.to("meta")`` (library/run/run_setup.py
@@ -163,6 +172,8 @@ class SimulatedDevice(TensorMemory):
         self.host_reads_by_phase[self.phase] += 1
 
     def _check_devices(self, func: Any, tensors: list[torch.Tensor]) -> None:
+        if all(t.is_meta for t in tensors):  # most of a planned run's operators: nothing to compare
+            return
         devices = {t.device.type for t in tensors if not (t.device.type == "cpu" and t.dim() == 0)}
         if len(devices) > 1:
             raise DeviceMismatch(
