@@ -206,6 +206,8 @@ class Trainer:
         if self.acc.num_processes > 1:
             values = self.acc.reduce(values, reduction="sum")
         total, non_finite, stop, trained = values.tolist()
+        if self.acc.num_processes == 1:  # the host's own flags: on the simulated device (--plan_memory) a host read
+            stop, trained = flags  # is zero, and the optimizer step (its state's memory) must still be planned
         self._window_loss, self._window_batches, self._window_trained = None, 0, False
         if stop and not interrupted and self.acc.is_main_process:
             print("\nanother process was interrupted: saving a resumable state after this step")
