@@ -38,7 +38,7 @@ _active: list[PlanState] = []  # the plan being run (at most one)
 def add_plan_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("memory plan (library/measure/plan.py)")
     group.add_argument("--plan_memory", action="store_true",
-                       help="do not train: run one step, one sampling round and one save of this command on a simulated "
+                       help="do not train: run two steps, one sampling round and one save of this command on a simulated "
                             "device, reading the model files' headers only, and print the device and host memory "
                             "per phase (exit 0)")  # fmt: skip
     group.add_argument("--plan_memory_json", type=str, default=None, metavar="PATH",
@@ -83,7 +83,7 @@ _OVERRIDES: tuple[tuple[str, Any], ...] = (
     ("output_dir", lambda folder: str(folder / "output")),
     ("logging_dir", None),
     ("log_with", None),
-    ("max_train_steps", 1),
+    ("max_train_steps", 2),  # the second step holds the optimizer state the first one made, with its backward
     ("max_train_epochs", None),
     ("save_every_n_steps", None),
     ("save_every_n_epochs", None),
@@ -131,7 +131,7 @@ def intercept(args: argparse.Namespace) -> None:
     if on_disk or getattr(args, "cache_dir", None):  # disk caches are made anew in the plan's folder
         args.cache_dir = str(state.folder / "cache")
     if getattr(args, "sample_prompts", None):
-        args.sample_every_n_steps = 1  # one sampling round, after the step
+        args.sample_every_n_steps = 2  # one sampling round, after the second step
     else:
         args.sample_every_n_steps = None
     args.plan_memory = False  # the run itself trains (on the simulated device)

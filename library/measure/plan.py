@@ -10,7 +10,8 @@ The command runs as written, once, with three differences that change no shape a
   computed and no GPU is needed;
 * weight files are read from their headers only (library/measure/phantom.py): every host tensor of the model is a
   phantom (the real bytes, never written), so a 24 GB checkpoint plans in seconds and reads no weight values;
-* one optimizer step, one sampling round after it when the command samples, then the run's save (each tensor
+* two optimizer steps (the second one's backward runs beside the optimizer state the first one made: the step's
+  steady peak), one sampling round after them when the command samples, then the run's save (each tensor
   converted as for the file; the files hold their headers only), all written to a temporary folder that is removed afterwards (``--output_dir`` is replaced, and ``--cache_dir`` when the command caches
   on disk: the caches are made anew there;
   trackers, uploads and data-loader worker processes are off). The user's output folder and caches are not touched.
@@ -58,7 +59,7 @@ def plan_command(
 
     gc.collect()  # what earlier runs of this process left in reference cycles is not the plan's
     with tempfile.TemporaryDirectory(prefix="sdtrain-plan-") as tmp:
-        out(f"plan_memory: one step, one sampling round and one save on a simulated device; the model files are "
+        out(f"plan_memory: two steps, one sampling round and one save on a simulated device; the model files are "
             f"read from their headers only (no weight values); outputs go to {tmp} (removed afterwards)")  # fmt: skip
         device = simulated_device(mode=_plan_device())
         with planning(Path(tmp), changes) as state, device as sim, fused_attention(), header_only_reads(), \
