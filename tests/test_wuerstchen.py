@@ -32,7 +32,7 @@ def dataset_toml(dataset, tmp_path_factory):
     return write_dataset_toml(dataset, tmp_path_factory.mktemp("toml") / "dataset.toml")
 
 
-def test_objective_is_onetrainers_on_diffusers_schedule(folder):
+def test_objective_is_onetrainers_on_diffusers_schedule(folder, tmp_path):
     """OneTrainer's ``BaseWuerstchenSetup.predict`` for Würstchen 2, re-derived: latents (x + 1) / 42, noise then the
     time draw, t = clamp(1.08 t' + 0.001, 0.001, 1), noisy by DDPMWuerstchenScheduler's ᾱ, target ε, the prior fed t,
     the plain MSE."""
@@ -44,6 +44,9 @@ def test_objective_is_onetrainers_on_diffusers_schedule(folder):
     raw = parts.vae(((pixels + 1) / 2 - parts.vae.mean) / parts.vae.std)  # the branch's effnet_preprocess
     latents = FAMILY.encode_latents(parts, pixels)
     assert torch.allclose(latents, raw.add(1.0).div(42.0))
+    torch.save({"effnet_state_dict": parts.vae.state_dict()}, tmp_path / "model_v2_stage_b.pt")  # the branch's file
+    stage_b = FAMILY.load(folder, options=FAMILY.options(effnet_checkpoint_path=str(tmp_path / "model_v2_stage_b.pt")))
+    assert torch.equal(FAMILY.encode_latents(stage_b, pixels), latents)
     objective = FAMILY.training_objective(parts, NoiseConfig(), LossConfig())
     ex = objective.example(latents, torch.Generator().manual_seed(5))
 

@@ -89,8 +89,8 @@ def effnet_stages(state: Mapping[str, Any]) -> tuple[tuple[Stage, ...], int, int
 
 def read_effnet(path: Path, dtype: Any, device: Any) -> nn.Module:
     state, _ = read_weights(path)
-    for wrapper in ("state_dict", "effnet_state_dict"):  # the latter: Würstchen 2's model_v2_stage_b.pt
-        state = state[wrapper] if wrapper in state else state
+    if "state_dict" in state:
+        state = state["state_dict"]
     if "backbone.0.0.weight" not in state or "mapper.0.weight" not in state:
         raise ValueError(f"--effnet_checkpoint_path {path}: no EfficientNet encoder (backbone.*, mapper.*); pass "
                          "Stability's effnet_encoder.safetensors")  # fmt: skip

@@ -38,12 +38,12 @@ from library.objectives.noising import NoiseConfig, draw_device, make_noise
 from ..base import EPSILON, Cond, FamilySpec, PartDtypes, Parts, Root, TargetClasses, TextEncoderSpec
 from ..blocks import BlockLayout
 from ..encoders import clip
-from ..loading import META_FAMILY, _tf_dtype
+from ..loading import META_FAMILY, _tf_dtype, instantiate
 from ..saving import _save_weights, atomic_dir
 from ..tokenizers import PAD_OPEN_CLIP, load_clip_tokenizer
 from .effnet import EfficientNetEncoder, tiny_stages
 from .family import StableCascadeFamily
-from .loading import EFFNET_FILE, EFFNET_FOLDER, read_effnet
+from .loading import EFFNET_FILE, EFFNET_FOLDER, effnet_stages, read_effnet
 from .objective import T_MIN, CascadeObjective, alpha_cumprod, cascade_problems
 from .options import CascadeOptions
 
@@ -167,6 +167,26 @@ def prior_flag(parser: Any) -> Any:
 
 
 # --------------------------------------------------------------------------------------------------- the family
+def read_encoder(path: Path, dtype: Any, device: Any) -> nn.Module:
+    """``--effnet_checkpoint_path``: a safetensors encoder (``loading.read_effnet``), or the wuerstchen branch's
+    ``model_v2_stage_b.pt``, whose ``effnet_state_dict`` entry is the encoder (read with ``weights_only=True``)."""
+    if path.suffix.lower() not in (".pt", ".pth", ".ckpt", ".bin"):
+        return read_effnet(path, dtype, device)
+    try:
+        obj = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise ValueError(f"--effnet_checkpoint_path {path}: could not be read with weights_only=True ({e}); save its "
+                         "effnet_state_dict once as a .safetensors and pass that") from e  # fmt: skip
+    state = obj.get("effnet_state_dict", obj) if isinstance(obj, dict) else {}
+    if "backbone.0.0.weight" not in state or "mapper.0.weight" not in state:
+        raise ValueError(f"--effnet_checkpoint_path {path}: no EfficientNet encoder (effnet_state_dict with "
+                         "backbone.*, mapper.*)")  # fmt: skip
+    stages, head, latent = effnet_stages(state)
+    affine = "mapper.1.weight" in state
+    return instantiate(lambda: EfficientNetEncoder(latent, stages, head, affine), state, "EfficientNet encoder", path,
+                       "EfficientNetV2-S", dtype, device=device)  # fmt: skip
+
+
 def load_wuerstchen(path: str | Path, *, dtype: Any = torch.float32, device: Any = "cpu",
                     effnet: str | Path | None = None) -> Parts:  # fmt: skip
     """Frozen parts of a ``WuerstchenPriorPipeline`` folder; ``vae`` is the EfficientNet encoder (``effnet`` or the
@@ -187,7 +207,7 @@ def load_wuerstchen(path: str | Path, *, dtype: Any = torch.float32, device: Any
         tokenizer = load_clip_tokenizer(PAD_OPEN_CLIP)
     if effnet is None and (folder / EFFNET_FOLDER / EFFNET_FILE).is_file():
         effnet = folder / EFFNET_FOLDER / EFFNET_FILE
-    effnet_module = read_effnet(Path(effnet), dtypes.vae, device) if effnet is not None else None
+    effnet_module = read_encoder(Path(effnet), dtypes.vae, device) if effnet is not None else None
     for module in (prior, effnet_module, encoder):
         if module is not None:
             module.to(device).eval().requires_grad_(False)
