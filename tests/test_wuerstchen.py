@@ -125,6 +125,8 @@ def test_lora_resumes_bit_identically_and_merges_by_its_names(folder, dataset_to
 def test_refusals_are_clear(folder, dataset_toml, tmp_path):
     with pytest.raises(ConfigError, match="--loss_type huber is not supported for Würstchen 2"):
         wuerstchen_train_network.run(lora(folder, dataset_toml, tmp_path, "--loss_type", "huber"))
+    with pytest.raises(ConfigError, match="--sample_prompts is not supported for Würstchen 2 training"):
+        wuerstchen_train_network.run(lora(folder, dataset_toml, tmp_path, "--sample_prompts", str(dataset_toml)))
     with pytest.raises(ConfigError, match="Würstchen 2's text model is the prior folder's text_encoder/"):
         wuerstchen_train_network.run(lora(folder, dataset_toml, tmp_path, "--text_model_checkpoint_path",
                                           str(folder / "effnet" / "effnet_encoder.safetensors")))  # fmt: skip

@@ -142,6 +142,19 @@ def wuerstchen_problems(noise: NoiseConfig, loss: LossConfig) -> list[str]:
 class WuerstchenOptions(CascadeOptions):
     """The folder's flags (``options.py``) read for Würstchen 2: the text model comes from the folder."""
 
+    @classmethod
+    def from_args(cls, args: Any, *, training: bool) -> CascadeOptions:
+        """The folder's checks, their messages naming Würstchen 2 (samples need its decoder: refused likewise)."""
+        from library.cli.problems import ConfigError
+
+        try:
+            return super().from_args(args, training=training)
+        except ConfigError as e:
+            sample = "--sample_prompts is not supported for Würstchen 2 training: its images need the stage B decoder"
+            lines = [sample if p.startswith("--sample_prompts") else p.replace("Stable Cascade", "Würstchen 2")
+                     for p in e.problems]  # fmt: skip
+            raise ConfigError(lines) from None
+
     def prompt_identity(self) -> str:
         return "encoder=clip_bigG_last_normed_masked"
 
