@@ -2,12 +2,14 @@
 
 Modules: ``model`` (the released prior configs, Stability <-> diffusers names), ``effnet`` (the EfficientNetV2-S
 latent encoder in plain torch), ``objective`` (the continuous cosine DDPM with P2 weighting), ``loading``,
-``options`` (the family's flags), ``full_training`` (the text model written beside stage C), ``tiny`` (test models).
+``options`` (the family's flags), ``full_training`` (the text model written beside stage C), ``tiny`` (test models);
+``wuerstchen``: Würstchen 2 (``WUERSTCHEN``), the predecessor, as a second family on the same encoder and schedule.
 """
 
 from .family import STABLE_CASCADE, StableCascadeFamily
+from .wuerstchen import WUERSTCHEN
 
-FAMILIES = (STABLE_CASCADE,)
+FAMILIES = (STABLE_CASCADE, WUERSTCHEN)
 ORDER = 75  # after PixArt (70)
 
-__all__ = ["STABLE_CASCADE", "StableCascadeFamily", "FAMILIES", "ORDER"]
+__all__ = ["STABLE_CASCADE", "StableCascadeFamily", "WUERSTCHEN", "FAMILIES", "ORDER"]

@@ -115,13 +115,15 @@ def backbone(stages: Sequence[Stage] = V2_S, head: int = HEAD_WIDTH) -> nn.Seque
 
 class EfficientNetEncoder(nn.Module):
     """Images in [-1, 1] (B, 3, H, W) -> stage C latents (B, ``latent_channels``, H/32, W/32): the ImageNet
-    normalisation (:meth:`encode`), the backbone, the mapper (as Stability's ``EfficientNetEncoder``)."""
+    normalisation (:meth:`encode`), the backbone, the mapper (as Stability's ``EfficientNetEncoder``; ``affine``: the
+    mapper's BatchNorm with weight and bias, as Würstchen 2's encoder in ``model_v2_stage_b.pt``)."""
 
-    def __init__(self, latent_channels: int = 16, stages: Sequence[Stage] = V2_S, head: int = HEAD_WIDTH) -> None:
+    def __init__(self, latent_channels: int = 16, stages: Sequence[Stage] = V2_S, head: int = HEAD_WIDTH,
+                 affine: bool = False) -> None:  # fmt: skip
         super().__init__()
         self.backbone = backbone(stages, head)
         self.mapper = nn.Sequential(nn.Conv2d(head, latent_channels, 1, bias=False),
-                                    nn.BatchNorm2d(latent_channels, affine=False))  # fmt: skip
+                                    nn.BatchNorm2d(latent_channels, affine=affine))  # fmt: skip
         self.register_buffer("mean", torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(IMAGENET_STD).view(1, 3, 1, 1), persistent=False)
 

@@ -95,7 +95,8 @@ def read_effnet(path: Path, dtype: Any, device: Any) -> nn.Module:
         raise ValueError(f"--effnet_checkpoint_path {path}: no EfficientNet encoder (backbone.*, mapper.*); pass "
                          "Stability's effnet_encoder.safetensors")  # fmt: skip
     stages, head, latent = effnet_stages(state)
-    return instantiate(lambda: EfficientNetEncoder(latent, stages, head), state, "EfficientNet encoder", path,
+    affine = "mapper.1.weight" in state  # Würstchen 2's mapper BatchNorm has affine weights
+    return instantiate(lambda: EfficientNetEncoder(latent, stages, head, affine), state, "EfficientNet encoder", path,
                        "EfficientNetV2-S", dtype, device=device)  # fmt: skip
 
 

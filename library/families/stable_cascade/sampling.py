@@ -35,7 +35,8 @@ def sample_stage_c(family: Any, prior: nn.Module, cond: Cond, uncond: Cond | Non
     latents = torch.randn(shape, generator=generator, dtype=dtype).to(device)
     ratios = torch.linspace(1.0, 0.0, steps + 1)
     guided = guidance > 1 and uncond is not None
-    both = Cond(torch.cat([cond.hidden_states, uncond.hidden_states]), torch.cat([cond.pooled, uncond.pooled])) if guided else cond  # fmt: skip
+    pooled = None if cond.pooled is None or not guided else torch.cat([cond.pooled, uncond.pooled])  # Würstchen: none
+    both = Cond(torch.cat([cond.hidden_states, uncond.hidden_states]), pooled) if guided else cond
     for i in range(steps):
         t, prev = ratios[i : i + 1], ratios[i + 1 : i + 2]
         with torch.no_grad():
