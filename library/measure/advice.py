@@ -87,8 +87,9 @@ def advise(plan_with: Callable[[list[tuple[str, list[str]]]], dict], argv: list[
             if fits(plan):
                 return taken
             continue
-        elif _given(argv, step.flag):
-            continue
+        elif _given(argv, step.flag) and not (step.flag == "--optimizer_type"
+                                               and _value(argv, step.flag, "").lower() == "adamw"):  # fmt: skip
+            continue  # the user's choice stands; AdamW's own 8-bit form is the one optimizer offered instead
         else:
             trial = [(step.flag, list(step.values))]
         plan = _try(plan_with, changes + trial, out)
