@@ -99,15 +99,144 @@ def patch_lumina(cfg: dict) -> None:
     flux_models.nn = nn
 
 
-PATCHES = {"anima": patch_anima, "lumina": patch_lumina}
+def _replaced(func, replacements: dict, namespace: dict, where: str):
+    """``func`` (a function or method) re-compiled from its source with each literal of ``replacements`` (each must
+    occur exactly once) replaced, in ``namespace`` (its module's globals)."""
+    import textwrap
+
+    src = textwrap.dedent(inspect.getsource(func))
+    for old, new in replacements.items():
+        assert src.count(old) == 1, f"{where}: {old!r} is not in the reference's code"
+        src = src.replace(old, new)
+    src = src.replace("super().__init__()", "torch.nn.Module.__init__(self)")  # no __class__ cell outside a class
+    ns: dict = {}
+    exec(compile(src, f"{inspect.getsourcefile(func)} ({where}, tiny sizes)", "exec"), namespace, ns)
+    return ns[func.__name__]
+
+
+def tiny_qwen25vl(module, cfg: dict):
+    """``module.load_qwen2_5_vl`` (sd-scripts' HunyuanImage and musubi-tuner's Qwen-Image loaders, the same code) on
+    the tiny file: the Qwen2.5-VL text model at the tiny widths of ``cfg["qwen_text"]``, a one-block vision tower
+    (never run: no images); the file holds the language model only, so the vision tower and the LM head (unused: the
+    prompt is a hidden state) load as zeros. Returns the tokenizer class to put in place of ``Qwen2Tokenizer``: the
+    shipped vocabulary file beside the model files (its tokenizer_config.json is transformers 5's)."""
+    import torch
+    import transformers
+
+    text = dict(cfg["qwen_text"], layer_types=["full_attention"] * cfg["qwen_text"]["num_hidden_layers"])
+    vision = dict(depth=1, hidden_size=16, num_heads=2, intermediate_size=32, out_hidden_size=text["hidden_size"],
+                  fullatt_block_indexes=[0])  # fmt: skip
+
+    def tiny_config(**kw):
+        assert kw["hidden_size"] == 3584, "not the released Qwen2.5-VL-7B config"
+        kw["vision_config"] = dict(kw["vision_config"], **vision)
+        if "text_config" in kw:
+            kw["text_config"] = dict(kw["text_config"], **text)
+        return transformers.Qwen2_5_VLConfig(**dict(kw, **text))
+
+    def load_language_model(model, sd, strict, assign):
+        for key, value in model.state_dict().items():
+            if key not in sd:
+                assert key.startswith(("model.visual.", "lm_head.")), f"{key} is not in the tiny Qwen2.5-VL file"
+                sd[key] = torch.zeros(value.shape, dtype=torch.bfloat16)
+        return model.load_state_dict(sd, strict=strict, assign=assign)
+
+    module.Qwen2_5_VLConfig = tiny_config
+    module.load_language_model = load_language_model
+    module.load_qwen2_5_vl = _replaced(module.load_qwen2_5_vl, {
+        "qwen2_5_vl.load_state_dict(sd, strict=True, assign=True)":
+        "load_language_model(qwen2_5_vl, sd, strict=True, assign=True)"}, module.__dict__, "Qwen2.5-VL")  # fmt: skip
+    vocabulary = os.path.join(cfg["folder"], "qwen_tokenizer", "tokenizer.json")
+
+    class QwenTokenizer:
+        @staticmethod
+        def from_pretrained(*args, **kwargs):
+            tok = transformers.Qwen2TokenizerFast(tokenizer_file=vocabulary)
+            tok.pad_token, tok.padding_side = "<|endoftext|>", "right"
+            return tok
+
+    return QwenTokenizer
+
+
+def patch_hunyuan_image(cfg: dict) -> None:
+    from transformers import ByT5Tokenizer
+
+    from library import hunyuan_image_models as hm
+    from library import hunyuan_image_text_encoder as te
+    from library import hunyuan_image_vae as hv
+    from library import strategy_hunyuan_image as st
+
+    hm.HYImageDiffusionTransformer.__init__ = _replaced(hm.HYImageDiffusionTransformer.__init__, cfg["dit"],
+                                                        hm.__dict__, "DiT")  # fmt: skip
+    hv.HunyuanVAE2D.__init__ = _replaced(hv.HunyuanVAE2D.__init__, cfg["vae"], hv.__dict__, "VAE")
+    te.load_byt5 = _replaced(te.load_byt5, cfg["byt5"], te.__dict__, "byT5")
+    te.get_byt5_prompt_embeds_from_tokens = _replaced(  # the zeros of a caption without quoted text
+        te.get_byt5_prompt_embeds_from_tokens, {"byt5_max_length, 1472)": f"byt5_max_length, {cfg['byt5_width']})"},
+        te.__dict__, "byT5 zeros")  # fmt: skip
+    QwenTokenizer = tiny_qwen25vl(te, cfg)
+
+    class Byt5Tokenizer:  # google/byt5-small is a hub id; transformers' ByT5Tokenizer needs no files
+        @staticmethod
+        def from_pretrained(*args, **kwargs):
+            return ByT5Tokenizer()
+
+    assert te.QWEN_2_5_VL_IMAGE_ID == "Qwen/Qwen2.5-VL-7B-Instruct" and te.BYT5_TOKENIZER_PATH == "google/byt5-small"
+    te.Qwen2Tokenizer = st.Qwen2Tokenizer = QwenTokenizer
+    te.AutoTokenizer = st.AutoTokenizer = Byt5Tokenizer
+    # sd-scripts' in-memory text-encoder cache keeps ocr_mask as a NumPy scalar, which its collate cannot convert
+    # ("new(): data must be a sequence (got numpy.bool)"); keep it as the 0-d array its disk cache reads back
+    import numpy as np
+
+    caching = st.HunyuanImageTextEncoderOutputsCachingStrategy
+    cache_batch = caching.cache_batch_outputs
+
+    def cache_batch_outputs(self, tokenize_strategy, models, text_encoding_strategy, infos):
+        cache_batch(self, tokenize_strategy, models, text_encoding_strategy, infos)
+        for info in infos:
+            if info.text_encoder_outputs is not None:
+                info.text_encoder_outputs = tuple(np.asarray(x) for x in info.text_encoder_outputs)
+
+    caching.cache_batch_outputs = cache_batch_outputs
+
+
+def patch_qwen_image(cfg: dict) -> None:
+    """musubi-tuner's Qwen-Image: ``create_model``'s literal transformer sizes, ``load_vae``'s literal base width, the
+    Qwen2.5-VL loader (:func:`tiny_qwen25vl`); its video decoder (PyAV) is not installed and not used for images."""
+    import transformers  # before the stand-in: transformers looks PyAV up by its module spec
+
+    sys.modules.setdefault("av", types.ModuleType("av"))
+    from musubi_tuner.qwen_image import qwen_image_model as qm
+    from musubi_tuner.qwen_image import qwen_image_utils as qu
+
+    init = qm.QwenImageTransformer2DModel.__init__
+
+    def tiny_init(self, *args, **kwargs):
+        assert kwargs["attention_head_dim"] == 128 and kwargs["joint_attention_dim"] == 3584, "not the released sizes"
+        init(self, *args, **dict(kwargs, **cfg["dit"]))
+
+    qm.QwenImageTransformer2DModel.__init__ = tiny_init
+    qu.load_vae = _replaced(qu.load_vae, {'"base_dim": 96': f'"base_dim": {cfg["vae_base_dim"]}'}, qu.__dict__, "VAE")
+    assert qu.QWEN_IMAGE_ID == "Qwen/Qwen-Image"
+    qu.Qwen2Tokenizer = tiny_qwen25vl(qu, cfg)
+
+
+PATCHES = {"anima": patch_anima, "lumina": patch_lumina, "hunyuan_image": patch_hunyuan_image,
+           "qwen_image": patch_qwen_image}  # fmt: skip
+MODEL_FLAGS = (
+    "--pretrained_model_name_or_path",
+    "--dit",
+    "--vae",
+    "--text_encoder",
+)  # the first given names the folder
 
 
 def main() -> None:
     script, argv = sys.argv[1], sys.argv[2:]
-    model = argv[argv.index("--pretrained_model_name_or_path") + 1]
+    model = argv[argv.index(next(f for f in MODEL_FLAGS if f in argv)) + 1]
     sys.path.insert(0, os.getcwd())
     with open(os.path.join(os.path.dirname(model), "tiny_config.json")) as f:
         cfg = json.load(f)
+    cfg["folder"] = os.path.dirname(os.path.abspath(model))
     PATCHES[cfg["family"]](cfg)
     print(f"[run_reference_tiny] {cfg['family']}: the reference's released configs -> tiny_config.json", flush=True)
     sys.argv = [script] + argv
