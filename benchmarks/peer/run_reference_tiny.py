@@ -202,7 +202,7 @@ def patch_hunyuan_image(cfg: dict) -> None:
 def patch_qwen_image(cfg: dict) -> None:
     """musubi-tuner's Qwen-Image: ``create_model``'s literal transformer sizes, ``load_vae``'s literal base width, the
     Qwen2.5-VL loader (:func:`tiny_qwen25vl`); its video decoder (PyAV) is not installed and not used for images."""
-    import transformers  # before the stand-in: transformers looks PyAV up by its module spec
+    import transformers  # noqa: F401  (before the stand-in: transformers looks PyAV up by its module spec)
 
     sys.modules.setdefault("av", types.ModuleType("av"))
     from musubi_tuner.qwen_image import qwen_image_model as qm
@@ -220,8 +220,99 @@ def patch_qwen_image(cfg: dict) -> None:
     qu.Qwen2Tokenizer = tiny_qwen25vl(qu, cfg)
 
 
+def tiny_qwen3(zu, cfg: dict) -> None:
+    """musubi-tuner's ``zimage_utils.load_qwen3`` (Z-Image's and FLUX.2 klein's text encoder): the Qwen3-4B config ->
+    ``cfg["qwen3"]``'s sizes, its tokenizer (a hub id) -> the shipped Qwen3 vocabulary with Qwen3's chat template,
+    as ours reads them."""
+    import transformers
+
+    def qwen3_config(**kw):
+        assert kw["hidden_size"] == 2560, "not the released Qwen3-4B config"
+        return transformers.Qwen3Config(**dict(kw, **cfg["qwen3"]))
+
+    zu.Qwen3Config = qwen3_config
+    folder = os.path.join(cfg["folder"], "qwen3_tokenizer")
+
+    class Qwen3Tokenizer:
+        @staticmethod
+        def from_pretrained(*args, **kwargs):
+            tok = transformers.Qwen2TokenizerFast(tokenizer_file=os.path.join(folder, "tokenizer.json"))
+            with open(os.path.join(folder, "chat_template.jinja"), encoding="utf-8") as f:
+                tok.chat_template = f.read()
+            tok.pad_token = "<|endoftext|>"
+            return tok
+
+    zu.Qwen2Tokenizer = Qwen3Tokenizer
+
+
+def _tiny_init(cls, sizes: dict, released: dict) -> None:
+    """``cls(**kwargs)`` built with ``sizes`` in place of the released keyword arguments (asserted)."""
+    init = cls.__init__
+
+    def tiny_init(self, *args, **kwargs):
+        assert all(kwargs.get(k) == v for k, v in released.items()), f"not the released {cls.__name__} sizes"
+        init(self, *args, **dict(kwargs, **sizes))
+
+    cls.__init__ = tiny_init
+
+
+def patch_zimage(cfg: dict) -> None:
+    """musubi-tuner's Z-Image: ``create_model``'s transformer sizes (zimage_config constants), the AE's literal
+    widths and group count, ``load_qwen3``'s Qwen3-4B config and its tokenizer (a hub id): the shipped Qwen3
+    vocabulary with Qwen3's chat template, as ours reads them."""
+    import transformers  # noqa: F401  (before the PyAV stand-in: see patch_qwen_image)
+
+    sys.modules.setdefault("av", types.ModuleType("av"))
+    from musubi_tuner.zimage import zimage_autoencoder as za
+    from musubi_tuner.zimage import zimage_model as zm
+    from musubi_tuner.zimage import zimage_utils as zu
+
+    _tiny_init(zm.ZImageTransformer2DModel, cfg["dit"], {"dim": 3840})
+    _tiny_init(za.AutoencoderKL, cfg["ae"], {"block_out_channels": (128, 256, 512, 512)})
+    assert zu.ZIMAGE_ID == "Tongyi-MAI/Z-Image"
+    tiny_qwen3(zu, cfg)
+
+
+def patch_flux2(cfg: dict) -> None:
+    """musubi-tuner's FLUX.2 klein 4B: ``FLUX2_MODEL_INFO``'s ``Klein4BParams`` -> the tiny ``Flux2Params``, the AE's
+    ``AutoEncoderParams()`` widths and literal GroupNorm(32) group count, ``load_qwen3`` (:func:`tiny_qwen3`)."""
+    import dataclasses
+
+    import torch
+    import transformers  # noqa: F401  (before the PyAV stand-in: see patch_qwen_image)
+
+    sys.modules.setdefault("av", types.ModuleType("av"))
+    from musubi_tuner.flux_2 import flux2_models as fm
+    from musubi_tuner.flux_2 import flux2_utils as fu
+    from musubi_tuner.zimage import zimage_utils as zu
+
+    for version in ("klein-4b", "klein-base-4b"):
+        info = fu.FLUX2_MODEL_INFO[version]
+        fu.FLUX2_MODEL_INFO[version] = dataclasses.replace(info, params=fm.Flux2Params(**cfg["dit"]))
+    init = fm.AutoEncoder.__init__
+
+    def tiny_ae(self, params):
+        assert params.ch == 128, "not the released AE"
+        init(self, dataclasses.replace(params, **cfg["ae"]))
+
+    fm.AutoEncoder.__init__ = tiny_ae
+    groups = cfg["groups"]
+
+    class GroupNorm(torch.nn.GroupNorm):  # the AE's literal num_groups=32
+        def __init__(self, num_groups, num_channels, *a, **kw):
+            super().__init__(groups, num_channels, *a, **kw)
+
+    assert "nn.GroupNorm(num_groups=32" in inspect.getsource(fm.ResnetBlock)
+    nn = types.ModuleType("torch.nn")
+    nn.__dict__.update(torch.nn.__dict__)
+    nn.GroupNorm = GroupNorm
+    fm.nn = nn
+    assert fu.load_qwen3 is zu.load_qwen3
+    tiny_qwen3(zu, cfg)
+
+
 PATCHES = {"anima": patch_anima, "lumina": patch_lumina, "hunyuan_image": patch_hunyuan_image,
-           "qwen_image": patch_qwen_image}  # fmt: skip
+           "qwen_image": patch_qwen_image, "zimage": patch_zimage, "flux2": patch_flux2}  # fmt: skip
 MODEL_FLAGS = (
     "--pretrained_model_name_or_path",
     "--dit",

@@ -157,6 +157,65 @@ def qwen_image(out: Path) -> None:
     (out / "tiny_config.json").write_text(json.dumps(config, indent=1))
 
 
+def zimage(out: Path) -> None:
+    """Z-Image: ``tiny_dit`` (the original names), ``tiny_te`` (``model.``), ``tiny_vae`` (BFL's names) written by the
+    family's own tiny builder, the shipped Qwen3 vocabulary and chat template (``qwen3_tokenizer/``) and
+    tiny_config.json: the transformer, AE and Qwen3 sizes musubi-tuner's loaders hard-code
+    (run_reference_tiny.py's ``patch_zimage``)."""
+    from library.families.encoders import qwen3
+    from library.families.zimage import model as M
+    from library.families.zimage import tiny as tiny_mod
+
+    family_tiny = get_family_tiny("zimage")
+    files = family_tiny.write_files(family_tiny.build(seed=0), out, "tiny")
+    _qwen3_tokenizer(out / "qwen3_tokenizer")
+    dit = {k: M.TINY[k] for k in ("dim", "n_layers", "n_refiner_layers", "n_heads", "n_kv_heads", "cap_feat_dim",
+                                  "axes_dims", "axes_lens")}  # fmt: skip
+    ae = {k: tiny_mod.AE[k] for k in ("block_out_channels", "layers_per_block", "norm_num_groups")}
+    text = {k: qwen3.TINY[k] for k in QWEN3_SIZES}
+    config = {"family": "zimage", "files": {k: Path(v).name for k, v in files.items()}, "dit": dit, "ae": ae,
+              "qwen3": text}  # fmt: skip
+    (out / "tiny_config.json").write_text(json.dumps(config, indent=1))
+
+
+def flux2(out: Path) -> None:
+    """FLUX.2 klein base 4B: ``tiny-base_dit`` (BFL names), ``tiny_te-0000{1,2}-of-00002`` (Qwen3, ``model.``),
+    ``tiny_ae`` (BFL names) written by the family's own tiny builder, the shipped Qwen3 vocabulary and chat template
+    and tiny_config.json: musubi-tuner's ``Flux2Params`` / ``AutoEncoderParams`` fields and GroupNorm group count, the
+    Qwen3 sizes (run_reference_tiny.py's ``patch_flux2``)."""
+    from library.families.autoencoders import flux2 as ae
+    from library.families.flux2 import model as M
+    from library.families.flux2 import tiny as tiny_mod
+
+    family_tiny = get_family_tiny("flux2")
+    files = family_tiny.write_files(family_tiny.build(seed=0), out, "tiny")
+    _qwen3_tokenizer(out / "qwen3_tokenizer")
+    t, boc = M.TINY, ae.TINY["block_out_channels"]
+    dit = {"in_channels": t["in_channels"], "context_in_dim": t["joint_attention_dim"], "num_heads":
+           t["num_attention_heads"], "hidden_size": t["num_attention_heads"] * t["attention_head_dim"],
+           "depth": t["num_layers"], "depth_single_blocks": t["num_single_layers"], "axes_dim":
+           list(t["axes_dims_rope"]), "mlp_ratio": t["mlp_ratio"], "use_guidance_embed": t["guidance_embeds"]}  # fmt: skip
+    autoencoder = {"ch": boc[0], "ch_mult": [b // boc[0] for b in boc], "num_res_blocks": ae.TINY["layers_per_block"],
+                   "z_channels": ae.TINY["latent_channels"]}  # fmt: skip
+    text = {k: tiny_mod.TINY_QWEN3[k] for k in QWEN3_SIZES if k in tiny_mod.TINY_QWEN3}
+    config = {"family": "flux2", "files": {k: Path(v).name for k, v in files.items()}, "dit": dit, "ae": autoencoder,
+              "groups": ae.TINY["norm_num_groups"], "qwen3": text}  # fmt: skip
+    (out / "tiny_config.json").write_text(json.dumps(config, indent=1))
+
+
+QWEN3_SIZES = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+               "head_dim", "max_window_layers", "max_position_embeddings")  # fmt: skip
+
+
+def _qwen3_tokenizer(folder: Path) -> None:
+    """The shipped Qwen3 vocabulary and Qwen3's chat template (musubi-tuner reads Qwen/Qwen3-4B's from the hub)."""
+    from library.families.encoders import qwen3
+
+    folder.mkdir()
+    (folder / "tokenizer.json").write_bytes((qwen3.bundled_folder() / "tokenizer.json").read_bytes())
+    (folder / "chat_template.jinja").write_text(qwen3.chat_template(), encoding="utf-8")
+
+
 def _qwen_text() -> dict:
     from library.families.encoders import qwen25vl
 
@@ -178,6 +237,8 @@ BUILDERS = {
     "flux": flux,
     "hunyuan_image": hunyuan_image,
     "qwen_image": qwen_image,
+    "zimage": zimage,
+    "flux2": flux2,
 }
 
 
