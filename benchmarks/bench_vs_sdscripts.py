@@ -16,6 +16,10 @@ steps 3..N of those stamps) and, per pair, (wall(N_max) - wall(N_min)) / (N_max 
 The output file's key+shape set of every side is compared. Results: OUT/runs.jsonl, OUT/summary.md, one folder
 per run with its log. ``--summarize OUT`` re-prints the tables of an earlier run.
 
+musubi-tuner's families (``--musubi ~/musubi --sdsvenv VENV --cases qwen_image,zimage,flux2``, an invocation of
+their own; benchmarks/peer/musubi_cases.py): each side first runs its caching scripts on the run's own dataset TOML
+(untimed), then the training script is timed as above; the reference side is labelled "musubi-tuner".
+
 Assets (tiny models, 8-image dataset, sd-scripts' tokenizer cache) live in ``--assets`` (default $PEER_WORK or
 ~/.cache/sdtrain-bench): built there on first use with the sd-scripts venv's python (its diffusers/transformers
 write files both sides read). Measure on an idle machine; on 2 cores a second busy process makes ratios noise.

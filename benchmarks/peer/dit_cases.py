@@ -4,8 +4,8 @@ Both sides run the same entry script name (sd-scripts' and ours), on the same si
 benchmarks/peer/tiny_families.py under ``ASSETS/models/<folder>``, with the same flags: 64 px, batch 1, LoRA dim 4
 alpha 2 with the family's ``networks.lora_<family>``, AdamW, seed 1, cached latents and text-encoder outputs, the
 denoiser only. sd-scripts runs through a wrapper that patches its released configs to the tiny widths from the
-``tiny_config.json`` beside the model file: the peer kit's helpers/run_sdscripts_tiny.py for SD3 (``--kit``), this
-folder's run_reference_tiny.py for the others.
+``tiny_config.json`` beside the model file: the peer kit's helpers/run_sdscripts_tiny.py for SD3 and FLUX.1
+(``--kit``), this folder's run_reference_tiny.py for the others (Anima, Lumina 2, HunyuanImage 2.1).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Run an unmodified reference trainer (sd-scripts) on the tiny files of benchmarks/peer/tiny_families.py.
+"""Run an unmodified reference trainer (sd-scripts, musubi-tuner) on the tiny files of benchmarks/peer/tiny_families.py.
 
     cd <sd-scripts> && PYTHONPATH=<peer kit>/helpers/sds_shims <venv>/bin/python run_reference_tiny.py \\
         anima_train_network.py --pretrained_model_name_or_path OUT/tiny-anima/tiny_dit.safetensors ...
@@ -16,6 +16,16 @@ code it replaces is still there:
 
   lumina ``LuminaParams.get_2b_config`` (the tiny transformer), ``lumina_util``'s Gemma2 config and the FLUX AE's
          widths and literal GroupNorm(32) group count.
+
+  hunyuan_image  ``HYImageDiffusionTransformer`` / ``HunyuanVAE2D`` / ``load_byt5`` literals (the tiny module's
+         ``SDSCRIPTS_*CONSTANTS``), the byT5 zeros' literal width, ``load_qwen2_5_vl``'s config and strict load (the
+         file holds the language model only), the hub tokenizers (Qwen2.5-VL, byT5), and the in-memory text cache's
+         NumPy-scalar ocr_mask, which sd-scripts' own collate cannot convert.
+
+musubi-tuner (``--dit`` / ``--vae`` / ``--text_encoder`` name the folder; run from ``src`` with it on PYTHONPATH):
+
+  qwen_image, zimage, flux2  the transformer / AE sizes its loaders hard-code, the Qwen2.5-VL / Qwen3 configs and
+         hub tokenizers (the shipped vocabularies beside the files), a stand-in for PyAV (video only).
 
 Everything else (data, caching, LoRA, loop, saving) is the reference's own code, run as ``__main__``.
 """

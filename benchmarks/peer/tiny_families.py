@@ -2,7 +2,9 @@
 
     PYTHONPATH=<sdtrain> <sdtrain venv>/bin/python benchmarks/peer/tiny_families.py OUT --only anima
 
-(OUT/tiny-sd3/: the peer kit's SD3.5-medium files, see :func:`sd3`; OUT/tiny-lumina/: :func:`lumina`.)
+(OUT/tiny-sd3/: the peer kit's SD3.5-medium files, see :func:`sd3`; OUT/tiny-lumina/: :func:`lumina`; OUT/tiny-flux,
+tiny-hunyuan_image (sd-scripts) and tiny-qwen_image, tiny-zimage, tiny-flux2 (musubi-tuner): the function of that
+name.)
 OUT/tiny-anima/: ``tiny_dit.safetensors`` (the DiT with its LLM adapter under ``net.``), ``tiny_qwen3.safetensors``,
 ``tiny_vae.safetensors`` (ComfyUI names), written by the family's own tiny builder (``ANIMA.tiny``), and
 ``tiny_config.json``: the same widths in the reference's own constructor arguments (``anima_models.Anima`` /
