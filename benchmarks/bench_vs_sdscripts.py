@@ -16,6 +16,10 @@ steps 3..N of those stamps) and, per pair, (wall(N_max) - wall(N_min)) / (N_max 
 The output file's key+shape set of every side is compared. Results: OUT/runs.jsonl, OUT/summary.md, one folder
 per run with its log. ``--summarize OUT`` re-prints the tables of an earlier run.
 
+musubi-tuner's families (``--musubi ~/musubi --sdsvenv VENV --cases qwen_image,zimage,flux2``, an invocation of
+their own; benchmarks/peer/musubi_cases.py): each side first runs its caching scripts on the run's own dataset TOML
+(untimed), then the training script is timed as above; the reference side is labelled "musubi-tuner".
+
 Assets (tiny models, 8-image dataset, sd-scripts' tokenizer cache) live in ``--assets`` (default $PEER_WORK or
 ~/.cache/sdtrain-bench): built there on first use with the sd-scripts venv's python (its diffusers/transformers
 write files both sides read). Measure on an idle machine; on 2 cores a second busy process makes ratios noise.
@@ -40,6 +44,7 @@ ROOT = HERE.parent
 PEER = HERE / "peer"
 sys.path.insert(0, str(PEER))
 from dit_cases import DIT_CASES, dit_flags, reference_wrapper  # noqa: E402
+from musubi_cases import MUSUBI_CASES, cache_commands, train_flags, write_dataset_toml  # noqa: E402
 from pairs import fmt, safetensors_summary, summarize  # noqa: E402
 
 HOOK = r"""
@@ -91,11 +96,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sdscripts", type=Path, help="sd-scripts checkout (source tree with train_network.py)")
     ap.add_argument("--sdsvenv", type=Path, help="its venv (default: SDSCRIPTS/venv, else SDSCRIPTS/.venv)")
+    ap.add_argument(
+        "--musubi",
+        type=Path,
+        help="musubi-tuner checkout, the reference of the musubi cases (with "
+        "--sdsvenv: a venv that runs it; cases of the two references run in separate invocations)",
+    )
     ap.add_argument("--sdtrain", type=Path, default=ROOT, help="the sdtrain checkout measured (default: this one)")
     ap.add_argument("--sdtrain_venv", type=Path, help="default: SDTRAIN/.venv, else the running interpreter's venv")
     ap.add_argument("--before", type=Path, help="a second sdtrain checkout (with its .venv) measured as 'before'")
     ap.add_argument("--before_venv", type=Path, help="default: BEFORE/.venv")
-    ap.add_argument("--cases", default="sd1,sdxl", help=f"comma list of {', '.join([*CASES, *DIT_CASES])}")
+    ap.add_argument(
+        "--cases",
+        default="sd1,sdxl",
+        help=f"comma list of {', '.join([*CASES, *DIT_CASES])}; or of {', '.join(MUSUBI_CASES)}",
+    )
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--steps", default="10,40", help="comma list of --max_train_steps values, each run in every pair")
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="accelerate --num_cpu_threads_per_process")
@@ -114,11 +129,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     a = ap.parse_args(argv)
     a.assets = a.assets.expanduser()
-    if a.summarize is None and a.sdscripts is None:
+    cases = a.cases.split(",")
+    for c in cases:
+        if c not in CASES and c not in DIT_CASES and c not in MUSUBI_CASES:
+            ap.error(f"unknown case {c!r}; known: {', '.join([*CASES, *DIT_CASES, *MUSUBI_CASES])}")
+    a.musubi_run = any(c in MUSUBI_CASES for c in cases)
+    if a.musubi_run and not all(c in MUSUBI_CASES for c in cases):
+        ap.error(f"the musubi-tuner cases ({', '.join(MUSUBI_CASES)}) run in an invocation of their own")
+    if a.summarize is None and a.musubi_run and (a.musubi is None or a.sdsvenv is None):
+        ap.error("--musubi PATH (a musubi-tuner checkout) and --sdsvenv VENV (a venv that runs it) are required")
+    if a.summarize is None and not a.musubi_run and a.sdscripts is None:
         ap.error("--sdscripts PATH (an sd-scripts checkout) is required")
-    for c in a.cases.split(","):
-        if c not in CASES and c not in DIT_CASES:
-            ap.error(f"unknown case {c!r}; known: {', '.join([*CASES, *DIT_CASES])}")
     return a
 
 
@@ -135,6 +156,13 @@ def venv_of(checkout: Path, given: Path | None, names=(".venv",), fallback: Path
 
 
 def make_sides(a: argparse.Namespace) -> list[Side]:
+    here = a.sdtrain.expanduser().resolve()
+    ours = Side("sdtrain", here, venv_of(here, a.sdtrain_venv, fallback=Path(sys.prefix)))
+    if a.musubi_run:
+        musubi = a.musubi.expanduser().resolve()
+        if not (musubi / "src" / "musubi_tuner" / "qwen_image_train_network.py").exists():
+            raise SystemExit(f"error: {musubi} is not a musubi-tuner checkout (no src/musubi_tuner/)")
+        return [Side("musubi-tuner", musubi, a.sdsvenv.expanduser(), sdscripts=True), ours]
     sds = a.sdscripts.expanduser().resolve()
     if not (sds / "train_network.py").exists() or not (sds / "library" / "train_util.py").exists():
         raise SystemExit(f"error: {sds} is not an sd-scripts checkout (no train_network.py / library/train_util.py)")
@@ -142,9 +170,7 @@ def make_sides(a: argparse.Namespace) -> list[Side]:
     if a.before is not None:
         before = a.before.expanduser().resolve()
         sides.append(Side("before", before, venv_of(before, a.before_venv)))
-    here = a.sdtrain.expanduser().resolve()
-    sides.append(Side("sdtrain", here, venv_of(here, a.sdtrain_venv, fallback=Path(sys.prefix))))
-    return sides
+    return sides + [ours]
 
 
 def ensure_assets(a: argparse.Namespace, sds: Side, cases: list[str]) -> None:
@@ -152,11 +178,12 @@ def ensure_assets(a: argparse.Namespace, sds: Side, cases: list[str]) -> None:
     sdtrain's library; the dataset with sd-scripts' python)."""
     py = str(sds.venv / "bin" / "python")
     models = a.assets / "models"
-    dit = [c for c in cases if c in DIT_CASES and not (models / DIT_CASES[c].folder).exists()]
+    known = {**DIT_CASES, **MUSUBI_CASES}
+    dit = [c for c in cases if c in known and not (models / known[c].folder).exists()]
     if dit:  # written with this checkout's library (its tiny builders)
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         subprocess.run([sys.executable, str(PEER / "tiny_families.py"), str(models), "--only",
-                        ",".join(DIT_CASES[c].family for c in dit)], check=True, env=env)  # fmt: skip
+                        ",".join(known[c].family for c in dit)], check=True, env=env)  # fmt: skip
     for kind in ("sd1", "sdxl"):
         if (
             any(c in CASES and CASES[c][1] == f"tiny-{kind}-real" for c in cases)
@@ -227,7 +254,31 @@ def parse_time_v(path: Path) -> dict:
             "peak_rss_mb": int(rss) / 1024 if rss else None}  # fmt: skip
 
 
+def launcher(a: argparse.Namespace, side: Side) -> list[str]:
+    return [str(side.venv / "bin" / "accelerate"), "launch", "--cpu", "--num_processes", "1", "--num_machines", "1",
+            "--mixed_precision", "no", "--dynamo_backend", "no", "--num_cpu_threads_per_process", str(a.threads)]  # fmt: skip
+
+
+def musubi_commands(a: argparse.Namespace, side: Side, case: str, steps: int, rdir: Path):
+    """(caching commands, the timed training command) of a musubi-tuner case: the reference's scripts under
+    src/musubi_tuner through run_reference_tiny.py, ours from the checkout root, on the run's own dataset TOML."""
+    toml = write_dataset_toml(rdir / "dataset.toml", a.assets / "data" / "train" / "10_sks", rdir / "cache")
+    models = a.assets / "models"
+
+    def entry(script: str) -> list[str]:
+        if side.sdscripts:
+            return [str(PEER / "run_reference_tiny.py"), str(side.checkout / "src" / "musubi_tuner" / script)]
+        return [script]
+
+    python = str(side.venv / "bin" / "python")
+    caches = [[python, *entry(c[0]), *c[1:]] for c in cache_commands(case, models, toml)]
+    train = launcher(a, side) + entry(MUSUBI_CASES[case].train) + train_flags(case, models, toml, steps, rdir / "out")
+    return caches, train + a.extra.split()
+
+
 def command(a: argparse.Namespace, side: Side, case: str, steps: int, rdir: Path) -> list[str]:
+    if case in MUSUBI_CASES:
+        return musubi_commands(a, side, case, steps, rdir)[1]
     if case in DIT_CASES:
         script, res, batch, wrapper = DIT_CASES[case].script, 64, 1, reference_wrapper(case, a.kit)
         model = dit_flags(case, a.assets / "models")
@@ -245,8 +296,7 @@ def command(a: argparse.Namespace, side: Side, case: str, steps: int, rdir: Path
         "--mixed_precision", "no", "--max_data_loader_n_workers", "0",
         "--output_dir", str(rdir / "out"), "--output_name", "lora", "--save_model_as", "safetensors",
     ] + a.extra.split()  # fmt: skip
-    launch = [str(side.venv / "bin" / "accelerate"), "launch", "--cpu", "--num_processes", "1", "--num_machines", "1",
-              "--mixed_precision", "no", "--dynamo_backend", "no", "--num_cpu_threads_per_process", str(a.threads)]  # fmt: skip
+    launch = launcher(a, side)
     if side.sdscripts:
         return launch + [str(wrapper), script] + flags
     return launch + [script] + flags
@@ -258,17 +308,29 @@ def run_one(a: argparse.Namespace, side: Side, case: str, steps: int, pair: int,
     stamps, timef, log = rdir / "stamps.txt", rdir / "time_v.txt", rdir / "log.txt"
     env = dict(os.environ, HF_HUB_OFFLINE="1", BENCH_STAMPS=str(stamps))
     env.pop("TQDM_DISABLE", None)
-    shims = a.kit / "sds_shims" if case in DIT_CASES else PEER / "sds_shims"  # DiT paths need the kit's fuller one
-    path = [str(out / "_hook")] + ([str(shims)] if side.sdscripts else [])
+    shims = PEER / "sds_shims" if case in CASES else a.kit / "sds_shims"  # DiT paths need the kit's fuller one
+    musubi_src = [str(side.checkout / "src")] if case in MUSUBI_CASES and side.sdscripts else []
+    path = [str(out / "_hook")] + ([str(shims)] if side.sdscripts else []) + musubi_src
     env["PYTHONPATH"] = os.pathsep.join(path)
+    cwd = side.checkout / "src" if musubi_src else side.checkout
     cmd = command(a, side, case, steps, rdir)
+    if case in MUSUBI_CASES:  # the caching scripts first, untimed, into the run's cache folder
+        for cache in musubi_commands(a, side, case, steps, rdir)[0]:
+            with open(rdir / "cache_log.txt", "a") as lf:
+                lf.write(" ".join(cache) + "\n")
+                lf.flush()
+                rc = subprocess.run(cache, cwd=cwd, env=dict(env, BENCH_STAMPS=""), stdout=lf, stderr=subprocess.STDOUT,
+                                    timeout=a.timeout).returncode  # fmt: skip
+            if rc != 0:
+                return {"case": case, "side": side.label, "steps": steps, "pair": pair, "rc": rc, "wall_s": 0.0,
+                        "threads": a.threads, "log": str(rdir / "cache_log.txt")}  # fmt: skip
     data = a.assets / ("data512" if case == "sd1_real" else "data") / "train"
     before = sorted(p for p in data.rglob("*"))
     with open(log, "w") as lf:
         lf.write(" ".join(cmd) + "\n")
         lf.flush()
         t0, m0 = time.time(), time.monotonic()
-        p = subprocess.Popen(["/usr/bin/time", "-v", "-o", str(timef)] + cmd, cwd=side.checkout, env=env, stdout=lf,
+        p = subprocess.Popen(["/usr/bin/time", "-v", "-o", str(timef)] + cmd, cwd=cwd, env=env, stdout=lf,
                              stderr=subprocess.STDOUT)  # fmt: skip
         sampler = RssSampler(p.pid, a.rss_interval) if a.rss_interval > 0 else None
         if sampler:

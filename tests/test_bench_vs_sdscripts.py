@@ -81,7 +81,7 @@ def test_safetensors_summary_counts_modules_per_prefix(tmp_path):
     raw = json.dumps(header).encode()
     (tmp_path / "f.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(64))
     s = pairs.safetensors_summary(str(tmp_path / "f.safetensors"))
-    assert s["modules_by_prefix"] == {"lora_te1": 1, "lora_unet": 1} and s["keys"] == 2
+    assert s["modules_by_prefix"] == {"lora_te1": 1, "lora_unet": 1} and s["keys"] == 2 and s["params"] == 16
 
 
 def test_arguments_name_what_is_missing(tmp_path, capsys):

@@ -63,6 +63,27 @@ def run(denoiser, inputs) -> torch.Tensor:
         return FAMILY.predict(denoiser, *inputs)
 
 
+@pytest.mark.parametrize("quoted", [True, False])
+def test_predict_trims_padding_rows_without_changing_the_output(parts, quoted):
+    """predict cuts byT5's 128 rows to the batch's longest quoted text (none: no rows) and Qwen's to the longest
+    caption; diffusers' transformer on every padded row (masked) gives the same velocity."""
+    noisy, t, cond = dit_inputs()
+    if not quoted:
+        cond.mask[:, -M.BYT5_MAX_LENGTH :] = 0
+    qwen, qwen_mask, byt5, byt5_mask = M.unpack(cond.hidden_states, cond.mask, 12)
+    with torch.no_grad():
+        full = parts.denoiser(noisy, t.float(), qwen, qwen_mask, encoder_hidden_states_2=byt5,
+                              encoder_attention_mask_2=byt5_mask, return_dict=False)[0]  # fmt: skip
+    seen = []
+    hook = parts.denoiser.context_embedder_2.register_forward_pre_hook(lambda m, a: seen.append(a[0].shape[1]))
+    try:
+        trimmed = run(parts.denoiser, (noisy, t, cond))
+    finally:
+        hook.remove()
+    assert seen == [5 if quoted else 0]  # dit_inputs: 5 byT5 tokens in the first caption
+    torch.testing.assert_close(trimmed, full, rtol=1e-5, atol=1e-5)
+
+
 # ----------------------------------------------------------------------------- files
 def test_released_layouts_read_back_exactly(parts, files):
     """Tencent's DiT and VAE names, Comfy-Org's Qwen2.5-VL (model.) and byT5 (encoder. + shared.weight) files load into

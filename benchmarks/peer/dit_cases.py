@@ -4,8 +4,8 @@ Both sides run the same entry script name (sd-scripts' and ours), on the same si
 benchmarks/peer/tiny_families.py under ``ASSETS/models/<folder>``, with the same flags: 64 px, batch 1, LoRA dim 4
 alpha 2 with the family's ``networks.lora_<family>``, AdamW, seed 1, cached latents and text-encoder outputs, the
 denoiser only. sd-scripts runs through a wrapper that patches its released configs to the tiny widths from the
-``tiny_config.json`` beside the model file: the peer kit's helpers/run_sdscripts_tiny.py for SD3 (``--kit``), this
-folder's run_reference_tiny.py for the others.
+``tiny_config.json`` beside the model file: the peer kit's helpers/run_sdscripts_tiny.py for SD3 and FLUX.1
+(``--kit``), this folder's run_reference_tiny.py for the others (Anima, Lumina 2, HunyuanImage 2.1).
 """
 
 from __future__ import annotations
@@ -42,6 +42,18 @@ DIT_CASES = {
                       (("--pretrained_model_name_or_path", "model.safetensors"), ("--gemma2", "gemma2.safetensors"),
                        ("--ae", "ae.safetensors")),
                       ("--network_module", "networks.lora_lumina")),
+    "flux": DitCase("flux_train_network.py", "tiny-flux", "flux",
+                    (("--pretrained_model_name_or_path", "flux_tiny.safetensors"), ("--clip_l", "clip_l.safetensors"),
+                     ("--t5xxl", "t5xxl.safetensors"), ("--ae", "ae.safetensors")),
+                    ("--network_module", "networks.lora_flux", "--timestep_sampling", "shift", "--discrete_flow_shift",
+                     "3.1582", "--model_prediction_type", "raw", "--guidance_scale", "1.0"),
+                    kit_wrapper=True),
+    "hunyuan_image": DitCase("hunyuan_image_train_network.py", "tiny-hunyuan_image", "hunyuan_image",
+                             (("--pretrained_model_name_or_path", "tiny_dit.safetensors"),
+                              ("--text_encoder", "tiny_qwen.safetensors"), ("--byt5", "tiny_byt5.safetensors"),
+                              ("--vae", "tiny_vae.safetensors")),
+                             ("--network_module", "networks.lora_hunyuan_image", "--model_prediction_type", "raw",
+                              "--discrete_flow_shift", "5.0", "--attn_mode", "torch")),
 }  # fmt: skip
 
 

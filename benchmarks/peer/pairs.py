@@ -11,6 +11,7 @@ Pure functions of the records: no torch, no subprocess (tests/test_bench_vs_sdsc
 from __future__ import annotations
 
 import json
+import math
 import re
 import statistics
 import struct
@@ -40,7 +41,8 @@ def fmt(x: float | None, nd: int = 3) -> str:
 
 
 def safetensors_summary(path: str) -> dict:
-    """Key count, adapter module count (``lora_down`` keys) per prefix, dtypes and key -> shape of a file's header."""
+    """Key count, adapter module count (``lora_down`` keys) per prefix, parameter count (every tensor but the
+    ``.alpha`` scalars), dtypes and key -> shape of a file's header."""
     with open(path, "rb") as f:
         n = struct.unpack("<Q", f.read(8))[0]
         header = json.loads(f.read(n))
@@ -54,6 +56,7 @@ def safetensors_summary(path: str) -> dict:
     return {
         "keys": len(header),
         "modules": sum(k.endswith(".lora_down.weight") for k in header),
+        "params": sum(math.prod(v["shape"]) for k, v in header.items() if not k.endswith(".alpha")),
         "modules_by_prefix": prefixes,
         "dtypes": sorted({v["dtype"] for v in header.values()}),
         "shapes": {k: v["shape"] for k, v in header.items()},
@@ -116,7 +119,8 @@ def key_check(recs: list[dict], case: str, sides: list[str]) -> str:
             continue
         o = r.get("output", {})
         facts = (
-            f"{side} {o.get('keys')} keys / {o.get('modules')} modules {o.get('modules_by_prefix')} {o.get('dtypes')}"
+            f"{side} {o.get('keys')} keys / {o.get('modules')} modules {o.get('modules_by_prefix')} / "
+            f"{o.get('params')} parameters {o.get('dtypes')}"
         )
         if side != ref_side:
             a, b = ref["keys"], r["keys"]

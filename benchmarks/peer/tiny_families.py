@@ -2,7 +2,9 @@
 
     PYTHONPATH=<sdtrain> <sdtrain venv>/bin/python benchmarks/peer/tiny_families.py OUT --only anima
 
-(OUT/tiny-sd3/: the peer kit's SD3.5-medium files, see :func:`sd3`; OUT/tiny-lumina/: :func:`lumina`.)
+(OUT/tiny-sd3/: the peer kit's SD3.5-medium files, see :func:`sd3`; OUT/tiny-lumina/: :func:`lumina`; OUT/tiny-flux,
+tiny-hunyuan_image (sd-scripts) and tiny-qwen_image, tiny-zimage, tiny-flux2 (musubi-tuner): the function of that
+name.)
 OUT/tiny-anima/: ``tiny_dit.safetensors`` (the DiT with its LLM adapter under ``net.``), ``tiny_qwen3.safetensors``,
 ``tiny_vae.safetensors`` (ComfyUI names), written by the family's own tiny builder (``ANIMA.tiny``), and
 ``tiny_config.json``: the same widths in the reference's own constructor arguments (``anima_models.Anima`` /
@@ -86,13 +88,160 @@ def lumina(out: Path) -> None:
         (hub / "refs" / "main").write_text("0")
 
 
+def flux(out: Path) -> None:
+    """FLUX.1 dev: ``flux_tiny.safetensors`` (BFL names), ``clip_l``, ``t5xxl``, ``ae`` written by the family's own
+    tiny builder (``build_tiny_flux``), and the peer kit's tiny_config.json for its run_sdscripts_tiny.py (sd-scripts'
+    ``FluxParams`` / ``AutoEncoderParams`` fields, the AE's GroupNorm groups, the CLIP-L / T5 widths)."""
+    from library.families.flux.tiny import build_tiny_flux, write_tiny_files
+
+    parts = build_tiny_flux("flux-dev", seed=0)
+    files = write_tiny_files(parts, out)
+    files["model"].replace(out / "flux_tiny.safetensors")
+    c, vae = parts.denoiser.config, parts.vae.config
+    boc = vae.block_out_channels
+    clip_keys = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "projection_dim",
+                 "hidden_act")  # fmt: skip
+    t5_keys = ("d_model", "d_kv", "d_ff", "num_layers", "num_heads", "relative_attention_num_buckets")
+    clip_l, t5 = parts.text_encoders
+    config = {"family": "flux",
+              "flux_params": {"in_channels": c.in_channels, "vec_in_dim": c.pooled_projection_dim,
+                              "context_in_dim": c.joint_attention_dim, "mlp_ratio": 4.0,
+                              "hidden_size": c.num_attention_heads * c.attention_head_dim,
+                              "num_heads": c.num_attention_heads, "axes_dim": list(c.axes_dims_rope)},
+              "ae_params": {"ch": boc[0], "ch_mult": [b // boc[0] for b in boc], "num_res_blocks": vae.layers_per_block,
+                            "z_channels": vae.latent_channels, "scale_factor": vae.scaling_factor,
+                            "shift_factor": vae.shift_factor},
+              "norm_num_groups": vae.norm_num_groups,
+              "clip_l": {k: getattr(clip_l.config, k) for k in clip_keys},
+              "t5xxl": {k: getattr(t5.config, k) for k in t5_keys}}  # fmt: skip
+    (out / "tiny_config.json").write_text(json.dumps(config, indent=1))
+
+
+def hunyuan_image(out: Path) -> None:
+    """HunyuanImage 2.1: ``tiny_dit`` (Tencent names), ``tiny_qwen`` (Comfy-Org's ``model.`` names), ``tiny_byt5``,
+    ``tiny_vae`` written by the family's own tiny builder, the Qwen2.5-VL tokenizer it ships (``qwen_tokenizer/``)
+    and tiny_config.json: the tiny sizes as replacements of the literals of sd-scripts' DiT, VAE and byT5 loaders
+    (``SDSCRIPTS_*CONSTANTS``) and the tiny Qwen2.5-VL text config (run_reference_tiny.py's ``patch_hunyuan_image``)."""
+    import shutil
+
+    from library.families.encoders import qwen25vl
+    from library.families.hunyuan_image import tiny as tiny_mod
+
+    family_tiny = get_family_tiny("hunyuan_image")
+    parts = family_tiny.build(seed=0)
+    files = family_tiny.write_files(parts, out, "tiny")
+    shutil.copytree(qwen25vl._bundled_folder(), out / "qwen_tokenizer")
+    config = {"family": "hunyuan_image", "files": {k: Path(v).name for k, v in files.items()},
+              "dit": tiny_mod.SDSCRIPTS_CONSTANTS, "vae": tiny_mod.SDSCRIPTS_VAE_CONSTANTS,
+              "byt5": tiny_mod.SDSCRIPTS_BYT5_CONSTANTS, "byt5_width": tiny_mod.BYT5["d_model"],
+              "qwen_text": _qwen_text()}  # fmt: skip
+    (out / "tiny_config.json").write_text(json.dumps(config, indent=1))
+
+
+def qwen_image(out: Path) -> None:
+    """Qwen-Image: ``tiny_dit`` (diffusers names), ``tiny_te`` (``model.``), ``tiny_vae`` (ComfyUI's names) written
+    by the family's own tiny builder, the shipped Qwen2.5-VL tokenizer (``qwen_tokenizer/``) and tiny_config.json:
+    the transformer sizes musubi-tuner's ``create_model`` hard-codes, the VAE's base width, the Qwen2.5-VL text
+    config (run_reference_tiny.py's ``patch_qwen_image``)."""
+    import shutil
+
+    from library.families.autoencoders import qwen_image as vae_mod
+    from library.families.encoders import qwen25vl
+    from library.families.qwen_image import model as M
+
+    family_tiny = get_family_tiny("qwen_image")
+    files = family_tiny.write_files(family_tiny.build(seed=0), out, "tiny")
+    shutil.copytree(qwen25vl._bundled_folder(), out / "qwen_tokenizer")
+    dit = {k: M.TINY[k] for k in ("num_layers", "attention_head_dim", "num_attention_heads", "joint_attention_dim",
+                                  "axes_dims_rope")}  # fmt: skip
+    config = {"family": "qwen_image", "files": {k: Path(v).name for k, v in files.items()}, "dit": dit,
+              "vae_base_dim": vae_mod.TINY["base_dim"], "qwen_text": _qwen_text()}  # fmt: skip
+    (out / "tiny_config.json").write_text(json.dumps(config, indent=1))
+
+
+def zimage(out: Path) -> None:
+    """Z-Image: ``tiny_dit`` (the original names), ``tiny_te`` (``model.``), ``tiny_vae`` (BFL's names) written by the
+    family's own tiny builder, the shipped Qwen3 vocabulary and chat template (``qwen3_tokenizer/``) and
+    tiny_config.json: the transformer, AE and Qwen3 sizes musubi-tuner's loaders hard-code
+    (run_reference_tiny.py's ``patch_zimage``)."""
+    from library.families.encoders import qwen3
+    from library.families.zimage import model as M
+    from library.families.zimage import tiny as tiny_mod
+
+    family_tiny = get_family_tiny("zimage")
+    files = family_tiny.write_files(family_tiny.build(seed=0), out, "tiny")
+    _qwen3_tokenizer(out / "qwen3_tokenizer")
+    dit = {k: M.TINY[k] for k in ("dim", "n_layers", "n_refiner_layers", "n_heads", "n_kv_heads", "cap_feat_dim",
+                                  "axes_dims", "axes_lens")}  # fmt: skip
+    ae = {k: tiny_mod.AE[k] for k in ("block_out_channels", "layers_per_block", "norm_num_groups")}
+    text = {k: qwen3.TINY[k] for k in QWEN3_SIZES}
+    config = {"family": "zimage", "files": {k: Path(v).name for k, v in files.items()}, "dit": dit, "ae": ae,
+              "qwen3": text}  # fmt: skip
+    (out / "tiny_config.json").write_text(json.dumps(config, indent=1))
+
+
+def flux2(out: Path) -> None:
+    """FLUX.2 klein base 4B: ``tiny-base_dit`` (BFL names), ``tiny_te-0000{1,2}-of-00002`` (Qwen3, ``model.``),
+    ``tiny_ae`` (BFL names) written by the family's own tiny builder, the shipped Qwen3 vocabulary and chat template
+    and tiny_config.json: musubi-tuner's ``Flux2Params`` / ``AutoEncoderParams`` fields and GroupNorm group count, the
+    Qwen3 sizes (run_reference_tiny.py's ``patch_flux2``)."""
+    from library.families.autoencoders import flux2 as ae
+    from library.families.flux2 import model as M
+    from library.families.flux2 import tiny as tiny_mod
+
+    family_tiny = get_family_tiny("flux2")
+    files = family_tiny.write_files(family_tiny.build(seed=0), out, "tiny")
+    _qwen3_tokenizer(out / "qwen3_tokenizer")
+    t, boc = M.TINY, ae.TINY["block_out_channels"]
+    dit = {"in_channels": t["in_channels"], "context_in_dim": t["joint_attention_dim"], "num_heads":
+           t["num_attention_heads"], "hidden_size": t["num_attention_heads"] * t["attention_head_dim"],
+           "depth": t["num_layers"], "depth_single_blocks": t["num_single_layers"], "axes_dim":
+           list(t["axes_dims_rope"]), "mlp_ratio": t["mlp_ratio"], "use_guidance_embed": t["guidance_embeds"]}  # fmt: skip
+    autoencoder = {"ch": boc[0], "ch_mult": [b // boc[0] for b in boc], "num_res_blocks": ae.TINY["layers_per_block"],
+                   "z_channels": ae.TINY["latent_channels"]}  # fmt: skip
+    text = {k: tiny_mod.TINY_QWEN3[k] for k in QWEN3_SIZES if k in tiny_mod.TINY_QWEN3}
+    config = {"family": "flux2", "files": {k: Path(v).name for k, v in files.items()}, "dit": dit, "ae": autoencoder,
+              "groups": ae.TINY["norm_num_groups"], "qwen3": text}  # fmt: skip
+    (out / "tiny_config.json").write_text(json.dumps(config, indent=1))
+
+
+QWEN3_SIZES = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+               "head_dim", "max_window_layers", "max_position_embeddings")  # fmt: skip
+
+
+def _qwen3_tokenizer(folder: Path) -> None:
+    """The shipped Qwen3 vocabulary and Qwen3's chat template (musubi-tuner reads Qwen/Qwen3-4B's from the hub)."""
+    from library.families.encoders import qwen3
+
+    folder.mkdir()
+    (folder / "tokenizer.json").write_bytes((qwen3.bundled_folder() / "tokenizer.json").read_bytes())
+    (folder / "chat_template.jinja").write_text(qwen3.chat_template(), encoding="utf-8")
+
+
+def _qwen_text() -> dict:
+    from library.families.encoders import qwen25vl
+
+    return {k: qwen25vl.TINY_TEXT[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                                               "num_attention_heads", "num_key_value_heads", "max_window_layers",
+                                               "rope_scaling")}  # fmt: skip
+
+
 def get_family_tiny(name: str):
     from library.families import get_family
 
     return get_family(name).tiny
 
 
-BUILDERS = {"sd3": sd3, "anima": anima, "lumina": lumina}
+BUILDERS = {
+    "sd3": sd3,
+    "anima": anima,
+    "lumina": lumina,
+    "flux": flux,
+    "hunyuan_image": hunyuan_image,
+    "qwen_image": qwen_image,
+    "zimage": zimage,
+    "flux2": flux2,
+}
 
 
 def main() -> None:

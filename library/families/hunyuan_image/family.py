@@ -213,13 +213,15 @@ class HunyuanImageFamily:
                 time_ids: Tensor | None = None) -> Tensor:  # fmt: skip
         """The velocity (B, 64, h, w) at timesteps t (B,) (whole numbers, as sd-scripts passes them; sampling's
         1000 σ is truncated):
-        Qwen's states cut to the batch's longest caption, byT5's states and masks (sd-scripts'
-        ``HYImageDiffusionTransformer.forward``)."""
+        Qwen's states cut to the batch's longest caption, byT5's to the batch's longest quoted text (none without
+        one): sd-scripts' ``HYImageDiffusionTransformer.forward`` cuts the joined text to the batch's longest valid
+        part too, where diffusers' transformer would carry all 128 masked byT5 rows through every block."""
         if time_ids is not None:
             raise ValueError("HunyuanImage 2.1 takes no size/crop time_ids")
         qwen, qwen_mask, byt5, byt5_mask = M.unpack(cond.hidden_states, cond.mask,
                                                     int(denoiser.config.text_embed_2_dim))  # fmt: skip
         qwen, qwen_mask = M.trim_text(qwen, qwen_mask)
+        byt5, byt5_mask = M.trim_text(byt5, byt5_mask, minimum=0)
         b = noisy.shape[0]
         # whole numbers in float32, as sd-scripts embeds them: training passes int(1000 σ), sampling 1000 σ, which
         # sd-scripts' sampler truncates (``.to(torch.int64)``)

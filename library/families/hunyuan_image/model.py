@@ -220,9 +220,10 @@ def encode_qwen(model: nn.Module, ids: Tensor, mask: Tensor) -> tuple[Tensor, Te
     return states[:, DROP:], mask[:, DROP:].to(states.device)
 
 
-def trim_text(states: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-    """The batch cut to its longest caption (right padding), as sd-scripts' batch-longest padding gives it."""
-    longest = max(int(mask.sum(dim=1).max().item()), 1)
+def trim_text(states: Tensor, mask: Tensor, minimum: int = 1) -> tuple[Tensor, Tensor]:
+    """The batch cut to its longest caption (right padding; at least ``minimum`` tokens), as sd-scripts' batch-longest
+    padding gives it."""
+    longest = max(int(mask.sum(dim=1).max().item()), minimum)
     return states[:, :longest], mask[:, :longest]
 
 
