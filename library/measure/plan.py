@@ -156,7 +156,7 @@ def _plan_device() -> type:
 
         def __enter__(self) -> Any:
             entered = super().__enter__()
-            self.before = {k for k, (where, _) in self._live.items() if where == "meta"}
+            self.before = {k for k, (where, _) in self._live.copy().items() if where == "meta"}
             return entered
 
         def _track(self, tensor: Any) -> None:

@@ -100,8 +100,10 @@ class SimulatedDevice(TensorMemory):
         this process, e.g. diffusers' lru-cached RoPE tables) are no device memory of this run: a GPU run starts in
         a new process. They stay uncounted for their whole life."""
         super().__enter__()
-        for key, (device, size) in list(self._live.items()):
-            if device == DEVICE.type:
+        # a copy made in one C call: storages that die meanwhile (their finalizers pop ``_live``) cannot change the
+        # dictionary under the loop
+        for key, (device, size) in self._live.copy().items():
+            if device == DEVICE.type and key in self._live:
                 self._live[key] = (device, 0)
                 self.live_bytes[device] -= size
         self.peak_bytes[DEVICE.type] = self.live_bytes[DEVICE.type]
