@@ -37,6 +37,7 @@ class CascadeOptions:
     text_model_checkpoint_path: str | None = None
     save_text_model: bool = False
     text_encoder_batch_size: int | None = None
+    previewer_checkpoint_path: str | None = None
 
     @classmethod
     def add_args(cls, parser: argparse.ArgumentParser, *, training: bool) -> argparse.ArgumentParser:
@@ -49,6 +50,9 @@ class CascadeOptions:
                       "single file")  # fmt: skip
         add_once(g, parser, "--save_text_model", action="store_true",
                  help="write the loaded model's text encoder (a diffusers folder's) to --text_model_checkpoint_path")  # fmt: skip
+        add_once(g, parser, "--previewer_checkpoint_path", type=str, default=None,
+                 help="Stability's previewer.safetensors: samples during training are its RGB preview of the stage C "
+                      "latents (8x their size), as the stable-cascade branch")  # fmt: skip
         if not training:
             return parser
         add_once(g, parser, "--adaptive_loss_weight", action="store_true",
@@ -63,7 +67,7 @@ class CascadeOptions:
         """The flags of :meth:`add_args`; ``ConfigError`` listing every problem."""
         from library.cli.parse import from_namespace, missing_path_problems, positive_count_problems
 
-        problems = missing_path_problems(args, ("effnet_checkpoint_path",))
+        problems = missing_path_problems(args, ("effnet_checkpoint_path", "previewer_checkpoint_path"))
         if not getattr(args, "save_text_model", False):
             problems += missing_path_problems(args, ("text_model_checkpoint_path",))
         elif not getattr(args, "text_model_checkpoint_path", None):
@@ -80,9 +84,10 @@ class CascadeOptions:
         if training and not (getattr(args, "effnet_checkpoint_path", None) or getattr(args, "vae", None) or in_folder):
             problems.append("--effnet_checkpoint_path is required for training (as in the stable-cascade branch): "
                             "Stability's effnet_encoder.safetensors makes the stage C latents")  # fmt: skip
-        if training and getattr(args, "sample_prompts", None):
-            problems.append("--sample_prompts is not supported for Stable Cascade training: an image needs stage B / A "
-                            "after stage C; generate from the saved files with stable_cascade_gen_img.py --decoder")  # fmt: skip
+        if training and getattr(args, "sample_prompts", None) and not getattr(args, "previewer_checkpoint_path", None):
+            problems.append("--sample_prompts needs --previewer_checkpoint_path for Stable Cascade training (Stability's "
+                            "previewer.safetensors turns the stage C latents into the sample image, as the "
+                            "stable-cascade branch); full images: stable_cascade_gen_img.py --decoder on the saved files")  # fmt: skip
         if training and getattr(args, "weighted_captions", False):
             problems.append("--weighted_captions is not supported for Stable Cascade (as the stable-cascade branch); "
                             "drop the flag")  # fmt: skip
