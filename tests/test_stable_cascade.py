@@ -386,26 +386,6 @@ def test_previewer_has_the_branchs_state_dict():
     assert ours == expected
 
 
-def tiny_previewer(path):
-    """A width-8 Previewer whose image follows its input: convolutions scaled up (the default init shrinks the signal
-    to nothing over 8 layers), hidden biases zero, the output around 0.5; BatchNorm statistics drawn too."""
-    from library.families.stable_cascade.previewer import Previewer
-
-    torch.manual_seed(3)
-    state = Previewer(c_hidden=8).state_dict()
-    for k, v in state.items():
-        if k.endswith("running_var"):
-            state[k] = torch.rand_like(v) * 0.2 + 0.9
-        elif k.endswith("running_mean"):
-            state[k] = torch.randn_like(v) * 0.05
-        elif v.dim() == 4:
-            state[k] = v * (0.3 if k == "blocks.24.weight" else 3.0)
-        elif k.endswith("bias") and v.dim() == 1 and not k.startswith("blocks.24"):
-            state[k] = torch.zeros_like(v)
-    state["blocks.24.bias"] = torch.full_like(state["blocks.24.bias"], 0.5)
-    return save_state_dict(state, path, {}, None)
-
-
 def test_samples_during_training_are_the_previewers_image(files, dataset_toml, tmp_path):
     import numpy as np
     from PIL import Image
@@ -414,7 +394,7 @@ def test_samples_during_training_are_the_previewers_image(files, dataset_toml, t
     from library.families.stable_cascade.sampling import encode_pair, latent_shape, sample_stage_c
     from networks.inject import network_from_file
 
-    previewer = tiny_previewer(tmp_path / "previewer.safetensors")
+    previewer = files["previewer"]  # tiny.tiny_previewer_state: an image that follows the latents
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a red circle --n blurry --w 64 --h 96 --s 2 --l 4 --d 7\na blue square --w 64 --h 64 --s 2 "
                        "--l 1 --d 3\n")  # fmt: skip
@@ -439,3 +419,13 @@ def test_samples_during_training_are_the_previewers_image(files, dataset_toml, t
         assert image.std() > 10  # the preview shows the latents (not a flat or clamped image)
         assert image.shape == (8 * latents.shape[2], 8 * latents.shape[3], 3)
         assert np.array_equal(image, expected), np.abs(image.astype(int) - expected).max()
+        if label == "e000000":  # gen_img's preview of the same prompt and seed (base model) is that image too
+            import stable_cascade_gen_img
+
+            (shown,) = stable_cascade_gen_img.run(["--stage_c_checkpoint_path", str(files["stage_c"]),
+                                                   "--text_model_checkpoint_path", str(files["text_model"]),
+                                                   "--previewer_checkpoint_path", str(previewer), "--prompt", prompt,
+                                                   "--negative_prompt", negative, "--h", str(h), "--w", str(w),
+                                                   "--steps", "2", "--guidance_scale", str(scale), "--seed",
+                                                   str(seed), "--outdir", str(tmp_path / "gen"), "--device", "cpu"])  # fmt: skip
+            assert shown.name.endswith("_preview.png") and np.array_equal(np.asarray(Image.open(shown)), image)

@@ -6,7 +6,9 @@ stage C latents; the shared ``--vae`` is read as the same file), ``--text_model_
 projection, transformers names, as the branch reads and writes it), ``--save_text_model`` (write the text encoder of
 the loaded model to ``--text_model_checkpoint_path``: the branch fetches it from the hub for that, here it comes from
 a diffusers ``StableCascadePriorPipeline`` folder's ``text_encoder/``). Training: ``--adaptive_loss_weight`` (the
-branch's running per-log-SNR loss weights: refused, see ``objective.py``), ``--text_encoder_batch_size``.
+branch's running per-log-SNR loss weights: refused, see ``objective.py``), ``--text_encoder_batch_size``,
+``--previewer_checkpoint_path`` (Stability's ``previewer.safetensors``: what ``--sample_prompts`` needs, the samples
+being its preview of the stage C latents, as the branch; ``previewer.py``).
 """
 
 from __future__ import annotations
@@ -50,11 +52,11 @@ class CascadeOptions:
                       "single file")  # fmt: skip
         add_once(g, parser, "--save_text_model", action="store_true",
                  help="write the loaded model's text encoder (a diffusers folder's) to --text_model_checkpoint_path")  # fmt: skip
+        if not training:
+            return parser
         add_once(g, parser, "--previewer_checkpoint_path", type=str, default=None,
                  help="Stability's previewer.safetensors: samples during training are its RGB preview of the stage C "
                       "latents (8x their size), as the stable-cascade branch")  # fmt: skip
-        if not training:
-            return parser
         add_once(g, parser, "--adaptive_loss_weight", action="store_true",
                  help="the branch's adaptive loss weight (refused: see docs/stable_cascade.md); P2 otherwise")  # fmt: skip
         add_once(g, parser, "--text_encoder_batch_size", type=int, default=None,
