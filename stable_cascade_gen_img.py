@@ -9,6 +9,8 @@ through diffusers' decoder pipeline, as sd-scripts' stable-cascade branch's ``st
 ``--decoder``: a diffusers ``StableCascadeDecoderPipeline`` folder (stabilityai/stable-cascade: stage B and stage A).
 The branch's ``--stage_b_checkpoint_path`` / ``--stage_a_checkpoint_path`` (Stability's single files) are refused
 with that fix: diffusers reads stage B / A from a folder. ``--save_latents``: also write the stage C latents.
+``--previewer_checkpoint_path``: also write the Previewer's low-resolution image of them (``*_preview.png``, 8x the
+latents' size: what the samples during training show), with or without ``--decoder``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stage C .safetensors (Stability's names) or a diffusers StableCascadePriorPipeline folder")  # fmt: skip
     p.add_argument("--text_model_checkpoint_path", default=None, help="CLIP-bigG with projection (.safetensors)")
     p.add_argument("--decoder", default=None, help="diffusers StableCascadeDecoderPipeline folder (stage B / A)")
+    p.add_argument("--previewer_checkpoint_path", default=None,
+                   help="Stability's previewer.safetensors: also write its preview of the stage C latents")  # fmt: skip
     p.add_argument("--stage_b_checkpoint_path", default=None, help="refused: give --decoder")
     p.add_argument("--stage_a_checkpoint_path", default=None, help="refused: give --decoder")
     p.add_argument("--network_weights", nargs="*", default=[], help="LoRA / LyCORIS files for stage C")
@@ -78,7 +82,15 @@ def run(argv: Sequence[str] | None = None) -> list[Path]:
     out = Path(args.outdir)
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    if args.save_latents or args.decoder is None:
+    if args.previewer_checkpoint_path:
+        from library.families.stable_cascade.previewer import load_previewer, preview
+        from library.sampling.generate import to_pil
+
+        pixels = preview(load_previewer(args.previewer_checkpoint_path), latents.float().cpu()) * 2 - 1
+        for i, image in enumerate(to_pil(pixels)):
+            written.append(out / f"stable_cascade_{args.seed}_{i:02d}_preview.png")
+            image.save(written[-1])
+    if args.save_latents or (args.decoder is None and not args.previewer_checkpoint_path):
         from library.files.weights import save_state_dict
 
         written.append(save_state_dict({"stage_c_latents": latents.float().cpu()}, out / "stage_c_latents.safetensors",

@@ -235,7 +235,7 @@ def test_refusals_are_clear(files, dataset_toml, tmp_path):
     at = argv.index("--effnet_checkpoint_path")
     with pytest.raises(ConfigError, match="--effnet_checkpoint_path is required for training"):
         stable_cascade_train_c_network.run(argv[:at] + argv[at + 2 :])
-    with pytest.raises(ConfigError, match="--sample_prompts is not supported for Stable Cascade training"):
+    with pytest.raises(ConfigError, match="--sample_prompts needs --previewer_checkpoint_path"):
         stable_cascade_train_c_network.run(lora(files, dataset_toml, tmp_path, "--sample_prompts", str(dataset_toml)))
     with pytest.raises(ConfigError, match="--timestep_sampling logit_normal: Stable Cascade draws"):
         stable_cascade_train_c_network.run(lora(files, dataset_toml, tmp_path, "--timestep_sampling", "logit_normal"))
@@ -358,3 +358,74 @@ def test_stage_c_sampler_equals_the_prior_pipeline_and_gen_img_decodes(files, tm
     with pytest.raises(ValueError, match="--stage_b_checkpoint_path: Stability's stage B / A single files"):
         stable_cascade_gen_img.run(["--stage_c_checkpoint_path", str(files["stage_c"]), "--prompt", "x",
                                     "--stage_b_checkpoint_path", str(files["stage_c"]), "--outdir", str(tmp_path)])  # fmt: skip
+
+
+# The stable-cascade branch's ``Previewer`` (library/stable_cascade.py), re-typed: (index in ``blocks``, kind, in, out)
+# at c_hidden 512; GELUs sit at the other indices.
+BRANCH_PREVIEWER = [(0, "conv1", 16, 512), (2, "bn", 512, 512), (3, "conv3", 512, 512), (5, "bn", 512, 512),
+                    (6, "up", 512, 256), (8, "bn", 256, 256), (9, "conv3", 256, 256), (11, "bn", 256, 256),
+                    (12, "up", 256, 128), (14, "bn", 128, 128), (15, "conv3", 128, 128), (17, "bn", 128, 128),
+                    (18, "up", 128, 128), (20, "bn", 128, 128), (21, "conv3", 128, 128), (23, "bn", 128, 128),
+                    (24, "conv1", 128, 3)]  # fmt: skip
+
+
+def test_previewer_has_the_branchs_state_dict():
+    from library.families.stable_cascade.previewer import Previewer
+
+    expected = {}
+    for i, kind, c_in, c_out in BRANCH_PREVIEWER:
+        if kind == "bn":
+            expected |= {f"blocks.{i}.{n}": (c_out,) for n in ("weight", "bias", "running_mean", "running_var")}
+            expected[f"blocks.{i}.num_batches_tracked"] = ()
+            continue
+        k = {"conv1": 1, "conv3": 3, "up": 2}[kind]
+        weight = (c_in, c_out, k, k) if kind == "up" else (c_out, c_in, k, k)  # ConvTranspose2d: (in, out, k, k)
+        expected |= {f"blocks.{i}.weight": weight, f"blocks.{i}.bias": (c_out,)}
+    with torch.device("meta"):
+        ours = {k: tuple(v.shape) for k, v in Previewer().state_dict().items()}
+    assert ours == expected
+
+
+def test_samples_during_training_are_the_previewers_image(files, dataset_toml, tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    from library.families.stable_cascade.previewer import load_previewer, preview
+    from library.families.stable_cascade.sampling import encode_pair, latent_shape, sample_stage_c
+    from networks.inject import network_from_file
+
+    previewer = files["previewer"]  # tiny.tiny_previewer_state: an image that follows the latents
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red circle --n blurry --w 64 --h 96 --s 2 --l 4 --d 7\na blue square --w 64 --h 64 --s 2 "
+                       "--l 1 --d 3\n")  # fmt: skip
+    result = stable_cascade_train_c_network.run(lora(files, dataset_toml, tmp_path / "out", "--sample_prompts",
+                                                     str(prompts), "--sample_every_n_steps", "1", "--sample_at_first",
+                                                     "--previewer_checkpoint_path", str(previewer), steps=1))  # fmt: skip
+    written = sorted(p.name for p in (tmp_path / "out" / "sample").glob("*.png") if "grid" not in p.name)
+    assert len(written) == 4 and [n[:13] for n in written] == ["sc_000001_00_", "sc_000001_01_", "sc_e000000_00"[:13],
+                                                                "sc_e000000_01"[:13]]  # fmt: skip
+    parts, net = load(files), load_previewer(previewer)
+    for label, (prompt, negative, h, w, scale, seed) in (("e000000", ("a red circle", "blurry", 96, 64, 4.0, 7)),
+                                                         ("000001", ("a blue square", "", 64, 64, 1.0, 3))):  # fmt: skip
+        if label == "000001":  # after the step: the trained LoRA, as saved at the end of this 1-step run
+            network_from_file(result.output, FAMILY.adapter_roots(parts))
+        index = "00" if label == "e000000" else "01"
+        cond, uncond = encode_pair(FAMILY, parts, prompt, negative, 1)
+        latents = sample_stage_c(FAMILY, parts.denoiser.eval(), cond, uncond, latent_shape(1, h, w), steps=2,
+                                 guidance=scale, generator=torch.Generator().manual_seed(seed))  # fmt: skip
+        expected = (preview(net, latents)[0].permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
+        (path,) = (tmp_path / "out" / "sample").glob(f"sc_{label}_{index}_*.png")
+        image = np.asarray(Image.open(path))
+        assert image.std() > 10  # the preview shows the latents (not a flat or clamped image)
+        assert image.shape == (8 * latents.shape[2], 8 * latents.shape[3], 3)
+        assert np.array_equal(image, expected), np.abs(image.astype(int) - expected).max()
+        if label == "e000000":  # gen_img's preview of the same prompt and seed (base model) is that image too
+            import stable_cascade_gen_img
+
+            (shown,) = stable_cascade_gen_img.run(["--stage_c_checkpoint_path", str(files["stage_c"]),
+                                                   "--text_model_checkpoint_path", str(files["text_model"]),
+                                                   "--previewer_checkpoint_path", str(previewer), "--prompt", prompt,
+                                                   "--negative_prompt", negative, "--h", str(h), "--w", str(w),
+                                                   "--steps", "2", "--guidance_scale", str(scale), "--seed",
+                                                   str(seed), "--outdir", str(tmp_path / "gen"), "--device", "cpu"])  # fmt: skip
+            assert shown.name.endswith("_preview.png") and np.array_equal(np.asarray(Image.open(shown)), image)

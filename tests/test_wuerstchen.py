@@ -127,6 +127,9 @@ def test_refusals_are_clear(folder, dataset_toml, tmp_path):
         wuerstchen_train_network.run(lora(folder, dataset_toml, tmp_path, "--loss_type", "huber"))
     with pytest.raises(ConfigError, match="--sample_prompts is not supported for Würstchen 2 training"):
         wuerstchen_train_network.run(lora(folder, dataset_toml, tmp_path, "--sample_prompts", str(dataset_toml)))
+    with pytest.raises(ConfigError, match="--previewer_checkpoint_path is not supported for Würstchen 2"):
+        wuerstchen_train_network.run(lora(folder, dataset_toml, tmp_path, "--sample_prompts", str(dataset_toml),
+                                          "--previewer_checkpoint_path", str(dataset_toml)))  # fmt: skip
     with pytest.raises(ConfigError, match="Würstchen 2's text model is the prior folder's text_encoder/"):
         wuerstchen_train_network.run(lora(folder, dataset_toml, tmp_path, "--text_model_checkpoint_path",
                                           str(folder / "effnet" / "effnet_encoder.safetensors")))  # fmt: skip

@@ -236,6 +236,12 @@ class StableCascadeFamily:
         return parts.vae.encode(pixels)
 
     def decode_latents(self, parts: Parts, latents: Tensor) -> Tensor:
+        """With ``--previewer_checkpoint_path``: the Previewer's RGB preview (8x the latents' size) in [-1, 1]."""
+        path = options_of(parts).previewer_checkpoint_path
+        if path:
+            from .previewer import load_previewer, preview
+
+            return preview(load_previewer(path, latents.device), latents) * 2 - 1
         raise ValueError("stage C latents have no decoder of their own: images come from stage B and A "
                          "(stable_cascade_gen_img.py with the decoder)")  # fmt: skip
 
@@ -267,7 +273,12 @@ class StableCascadeFamily:
                                           scheduler=scheduler or self._scheduler(parts))  # fmt: skip
 
     def pipeline(self, parts: Parts, scheduler: Any) -> Any:
-        """The shared samplers' image pipeline: refused (stage C makes latents that stage B / A turn into images)."""
+        """The shared samplers' pipeline: with ``--previewer_checkpoint_path`` stage C's own sampler (``scheduler``
+        unused), whose latents :meth:`decode_latents` previews; refused otherwise (images need stage B / A)."""
+        if options_of(parts).previewer_checkpoint_path:
+            from .sampling import StageCPipeline
+
+            return StageCPipeline(self, parts.denoiser)
         raise ValueError("Stable Cascade images need stage B / A after stage C: generate with "
                          "stable_cascade_gen_img.py --decoder <a diffusers StableCascadeDecoderPipeline folder>")  # fmt: skip
 

@@ -6,7 +6,9 @@ stage C latents; the shared ``--vae`` is read as the same file), ``--text_model_
 projection, transformers names, as the branch reads and writes it), ``--save_text_model`` (write the text encoder of
 the loaded model to ``--text_model_checkpoint_path``: the branch fetches it from the hub for that, here it comes from
 a diffusers ``StableCascadePriorPipeline`` folder's ``text_encoder/``). Training: ``--adaptive_loss_weight`` (the
-branch's running per-log-SNR loss weights: refused, see ``objective.py``), ``--text_encoder_batch_size``.
+branch's running per-log-SNR loss weights: refused, see ``objective.py``), ``--text_encoder_batch_size``,
+``--previewer_checkpoint_path`` (Stability's ``previewer.safetensors``: what ``--sample_prompts`` needs, the samples
+being its preview of the stage C latents, as the branch; ``previewer.py``).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class CascadeOptions:
     text_model_checkpoint_path: str | None = None
     save_text_model: bool = False
     text_encoder_batch_size: int | None = None
+    previewer_checkpoint_path: str | None = None
 
     @classmethod
     def add_args(cls, parser: argparse.ArgumentParser, *, training: bool) -> argparse.ArgumentParser:
@@ -51,6 +54,9 @@ class CascadeOptions:
                  help="write the loaded model's text encoder (a diffusers folder's) to --text_model_checkpoint_path")  # fmt: skip
         if not training:
             return parser
+        add_once(g, parser, "--previewer_checkpoint_path", type=str, default=None,
+                 help="Stability's previewer.safetensors: samples during training are its RGB preview of the stage C "
+                      "latents (8x their size), as the stable-cascade branch")  # fmt: skip
         add_once(g, parser, "--adaptive_loss_weight", action="store_true",
                  help="the branch's adaptive loss weight (refused: see docs/stable_cascade.md); P2 otherwise")  # fmt: skip
         add_once(g, parser, "--text_encoder_batch_size", type=int, default=None,
@@ -63,7 +69,7 @@ class CascadeOptions:
         """The flags of :meth:`add_args`; ``ConfigError`` listing every problem."""
         from library.cli.parse import from_namespace, missing_path_problems, positive_count_problems
 
-        problems = missing_path_problems(args, ("effnet_checkpoint_path",))
+        problems = missing_path_problems(args, ("effnet_checkpoint_path", "previewer_checkpoint_path"))
         if not getattr(args, "save_text_model", False):
             problems += missing_path_problems(args, ("text_model_checkpoint_path",))
         elif not getattr(args, "text_model_checkpoint_path", None):
@@ -80,9 +86,10 @@ class CascadeOptions:
         if training and not (getattr(args, "effnet_checkpoint_path", None) or getattr(args, "vae", None) or in_folder):
             problems.append("--effnet_checkpoint_path is required for training (as in the stable-cascade branch): "
                             "Stability's effnet_encoder.safetensors makes the stage C latents")  # fmt: skip
-        if training and getattr(args, "sample_prompts", None):
-            problems.append("--sample_prompts is not supported for Stable Cascade training: an image needs stage B / A "
-                            "after stage C; generate from the saved files with stable_cascade_gen_img.py --decoder")  # fmt: skip
+        if training and getattr(args, "sample_prompts", None) and not getattr(args, "previewer_checkpoint_path", None):
+            problems.append("--sample_prompts needs --previewer_checkpoint_path for Stable Cascade training (Stability's "
+                            "previewer.safetensors turns the stage C latents into the sample image, as the "
+                            "stable-cascade branch); full images: stable_cascade_gen_img.py --decoder on the saved files")  # fmt: skip
         if training and getattr(args, "weighted_captions", False):
             problems.append("--weighted_captions is not supported for Stable Cascade (as the stable-cascade branch); "
                             "drop the flag")  # fmt: skip

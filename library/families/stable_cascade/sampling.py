@@ -4,6 +4,10 @@ step drawn from the generator (``DDPMWuerstchenScheduler.step``'s law and draw o
 ``StableCascadePriorPipeline``'s latents); then the user's stage B / A (a diffusers ``StableCascadeDecoderPipeline``
 folder) turn the stage C latents into an image.
 
+During training (``--previewer_checkpoint_path``, as the stable-cascade branch): the shared DDPM sampling path asks
+the family for a pipeline and decodes its latents; :class:`StageCPipeline` is that pipeline (this sampler on the
+prompts the shared path encoded) and the family decodes with the Previewer (``previewer.py``).
+
 Latent size: ``ceil(side / 42.67)`` (the released resolution multiple: 24 x 24 at 1024 px).
 """
 
@@ -97,3 +101,29 @@ def encode_pair(family: Any, parts: Parts, prompt: str, negative: str, batch: in
     cond = family.encode_prompt(parts, [prompt] * batch)
     uncond = family.encode_prompt(parts, [negative] * batch)
     return cond, uncond
+
+
+class StageCPipeline:
+    """The pipeline the shared samplers (``library/sampling/generate.py``) call, over stage C: ``__call__`` takes
+    the encoded prompts and returns ``.images`` = stage C latents of :func:`sample_stage_c`, each image from its own
+    generator (batch 1, as gen_img draws one seed per image)."""
+
+    def __init__(self, family: Any, prior: nn.Module) -> None:
+        self.family, self.prior = family, prior
+
+    def set_progress_bar_config(self, **kwargs: Any) -> None:
+        pass
+
+    def __call__(self, *, height: int, width: int, num_inference_steps: int, guidance_scale: float,
+                 generator: list[torch.Generator], prompt_embeds: Tensor, negative_prompt_embeds: Tensor,
+                 pooled_prompt_embeds: Tensor, negative_pooled_prompt_embeds: Tensor, output_type: str = "latent",
+                 **unused: Any) -> Any:  # fmt: skip
+        from types import SimpleNamespace
+
+        latents = []
+        for i, gen in enumerate(generator):
+            cond = Cond(prompt_embeds[i : i + 1], pooled_prompt_embeds[i : i + 1])
+            uncond = Cond(negative_prompt_embeds[i : i + 1], negative_pooled_prompt_embeds[i : i + 1])
+            latents.append(sample_stage_c(self.family, self.prior, cond, uncond, latent_shape(1, height, width),
+                                          steps=num_inference_steps, guidance=guidance_scale, generator=gen))  # fmt: skip
+        return SimpleNamespace(images=torch.cat(latents))

@@ -75,12 +75,14 @@ class CascadeTiny:
         return Path(self.family.save(parts, folder))
 
     def write_files(self, parts: Parts, out: str | Path, name: str) -> dict[str, Path]:
-        """``--text_model_checkpoint_path`` (transformers names) and ``--effnet_checkpoint_path`` beside stage C."""
+        """``--text_model_checkpoint_path`` (transformers names), ``--effnet_checkpoint_path`` and
+        ``--previewer_checkpoint_path`` (:func:`tiny_previewer_state`) beside stage C."""
         from library.files.weights import save_state_dict
 
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        files = {"text_model": parts.text_encoders[0].state_dict(), "effnet": parts.vae.state_dict()}
+        files = {"text_model": parts.text_encoders[0].state_dict(), "effnet": parts.vae.state_dict(),
+                 "previewer": tiny_previewer_state()}  # fmt: skip
         return {part: save_state_dict(dict(state), out / f"{name}_{part}.safetensors", {}, None)
                 for part, state in files.items()}  # fmt: skip
 
@@ -89,3 +91,24 @@ class CascadeTiny:
 
     def part_configs(self) -> dict[str, Any]:
         return part_configs()
+
+
+def tiny_previewer_state(seed: int = 3) -> dict[str, Any]:
+    """A width-8 Previewer (``previewer.py``) whose image follows its input: convolutions scaled up (the default init
+    shrinks the signal to nothing over its 8 layers), hidden biases zero, the output around 0.5, BatchNorm statistics
+    drawn."""
+    from .previewer import Previewer
+
+    torch.manual_seed(seed)
+    state = Previewer(c_hidden=8).state_dict()
+    for k, v in state.items():
+        if k.endswith("running_var"):
+            state[k] = torch.rand_like(v) * 0.2 + 0.9
+        elif k.endswith("running_mean"):
+            state[k] = torch.randn_like(v) * 0.05
+        elif v.dim() == 4:
+            state[k] = v * (0.3 if k == "blocks.24.weight" else 3.0)
+        elif k.endswith("bias") and v.dim() == 1 and not k.startswith("blocks.24"):
+            state[k] = torch.zeros_like(v)
+    state["blocks.24.bias"] = torch.full_like(state["blocks.24.bias"], 0.5)
+    return state

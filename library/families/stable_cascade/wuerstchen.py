@@ -147,13 +147,20 @@ class WuerstchenOptions(CascadeOptions):
         """The folder's checks, their messages naming Würstchen 2 (samples need its decoder: refused likewise)."""
         from library.cli.problems import ConfigError
 
+        own = []
+        if getattr(args, "previewer_checkpoint_path", None):
+            own.append("--previewer_checkpoint_path is not supported for Würstchen 2: Stability's previewer reads "
+                       "Stable Cascade stage C latents; drop the flag")  # fmt: skip
         try:
-            return super().from_args(args, training=training)
+            options = super().from_args(args, training=training)
         except ConfigError as e:
             sample = "--sample_prompts is not supported for Würstchen 2 training: its images need the stage B decoder"
             lines = [sample if p.startswith("--sample_prompts") else p.replace("Stable Cascade", "Würstchen 2")
                      for p in e.problems]  # fmt: skip
-            raise ConfigError(lines) from None
+            raise ConfigError(own + lines) from None
+        if own:
+            raise ConfigError(own)
+        return options
 
     def prompt_identity(self) -> str:
         return "encoder=clip_bigG_last_normed_masked"
