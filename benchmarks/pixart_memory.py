@@ -13,7 +13,7 @@ whether the card peak (CUDA context and the allocator's reserve included) is wit
 
 Measured (2026-11-29, this planner): PixArt-Σ card peak 11.71 GiB in bf16, its text-caching phase (T5-XXL's bf16
 weights, 9.04 GiB) the peak, the step 1.69 GiB; with ``--extra=--fp8_base`` (T5 and the transformer stored in
-float8) 7.77 GiB: text caching 5.85 GiB, step 1.14 GiB, within the 8 GiB goal. Use a fresh ``--workdir``: a second
+float8) 7.77 GiB: text caching 5.85 GiB, step 1.23 GiB (two planned steps), within the 8 GiB goal. Use a fresh ``--workdir``: a second
 run reuses the disk caches and plans no caching phase.
 """
 
