@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 import os
 from dataclasses import dataclass
-from typing import Any
 
 from library.cli.problems import ConfigError
+from library.run.method import ControlModuleMethod
 
 
 def add_controlnet_args(parser: argparse.ArgumentParser, zero_conv_lr: bool = False) -> None:
@@ -24,28 +24,11 @@ def add_controlnet_args(parser: argparse.ArgumentParser, zero_conv_lr: bool = Fa
 
 
 @dataclass(frozen=True)
-class ControlNetConfig:
+class ControlNetConfig(ControlModuleMethod):
     """What the ControlNet trainers train (a ``MethodConfig``)."""
 
     controlnet_model_name_or_path: str | None = None
     control_net_lr: float | None = None  # None: every tensor at --learning_rate (train_control_net.py)
-
-    trains_text_encoder = False
-    trained_parts = ()  # the ControlNet is a model of its own beside the frozen UNet
-    fused_backward_pass = False
-    no_token_padding = False
-
-    def resume_settings(self) -> dict[str, Any]:
-        return {}
-
-    def with_text_cached(self) -> ControlNetConfig:
-        return self  # the text encoders never train
-
-    def deepspeed_plugin(self, cfg: Any) -> None:
-        return None
-
-    def check_plan(self, plan: Any) -> list[str]:
-        return []
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ControlNetConfig:

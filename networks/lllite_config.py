@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from library.cli.problems import ConfigError
+from library.run.method import ControlModuleMethod
 
 
 def add_lllite_args(parser: argparse.ArgumentParser) -> None:
@@ -20,7 +21,7 @@ def add_lllite_args(parser: argparse.ArgumentParser) -> None:
 
 
 @dataclass(frozen=True)
-class LLLiteConfig:
+class LLLiteConfig(ControlModuleMethod):
     """What the LLLite trainer trains (a ``MethodConfig``)."""
 
     cond_emb_dim: int
@@ -28,22 +29,8 @@ class LLLiteConfig:
     network_dropout: float | None = None
     network_weights: str | None = None
 
-    trains_text_encoder = False
-    trained_parts = ()  # the modules are tensors of their own
-    fused_backward_pass = False
-    no_token_padding = False
-
     def resume_settings(self) -> dict[str, Any]:
         return {"dim": self.network_dim}
-
-    def with_text_cached(self) -> LLLiteConfig:
-        return self  # the text encoders never train
-
-    def deepspeed_plugin(self, cfg: Any) -> None:
-        return None
-
-    def check_plan(self, plan: Any) -> list[str]:
-        return []
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> LLLiteConfig:

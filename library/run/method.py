@@ -82,3 +82,27 @@ class NothingTrained:
 
     def check_plan(self, plan: Any) -> list[str]:
         return []
+
+
+class ControlModuleMethod:
+    """The shared members of a method that trains a module of its own beside frozen parts (ControlNet,
+    ControlNet-LLLite): the text encoders never train, so a run with cached text outputs trains the same method; no
+    fused backward, no DeepSpeed, no dataset notes. Subclasses (frozen dataclasses) add their flags,
+    ``resume_settings`` and ``from_args``."""
+
+    trains_text_encoder = False
+    trained_parts: tuple[str, ...] = ()  # the module is tensors of its own
+    fused_backward_pass = False
+    no_token_padding = False
+
+    def resume_settings(self) -> Mapping[str, Any]:
+        return {}
+
+    def with_text_cached(self) -> Any:
+        return self  # the text encoders never train
+
+    def deepspeed_plugin(self, cfg: Any) -> None:
+        return None
+
+    def check_plan(self, plan: Any) -> list[str]:
+        return []

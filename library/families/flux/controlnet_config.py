@@ -17,6 +17,7 @@ from typing import Any
 
 from library.cli.parse import add_unsupported
 from library.cli.problems import ConfigError
+from library.run.method import ControlModuleMethod
 
 from ..options import mark_no_effect
 from .full_training import FluxFullTraining
@@ -46,29 +47,15 @@ def prepare_args(args: argparse.Namespace) -> None:
 
 
 @dataclass(frozen=True)
-class ControlNetConfig:
+class ControlNetConfig(ControlModuleMethod):
     """What flux_train_control_net.py trains (a ``MethodConfig``)."""
 
     controlnet_model_name_or_path: str | None = None
     mem_eff_save: bool = False
     depth: int = DEPTH
 
-    trains_text_encoder = False
-    trained_parts = ()  # the ControlNet is a module of its own
-    fused_backward_pass = False
-    no_token_padding = False
-
     def resume_settings(self) -> dict[str, Any]:
         return {"controlnet_depth": self.depth}
-
-    def with_text_cached(self) -> ControlNetConfig:
-        return self  # the text encoders never train
-
-    def deepspeed_plugin(self, cfg: Any) -> None:
-        return None
-
-    def check_plan(self, plan: Any) -> list[str]:
-        return []
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ControlNetConfig:
