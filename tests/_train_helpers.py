@@ -37,3 +37,30 @@ def assert_comfyui_loads(
         assert tuple(delta.shape) == by_name[m], m
     if fused is not None:
         assert any(fused in m for m in modules), fused
+
+
+def fixed_noise_loss(family, parts, denoiser, dataset: Path) -> float:
+    """The family's training objective's loss of ``denoiser`` on the example dataset's images and captions, summed
+    over the objective's validation timesteps with fixed noise (evaluation mode: no dropout): a loss that falls when
+    training on those images worked."""
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    from library.objectives.losses import LossConfig
+    from library.objectives.noising import NoiseConfig
+
+    paths = sorted((dataset / "10_sks shape").glob("*.png"))
+    pixels = torch.stack([torch.from_numpy(np.asarray(Image.open(p).convert("RGB"), dtype=np.float32) / 127.5 - 1)
+                          .permute(2, 0, 1) for p in paths])  # fmt: skip
+    captions = [p.with_suffix(".txt").read_text().strip() for p in paths]
+    objective = family.training_objective(parts, NoiseConfig(), LossConfig())
+    with torch.no_grad():
+        latents = family.encode_latents(parts, pixels)
+        cond = family.encode_prompt(parts, captions)
+        total = 0.0
+        for i, t in enumerate(objective.validation_timesteps()):
+            ex = objective.example(latents, torch.Generator().manual_seed(i), timesteps=torch.full((len(paths),), t))
+            total += float(objective.loss_per_sample(family.predict(denoiser.eval(), ex.noisy, ex.timesteps, cond), ex)
+                           .mean())  # fmt: skip
+    return total

@@ -9,7 +9,7 @@ import copy
 
 import pytest
 import torch
-from _train_helpers import write_dataset_toml
+from _train_helpers import fixed_noise_loss, write_dataset_toml
 
 import wuerstchen_train
 import wuerstchen_train_network
@@ -138,24 +138,7 @@ def test_refusals_are_clear(folder, dataset_toml, tmp_path):
 
 
 def fixed_loss(parts, prior, dataset) -> float:
-    """The objective's loss of ``prior`` on the dataset at t = 0.2 .. 0.8 with fixed noise (evaluation mode)."""
-    import numpy as np
-    from PIL import Image
-
-    paths = sorted((dataset / "10_sks shape").glob("*.png"))
-    pixels = torch.stack([torch.from_numpy(np.asarray(Image.open(p).convert("RGB"), dtype=np.float32) / 127.5 - 1)
-                          .permute(2, 0, 1) for p in paths])  # fmt: skip
-    captions = [p.with_suffix(".txt").read_text().strip() for p in paths]
-    objective = FAMILY.training_objective(parts, NoiseConfig(), LossConfig())
-    with torch.no_grad():
-        latents = FAMILY.encode_latents(parts, pixels)
-        cond = FAMILY.encode_prompt(parts, captions)
-        total = 0.0
-        for i, t in enumerate(objective.validation_timesteps()):
-            ex = objective.example(latents, torch.Generator().manual_seed(i), timesteps=torch.full((len(paths),), t))
-            total += float(objective.loss_per_sample(FAMILY.predict(prior.eval(), ex.noisy, ex.timesteps, cond), ex)
-                           .mean())  # fmt: skip
-    return total
+    return fixed_noise_loss(FAMILY, parts, prior, dataset)
 
 
 def test_full_fine_tune_loss_falls_and_diffusers_reads_it(folder, dataset, dataset_toml, tmp_path):
