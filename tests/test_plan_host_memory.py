@@ -104,3 +104,16 @@ def test_pinned_host_bytes_are_the_swapped_blocks_and_the_batch(plans):
             assert max(row["host_pinned_mib"], row["host_pageable_mib"]) <= row["host_mib"]
             assert row["host_mib"] <= row["host_pinned_mib"] + row["host_pageable_mib"] + 0.11
     assert plans["swapped"]["host_pinned_peak_mib"] == round((swap + batch) / 2**20, 1)
+
+
+def test_the_ram_verdict_says_how_much_is_page_locked(plans):
+    """``--ram``: the host tensors against the RAM, and the pinned part named as memory the system cannot swap out
+    (none named without pinned bytes)."""
+    from library.measure.plan_report import lines
+
+    plan = dict(plans["swapped"], ram_gib=1.0, fits_ram=True)
+    pinned = plan["host_pinned_peak_mib"]
+    (verdict,) = [line for line in lines(plan) if line.startswith("--ram 1:")]
+    assert f"{pinned:.1f} MiB of them are pinned (page-locked: the system cannot swap them out" in verdict
+    assert "pinned" in lines(plan)[1]  # the table's column
+    assert "pinned" not in [line for line in lines(dict(plan, host_pinned_peak_mib=0)) if line.startswith("--ram")][0]

@@ -60,6 +60,10 @@ def build(sim: Any, flags: dict[str, Any]) -> dict:
     return plan
 
 
+def _size(mib: float) -> str:
+    return f"{mib / 1024:.2f} GiB" if mib >= 1024 else f"{mib:.1f} MiB"
+
+
 def _ram_verdict(plan: dict) -> str:
     verdict = "fit" if plan["fits_ram"] else "do NOT fit"
     line = f"--ram {plan['ram_gib']:g}: the host tensors {verdict} (the interpreter and libraries add ~2 GiB)"
@@ -67,7 +71,7 @@ def _ram_verdict(plan: dict) -> str:
     if pinned:
         share = pinned / (plan["ram_gib"] * 1024)
         crowded = ", which leaves little to the rest of the system" if share > 0.5 else ""
-        line += (f"; {pinned / 1024:.2f} GiB of them are pinned (page-locked: the system cannot swap them out, "
+        line += (f"; {_size(pinned)} of them are pinned (page-locked: the system cannot swap them out, "
                  f"{share:.0%} of the RAM{crowded})")  # fmt: skip
     return line
 
@@ -83,7 +87,7 @@ def lines(plan: dict) -> list[str]:
     out.append(f"peak on the card: {plan['card_peak_mib'] / 1024:.2f} GiB (reserved "
                f"{plan['cuda_reserved_peak_mib'] / 1024:.2f} + CUDA context {plan['context_mib'] / 1024:.2f}); host "
                f"tensors: {plan['host_peak_mib'] / 1024:.2f} GiB, pinned (page-locked) at most "
-               f"{plan.get('host_pinned_peak_mib', 0) / 1024:.2f} GiB")  # fmt: skip
+               f"{_size(plan.get('host_pinned_peak_mib', 0))}")  # fmt: skip
     if "fits_vram" in plan:
         verdict = "fits" if plan["fits_vram"] else "does NOT fit"
         out.append(f"--vram {plan['vram_gib']:g}: {verdict}")

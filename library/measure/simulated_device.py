@@ -224,8 +224,8 @@ class SimulatedDevice(TensorMemory):
     def _track(self, tensor: torch.Tensor) -> None:
         if not self.quiet:
             super()._track(tensor)
-            if self._pinning:
-                self._pageable_peak = max(self._pageable_peak, self.live_bytes["cpu"] - self.pinned_live)
+            if self._pinning and self.live_bytes["cpu"] - self.pinned_live > self._pageable_peak:
+                self._pageable_peak = self.live_bytes["cpu"] - self.pinned_live
 
     def _host_read(self) -> None:
         self.host_reads += 1
