@@ -259,13 +259,15 @@ class Loader:
     def __post_init__(self) -> None:
         self._dataset = _EpochDataset(self)
         self._sampler = _EpochSampler(self._dataset.epochs)
+        # torch's loader pins only where an accelerator exists; the simulated device (a plan) pins here instead
+        self._pins_itself = self.pin_memory and not torch.accelerator.is_available()
         self._loader = DataLoader(
             self._dataset,
             batch_size=None,
             sampler=self._sampler,
             num_workers=self.num_workers,
             persistent_workers=self.persistent_workers and self.num_workers > 0,
-            pin_memory=self.pin_memory,
+            pin_memory=self.pin_memory and not self._pins_itself,
             # its own generator: creating an iterator must not draw from the global RNG, which the training step
             # uses (dropout), or a resumed run would drift from the uninterrupted one
             generator=torch.Generator().manual_seed(self.plan.seed),
@@ -287,6 +289,8 @@ class Loader:
         if skip < 0:
             raise ValueError(f"skip must be >= 0, got {skip}")
         self._sampler.epoch, self._sampler.skip = epoch, skip
+        if self._pins_itself:
+            return map(Batch.pin_memory, self._loader)  # (keeps no unpinned batch alive, as torch's pinning)
         return iter(self._loader)
 
 

@@ -3,7 +3,9 @@ and the CPU thread count a run on the CPU uses."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 import torch
 
@@ -75,3 +77,25 @@ def choose_cpu_threads(device: torch.device, model_params: int, num_processes: i
             f"the machine's {os.cpu_count()} CPUs shared by {num_processes} process(es); set OMP_NUM_THREADS to change"
         )
     return f"CPU threads: {torch.get_num_threads()} ({why})"
+
+
+# device types whose host copies are pinned (page-locked, for asynchronous copies): CUDA's, and the simulated device's
+# while it stands for a CUDA card (library/measure/simulated_device.py counts the pinned bytes)
+PINNING_DEVICES = {"cuda"}
+
+
+def pins_host_memory(device: torch.device | str) -> bool:
+    """Whether the host copies made for ``device`` are pinned (block swap's weights, the loader's batches)."""
+    return torch.device(device).type in PINNING_DEVICES
+
+
+@contextlib.contextmanager
+def pinning_on(device_type: str) -> Iterator[None]:
+    """Inside, host copies made for ``device_type`` are pinned as for CUDA (the simulated device's)."""
+    added = device_type not in PINNING_DEVICES
+    PINNING_DEVICES.add(device_type)
+    try:
+        yield
+    finally:
+        if added:
+            PINNING_DEVICES.discard(device_type)

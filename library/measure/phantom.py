@@ -5,7 +5,8 @@ pages are never written, so it costs no resident memory however large it is. :cl
 device of library/measure/simulated_device.py, plus phantoms) keeps them that way: an operator that reads a phantom
 on the host is not computed; its outputs are new phantoms of the shapes the operator gives on ``meta`` (a dtype cast,
 a float8 store, a key conversion's ``cat`` all cost bytes, never values). Views of a phantom are ordinary views;
-``copy_`` from a phantom leaves the destination a phantom; a value the host reads from one (``.item()``) is 0.
+``copy_`` from a phantom leaves the destination a phantom; a value the host reads from one (``.item()``) is 0; its
+pinned copy (``pin_memory()``) is a phantom.
 Copies of 1 MiB or more from the simulated device back to the host come back as phantoms too (a real run would hold
 them resident: they are counted, never written); smaller ones are zeros, as on the simulated device (a loss the
 host reads must be a number).
@@ -77,6 +78,8 @@ class PhantomDevice(sim_device.SimulatedDevice):
     """The simulated device with phantom host tensors (see the module docstring)."""
 
     def _dispatch(self, func: Any, args: tuple, kwargs: dict, tensors: list[torch.Tensor]) -> Any:
+        if func in sim_device.PIN_OPS:
+            return self._pin_op(func, args)
         on_device = any(t.is_meta for t in tensors)
         target = sim_device._target_device(args, kwargs)
         if (
@@ -103,6 +106,11 @@ class PhantomDevice(sim_device.SimulatedDevice):
                 f"accelerator was left on the CPU (shapes {[tuple(t.shape) for t in tensors]})"
             )
         return self._without_values(func, args, kwargs)
+
+    def _pinned_copy(self, source: torch.Tensor) -> torch.Tensor:
+        if is_phantom(source):  # the page-locked copy of a phantom: its bytes counted, never written
+            return phantom(source.shape, source.dtype, source.stride())
+        return super()._pinned_copy(source)
 
     def _without_values(self, func: Any, args: tuple, kwargs: dict) -> Any:
         if func is sim_device._LOCAL_SCALAR:

@@ -17,7 +17,8 @@ The command runs as written, once, with three differences that change no shape a
   trackers, uploads and data-loader worker processes are off). The user's output folder and caches are not touched.
 
 The table gives per phase (load, latent caching, text caching, step, sampling, save) the device peak, the host
-tensors' peak (what the run allocates on the host: phantoms count their bytes), what holds the device peak
+tensors' peak (what the run allocates on the host: phantoms count their bytes) and its pinned part (page-locked
+memory, as a CUDA run pins it: block swap's host copies, the loader's batch), what holds the device peak
 (library/measure/holders.py), and the peak a CUDA card would reserve (library/measure/calibration.py). ``--vram`` /
 ``--ram`` say whether the command fits and, if not, which changes make it fit (library/measure/advice.py).
 
@@ -88,6 +89,7 @@ def plan_command(
         if getattr(result, "failed", None):
             raise RuntimeError(f"the planned run stopped: {result.failed}")
         plan = plan_report.build(sim, state.argv_flags)
+        sim.parts = None  # the run's model: nothing of it outlives the plan
     for line in plan_report.lines(plan):
         out(line)
     if plan.get("fits_vram") is False and changes is None:

@@ -14,7 +14,12 @@ On top of that the mode enforces what CUDA enforces and counts what the device w
   ``text caching``, ``step``, ``sampling``, ``save`` (:attr:`SimulatedDevice.phase_peak_bytes`);
 * values the host reads from the device (``.item()``, ``.cpu()``, ``.tolist()``) come back as zeros (True for a
   boolean), so the code around them runs: losses read 0, samples are black, saved tensors are zeros; ``nonzero``
-  answers "the first element" (samplers look their timestep up with it).
+  answers "the first element" (samplers look their timestep up with it);
+* host memory is pinned as on CUDA (library/device/host.py ``pins_host_memory`` answers True for the simulated
+  device: block swap's host copies, the loader's batches): ``pin_memory()`` gives a host copy and ``is_pinned()``
+  knows it, without a CUDA build. The pinned (page-locked) host bytes are counted apart from the pageable ones:
+  per phase the most of each alive at once (:attr:`SimulatedDevice.host_pinned_bytes`, ``host_pageable_bytes``;
+  their sum can exceed the host peak, :attr:`SimulatedDevice.host_peak_bytes`, when the two peak at different times).
 
 Operators whose inputs are all on the device are computed once per input signature; later calls get new empty
 tensors of the outputs' shapes, strides and dtypes (library/measure/meta_outputs.py: on meta nothing is computed,
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import weakref
 from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
@@ -73,6 +79,8 @@ _HEAVY = {
 _META_OUTPUTS = MetaOutputs()
 # host reads of device values: answered with zeros
 _LOCAL_SCALAR = _aten._local_scalar_dense.default
+# pinning host memory (a page-locked copy) and asking whether a tensor is pinned: answered here, as CUDA would
+PIN_OPS = (_aten._pin_memory.default, _aten.is_pinned.default)
 
 
 class DeviceMismatch(RuntimeError):
@@ -89,6 +97,12 @@ class SimulatedDevice(TensorMemory):
         self.strict = strict
         self.phases = PhasePeaks(self._read_peak, self.reset_peak)
         self.host_peak_bytes: dict[str, int] = {}  # phase -> the most host tensor bytes alive at once in it
+        self.host_pinned_bytes: dict[str, int] = {}  # phase -> the most pinned host bytes alive at once in it
+        self.host_pageable_bytes: dict[str, int] = {}  # phase -> the most pageable host bytes alive at once in it
+        self._pinned: dict[int, int] = {}  # pinned host storage (C++ object address) -> bytes, while it lives
+        self.pinned_live = 0
+        self._pinned_peak = self._pageable_peak = 0  # since the last reset_peak (the pageable one once pinning)
+        self._pinning = False  # True once something was pinned (before that every host byte is pageable)
         self.phases.listeners.append(self._entered)
         self.host_compute_allowed = True  # loading and file writing compute on the host by design
         self.quiet = False  # True while a part is released (its meta copies are no device memory)
@@ -96,17 +110,19 @@ class SimulatedDevice(TensorMemory):
         self.host_reads_by_phase: dict[str, int] = defaultdict(int)
 
     def __enter__(self) -> SimulatedDevice:
-        """As :class:`TensorMemory`, except that meta tensors alive before the run (kept by an earlier run's caches in
-        this process, e.g. diffusers' lru-cached RoPE tables) are no device memory of this run: a GPU run starts in
-        a new process. They stay uncounted for their whole life."""
+        """As :class:`TensorMemory`, except that tensors alive before the run (kept by an earlier run's caches in this
+        process, e.g. diffusers' lru-cached RoPE tables, or what an earlier plan's objects still hold) are no memory
+        of this run, on the device or on the host: a GPU run starts in a new process. They stay uncounted for their
+        whole life, so a run measured after others in one process counts what it counts alone."""
         super().__enter__()
         # a copy made in one C call: storages that die meanwhile (their finalizers pop ``_live``) cannot change the
         # dictionary under the loop
         for key, (device, size) in self._live.copy().items():
-            if device == DEVICE.type and key in self._live:
+            if device in (DEVICE.type, "cpu") and key in self._live:
                 self._live[key] = (device, 0)
                 self.live_bytes[device] -= size
-        self.peak_bytes[DEVICE.type] = self.live_bytes[DEVICE.type]
+        for device in (DEVICE.type, "cpu"):
+            self.peak_bytes[device] = self.live_bytes[device]
         self.baseline_bytes = dict(self.live_bytes)
         return self
 
@@ -117,8 +133,16 @@ class SimulatedDevice(TensorMemory):
     def _read_peak(self) -> int:
         """The device peak of the phase that ends (its host peak is kept in :attr:`host_peak_bytes`)."""
         phase = self.phases.phase
-        self.host_peak_bytes[phase] = max(self.host_peak_bytes.get(phase, 0), self.peak_bytes["cpu"])
+        pageable = self._pageable_peak if self._pinning else self.peak_bytes["cpu"]
+        for peaks, value in ((self.host_peak_bytes, self.peak_bytes["cpu"]), (self.host_pinned_bytes,
+                             self._pinned_peak), (self.host_pageable_bytes, pageable)):  # fmt: skip
+            peaks[phase] = max(peaks.get(phase, 0), value)
         return self.peak_bytes[DEVICE.type]
+
+    def reset_peak(self) -> None:
+        super().reset_peak()
+        self._pinned_peak = self.pinned_live
+        self._pageable_peak = self.live_bytes["cpu"] - self.pinned_live
 
     def _entered(self, phase: str) -> None:
         self.host_compute_allowed = phase in HOST_PHASES
@@ -129,6 +153,8 @@ class SimulatedDevice(TensorMemory):
 
     # ------------------------------------------------------------------------------------------------ dispatch
     def _dispatch(self, func: Any, args: tuple, kwargs: dict, tensors: list[torch.Tensor]) -> Any:
+        if func in PIN_OPS:
+            return self._pin_op(func, args)
         on_device = any(t.is_meta for t in tensors)
         if func is _LOCAL_SCALAR and on_device:
             self._host_read()
@@ -165,9 +191,41 @@ class SimulatedDevice(TensorMemory):
             if entry is not None:
                 self.live_bytes[entry[0]] -= entry[1]
 
+    def _pin_op(self, func: Any, args: tuple) -> Any:
+        """``is_pinned`` / ``_pin_memory`` of a host tensor, as on CUDA: a pinned copy, counted apart."""
+        source = args[0]
+        if func is _aten.is_pinned.default:
+            return source.untyped_storage()._cdata in self._pinned
+        if source.device.type != "cpu":
+            raise RuntimeError(f"cannot pin a tensor on {source.device.type}: only host tensors can be pinned")
+        out = self._pinned_copy(source)
+        storage = out.untyped_storage()
+        key, size = storage._cdata, storage.nbytes()
+        if not self._pinning:  # every host byte so far was pageable
+            self._pageable_peak = max(self._pageable_peak, self.peak_bytes["cpu"])
+            self._pinning = True
+        self._pinned[key] = size
+        self.pinned_live += size
+        self._pinned_peak = max(self._pinned_peak, self.pinned_live)
+        weakref.finalize(storage, _unpinned, self._weak, key)
+        self._track(out)
+        return out
+
+    def _pinned_copy(self, source: torch.Tensor) -> torch.Tensor:
+        """The page-locked copy ``pin_memory()`` gives (here an ordinary host copy; phantoms give phantoms)."""
+        out = torch.empty_strided(source.shape, source.stride(), dtype=source.dtype)
+        return out.copy_(source)
+
+    def _unpinned(self, key: int) -> None:
+        size = self._pinned.pop(key, None)
+        if size is not None:
+            self.pinned_live -= size
+
     def _track(self, tensor: torch.Tensor) -> None:
         if not self.quiet:
             super()._track(tensor)
+            if self._pinning and self.live_bytes["cpu"] - self.pinned_live > self._pageable_peak:
+                self._pageable_peak = self.live_bytes["cpu"] - self.pinned_live
 
     def _host_read(self) -> None:
         self.host_reads += 1
@@ -182,6 +240,12 @@ class SimulatedDevice(TensorMemory):
                 f"Expected all tensors to be on the same device, but found at least two devices, {sorted(devices)} "
                 f"({func}, in the {self.phase!r} phase; shapes {[(t.device.type, tuple(t.shape)) for t in tensors]})"
             )
+
+
+def _unpinned(mode: weakref.ref, key: int) -> None:
+    device = mode()
+    if device is not None:
+        device._unpinned(key)
 
 
 def _target_device(args: tuple, kwargs: dict) -> str | None:
@@ -252,6 +316,7 @@ def simulated_device(strict: bool = True, mode: type[SimulatedDevice] | None = N
     Yields the :class:`SimulatedDevice` whose ``phase_table()`` gives the device-resident peak per phase; ``mode``:
     a subclass to use instead (library/measure/phantom.py's, for plans).
     """
+    from library.device import host
     from library.run import setup as run_setup
 
     sim = (mode or SimulatedDevice)(strict)
@@ -283,7 +348,8 @@ def simulated_device(strict: bool = True, mode: type[SimulatedDevice] | None = N
     # boolean-mask indexing on the device (a text mask) asks nonzero's meta kernel for a shape: every element
     # counts, the largest the selection can be
     try:
-        with instrumented(sim.phases), sim, fx_config.patch(meta_nonzero_assume_all_nonzero=True):
+        with instrumented(sim.phases), sim, fx_config.patch(meta_nonzero_assume_all_nonzero=True), \
+                host.pinning_on(DEVICE.type):  # fmt: skip
             yield sim
     finally:
         run_setup.make_accelerator, run_setup.load_model = make_accelerator, load_model

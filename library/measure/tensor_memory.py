@@ -51,6 +51,15 @@ def tensors_in(*trees: Any) -> list[torch.Tensor]:
     return out
 
 
+def _storage_freed(mode: weakref.ref, key: int) -> None:
+    """A counted storage was freed: uncount it in its mode, if the mode still lives (the finalizer holds the mode
+    weakly: a storage that outlives a measurement, e.g. a library's cached tensor, must not keep the finished mode
+    and everything it refers to alive)."""
+    counter = mode()
+    if counter is not None:
+        counter._freed(key)
+
+
 class TensorMemory(TorchDispatchMode):
     """Live and peak bytes of tensor storages per device type ("cpu", "cuda", ...), in this thread.
 
@@ -64,6 +73,7 @@ class TensorMemory(TorchDispatchMode):
         self.live_bytes: dict[str, int] = defaultdict(int)
         self.peak_bytes: dict[str, int] = defaultdict(int)
         self.baseline_bytes: dict[str, int] = {}
+        self._weak = weakref.ref(self)
 
     def __enter__(self) -> TensorMemory:
         with warnings.catch_warnings():  # isinstance() on deprecated torch objects warns
@@ -111,7 +121,7 @@ class TensorMemory(TorchDispatchMode):
         self.live_bytes[device] += size
         if self.live_bytes[device] > self.peak_bytes[device]:
             self.peak_bytes[device] = self.live_bytes[device]
-        weakref.finalize(storage, self._freed, key)
+        weakref.finalize(storage, _storage_freed, self._weak, key)
 
     def _freed(self, key: int) -> None:
         entry = self._live.pop(key, None)

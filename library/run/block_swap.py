@@ -22,12 +22,13 @@ How a swapped block moves (:class:`BlockSwap`):
   an optimizer step changed the device copy while the block was in (a fused step inside backward), it is copied back
   as the block leaves, and a gradient travels with its weight, so an ordinary step after backward updates the host
   copy in place (on the host). Not on the simulated meta device: moving a trained weight between the CPU and meta
-  needs ``torch.utils.swap_tensors``, which poisons autograd's gradient accumulator. Where the device is CUDA the host copies are pinned and each block is
-  copied in on a side stream (``non_blocking``) one block ahead of its use; the compute stream waits on the copy's
-  event, and the device tensors are ``record_stream``-ed onto it so their memory is reused only after the kernels that
-  read them. Elsewhere (CPU, the simulated meta device) the same steps run with plain synchronous ``.to()``: one
-  block ahead too, so the simulated device counts the bytes a GPU would hold (at most two swapped blocks per list on
-  the device at a time).
+  needs ``torch.utils.swap_tensors``, which poisons autograd's gradient accumulator. Where the device is CUDA the
+  host copies are pinned (the simulated device pins them too, library/device/host.py ``pins_host_memory``, so that
+  a plan counts them) and each block is copied in on a side stream (``non_blocking``) one block ahead of its use;
+  the compute stream waits on the copy's event, and the device tensors are ``record_stream``-ed onto it so their
+  memory is reused only after the kernels that read them. Elsewhere (CPU, the simulated meta device) the same steps
+  run with plain synchronous ``.to()``: one block ahead too, so the simulated device counts the bytes a GPU would
+  hold (at most two swapped blocks per list on the device at a time).
 * **Forward**: a pre-hook on each swapped block brings it in (and fetches the next swapped block of its list; the last
   resident block fetches the first), a forward hook (also on an exception) sends it back.
 * **Backward**: a hook on the block's outputs brings the block back in before any of its backward runs (and fetches
@@ -69,6 +70,7 @@ from torch import Tensor, nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from library.cli.problems import ConfigError
+from library.device.host import pins_host_memory
 from library.families.base import BlockList
 from library.run.swap_split import max_blocks_to_swap, split_blocks_to_swap, swap_problems
 
@@ -246,7 +248,7 @@ class _Swapped:
         self.host = []
         for p in self.params:
             host = p.data if p.device.type == "cpu" else p.data.to("cpu")
-            if self.swap.asynchronous and not host.is_pinned():
+            if self.swap.pinned and not host.is_pinned():
                 host = host.pin_memory()
             _assign(p, host)
             self.host.append(host)
@@ -357,6 +359,7 @@ class BlockSwap:
         self.device = torch.device(device)
         self.counts = split_blocks_to_swap(blocks_to_swap, lists, split)
         self.asynchronous = self.device.type == "cuda"
+        self.pinned = pins_host_memory(self.device)  # CUDA's (and the simulated device's, which counts them)
         self.stream = torch.cuda.Stream(self.device) if self.asynchronous else None
         self.moves_in = self.moves_out = 0
         self.swapped: list[_Swapped] = []

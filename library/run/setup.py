@@ -21,7 +21,7 @@ from library import data, sampling
 from library.cli.console import console_logging
 from library.cli.problems import ConfigError, problems_of
 from library.device.fp8 import store_in_fp8
-from library.device.host import choose_cpu_threads, return_freed_memory, reuse_heap_for_small_models
+from library.device.host import choose_cpu_threads, pins_host_memory, return_freed_memory, reuse_heap_for_small_models
 from library.device.placement import on_device_when_used, to_device
 from library.families.base import PartDtypes, Parts, stays_on_host
 from library.families.protocol import ModelFamily
@@ -74,7 +74,7 @@ class Run:
             world_size=acc.num_processes,
             num_workers=num_workers(self.cfg.run),
             persistent_workers=self.cfg.run.persistent_data_loader_workers,
-            pin_memory=acc.device.type == "cuda",
+            pin_memory=pins_host_memory(acc.device),
             latent_cache=self.validation_latent_cache if validation else self.latent_cache,
             text_cache=self.validation_text_cache if validation else self.text_cache,
             max_train_steps=self.cfg.run.max_train_steps,
