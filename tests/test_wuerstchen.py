@@ -150,6 +150,13 @@ def test_refusals_are_clear(folder, dataset_toml, tmp_path):
                                           str(folder / "effnet" / "effnet_encoder.safetensors")))  # fmt: skip
     with pytest.raises(ConfigError, match="--save_model_as safetensors is not possible here; choose one of diffusers"):
         wuerstchen_train.run(command(folder, dataset_toml, tmp_path, "--save_model_as", "safetensors"))
+    with pytest.raises(ValueError, match="generate with stable_cascade_gen_img.py --decoder"):
+        FAMILY.pipeline(FAMILY.load(folder), None)  # what gen_img.py asks for
+    import stable_cascade_gen_img
+
+    with pytest.raises(ValueError, match="--text_model_checkpoint_path: not for Würstchen 2"):
+        stable_cascade_gen_img.run(["--pretrained_model_name_or_path", str(folder), "--text_model_checkpoint_path",
+                                    str(folder), "--prompt", "x", "--outdir", str(tmp_path)])  # fmt: skip
 
 
 def fixed_loss(parts, prior, dataset) -> float:

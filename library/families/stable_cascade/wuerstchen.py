@@ -452,8 +452,8 @@ class WuerstchenFamily(StableCascadeFamily):
 
             return WuerstchenPipeline(self, parts.denoiser, options.decoder, options.decoder_steps,
                                       options.decoder_guidance_scale)  # fmt: skip
-        raise ValueError("Würstchen 2 images need its decoder after the prior: give --decoder <a diffusers "
-                         "WuerstchenDecoderPipeline folder> (stable_cascade_gen_img.py, or training's samples)")  # fmt: skip
+        raise ValueError("Würstchen 2 images need its decoder after the prior: generate with stable_cascade_gen_img.py "
+                         "--decoder <a diffusers WuerstchenDecoderPipeline folder> (training's samples: --decoder)")  # fmt: skip
 
 
 WUERSTCHEN = WuerstchenFamily()
