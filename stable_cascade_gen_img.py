@@ -120,13 +120,15 @@ def run(argv: Sequence[str] | None = None) -> list[Path]:
 
 def wuerstchen_problems(args: argparse.Namespace) -> list[str]:
     """The flags a Würstchen 2 prior does not take, and its ``--decoder`` folder's problems."""
-    from library.families.stable_cascade.wuerstchen_decoder import decoder_problems
+    from library.families.stable_cascade.wuerstchen_decoder import decoder_problems, size_problems
 
     problems = [f"--{flag}: not for Würstchen 2 ({why})" for flag, why in (
         ("text_model_checkpoint_path", "its text model is the prior folder's text_encoder/"),
         ("previewer_checkpoint_path", "Stability's previewer reads Stable Cascade stage C latents; give --decoder"),
     ) if getattr(args, flag)]  # fmt: skip
-    return problems + (decoder_problems(args.decoder) if args.decoder else [])
+    if args.decoder:
+        problems += decoder_problems(args.decoder) or size_problems(args.decoder, [("--w", args.w), ("--h", args.h)])
+    return problems
 
 
 def decode_images(family: object, args: argparse.Namespace, latents: torch.Tensor, generator: torch.Generator) -> list:

@@ -133,7 +133,7 @@ def test_lora_resumes_bit_identically_and_merges_by_its_names(folder, dataset_to
     assert torch.allclose(ours, theirs, atol=1e-5), (ours - theirs).abs().max()
 
 
-def test_refusals_are_clear(folder, dataset_toml, tmp_path):
+def test_refusals_are_clear(folder, decoder, dataset_toml, tmp_path):
     with pytest.raises(ConfigError, match="--loss_type huber is not supported for Würstchen 2"):
         wuerstchen_train_network.run(lora(folder, dataset_toml, tmp_path, "--loss_type", "huber"))
     with pytest.raises(ConfigError, match="--sample_prompts needs --decoder for Würstchen 2 training"):
@@ -150,6 +150,11 @@ def test_refusals_are_clear(folder, dataset_toml, tmp_path):
                                           str(folder / "effnet" / "effnet_encoder.safetensors")))  # fmt: skip
     with pytest.raises(ConfigError, match="--save_model_as safetensors is not possible here; choose one of diffusers"):
         wuerstchen_train.run(command(folder, dataset_toml, tmp_path, "--save_model_as", "safetensors"))
+    sizes = tmp_path / "sizes.txt"
+    sizes.write_text("a red circle --w 64 --h 128\n")  # 64 px: 2 latents, int(2 x 10.67) = 21 cannot halve
+    with pytest.raises(ConfigError, match=r"prompt 1: --w 64: --decoder .* cannot decode that size .*; try 88"):
+        wuerstchen_train_network.run(lora(folder, dataset_toml, tmp_path, "--sample_prompts", str(sizes), "--decoder",
+                                          str(decoder)))  # fmt: skip
     with pytest.raises(ValueError, match="generate with stable_cascade_gen_img.py --decoder"):
         FAMILY.pipeline(FAMILY.load(folder), None)  # what gen_img.py asks for
     import stable_cascade_gen_img

@@ -47,7 +47,7 @@ from .family import StableCascadeFamily
 from .loading import EFFNET_FILE, EFFNET_FOLDER, effnet_stages, read_effnet
 from .objective import T_MIN, CascadeObjective, alpha_cumprod, cascade_problems
 from .options import CascadeOptions
-from .wuerstchen_decoder import DECODER_GUIDANCE, DECODER_STEPS, decoder_problems
+from .wuerstchen_decoder import DECODER_GUIDANCE, DECODER_STEPS, decoder_problems, sample_size_problems
 
 NAME = "wuerstchen"
 PIPELINE = "WuerstchenPriorPipeline"
@@ -176,7 +176,8 @@ class WuerstchenOptions(CascadeOptions):
                        "Stable Cascade stage C latents; drop the flag (samples: --decoder)")  # fmt: skip
         decoder = getattr(args, "decoder", None)
         if decoder:
-            own += decoder_problems(decoder) + positive_count_problems(args, ("decoder_steps",))
+            own += decoder_problems(decoder) or sample_size_problems(decoder, getattr(args, "sample_prompts", None))
+            own += positive_count_problems(args, ("decoder_steps",))
         try:
             options = super().from_args(args, training=training)
         except ConfigError as e:

@@ -65,6 +65,28 @@ def decoder_problems(folder: str | Path) -> list[str]:
     return []
 
 
+def size_problems(folder: str | Path, sizes: Sequence[tuple[str, int]]) -> list[str]:
+    """The image sides (``(where, pixels)``) the folder's decoder cannot make: the prior's latents
+    (``ceil(side / 42.67)``) times ``latent_dim_scale``, truncated, must halve at each decoder level after its
+    patching (16 for the released decoder: 1024 px -> 24 -> 256); each problem names the nearest sides that work."""
+    root = Path(folder)
+    config = json.loads((root / "decoder" / "config.json").read_text())
+    scale = float(json.loads((root / "model_index.json").read_text()).get("latent_dim_scale", 10.67))
+    multiple = int(config.get("patch_size", 2)) * 2 ** (len(config.get("c_hidden", [0] * 4)) - 1)
+
+    def fits(side: int) -> bool:
+        return int(latent_shape(1, side, side)[2] * scale) % multiple == 0
+
+    problems = []
+    for where, side in sizes:
+        if not fits(side):
+            near = [s for s in (*range(side - 8, 63, -8), *range(side + 8, 4 * side, 8)) if fits(s)]
+            fix = f"; try {min(near, key=lambda s: (abs(s - side), s))}" if near else ""
+            problems.append(f"{where} {side}: --decoder {folder} cannot decode that size (its latents, "
+                            f"int({latent_shape(1, side, side)[2]} x {scale}), must be a multiple of {multiple}){fix}")  # fmt: skip
+    return problems
+
+
 @functools.lru_cache(maxsize=1)
 def load_decoder(folder: str, dtype: torch.dtype = torch.float32) -> Any:
     """The folder's ``WuerstchenDecoderPipeline`` on the CPU (one kept: training samples with it every round), built
@@ -128,6 +150,9 @@ class WuerstchenPipeline:
 
         if output_type != "pil":
             raise ValueError("Würstchen 2 samples are decoded to images by its decoder (output_type 'pil')")
+        problems = size_problems(self.decoder, [("--w", width), ("--h", height)])
+        if problems:
+            raise ValueError("; ".join(problems))
         n = len(generator)
         device = next(self.prior.parameters()).device
         pipe = load_decoder(str(self.decoder), next(self.prior.parameters()).dtype)
@@ -168,3 +193,18 @@ def write_tiny_decoder(folder: str | Path, seed: int = 0) -> Path:
                                      decoder=decoder, scheduler=DDPMWuerstchenScheduler(), vqgan=vqgan)  # fmt: skip
     pipe.save_pretrained(folder)
     return Path(folder)
+
+
+def sample_size_problems(folder: str | Path, prompts: str | Path | None) -> list[str]:
+    """Before training: the prompts of ``--sample_prompts`` whose size the decoder cannot make (unset sides: the
+    family's 1024); an unreadable file is left to the sampling checks."""
+    from library.cli.problems import ConfigError
+    from library.sampling.prompts import read_prompt_file
+
+    try:
+        specs = read_prompt_file(prompts) if prompts else []
+    except (FileNotFoundError, ConfigError):
+        return []
+    sizes = [(f"--sample_prompts {prompts}: prompt {s.index + 1}: {flag}", side or 1024) for s in specs
+             for flag, side in (("--w", s.width), ("--h", s.height))]  # fmt: skip
+    return size_problems(folder, sizes)
