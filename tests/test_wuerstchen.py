@@ -150,6 +150,10 @@ def test_refusals_are_clear(folder, decoder, dataset_toml, tmp_path):
                                           str(folder / "effnet" / "effnet_encoder.safetensors")))  # fmt: skip
     with pytest.raises(ConfigError, match="--save_model_as safetensors is not possible here; choose one of diffusers"):
         wuerstchen_train.run(command(folder, dataset_toml, tmp_path, "--save_model_as", "safetensors"))
+    with pytest.raises(ConfigError, match="--decoder is read by the samples during training only"):
+        wuerstchen_train_network.run(lora(folder, dataset_toml, tmp_path, "--decoder", str(decoder)))
+    with pytest.raises(ConfigError, match="--decoder_steps / --decoder_guidance_scale set the --decoder"):
+        wuerstchen_train_network.run(lora(folder, dataset_toml, tmp_path, "--decoder_steps", "4"))
     sizes = tmp_path / "sizes.txt"
     sizes.write_text("a red circle --w 64 --h 128\n")  # 64 px: 2 latents, int(2 x 10.67) = 21 cannot halve
     with pytest.raises(ConfigError, match=r"prompt 1: --w 64: --decoder .* cannot decode that size .*; try 88"):

@@ -56,6 +56,7 @@ T_SCALE = 1.08
 PRIOR = dict(c_in=16, c=1536, c_cond=1280, c_r=64, depth=32, nhead=24, dropout=0.1)  # warp-ai/wuerstchen-prior
 TINY_PRIOR = dict(c_in=16, c=32, c_cond=48, c_r=64, depth=2, nhead=2, dropout=0.1)
 IMPLEMENTATION = "https://github.com/dome272/Wuerstchen"
+DECODER_DEFAULTS = (DECODER_STEPS, DECODER_GUIDANCE)
 TE_SPEC = TextEncoderSpec("text_encoders.clip_g.transformer.", "clip", False, "!",
                           "laion/CLIP-ViT-bigG-14-laion2B-39B-b160k", "clip_g")  # fmt: skip
 SCRIPTS = {"network": "wuerstchen_train_network.py", "fine_tune": "wuerstchen_train.py",
@@ -175,6 +176,13 @@ class WuerstchenOptions(CascadeOptions):
             own.append("--previewer_checkpoint_path is not supported for Würstchen 2: Stability's previewer reads "
                        "Stable Cascade stage C latents; drop the flag (samples: --decoder)")  # fmt: skip
         decoder = getattr(args, "decoder", None)
+        steps = getattr(args, "decoder_steps", DECODER_STEPS)
+        if not decoder and (steps, getattr(args, "decoder_guidance_scale", DECODER_GUIDANCE)) != DECODER_DEFAULTS:
+            own.append("--decoder_steps / --decoder_guidance_scale set the --decoder of the samples during training; "
+                       "give --decoder or drop them")  # fmt: skip
+        if decoder and not getattr(args, "sample_prompts", None):
+            own.append("--decoder is read by the samples during training only; give --sample_prompts (with "
+                       "--sample_every_n_steps / _epochs or --sample_at_first) or drop it")  # fmt: skip
         if decoder:
             own += decoder_problems(decoder) or sample_size_problems(decoder, getattr(args, "sample_prompts", None))
             own += positive_count_problems(args, ("decoder_steps",))
