@@ -155,7 +155,8 @@ class WuerstchenPipeline:
             raise ValueError("; ".join(problems))
         n = len(generator)
         device = next(self.prior.parameters()).device
-        pipe = load_decoder(str(self.decoder), next(self.prior.parameters()).dtype)
+        dtype = next(self.prior.parameters()).dtype  # the prior's (fp32 under fp8 base weights)
+        pipe = load_decoder(str(self.decoder), dtype if dtype in (torch.float16, torch.bfloat16) else torch.float32)
         images = []
         for i, gen in enumerate(generator):
             cond, uncond = Cond(prompt_embeds[i : i + 1]), Cond(negative_prompt_embeds[i : i + 1])
@@ -170,8 +171,9 @@ def write_tiny_decoder(folder: str | Path, seed: int = 0) -> Path:
     """A tiny ``WuerstchenDecoderPipeline`` folder (tests, trying the samples offline): a two-level
     ``WuerstchenDiffNeXt`` reading the 16-channel prior latents and the shared tiny CLIP-L as its text model, a
     two-level ``PaellaVQModel``, the released ``latent_dim_scale`` 10.67 (so the prior's latents need an even
-    ``int(10.67 · side)``: 3 or 6, images of 128 or 256 px; 2 gives 21, which the two levels cannot halve). The weights diffusers
-    initialises to zero (the output head, the VQGAN's block gains) are drawn too, so the image follows its inputs."""
+    ``int(10.67 · side)``: 3 or 6, images of 128 or 256 px; 2 gives 21, which the two levels cannot halve). The
+    weights diffusers initialises to zero (the output head, the VQGAN's block gains) are drawn too, so the image
+    follows its inputs."""
     from diffusers import DDPMWuerstchenScheduler, WuerstchenDecoderPipeline
     from diffusers.pipelines.deprecated.wuerstchen.modeling_paella_vq_model import PaellaVQModel
     from diffusers.pipelines.deprecated.wuerstchen.modeling_wuerstchen_diffnext import WuerstchenDiffNeXt
