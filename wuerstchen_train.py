@@ -8,6 +8,7 @@ fine_tune.py's recipe with the Würstchen family.
 The output is a diffusers ``WuerstchenPriorPipeline`` folder (``WuerstchenPrior.from_pretrained(out, subfolder=
 "prior")`` reads it; the EfficientNet encoder is kept beside it in ``effnet/``); ``--train_text_encoder`` trains
 CLIP-bigG too at ``--learning_rate_te1``. Single files are refused before training (the released prior is a folder).
+Samples during training (``--sample_prompts``) need ``--decoder``, a diffusers ``WuerstchenDecoderPipeline`` folder.
 """
 
 from __future__ import annotations

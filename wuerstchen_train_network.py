@@ -10,6 +10,9 @@
 Würstchen 2's (``model_v2_stage_b.pt``'s ``effnet_state_dict``, affine mapper BatchNorm) or Stable Cascade's
 ``effnet_encoder.safetensors`` (what OneTrainer loads for both). Adapters: ``lora_unet_`` + the prior's diffusers
 module path (every Linear and 1x1 convolution), ``lora_te_`` on CLIP-bigG unless ``--network_train_unet_only``.
+Samples during training (``--sample_prompts``) need ``--decoder``, a diffusers ``WuerstchenDecoderPipeline`` folder
+(warp-ai/wuerstchen; ``--decoder_steps`` / ``--decoder_guidance_scale``); images after training:
+``stable_cascade_gen_img.py --decoder``.
 See library/families/stable_cascade/wuerstchen.py and docs/stable_cascade.md.
 """
 

@@ -1,12 +1,15 @@
 """Würstchen 2 (library/families/stable_cascade/wuerstchen.py) on a tiny prior folder: the objective against
 OneTrainer's Würstchen 2 formulas and diffusers' ``DDPMWuerstchenScheduler`` on fixed draws, the LoRA merged by its
 names equal to the injected network, a bit-identical resume, the full fine-tune's loss falling and its folder read by
-diffusers' ``WuerstchenPrior.from_pretrained``, and our sampler equal to ``WuerstchenPriorPipeline`` at one seed."""
+diffusers' ``WuerstchenPrior.from_pretrained``, our sampler equal to ``WuerstchenPriorPipeline`` at one seed, and the
+images of the samples during training and of stable_cascade_gen_img.py (``--decoder``) equal to diffusers'
+``WuerstchenCombinedPipeline``'s."""
 
 from __future__ import annotations
 
 import copy
 
+import numpy as np
 import pytest
 import torch
 from _train_helpers import fixed_noise_loss, write_dataset_toml
@@ -25,6 +28,14 @@ from library.objectives.noising import NoiseConfig
 def folder(tmp_path_factory):
     """The tiny model as a ``WuerstchenPriorPipeline`` folder, the EfficientNet encoder in ``effnet/``."""
     return FAMILY.tiny.write_folder(FAMILY.tiny.build(seed=0), tmp_path_factory.mktemp("wuerstchen") / "prior")
+
+
+@pytest.fixture(scope="module")
+def decoder(tmp_path_factory):
+    """A tiny ``WuerstchenDecoderPipeline`` folder (``wuerstchen_decoder.write_tiny_decoder``)."""
+    from library.families.stable_cascade.wuerstchen_decoder import write_tiny_decoder
+
+    return write_tiny_decoder(tmp_path_factory.mktemp("wuerstchen_decoder") / "decoder")
 
 
 @pytest.fixture(scope="module")
@@ -122,11 +133,15 @@ def test_lora_resumes_bit_identically_and_merges_by_its_names(folder, dataset_to
     assert torch.allclose(ours, theirs, atol=1e-5), (ours - theirs).abs().max()
 
 
-def test_refusals_are_clear(folder, dataset_toml, tmp_path):
+def test_refusals_are_clear(folder, decoder, dataset_toml, tmp_path):
     with pytest.raises(ConfigError, match="--loss_type huber is not supported for Würstchen 2"):
         wuerstchen_train_network.run(lora(folder, dataset_toml, tmp_path, "--loss_type", "huber"))
-    with pytest.raises(ConfigError, match="--sample_prompts is not supported for Würstchen 2 training"):
+    with pytest.raises(ConfigError, match="--sample_prompts needs --decoder for Würstchen 2 training"):
         wuerstchen_train_network.run(lora(folder, dataset_toml, tmp_path, "--sample_prompts", str(dataset_toml)))
+    with pytest.raises(ConfigError, match="--decoder .*: not a diffusers WuerstchenDecoderPipeline folder .*names "
+                                          "WuerstchenPriorPipeline"):  # fmt: skip
+        wuerstchen_train_network.run(lora(folder, dataset_toml, tmp_path, "--sample_prompts", str(dataset_toml),
+                                          "--decoder", str(folder)))  # fmt: skip
     with pytest.raises(ConfigError, match="--previewer_checkpoint_path is not supported for Würstchen 2"):
         wuerstchen_train_network.run(lora(folder, dataset_toml, tmp_path, "--sample_prompts", str(dataset_toml),
                                           "--previewer_checkpoint_path", str(dataset_toml)))  # fmt: skip
@@ -135,6 +150,22 @@ def test_refusals_are_clear(folder, dataset_toml, tmp_path):
                                           str(folder / "effnet" / "effnet_encoder.safetensors")))  # fmt: skip
     with pytest.raises(ConfigError, match="--save_model_as safetensors is not possible here; choose one of diffusers"):
         wuerstchen_train.run(command(folder, dataset_toml, tmp_path, "--save_model_as", "safetensors"))
+    with pytest.raises(ConfigError, match="--decoder is read by the samples during training only"):
+        wuerstchen_train_network.run(lora(folder, dataset_toml, tmp_path, "--decoder", str(decoder)))
+    with pytest.raises(ConfigError, match="--decoder_steps / --decoder_guidance_scale set the --decoder"):
+        wuerstchen_train_network.run(lora(folder, dataset_toml, tmp_path, "--decoder_steps", "4"))
+    sizes = tmp_path / "sizes.txt"
+    sizes.write_text("a red circle --w 64 --h 128\n")  # 64 px: 2 latents, int(2 x 10.67) = 21 cannot halve
+    with pytest.raises(ConfigError, match=r"prompt 1: --w 64: --decoder .* cannot decode that size .*; try 88"):
+        wuerstchen_train_network.run(lora(folder, dataset_toml, tmp_path, "--sample_prompts", str(sizes), "--decoder",
+                                          str(decoder)))  # fmt: skip
+    with pytest.raises(ValueError, match="generate with stable_cascade_gen_img.py --decoder"):
+        FAMILY.pipeline(FAMILY.load(folder), None)  # what gen_img.py asks for
+    import stable_cascade_gen_img
+
+    with pytest.raises(ValueError, match="--text_model_checkpoint_path: not for Würstchen 2"):
+        stable_cascade_gen_img.run(["--pretrained_model_name_or_path", str(folder), "--text_model_checkpoint_path",
+                                    str(folder), "--prompt", "x", "--outdir", str(tmp_path)])  # fmt: skip
 
 
 def fixed_loss(parts, prior, dataset) -> float:
@@ -172,3 +203,74 @@ def test_sampler_equals_the_prior_pipeline(folder):
                   guidance_scale=4.0, generator=torch.Generator().manual_seed(7), output_type="pt").image_embeddings  # fmt: skip
     assert theirs.shape == (1, 16, 3, 2)
     assert torch.allclose(ours * 42.0 - 1.0, theirs, atol=1e-4), (ours * 42.0 - 1.0 - theirs).abs().max()
+
+
+def test_bad_decoder_folder_names_what_it_lacks(decoder, tmp_path):
+    import shutil
+
+    from library.families.stable_cascade.wuerstchen_decoder import decoder_problems
+
+    assert decoder_problems(decoder) == []
+    broken = shutil.copytree(decoder, tmp_path / "broken")
+    (broken / "vqgan" / "diffusion_pytorch_model.safetensors").unlink()
+    shutil.rmtree(broken / "scheduler")
+    (problem,) = decoder_problems(broken)
+    assert "lacks vqgan/diffusion_pytorch_model.safetensors, scheduler/scheduler_config.json" in problem
+    assert "no such folder" in decoder_problems(tmp_path / "nothing")[0]
+
+
+def test_samples_during_training_and_gen_img_are_the_combined_pipelines_images(folder, decoder, dataset_toml,
+                                                                                tmp_path):  # fmt: skip
+    """One image per prompt after the step (the trained LoRA), each equal to ``WuerstchenCombinedPipeline`` over the
+    same prior (the LoRA applied), decoder and settings at the prompt's seed: prior steps / guidance / negative from
+    the prompt line, the decoder's from --decoder_steps / --decoder_guidance_scale (within float tolerance: pixels
+    at most 1 level apart, under 1% of them; gen_img's image equals the sample exactly)."""
+    from diffusers import WuerstchenCombinedPipeline
+    from PIL import Image
+
+    import stable_cascade_gen_img
+    from library.families.stable_cascade.wuerstchen_decoder import load_decoder
+    from networks.inject import network_from_file
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red circle --n blurry --w 128 --h 256 --s 2 --l 4 --d 7\na blue square --w 128 --h 128 "
+                       "--s 2 --l 1 --d 3\n")  # fmt: skip
+    result = wuerstchen_train_network.run(lora(folder, dataset_toml, tmp_path / "out", "--sample_prompts",
+                                               str(prompts), "--sample_every_n_steps", "1", "--decoder", str(decoder),
+                                               "--decoder_steps", "2", "--decoder_guidance_scale", "2", steps=1))  # fmt: skip
+    written = sorted(p.name for p in (tmp_path / "out" / "sample").glob("*.png") if "grid" not in p.name)
+    assert [n[:10] for n in written] == ["w_000001_0", "w_000001_0"] and written[0][10] != written[1][10]
+    parts = FAMILY.load(folder)
+    network_from_file(result.output, FAMILY.adapter_roots(parts))
+    d = load_decoder(str(decoder))
+    pipe = WuerstchenCombinedPipeline(tokenizer=d.tokenizer, text_encoder=d.text_encoder, decoder=d.decoder,
+                                      scheduler=d.scheduler, vqgan=d.vqgan, prior_tokenizer=parts.tokenizers[0],
+                                      prior_text_encoder=parts.text_encoders[0], prior_prior=parts.denoiser,
+                                      prior_scheduler=FAMILY._scheduler(parts))  # fmt: skip
+    pipe.set_progress_bar_config(disable=True)
+    images = []
+    for index, (prompt, negative, h, w, scale, seed) in enumerate((("a red circle", "blurry", 256, 128, 4.0, 7),
+                                                                    ("a blue square", "", 128, 128, 1.0, 3))):  # fmt: skip
+        expected = np.asarray(pipe(prompt=prompt, negative_prompt=negative, height=h, width=w,
+                                   prior_num_inference_steps=2, prior_guidance_scale=scale, num_inference_steps=2,
+                                   decoder_guidance_scale=2.0, generator=torch.Generator().manual_seed(seed)).images[0])  # fmt: skip
+        (path,) = (tmp_path / "out" / "sample").glob(f"w_000001_{index:02d}_*.png")
+        image = np.asarray(Image.open(path))
+        assert image.shape == (h, w, 3)
+        assert_near(image, expected)
+        images.append(expected)
+    (shown,) = stable_cascade_gen_img.run(["--pretrained_model_name_or_path", str(folder), "--decoder", str(decoder),
+                                           "--network_weights", str(result.output), "--prompt", "a red circle",
+                                           "--negative_prompt", "blurry", "--h", "256", "--w", "128", "--steps", "2",
+                                           "--guidance_scale", "4", "--decoder_steps", "2",
+                                           "--decoder_guidance_scale", "2", "--seed", "7", "--outdir",
+                                           str(tmp_path / "gen"), "--device", "cpu"])  # fmt: skip
+    assert shown.name == "wuerstchen_7_00.png"
+    assert_near(np.asarray(Image.open(shown)), images[0])
+
+
+def assert_near(image, expected):
+    """The same picture up to float rounding: the prior's sums (our sampler and prompt encoding against the prior
+    pipeline's, 1e-6 apart), amplified by the decoder's guidance, move a pixel by one level now and then."""
+    diff = np.abs(image.astype(int) - expected)
+    assert image.std() > 10 and diff.max() <= 1 and (diff > 0).mean() < 0.01, (diff.max(), (diff > 0).mean())

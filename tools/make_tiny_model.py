@@ -62,10 +62,14 @@ def run(argv: Sequence[str] | None = None) -> list[Path]:
         except ValueError as e:  # a family with no folder layout (HunyuanImage 2.1: its files only)
             folder = None
             print(f"{name}: no folder ({e})")
-        single = family.save(parts, out / f"{name}.safetensors")
+        try:
+            single: Path | None = family.save(parts, out / f"{name}.safetensors")
+        except ValueError as e:  # a family saved as folders only (Würstchen 2)
+            single = None
+            print(f"{name}: no single file ({e})")
         family.tiny.write_files(parts, out, name)  # the files sd-scripts takes beside the single file
         params = sum(p.numel() for m in (parts.denoiser, parts.vae, *parts.text_encoders) for p in m.parameters())
-        print(f"{name}: {f'{folder}/ and ' if folder else ''}{single} ({params:,} parameters, "
+        print(f"{name}: {' and '.join(str(p) for p in (folder, single) if p)} ({params:,} parameters, "
               f"{parts.prediction_type}) in {time.perf_counter() - start:.1f}s")  # fmt: skip
         written += [p for p in (folder, single) if p is not None]
     return written

@@ -170,7 +170,8 @@ def _ddpm_images(
     normalize: str,
 ) -> list[Image.Image]:
     """DDPM sampling (:func:`generate_batch`): our weighted prompt encoding, then the family's diffusers pipeline with
-    ``scheduler`` (default: the specs' sampler) denoises to latents, which the family's VAE decodes."""
+    ``scheduler`` (default: the specs' sampler) denoises to latents, which the family's VAE decodes. A pipeline that
+    takes ``prompt_texts`` (the prompts, then the negatives) decodes itself and returns the images."""
     first = specs[0]
     scheduler = scheduler or make_scheduler(first.sampler, parts.scheduler_config, zero_terminal_snr=zero_terminal_snr)
     pipe = family.pipeline(parts, scheduler)
@@ -186,15 +187,20 @@ def _ddpm_images(
             cond = family.encode_prompt(parts, texts)
         n = len(specs)
         kwargs = _condition_kwargs(pipe, cond, n, first)
+        decodes = "prompt_texts" in inspect.signature(pipe.__call__).parameters
+        if decodes:  # a two-stage model whose second stage reads the texts: the pipeline returns the images
+            kwargs["prompt_texts"] = texts
         latents = pipe(
             height=first.height,
             width=first.width,
             num_inference_steps=first.steps,
             guidance_scale=first.scale,
             generator=list(generators),
-            output_type="latent",
+            output_type="pil" if decodes else "latent",
             **kwargs,
         ).images
+        if decodes:
+            return latents
         pixels = _decode(family, parts, latents)
     return to_pil(pixels)
 

@@ -39,6 +39,7 @@ from ..base import EPSILON, Cond, FamilySpec, PartDtypes, Parts, Root, TargetCla
 from ..blocks import BlockLayout
 from ..encoders import clip
 from ..loading import META_FAMILY, _tf_dtype, instantiate
+from ..options import add_once
 from ..saving import _save_weights, atomic_dir
 from ..tokenizers import PAD_OPEN_CLIP, load_clip_tokenizer
 from .effnet import EfficientNetEncoder, tiny_stages
@@ -46,6 +47,7 @@ from .family import StableCascadeFamily
 from .loading import EFFNET_FILE, EFFNET_FOLDER, effnet_stages, read_effnet
 from .objective import T_MIN, CascadeObjective, alpha_cumprod, cascade_problems
 from .options import CascadeOptions
+from .wuerstchen_decoder import DECODER_GUIDANCE, DECODER_STEPS, decoder_problems, sample_size_problems
 
 NAME = "wuerstchen"
 PIPELINE = "WuerstchenPriorPipeline"
@@ -54,6 +56,7 @@ T_SCALE = 1.08
 PRIOR = dict(c_in=16, c=1536, c_cond=1280, c_r=64, depth=32, nhead=24, dropout=0.1)  # warp-ai/wuerstchen-prior
 TINY_PRIOR = dict(c_in=16, c=32, c_cond=48, c_r=64, depth=2, nhead=2, dropout=0.1)
 IMPLEMENTATION = "https://github.com/dome272/Wuerstchen"
+DECODER_DEFAULTS = (DECODER_STEPS, DECODER_GUIDANCE)
 TE_SPEC = TextEncoderSpec("text_encoders.clip_g.transformer.", "clip", False, "!",
                           "laion/CLIP-ViT-bigG-14-laion2B-39B-b160k", "clip_g")  # fmt: skip
 SCRIPTS = {"network": "wuerstchen_train_network.py", "fine_tune": "wuerstchen_train.py",
@@ -140,24 +143,61 @@ def wuerstchen_problems(noise: NoiseConfig, loss: LossConfig) -> list[str]:
 # --------------------------------------------------------------------------------------------------- options
 @dataclass(frozen=True)
 class WuerstchenOptions(CascadeOptions):
-    """The folder's flags (``options.py``) read for Würstchen 2: the text model comes from the folder."""
+    """The folder's flags (``options.py``) read for Würstchen 2: the text model comes from the folder; training adds
+    ``--decoder`` (a ``WuerstchenDecoderPipeline`` folder: what the samples during training need) and its steps and
+    guidance (``wuerstchen_decoder.py``)."""
+
+    decoder: str | None = None
+    decoder_steps: int = DECODER_STEPS
+    decoder_guidance_scale: float = DECODER_GUIDANCE
+
+    @classmethod
+    def add_args(cls, parser: Any, *, training: bool) -> Any:
+        super().add_args(parser, training=training)
+        if training:
+            g = parser.add_argument_group("Würstchen 2 decoder", "samples during training (--sample_prompts)")
+            add_once(g, parser, "--decoder", type=str, default=None,
+                     help="a diffusers WuerstchenDecoderPipeline folder (warp-ai/wuerstchen): turns the prior's "
+                          "latents into the sample images")  # fmt: skip
+            add_once(g, parser, "--decoder_steps", type=int, default=DECODER_STEPS,
+                     help=f"the decoder's steps (default {DECODER_STEPS}, diffusers')")  # fmt: skip
+            add_once(g, parser, "--decoder_guidance_scale", type=float, default=DECODER_GUIDANCE,
+                     help="the decoder's classifier-free guidance (default 0: none, diffusers')")  # fmt: skip
+        return parser
 
     @classmethod
     def from_args(cls, args: Any, *, training: bool) -> CascadeOptions:
-        """The folder's checks, their messages naming Würstchen 2 (samples need its decoder: refused likewise)."""
+        """The folder's checks, their messages naming Würstchen 2, and ``--decoder``'s (samples need it)."""
+        from library.cli.parse import from_namespace, positive_count_problems
         from library.cli.problems import ConfigError
 
         own = []
         if getattr(args, "previewer_checkpoint_path", None):
             own.append("--previewer_checkpoint_path is not supported for Würstchen 2: Stability's previewer reads "
-                       "Stable Cascade stage C latents; drop the flag")  # fmt: skip
+                       "Stable Cascade stage C latents; drop the flag (samples: --decoder)")  # fmt: skip
+        decoder = getattr(args, "decoder", None)
+        steps = getattr(args, "decoder_steps", DECODER_STEPS)
+        if not decoder and (steps, getattr(args, "decoder_guidance_scale", DECODER_GUIDANCE)) != DECODER_DEFAULTS:
+            own.append("--decoder_steps / --decoder_guidance_scale set the --decoder of the samples during training; "
+                       "give --decoder or drop them")  # fmt: skip
+        if decoder and not getattr(args, "sample_prompts", None):
+            own.append("--decoder is read by the samples during training only; give --sample_prompts (with "
+                       "--sample_every_n_steps / _epochs or --sample_at_first) or drop it")  # fmt: skip
+        if decoder:
+            own += decoder_problems(decoder) or sample_size_problems(decoder, getattr(args, "sample_prompts", None))
+            own += positive_count_problems(args, ("decoder_steps",))
         try:
             options = super().from_args(args, training=training)
         except ConfigError as e:
-            sample = "--sample_prompts is not supported for Würstchen 2 training: its images need the stage B decoder"
-            lines = [sample if p.startswith("--sample_prompts") else p.replace("Stable Cascade", "Würstchen 2")
-                     for p in e.problems]  # fmt: skip
-            raise ConfigError(own + lines) from None
+            sample = ("--sample_prompts needs --decoder for Würstchen 2 training: a diffusers WuerstchenDecoderPipeline "
+                      "folder (warp-ai/wuerstchen) turns the prior's latents into the sample images")  # fmt: skip
+            lines = [p.replace("Stable Cascade", "Würstchen 2") for p in e.problems
+                     if not p.startswith("--sample_prompts")]  # fmt: skip
+            if not decoder and any(p.startswith("--sample_prompts") for p in e.problems):
+                lines.append(sample)
+            if own or lines:
+                raise ConfigError(own + lines) from None
+            options = from_namespace(cls, args)
         if own:
             raise ConfigError(own)
         return options
@@ -274,11 +314,14 @@ class WuerstchenTiny:
         return Path(self.family.save(parts, folder))
 
     def write_files(self, parts: Parts, out: str | Path, name: str) -> dict[str, Path]:
-        """``--effnet_checkpoint_path`` (the folder holds the rest)."""
+        """``--effnet_checkpoint_path`` (the folder holds the rest) and a tiny ``--decoder`` folder."""
         from library.files.weights import save_state_dict
 
+        from .wuerstchen_decoder import write_tiny_decoder
+
         Path(out).mkdir(parents=True, exist_ok=True)
-        return {"effnet": save_state_dict(parts.vae.state_dict(), Path(out) / f"{name}_effnet.safetensors", {}, None)}
+        return {"effnet": save_state_dict(parts.vae.state_dict(), Path(out) / f"{name}_effnet.safetensors", {}, None),
+                "decoder": write_tiny_decoder(Path(out) / f"{name}_decoder")}  # fmt: skip
 
     def add_tool_args(self, parser: Any) -> None:
         return None
@@ -410,8 +453,16 @@ class WuerstchenFamily(StableCascadeFamily):
                                        scheduler=scheduler or self._scheduler(parts))  # fmt: skip
 
     def pipeline(self, parts: Parts, scheduler: Any) -> Any:
-        raise ValueError("Würstchen 2 images need its decoder after the prior; the prior's latents come from "
-                         "library.families.stable_cascade.sampling.sample_stage_c (see docs/stable_cascade.md)")  # fmt: skip
+        """The shared samplers' pipeline: with ``--decoder`` the prior's sampler, then the decoder
+        (``wuerstchen_decoder.WuerstchenPipeline``; ``scheduler`` unused); refused otherwise."""
+        options = parts.options if isinstance(parts.options, WuerstchenOptions) else WuerstchenOptions()
+        if options.decoder:
+            from .wuerstchen_decoder import WuerstchenPipeline
+
+            return WuerstchenPipeline(self, parts.denoiser, options.decoder, options.decoder_steps,
+                                      options.decoder_guidance_scale)  # fmt: skip
+        raise ValueError("Würstchen 2 images need its decoder after the prior: generate with stable_cascade_gen_img.py "
+                         "--decoder <a diffusers WuerstchenDecoderPipeline folder> (training's samples: --decoder)")  # fmt: skip
 
 
 WUERSTCHEN = WuerstchenFamily()
