@@ -31,6 +31,8 @@ def records():
         for n in (10, 40):
             out.append(rec("sd-scripts", p, n, 10 + a_step * n, 20 + 2 * a_step * n, a_step, 8.0, 500.0))
             out.append(rec("sdtrain", p, n, 10 + b_step * n, 20 + 2 * b_step * n, b_step, 4.0 + p, 450.0))
+            for r, step in zip(out[-2:], (a_step, b_step)):  # the loop's own CPU: 1.5x the wall of a step
+                r["loop_cpu_s_per_step"] = 1.5 * step
     return out
 
 
@@ -51,6 +53,7 @@ def test_paired_ratios_are_medians_of_per_pair_ratios():
     got = dict(zip(cols, cells[1:]))
     assert got["s/step (wall40-wall10)/30"] == "0.75" and got["time to 1st step s"] == "0.56"
     assert got["peak RSS MB"] == "0.90" and got["CPU s/step (cpu40-cpu10)/30"] == "0.75"
+    assert got["CPU s/step loop N=40"] == "0.75" and got["s/step loop mean N=40"] == "-"  # not in these records
     assert "IDENTICAL key+shape set to sd-scripts" in text and "Problems" not in text
 
 
