@@ -99,7 +99,7 @@ def test_arguments_name_what_is_missing(tmp_path, capsys):
         bench_vs_sdscripts.make_sides(a)
 
 
-@pytest.mark.parametrize("case", ["sd3", "anima", "lumina"])
+@pytest.mark.parametrize("case", ["sd3", "anima", "lumina", "chroma"])
 def test_dit_cases_give_both_sides_the_same_files_and_flags(tmp_path, case):
     """A DiT case runs the same entry script on both sides with the same arguments; only the reference side goes
     through the wrapper that patches its released configs (the kit's for SD3, run_reference_tiny.py otherwise)."""
@@ -115,5 +115,5 @@ def test_dit_cases_give_both_sides_the_same_files_and_flags(tmp_path, case):
     flags = mine[mine.index(script) + 1 :]
     model = Path(flags[flags.index("--pretrained_model_name_or_path") + 1])
     assert model.parent == tmp_path / "models" / bench_vs_sdscripts.DIT_CASES[case].folder
-    assert flags[flags.index("--network_module") + 1] == f"networks.lora_{case}"
+    assert flags[flags.index("--network_module") + 1] == f"networks.lora_{'flux' if case == 'chroma' else case}"
     assert flags[flags.index("--max_train_steps") + 1] == "7" and "--network_train_unet_only" in flags
