@@ -12,7 +12,8 @@ torchvision stand-in benchmarks/peer/sds_shims on PYTHONPATH; sd-scripts is neve
 
 Per run: whole-process wall and CPU (user+sys) seconds, peak RSS, time to first step (launch -> first update of the
 "steps" progress bar; stamps come from a sitecustomize.py put first on PYTHONPATH), s/step (median interval of
-steps 3..N of those stamps) and, per pair, (wall(N_max) - wall(N_min)) / (N_max - N_min) as a stamp-free s/step.
+steps 3..N of those stamps; their mean; the process's CPU seconds from step 2 to N over N - 2, read at the stamps:
+the loop's CPU free of start-up and save) and, per pair, (wall(N_max) - wall(N_min)) / (N_max - N_min) as a stamp-free s/step.
 The output file's key+shape set of every side is compared. Results: OUT/runs.jsonl, OUT/summary.md, one folder
 per run with its log. ``--summarize OUT`` re-prints the tables of an earlier run.
 
@@ -59,7 +60,7 @@ if _f:
             try:
                 if str(getattr(self, "desc", "") or "").startswith("steps") and not getattr(self, "disable", False):
                     with open(_f, "a") as fh:
-                        fh.write("%.6f %d\n" % (time.time(), self.n))
+                        fh.write("%.6f %d %.6f\n" % (time.time(), self.n, time.process_time()))
             except Exception:
                 pass
             return r
@@ -357,6 +358,10 @@ def run_one(a: argparse.Namespace, side: Side, case: str, steps: int, pair: int,
         rec["ttfs_s"] = st[0][0] - t0
         diffs = [b[0] - a_[0] for a_, b in zip(st, st[1:])][1:]  # intervals of steps 3..N
         rec["s_per_step"] = statistics.median(diffs) if diffs else None
+        if len(st) > 2 and st[-1][1] > st[1][1]:  # the loop alone (steps 3..N): no start-up, no final save
+            rec["loop_s_per_step"] = (st[-1][0] - st[1][0]) / (st[-1][1] - st[1][1])
+            if len(st[1]) > 2:  # the process's CPU seconds at each stamp (all its threads)
+                rec["loop_cpu_s_per_step"] = (st[-1][2] - st[1][2]) / (st[-1][1] - st[1][1])
         if sampler and sampler.samples:  # sampled peak up to the end of step 1 (load, caching, step 1) and after
             rec["rss_to_step1_mb"] = max([kb for t, kb in sampler.samples if t <= st[0][0]] or [0]) / 1024
             rec["rss_after_step1_mb"] = max([kb for t, kb in sampler.samples if t > st[0][0]] or [0]) / 1024

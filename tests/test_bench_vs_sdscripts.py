@@ -31,6 +31,8 @@ def records():
         for n in (10, 40):
             out.append(rec("sd-scripts", p, n, 10 + a_step * n, 20 + 2 * a_step * n, a_step, 8.0, 500.0))
             out.append(rec("sdtrain", p, n, 10 + b_step * n, 20 + 2 * b_step * n, b_step, 4.0 + p, 450.0))
+            for r, step in zip(out[-2:], (a_step, b_step)):  # the loop's own CPU: 1.5x the wall of a step
+                r["loop_cpu_s_per_step"] = 1.5 * step
     return out
 
 
@@ -51,6 +53,7 @@ def test_paired_ratios_are_medians_of_per_pair_ratios():
     got = dict(zip(cols, cells[1:]))
     assert got["s/step (wall40-wall10)/30"] == "0.75" and got["time to 1st step s"] == "0.56"
     assert got["peak RSS MB"] == "0.90" and got["CPU s/step (cpu40-cpu10)/30"] == "0.75"
+    assert got["CPU s/step loop N=40"] == "0.75" and got["s/step loop mean N=40"] == "-"  # not in these records
     assert "IDENTICAL key+shape set to sd-scripts" in text and "Problems" not in text
 
 
@@ -96,7 +99,7 @@ def test_arguments_name_what_is_missing(tmp_path, capsys):
         bench_vs_sdscripts.make_sides(a)
 
 
-@pytest.mark.parametrize("case", ["sd3", "anima", "lumina"])
+@pytest.mark.parametrize("case", ["sd3", "anima", "lumina", "chroma"])
 def test_dit_cases_give_both_sides_the_same_files_and_flags(tmp_path, case):
     """A DiT case runs the same entry script on both sides with the same arguments; only the reference side goes
     through the wrapper that patches its released configs (the kit's for SD3, run_reference_tiny.py otherwise)."""
@@ -112,5 +115,5 @@ def test_dit_cases_give_both_sides_the_same_files_and_flags(tmp_path, case):
     flags = mine[mine.index(script) + 1 :]
     model = Path(flags[flags.index("--pretrained_model_name_or_path") + 1])
     assert model.parent == tmp_path / "models" / bench_vs_sdscripts.DIT_CASES[case].folder
-    assert flags[flags.index("--network_module") + 1] == f"networks.lora_{case}"
+    assert flags[flags.index("--network_module") + 1] == f"networks.lora_{'flux' if case == 'chroma' else case}"
     assert flags[flags.index("--max_train_steps") + 1] == "7" and "--network_train_unet_only" in flags

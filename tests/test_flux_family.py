@@ -303,14 +303,30 @@ def test_chroma_encodes_like_chroma_pipeline_and_masks_like_sd_scripts(tiny):
         cond = CHROMA.encode_prompt(parts, ["a photo of a cat"])
         assert cond.pooled is None and torch.equal(cond.hidden_states, embeds)
         noisy, t = torch.randn(1, 16, 4, 4), torch.tensor([300.0])
-        v = CHROMA.predict(parts.denoiser, noisy, t, cond)
+        seen = []  # the text rows the transformer computes
+        hook = parts.denoiser.context_embedder.register_forward_pre_hook(lambda m, a: seen.append(a[0].shape[1]))
+        try:
+            v = CHROMA.predict(parts.denoiser, noisy, t, cond)
+            # two captions of different lengths: cut to the longer, the shorter one masked; each as alone
+            pair = CHROMA.encode_prompt(parts, ["a photo of a cat", "a cat"])
+            v2 = CHROMA.predict(parts.denoiser, noisy.expand(2, -1, -1, -1), t.expand(2), pair)
+            alone = CHROMA.predict(parts.denoiser, noisy, t, CHROMA.encode_prompt(parts, ["a cat"]))
+        finally:
+            hook.remove()
         # sd-scripts' Chroma (chroma_models.py): the text is cut to its length + attn_padding 1, no mask
         n = int(cond.mask.sum()) + 1
+        assert seen[:2] == [n, n] and seen[2] < n
         assert torch.equal(pipe_mask[0].bool(), torch.arange(512) < n)  # the pipeline attends the same tokens
         packed = L.pack(noisy)
         ref = parts.denoiser(hidden_states=packed, encoder_hidden_states=cond.hidden_states[:, :n], timestep=t / 1000,
                              img_ids=L.image_ids(4, 4), txt_ids=torch.zeros(n, 3), return_dict=False)[0]  # fmt: skip
-    assert (L.pack(v) - ref).abs().max() < 1e-5
+        # every padded row, masked (the pipeline's way): the same velocity
+        mask = torch.cat([pipe_mask.bool(), torch.ones(1, packed.shape[1], dtype=torch.bool)], dim=1)
+        padded = parts.denoiser(hidden_states=packed, encoder_hidden_states=cond.hidden_states, timestep=t / 1000,
+                                img_ids=L.image_ids(4, 4), txt_ids=torch.zeros(512, 3), attention_mask=mask,
+                                return_dict=False)[0]  # fmt: skip
+    assert (L.pack(v) - ref).abs().max() < 1e-5 and (L.pack(v) - padded).abs().max() < 1e-5
+    torch.testing.assert_close(v2, torch.cat([v, alone]), rtol=1e-5, atol=1e-5)
 
 
 # ------------------------------------------------------------------------------------------------ latents

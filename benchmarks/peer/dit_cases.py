@@ -5,7 +5,7 @@ benchmarks/peer/tiny_families.py under ``ASSETS/models/<folder>``, with the same
 alpha 2 with the family's ``networks.lora_<family>``, AdamW, seed 1, cached latents and text-encoder outputs, the
 denoiser only. sd-scripts runs through a wrapper that patches its released configs to the tiny widths from the
 ``tiny_config.json`` beside the model file: the peer kit's helpers/run_sdscripts_tiny.py for SD3 and FLUX.1
-(``--kit``), this folder's run_reference_tiny.py for the others (Anima, Lumina 2, HunyuanImage 2.1).
+(``--kit``), this folder's run_reference_tiny.py for the others (Anima, Lumina 2, Chroma, HunyuanImage 2.1).
 """
 
 from __future__ import annotations
@@ -48,6 +48,12 @@ DIT_CASES = {
                     ("--network_module", "networks.lora_flux", "--timestep_sampling", "shift", "--discrete_flow_shift",
                      "3.1582", "--model_prediction_type", "raw", "--guidance_scale", "1.0"),
                     kit_wrapper=True),
+    "chroma": DitCase("flux_train_network.py", "tiny-chroma", "chroma",
+                      (("--pretrained_model_name_or_path", "chroma_tiny.safetensors"),
+                       ("--t5xxl", "t5xxl.safetensors"), ("--ae", "ae.safetensors")),
+                      ("--network_module", "networks.lora_flux", "--model_type", "chroma", "--apply_t5_attn_mask",
+                       "--timestep_sampling", "shift", "--discrete_flow_shift", "3.1582", "--model_prediction_type",
+                       "raw", "--guidance_scale", "0.0")),
     "hunyuan_image": DitCase("hunyuan_image_train_network.py", "tiny-hunyuan_image", "hunyuan_image",
                              (("--pretrained_model_name_or_path", "tiny_dit.safetensors"),
                               ("--text_encoder", "tiny_qwen.safetensors"), ("--byt5", "tiny_byt5.safetensors"),

@@ -2,7 +2,8 @@
 
 A record is one whole-process run (a dict): ``case``, ``side`` (a label: "sd-scripts", "before", "sdtrain"),
 ``steps``, ``pair``, ``rc``, ``wall_s``, and where measured ``cpu_s``, ``peak_rss_mb``, ``ttfs_s`` (time to first
-step), ``s_per_step`` (median per-step interval from progress-bar stamps), ``rss_to_step1_mb`` /
+step), ``s_per_step`` (median per-step interval from progress-bar stamps), ``loop_s_per_step`` /
+``loop_cpu_s_per_step`` (wall / process CPU seconds from step 2 to the last step, per step), ``rss_to_step1_mb`` /
 ``rss_after_step1_mb`` (sampled), ``output`` (summary of the written file) and ``keys`` (key -> shape).
 Ratios are medians of pair-by-pair ratios (each pair ran the sides back to back), never ratios of medians.
 Pure functions of the records: no torch, no subprocess (tests/test_bench_vs_sdscripts.py runs them alone).
@@ -22,6 +23,8 @@ METRICS = (
     ("wall_lo", "wall N={lo} s", 1),
     ("wall_hi", "wall N={hi} s", 1),
     ("sps", "s/step stamps N={hi}", 3),
+    ("lwall", "s/step loop mean N={hi}", 3),
+    ("lcpu", "CPU s/step loop N={hi}", 3),
     ("diff", "s/step (wall{hi}-wall{lo})/{d}", 3),
     ("cdiff", "CPU s/step (cpu{hi}-cpu{lo})/{d}", 3),
     ("cpu_hi", "CPU s N={hi}", 1),
@@ -81,6 +84,8 @@ def side_metrics(recs: list[dict], case: str, side: str, lo: int, hi: int) -> di
         "wall_lo": {p: r["wall_s"] for p, r in at[lo].items()},
         "wall_hi": {p: r["wall_s"] for p, r in at[hi].items()},
         "sps": {p: r.get("s_per_step") for p, r in at[hi].items()},
+        "lwall": {p: r.get("loop_s_per_step") for p, r in at[hi].items()},
+        "lcpu": {p: r.get("loop_cpu_s_per_step") for p, r in at[hi].items()},
         "diff": per_step("wall_s"),
         "cdiff": per_step("cpu_s"),
         "cpu_hi": {p: r.get("cpu_s") for p, r in at[hi].items()},

@@ -17,6 +17,9 @@ code it replaces is still there:
   lumina ``LuminaParams.get_2b_config`` (the tiny transformer), ``lumina_util``'s Gemma2 config and the FLUX AE's
          widths and literal GroupNorm(32) group count.
 
+  chroma ``chroma_models.chroma_params`` (widths, depths, approximator sizes), the FLUX AE as for Lumina 2 and
+         ``flux_utils``' T5 config.
+
   hunyuan_image  ``HYImageDiffusionTransformer`` / ``HunyuanVAE2D`` / ``load_byt5`` literals (the tiny module's
          ``SDSCRIPTS_*CONSTANTS``), the byT5 zeros' literal width, ``load_qwen2_5_vl``'s config and strict load (the
          file holds the language model only), the hub tokenizers (Qwen2.5-VL, byT5), and the in-memory text cache's
@@ -77,9 +80,6 @@ def patch_anima(cfg: dict) -> None:
 
 
 def patch_lumina(cfg: dict) -> None:
-    import dataclasses
-
-    import torch
     from transformers import Gemma2Config
 
     from library import flux_models, lumina_models, lumina_util
@@ -93,7 +93,16 @@ def patch_lumina(cfg: dict) -> None:
     lumina_models.LuminaParams.get_2b_config = classmethod(lambda cls: tiny)
     assert "Gemma2Config(**GEMMA2_CONFIG)" in inspect.getsource(lumina_util.load_gemma2)
     lumina_util.Gemma2Config = lambda **kw: Gemma2Config(**dict(kw, **cfg["text_encoder"]))
-    ae = cfg["ae"]
+    tiny_flux_ae(flux_models, cfg["ae"])
+
+
+def tiny_flux_ae(flux_models, ae: dict) -> None:
+    """sd-scripts' FLUX AE (``flux_models.configs[*].ae_params``, Lumina 2's and Chroma's too) at the widths of
+    ``ae`` and its literal GroupNorm(32) at ``ae["groups"]`` groups."""
+    import dataclasses
+
+    import torch
+
     for spec in flux_models.configs.values():
         spec.ae_params = dataclasses.replace(spec.ae_params, ch=ae["ch"], ch_mult=ae["ch_mult"],
                                              num_res_blocks=ae["num_res_blocks"], z_channels=ae["z_channels"])  # fmt: skip
@@ -107,6 +116,23 @@ def patch_lumina(cfg: dict) -> None:
     nn.__dict__.update(torch.nn.__dict__)
     nn.GroupNorm = GroupNorm
     flux_models.nn = nn
+
+
+def patch_chroma(cfg: dict) -> None:
+    """Chroma (``flux_train_network.py --model_type chroma``): ``chroma_models.chroma_params`` (the released
+    widths, depths and approximator sizes, which the loader passes unread from the file), the FLUX AE and T5's
+    config; Chroma has no CLIP-L (sd-scripts builds a dummy)."""
+    import dataclasses
+
+    from transformers import T5Config
+
+    from library import chroma_models, flux_models, flux_utils
+
+    assert "chroma_models.Chroma(chroma_models.chroma_params)" in inspect.getsource(flux_utils.load_flow_model)
+    chroma_models.chroma_params = dataclasses.replace(chroma_models.chroma_params, **cfg["chroma_params"])
+    assert "T5Config(**config)" in inspect.getsource(flux_utils.load_t5xxl)
+    flux_utils.T5Config = lambda **kw: T5Config(**dict(kw, **cfg["t5xxl"]))
+    tiny_flux_ae(flux_models, cfg["ae"])
 
 
 def _replaced(func, replacements: dict, namespace: dict, where: str):
@@ -321,7 +347,7 @@ def patch_flux2(cfg: dict) -> None:
     tiny_qwen3(zu, cfg)
 
 
-PATCHES = {"anima": patch_anima, "lumina": patch_lumina, "hunyuan_image": patch_hunyuan_image,
+PATCHES = {"anima": patch_anima, "lumina": patch_lumina, "chroma": patch_chroma, "hunyuan_image": patch_hunyuan_image,
            "qwen_image": patch_qwen_image, "zimage": patch_zimage, "flux2": patch_flux2}  # fmt: skip
 MODEL_FLAGS = (
     "--pretrained_model_name_or_path",

@@ -3,7 +3,7 @@
     PYTHONPATH=<sdtrain> <sdtrain venv>/bin/python benchmarks/peer/tiny_families.py OUT --only anima
 
 (OUT/tiny-sd3/: the peer kit's SD3.5-medium files, see :func:`sd3`; OUT/tiny-lumina/: :func:`lumina`; OUT/tiny-flux,
-tiny-hunyuan_image (sd-scripts) and tiny-qwen_image, tiny-zimage, tiny-flux2 (musubi-tuner): the function of that
+tiny-chroma, tiny-hunyuan_image (sd-scripts) and tiny-qwen_image, tiny-zimage, tiny-flux2 (musubi-tuner): the function of that
 name.)
 OUT/tiny-anima/: ``tiny_dit.safetensors`` (the DiT with its LLM adapter under ``net.``), ``tiny_qwen3.safetensors``,
 ``tiny_vae.safetensors`` (ComfyUI names), written by the family's own tiny builder (``ANIMA.tiny``), and
@@ -114,6 +114,32 @@ def flux(out: Path) -> None:
               "norm_num_groups": vae.norm_num_groups,
               "clip_l": {k: getattr(clip_l.config, k) for k in clip_keys},
               "t5xxl": {k: getattr(t5.config, k) for k in t5_keys}}  # fmt: skip
+    (out / "tiny_config.json").write_text(json.dumps(config, indent=1))
+
+
+def chroma(out: Path) -> None:
+    """Chroma: ``chroma_tiny.safetensors`` (BFL names), ``t5xxl``, ``ae`` written by the family's own tiny builder
+    (``build_tiny_flux("chroma")``; no CLIP-L) and tiny_config.json: sd-scripts' ``ChromaParams`` fields (its
+    loader builds the released widths and depths whatever the file holds), the AE's widths and GroupNorm groups, T5's
+    widths (run_reference_tiny.py's ``patch_chroma``)."""
+    from library.families.flux.tiny import CHROMA_EXTRA, build_tiny_flux, write_tiny_files
+
+    parts = build_tiny_flux("chroma", seed=0)
+    files = write_tiny_files(parts, out)
+    files["model"].replace(out / "chroma_tiny.safetensors")
+    c, vae = parts.denoiser.config, parts.vae.config
+    boc = vae.block_out_channels
+    t5_keys = ("d_model", "d_kv", "d_ff", "num_layers", "num_heads", "relative_attention_num_buckets")
+    params = {"in_channels": c.in_channels, "context_in_dim": c.joint_attention_dim,
+              "hidden_size": c.num_attention_heads * c.attention_head_dim, "num_heads": c.num_attention_heads,
+              "depth": c.num_layers, "depth_single_blocks": c.num_single_layers, "axes_dim": list(c.axes_dims_rope),
+              "approximator_in_dim": CHROMA_EXTRA["approximator_num_channels"],
+              "approximator_depth": CHROMA_EXTRA["approximator_layers"],
+              "approximator_hidden_size": CHROMA_EXTRA["approximator_hidden_dim"]}  # fmt: skip
+    ae = {"ch": boc[0], "ch_mult": [b // boc[0] for b in boc], "num_res_blocks": vae.layers_per_block,
+          "z_channels": vae.latent_channels, "groups": vae.norm_num_groups}  # fmt: skip
+    config = {"family": "chroma", "chroma_params": params, "ae": ae,
+              "t5xxl": {k: getattr(parts.text_encoders[0].config, k) for k in t5_keys}}  # fmt: skip
     (out / "tiny_config.json").write_text(json.dumps(config, indent=1))
 
 
@@ -237,6 +263,7 @@ BUILDERS = {
     "anima": anima,
     "lumina": lumina,
     "flux": flux,
+    "chroma": chroma,
     "hunyuan_image": hunyuan_image,
     "qwen_image": qwen_image,
     "zimage": zimage,

@@ -289,23 +289,27 @@ class FluxFamily:
         the transformer gets timestep t / 1000, ``cond.pooled`` (FLUX.1), ``guidance`` (dev only: a float or (B,)
         tensor, default sd-scripts' 3.5; schnell has no guidance input and ignores it, as sd-scripts), and, when
         ``cond.mask`` is set, a key mask over [text, image] (padding not attended; Chroma attends one padding token,
-        as sd-scripts and ChromaPipeline); the output is unpacked."""
+        as sd-scripts and ChromaPipeline, and the text is cut to the batch's longest + that token, as sd-scripts'
+        Chroma: the mask only where lengths differ); the output is unpacked."""
         if time_ids is not None:
             raise ValueError(f"{self.spec.title} takes no size/crop time_ids (only SDXL does)")
         b, _, h, w = noisy.shape
         tokens = L.pack(noisy)
+        hidden, chroma_mask = cond.hidden_states, None
+        if self.chroma and cond.mask is not None:  # the padding no token attends: not computed (sd-scripts too)
+            hidden, chroma_mask = text.trim_padding(hidden, cond.mask, extra_padding=1)
         img_ids = L.image_ids(h, w, noisy.device, noisy.dtype)
-        txt_ids = torch.zeros(cond.hidden_states.shape[1], 3, device=noisy.device, dtype=noisy.dtype)
+        txt_ids = torch.zeros(hidden.shape[1], 3, device=noisy.device, dtype=noisy.dtype)
         timestep = (t.to(noisy.device, torch.float32) / 1000).expand(b).to(noisy.dtype)
-        kwargs: dict[str, Any] = dict(hidden_states=tokens, encoder_hidden_states=cond.hidden_states, timestep=timestep,
+        kwargs: dict[str, Any] = dict(hidden_states=tokens, encoder_hidden_states=hidden, timestep=timestep,
                                       img_ids=img_ids, txt_ids=txt_ids, return_dict=False)  # fmt: skip
         if self.chroma:
             if guidance is not None and float(torch.as_tensor(guidance).abs().max()) != 0:
                 self._warn_once("chroma_g", "Chroma (diffusers' ChromaTransformer2DModel) takes no guidance input: "
                                 "guidance %s is ignored; sd-scripts' docs use --guidance_scale 0 for Chroma",
                                 guidance)  # fmt: skip
-            if cond.mask is not None:
-                kwargs["attention_mask"] = text.transformer_mask(cond.mask, tokens.shape[1], extra_padding=1)
+            if chroma_mask is not None:  # texts of different lengths in the batch
+                kwargs["attention_mask"] = text.transformer_mask(chroma_mask, tokens.shape[1], extra_padding=1)
         else:
             if cond.pooled is None:
                 raise ValueError("FLUX.1 needs the CLIP-L pooled embedding (cond.pooled) to predict")

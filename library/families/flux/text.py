@@ -39,3 +39,13 @@ def transformer_mask(mask: Tensor, image_tokens: int, extra_padding: int = 0) ->
         mask = torch.arange(mask.shape[1], device=mask.device)[None, :] < length
     ones = torch.ones(mask.shape[0], image_tokens, dtype=torch.bool, device=mask.device)
     return torch.cat([mask, ones], dim=1)
+
+
+def trim_padding(states: Tensor, mask: Tensor, extra_padding: int) -> tuple[Tensor, Tensor | None]:
+    """``(states, mask)`` cut to the batch's longest text + ``extra_padding`` rows (right padding): the rows no token
+    attends are dropped, as sd-scripts' Chroma forward cuts them (``max_txt_len``); the mask is None when every row
+    left is attended by every sample. One host read (the lengths)."""
+    lengths = mask.sum(dim=-1)
+    shortest, longest = (int(v) for v in torch.stack([lengths.min(), lengths.max()]).tolist())
+    keep = min(longest + extra_padding, mask.shape[1])
+    return states[:, :keep], None if shortest + extra_padding >= keep else mask[:, :keep]
