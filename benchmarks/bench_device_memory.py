@@ -7,9 +7,10 @@
 The run is train_network.run / sdxl_train_network.run unchanged, on the released architecture (SD1.5: UNet 860 M,
 CLIP-L, VAE; SDXL: UNet 2.57 G, CLIP-L + bigG, VAE) with the low-VRAM settings of OneTrainer's anchors (seed 001):
 ``--mixed_precision bf16 --fp8_base --cache_latents --cache_text_encoder_outputs --gradient_checkpointing``, UNet-only
-LoRA dim 16 / alpha 8, AdamW, batch 1, one training image, one sample (4 steps, euler_a) after the step, and the
-save. Only ``family.load`` is replaced: it hands over the real-size modules without reading a file (random weights
-on CUDA; on the simulated device uninitialised host memory, which costs no resident memory until it is cast).
+LoRA dim 16 / alpha 8, AdamW, batch 1, one training image, one sample (4 steps, euler_a) after two steps (the
+second one's backward beside the AdamW state the first one made), and the save. Only ``family.load`` is replaced: it
+hands over the real-size modules without reading a file (random weights on CUDA; on the simulated device
+uninitialised host memory, which costs no resident memory until it is cast).
 
 ``--device meta`` (default): library/measure/simulated_device.py counts the bytes of every tensor on the device, phase by
 phase (load, latent caching, text caching, step, sampling, save), with real shapes and lifetimes and no arithmetic.
@@ -119,7 +120,7 @@ def main() -> None:
     parser.add_argument("--repo", default=str(HERE), help="the checkout whose code runs (default: this one)")
     parser.add_argument("--extra", default="", help="flags added to the run (one string)")
     parser.add_argument("--no_sample", action="store_true", help="skip the sampling round")
-    parser.add_argument("--steps", type=int, default=1, help="cuda: > 2 also gives s/step, FLOPs per step and MFU")
+    parser.add_argument("--steps", type=int, default=2, help="cuda: > 2 also gives s/step, FLOPs per step and MFU")
     parser.add_argument("--plain", action="store_true", help="without the low-VRAM flags (bf16, sdpa, cached)")
     parser.add_argument(
         "--without",
@@ -196,7 +197,7 @@ def main() -> None:
         # fp8 + checkpointing: 9.7 GB on an H200 and on the simulated device, 3.3 GB without the counter)
         out["peak_mib"].pop("step", None)
         out["highest_mib"] = max(out["peak_mib"].values())
-        out["step_peak"] = "not measured in a speed run (the FLOP-counted step keeps extra tensors); use --steps 1"
+        out["step_peak"] = "not measured in a speed run (the FLOP-counted step keeps extra tensors); use --steps 2"
         out.update(speed.report())
     print(json.dumps(out))
 

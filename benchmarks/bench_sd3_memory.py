@@ -88,10 +88,10 @@ class RealSizeLoader:
         if str(device) != "cpu" or {want.denoiser, want.vae, want.text_encoders} != {got}:
             raise RuntimeError(f"RealSizeLoader: prepared {got} parts on the host, the run asks {want} on {device}")
         # the settings load() installs on the transformer (position embeddings) go to the real one too
-        pos = tiny.extra.get("pos_embed") or {}
+        options = tiny.options
         real = dataclasses.replace(parts, tokenizers=tiny.tokenizers, scheduler_config=tiny.scheduler_config,
-                                   family=tiny.family, extra=dict(tiny.extra))  # fmt: skip
-        self.family.set_pos_embed(real, pos.get("random_crop_rate", 0.0), pos.get("resolutions"))
+                                   family=tiny.family, options=options)  # fmt: skip
+        self.family.set_pos_embed(real, float(options.pos_emb_random_crop_rate), options.pos_embed_resolutions)
         return real
 
 
@@ -108,14 +108,14 @@ def measure(row: str, args: argparse.Namespace, work: Path) -> dict:
             "--caption_extension", ".txt", "--resolution", str(args.resolution), "--output_dir", str(work / "out"),
             "--output_name", f"lora-{name}{swap}", "--network_module", "networks.lora", "--network_dim", "16",
             "--network_alpha", "8", "--network_train_unet_only", "--optimizer_type", "AdamW",
-            "--learning_rate", "1e-4", "--train_batch_size", str(args.batch), "--max_train_steps", "1",
+            "--learning_rate", "1e-4", "--train_batch_size", str(args.batch), "--max_train_steps", "2",
             "--max_data_loader_n_workers", "0", "--seed", "0", "--save_model_as", "safetensors",
             *SETTINGS]  # fmt: skip
     if swap:
         argv += ["--blocks_to_swap", str(swap)]
     argv += args.extra.split()
     if not args.no_sample:
-        argv += ["--sample_prompts", str(work / "prompts.txt"), "--sample_every_n_steps", "1"]
+        argv += ["--sample_prompts", str(work / "prompts.txt"), "--sample_every_n_steps", "2"]
     family = get_family(variant)
     start = time.time()
     if isinstance(family.load, RealSizeLoader):

@@ -12,8 +12,8 @@ tokenizer is the shipped one). Float8 storage (rows ``VARIANT:fp8:N``: musubi-tu
 the meta device with the run's rule.
 
 Settings (musubi-tuner's documented line): ``--gradient_checkpointing --mixed_precision bf16``, latents and text
-outputs cached in the run, batch 1, ``networks.lora_flux_2`` rank 32, AdamW, one 1024 px image, one sample after the
-step (1024 px, 4 steps, klein base's true CFG 4 with the negative prompt), the save. Rows ``VARIANT:MODE:N``: klein-4b
+outputs cached in the run, batch 1, ``networks.lora_flux_2`` rank 32, AdamW, one 1024 px image, one sample after two
+steps (1024 px, 4 steps, klein base's true CFG 4 with the negative prompt), the save. Rows ``VARIANT:MODE:N``: klein-4b
 or klein-9b, bf16 or fp8 weights, ``--blocks_to_swap N`` (0: none).
 
 library/measure/simulated_device.py counts every device-resident tensor per phase with real shapes and lifetimes,
@@ -102,7 +102,7 @@ def measure(row: str, args: argparse.Namespace, work: Path) -> dict:
     argv = ["--dit", str(work / "tiny"), "--model_version", variant.replace("klein-", "klein-base-"), "--dataset_config", str(work / "dataset.toml"),
             "--output_dir", str(work / "out"), "--output_name", f"lora-{variant}-{name}{swap}",
             "--network_module", "networks.lora_flux_2", "--network_dim", "32", "--network_alpha", "32",
-            "--optimizer_type", "AdamW", "--learning_rate", "1e-4", "--max_train_steps", "1",
+            "--optimizer_type", "AdamW", "--learning_rate", "1e-4", "--max_train_steps", "2",
             "--max_data_loader_n_workers", "0", "--seed", "0", *SETTINGS]  # fmt: skip
     if swap:
         argv += ["--blocks_to_swap", str(swap)]
@@ -110,7 +110,7 @@ def measure(row: str, args: argparse.Namespace, work: Path) -> dict:
         argv += ["--fp8_base", "--fp8_scaled", "--fp8_text_encoder"]
     argv += args.extra.split()
     if not args.no_sample:
-        argv += ["--sample_prompts", str(work / "prompts.txt"), "--sample_every_n_steps", "1"]
+        argv += ["--sample_prompts", str(work / "prompts.txt"), "--sample_every_n_steps", "2"]
     family = get_family("flux2")
     start = time.time()
     if isinstance(family.load, RealSizeLoader):

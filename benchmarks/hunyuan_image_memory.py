@@ -26,7 +26,7 @@ cast; the run leaves stored layers as they are). With ``--fp8_vl`` in ``--extra`
 Settings (sd-scripts' docs line): ``--mixed_precision bf16 --gradient_checkpointing --cache_latents
 --cache_text_encoder_outputs --network_train_unet_only --split_attn``, ``networks.lora_hunyuan_image`` rank 16
 (alpha 1), batch 1, one image at ``--resolution`` (1024 px: the docs' dataset), AdamW (the docs' AdamW8bit needs
-bitsandbytes' CUDA kernels; its state would be a quarter of this one's), one sample after the step (the resolution,
+bitsandbytes' CUDA kernels; its state would be a quarter of this one's), one sample after two steps (the resolution,
 4 steps, CFG 3.5 then APG: the DiT runs twice per step), the save. On the simulated device diffusers' text-token
 reordering (boolean masks) selects every token: the text is 2 x (1 + 128) tokens (the cached Qwen states are cut
 to the batch's longest caption, which reads as 1 token there), about a 130-token caption's.
@@ -161,7 +161,7 @@ def measure(row: str, args: argparse.Namespace, work: Path, files: dict) -> dict
             "--caption_extension", ".txt", "--resolution", str(args.resolution), "--output_dir", str(work / "out"),
             "--output_name", f"lora-{name}{swap}", "--network_module", "networks.lora_hunyuan_image",
             "--network_dim", "16", "--network_alpha", "1", "--network_train_unet_only", "--optimizer_type", "AdamW",
-            "--learning_rate", "1e-4", "--train_batch_size", "1", "--max_train_steps", "1",
+            "--learning_rate", "1e-4", "--train_batch_size", "1", "--max_train_steps", "2",
             "--max_data_loader_n_workers", "0", "--seed", "0", "--save_model_as", "safetensors", *SETTINGS]  # fmt: skip
     if swap:
         argv += ["--blocks_to_swap", str(swap)]
@@ -169,7 +169,7 @@ def measure(row: str, args: argparse.Namespace, work: Path, files: dict) -> dict
         argv += ["--fp8_scaled"]
     argv += args.extra.split() + (["--fp8_vl"] if "vl" in suffix else [])
     if not args.no_sample:
-        argv += ["--sample_prompts", str(work / "prompts.txt"), "--sample_every_n_steps", "1"]
+        argv += ["--sample_prompts", str(work / "prompts.txt"), "--sample_every_n_steps", "2"]
     start = time.time()
     host = {}
     if isinstance(FAMILY.load, RealSizeLoader):

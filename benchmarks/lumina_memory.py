@@ -13,7 +13,7 @@ a real load gives too).
 Settings: sd-scripts' docs/lumina_train_network.md command line (``--mixed_precision bf16 --gradient_checkpointing
 --cache_latents --cache_text_encoder_outputs``, a rank-8 LoRA with alpha 8, AdamW, ``--timestep_sampling
 nextdit_shift``) with ``--network_train_unet_only`` (Gemma's adapters get no gradient over the cache anyway), one
-1024 px image, one sample after the step (1024 px, 4 steps, CFG 3.5 with an empty negative prompt: the denoiser runs
+1024 px image, one sample after two steps (1024 px, 4 steps, CFG 3.5 with an empty negative prompt: the denoiser runs
 at batch 2), the save. Rows: ``--blocks_to_swap N`` (0: none) of the 26 layers.
 
 library/measure/simulated_device.py counts every device-resident tensor per phase (load, latent caching, text
@@ -95,13 +95,13 @@ def measure(swap: int, args: argparse.Namespace, work: Path) -> dict:
             str(work / "data"), "--caption_extension", ".txt", "--resolution", str(args.resolution), "--output_dir",
             str(work / "out"), "--output_name", f"lora-{swap}", "--network_module", "networks.lora_lumina",
             "--network_dim", "8", "--network_alpha", "8", "--optimizer_type", "AdamW", "--learning_rate", "1e-4",
-            "--train_batch_size", str(args.batch), "--max_train_steps", "1", "--max_data_loader_n_workers", "0",
+            "--train_batch_size", str(args.batch), "--max_train_steps", "2", "--max_data_loader_n_workers", "0",
             "--seed", "0", "--save_model_as", "safetensors", *SETTINGS]  # fmt: skip
     if swap:
         argv += ["--blocks_to_swap", str(swap)]
     argv += args.extra.split()
     if not args.no_sample:
-        argv += ["--sample_prompts", str(work / "prompts.txt"), "--sample_every_n_steps", "1"]
+        argv += ["--sample_prompts", str(work / "prompts.txt"), "--sample_every_n_steps", "2"]
     family = get_family("lumina2")
     start = time.time()
     if isinstance(family.load, RealSizeLoader):

@@ -13,7 +13,7 @@ loader on the meta device with the run's rule.
 
 Settings (musubi-tuner's documented line): ``--gradient_checkpointing --mixed_precision bf16``, latents and text
 outputs cached in the run, batch 1, ``networks.lora_qwen_image`` rank 16, AdamW, one 1024 px image, one sample after
-the step (1024 px, 4 steps, CFG 4 with an empty negative prompt), the save. Rows ``MODE:N``: bf16, or fp8
+two steps (1024 px, 4 steps, CFG 4 with an empty negative prompt), the save. Rows ``MODE:N``: bf16, or fp8
 (``--fp8_base --fp8_scaled``, and ``--fp8_vl`` for the text caching phase, which musubi-tuner's separate caching step
 on a 12 GB card needs too), ``--blocks_to_swap N`` (0: none; at most 58). musubi-tuner's rows: 42 GB plain, 30 GB
 ``--fp8_base --fp8_scaled``, 24 GB + swap 16, 12 GB + swap 45. With the caching scripts run before, the training
@@ -106,7 +106,7 @@ def measure(row: str, args: argparse.Namespace, work: Path) -> dict:
             "--caption_extension", ".txt", "--resolution", str(args.resolution), "--output_dir", str(work / "out"),
             "--output_name", f"lora-{name}{swap}", "--network_module", "networks.lora_qwen_image", "--network_dim", "16",
             "--network_alpha", "16", "--network_train_unet_only", "--optimizer_type", "AdamW",
-            "--learning_rate", "1e-4", "--train_batch_size", str(args.batch), "--max_train_steps", "1",
+            "--learning_rate", "1e-4", "--train_batch_size", str(args.batch), "--max_train_steps", "2",
             "--max_data_loader_n_workers", "0", "--seed", "0", "--save_model_as", "safetensors",
             *SETTINGS]  # fmt: skip
     if swap:
@@ -115,7 +115,7 @@ def measure(row: str, args: argparse.Namespace, work: Path) -> dict:
         argv += ["--fp8_base", "--fp8_scaled", "--fp8_vl"]
     argv += args.extra.split()
     if not args.no_sample:
-        argv += ["--sample_prompts", str(work / "prompts.txt"), "--sample_every_n_steps", "1"]
+        argv += ["--sample_prompts", str(work / "prompts.txt"), "--sample_every_n_steps", "2"]
     family = get_family(variant)
     start = time.time()
     if isinstance(family.load, RealSizeLoader):

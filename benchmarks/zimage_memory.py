@@ -12,7 +12,7 @@ tokenizer is the shipped one). ``--fp8_base``'s cast (rows ``*-fp8:N``; the fami
 loader on the meta device with the run's rule.
 
 Settings (musubi-tuner's documented line): ``--gradient_checkpointing --mixed_precision bf16``, latents and text
-outputs cached in the run, batch 1, one 1024 px image, one sample after the step (1024 px, 4 steps, CFG with an empty
+outputs cached in the run, batch 1, one 1024 px image, one sample after two steps (1024 px, 4 steps, CFG with an empty
 negative prompt), the save. LoRA rows ``lora-MODE:N``: ``networks.lora_zimage`` rank 32, AdamW, bf16 or fp8 base
 weights, ``--blocks_to_swap N``. Full rows ``full-bf16:N``: ``--full_bf16``, Adafactor with ``--fused_backward_pass``
 (musubi-tuner's documented memory options for zimage_train.py), ``--blocks_to_swap N``.
@@ -108,7 +108,7 @@ def measure(row: str, args: argparse.Namespace, work: Path) -> dict:
     variant, swap = "zimage", int(swap)
     argv = ["--pretrained_model_name_or_path", str(work / "tiny" / variant), "--train_data_dir", str(work / "data"),
             "--caption_extension", ".txt", "--resolution", str(args.resolution), "--output_dir", str(work / "out"),
-            "--output_name", f"{name}{swap}", "--train_batch_size", str(args.batch), "--max_train_steps", "1",
+            "--output_name", f"{name}{swap}", "--train_batch_size", str(args.batch), "--max_train_steps", "2",
             "--learning_rate", "1e-4", "--max_data_loader_n_workers", "0", "--seed", "0", *SETTINGS]  # fmt: skip
     if kind == "lora":
         argv += ["--network_module", "networks.lora_zimage", "--network_dim", "32", "--network_alpha", "32",
@@ -122,7 +122,7 @@ def measure(row: str, args: argparse.Namespace, work: Path) -> dict:
         argv += ["--fp8_base"]
     argv += args.extra.split()
     if not args.no_sample:
-        argv += ["--sample_prompts", str(work / "prompts.txt"), "--sample_every_n_steps", "1"]
+        argv += ["--sample_prompts", str(work / "prompts.txt"), "--sample_every_n_steps", "2"]
     family = get_family(variant)
     start = time.time()
     if isinstance(family.load, RealSizeLoader):
