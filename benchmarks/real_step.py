@@ -1,13 +1,14 @@
 """One LoRA training step per family at real width on the CPU, sdtrain's model beside its reference's (run by hand).
 
     # both sides, one after the other (never at once), and the ratio; --pairs 2 alternates reference, ours, ...
-    python3 benchmarks/real_step.py both --family qwen_image [--python .venv/bin/python] [--res 256] [--steps 2] [--pairs 1] [--threads 1]
+    python3 benchmarks/real_step.py both --family qwen_image [--python .venv/bin/python] [--res 256] [--steps 2] \\
+        [--pairs 1] [--threads 1] [--blocks 1,2]
     # one side (the reference in its venv: sd-scripts with cwd = its checkout, musubi-tuner with its src on
     # PYTHONPATH; see :data:`REFERENCES`), one JSON line:
     PYTHONPATH=$PWD OMP_NUM_THREADS=1 /work/main/.venv/bin/python benchmarks/real_step.py ours --family zimage
 
-The families with a reference trainer that sd3_real_step.py does not cover: Anima, Lumina 2, HunyuanImage 2.1
-(sd-scripts), Qwen-Image, Z-Image, FLUX.2 klein 4B (musubi-tuner). Each side builds the released denoiser's
+The families with a reference trainer that sd3_real_step.py does not cover: Anima, Lumina 2, HunyuanImage 2.1,
+FLUX.1-dev (sd-scripts), Qwen-Image, Z-Image, FLUX.2 klein 4B (musubi-tuner). Each side builds the released denoiser's
 width, head count, MLP ratio and text width with fewer blocks (``real_step_sides.DEPTHS``: the same on both
 sides; ``--blocks`` changes them), random float32 weights, a LoRA of dim 4 / alpha 2 on its default targets with
 its own network module (the trainers' ``--network_module networks.lora_<family> --network_train_unet_only``), and
@@ -36,6 +37,7 @@ HERE = Path(__file__).resolve().parent
 # family -> (reference, its trainer)
 REFERENCES = {"anima": ("sd-scripts", "anima_train_network.py"), "lumina": ("sd-scripts", "lumina_train_network.py"),
               "hunyuan_image": ("sd-scripts", "hunyuan_image_train_network.py"),
+              "flux": ("sd-scripts", "flux_train_network.py"),
               "qwen_image": ("musubi-tuner", "qwen_image_train_network.py"),
               "zimage": ("musubi-tuner", "zimage_train_network.py"),
               "flux2": ("musubi-tuner", "flux_2_train_network.py --model_version klein-base-4b")}  # fmt: skip
@@ -85,11 +87,14 @@ def run_side(side: str, family: str, blocks: tuple[int, ...], res: int, steps: i
             "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)}  # fmt: skip
 
 
-def side_command(a: argparse.Namespace, side: str) -> tuple[list[str], Path, dict]:
+def side_command(a: argparse.Namespace, side: str, pair: int) -> tuple[list[str], Path, dict]:
     """``(argv, cwd, env)`` of one side's process."""
     common = [__file__, side, "--family", a.family, "--res", str(a.res), "--steps", str(a.steps), "--json"]
     if a.blocks:
         common += ["--blocks", a.blocks]
+    if a.profile:
+        Path(a.profile).mkdir(parents=True, exist_ok=True)
+        common += ["--profile", str(Path(a.profile).resolve() / f"{a.family}_{side}_{pair}.txt")]
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), MKL_NUM_THREADS=str(a.threads))
     if side == "ours":
         return [a.python, *common], ROOT, dict(env, PYTHONPATH=str(ROOT))
@@ -107,7 +112,7 @@ def both(a: argparse.Namespace) -> None:
     for pair in range(a.pairs):
         results = {}
         for side in ("reference", "ours"):
-            argv, cwd, env = side_command(a, side)
+            argv, cwd, env = side_command(a, side, pair + 1)
             out = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True)
             if out.returncode:
                 raise SystemExit(f"{side} failed:\n{out.stderr[-3000:]}")
@@ -130,7 +135,11 @@ def main() -> None:
     ap.add_argument("--blocks", default=None, help="blocks kept, comma-separated as DEPTHS lists them (double,single)")
     ap.add_argument("--res", type=int, default=256, help="image side in pixels")
     ap.add_argument("--steps", type=int, default=2, help="timed steps after one warm-up step")
-    ap.add_argument("--profile", default=None, help="write torch.profiler's operator table of one more step here")
+    ap.add_argument(
+        "--profile",
+        default=None,
+        help="write torch.profiler's operator table of one more step here (both: a folder, one table per run)",
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON line")
     ap.add_argument("--pairs", type=int, default=1, help="both: reference / ours pairs, one process at a time")
     ap.add_argument("--threads", type=int, default=1, help="both: OMP_NUM_THREADS of each side")

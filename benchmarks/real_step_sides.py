@@ -27,14 +27,15 @@ DEPTHS = {
     "hunyuan_image": "1 of 20 double + 1 of 40 single blocks (width 3584, 28 heads, MLP 4x); 2 refiner layers",
     "qwen_image": "2 of 60 dual-stream blocks (width 3072, 24 heads, MLP 4x)",
     "zimage": "2 of 30 main layers (width 3840, 30 heads); 2 + 2 refiner layers as released",
+    "flux": "FLUX.1-dev: 1 of 19 double + 2 of 38 single blocks (width 3072, 24 heads, MLP 4x)",
     "flux2": "FLUX.2 klein 4B: 1 of 5 double + 2 of 20 single blocks (width 3072, 24 heads, MLP 3x)",
 }
-DEFAULT_BLOCKS = {"anima": (4,), "lumina": (2,), "hunyuan_image": (1, 1), "qwen_image": (2,), "zimage": (2,),
+DEFAULT_BLOCKS = {"anima": (4,), "lumina": (2,), "hunyuan_image": (1, 1), "qwen_image": (2,), "zimage": (2,), "flux": (1, 2),
                   "flux2": (1, 2)}  # fmt: skip
 # text tokens (all real, batch 1): the trainers' padded lengths where they pad (Anima: Qwen3 and T5 512; Lumina 2:
-# Gemma 256; FLUX.2: 512), a 77-token caption where they cut the text to the caption (HunyuanImage 2.1: Qwen plus
+# Gemma 256; FLUX.1-dev: T5 512; FLUX.2: 512), a 77-token caption where they cut the text to the caption (HunyuanImage 2.1: Qwen plus
 # 16 of byT5's 128 rows, Qwen-Image, Z-Image)
-TEXT = {"anima": 512, "lumina": 256, "hunyuan_image": 77, "qwen_image": 77, "zimage": 77, "flux2": 512}
+TEXT = {"anima": 512, "lumina": 256, "hunyuan_image": 77, "qwen_image": 77, "zimage": 77, "flux": 512, "flux2": 512}
 BYT5_ROWS, BYT5_REAL = 128, 16
 
 
@@ -189,6 +190,29 @@ def ref_hunyuan_image(blocks, res):
 
     def forward():
         return model(x, torch.tensor([500]), qwen, qwen_mask, byt5, byt5_mask)
+
+    return forward, params, n
+
+
+def ref_flux(blocks, res):
+    import torch
+
+    sys.path.insert(0, ".")
+    from library import flux_models, flux_utils
+
+    released = flux_models.configs["dev"].params
+    assert released.hidden_size == 3072 and released.depth == 19 and released.depth_single_blocks == 38
+    model = _frozen(flux_models.Flux(dataclasses.replace(released, depth=blocks[0], depth_single_blocks=blocks[1])))
+    params, n = _sds_network("networks.lora_flux", model)
+    lat, text = res // 8, TEXT["flux"]
+    x = flux_utils.pack_latents(_randn(1, 16, lat, lat))
+    ids, txt_ids = flux_utils.prepare_img_ids(1, lat // 2, lat // 2), torch.zeros(1, text, 3)
+    t5, pooled = _randn(1, text, 4096), _randn(1, 768)
+
+    def forward():
+        out = model(img=x, img_ids=ids, txt=t5, txt_ids=txt_ids, y=pooled, timesteps=torch.tensor([0.5]),
+                    guidance=torch.full((1,), 3.5), txt_attention_mask=None, mod_vectors=None)  # fmt: skip
+        return flux_utils.unpack_latents(out, lat // 2, lat // 2)
 
     return forward, params, n
 
@@ -350,6 +374,17 @@ def ours_zimage(blocks, res):
     model = M.build(dict(M.RELEASED, n_layers=blocks[0]))
     cond = Cond(_randn(1, TEXT["zimage"], 2560), None, None)
     return _ours("zimage", "zimage_train_network", model, cond, _randn(1, 16, lat, lat), "networks.lora_zimage")
+
+
+def ours_flux(blocks, res):
+    from library.families.base import Cond
+    from library.families.flux.configs import released, transformer_factory
+
+    lat = res // 8
+    config = dict(released("flux-dev")["transformer"], num_layers=blocks[0], num_single_layers=blocks[1])
+    cond = Cond(_randn(1, TEXT["flux"], 4096), _randn(1, 768), None)
+    return _ours("flux-dev", "flux_train_network", transformer_factory(config)(), cond, _randn(1, 16, lat, lat),
+                 "networks.lora_flux")  # fmt: skip
 
 
 def ours_flux2(blocks, res):
