@@ -118,3 +118,23 @@ def test_the_bound_reads_the_headers_only(model, tmp_path):
         assert sum(f.bytes for f in full) == _tensor_bytes(sorted(model.rglob("*.safetensors")), dtype.itemsize)
     (tmp_path / "v.ckpt").write_bytes(b"x" * 1000)
     assert load_memory.load_bound(load_memory.weight_files([tmp_path / "v.ckpt"]), [torch.float16])[0].bytes == 1000
+
+
+def test_a_plan_and_lowram_on_a_gpu_skip_the_check(model, tmp_path):
+    """The same short host: warned; inside a --plan_memory plan (which counts the host itself) and with --lowram on
+    a GPU (each weight goes to the card as it is read) nothing is checked."""
+    from types import SimpleNamespace
+
+    from library.cli import plan_flags
+    from library.run.memory_watch import WatchConfig
+
+    def check(lowram: bool, device: str) -> str | None:
+        cfg = SimpleNamespace(memory_watch=WatchConfig(), run=SimpleNamespace(lowram=lowram), family=get_family("sd1"),
+                              model=SimpleNamespace(path=model, vae=None), options=None, args={})  # fmt: skip
+        acc = SimpleNamespace(device=SimpleNamespace(type=device), is_local_main_process=True)
+        return load_memory.check_before_load(cfg, acc, [torch.float32], lambda: HostMemory(0, 8 * GiB, 0))
+
+    assert "--lowram" in check(False, "cuda") and "--lowram" not in check(False, "cpu")
+    assert check(True, "cuda") is None and check(True, "cpu") is not None
+    with plan_flags.planning(tmp_path):
+        assert check(False, "cuda") is None

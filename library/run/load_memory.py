@@ -27,7 +27,7 @@ plus :data:`OVERHEAD` (the interpreter, torch and the libraries a started run ho
 available memory (``MemAvailable``); it names the files and their GiB, the available memory and free swap, the likely
 outcome and what helps. The run is never refused: with swap it may still finish. ``--lowram`` on a GPU loads each
 weight straight onto the card, so the host holds no load and nothing is checked; ``--no_memory_watch`` turns the
-check off.
+check off, and a ``--plan_memory`` plan (which counts the whole run's host peak itself) skips it.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 
+from library.cli import plan_flags
 from library.files.weights import PICKLE_SUFFIXES, SAFETENSORS_SUFFIXES
 from library.run.memory_watch import GiB, HostMemory, host_memory
 
@@ -184,8 +185,8 @@ def check_before_load(
     """Warn once in the console when the load will not fit the available host memory (see the module docstring);
     returns the warning (training sends it to the trackers with the first step: ``MemoryWatch.report``)."""
     cuda = getattr(accelerator.device, "type", None) == "cuda"
-    planning = bool((cfg.args or {}).get("plan_memory"))  # --plan_memory counts the host itself, reading nothing
-    if planning or not cfg.memory_watch.enabled or (cfg.run.lowram and cuda) or not accelerator.is_local_main_process:
+    skipped = plan_flags.in_plan() or not cfg.memory_watch.enabled or (cfg.run.lowram and cuda)
+    if skipped or not accelerator.is_local_main_process:
         return None
     host = (read_host or host_memory)()
     if host is None:
