@@ -35,6 +35,11 @@ def run_planner(run: Callable[[], Any]) -> Any:
 _active: list[PlanState] = []  # the plan being run (at most one)
 
 
+def in_plan() -> bool:
+    """Whether a ``--plan_memory`` plan is running the command now (its run reads weight files' headers only)."""
+    return bool(_active)
+
+
 def add_plan_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("memory plan (library/measure/plan.py)")
     group.add_argument("--plan_memory", action="store_true",

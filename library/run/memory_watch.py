@@ -141,7 +141,14 @@ class MemoryWatch:
         self.device: DeviceMemory | None = None
         self.host: HostMemory | None = None
         self.first_swap: int | None = None
+        self.pending: list[str] = []  # warnings given before the trackers started (:meth:`report`)
         self.started = self.clock()
+
+    def report(self, message: str | None) -> None:
+        """A warning already shown in the console before training (e.g. library/run/load_memory.py's, before the
+        load): sent to the trackers with the first step's values."""
+        if message:
+            self.pending.append(message)
 
     def restart(self) -> None:
         """Time from now on: what ran since the last step (saves, samples, validation) is not step time."""
@@ -166,6 +173,7 @@ class MemoryWatch:
         messages = [m for m in (self._slow(step, seconds), self._card_full(step), self._host_low(step)) if m]
         for message in messages:
             logger.warning(message)
+        messages, self.pending = self.pending + messages, []
         if messages:
             values["memory/warning"] = "\n\n".join(messages)
         return values
@@ -286,6 +294,9 @@ class Unwatched:
     """``--no_memory_watch``: no reads, no timing, no values."""
 
     def restart(self) -> None:
+        pass
+
+    def report(self, message: str | None) -> None:
         pass
 
     def step_done(self, step: int) -> dict[str, float | str]:

@@ -26,7 +26,7 @@ from library.device.placement import on_device_when_used, to_device
 from library.families.base import PartDtypes, Parts, stays_on_host
 from library.families.protocol import ModelFamily
 from library.files.weights import without_mmap
-from library.run import memory_watch
+from library.run import load_memory, memory_watch
 from library.run.block_swap import BlockSwap, BlockSwapConfig, enable_offloaded_checkpointing, swap_problems
 from library.run.config import TrainConfig, with_native_resolution
 from library.run.runtime import (
@@ -93,12 +93,14 @@ def start(cfg: TrainConfig) -> Run:
     notes = cfg.method.check_plan(plan)  # textual inversion: the captions that hold the token
     for note in notes if accelerator.is_main_process else []:
         logger.warning(note)
+    host_note = load_memory.check_before_load(cfg, accelerator, vars(part_dtypes(cfg)).values())  # before any weight
     parts = load_model(cfg, accelerator)
     if cfg.sample.enabled:  # what only the loaded model can tell (a flow model's patch multiple), before training
         sampling.check_sample_prompts(cfg.sample, cfg.family, parts)
     tune_host(cfg, accelerator, parts, plan)
     run = Run(cfg, accelerator, cfg.family, parts, plan, define_step(cfg, parts, accelerator))
     run.watch = memory_watch.for_run(cfg, accelerator.device)  # the host's memory now, the steps' in the loop
+    run.watch.report(host_note)  # to the trackers with the first step
     run.watch.check_host("before caching")
     fill_caches(run)  # the VAE, then the text encoders, alone on the device
     run.watch.check_host("after caching")
@@ -115,6 +117,7 @@ def prepare_caches(cfg: TrainConfig) -> Run:
     ``latent_cache``, ``text_cache``) for inspection."""
     cfg, accelerator = open_run(cfg, trackers=False)
     plan = build_plan(cfg, accelerator)
+    load_memory.check_before_load(cfg, accelerator, vars(part_dtypes(cfg)).values())
     run = Run(cfg, accelerator, cfg.family, load_model(cfg, accelerator), plan, step_models=None)
     fill_caches(run)
     accelerator.wait_for_everyone()

@@ -102,6 +102,8 @@ class StableCascadeFamily:
     fp8_skip = ()
     target_classes = TARGETS
     options = CascadeOptions
+    # read for sample previews, not by the load (library/run/load_memory.py)
+    options_read_later = ("previewer_checkpoint_path",)
     full_training = CascadeFullTraining()
     adapter_rules = MappingProxyType({})
     ti_embedding_keys = (TE_SPEC.ti_key,)
