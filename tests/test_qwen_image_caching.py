@@ -12,6 +12,7 @@ import qwen_image_cache_latents
 import qwen_image_cache_text_encoder_outputs
 import qwen_image_train_network
 from library.cli.problems import ConfigError
+from library.families.encoders import qwen25vl
 from library.families.qwen_image import QWEN_IMAGE
 
 pytest_plugins = ["_qwen_image_helpers"]
@@ -27,9 +28,14 @@ TEXT_FLAGS = """--dataset_config --device --batch_size --num_workers --skip_exis
 
 @pytest.fixture
 def counted(monkeypatch):
-    """Counts of the VAE encodes and Qwen2.5-VL encodes the family runs."""
-    calls = {"vae": 0, "text": 0}
+    """Counts of the VAE encodes and Qwen2.5-VL encodes the family runs, and of the tokenizers it builds."""
+    calls = {"vae": 0, "text": 0, "tokenizer": 0}
     encode_latents, encode_tokens = QWEN_IMAGE.encode_latents, QWEN_IMAGE.encode_tokens
+    load_tokenizer = qwen25vl.load_tokenizer
+
+    def tokenizer(*a, **k):
+        calls["tokenizer"] += 1
+        return load_tokenizer(*a, **k)
 
     def latents(*a, **k):
         calls["vae"] += 1
@@ -41,12 +47,14 @@ def counted(monkeypatch):
 
     monkeypatch.setattr(QWEN_IMAGE, "encode_latents", latents)
     monkeypatch.setattr(QWEN_IMAGE, "encode_tokens", tokens)
+    monkeypatch.setattr(qwen25vl, "load_tokenizer", tokenizer)
     return calls
 
 
 def test_cached_then_trained_encodes_nothing_and_matches(qwen_files, dataset, tmp_path, counted):
-    """The documented workflow: cache latents, cache text, train. The training run encodes nothing and its losses
-    equal those of the same run caching inside itself (another cache_directory, empty)."""
+    """The documented workflow: cache latents, cache text, train. The training run encodes nothing, builds no
+    tokenizer (about 130 MB of the process at any size) and its losses equal those of the same run caching inside
+    itself (another cache_directory, empty), which builds it."""
     (tmp_path / "a").mkdir()
     toml = musubi_toml(dataset, tmp_path / "a" / "dataset.toml")
     assert qwen_image_cache_latents.main(["--dataset_config", str(toml), "--vae", qwen_files["vae"],
@@ -56,15 +64,16 @@ def test_cached_then_trained_encodes_nothing_and_matches(qwen_files, dataset, tm
     assert counted["vae"] == 4 and counted["text"] == 1  # four images, one at a time; four captions in one call
     entries = sorted((tmp_path / "a" / "cache").rglob("*.safetensors"))
     assert len(entries) == 8
-    counted.update(vae=0, text=0)
+    assert counted["tokenizer"] == 1  # the text caching step tokenized
+    counted.update(vae=0, text=0, tokenizer=0)
     cached = qwen_image_train_network.run(doc_command(qwen_files, toml, tmp_path / "out_a"))
-    assert counted == {"vae": 0, "text": 0}
+    assert counted == {"vae": 0, "text": 0, "tokenizer": 0}
     assert sorted((tmp_path / "a" / "cache").rglob("*.safetensors")) == entries  # nothing new written
 
     (tmp_path / "b").mkdir()
     toml_b = musubi_toml(dataset, tmp_path / "b" / "dataset.toml")
     inside = qwen_image_train_network.run(doc_command(qwen_files, toml_b, tmp_path / "out_b"))
-    assert counted["vae"] == 4 and counted["text"] >= 1  # cached inside the run
+    assert counted["vae"] == 4 and counted["text"] >= 1 and counted["tokenizer"] == 1  # cached inside the run
     assert len(cached.losses) == len(inside.losses) == 2
     assert cached.losses == inside.losses
 
@@ -109,10 +118,10 @@ def test_fp8_vl_caches_and_trains_with_musubis_fp8_row(qwen_files, dataset, tmp_
     assert qwen_image_cache_latents.main(["--dataset_config", str(toml), "--vae", qwen_files["vae"]]) == 0
     text = ["--dataset_config", str(toml), "--text_encoder", qwen_files["text_encoder"], "--fp8_vl"]
     assert qwen_image_cache_text_encoder_outputs.main(text) == 0
-    counted.update(vae=0, text=0)
+    counted.update(vae=0, text=0, tokenizer=0)
     row = ["--fp8_base", "--fp8_scaled", "--fp8_vl"]
     qwen_image_train_network.run(doc_command(qwen_files, toml, tmp_path / "out", *row))
-    assert counted == {"vae": 0, "text": 0}
+    assert counted == {"vae": 0, "text": 0, "tokenizer": 0}
     qwen_image_train_network.run(doc_command(qwen_files, toml, tmp_path / "out2", "--fp8_base", "--fp8_scaled"))
     assert counted["vae"] == 0 and counted["text"] > 0  # bfloat16 Qwen2.5-VL: its own entries
 

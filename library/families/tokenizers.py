@@ -117,3 +117,52 @@ def load_tokenizers(specs: Sequence[Any], folder: Path | None = None, cache_dir:
         log.debug("tokenizer %d: %s", i, found or "bundled CLIP vocabulary")
         tokenizers.append(tokenizer)
     return tokenizers
+
+
+class DeferredTokenizer:
+    """A tokenizer built at its first use: ``load(*args)`` runs when a name is looked up on it, it is called, or its
+    length is asked. A run whose text-encoder outputs are all cached never tokenizes, and a large BPE vocabulary
+    (Qwen's 151k tokens: about 130 MB of the process's memory) then never loads. Everything else is the real
+    tokenizer's: attributes are read and set on it, pickling (a data loader worker) sends the real one."""
+
+    __slots__ = ("_load", "_args", "_tokenizer")
+
+    def __init__(self, load: Any, *args: Any) -> None:
+        object.__setattr__(self, "_load", load)
+        object.__setattr__(self, "_args", args)
+        object.__setattr__(self, "_tokenizer", None)
+
+    @property
+    def loaded(self) -> bool:
+        return self._tokenizer is not None
+
+    def resolve(self) -> Any:
+        """The real tokenizer (built now if it was not yet)."""
+        if self._tokenizer is None:
+            object.__setattr__(self, "_tokenizer", self._load(*self._args))
+        return self._tokenizer
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.resolve(), name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self.resolve(), name, value)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.resolve()(*args, **kwargs)
+
+    def __len__(self) -> int:
+        return len(self.resolve())
+
+    def __bool__(self) -> bool:  # a tokenizer is there (``tokenizer or default`` does not build it)
+        return True
+
+    def __reduce__(self) -> tuple:
+        return (_same, (self.resolve(),))
+
+    def __repr__(self) -> str:
+        return repr(self._tokenizer) if self.loaded else f"DeferredTokenizer({getattr(self._load, '__name__', '?')})"
+
+
+def _same(obj: Any) -> Any:
+    return obj

@@ -19,6 +19,7 @@ from ..autoencoders import flux2 as ae
 from ..base import PartDtypes, Parts
 from ..encoders import mistral3, qwen3
 from ..loading import KeyView, finish, instantiate, read_weights
+from ..tokenizers import DeferredTokenizer
 from . import keys as K
 from . import model as M
 
@@ -117,7 +118,7 @@ def load_tokenizer(path: Path, version: str) -> Any:
     """Mistral's tokenizer beside the text encoder for dev; Qwen3's (the folder's, else the shipped one) for klein."""
     if version == "dev":
         return mistral3.load_tokenizer(path)
-    return qwen3.load_tokenizer(path if path.is_dir() else None)
+    return DeferredTokenizer(qwen3.load_tokenizer, path if path.is_dir() else None)  # cached runs never tokenize
 
 
 def load_flux2(name: str, path: str | Path, *, dtype: torch.dtype | PartDtypes, vae: str | None, device: Any,

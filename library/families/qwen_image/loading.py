@@ -20,6 +20,7 @@ from ..autoencoders import qwen_image
 from ..base import PartDtypes, Parts
 from ..encoders import qwen25vl, qwen25vl_edit
 from ..loading import KeyView, finish, instantiate_fitting, read_weights
+from ..tokenizers import DeferredTokenizer
 from . import model as M
 
 log = logging.getLogger(__name__)
@@ -142,6 +143,7 @@ def load_qwen_image(name: str, path: str | Path, *, dtype: torch.dtype | PartDty
         stored = qwen25vl.store_fp8(getattr(encoder, "language_model", encoder), dtypes.text_encoders)
         log.info("--fp8_vl: %d Qwen2.5-VL layers stored in float8", stored)
     autoencoder = load_vae(vae_path, dtypes.vae, device)
-    tokenizers = [qwen25vl.load_tokenizer(te_path if te_path.is_dir() else None)]
+    # built at first use: a run whose text outputs are all cached never tokenizes
+    tokenizers = [DeferredTokenizer(qwen25vl.load_tokenizer, te_path if te_path.is_dir() else None)]
     parts = Parts(denoiser, autoencoder, [encoder], tokenizers, dict(M.SCHEDULER), name, str(path), options)
     return finish(parts, device)

@@ -21,6 +21,7 @@ from ..autoencoders import flux_ae
 from ..base import PartDtypes, Parts
 from ..encoders import qwen3, qwen25vl
 from ..loading import KeyView, finish, instantiate_fitting, read_weights
+from ..tokenizers import DeferredTokenizer
 from . import model as M
 
 FOLDER_CLASS = "ZImage"
@@ -134,6 +135,7 @@ def load_zimage(name: str, path: str | Path, *, dtype: torch.dtype | PartDtypes,
     denoiser = load_dit(path, dtypes.denoiser, device)
     encoder = load_text_encoder(te_path, dtypes.text_encoders, device, options.fp8_llm)
     autoencoder = load_vae(vae_path, _dtype(options.vae_dtype, dtypes.vae), device)
-    tokenizers = [qwen3.load_tokenizer(te_path if te_path.is_dir() else None)]
+    # built at first use: a run whose text outputs are all cached never tokenizes
+    tokenizers = [DeferredTokenizer(qwen3.load_tokenizer, te_path if te_path.is_dir() else None)]
     parts = Parts(denoiser, autoencoder, [encoder], tokenizers, dict(M.SCHEDULER), name, str(path), options)
     return finish(parts, device)
