@@ -17,7 +17,7 @@ the loop's CPU free of start-up and save) and, per pair, (wall(N_max) - wall(N_m
 The output file's key+shape set of every side is compared. Results: OUT/runs.jsonl, OUT/summary.md, one folder
 per run with its log. ``--summarize OUT`` re-prints the tables of an earlier run.
 
-musubi-tuner's families (``--musubi ~/musubi --sdsvenv VENV --cases qwen_image,zimage,flux2``, an invocation of
+musubi-tuner's families (``--musubi ~/musubi --sdsvenv VENV --cases qwen_image,zimage,flux2,qwen_image_edit,flux2_dev``, an invocation of
 their own; benchmarks/peer/musubi_cases.py): each side first runs its caching scripts on the run's own dataset TOML
 (untimed), then the training script is timed as above; the reference side is labelled "musubi-tuner".
 
@@ -45,7 +45,7 @@ ROOT = HERE.parent
 PEER = HERE / "peer"
 sys.path.insert(0, str(PEER))
 from dit_cases import DIT_CASES, dit_flags, reference_wrapper  # noqa: E402
-from musubi_cases import MUSUBI_CASES, cache_commands, train_flags, write_dataset_toml  # noqa: E402
+from musubi_cases import MUSUBI_CASES, cache_commands, control_folder, train_flags, write_dataset_toml  # noqa: E402
 from pairs import fmt, safetensors_summary, summarize  # noqa: E402
 
 HOOK = r"""
@@ -183,7 +183,8 @@ def ensure_assets(a: argparse.Namespace, sds: Side, cases: list[str]) -> None:
     dit = [c for c in cases if c in known and not (models / known[c].folder).exists()]
     if dit:  # written with this checkout's library (its tiny builders)
         env = dict(os.environ, PYTHONPATH=str(ROOT))
-        subprocess.run([sys.executable, str(PEER / "tiny_families.py"), str(models), "--only",
+        python = str(venv_of(ROOT, a.sdtrain_venv, fallback=Path(sys.prefix)) / "bin" / "python")  # sdtrain's venv
+        subprocess.run([python, str(PEER / "tiny_families.py"), str(models), "--only",
                         ",".join(known[c].family for c in dit)], check=True, env=env)  # fmt: skip
     for kind in ("sd1", "sdxl"):
         if (
@@ -263,8 +264,9 @@ def launcher(a: argparse.Namespace, side: Side) -> list[str]:
 def musubi_commands(a: argparse.Namespace, side: Side, case: str, steps: int, rdir: Path):
     """(caching commands, the timed training command) of a musubi-tuner case: the reference's scripts under
     src/musubi_tuner through run_reference_tiny.py, ours from the checkout root, on the run's own dataset TOML."""
-    toml = write_dataset_toml(rdir / "dataset.toml", a.assets / "data" / "train" / "10_sks", rdir / "cache")
     models = a.assets / "models"
+    toml = write_dataset_toml(rdir / "dataset.toml", a.assets / "data" / "train" / "10_sks", rdir / "cache",
+                              control_folder(case, models))  # fmt: skip
 
     def entry(script: str) -> list[str]:
         if side.sdscripts:

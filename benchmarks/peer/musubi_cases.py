@@ -27,6 +27,7 @@ class MusubiCase:
     caches: tuple[tuple[str, tuple[str, ...]], ...]  # (caching script, its flags; file names in the folder)
     files: tuple[tuple[str, str], ...]  # the training script's (flag, file name in the folder)
     flags: tuple[str, ...]
+    control: str | None = None  # the dataset's control_directory, a folder in the model folder (edit models)
 
 
 MUSUBI_CASES = {
@@ -56,15 +57,39 @@ MUSUBI_CASES = {
                          ("--text_encoder", "tiny_te-00001-of-00002.safetensors")),
                         ("--model_version", "klein-base-4b", "--network_module", "networks.lora_flux_2",
                          "--timestep_sampling", "shift", "--discrete_flow_shift", "2.0", "--weighting_scheme", "none")),
+    "qwen_image_edit": MusubiCase("qwen_image_train_network.py", "tiny-qwen_image_edit", "qwen_image_edit",
+                                  (("qwen_image_cache_latents.py", ("--vae", "tiny_vae.safetensors", "--edit")),
+                                   ("qwen_image_cache_text_encoder_outputs.py",
+                                    ("--text_encoder", "tiny_te.safetensors", "--batch_size", "1", "--edit"))),
+                                  (("--dit", "tiny_edit_dit.safetensors"), ("--vae", "tiny_vae.safetensors"),
+                                   ("--text_encoder", "tiny_te.safetensors")),
+                                  ("--edit", "--network_module", "networks.lora_qwen_image", "--timestep_sampling",
+                                   "shift", "--discrete_flow_shift", "2.2", "--weighting_scheme", "none"), "control"),
+    "flux2_dev": MusubiCase("flux_2_train_network.py", "tiny-flux2_dev", "flux2_dev",
+                            (("flux_2_cache_latents.py", ("--vae", "tiny_ae.safetensors", "--model_version", "dev")),
+                             ("flux_2_cache_text_encoder_outputs.py",
+                              ("--text_encoder", "text_encoder/model-00001-of-00002.safetensors", "--batch_size", "1",
+                               "--model_version", "dev"))),
+                            (("--dit", "tiny_dev_dit.safetensors"), ("--vae", "tiny_ae.safetensors"),
+                             ("--text_encoder", "text_encoder/model-00001-of-00002.safetensors")),
+                            ("--model_version", "dev", "--network_module", "networks.lora_flux_2",
+                             "--timestep_sampling", "shift", "--discrete_flow_shift", "2.0", "--weighting_scheme", "none")),
 }  # fmt: skip
 
 
-def write_dataset_toml(path: Path, images: Path, cache: Path) -> Path:
-    """The run's dataset config: the shared images, 64 px, batch 1, the run's own cache folder."""
+def write_dataset_toml(path: Path, images: Path, cache: Path, control: Path | None = None) -> Path:
+    """The run's dataset config: the shared images, 64 px, batch 1, the run's own cache folder (and ``control``: the
+    edit models' control images, one per image of the same name)."""
+    extra = f'control_directory = "{control.as_posix()}"\n' if control else ""
     path.write_text(f'[general]\nresolution = [64, 64]\ncaption_extension = ".txt"\nbatch_size = 1\n'
                     f'enable_bucket = false\n\n[[datasets]]\nimage_directory = "{images.as_posix()}"\n'
-                    f'cache_directory = "{cache.as_posix()}"\nnum_repeats = 1\n')  # fmt: skip
+                    f'cache_directory = "{cache.as_posix()}"\nnum_repeats = 1\n{extra}')  # fmt: skip
     return path
+
+
+def control_folder(name: str, models: Path) -> Path | None:
+    case = MUSUBI_CASES[name]
+    return models / case.folder / case.control if case.control else None
 
 
 def _in_folder(case: MusubiCase, models: Path, flags: tuple[str, ...]) -> list[str]:

@@ -160,8 +160,8 @@ def tiny_qwen25vl(module, cfg: dict):
     import transformers
 
     text = dict(cfg["qwen_text"], layer_types=["full_attention"] * cfg["qwen_text"]["num_hidden_layers"])
-    vision = dict(depth=1, hidden_size=16, num_heads=2, intermediate_size=32, out_hidden_size=text["hidden_size"],
-                  fullatt_block_indexes=[0])  # fmt: skip
+    vision = cfg.get("vision") or dict(depth=1, hidden_size=16, num_heads=2, intermediate_size=32,
+                                       out_hidden_size=text["hidden_size"], fullatt_block_indexes=[0])  # fmt: skip
 
     def tiny_config(**kw):
         assert kw["hidden_size"] == 3584, "not the released Qwen2.5-VL-7B config"
@@ -254,6 +254,24 @@ def patch_qwen_image(cfg: dict) -> None:
     qu.load_vae = _replaced(qu.load_vae, {'"base_dim": 96': f'"base_dim": {cfg["vae_base_dim"]}'}, qu.__dict__, "VAE")
     assert qu.QWEN_IMAGE_ID == "Qwen/Qwen-Image"
     qu.Qwen2Tokenizer = tiny_qwen25vl(qu, cfg)
+    if "processor" in cfg:  # an edit model (its file has the vision tower): the VL processor of Qwen-Image-Edit
+        qu.load_vl_processor = lambda: tiny_vl_processor(cfg)
+
+
+def tiny_vl_processor(cfg: dict):
+    """Qwen/Qwen-Image-Edit's ``processor/`` (a hub id) -> transformers' ``Qwen2VLProcessor`` with Qwen2.5-VL's image
+    settings (``cfg["processor"]``) and the shipped vocabulary; built around its image half (its video processor
+    needs torchvision)."""
+    import transformers
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
+
+    tok = transformers.Qwen2TokenizerFast(tokenizer_file=os.path.join(cfg["folder"], "qwen_tokenizer", "tokenizer.json"),
+                                          eos_token="<|im_end|>", pad_token="<|endoftext|>")  # fmt: skip
+    proc = object.__new__(transformers.Qwen2VLProcessor)
+    proc.image_processor, proc.tokenizer, proc.chat_template = Qwen2VLImageProcessor(**cfg["processor"]), tok, None
+    proc.image_token, proc.video_token = "<|image_pad|>", "<|video_pad|>"
+    proc.image_token_id, proc.video_token_id = tok.convert_tokens_to_ids(["<|image_pad|>", "<|video_pad|>"])
+    return proc
 
 
 def tiny_qwen3(zu, cfg: dict) -> None:
@@ -322,7 +340,7 @@ def patch_flux2(cfg: dict) -> None:
     from musubi_tuner.flux_2 import flux2_utils as fu
     from musubi_tuner.zimage import zimage_utils as zu
 
-    for version in ("klein-4b", "klein-base-4b"):
+    for version in ("dev",) if "mistral3" in cfg else ("klein-4b", "klein-base-4b"):
         info = fu.FLUX2_MODEL_INFO[version]
         fu.FLUX2_MODEL_INFO[version] = dataclasses.replace(info, params=fm.Flux2Params(**cfg["dit"]))
     init = fm.AutoEncoder.__init__
@@ -345,6 +363,36 @@ def patch_flux2(cfg: dict) -> None:
     fm.nn = nn
     assert fu.load_qwen3 is zu.load_qwen3
     tiny_qwen3(zu, cfg)
+    if "mistral3" in cfg:
+        tiny_mistral3(fu, cfg)
+
+
+def tiny_mistral3(fu, cfg: dict) -> None:
+    """FLUX.2 dev's ``Mistral3Embedder``: the released Mistral-Small-3.1 config -> ``cfg["mistral3"]``'s text and
+    vision sizes, its processor (a hub id) -> the tokenizer folder beside the text encoder's folder."""
+    import transformers
+
+    def mistral3_config(**kw):
+        assert kw["text_config"]["hidden_size"] == 5120, "not the released Mistral 3 config"
+        kw["text_config"] = dict(kw["text_config"], **cfg["mistral3"]["text"])
+        kw["vision_config"] = dict(kw["vision_config"], **cfg["mistral3"]["vision"])
+        return transformers.Mistral3Config(**kw)
+
+    folder = os.path.join(cfg["folder"], "tokenizer")
+
+    class Mistral3Processor:
+        @staticmethod
+        def from_pretrained(*args, **kwargs):
+            tok = transformers.PreTrainedTokenizerFast(tokenizer_file=os.path.join(folder, "tokenizer.json"),
+                                                       unk_token="<unk>", pad_token="<pad>", bos_token="<s>",
+                                                       eos_token="</s>")  # fmt: skip
+            with open(os.path.join(folder, "chat_template.jinja"), encoding="utf-8") as f:
+                tok.chat_template = f.read()
+            return tok
+
+    assert fu.M3_TOKENIZER_ID == "mistralai/Mistral-Small-3.1-24B-Instruct-2503"
+    fu.Mistral3Config = mistral3_config
+    fu.AutoProcessor = Mistral3Processor
 
 
 PATCHES = {"anima": patch_anima, "lumina": patch_lumina, "chroma": patch_chroma, "hunyuan_image": patch_hunyuan_image,
@@ -361,9 +409,12 @@ def main() -> None:
     script, argv = sys.argv[1], sys.argv[2:]
     model = argv[argv.index(next(f for f in MODEL_FLAGS if f in argv)) + 1]
     sys.path.insert(0, os.getcwd())
-    with open(os.path.join(os.path.dirname(model), "tiny_config.json")) as f:
+    folder = os.path.dirname(os.path.abspath(model))
+    if not os.path.exists(os.path.join(folder, "tiny_config.json")):  # a split file's own folder (FLUX.2 dev's TE)
+        folder = os.path.dirname(folder)
+    with open(os.path.join(folder, "tiny_config.json")) as f:
         cfg = json.load(f)
-    cfg["folder"] = os.path.dirname(os.path.abspath(model))
+    cfg["folder"] = folder
     PATCHES[cfg["family"]](cfg)
     print(f"[run_reference_tiny] {cfg['family']}: the reference's released configs -> tiny_config.json", flush=True)
     sys.argv = [script] + argv

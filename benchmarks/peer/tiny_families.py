@@ -3,8 +3,8 @@
     PYTHONPATH=<sdtrain> <sdtrain venv>/bin/python benchmarks/peer/tiny_families.py OUT --only anima
 
 (OUT/tiny-sd3/: the peer kit's SD3.5-medium files, see :func:`sd3`; OUT/tiny-lumina/: :func:`lumina`; OUT/tiny-flux,
-tiny-chroma, tiny-hunyuan_image (sd-scripts) and tiny-qwen_image, tiny-zimage, tiny-flux2 (musubi-tuner): the function of that
-name.)
+tiny-chroma, tiny-hunyuan_image (sd-scripts) and tiny-qwen_image, tiny-qwen_image_edit, tiny-zimage, tiny-flux2,
+tiny-flux2_dev (musubi-tuner): the function of that name.)
 OUT/tiny-anima/: ``tiny_dit.safetensors`` (the DiT with its LLM adapter under ``net.``), ``tiny_qwen3.safetensors``,
 ``tiny_vae.safetensors`` (ComfyUI names), written by the family's own tiny builder (``ANIMA.tiny``), and
 ``tiny_config.json``: the same widths in the reference's own constructor arguments (``anima_models.Anima`` /
@@ -231,6 +231,98 @@ def flux2(out: Path) -> None:
     (out / "tiny_config.json").write_text(json.dumps(config, indent=1))
 
 
+def qwen_image_edit(out: Path) -> None:
+    """Qwen-Image Edit: :func:`qwen_image`'s files with the Qwen2.5-VL vision tower in ``tiny_te`` (``visual.``, as
+    ComfyUI's edit text encoder; ``qwen25vl_edit``'s tiny tower, seeded), the DiT named ``tiny_edit_dit`` (musubi-tuner
+    warns on an edit run whose DiT file name lacks "edit"), ``control/``: one control image (seeded blobs) per image
+    of the peer dataset (``make_dataset.py``'s ``img00``..``img07``), 64 x 64 as the targets (musubi-tuner gives the
+    VL model each control image resized to its target's bucket first, ours from the control file's own size: a
+    control of another aspect ratio would give the two sides different prompt lengths), and tiny_config.json's ``vision``
+    and ``processor`` (run_reference_tiny.py's ``tiny_qwen25vl``: the vision tower and musubi-tuner's VL processor)."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    from PIL import Image
+
+    from library.families.encoders import qwen25vl
+    from library.families.encoders import qwen25vl_edit as E
+    from library.families.qwen_image import saving
+
+    qwen_image(out)
+    (out / "tiny_dit.safetensors").replace(out / "tiny_edit_dit.safetensors")
+    vl = E.randomize(E.build(qwen25vl.TINY_TEXT, E.TINY_VISION).eval(), 0)
+    saving.save_text_encoder(SimpleNamespace(text_encoders=[E.core(vl)]), out / "tiny_te.safetensors")
+    (out / "control").mkdir()
+    rng = np.random.default_rng(1)
+    for i in range(8):
+        blobs = rng.integers(0, 256, (4, 4, 3), dtype=np.uint8)
+        Image.fromarray(blobs).resize((64, 64), Image.BICUBIC).save(out / "control" / f"img{i:02d}.png")
+    config = json.loads((out / "tiny_config.json").read_text())
+    config["files"]["dit"] = "tiny_edit_dit.safetensors"
+    config.update(vision=E.TINY_VISION, processor=E.PROCESSOR)
+    (out / "tiny_config.json").write_text(json.dumps(config, indent=1))
+
+
+def flux2_dev(out: Path) -> None:
+    """FLUX.2 dev: ``tiny_dev_dit`` (the tiny FLUX.2 DiT with the guidance embedding, BFL names), the klein tiny's AE,
+    ``text_encoder/model-0000{1,2}-of-00002`` (a whole tiny ``Mistral3ForConditionalGeneration``: the language model at
+    ``mistral3.TINY``, a one-layer Pixtral tower and the projector, split and named as the released file; musubi-tuner loads
+    it strictly, ours reads the language model), ``tokenizer/`` beside it (the tests' word-level tokenizer with
+    Mistral's chat markers: Mistral's is not shipped) and tiny_config.json: the DiT's ``Flux2Params``, the Mistral 3
+    text and vision sizes (run_reference_tiny.py's ``patch_flux2``)."""
+    import dataclasses
+
+    from transformers import Mistral3Config, Mistral3ForConditionalGeneration
+
+    from library.families.autoencoders import flux2 as ae
+    from library.families.encoders import mistral3
+    from library.families.flux2 import model as M
+    from library.families.flux2 import saving
+    from library.families.flux2.tiny import randomize
+    from library.files.weights import save_state_dict
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from _flux2_helpers import tiny_mistral_tokenizer
+
+    family_tiny = get_family_tiny("flux2")
+    klein = family_tiny.build(seed=0)
+    denoiser = M.build(dict(M.TINY, guidance_embeds=True))
+    randomize(denoiser, 4)
+    text = {k: mistral3.TINY[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                                           "num_attention_heads", "num_key_value_heads", "head_dim")}  # fmt: skip
+    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, head_dim=8,
+                  patch_size=14, image_size=28)  # fmt: skip
+    vlm = Mistral3ForConditionalGeneration(Mistral3Config(text_config=dict(mistral3.TINY, model_type="mistral"),
+                                                          vision_config=vision))  # fmt: skip
+    randomize(vlm, 5)
+    # the released file's names (transformers 4's layout; musubi-tuner renames them to its transformers' own)
+    renames = (("model.language_model.", "language_model.model."), ("lm_head.", "language_model.lm_head."),
+               ("model.vision_tower.", "vision_tower."), ("model.multi_modal_projector.", "multi_modal_projector."))  # fmt: skip
+    state = {}
+    for k, v in vlm.state_dict().items():  # cloned: lm_head may be tied to the embedding
+        old = next(o for o, _ in renames if k.startswith(o))
+        state[dict(renames)[old] + k[len(old) :]] = v.clone()
+    names = sorted(state)
+    (out / "text_encoder").mkdir()
+    shards = [out / "text_encoder" / f"model-0000{i}-of-00002.safetensors" for i in (1, 2)]
+    for shard, part in zip(shards, (names[: len(names) // 2], names[len(names) // 2 :])):
+        save_state_dict({k: state[k] for k in part}, shard, {"format": "pt"})
+    tiny_mistral_tokenizer(out / "tokenizer")
+    parts = dataclasses.replace(klein, denoiser=denoiser)
+    files = {"dit": saving.save_dit(parts, out / "tiny_dev_dit.safetensors", family_tiny.family),
+             "vae": saving.save_vae(parts, out / "tiny_ae.safetensors"), "text_encoder": shards[0]}  # fmt: skip
+    t, boc = M.TINY, ae.TINY["block_out_channels"]
+    dit = {"in_channels": t["in_channels"], "context_in_dim": t["joint_attention_dim"], "num_heads":
+           t["num_attention_heads"], "hidden_size": t["num_attention_heads"] * t["attention_head_dim"],
+           "depth": t["num_layers"], "depth_single_blocks": t["num_single_layers"], "axes_dim":
+           list(t["axes_dims_rope"]), "mlp_ratio": t["mlp_ratio"], "use_guidance_embed": True}  # fmt: skip
+    autoencoder = {"ch": boc[0], "ch_mult": [b // boc[0] for b in boc], "num_res_blocks": ae.TINY["layers_per_block"],
+                   "z_channels": ae.TINY["latent_channels"]}  # fmt: skip
+    config = {"family": "flux2", "files": {k: Path(v).name for k, v in files.items()}, "dit": dit, "ae": autoencoder,
+              "groups": ae.TINY["norm_num_groups"], "mistral3": {"text": text, "vision": vision}}  # fmt: skip
+    (out / "tiny_config.json").write_text(json.dumps(config, indent=1))
+
+
 QWEN3_SIZES = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                "head_dim", "max_window_layers", "max_position_embeddings")  # fmt: skip
 
@@ -268,6 +360,8 @@ BUILDERS = {
     "qwen_image": qwen_image,
     "zimage": zimage,
     "flux2": flux2,
+    "qwen_image_edit": qwen_image_edit,
+    "flux2_dev": flux2_dev,
 }
 
 
