@@ -16,7 +16,7 @@ import anima_minimal_inference
 import anima_train
 import anima_train_network
 from library.cli.problems import ConfigError
-from library.families.anima import ANIMA
+from library.families.anima import ANIMA, text
 from library.families.anima.objective import AnimaFlowConfig, AnimaFlowObjective
 from library.files.weights import read_metadata
 from library.objectives.losses import LossConfig
@@ -102,15 +102,28 @@ def _loss(parts, latents, cond) -> float:
     return objective.loss_per_sample(pred, ex).mean().item()
 
 
-def test_full_finetune_reads_back_loss_falls_and_resumes(anima_files, dataset, tmp_path):
+def test_full_finetune_reads_back_loss_falls_and_resumes(anima_files, dataset, tmp_path, monkeypatch):
+    """The three runs share one --cache_dir: the first tokenizes (the Qwen3 and T5 tokenizers built once), the other
+    two read every text output from there and build no tokenizer (Qwen3's: ~135 MB of the process); the resumed
+    run's weights equal the uninterrupted one's all the same."""
     argv = [*model_flags(anima_files), "--train_data_dir", str(dataset), "--caption_extension", ".txt",
             "--resolution", "64", "--max_data_loader_n_workers", "0", "--seed", "1", "--learning_rate", "2e-3",
             "--llm_adapter_lr", "0", "--cache_latents", "--cache_text_encoder_outputs", "--output_name", "ft",
-            "--train_batch_size", "2", "--optimizer_type", "AdamW"]  # fmt: skip
+            "--train_batch_size", "2", "--optimizer_type", "AdamW", "--cache_dir", str(tmp_path / "cache")]  # fmt: skip
+    built = {"load_qwen3_tokenizer": 0, "load_t5_tokenizer": 0}
+    for name in built:
+
+        def counted(*args, _name=name, _load=getattr(text, name)):
+            built[_name] += 1
+            return _load(*args)
+
+        monkeypatch.setattr(text, name, counted)
     straight = anima_train.run([*argv, "--output_dir", str(tmp_path / "s"), "--max_train_steps", "4"])
+    assert built == {"load_qwen3_tokenizer": 1, "load_t5_tokenizer": 1}
     anima_train.run([*argv, "--output_dir", str(tmp_path / "r"), "--max_train_steps", "2", "--save_state"])
     resumed = anima_train.run([*argv, "--output_dir", str(tmp_path / "r"), "--max_train_steps", "4", "--resume",
                                str(tmp_path / "r" / "ft-state")])  # fmt: skip
+    assert built == {"load_qwen3_tokenizer": 1, "load_t5_tokenizer": 1}  # cached: neither later run tokenized
     a, b, base = load_file(straight.output), load_file(resumed.output), load_file(anima_files["dit"])
     assert a.keys() == b.keys() == base.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert all(torch.equal(a[k], base[k]) for k in a if k.startswith("net.llm_adapter."))  # --llm_adapter_lr 0

@@ -62,7 +62,8 @@ with deferred_imports.enabled():
     from diffusers import AutoencoderKL, UNet2DConditionModel
     import diffusers.loaders.single_file_model  # what the families' single-file loading imports
 from library.cli.deferred_imports import DeferredPackage
-waiting = {name: isinstance(sys.modules.get(name), DeferredPackage) for name in ("bitsandbytes", "scipy.stats")}
+waiting = {name: isinstance(sys.modules.get(name), DeferredPackage)
+           for name in ("bitsandbytes", "scipy.stats", "scipy.integrate")}
 skipped = [name for name in ("diffusers.hooks.layerwise_casting", "diffusers.hooks.faster_cache") if name in sys.modules]
 out = {"waiting": waiting, "skipped": skipped}
 if sys.argv[1] == "submodule":  # importing a submodule runs the package's __init__ first, as without the hook
@@ -77,7 +78,19 @@ else:  # a name looked up on the package runs it
     from diffusers.hooks import apply_layerwise_casting
     s = DPMSolverMultistepScheduler(use_beta_sigmas=True)  # reads scipy.stats.beta
     s.set_timesteps(4)
-    out["ran"] = scipy.stats.beta.ppf(0.5, 2, 2) == 0.5 and bitsandbytes.optim.AdamW8bit.__name__ == "AdamW8bit"
+    import torch
+    from diffusers import LMSDiscreteScheduler  # k_lms: its coefficients are scipy.integrate.quad's
+    lms = LMSDiscreteScheduler()
+    lms.set_timesteps(4)
+    x = torch.ones(1, 1, 2, 2)
+    for t in lms.timesteps:  # a whole k_lms sampling loop (order 4)
+        x = lms.step(-0.1 * lms.scale_model_input(x, t), t, x).prev_sample
+    s0, s1, s2 = lms.sigmas[:3].tolist()  # order 2, step 1: the integral of (tau - s0) / (s1 - s0) over [s1, s2]
+    exact = ((s2 - s0) ** 2 - (s1 - s0) ** 2) / (2 * (s1 - s0))
+    quad = lms.get_lms_coefficient(2, 1, 0)  # scipy.integrate.quad's
+    out["ran"] = (scipy.stats.beta.ppf(0.5, 2, 2) == 0.5 and bitsandbytes.optim.AdamW8bit.__name__ == "AdamW8bit"
+                  and bool(torch.isfinite(x).all()) and abs(quad - exact) < 1e-6 * abs(exact)
+                  and "_deferred_loader" not in vars(sys.modules["scipy.integrate"]))  # fmt: skip
     out["name"] = apply_layerwise_casting.__name__
 print(json.dumps(out))
 """
@@ -88,8 +101,10 @@ def test_optional_packages_wait_for_their_first_use():
     for mode in ("submodule", "name"):
         out = subprocess.run([sys.executable, "-c", WHOLE, mode], cwd=ROOT, capture_output=True, text=True, check=True)
         got = json.loads(out.stdout.strip().splitlines()[-1])
-        # importing the UNet and VAE no longer runs the __init__ of bitsandbytes, scipy.stats or diffusers.hooks
-        assert got["waiting"] == {"bitsandbytes": True, "scipy.stats": True} and got["skipped"] == [], (mode, got)
+        # importing the UNet and VAE no longer runs the __init__ of bitsandbytes, scipy.stats, scipy.integrate (the
+        # LMS scheduler's, which diffusers' single-file loading imports) or diffusers.hooks
+        assert got["waiting"] == dict.fromkeys(("bitsandbytes", "scipy.stats", "scipy.integrate"), True), (mode, got)
+        assert got["skipped"] == [], (mode, got)
         assert got["ran"] and got["name"] in ("AdamW8bit", "apply_layerwise_casting"), (mode, got)
 
 

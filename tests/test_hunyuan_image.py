@@ -278,10 +278,26 @@ def train_loss(parts, latents, cond) -> float:
     return total
 
 
-def test_loss_falls_and_resume_equals_an_uninterrupted_run(files, dataset, dataset_toml, tmp_path):
+def counted_tokenizers(monkeypatch) -> dict[str, int]:
+    """How many Qwen2.5-VL and byT5 tokenizers the family's loader builds from now on."""
+    built = {"qwen": 0, "byt5": 0}
+    for key, module, name in (("qwen", qwen25vl, "load_tokenizer"), ("byt5", M, "load_byt5_tokenizer")):
+        load = getattr(module, name)
+
+        def counted(*args, _key=key, _load=load):
+            built[_key] += 1
+            return _load(*args)
+
+        monkeypatch.setattr(module, name, counted)
+    return built
+
+
+def test_loss_falls_and_resume_equals_an_uninterrupted_run(files, dataset, dataset_toml, tmp_path, monkeypatch):
     """20 steps at lr 3e-3: the loss on the training images (fixed noise and timesteps) falls with the LoRA applied;
     the run's --save_state at step 10, resumed to 20 in another folder, gives the same LoRA, bit for bit (the state
-    comes from the uninterrupted run itself: one run fewer)."""
+    comes from the uninterrupted run itself: one run fewer). Both keep their caches in one --cache_dir: the first
+    run tokenizes (Qwen2.5-VL's tokenizer built once; byT5's only for quoted text), the resumed one reads every text
+    output from there and builds no tokenizer (Qwen2.5-VL's: ~135 MB of the process)."""
     import logging
 
     import numpy as np
@@ -292,11 +308,15 @@ def test_loss_falls_and_resume_equals_an_uninterrupted_run(files, dataset, datas
     def argv(out, steps, *extra):
         base = [a for a in doc_command(files, dataset_toml, out) if not a.startswith(("--max_train_epochs",
                                                                                       "--learning_rate", "--optimizer"))]  # fmt: skip
-        return [*base, "--optimizer_type=AdamW", "--learning_rate=3e-3", "--max_train_steps", str(steps), *extra]
+        return [*base, "--optimizer_type=AdamW", "--learning_rate=3e-3", "--max_train_steps", str(steps),
+                "--cache_dir", str(tmp_path / "cache"), *extra]  # fmt: skip
 
+    built = counted_tokenizers(monkeypatch)
     full = hunyuan_image_train_network.run(argv(tmp_path / "full", 20, "--save_every_n_steps", "10", "--save_state"))
+    assert built == {"qwen": 1, "byt5": 0}  # byT5 tokenizes quoted text only: these captions have none
     state_dir = next(p for p in (tmp_path / "full").iterdir() if p.is_dir() and p.name.endswith("step00000010-state"))
     resumed = hunyuan_image_train_network.run(argv(tmp_path / "a", 20, "--resume", str(state_dir)))
+    assert built == {"qwen": 1, "byt5": 0}  # every text output came from --cache_dir
     (a, _), (b, _) = load_state_dict(full.output), load_state_dict(resumed.output)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 

@@ -10,8 +10,8 @@ alone, and the first lookup of any other name on the package (``from diffusers.m
 real ``__init__`` then, so every name is still there. ``diffusers.hooks`` is treated the same way (its ``__init__``
 imports peft; a run needs none of its hooks: ``--fp8_base`` uses library/device/fp8.py).
 
-``WHOLE_PACKAGES`` (bitsandbytes, scipy.stats) are imported by diffusers at start-up for features a run rarely uses
-(8-bit loading, beta sigmas): their ``__init__`` runs at the first name looked up on them, ``__path__`` included,
+``WHOLE_PACKAGES`` (bitsandbytes, scipy.stats, scipy.integrate) are imported by diffusers at start-up for features a
+run rarely uses (8-bit loading, beta sigmas, the k_lms sampler's coefficients): their ``__init__`` runs at the first name looked up on them, ``__path__`` included,
 which the import system reads before it imports one of their submodules, so they are complete before any of their
 code runs, with or without the hook. No third-party file is changed and no behaviour differs; only what is imported
 before it is needed (tests/test_deferred_imports.py).
@@ -42,9 +42,11 @@ EAGER_PACKAGES = (
     "diffusers.hooks",  # its __init__ imports peft (and bitsandbytes through it), ~1.4 s; training uses no diffusers hook
 )
 # Packages whose whole ``__init__`` waits for the first name looked up on them or the first of their submodules
-# imported: diffusers imports bitsandbytes (~0.7 s: its backends pull torch._inductor) for its 8-bit loaders only, and
-# scipy.stats (~0.4 s) for the beta sigmas of samplers a training run does not build.
-WHOLE_PACKAGES = ("bitsandbytes", "scipy.stats")
+# imported: diffusers imports bitsandbytes (~0.7 s: its backends pull torch._inductor) for its 8-bit loaders only,
+# scipy.stats (~0.4 s) for the beta sigmas of samplers a training run does not build, and scipy.integrate (33 modules,
+# ~3 MB; its scipy.optimize / linalg come with transformers' losses anyway) for LMSDiscreteScheduler's
+# ``integrate.quad``, which runs only when a sample is drawn with k_lms.
+WHOLE_PACKAGES = ("bitsandbytes", "scipy.stats", "scipy.integrate")
 # the diffusers release (major.minor) whose layout the hook was checked against: tests/test_deferred_imports.py
 CHECKED = {"diffusers": "0.42"}
 

@@ -19,6 +19,7 @@ from torch import nn
 from ..autoencoders import qwen_image
 from ..base import PartDtypes, Parts
 from ..loading import KeyView, finish, instantiate, instantiate_fitting, read_weights
+from ..tokenizers import DeferredTokenizer
 from . import keys as K
 from . import model as M
 from . import text
@@ -194,6 +195,9 @@ def load_anima(name: str, path: str | Path, *, dtype: torch.dtype | PartDtypes, 
     denoiser = load_dit(path, options.llm_adapter_path, dtypes.denoiser, device)
     encoder = load_qwen3(qwen3_path, dtypes.text_encoders, device)
     autoencoder = load_vae(vae_path, dtypes.vae, device)
-    tokenizers = [text.load_qwen3_tokenizer(qwen3_path), text.load_t5_tokenizer(options.t5_tokenizer_path)]
+    text.check_t5_tokenizer_path(options.t5_tokenizer_path)  # a wrong folder is named now, not at first use
+    # built at first use: a run whose text outputs are all cached never tokenizes (Qwen3's 151k-token BPE)
+    tokenizers = [DeferredTokenizer(text.load_qwen3_tokenizer, qwen3_path),
+                  DeferredTokenizer(text.load_t5_tokenizer, options.t5_tokenizer_path)]  # fmt: skip
     parts = Parts(denoiser, autoencoder, [encoder], tokenizers, dict(SCHEDULER), name, str(source), options)
     return finish(parts, device)

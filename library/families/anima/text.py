@@ -50,10 +50,15 @@ def load_qwen3_tokenizer(qwen3_path: str | Path | None = None) -> Any:
     return qwen3_encoder.load_tokenizer(qwen3_path)
 
 
-def load_t5_tokenizer(path: str | Path | None = None) -> Any:
-    """``--t5_tokenizer_path`` (a folder with tokenizer.json), else the shipped T5 vocabulary."""
+def check_t5_tokenizer_path(path: str | Path | None) -> None:
+    """``ValueError`` when ``--t5_tokenizer_path`` is given and has no tokenizer.json."""
     if path is not None and not (Path(path) / "tokenizer.json").is_file():
         raise ValueError(f"--t5_tokenizer_path {path}: no tokenizer.json in it (give a T5 tokenizer folder)")
+
+
+def load_t5_tokenizer(path: str | Path | None = None) -> Any:
+    """``--t5_tokenizer_path`` (a folder with tokenizer.json), else the shipped T5 vocabulary."""
+    check_t5_tokenizer_path(path)
     return t5_encoder.load_t5_tokenizer(path)
 
 

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from ..base import PartDtypes, Parts, keep_on_host
 from ..encoders import qwen25vl
 from ..loading import finish, instantiate_fitting, read_weights
+from ..tokenizers import DeferredTokenizer
 from . import keys as K
 from . import model as M
 from . import tiny
@@ -172,7 +173,9 @@ def load_hunyuan(name: str, path: str | Path, *, dtype: torch.dtype | PartDtypes
         qwen25vl.store_fp8_as_sd_scripts(qwen, dtypes.text_encoders)
     byt5 = load_byt5(byt5_path, dtypes.text_encoders, device)
     autoencoder = load_vae(vae_path, dtypes.vae, device)
-    tokenizers = [qwen25vl.load_tokenizer(te_path if te_path.is_dir() else None), M.load_byt5_tokenizer()]
+    # built at first use: a run whose text outputs are all cached never tokenizes (Qwen2.5-VL's 151k-token BPE)
+    qwen_folder = te_path if te_path.is_dir() else None
+    tokenizers = [DeferredTokenizer(qwen25vl.load_tokenizer, qwen_folder), DeferredTokenizer(M.load_byt5_tokenizer)]
     parts = Parts(denoiser, autoencoder, [qwen, byt5], tokenizers, dict(M.SCHEDULER), name, str(path), options)
     parts = finish(parts, device)
     if options.text_encoder_cpu:  # sd-scripts' --text_encoder_cpu: they compute on the host
