@@ -48,6 +48,7 @@ def run_side(side: str, family: str, blocks: tuple[int, ...], res: int, steps: i
 
     sys.path.insert(0, str(HERE))
     import real_step_sides
+    from sd3_real_step import timed_steps
 
     t0 = time.perf_counter()
     forward, params, names = real_step_sides.build(family, side, blocks, res)
@@ -64,19 +65,7 @@ def run_side(side: str, family: str, blocks: tuple[int, ...], res: int, steps: i
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    times, cpu = [], []
-    for _ in range(steps + 1):
-        s, c = time.perf_counter(), time.process_time()
-        step()
-        times.append(time.perf_counter() - s)
-        cpu.append(time.process_time() - c)
-    if profile:
-        from torch.profiler import ProfilerActivity
-        from torch.profiler import profile as prof
-
-        with prof(activities=[ProfilerActivity.CPU]) as p:
-            step()
-        Path(profile).write_text(p.key_averages().table(sort_by="self_cpu_time_total", row_limit=40))
+    times, cpu = timed_steps(step, steps, profile)
     denoiser_params = sum(p.numel() for p in real_step_sides.last_model_params())
     return {"side": side, "family": family, "blocks": list(blocks), "res": res, "threads": torch.get_num_threads(),
             "adapted_modules": len(names),

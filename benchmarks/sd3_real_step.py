@@ -83,6 +83,25 @@ def our_model():
     return forward, [p for p in network.parameters() if p.requires_grad]
 
 
+def timed_steps(step, steps: int, profile: str | None) -> tuple[list[float], list[float]]:
+    """Wall and process-CPU seconds of ``steps + 1`` calls of ``step`` (the first is the warm-up); with ``profile``
+    one more step under torch.profiler, its operator table written to that file (also used by real_step.py)."""
+    times, cpu = [], []
+    for _ in range(steps + 1):
+        s, c = time.perf_counter(), time.process_time()
+        step()
+        times.append(time.perf_counter() - s)
+        cpu.append(time.process_time() - c)
+    if profile:
+        from torch.profiler import ProfilerActivity
+        from torch.profiler import profile as prof
+
+        with prof(activities=[ProfilerActivity.CPU]) as p:
+            step()
+        Path(profile).write_text(p.key_averages().table(sort_by="self_cpu_time_total", row_limit=40))
+    return times, cpu
+
+
 def run_side(side: str, res: int, steps: int, profile: str | None) -> dict:
     import torch
 
@@ -102,19 +121,7 @@ def run_side(side: str, res: int, steps: int, profile: str | None) -> dict:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    times, cpu = [], []
-    for _ in range(steps + 1):
-        s, c = time.perf_counter(), time.process_time()
-        step()
-        times.append(time.perf_counter() - s)
-        cpu.append(time.process_time() - c)
-    if profile:
-        from torch.profiler import ProfilerActivity
-        from torch.profiler import profile as prof
-
-        with prof(activities=[ProfilerActivity.CPU]) as p:
-            step()
-        Path(profile).write_text(p.key_averages().table(sort_by="self_cpu_time_total", row_limit=40))
+    times, cpu = timed_steps(step, steps, profile)
     return {"side": side, "res": res, "threads": torch.get_num_threads(), "adapter_params": sum(p.numel() for p in params),
             "build_s": build_s, "first_step_s": times[0], "step_s": statistics.median(times[1:]), "steps_s": times[1:],
             "cpu_step_s": statistics.median(cpu[1:])}  # fmt: skip
