@@ -172,19 +172,29 @@ def test_batch_of_mixed_controls_refused():
         CI.stack([a, b], ["x", "y"])
 
 
-def _musubi_toml(tmp_path, images, control, case: str) -> str:
-    """musubi-tuner's dataset TOML with the oracle's setting ``case`` (buckets on unless it turns them off)."""
+def _musubi_toml(tmp_path, images, control, case: str, layout: str = "musubi") -> str:
+    """The dataset TOML with the oracle's setting ``case`` (buckets on unless it turns them off) in musubi-tuner's
+    layout, or in sd-scripts' (a subset; buckets of musubi-tuner's step and range)."""
     raw = {"enable_bucket": True, **ORACLE["settings"][case]}
-    return _toml(tmp_path, images, control, "".join(f"{k} = {json.dumps(v)}\n" for k, v in raw.items()))
+    keys = "".join(f"{k} = {json.dumps(v)}\n" for k, v in raw.items() if k != "enable_bucket")
+    if layout == "musubi":
+        return _toml(tmp_path, images, control, f"enable_bucket = {json.dumps(raw['enable_bucket'])}\n" + keys)
+    path, bucketed = tmp_path / "dataset.toml", json.dumps(raw["enable_bucket"])
+    path.write_text(f"[[datasets]]\nresolution = 64\nbatch_size = 1\nenable_bucket = {bucketed}\n"
+                    "bucket_reso_steps = 16\nmin_bucket_reso = 16\nmax_bucket_reso = 128\n\n[[datasets.subsets]]\n"
+                    f'image_dir = "{images}"\ncaption_extension = ".txt"\n'
+                    f'control_directory = "{control}"\n{keys}')  # fmt: skip
+    return str(path)
 
 
+@pytest.mark.parametrize("layout", ["musubi", "sd-scripts"])
 @pytest.mark.parametrize("case", list(FIX.SETTINGS))
-def test_prompt_images_as_musubi(unedited, tmp_path, case):
+def test_prompt_images_as_musubi(unedited, tmp_path, case, layout):
     """An edit model's prompt sees each control image as musubi-tuner's text caching hands it to Qwen2.5-VL: at the
-    size the dataset plan trains it at (the setting's musubi-tuner TOML: the same buckets as musubi-tuner's), then at
-    the 384 x 384 area's bucket of that image: the same shapes and uint8 values."""
+    size the dataset plan trains it at (the setting's dataset TOML: the same buckets as musubi-tuner's), then at the
+    384 x 384 area's bucket of that image: the same shapes and uint8 values."""
     images, control = unedited
-    ds = _plan(_musubi_toml(tmp_path, images, control, case)).datasets[0]
+    ds = _plan(_musubi_toml(tmp_path, images, control, case, layout)).datasets[0]
     for i, rec in enumerate(ds.records):
         want = ORACLE[case][os.path.basename(rec.path)]
         assert list(ds.assignments[0][i].bucket) == want["bucket"]

@@ -104,8 +104,8 @@ def main() -> None:
         for case, extra in SETTINGS.items():
             extra = dict(extra)
             bucketed = extra.pop("enable_bucket", True)
-            ds = ImageDataset((64, 64), ".txt", 1, 1, bucketed, False, image_directory=images, control_directory=control,
-                              architecture="qie", **extra)  # fmt: skip
+            ds = ImageDataset((64, 64), ".txt", 1, 1, bucketed, False, image_directory=images,
+                              control_directory=control, architecture="qie", **extra)  # fmt: skip
             for _key, batch in ds.retrieve_latent_cache_batches(1):
                 for item, shown in zip(batch, vl_images(batch)):
                     name = os.path.basename(item.item_key)

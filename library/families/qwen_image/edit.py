@@ -31,8 +31,11 @@ def vl_image(path: str, size: tuple[int, int]) -> np.ndarray:
     return np.ascontiguousarray(CI.resize_to(img, CI.bucket_for_area(img.size, E.CONDITION_AREA, STEP)))
 
 
-def encode(encoder: Any, tokenizer: Any, captions: Sequence[str],
-           controls: Sequence[Sequence[tuple[str, tuple[int, int]]]], version: str) -> tuple[Tensor, Tensor]:  # fmt: skip
+Sized = tuple[str, tuple[int, int]]  # a control image file and the (width, height) its dataset trains it at
+
+
+def encode(encoder: Any, tokenizer: Any, captions: Sequence[str], controls: Sequence[Sequence[Sized]],
+           version: str) -> tuple[Tensor, Tensor]:  # fmt: skip
     """(states, mask) of ``captions`` seen with their control images ``controls`` (per caption: (file, (width,
     height) it is trained at) each, ``control_images.sized``) by the edit model ``version``'s prompt encoder."""
     images = [[vl_image(p, size) for p, size in entry] for entry in controls]
