@@ -90,7 +90,7 @@ def main() -> None:
         plan = plan_command(
             lambda argv=argv: pixart_train_network.run(argv), out=lambda line: print(line, file=sys.stderr)
         )
-        print(json.dumps({"family": name, "device_peak_mib": plan["device_peak_mib"],
+        print(json.dumps({"family": name, "extra": args.extra, "device_peak_mib": plan["device_peak_mib"],
                           "card_peak_mib": plan["card_peak_mib"], "host_peak_mib": plan["host_peak_mib"],
                           "meets_8_gib": plan["card_peak_mib"] <= GOAL_MIB,
                           "phases": {p: r["device_mib"] for p, r in plan["phases"].items()}}), flush=True)  # fmt: skip
