@@ -11,7 +11,9 @@ doc's rows and with the simulated-device benchmark's measured rows.
 The model files are the released architectures written as safetensors headers only (benchmarks/plan_real_size.py's
 ``write_files``: real key names, shapes and dtypes, no tensor data), so a plan reads no weight value; the training
 data, sample prompt and flags are the benchmark's (benchmarks/bench_device_memory.py, bench_flux_memory.py,
-bench_sd3_memory.py), so a planned phase equals the benchmark's measured phase: both run the same training loop on
+bench_sd3_memory.py; the HunyuanImage 2.1, Anima, Lumina 2 and PixArt tables of their own docs: the files of
+benchmarks/plan_dit_families.py, the commands of hunyuan_image_memory.py, anima_memory.py, lumina_memory.py and
+pixart_memory.py), so a planned phase equals the benchmark's measured phase: both run the same training loop on
 the simulated device (library/measure/simulated_device.py), the plan with the model read from files, the benchmark
 with the parts built in memory. ``--measured FILE`` (default benchmarks/results/memory_NAME.jsonl): the benchmark's
 JSON lines (its stdout); ``--check`` prints each phase's difference in MiB (the GiB benchmarks round to 0.01 GiB:
