@@ -11,7 +11,9 @@ doc's rows and with the simulated-device benchmark's measured rows.
 The model files are the released architectures written as safetensors headers only (benchmarks/plan_real_size.py's
 ``write_files``: real key names, shapes and dtypes, no tensor data), so a plan reads no weight value; the training
 data, sample prompt and flags are the benchmark's (benchmarks/bench_device_memory.py, bench_flux_memory.py,
-bench_sd3_memory.py), so a planned phase equals the benchmark's measured phase: both run the same training loop on
+bench_sd3_memory.py; the HunyuanImage 2.1, Anima, Lumina 2 and PixArt tables of their own docs: the files of
+benchmarks/plan_dit_families.py, the commands of hunyuan_image_memory.py, anima_memory.py, lumina_memory.py and
+pixart_memory.py), so a planned phase equals the benchmark's measured phase: both run the same training loop on
 the simulated device (library/measure/simulated_device.py), the plan with the model read from files, the benchmark
 with the parts built in memory. ``--measured FILE`` (default benchmarks/results/memory_NAME.jsonl): the benchmark's
 JSON lines (its stdout); ``--check`` prints each phase's difference in MiB (the GiB benchmarks round to 0.01 GiB:
@@ -77,6 +79,8 @@ class Table:
     measured_unit: float = 1.0  # MiB per unit of the benchmark's peaks
     peaks: str = "peak_gib"
     notes: list[str] = field(default_factory=list)
+    files: str = "plan_real_size"  # the benchmarks/ module whose ``write_files(model, folder)`` writes the files
+    sample: bool = True  # the command has ``--sample_prompts`` (the benchmark's sampling round)
 
 
 def _sd(name: str, label: str, card: float, script: str, resolution: int) -> Row:
@@ -108,6 +112,68 @@ TABLES = {
                    [_sd3("medium", 0), _sd3("medium", 12), _sd3("large", 0), _sd3("large", 16), _sd3("large", 32)],
                    "bench_sd3_memory.py", "{row}", GIB),
 }  # fmt: skip
+
+# Anima, Lumina 2, HunyuanImage 2.1, PixArt (their docs; files: benchmarks/plan_dit_families.py). Each table's flags are
+# its benchmark's command (benchmarks/*_memory.py), each row's its ``--rows`` entry.
+DIT_RUN = ["--optimizer_type", "AdamW", "--learning_rate", "1e-4", "--train_batch_size", "1", "--max_train_steps", "2",
+           "--max_data_loader_n_workers", "0", "--seed", "0", "--save_model_as", "safetensors",
+           "--sample_every_n_steps", "2", "--mixed_precision", "bf16", "--gradient_checkpointing", "--cache_latents",
+           "--cache_text_encoder_outputs"]  # fmt: skip
+HUNYUAN_FLAGS = {"bf16:0": [], "fp8s:9": ["--fp8_scaled", "--blocks_to_swap", "9"],
+                 "fp8s:32": ["--fp8_scaled", "--blocks_to_swap", "32"],
+                 "fp8s:37": ["--fp8_scaled", "--blocks_to_swap", "37"]}  # fmt: skip
+HUNYUAN_RUN = ["--network_module", "networks.lora_hunyuan_image", "--network_dim", "16", "--network_alpha", "1",
+               "--network_train_unet_only", *DIT_RUN, "--split_attn", "--attn_mode", "torch"]  # fmt: skip
+HUNYUAN_CARDS = {"bf16:0": 40, "fp8s:9": 24, "fp8s:32": 12, "fp8s:37": 8}  # sd-scripts' rows (its docs §6.1)
+
+
+def _hunyuan(key: str, more: tuple[str, ...] = ()) -> Row:
+    base = ":".join(key.split(":")[:2])
+    flags = HUNYUAN_FLAGS[base] + list(more)
+    return Row((f"{HUNYUAN_CARDS[base]} GB", f"`{' '.join(flags)}`" if flags else "(none)"), "hunyuan_image", flags,
+               HUNYUAN_CARDS[base], key)  # fmt: skip
+
+
+def _dit_swap(model: str, fp8: bool, swap: int, card: float, key: str) -> Row:
+    flags = (["--fp8_base"] if fp8 else []) + (["--blocks_to_swap", str(swap)] if swap else [])
+    return Row((*(("fp8 (`--fp8_base`)" if fp8 else "bf16",) if model == "anima" else ()), str(swap)), model, flags,
+               card, key)  # fmt: skip
+
+
+TABLES.update({
+    "hunyuan_image": Table("docs/hunyuan_image.md", "hunyuan_image_train_network", ("sd-scripts' row", "our flags"),
+                           1024, 1, "--s 4 --n ", HUNYUAN_RUN,
+                           [_hunyuan("bf16:0"), _hunyuan("fp8s:9"), _hunyuan("fp8s:32:vl", ("--fp8_vl",)),
+                            _hunyuan("fp8s:37:vl", ("--fp8_vl",))],
+                           "hunyuan_image_memory.py --rows ROW", "{row}", GIB, files="plan_dit_families"),
+    # sd-scripts' own rows (its flags, no --fp8_vl): the planner's verdict, and its advice with --vram CARD
+    "hunyuan_image-sd-scripts": Table("docs/hunyuan_image.md", "hunyuan_image_train_network",
+                                      ("sd-scripts' row", "its flags"), 1024, 1, "--s 4 --n ", HUNYUAN_RUN,
+                                      [_hunyuan(k) for k in HUNYUAN_FLAGS], "hunyuan_image_memory.py --rows ROW",
+                                      "{row}", GIB, files="plan_dit_families"),
+    "anima": Table("docs/anima.md", "anima_train_network", ("weights", "--blocks_to_swap"), 1024, 1, "--s 4 --n ",
+                   ["--network_module", "networks.lora_anima", "--network_dim", "8", "--network_alpha", "1",
+                    "--network_train_unet_only", *DIT_RUN],
+                   [_dit_swap("anima", False, 0, 8, "bf16:0"), _dit_swap("anima", False, 14, 8, "bf16:14"),
+                    _dit_swap("anima", False, 26, 8, "bf16:26"), _dit_swap("anima", True, 0, 8, "fp8:0")],
+                   "anima_memory.py", "{row}", GIB, files="plan_dit_families"),
+    "lumina2": Table("docs/lumina.md", "lumina_train_network", ("--blocks_to_swap",), 1024, 1, "--s 4 --l 3.5 --n ",
+                     ["--network_module", "networks.lora_lumina", "--network_dim", "8", "--network_alpha", "8",
+                      "--network_train_unet_only", *DIT_RUN, "--timestep_sampling", "nextdit_shift",
+                      "--discrete_flow_shift", "6.0", "--model_prediction_type", "raw"],
+                     [_dit_swap("lumina2", False, n, 10, str(n)) for n in (0, 8, 16, 24)],
+                     "lumina_memory.py", "{blocks_to_swap}", GIB, files="plan_dit_families"),
+    "pixart": Table("docs/pixart.md", "pixart_train_network", ("model", "weights"), 1024, 1, "",
+                    ["--network_module", "networks.lora", "--network_dim", "16", "--network_alpha", "8",
+                     "--network_train_unet_only", "--optimizer_type", "AdamW", "--learning_rate", "1e-4",
+                     "--mixed_precision", "bf16", "--gradient_checkpointing", "--cache_latents",
+                     "--cache_text_encoder_outputs", "--sdpa", "--max_data_loader_n_workers", "0", "--seed", "0",
+                     "--max_train_steps", "1"],
+                    [Row(("PixArt-Σ", "bf16"), "pixart_sigma", [], 8, "pixart_sigma:"),
+                     Row(("PixArt-Σ", "`--fp8_base`"), "pixart_sigma", ["--fp8_base"], 8, "pixart_sigma:--fp8_base")],
+                    "pixart_memory.py --extra ...", "{family}:{extra}", 1.0, "phases", files="plan_dit_families",
+                    sample=False),
+})  # fmt: skip
 
 
 def begin_mark(name: str) -> str:
@@ -155,7 +221,8 @@ def block(table: Table, name: str, plans: list[dict]) -> list[str]:
     scripts = " / ".join(dict.fromkeys(f"{row.script or table.script}.py" for row in table.rows))
     sizes = " / ".join(dict.fromkeys(str(row.resolution or table.resolution) for row in table.rows))
     flags = " ".join(table.flags)
-    lines = [f"`{scripts} MODEL_FILES --train_data_dir DATA --resolution {sizes} --sample_prompts PROMPTS {flags}` "
+    prompts = " --sample_prompts PROMPTS" if table.sample else ""
+    lines = [f"`{scripts} MODEL_FILES --train_data_dir DATA --resolution {sizes}{prompts} {flags}` "
              f"plus each row's flags (the command of benchmarks/{table.benchmark}); GiB of device tensors per phase, "
              "planned:", "",
              "| " + " | ".join(heads) + " |", "|---" * len(heads) + "|"]  # fmt: skip
@@ -170,9 +237,10 @@ def plan_rows(table: Table, work: Path, reuse: bool = False, vram: str | None = 
     import importlib
 
     from phase_table import two_image_work
-    from plan_real_size import write_files
 
     from library.measure.plan import plan_command
+
+    write_files = importlib.import_module(table.files).write_files
 
     plans, files = [], {}
     for row in table.rows:
@@ -191,9 +259,9 @@ def plan_rows(table: Table, work: Path, reuse: bool = False, vram: str | None = 
             (work / row.model).mkdir(parents=True, exist_ok=True)
             files[row.model] = write_files(row.model, work / row.model)
         argv = [*files[row.model], "--train_data_dir", str(data / "data"), "--caption_extension", ".txt",
-                "--resolution", str(resolution), "--output_dir", str(work / "out"), "--sample_prompts",
-                str(data / "prompts.txt"), *table.flags, *row.flags, "--plan_memory", "--plan_memory_json",
-                str(out), *(["--vram", vram] if vram else [])]  # fmt: skip
+                "--resolution", str(resolution), "--output_dir", str(work / "out"),
+                *(["--sample_prompts", str(data / "prompts.txt")] if table.sample else []), *table.flags,
+                *row.flags, "--plan_memory", "--plan_memory_json", str(out), *(["--vram", vram] if vram else [])]  # fmt: skip
         log(f"docs_memory_tables: planning {row.model} {row.key}")
         plan_command(lambda argv=argv, run=run: run(argv), out=lambda line: print(line, file=sys.stderr),
                      script=f"{row.script or table.script}.py")  # fmt: skip
