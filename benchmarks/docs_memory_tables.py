@@ -9,7 +9,8 @@ doc's rows and with the simulated-device benchmark's measured rows.
     python benchmarks/docs_memory_tables.py --list
 
 The model files are the released architectures written as safetensors headers only (benchmarks/plan_real_size.py's
-``write_files``: real key names, shapes and dtypes, no tensor data), so a plan reads no weight value; the training
+``write_files``; Qwen-Image, Z-Image and FLUX.2: plan_musubi_families.py's, the table's ``files``: real key names,
+shapes and dtypes, no tensor data), so a plan reads no weight value; the training
 data, sample prompt and flags are the benchmark's (benchmarks/bench_device_memory.py, bench_flux_memory.py,
 bench_sd3_memory.py), so a planned phase equals the benchmark's measured phase: both run the same training loop on
 the simulated device (library/measure/simulated_device.py), the plan with the model read from files, the benchmark

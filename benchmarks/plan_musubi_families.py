@@ -5,7 +5,8 @@ device and host memory per phase of musubi-tuner's documented lines.
     python benchmarks/plan_musubi_families.py --rows dev:fp8:29 --vram 24
 
 Writes each released architecture as the files users have (the DiT single file, the text encoder as the first of a
-split pair, the AE; dev: Mistral 3's language model and a word-level tokenizer with Mistral's chat markers beside it,
+split pair, the AE; ``write_files("qwen-image", ...)``, used by benchmarks/docs_memory_tables.py: the DiT single file,
+ComfyUI's Qwen2.5-VL file with its vision tower and ``lm_head``, the VAE; dev: Mistral 3's language model and a word-level tokenizer with Mistral's chat markers beside it,
 Mistral's own not being shipped) holding their safetensors headers only: the real key names, shapes and dtypes
 (bf16) and no tensor data. Then plans the training command on them (the script with ``--plan_memory``:
 library/measure/plan.py; the simulated device counts every device tensor, the phantoms every host tensor) and prints
