@@ -121,6 +121,8 @@ TABLES = {
 # Files: benchmarks/plan_musubi_families.py's write_files. Each table's flags are its benchmark's command
 # (benchmarks/qwen_image_memory.py, zimage_memory.py, flux2_memory.py), each row's its ``--rows`` entry; the tables
 # named ``*-advice`` / ``qwen-image-musubi`` plan their rows with ``--vram`` (the card) and list the planner's advice.
+# Wall time and RSS on a loaded 2-core machine (2026-11-29): flux2 3.4 min / 3.5 GB, zimage 4.1 min / 2.1 GB,
+# qwen-image 8 min / 3.8 GB, qwen-image-musubi (8 plans with the advice) 6.3 min / 8.3 GB, zimage-advice 7.6 min.
 RUN2 = ["--learning_rate", "1e-4", "--max_train_steps", "2", "--max_data_loader_n_workers", "0", "--seed", "0",
         "--mixed_precision", "bf16", "--gradient_checkpointing"]  # fmt: skip
 QWEN_RUN = ["--network_module", "networks.lora_qwen_image", "--network_dim", "16", "--network_alpha", "16",
