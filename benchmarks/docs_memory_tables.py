@@ -61,9 +61,7 @@ class Row:
     key: str  # the benchmark row it is checked against (``measured_key`` of the benchmark's JSON line)
     script: str = ""  # the training script, when not the table's
     resolution: int = 0  # when not the table's
-    advise: bool = (
-        False  # planned with --vram card_gib: the planner's advice listed under the table when it does not fit
-    )
+    advise: bool = False  # planned with --vram card_gib: the advice for it listed under the table (advice_lines)
 
 
 @dataclass
