@@ -51,17 +51,17 @@ def cells(label: str, row: tables.Row, plan: dict) -> list[str]:
     flags = " ".join(f"`{' '.join(t['flags'])}`" for t in changes) or "-"
     peak = f"{changes[-1]['card_peak_mib'] / GIB:.2f}" if changes else "-"
     if not advice["fits"]:
-        return [label, f"{row.card_gib:g}", own, f"none fits (after {flags}: {', '.join(advice['over'])} over)", peak,
-                "-"]  # fmt: skip
-    costs = "; ".join(f"{' '.join(t['flags'])}: {t['step_time_cost']}" for t in changes)
-    return [label, f"{row.card_gib:g}", own, flags, peak, f"{advice['cost']} ({costs})"]
+        after = f"with {flags} the other phases fit, " if changes else ""
+        return [label, f"{row.card_gib:g}", own, f"none fits: {after}{', '.join(advice['over'])} stays over (no flag "
+                "of the list lowers it: cache in a run of its own)", peak, "-"]  # fmt: skip
+    return [label, f"{row.card_gib:g}", own, flags, peak, advice["cost"]]
 
 
 def block(table: tables.Table, name: str, rows: list[tuple[str, tables.Row]], plans: list[dict]) -> list[str]:
     heads = ["row", "card GiB", "planned card peak", "the advice (added to the row's flags)", "its planned card peak",
              "step-time cost vs the row's flags"]  # fmt: skip
     lines = [f"Each row's command above planned with `--plan_memory --vram CARD` (library/measure/advice.py; "
-             f"`python benchmarks/docs_memory_advice.py --table {name}`):", "",
+             f"`python benchmarks/docs_memory_advice.py --table {name}`; the costs: \"Will it fit?\" above):", "",
              "| " + " | ".join(heads) + " |", "|---" * len(heads) + "|"]  # fmt: skip
     lines += ["| " + " | ".join(cells(label, row, plan)) + " |" for (label, row), plan in zip(rows, plans)]
     return lines
