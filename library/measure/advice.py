@@ -171,22 +171,24 @@ def _smallest_swap(plan_with: Callable, changes: list, given: int, current: dict
     guess is the N that the MiB saved per block so far predicts (the last two plans), kept strictly between the
     largest N known not to fit and the smallest known to fit (or refused), so the search ends at adjacent N."""
     low, low_x, slope = given, excess(current), 0.0
-    fit, cap, best_any, n = None, None, None, given + 1
+    fit, fit_x, cap, best_any, n = None, 0.0, None, None, given + 1
     while True:
         plan = _try(plan_with, [*changes, ("--blocks_to_swap", [str(n)])], lambda line: None)
         if plan is None:  # refused: past the script's limit
             cap = n
         elif excess(plan) <= 0:
-            fit, best_any = (n, plan), (n, plan)
+            fit, fit_x, best_any = (n, plan), excess(plan), (n, plan)
         else:
             x = excess(plan)
             slope, low, low_x, best_any = (low_x - x) / (n - low), n, x, (n, plan)
         upper = fit[0] if fit else cap
         if upper is not None and upper - low <= 1:
             return fit or best_any
+        if fit:  # between the last N over and the first that fits: the straight line through both
+            slope = (low_x - fit_x) / (fit[0] - low)
         guess = low + math.ceil(low_x / slope) if slope > 0 else low + max(low - given, 1)
         if upper is not None:
-            guess = min(guess, upper - 1) if plan is not None and fit is None else (low + upper) // 2
+            guess = min(guess, upper - 1) if fit or plan is not None else (low + upper) // 2
         n = max(guess, low + 1)
 
 
