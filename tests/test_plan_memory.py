@@ -175,7 +175,7 @@ def test_the_advice_plans_each_change_on_top_of_the_ones_before(data, models, tm
     peak that caching both outputs and checkpointing reach, it takes changes in the users' order, stops at the first
     that fits (every earlier one did not), its last plan equals the plan of the command with those flags written by
     hand, and the pasted command carries them."""
-    from library.measure.advice import advise, paste_line
+    from library.measure.advice import advise, device_peaks, paste_line
 
     order = [*CACHED[::-1], "--gradient_checkpointing"]  # text outputs first, then latents, then checkpointing
     run, argv = command("sd1", models, data, tmp_path / "out")
@@ -192,7 +192,7 @@ def test_the_advice_plans_each_change_on_top_of_the_ones_before(data, models, tm
     def plan_with(changes):
         return plan_command(lambda: run([*argv, "--plan_memory"]), out=lambda line: None, changes=changes)
 
-    taken = advise(plan_with, argv, lambda plan: plan["device_peak_mib"] <= target, out=print)
+    taken = advise(plan_with, argv, target, out=print, base=by_hand([]), peaks=device_peaks)
     flags = [t["flags"][0] for t in taken]
     assert flags and flags == order[: len(flags)]
     plan = by_hand(flags)
@@ -200,6 +200,45 @@ def test_the_advice_plans_each_change_on_top_of_the_ones_before(data, models, tm
     for earlier in range(1, len(flags)):
         assert by_hand(flags[:earlier])["device_peak_mib"] > target
     assert paste_line("train_network.py", argv, taken).endswith(" ".join(flags))
+
+
+def test_the_advice_takes_the_change_without_a_step_time_cost_before_a_costly_one(data, models, tmp_path):
+    """Asked for the step's device peak that an 8-bit optimizer reaches (a rank-64 LoRA: bitsandbytes keeps 8-bit
+    state for tensors of 4096 values and more), the advice takes the 8-bit optimizer alone, before gradient
+    checkpointing (which lowers the step too, at a step-time cost: in the issue's order it came first), and says it
+    costs no step time."""
+    from library.cli.plan_flags import changed_argv
+    from library.measure.advice import advise, paste_line, total_cost
+
+    run, argv = command("sd1", models, data, tmp_path / "out")
+    argv = [
+        *(w for w in argv if w != "--gradient_checkpointing"),
+        *CACHED,
+        "--network_dim",
+        "64",
+        "--train_batch_size",
+        "1",
+    ]
+    plans = {}
+
+    def plan_with(changes):  # the command with the changes, planned once (a plan is deterministic)
+        words = tuple(changed_argv(argv, changes))
+        if words not in plans:
+            plans[words] = plan_command(lambda: run([*words, "--plan_memory"]), out=lambda line: None)
+        return plans[words]
+
+    def step(plan: dict) -> dict:
+        return {"step": plan["phases"]["step"]["device_mib"]}
+
+    base = plan_command(lambda: run([*argv, "--plan_memory"]), out=lambda line: None)
+    state = base["phases"]["step"]["holders_mib"]["optimizer state"]
+    target = step(base)["step"] - state / 8  # an eighth of AdamW's state: the 8-bit state saves more
+    taken = advise(plan_with, argv, target, out=print, base=base, peaks=step)
+    assert [t["flags"] for t in taken] == [["--optimizer_type", "AdamW8bit"]] and taken[0]["slowdown"] == 0.0
+    (words, plan), *others = plans.items()  # the one change planned: the 8-bit optimizer, which fits
+    assert not others and words[-2:] == ("--optimizer_type", "AdamW8bit") and step(plan)["step"] <= target
+    assert taken[0]["card_peak_mib"] == plan["card_peak_mib"] and total_cost(taken) == "no step-time cost known"
+    assert paste_line("train_network.py", argv, taken).endswith("--optimizer_type AdamW8bit")
 
 
 def test_demo_with_a_plan_is_refused_with_the_reason(tmp_path, monkeypatch, capsys):

@@ -107,20 +107,32 @@ def plan_command(
 def _advise(run: Callable[[], Any], state: PlanState, plan: dict, out: Callable[[str], None], script: str | None):
     import sys
 
-    from library.measure.advice import advise, paste_line
+    from library.measure.advice import advise, card_peaks, paste_line, total_cost
 
     vram_mib = plan["vram_gib"] * 1024
     out(
         f"changes that make it fit in {plan['vram_gib']:g} GiB, cheapest first (each planned on top of the ones before):"
     )
-    taken = advise(lambda changes: plan_command(run, out=lambda line: None, changes=changes), state.argv,
-                   lambda p: p["card_peak_mib"] <= vram_mib, out)  # fmt: skip
+    taken = advise(lambda changes: plan_command(run, out=lambda line: None, changes=changes), state.argv, vram_mib,
+                   out, base=plan)  # fmt: skip
     if not taken or taken[-1]["card_peak_mib"] > vram_mib:
-        out(f"no change found makes this command fit in {plan['vram_gib']:g} GiB")
-        return {"fits": False, "changes": taken}
+        over = taken[-1]["over"] if taken else [p for p, mib in card_peaks(plan).items() if mib > vram_mib]
+        out(f"no change found makes this command fit in {plan['vram_gib']:g} GiB (over: {', '.join(over)})"
+            + "".join(_CACHE_HINTS.get(p, "") for p in over))  # fmt: skip
+        return {"fits": False, "changes": taken, "over": over}
     line = paste_line(script or Path(sys.argv[0]).name, state.argv, taken)
-    out(f"command that fits:\n{line}")
-    return {"fits": True, "changes": taken, "command": line}
+    out(f"command that fits ({total_cost(taken)}):\n{line}")
+    return {"fits": True, "changes": taken, "command": line, "cost": total_cost(taken)}
+
+
+# a caching phase that holds the peak after every change: the caches made by a run of their own, which a training run
+# with the caches on disk reads instead of running the encoders
+_CACHE_HINTS = {
+    "text caching": "; the text encoders' caching phase: cache their outputs in a run of their own "
+    "(tools/cache_text_encoder_outputs.py) and train with --cache_text_encoder_outputs_to_disk",
+    "latent caching": "; the VAE's caching phase: cache the latents in a run of their own (tools/cache_latents.py) and "
+    "train with --cache_latents_to_disk",
+}
 
 
 def _plan_device() -> type:
