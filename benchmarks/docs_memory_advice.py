@@ -29,15 +29,20 @@ sys.path.insert(0, str(HERE / "benchmarks"))
 import docs_memory_tables as tables  # noqa: E402
 
 GIB = 1024.0  # MiB
-# table -> rows as their source states them (key, label, flags added to the table's row of that key)
-AS_STATED = {"flux-dev": [("12", "12 GB as sd-scripts states it (8-bit AdamW)", ["--optimizer_type", "AdamW8bit"])]}
+# table -> rows as their source states them, or on another card (key, label, flags added to the table's row of that
+# key[, the card in GiB])
+AS_STATED = {"flux-dev": [("12", "12 GB as sd-scripts states it (8-bit AdamW)", ["--optimizer_type", "AdamW8bit"])],
+             "qwen-image": [("fp8:45", "fp8 / 45 on a 10 GiB card (our goal)", [], 10.0)]}  # fmt: skip
 
 
 def advice_rows(table: tables.Table, name: str) -> list[tuple[str, tables.Row]]:
-    rows = [(" / ".join(row.cells), row) for row in table.rows]
-    for key, label, flags in AS_STATED.get(name, []):
+    """The rows marked ``advise`` (every row when none is), then :data:`AS_STATED`'s."""
+    marked = [row for row in table.rows if row.advise]
+    rows = [(" / ".join(row.cells), row) for row in marked or table.rows]
+    for key, label, flags, *card in AS_STATED.get(name, []):
         row = next(r for r in table.rows if r.key == key)
-        rows.append((label, dataclasses.replace(row, flags=[*row.flags, *flags], key=f"{key}-stated")))
+        rows.append((label, dataclasses.replace(row, flags=[*row.flags, *flags], key=f"{key}-stated",
+                                                card_gib=card[0] if card else row.card_gib)))  # fmt: skip
     return rows
 
 

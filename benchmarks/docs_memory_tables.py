@@ -63,7 +63,7 @@ class Row:
     key: str  # the benchmark row it is checked against (``measured_key`` of the benchmark's JSON line)
     script: str = ""  # the training script, when not the table's
     resolution: int = 0  # when not the table's
-    advise: bool = False  # planned with --vram card_gib: the advice for it listed under the table (advice_lines)
+    advise: bool = False  # docs_memory_advice.py plans it with --vram card_gib (a table with none marked: every row)
 
 
 @dataclass
@@ -164,7 +164,8 @@ TABLES.update({
                      ["--network_module", "networks.lora_lumina", "--network_dim", "8", "--network_alpha", "8",
                       "--network_train_unet_only", *DIT_RUN, "--timestep_sampling", "nextdit_shift",
                       "--discrete_flow_shift", "6.0", "--model_prediction_type", "raw"],
-                     [_dit_swap("lumina2", False, n, 10, str(n)) for n in (0, 8, 16, 24)],
+                     [dataclasses.replace(_dit_swap("lumina2", False, n, 10, str(n)), advise=n == 0)
+                      for n in (0, 8, 16, 24)],
                      "lumina_memory.py", "{blocks_to_swap}", GIB, files="plan_dit_families"),
     "pixart": Table("docs/pixart.md", "pixart_train_network", ("model", "weights"), 1024, 1, "",
                     ["--network_module", "networks.lora", "--network_dim", "16", "--network_alpha", "8",
@@ -172,7 +173,7 @@ TABLES.update({
                      "--mixed_precision", "bf16", "--gradient_checkpointing", "--cache_latents",
                      "--cache_text_encoder_outputs", "--sdpa", "--max_data_loader_n_workers", "0", "--seed", "0",
                      "--max_train_steps", "1"],
-                    [Row(("PixArt-Σ", "bf16"), "pixart_sigma", [], 8, "pixart_sigma:"),
+                    [Row(("PixArt-Σ", "bf16"), "pixart_sigma", [], 8, "pixart_sigma:", advise=True),
                      Row(("PixArt-Σ", "`--fp8_base`"), "pixart_sigma", ["--fp8_base"], 8, "pixart_sigma:--fp8_base")],
                     "pixart_memory.py --extra ...", "{family}:{extra}", 1.0, "phases", files="plan_dit_families",
                     sample=False),
@@ -181,10 +182,10 @@ TABLES.update({
 
 # ---- Qwen-Image, Z-Image, FLUX.2 (musubi-tuner's families; docs/qwen_image.md, zimage.md, flux2.md) ----------------
 # Files: benchmarks/plan_musubi_families.py's write_files. Each table's flags are its benchmark's command
-# (benchmarks/qwen_image_memory.py, zimage_memory.py, flux2_memory.py), each row's its ``--rows`` entry; the tables
-# named ``*-advice`` / ``qwen-image-musubi`` plan their rows with ``--vram`` (the card) and list the planner's advice.
+# (benchmarks/qwen_image_memory.py, zimage_memory.py, flux2_memory.py), each row's its ``--rows`` entry; the rows
+# marked ``advise`` (and every row of qwen-image-musubi) get their advice block from benchmarks/docs_memory_advice.py.
 # Wall time and RSS on a loaded 2-core machine (2026-11-29): flux2 3.4 min / 3.5 GB, zimage 4.1 min / 2.1 GB,
-# qwen-image 8 min / 3.8 GB, qwen-image-musubi (8 plans with the advice) 6.3 min / 8.3 GB, zimage-advice 7.6 min.
+# qwen-image 8 min / 3.8 GB, qwen-image-musubi's advice (8 plans) 6.3 min / 8.3 GB.
 RUN2 = ["--learning_rate", "1e-4", "--max_train_steps", "2", "--max_data_loader_n_workers", "0", "--seed", "0",
         "--mixed_precision", "bf16", "--gradient_checkpointing"]  # fmt: skip
 QWEN_RUN = ["--network_module", "networks.lora_qwen_image", "--network_dim", "16", "--network_alpha", "16",
@@ -220,9 +221,9 @@ def _qwen(mode: str, swap: int, card: float, musubi: str) -> Row:
                card, f"{mode}:{swap}")  # fmt: skip
 
 
-def _qwen_musubi(label: str, flags: list[str], card: float, advise: bool = True) -> Row:
+def _qwen_musubi(label: str, flags: list[str], card: float) -> Row:
     key = "+".join(w.lstrip("-") for w in flags) or "no"
-    return Row((label, f"{card:g} GB"), "qwen-image", flags, card, key, advise=advise)
+    return Row((label, f"{card:g} GB"), "qwen-image", flags, card, key)
 
 
 def _zimage(kind: str, mode: str, swap: int, more: list[str], label: str) -> Row:
@@ -245,11 +246,11 @@ QWEN_ROWS = [
     _qwen("fp8", 0, 30, "30 GB (`--fp8_base --fp8_scaled`)"),
     _qwen("fp8", 16, 24, "24 GB"),
     _qwen("fp8", 45, 12, "12 GB"),
-    _qwen("fp8", 58, 10, "(a 10 GiB goal)"),
+    dataclasses.replace(_qwen("fp8", 58, 10, "(a 10 GiB goal)"), advise=True),
 ]
 ZIMAGE_ROWS = [
     _zimage("lora", "bf16", 0, [], "bf16"),
-    _zimage("lora", "fp8", 0, [], "`--fp8_base`"),
+    dataclasses.replace(_zimage("lora", "fp8", 0, [], "`--fp8_base`"), advise=True),
     _zimage("lora", "bf16", 10, [], "bf16, `--blocks_to_swap 10`"),
     _zimage("lora", "bf16", 16, ["--fp8_llm"], "bf16, `--blocks_to_swap 16 --fp8_llm`"),
     _zimage("full", "bf16", 0, [], "`--full_bf16`, Adafactor `--fused_backward_pass`"),
@@ -258,7 +259,7 @@ ZIMAGE_ROWS = [
 ]
 FLUX2_ROWS = [
     _flux2("klein-4b", "bf16", 0),
-    _flux2("klein-4b", "fp8", 0),
+    dataclasses.replace(_flux2("klein-4b", "fp8", 0), advise=True),
     _flux2("klein-9b", "bf16", 0),
     _flux2("klein-9b", "fp8", 0),
     _flux2("klein-9b", "fp8", 6),
@@ -270,29 +271,18 @@ TABLES.update({
     "qwen-image": Table("docs/qwen_image.md", "qwen_image_train_network",
                         ("weights", "`--blocks_to_swap`", "musubi-tuner's row"), 1024, 1, "", QWEN_RUN, QWEN_ROWS,
                         "qwen_image_memory.py --no_sample", "{row}", sample=False, **MUSUBI),
-    "qwen-image-advice": Table("docs/qwen_image.md", "qwen_image_train_network",
-                               ("weights", "`--blocks_to_swap`", "goal"), 1024, 1, "", QWEN_RUN,
-                               [dataclasses.replace(QWEN_ROWS[3], cells=("fp8", "45", "10 GiB"), card_gib=10.0,
-                                                    advise=True)],
-                               "qwen_image_memory.py --no_sample", "{row}", sample=False, **MUSUBI),
     "qwen-image-musubi": Table("docs/qwen_image.md", "qwen_image_train_network",
                                ("musubi-tuner's options", "its VRAM"), 1024, 1, "", QWEN_MUSUBI,
                                [_qwen_musubi("no", [], 42), _qwen_musubi("`--fp8_base --fp8_scaled`", FP8, 30),
                                 _qwen_musubi("+ `--blocks_to_swap 16`", FP8 + _swap(16), 24),
-                                _qwen_musubi("+ `--blocks_to_swap 45`", FP8 + _swap(45), 12, advise=False),
+                                _qwen_musubi("+ `--blocks_to_swap 45`", FP8 + _swap(45), 12),
                                 _qwen_musubi("+ `--blocks_to_swap 45 --fp8_vl`", FP8 + _swap(45) + ["--fp8_vl"], 12)],
                                "qwen_image_memory.py's images; the flags of musubi-tuner's docs/qwen_image.md", "{row}",
                                sample=False, data="toml", **MUSUBI),
     "zimage": Table("docs/zimage.md", "zimage_train_network", ("run", "flags"), 1024, 1, "--s 4 --n ", ZIMAGE_RUN,
                     ZIMAGE_ROWS, "zimage_memory.py", "{row}", **MUSUBI),
-    "zimage-advice": Table("docs/zimage.md", "zimage_train_network", ("run", "flags"), 1024, 1, "--s 4 --n ",
-                           ZIMAGE_RUN, [dataclasses.replace(ZIMAGE_ROWS[1], advise=True)], "zimage_memory.py", "{row}",
-                           **MUSUBI),
     "flux2": Table("docs/flux2.md", "flux_2_train_network", ("model", "weights", "`--blocks_to_swap`"), 1024, 1,
                    "--s 4 --n blurry", FLUX2_RUN, FLUX2_ROWS, "flux2_memory.py", "{row}", data="toml", **MUSUBI),
-    "flux2-advice": Table("docs/flux2.md", "flux_2_train_network", ("model", "weights", "`--blocks_to_swap`"), 1024,
-                          1, "--s 4 --n blurry", FLUX2_RUN, [dataclasses.replace(FLUX2_ROWS[1], advise=True)],
-                          "flux2_memory.py", "{row}", data="toml", **MUSUBI),
 })  # fmt: skip
 # ---- end of Qwen-Image, Z-Image, FLUX.2 --------------------------------------------------------------------------
 
@@ -349,27 +339,6 @@ def block(table: Table, name: str, plans: list[dict]) -> list[str]:
              "planned:", "",
              "| " + " | ".join(heads) + " |", "|---" * len(heads) + "|"]  # fmt: skip
     lines += ["| " + " | ".join(row_cells(table, row, plan)) + " |" for row, plan in zip(table.rows, plans)]
-    return lines + (advice_lines(table, plans) if any(row.advise for row in table.rows) else [])
-
-
-def advice_lines(table: Table, plans: list[dict]) -> list[str]:
-    """Under the table: each row's verdict with ``--vram`` its card and, when it does not fit, the planner's advice
-    (library/measure/advice.py: the changes, cheapest first, each planned on top of the ones before)."""
-    lines = ["", "The rows planned with `--plan_memory --vram CARD` (the row's card):", ""]
-    for row, plan in zip(table.rows, plans):
-        if not row.advise:
-            continue
-        name, card = " / ".join(row.cells), plan["card_peak_mib"] / GIB
-        if plan.get("fits_vram", True):
-            lines.append(f"- {name}: fits {row.card_gib:g} GiB as it is (planned card peak {card:.2f} GiB).")
-            continue
-        advice = plan.get("advice") or {}
-        steps = "; ".join(f"`+ {' '.join(c['flags'])}` {c['card_peak_mib'] / GIB:.2f} GiB (cost: {c['step_time_cost']})"
-                          for c in advice.get("changes", []))  # fmt: skip
-        verdict = (f"**fits** with them: the row's flags plus `{' '.join(w for c in advice['changes'] for w in c['flags'])}`"
-                   if advice.get("fits") else "no change the planner knows makes it fit")  # fmt: skip
-        lines.append(f"- {name}: does NOT fit {row.card_gib:g} GiB with its own flags (planned card peak {card:.2f} "
-                     f"GiB); the advice, cheapest first: {steps or '(none)'}; {verdict}.")  # fmt: skip
     return lines
 
 
@@ -404,9 +373,7 @@ def plan_rows(table: Table, work: Path, reuse: bool = False, vram: str | None = 
         argv = [*files[row.model], "--train_data_dir", str(data / "data"), "--caption_extension", ".txt",
                 "--resolution", str(resolution), "--output_dir", str(work / "out"),
                 *(["--sample_prompts", str(data / "prompts.txt")] if table.sample else []), *table.flags,
-                *row.flags, "--plan_memory", "--plan_memory_json", str(out)]  # fmt: skip
-        card = vram or (f"{row.card_gib:g}" if row.advise else None)
-        argv += ["--vram", card] if card else []
+                *row.flags, "--plan_memory", "--plan_memory_json", str(out), *(["--vram", vram] if vram else [])]  # fmt: skip
         if table.data == "toml":  # musubi-tuner's dataset config over the same images (batch 1) in place of the folder
             argv[len(files[row.model]) : len(files[row.model]) + 6] = ["--dataset_config", _toml(data, resolution)]
         log(f"docs_memory_tables: planning {row.model} {row.key}")
