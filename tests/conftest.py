@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -30,7 +31,21 @@ def pytest_collection_finish(session):
     gc.freeze()  # what collection imported (every test module's imports) is never scanned again
 
 
+SLOWEST_FIRST = Path(__file__).with_name("slowest_first.txt")
+
+
+def _slowest_first(items):
+    """The test files of slowest_first.txt first, in its order, then the others as collected (each file's tests stay
+    together, in their order). With ``-n 2`` pyproject's ``--dist loadfile`` gives each worker whole files (a module
+    fixture is built once), one at a time as it finishes the one before: the long files first, the short ones last,
+    so that neither worker waits long for the other at the end."""
+    listed = [line.split()[0] for line in SLOWEST_FIRST.read_text().splitlines() if line and not line.startswith("#")]
+    rank = {name: i for i, name in enumerate(listed)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1], len(rank)))
+
+
 def pytest_collection_modifyitems(config, items):
+    _slowest_first(items)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")

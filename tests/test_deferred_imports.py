@@ -10,10 +10,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from library.cli import deferred_imports
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# Both parts run in one fresh interpreter per way of first using a deferred package (two interpreters, not three):
+# the probe's imports inside the hook come before the check that the optional packages still wait.
 PROBE = r"""
 import json, logging, sys
 before = list(sys.meta_path)
@@ -24,11 +28,12 @@ with deferred_imports.enabled() as on:
     from diffusers import AutoencoderKL, UNet2DConditionModel
     loaded_before = sorted(m for m in sys.modules if m.startswith("diffusers.models.unets.")
                            or m.startswith("diffusers.models.autoencoders."))
+    import diffusers.loaders.single_file_model  # what the families' single-file loading imports
     import diffusers.models.unets as unets
     from diffusers.models.unets import UNet3DConditionModel  # a name only the real __init__ defines
     from diffusers.models.autoencoders import AutoencoderTiny
     from diffusers import UNet2DConditionModel as again
-print(json.dumps({
+probe = {
     "untouched": untouched,
     "on": on,
     "removed": not any(isinstance(f, deferred_imports._DeferringFinder) for f in sys.meta_path),
@@ -36,36 +41,15 @@ print(json.dumps({
     "same_class": again is UNet2DConditionModel is unets.UNet2DConditionModel,
     "after_3d": "diffusers.models.unets.unet_3d_condition" in sys.modules,
     "names": [UNet3DConditionModel.__name__, AutoencoderTiny.__name__, AutoencoderKL.__name__],
-}))
+}
 """
 
-
-def test_diffusers_model_packages_load_lazily_and_completely():
-    out = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, capture_output=True, text=True, check=True)
-    got = json.loads(out.stdout.strip().splitlines()[-1])
-    assert got["untouched"]  # `import library` and the entry modules add no hook and set no logger
-    assert got["on"] and got["removed"]
-    assert got["before"] == [
-        "diffusers.models.autoencoders.autoencoder_kl",
-        "diffusers.models.autoencoders.vae",
-        "diffusers.models.unets.unet_2d_blocks",
-        "diffusers.models.unets.unet_2d_condition",
-    ]  # not unet_3d_condition, autoencoder_tiny, ... (the package __init__s import ~60 modules)
-    assert got["same_class"] and got["after_3d"]
-    assert got["names"] == ["UNet3DConditionModel", "AutoencoderTiny", "AutoencoderKL"]
-
-
 WHOLE = r"""
-import json, sys
-from library.cli import deferred_imports
-with deferred_imports.enabled():
-    from diffusers import AutoencoderKL, UNet2DConditionModel
-    import diffusers.loaders.single_file_model  # what the families' single-file loading imports
 from library.cli.deferred_imports import DeferredPackage
 waiting = {name: isinstance(sys.modules.get(name), DeferredPackage)
            for name in ("bitsandbytes", "scipy.stats", "scipy.integrate")}
 skipped = [name for name in ("diffusers.hooks.layerwise_casting", "diffusers.hooks.faster_cache") if name in sys.modules]
-out = {"waiting": waiting, "skipped": skipped}
+out = {"probe": probe, "waiting": waiting, "skipped": skipped}
 if sys.argv[1] == "submodule":  # importing a submodule runs the package's __init__ first, as without the hook
     from bitsandbytes.optim import AdamW8bit
     state = vars(sys.modules["bitsandbytes"])  # read without a lookup that would run the __init__ now
@@ -94,13 +78,38 @@ else:  # a name looked up on the package runs it
     out["name"] = apply_layerwise_casting.__name__
 print(json.dumps(out))
 """
+MODES = ("submodule", "name")
 
 
-def test_optional_packages_wait_for_their_first_use():
+@pytest.fixture(scope="module")
+def fresh():
+    """Per way of first use (a submodule imported, a name looked up): what the fresh interpreter found."""
+    runs = {}
+    for mode in MODES:
+        out = subprocess.run([sys.executable, "-c", PROBE + WHOLE, mode], cwd=ROOT, capture_output=True, text=True,
+                             check=True)  # fmt: skip
+        runs[mode] = json.loads(out.stdout.strip().splitlines()[-1])
+    return runs
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_diffusers_model_packages_load_lazily_and_completely(fresh, mode):
+    got = fresh[mode]["probe"]
+    assert got["untouched"]  # `import library` and the entry modules add no hook and set no logger
+    assert got["on"] and got["removed"]
+    assert got["before"] == [
+        "diffusers.models.autoencoders.autoencoder_kl",
+        "diffusers.models.autoencoders.vae",
+        "diffusers.models.unets.unet_2d_blocks",
+        "diffusers.models.unets.unet_2d_condition",
+    ]  # not unet_3d_condition, autoencoder_tiny, ... (the package __init__s import ~60 modules)
+    assert got["same_class"] and got["after_3d"]
+    assert got["names"] == ["UNet3DConditionModel", "AutoencoderTiny", "AutoencoderKL"]
+
+
+def test_optional_packages_wait_for_their_first_use(fresh):
     """Both after the hook is removed: the packages it deferred complete themselves without it."""
-    for mode in ("submodule", "name"):
-        out = subprocess.run([sys.executable, "-c", WHOLE, mode], cwd=ROOT, capture_output=True, text=True, check=True)
-        got = json.loads(out.stdout.strip().splitlines()[-1])
+    for mode, got in fresh.items():
         # importing the UNet and VAE no longer runs the __init__ of bitsandbytes, scipy.stats, scipy.integrate (the
         # LMS scheduler's, which diffusers' single-file loading imports) or diffusers.hooks
         assert got["waiting"] == dict.fromkeys(("bitsandbytes", "scipy.stats", "scipy.integrate"), True), (mode, got)

@@ -1,60 +1,36 @@
 """Two processes on CPU (accelerate launch --multi_gpu, gloo) against one: fine_tune.py's model goes through
 accelerate's DDP, train_network.py's adapters and train_textual_inversion.py's rows average their gradients by
 hand; either way both processes end with identical weights, and two processes with batch 1 train what one process
-with batch 2 trains (fp32 tolerance) when each sample's noise and timestep depend only on the sample (a wrapper
-makes them so; the VAE latents are the distribution's mean)."""
+with batch 2 trains (fp32 tolerance) when each sample's noise and timestep depend only on the sample
+(tests/_per_sample_noise.py makes them so; the VAE latents are the distribution's mean)."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from _launch import KEEP_PROCESS_GROUP, two_processes
+from _per_sample_noise import install
 
 ROOT = Path(__file__).resolve().parents[1]
 
 _WRAPPER = """
-import json, sys, zlib, torch
-sys.path.insert(0, {root!r})
-import importlib
+import importlib, json, sys
+sys.path[:0] = [{root!r}, {tests!r}]
 import fine_tune, train_network, train_textual_inversion
-import library.objectives.ddpm as O
-import library.run.train_step as T
-from library.run import loop
-from library.run.trainer import Trainer
+from _per_sample_noise import install
 
-noise_now, out_now = {{}}, {{}}
-make_example = O.make_example
-
-def fixed_noise_example(cfg, latents, schedule, generator=None, *, timesteps=None, noise=None):
-    return make_example(cfg, latents, schedule, generator, timesteps=timesteps, noise=noise_now["noise"])
-
-def per_sample_loss(m, batch, generator, *, timesteps=None):
-    seeds = [zlib.crc32(f"{{p}}/{{batch.epoch}}".encode()) for p in batch.image_paths]
-    with torch.no_grad():
-        batch.latents = m.parts.vae.encode(batch.pixels).latent_dist.mean * m.family.vae_scale
-    shape = batch.latents.shape[1:]
-    noise_now["noise"] = torch.stack([torch.randn(shape, generator=torch.Generator().manual_seed(s)) for s in seeds])
-    return T.batch_loss(m, batch, generator, timesteps=torch.tensor([s % 1000 for s in seeds]))
-
-O.make_example = fixed_noise_example  # the DDPM objective's draws
-loop.batch_loss = per_sample_loss
-finish = Trainer.finish
-
-def finish_and_dump(self):
-    torch.save([p.detach().clone() for p in self.params], out_now["out"] + f"/params_{{self.acc.process_index}}.pt")
-    return finish(self)
-
-Trainer.finish = finish_and_dump
+now = {{}}
+install(now)
 {keep_group}
 for script, out, argv in json.loads(open(sys.argv[1]).read()):  # one run after another
-    out_now["out"] = out
+    now["out"] = out
     if not importlib.import_module(script).run(argv).output:
         sys.exit(1)
 """
@@ -80,21 +56,33 @@ def _argv(out: Path, data: Path, model: Path, batch: int, script: str, *extra: s
 
 
 def _run(tmp: Path, data: Path, model: Path, processes: int, batch: int, jobs: dict[str, tuple]) -> dict:
-    """``jobs`` (name -> script and extra flags) run one after another in the same process(es); each job's
-    trained parameters, per process."""
+    """``jobs`` (name -> script and extra flags) run one after another in the same process(es): one process is this
+    one, two are a launch; each job's trained parameters, per process."""
     runs = []
     for name, (script, *extra) in jobs.items():
         out = tmp / name
         out.mkdir()
         runs.append((script, str(out), _argv(out, data, model, batch, script, *extra)))
-    listing = tmp / f"jobs_{processes}.json"
-    listing.write_text(json.dumps(runs))
-    wrapper = tmp / "wrapper.py"
-    wrapper.write_text(_WRAPPER.format(root=str(ROOT), keep_group=KEEP_PROCESS_GROUP))
-    cmd = (two_processes() if processes == 2 else [sys.executable]) + [str(wrapper), str(listing)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1", "CUDA_VISIBLE_DEVICES": ""}
-    result = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    if processes == 1:
+        now = {}
+        undo = install(now)
+        try:
+            with pytest.MonkeyPatch.context() as env:
+                env.setenv("ACCELERATE_USE_CPU", "true")  # as the launch (CPU, gloo), also on a machine with a GPU
+                for script, out, argv in runs:
+                    now["out"] = out
+                    assert importlib.import_module(script).run(argv).output, script
+        finally:
+            undo()
+    else:
+        listing = tmp / "jobs.json"
+        listing.write_text(json.dumps(runs))
+        wrapper = tmp / "wrapper.py"
+        wrapper.write_text(_WRAPPER.format(root=str(ROOT), tests=str(ROOT / "tests"), keep_group=KEEP_PROCESS_GROUP))
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1", "CUDA_VISIBLE_DEVICES": ""}
+        result = subprocess.run([*two_processes(), str(wrapper), str(listing)], cwd=tmp, env=env, capture_output=True,
+                                text=True, timeout=600)  # fmt: skip
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     return {name: [torch.load(tmp / name / f"params_{i}.pt", weights_only=True) for i in range(processes)]
             for name in jobs}  # fmt: skip
 
@@ -123,8 +111,8 @@ def _doubled_lr() -> str:
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory, two_images):
     """Every script trained by one process with batch 2, and train_network.py once more at twice the learning rate:
-    one process runs the four one after another (one start-up instead of four; each run starts afresh as its
-    command line would: a single process resets accelerate's state)."""
+    the test's process runs the four one after another (each run starts afresh as its command line would: a single
+    process resets accelerate's state)."""
     model, data = two_images
     jobs = {script: (script,) for script in TRAINS}
     jobs["doubled"] = ("train_network", "--learning_rate", _doubled_lr())

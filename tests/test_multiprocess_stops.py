@@ -1,10 +1,13 @@
-"""Two processes (accelerate launch --multi_gpu, gloo on the CPU) stop together: a NaN loss on one process, Ctrl-C
-on one process and a failed save on the main one each end both processes with one message and the usual files
-kept, instead of leaving the others blocked in the next collective (which would hang here until the timeout).
-Without --seed both processes use rank 0's seed, and a sampling round is shared between them.
+"""Two processes (accelerate launch --multi_gpu, gloo on the CPU): gradients are averaged so both processes hold the
+same weights (the trainer checks this at the end and fails otherwise), and a resumed two-process run repeats the
+uninterrupted one bit for bit. They stop together: a NaN loss on one process, Ctrl-C on one process and a failed save
+on the main one each end both processes with one message and the usual files kept, instead of leaving the others
+blocked in the next collective (which would hang here until the timeout). Without --seed both processes use rank 0's
+seed, and a sampling round is shared between them. That two processes train what one process with their total batch
+trains is checked for adapters, embeddings and full models in tests/test_fine_tune_multiprocess.py.
 
-The three runs share one launch (one after another in the same two processes, as a user's three commands would be
-three launches: what is checked is each run's own output, split at a marker line)."""
+The five runs share one launch (one after another in the same two processes, as a user's five commands would be
+five launches: what is checked is each run's own output, split at a marker line, and its exit status per process)."""
 
 from __future__ import annotations
 
@@ -80,6 +83,9 @@ for scenario, out, argv in json.loads(open(sys.argv[1]).read()):  # one run afte
 """
 
 SCENARIOS = {"nan": ["--seed", "3"], "save": ["--seed", "3"], "interrupt": ["--sample_every_n_steps", "2"]}
+# the demo's run and its resume from the state it saves at step 2 (both before the stops: they end without an error)
+DEMO = ["--demo", "--max_train_steps", "4", "--save_every_n_steps", "2", "--save_state", "--network_dropout", "0.1"]
+RESUMED = "uninterrupted/demo_lora-step00000002-state"
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +98,10 @@ def runs(tmp_path_factory):
     prompts.write_text("".join(f"prompt {i} --w 64 --h 64 --s 2 --d {i}\n" for i in range(3)))
     model, data = make_tiny_model(tmp / "model", "sd1"), make_example_dataset(tmp / "data")
     jobs = []
+    for scenario, extra in {"uninterrupted": [], "resumed": ["--resume", str(tmp / RESUMED)]}.items():
+        (tmp / scenario).mkdir()
+        jobs.append((scenario, str(tmp / scenario), [*DEMO, "--demo_dir", str(tmp), "--output_dir",
+                                                     str(tmp / scenario), *extra]))  # fmt: skip
     for scenario, extra in SCENARIOS.items():  # the interrupt last: its signal is the only one sent
         out = tmp / scenario
         out.mkdir()
@@ -116,11 +126,23 @@ def runs(tmp_path_factory):
     def rcs(out: Path) -> list[int]:
         return [int((out / f"rc_{i}.txt").read_text()) for i in (0, 1)]
 
-    return {s: (tmp / s, part(result.stdout, s), part(result.stderr, s), rcs(tmp / s)) for s in SCENARIOS}
+    return {s: (tmp / s, part(result.stdout, s), part(result.stderr, s), rcs(tmp / s)) for s, _, _ in jobs}
 
 
 def finite_file(path: Path) -> bool:
     return path.is_file() and all(torch.isfinite(t).all() for t in load_state_dict(path)[0].values())
+
+
+def test_two_processes_agree_and_resume_exactly(runs):
+    (a, stdout_a, stderr_a, rcs_a), (b, stdout_b, stderr_b, rcs_b) = runs["uninterrupted"], runs["resumed"]
+    assert rcs_a == rcs_b == [0, 0], stdout_a[-2000:] + stderr_a[-3000:] + stdout_b[-2000:] + stderr_b[-3000:]
+    for stdout, stderr in ((stdout_a, stderr_a), (stdout_b, stderr_b)):
+        assert stdout.count("2 processes") == 1 and stdout.count("training finished") == 1
+        assert stderr.count("INFO adapters:") == 1  # the main process logs; the other one does not repeat it
+    state = a.parent / RESUMED
+    assert (state / "rng_0.pt").exists() and (state / "rng_1.pt").exists()
+    a, b = load_state_dict(a / "demo_lora.safetensors")[0], load_state_dict(b / "demo_lora.safetensors")[0]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_a_nan_on_one_process_stops_both(runs):
