@@ -10,8 +10,10 @@ content key a training run computes, so qwen_image_train_network.py / qwen_image
 (and ``--mixed_precision bf16``: Qwen2.5-VL runs in bfloat16 here) find every entry and run no text encoder. The
 entries are ours, not musubi-tuner's ``*_qi_te.safetensors`` files, which are neither written nor read. The flags:
 library/families/qwen_image/cache_flags.py. With ``--model_version edit`` / ``edit-2509`` / ``edit-2511`` (or ``--edit`` /
-``--edit_plus``) Qwen2.5-VL sees each sample's control images from the dataset's ``control_directory`` (one entry per
-caption and control images, keyed on their bytes), as musubi-tuner caches the edit models' prompts.
+``--edit_plus``) Qwen2.5-VL sees each sample's control images from the dataset's ``control_directory``, as the dataset
+trains them (resized to the target's bucket, ``control_resolution`` or kept with ``no_resize_control``) and then at
+the 384 x 384 area's bucket (one entry per caption and control images, keyed on their bytes and training sizes), as
+musubi-tuner caches the edit models' prompts.
 """
 
 from __future__ import annotations

@@ -131,7 +131,9 @@ def lazy_host_copies() -> None:
     """Copies from the simulated device back to the host (a part moved back after caching or sampling) come back as
     ``torch.empty`` instead of zeros when they are large: the same shapes and bytes, but not written, so the host
     holds no resident memory for them (the values of weights that only travel are never read). Zeros of the text
-    encoders and swapped blocks would need ~9 GB of host RAM for nothing."""
+    encoders and swapped blocks would need ~9 GB of host RAM for nothing. The same for the pinned copies block swap
+    takes of its blocks (``pin_memory()``: a copy of uninitialised memory would make it resident, 14 GB for
+    HunyuanImage's 32 swapped blocks)."""
     import torch
 
     from library.measure import simulated_device as sd
@@ -146,6 +148,11 @@ def lazy_host_copies() -> None:
                 self._host_read()
                 return torch.empty(source.shape, dtype=kwargs.get("dtype") or source.dtype, device="cpu")
             return super().__torch_dispatch__(func, types, args, kwargs)
+
+        def _pinned_copy(self, source):  # the pinned copy of a swapped block: its bytes counted, never written
+            if source.numel() * source.element_size() < 2**20:
+                return super()._pinned_copy(source)
+            return torch.empty_strided(source.shape, source.stride(), dtype=source.dtype)
 
     sd.SimulatedDevice = LazyHostCopies
 

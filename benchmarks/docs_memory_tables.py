@@ -9,9 +9,12 @@ doc's rows and with the simulated-device benchmark's measured rows.
     python benchmarks/docs_memory_tables.py --list
 
 The model files are the released architectures written as safetensors headers only (benchmarks/plan_real_size.py's
-``write_files``: real key names, shapes and dtypes, no tensor data), so a plan reads no weight value; the training
+``write_files``; Qwen-Image, Z-Image and FLUX.2: plan_musubi_families.py's, the table's ``files``: real key names,
+shapes and dtypes, no tensor data), so a plan reads no weight value; the training
 data, sample prompt and flags are the benchmark's (benchmarks/bench_device_memory.py, bench_flux_memory.py,
-bench_sd3_memory.py), so a planned phase equals the benchmark's measured phase: both run the same training loop on
+bench_sd3_memory.py; the HunyuanImage 2.1, Anima, Lumina 2 and PixArt tables of their own docs: the files of
+benchmarks/plan_dit_families.py, the commands of hunyuan_image_memory.py, anima_memory.py, lumina_memory.py and
+pixart_memory.py), so a planned phase equals the benchmark's measured phase: both run the same training loop on
 the simulated device (library/measure/simulated_device.py), the plan with the model read from files, the benchmark
 with the parts built in memory. ``--measured FILE`` (default benchmarks/results/memory_NAME.jsonl): the benchmark's
 JSON lines (its stdout); ``--check`` prints each phase's difference in MiB (the GiB benchmarks round to 0.01 GiB:
@@ -60,6 +63,7 @@ class Row:
     key: str  # the benchmark row it is checked against (``measured_key`` of the benchmark's JSON line)
     script: str = ""  # the training script, when not the table's
     resolution: int = 0  # when not the table's
+    advise: bool = False  # planned with --vram card_gib: the advice for it listed under the table (advice_lines)
 
 
 @dataclass
@@ -77,6 +81,9 @@ class Table:
     measured_unit: float = 1.0  # MiB per unit of the benchmark's peaks
     peaks: str = "peak_gib"
     notes: list[str] = field(default_factory=list)
+    files: str = "plan_real_size"  # the benchmarks/ module whose ``write_files(model, folder)`` writes the files
+    sample: bool = True  # the command has ``--sample_prompts`` (the benchmark's sampling round)
+    data: str = "dir"  # "dir": --train_data_dir DATA (sd-scripts' folders); "toml": musubi-tuner's --dataset_config
 
 
 def _sd(name: str, label: str, card: float, script: str, resolution: int) -> Row:
@@ -108,6 +115,186 @@ TABLES = {
                    [_sd3("medium", 0), _sd3("medium", 12), _sd3("large", 0), _sd3("large", 16), _sd3("large", 32)],
                    "bench_sd3_memory.py", "{row}", GIB),
 }  # fmt: skip
+
+# Anima, Lumina 2, HunyuanImage 2.1, PixArt (their docs; files: benchmarks/plan_dit_families.py). Each table's flags are
+# its benchmark's command (benchmarks/*_memory.py), each row's its ``--rows`` entry.
+DIT_RUN = ["--optimizer_type", "AdamW", "--learning_rate", "1e-4", "--train_batch_size", "1", "--max_train_steps", "2",
+           "--max_data_loader_n_workers", "0", "--seed", "0", "--save_model_as", "safetensors",
+           "--sample_every_n_steps", "2", "--mixed_precision", "bf16", "--gradient_checkpointing", "--cache_latents",
+           "--cache_text_encoder_outputs"]  # fmt: skip
+HUNYUAN_FLAGS = {"bf16:0": [], "fp8s:9": ["--fp8_scaled", "--blocks_to_swap", "9"],
+                 "fp8s:32": ["--fp8_scaled", "--blocks_to_swap", "32"],
+                 "fp8s:37": ["--fp8_scaled", "--blocks_to_swap", "37"]}  # fmt: skip
+HUNYUAN_RUN = ["--network_module", "networks.lora_hunyuan_image", "--network_dim", "16", "--network_alpha", "1",
+               "--network_train_unet_only", *DIT_RUN, "--split_attn", "--attn_mode", "torch"]  # fmt: skip
+HUNYUAN_CARDS = {"bf16:0": 40, "fp8s:9": 24, "fp8s:32": 12, "fp8s:37": 8}  # sd-scripts' rows (its docs §6.1)
+
+
+def _hunyuan(key: str, more: tuple[str, ...] = ()) -> Row:
+    base = ":".join(key.split(":")[:2])
+    flags = HUNYUAN_FLAGS[base] + list(more)
+    return Row((f"{HUNYUAN_CARDS[base]} GB", f"`{' '.join(flags)}`" if flags else "(none)"), "hunyuan_image", flags,
+               HUNYUAN_CARDS[base], key)  # fmt: skip
+
+
+def _dit_swap(model: str, fp8: bool, swap: int, card: float, key: str) -> Row:
+    flags = (["--fp8_base"] if fp8 else []) + (["--blocks_to_swap", str(swap)] if swap else [])
+    return Row((*(("fp8 (`--fp8_base`)" if fp8 else "bf16",) if model == "anima" else ()), str(swap)), model, flags,
+               card, key)  # fmt: skip
+
+
+TABLES.update({
+    "hunyuan_image": Table("docs/hunyuan_image.md", "hunyuan_image_train_network", ("sd-scripts' row", "our flags"),
+                           1024, 1, "--s 4 --n ", HUNYUAN_RUN,
+                           [_hunyuan("bf16:0"), _hunyuan("fp8s:9"), _hunyuan("fp8s:32:vl", ("--fp8_vl",)),
+                            _hunyuan("fp8s:37:vl", ("--fp8_vl",))],
+                           "hunyuan_image_memory.py --rows ROW", "{row}", GIB, files="plan_dit_families"),
+    # sd-scripts' own rows (its flags, no --fp8_vl): the planner's verdict, and its advice with --vram CARD
+    "hunyuan_image-sd-scripts": Table("docs/hunyuan_image.md", "hunyuan_image_train_network",
+                                      ("sd-scripts' row", "its flags"), 1024, 1, "--s 4 --n ", HUNYUAN_RUN,
+                                      [_hunyuan(k) for k in HUNYUAN_FLAGS], "hunyuan_image_memory.py --rows ROW",
+                                      "{row}", GIB, files="plan_dit_families"),
+    "anima": Table("docs/anima.md", "anima_train_network", ("weights", "--blocks_to_swap"), 1024, 1, "--s 4 --n ",
+                   ["--network_module", "networks.lora_anima", "--network_dim", "8", "--network_alpha", "1",
+                    "--network_train_unet_only", *DIT_RUN],
+                   [_dit_swap("anima", False, 0, 8, "bf16:0"), _dit_swap("anima", False, 14, 8, "bf16:14"),
+                    _dit_swap("anima", False, 26, 8, "bf16:26"), _dit_swap("anima", True, 0, 8, "fp8:0")],
+                   "anima_memory.py", "{row}", GIB, files="plan_dit_families"),
+    "lumina2": Table("docs/lumina.md", "lumina_train_network", ("--blocks_to_swap",), 1024, 1, "--s 4 --l 3.5 --n ",
+                     ["--network_module", "networks.lora_lumina", "--network_dim", "8", "--network_alpha", "8",
+                      "--network_train_unet_only", *DIT_RUN, "--timestep_sampling", "nextdit_shift",
+                      "--discrete_flow_shift", "6.0", "--model_prediction_type", "raw"],
+                     [_dit_swap("lumina2", False, n, 10, str(n)) for n in (0, 8, 16, 24)],
+                     "lumina_memory.py", "{blocks_to_swap}", GIB, files="plan_dit_families"),
+    "pixart": Table("docs/pixart.md", "pixart_train_network", ("model", "weights"), 1024, 1, "",
+                    ["--network_module", "networks.lora", "--network_dim", "16", "--network_alpha", "8",
+                     "--network_train_unet_only", "--optimizer_type", "AdamW", "--learning_rate", "1e-4",
+                     "--mixed_precision", "bf16", "--gradient_checkpointing", "--cache_latents",
+                     "--cache_text_encoder_outputs", "--sdpa", "--max_data_loader_n_workers", "0", "--seed", "0",
+                     "--max_train_steps", "1"],
+                    [Row(("PixArt-Σ", "bf16"), "pixart_sigma", [], 8, "pixart_sigma:"),
+                     Row(("PixArt-Σ", "`--fp8_base`"), "pixart_sigma", ["--fp8_base"], 8, "pixart_sigma:--fp8_base")],
+                    "pixart_memory.py --extra ...", "{family}:{extra}", 1.0, "phases", files="plan_dit_families",
+                    sample=False),
+})  # fmt: skip
+
+
+# ---- Qwen-Image, Z-Image, FLUX.2 (musubi-tuner's families; docs/qwen_image.md, zimage.md, flux2.md) ----------------
+# Files: benchmarks/plan_musubi_families.py's write_files. Each table's flags are its benchmark's command
+# (benchmarks/qwen_image_memory.py, zimage_memory.py, flux2_memory.py), each row's its ``--rows`` entry; the tables
+# named ``*-advice`` / ``qwen-image-musubi`` plan their rows with ``--vram`` (the card) and list the planner's advice.
+# Wall time and RSS on a loaded 2-core machine (2026-11-29): flux2 3.4 min / 3.5 GB, zimage 4.1 min / 2.1 GB,
+# qwen-image 8 min / 3.8 GB, qwen-image-musubi (8 plans with the advice) 6.3 min / 8.3 GB, zimage-advice 7.6 min.
+RUN2 = ["--learning_rate", "1e-4", "--max_train_steps", "2", "--max_data_loader_n_workers", "0", "--seed", "0",
+        "--mixed_precision", "bf16", "--gradient_checkpointing"]  # fmt: skip
+QWEN_RUN = ["--network_module", "networks.lora_qwen_image", "--network_dim", "16", "--network_alpha", "16",
+            "--network_train_unet_only", "--optimizer_type", "AdamW", "--train_batch_size", "1", *RUN2,
+            "--save_model_as", "safetensors", "--cache_latents", "--cache_text_encoder_outputs", "--timestep_sampling",
+            "shift", "--discrete_flow_shift", "2.2", "--weighting_scheme", "none"]  # fmt: skip
+# musubi-tuner's documented command (docs/qwen_image.md, "VRAM Usage Estimates"; --sdpa for its --xformers)
+QWEN_MUSUBI = ["--model_version", "original", "--sdpa", "--mixed_precision", "bf16", "--timestep_sampling", "shift",
+               "--weighting_scheme", "none", "--discrete_flow_shift", "2.2", "--optimizer_type", "adamw8bit",
+               "--learning_rate", "5e-5", "--gradient_checkpointing", "--max_data_loader_n_workers", "2",
+               "--persistent_data_loader_workers", "--network_module", "networks.lora_qwen_image", "--network_dim",
+               "16", "--max_train_epochs", "16", "--save_every_n_epochs", "1", "--seed", "42", "--output_name",
+               "name-of-lora"]  # fmt: skip
+ZIMAGE_RUN = ["--train_batch_size", "1", *RUN2, "--cache_latents", "--cache_text_encoder_outputs",
+              "--timestep_sampling", "shift", "--discrete_flow_shift", "2.0", "--weighting_scheme", "none",
+              "--save_model_as", "safetensors", "--sample_every_n_steps", "2"]  # fmt: skip
+ZIMAGE_LORA = ["--network_module", "networks.lora_zimage", "--network_dim", "32", "--network_alpha", "32",
+               "--network_train_unet_only", "--optimizer_type", "AdamW"]  # fmt: skip
+ZIMAGE_FULL = ["--full_bf16", "--optimizer_type", "adafactor", "--fused_backward_pass", "--optimizer_args",
+               "relative_step=False", "scale_parameter=False", "warmup_init=False"]  # fmt: skip
+FLUX2_RUN = ["--network_module", "networks.lora_flux_2", "--network_dim", "32", "--network_alpha", "32",
+             "--optimizer_type", "AdamW", *RUN2, "--timestep_sampling", "flux2_shift", "--weighting_scheme", "none",
+             "--sample_every_n_steps", "2"]  # fmt: skip
+FP8 = ["--fp8_base", "--fp8_scaled"]
+
+
+def _swap(n: int) -> list[str]:
+    return ["--blocks_to_swap", str(n)] if n else []
+
+
+def _qwen(mode: str, swap: int, card: float, musubi: str) -> Row:
+    return Row((mode, str(swap), musubi), "qwen-image", (FP8 + ["--fp8_vl"] if mode == "fp8" else []) + _swap(swap),
+               card, f"{mode}:{swap}")  # fmt: skip
+
+
+def _qwen_musubi(label: str, flags: list[str], card: float, advise: bool = True) -> Row:
+    key = "+".join(w.lstrip("-") for w in flags) or "no"
+    return Row((label, f"{card:g} GB"), "qwen-image", flags, card, key, advise=advise)
+
+
+def _zimage(kind: str, mode: str, swap: int, more: list[str], label: str) -> Row:
+    flags = (ZIMAGE_LORA if kind == "lora" else ZIMAGE_FULL) + (["--fp8_base"] if mode == "fp8" else []) + _swap(swap)
+    key = f"{kind}-{mode}:{swap}" + "".join(f"+{w.lstrip('-')}" for w in more)
+    return Row(("LoRA" if kind == "lora" else "full", label), "zimage", flags + more, 10.0 if kind == "lora" else 24.0,
+               key, "" if kind == "lora" else "zimage_train")  # fmt: skip
+
+
+def _flux2(variant: str, mode: str, swap: int) -> Row:
+    weights = "fp8 DiT + text encoder" if mode == "fp8" else "bf16"
+    version = ["--model_version", variant.replace("klein-", "klein-base-")]
+    return Row(({"klein-4b": "klein 4B", "klein-9b": "klein 9B", "dev": "dev"}[variant], weights, str(swap)), variant,
+               version + (FP8 + ["--fp8_text_encoder"] if mode == "fp8" else []) + _swap(swap),
+               {"klein-4b": 8.0, "klein-9b": 12.0, "dev": 24.0}[variant], f"{variant}:{mode}:{swap}")  # fmt: skip
+
+
+QWEN_ROWS = [
+    _qwen("bf16", 0, 42, "42 GB"),
+    _qwen("fp8", 0, 30, "30 GB (`--fp8_base --fp8_scaled`)"),
+    _qwen("fp8", 16, 24, "24 GB"),
+    _qwen("fp8", 45, 12, "12 GB"),
+    _qwen("fp8", 58, 10, "(a 10 GiB goal)"),
+]
+ZIMAGE_ROWS = [
+    _zimage("lora", "bf16", 0, [], "bf16"),
+    _zimage("lora", "fp8", 0, [], "`--fp8_base`"),
+    _zimage("lora", "bf16", 10, [], "bf16, `--blocks_to_swap 10`"),
+    _zimage("lora", "bf16", 16, ["--fp8_llm"], "bf16, `--blocks_to_swap 16 --fp8_llm`"),
+    _zimage("full", "bf16", 0, [], "`--full_bf16`, Adafactor `--fused_backward_pass`"),
+    _zimage("full", "bf16", 0, ["--fp8_llm"], "the same, `--fp8_llm`"),
+    _zimage("full", "bf16", 20, [], "the same, `--blocks_to_swap 20`"),
+]
+FLUX2_ROWS = [
+    _flux2("klein-4b", "bf16", 0),
+    _flux2("klein-4b", "fp8", 0),
+    _flux2("klein-9b", "bf16", 0),
+    _flux2("klein-9b", "fp8", 0),
+    _flux2("klein-9b", "fp8", 6),
+    _flux2("dev", "fp8", 0),
+    _flux2("dev", "fp8", 24),
+]
+MUSUBI = dict(files="plan_musubi_families", measured_unit=GIB)
+TABLES.update({
+    "qwen-image": Table("docs/qwen_image.md", "qwen_image_train_network",
+                        ("weights", "`--blocks_to_swap`", "musubi-tuner's row"), 1024, 1, "", QWEN_RUN, QWEN_ROWS,
+                        "qwen_image_memory.py --no_sample", "{row}", sample=False, **MUSUBI),
+    "qwen-image-advice": Table("docs/qwen_image.md", "qwen_image_train_network",
+                               ("weights", "`--blocks_to_swap`", "goal"), 1024, 1, "", QWEN_RUN,
+                               [dataclasses.replace(QWEN_ROWS[3], cells=("fp8", "45", "10 GiB"), card_gib=10.0,
+                                                    advise=True)],
+                               "qwen_image_memory.py --no_sample", "{row}", sample=False, **MUSUBI),
+    "qwen-image-musubi": Table("docs/qwen_image.md", "qwen_image_train_network",
+                               ("musubi-tuner's options", "its VRAM"), 1024, 1, "", QWEN_MUSUBI,
+                               [_qwen_musubi("no", [], 42), _qwen_musubi("`--fp8_base --fp8_scaled`", FP8, 30),
+                                _qwen_musubi("+ `--blocks_to_swap 16`", FP8 + _swap(16), 24),
+                                _qwen_musubi("+ `--blocks_to_swap 45`", FP8 + _swap(45), 12, advise=False),
+                                _qwen_musubi("+ `--blocks_to_swap 45 --fp8_vl`", FP8 + _swap(45) + ["--fp8_vl"], 12)],
+                               "qwen_image_memory.py's images; the flags of musubi-tuner's docs/qwen_image.md", "{row}",
+                               sample=False, data="toml", **MUSUBI),
+    "zimage": Table("docs/zimage.md", "zimage_train_network", ("run", "flags"), 1024, 1, "--s 4 --n ", ZIMAGE_RUN,
+                    ZIMAGE_ROWS, "zimage_memory.py", "{row}", **MUSUBI),
+    "zimage-advice": Table("docs/zimage.md", "zimage_train_network", ("run", "flags"), 1024, 1, "--s 4 --n ",
+                           ZIMAGE_RUN, [dataclasses.replace(ZIMAGE_ROWS[1], advise=True)], "zimage_memory.py", "{row}",
+                           **MUSUBI),
+    "flux2": Table("docs/flux2.md", "flux_2_train_network", ("model", "weights", "`--blocks_to_swap`"), 1024, 1,
+                   "--s 4 --n blurry", FLUX2_RUN, FLUX2_ROWS, "flux2_memory.py", "{row}", data="toml", **MUSUBI),
+    "flux2-advice": Table("docs/flux2.md", "flux_2_train_network", ("model", "weights", "`--blocks_to_swap`"), 1024,
+                          1, "--s 4 --n blurry", FLUX2_RUN, [dataclasses.replace(FLUX2_ROWS[1], advise=True)],
+                          "flux2_memory.py", "{row}", data="toml", **MUSUBI),
+})  # fmt: skip
+# ---- end of Qwen-Image, Z-Image, FLUX.2 --------------------------------------------------------------------------
 
 
 def begin_mark(name: str) -> str:
@@ -155,11 +342,34 @@ def block(table: Table, name: str, plans: list[dict]) -> list[str]:
     scripts = " / ".join(dict.fromkeys(f"{row.script or table.script}.py" for row in table.rows))
     sizes = " / ".join(dict.fromkeys(str(row.resolution or table.resolution) for row in table.rows))
     flags = " ".join(table.flags)
-    lines = [f"`{scripts} MODEL_FILES --train_data_dir DATA --resolution {sizes} --sample_prompts PROMPTS {flags}` "
+    prompts = " --sample_prompts PROMPTS" if table.sample else ""
+    data = "--dataset_config DATA.toml" if table.data == "toml" else f"--train_data_dir DATA --resolution {sizes}"
+    lines = [f"`{scripts} MODEL_FILES {data}{prompts} {flags}` "
              f"plus each row's flags (the command of benchmarks/{table.benchmark}); GiB of device tensors per phase, "
              "planned:", "",
              "| " + " | ".join(heads) + " |", "|---" * len(heads) + "|"]  # fmt: skip
     lines += ["| " + " | ".join(row_cells(table, row, plan)) + " |" for row, plan in zip(table.rows, plans)]
+    return lines + (advice_lines(table, plans) if any(row.advise for row in table.rows) else [])
+
+
+def advice_lines(table: Table, plans: list[dict]) -> list[str]:
+    """Under the table: each row's verdict with ``--vram`` its card and, when it does not fit, the planner's advice
+    (library/measure/advice.py: the changes, cheapest first, each planned on top of the ones before)."""
+    lines = ["", "The rows planned with `--plan_memory --vram CARD` (the row's card):", ""]
+    for row, plan in zip(table.rows, plans):
+        if not row.advise:
+            continue
+        name, card = " / ".join(row.cells), plan["card_peak_mib"] / GIB
+        if plan.get("fits_vram", True):
+            lines.append(f"- {name}: fits {row.card_gib:g} GiB as it is (planned card peak {card:.2f} GiB).")
+            continue
+        advice = plan.get("advice") or {}
+        steps = "; ".join(f"`+ {' '.join(c['flags'])}` {c['card_peak_mib'] / GIB:.2f} GiB (cost: {c['step_time_cost']})"
+                          for c in advice.get("changes", []))  # fmt: skip
+        verdict = (f"**fits** with them: the row's flags plus `{' '.join(w for c in advice['changes'] for w in c['flags'])}`"
+                   if advice.get("fits") else "no change the planner knows makes it fit")  # fmt: skip
+        lines.append(f"- {name}: does NOT fit {row.card_gib:g} GiB with its own flags (planned card peak {card:.2f} "
+                     f"GiB); the advice, cheapest first: {steps or '(none)'}; {verdict}.")  # fmt: skip
     return lines
 
 
@@ -170,9 +380,10 @@ def plan_rows(table: Table, work: Path, reuse: bool = False, vram: str | None = 
     import importlib
 
     from phase_table import two_image_work
-    from plan_real_size import write_files
 
     from library.measure.plan import plan_command
+
+    write_files = importlib.import_module(table.files).write_files
 
     plans, files = [], {}
     for row in table.rows:
@@ -191,14 +402,26 @@ def plan_rows(table: Table, work: Path, reuse: bool = False, vram: str | None = 
             (work / row.model).mkdir(parents=True, exist_ok=True)
             files[row.model] = write_files(row.model, work / row.model)
         argv = [*files[row.model], "--train_data_dir", str(data / "data"), "--caption_extension", ".txt",
-                "--resolution", str(resolution), "--output_dir", str(work / "out"), "--sample_prompts",
-                str(data / "prompts.txt"), *table.flags, *row.flags, "--plan_memory", "--plan_memory_json",
-                str(out), *(["--vram", vram] if vram else [])]  # fmt: skip
+                "--resolution", str(resolution), "--output_dir", str(work / "out"),
+                *(["--sample_prompts", str(data / "prompts.txt")] if table.sample else []), *table.flags,
+                *row.flags, "--plan_memory", "--plan_memory_json", str(out)]  # fmt: skip
+        card = vram or (f"{row.card_gib:g}" if row.advise else None)
+        argv += ["--vram", card] if card else []
+        if table.data == "toml":  # musubi-tuner's dataset config over the same images (batch 1) in place of the folder
+            argv[len(files[row.model]) : len(files[row.model]) + 6] = ["--dataset_config", _toml(data, resolution)]
         log(f"docs_memory_tables: planning {row.model} {row.key}")
         plan_command(lambda argv=argv, run=run: run(argv), out=lambda line: print(line, file=sys.stderr),
                      script=f"{row.script or table.script}.py")  # fmt: skip
         plans.append(json.loads(out.read_text()))
     return plans
+
+
+def _toml(data: Path, resolution: int) -> str:
+    folder = (data / "data" / "1_sks shape").as_posix()
+    (data / "dataset.toml").write_text(f'[general]\nresolution = [{resolution}, {resolution}]\ncaption_extension = '
+                                       f'".txt"\nbatch_size = 1\n\n[[datasets]]\nimage_directory = "{folder}"\n'
+                                       "num_repeats = 1\n")  # fmt: skip
+    return str(data / "dataset.toml")
 
 
 def _copy_images(data: Path, images: int) -> None:

@@ -12,9 +12,10 @@ bf16 --gradient_checkpointing --cache_latents --cache_text_encoder_outputs --net
 whether the card peak (CUDA context and the allocator's reserve included) is within 8 GiB.
 
 Measured (2026-11-29, this planner): PixArt-Σ card peak 11.71 GiB in bf16, its text-caching phase (T5-XXL's bf16
-weights, 9.04 GiB) the peak, the step 1.69 GiB; with ``--extra=--fp8_base`` (T5 and the transformer stored in
-float8) 7.77 GiB: text caching 5.85 GiB, step 1.23 GiB (two planned steps), within the 8 GiB goal. Use a fresh ``--workdir``: a second
-run reuses the disk caches and plans no caching phase.
+weights, 9.16 GiB) the peak, the step 1.78 GiB; with ``--extra=--fp8_base`` (T5 and the transformer stored in
+float8) 7.77 GiB: text caching 5.85 GiB, step 1.23 GiB (two planned steps), within the 8 GiB goal (docs/pixart.md's
+rows: benchmarks/docs_memory_tables.py --table pixart, checked against these JSON lines). Use a fresh
+``--workdir``: a second run reuses the disk caches and plans no caching phase.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def main() -> None:
         plan = plan_command(
             lambda argv=argv: pixart_train_network.run(argv), out=lambda line: print(line, file=sys.stderr)
         )
-        print(json.dumps({"family": name, "device_peak_mib": plan["device_peak_mib"],
+        print(json.dumps({"family": name, "extra": args.extra, "device_peak_mib": plan["device_peak_mib"],
                           "card_peak_mib": plan["card_peak_mib"], "host_peak_mib": plan["host_peak_mib"],
                           "meets_8_gib": plan["card_peak_mib"] <= GOAL_MIB,
                           "phases": {p: r["device_mib"] for p, r in plan["phases"].items()}}), flush=True)  # fmt: skip

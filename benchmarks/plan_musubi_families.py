@@ -5,7 +5,8 @@ device and host memory per phase of musubi-tuner's documented lines.
     python benchmarks/plan_musubi_families.py --rows dev:fp8:29 --vram 24
 
 Writes each released architecture as the files users have (the DiT single file, the text encoder as the first of a
-split pair, the AE; dev: Mistral 3's language model and a word-level tokenizer with Mistral's chat markers beside it,
+split pair, the AE; ``write_files("qwen-image", ...)``, used by benchmarks/docs_memory_tables.py: the DiT single file,
+ComfyUI's Qwen2.5-VL file with its vision tower and ``lm_head``, the VAE; dev: Mistral 3's language model and a word-level tokenizer with Mistral's chat markers beside it,
 Mistral's own not being shipped) holding their safetensors headers only: the real key names, shapes and dtypes
 (bf16) and no tensor data. Then plans the training command on them (the script with ``--plan_memory``:
 library/measure/plan.py; the simulated device counts every device tensor, the phantoms every host tensor) and prints
@@ -60,7 +61,18 @@ def write_files(model: str, folder: Path) -> list[str]:
 
     folder.mkdir(parents=True, exist_ok=True)
     with PhantomDevice(strict=False), header_only_writes():
-        if model.startswith("zimage"):
+        if model == "qwen-image":
+            from library.families.autoencoders import qwen_image
+            from library.families.encoders import qwen25vl, qwen25vl_edit
+            from library.families.qwen_image import QWEN_IMAGE
+
+            family, parts = QWEN_IMAGE, QWEN_IMAGE.reference_parts()
+            with init_empty_weights(include_buffers=True):  # ComfyUI's qwen_2.5_vl_7b file: the vision tower, lm_head
+                vae = qwen_image.factory(qwen_image.RELEASED)()
+                vl = _phantom(
+                    qwen25vl_edit.build(qwen25vl.RELEASED_TEXT, qwen25vl_edit.RELEASED_VISION), torch.bfloat16
+                )
+        elif model.startswith("zimage"):
             from library.families.autoencoders import flux_ae
             from library.families.zimage import ZIMAGE
 
@@ -80,6 +92,11 @@ def write_files(model: str, folder: Path) -> list[str]:
                                     vae=_phantom(parts.vae, torch.bfloat16),
                                     text_encoders=[_phantom(te, torch.bfloat16) for te in parts.text_encoders])  # fmt: skip
         files = family.tiny.write_files(parts, folder, model)
+        if model == "qwen-image":  # ComfyUI's names: model.layers.*, visual.*, lm_head.weight (16.6 GB in bf16)
+            names = {"model.language_model.": "model.", "model.visual.": "visual."}
+            state = {next((new + k[len(old) :] for old, new in names.items() if k.startswith(old)), k): v
+                     for k, v in vl.state_dict().items()}  # fmt: skip
+            save_state_dict(state, files["text_encoder"], {"format": "pt"})
         if model == "dev":  # Mistral 3's language model, as the released text_encoder/ split set names it
             from _flux2_helpers import tiny_mistral_tokenizer
 

@@ -1,8 +1,9 @@
 """The edit models' control images (library/data/control_images.py) against kohya-ss/musubi-tuner's own dataset code.
 
-The oracle, tests/data/musubi_control_images.json, is musubi-tuner's ``ImageDirectoryDatasource`` matching and its
+The oracle, tests/data/musubi_control_images.json, is musubi-tuner's ``ImageDirectoryDatasource`` matching, its
 ``ImageDataset.retrieve_latent_cache_batches`` pixels (shape + SHA-256 of each control image as its caching step
-encodes it) on seeded images, written by
+encodes it) and the images its ``qwen_image_cache_text_encoder_outputs.py`` hands Qwen2.5-VL (same), on seeded
+images, written by
 
     PYTHONPATH=~/musubi/src:/work/shared/peer/helpers/sds_shims ~/sdtrain-peer/sdsvenv/bin/python \\
         benchmarks/peer/musubi_control_fixture.py
@@ -24,8 +25,9 @@ import torch.nn.functional as F
 from PIL import Image
 
 from library.cli.problems import ConfigError
-from library.data import build_datasets, cache_latents, make_loader
+from library.data import build_datasets, cache_latents, cache_text_encoder_outputs, make_loader
 from library.data import control_images as CI
+from library.families.qwen_image import edit
 from tests._data_utils import parse
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks" / "peer"))
@@ -37,6 +39,15 @@ ORACLE = json.loads((Path(__file__).parent / "data" / "musubi_control_images.jso
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("controls")
+    os.rmdir(root)
+    os.makedirs(root)
+    return FIX.write_dataset(str(root))
+
+
+@pytest.fixture(scope="module")
+def unedited(tmp_path_factory):
+    """The oracle's folders, for tests that need every control image as written (one test edits one in place)."""
+    root = tmp_path_factory.mktemp("unedited")
     os.rmdir(root)
     os.makedirs(root)
     return FIX.write_dataset(str(root))
@@ -159,3 +170,60 @@ def test_batch_of_mixed_controls_refused():
     assert [t.shape for t in CI.stack([a, a], ["x", "y"])] == [(2, 3, 8, 8)]
     with pytest.raises(ValueError, match="a batch mixes control images of different counts or sizes \\(x, y\\)"):
         CI.stack([a, b], ["x", "y"])
+
+
+def _musubi_toml(tmp_path, images, control, case: str, layout: str = "musubi") -> str:
+    """The dataset TOML with the oracle's setting ``case`` (buckets on unless it turns them off) in musubi-tuner's
+    layout, or in sd-scripts' (a subset; buckets of musubi-tuner's step and range)."""
+    raw = {"enable_bucket": True, **ORACLE["settings"][case]}
+    keys = "".join(f"{k} = {json.dumps(v)}\n" for k, v in raw.items() if k != "enable_bucket")
+    if layout == "musubi":
+        return _toml(tmp_path, images, control, f"enable_bucket = {json.dumps(raw['enable_bucket'])}\n" + keys)
+    path, bucketed = tmp_path / "dataset.toml", json.dumps(raw["enable_bucket"])
+    path.write_text(f"[[datasets]]\nresolution = 64\nbatch_size = 1\nenable_bucket = {bucketed}\n"
+                    "bucket_reso_steps = 16\nmin_bucket_reso = 16\nmax_bucket_reso = 128\n\n[[datasets.subsets]]\n"
+                    f'image_dir = "{images}"\ncaption_extension = ".txt"\n'
+                    f'control_directory = "{control}"\n{keys}')  # fmt: skip
+    return str(path)
+
+
+@pytest.mark.parametrize("layout", ["musubi", "sd-scripts"])
+@pytest.mark.parametrize("case", list(FIX.SETTINGS))
+def test_prompt_images_as_musubi(unedited, tmp_path, case, layout):
+    """An edit model's prompt sees each control image as musubi-tuner's text caching hands it to Qwen2.5-VL: at the
+    size the dataset plan trains it at (the setting's dataset TOML: the same buckets as musubi-tuner's), then at the
+    384 x 384 area's bucket of that image: the same shapes and uint8 values."""
+    images, control = unedited
+    ds = _plan(_musubi_toml(tmp_path, images, control, case, layout)).datasets[0]
+    for i, rec in enumerate(ds.records):
+        want = ORACLE[case][os.path.basename(rec.path)]
+        assert list(ds.assignments[0][i].bucket) == want["bucket"]
+        assert [_digest(edit.vl_image(p, size)) for p, size in CI.sized(ds, i, 0)] == want["vl"], (case, rec.path)
+
+
+def test_prompt_cache_keyed_on_control_size(unedited, tmp_path):
+    """The edit models' text cache: one entry per caption and control images at the sizes they are trained at, given
+    to the encoder with those sizes; each batch reads its own sample's entry; a setting that changes only the
+    control images' sizes (control_resolution) gives new keys, so an entry made at another size is not reused."""
+    images, control = unedited
+    seen = []
+
+    def encode(captions, controls):  # states: the pixel count of the control images it was given
+        seen.extend(controls)
+        return {"hidden_states": torch.tensor([[float(sum(w * h for _p, (w, h) in c))] for c in controls])}
+
+    keys = {}
+    for case in ("default", "control_resolution", "default"):
+        plan = _plan(_musubi_toml(tmp_path, images, control, case), True, "--cache_text_encoder_outputs")
+        ds = plan.datasets[0]
+        cache = cache_text_encoder_outputs(plan, encode, "te", batch_size=1, show_progress=False, with_controls=True)
+        sized = [CI.sized(ds, i, 0) for i in range(len(ds.records))]
+        assert sorted(seen, key=str) == sorted(sized, key=str) and len(cache.keys) == 3
+        seen.clear()
+        for batch in make_loader(plan, text_cache=cache).epoch(0):
+            i = next(i for i, r in enumerate(ds.records) if r.path == batch.image_paths[0])
+            want = sum(w * h for _p, (w, h) in sized[i])
+            assert batch.text_encoder_outputs["hidden_states"].flatten().tolist() == [want]
+        keys.setdefault(case, set(cache.keys.values()))
+        assert set(cache.keys.values()) == keys[case]
+    assert not keys["default"] & keys["control_resolution"]

@@ -4,8 +4,8 @@ control folder runs on tiny files (Qwen2.5-VL with its vision tower in ComfyUI's
 the VAE's latents of each control image at musubi-tuner's pixels as references (library/data/control_images.py,
 checked against musubi-tuner's own dataset code in tests/test_control_images.py; model.forward(references=) against
 diffusers in tests/test_qwen_image_edit.py) and the prompt states that diffusers' QwenImageEditPlusPipeline encodes
-from the caption and the control images at musubi-tuner's 384 x 384 condition area; the text cache is keyed on the
-control images' bytes."""
+from the caption and the control images as trained, then at musubi-tuner's 384 x 384 condition area; the text cache
+is keyed on the control images' bytes and sizes."""
 
 from __future__ import annotations
 
@@ -127,8 +127,9 @@ def test_edit_training_gets_controls_and_prompts_with_images(edit_files, dataset
                 want = ae.encode(vae, CI.control_pixels(f, bucket, settings, 16)[None]).float()
                 torch.testing.assert_close(ref, want.to(torch.bfloat16).float())
             shown = []
-            for f in files:  # musubi-tuner: the 384 x 384 area's bucket nearest the aspect ratio, step 16
-                img = Image.open(f).convert("RGB")
+            for f in files:  # musubi-tuner: the control image as trained, then the 384 x 384 area's bucket nearest
+                img = Image.open(f).convert("RGB")  # its aspect ratio, step 16
+                img = Image.fromarray(CI.resize_to(img, CI.target_size(img.size, bucket, settings, 16)))
                 size = CI.bucket_for_area(img.size, (384, 384), 16)
                 shown.append(Image.fromarray(CI.resize_to(img, size)))
             want, want_mask = pipe._get_qwen_prompt_embeds(batch.captions[0], shown, torch.device("cpu"),

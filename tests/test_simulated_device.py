@@ -176,3 +176,24 @@ def test_device_mismatch_is_caught_where_meta_kernels_do_not_check():
     assert torch.nn.functional.conv2d(x, w).device.type == "meta"  # no check without the mode
     with SimulatedDevice(), pytest.raises(DeviceMismatch, match="same device"):
         torch.nn.functional.conv2d(x, w)
+
+
+def test_grouped_query_attention_without_a_mask_is_counted_as_the_fused_kernel():
+    """transformers passes ``enable_gqa=True`` only without a mask, where CUDA's flash kernel takes the fewer key /
+    value heads as they are: the count is the fused kernel's (the same as with the heads repeated), not the attention
+    matrix of torch's math path; with a mask torch's own path stays (CUDA's fused kernels refuse it)."""
+    from library.measure.simulated_device import SimulatedDevice, fused_attention
+
+    def added_peak(heads_kv: int, gqa: bool, mask: bool = False) -> int:
+        q = torch.empty(1, 8, 256, 16, device="meta")
+        k, v = (torch.empty(1, heads_kv, 256, 16, device="meta") for _ in "kv")
+        attn_mask = torch.ones(256, 256, dtype=torch.bool, device="meta") if mask else None
+        with SimulatedDevice() as sim, fused_attention():
+            before = sim.live_bytes["meta"]
+            torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, enable_gqa=gqa)
+            return sim.peak_bytes["meta"] - before
+
+    fused = added_peak(8, False)
+    assert fused < 256 * 256 * 8 * 4  # output and softmax statistics, no 8 x 256 x 256 matrix
+    assert added_peak(2, True) == fused
+    assert added_peak(2, True, mask=True) > 256 * 256 * 8 * 4  # torch's math path: the matrix

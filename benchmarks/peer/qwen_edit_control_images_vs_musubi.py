@@ -9,7 +9,8 @@ side in its venv (``--musubi_python``, default ~/sdtrain-peer/sdsvenv; ``PYTHONP
 what ``qwen_image_cache_text_encoder_outputs.py`` gives the VL model (``calculate_bucket_resolution`` of the 384 x 384
 area, ``resize_image_to_bucket``, alpha dropped) and what ``qwen_image_generate_image.py`` makes of
 ``--control_image_path`` (``preprocess_control_image``, with and without ``--resize_control_to_official_size``).
-Prints, per image, the max |difference| of ours (``qwen_image/edit.py``: ``vl_image``, ``generation_controls``).
+Prints, per image, the max |difference| of ours (``qwen_image/edit.py``: ``vl_image`` of a control image trained at
+its own size, ``generation_controls``). The dataset's resize before it: tests/test_control_images.py.
 """
 
 from __future__ import annotations
@@ -77,7 +78,10 @@ def main() -> None:
         return f"{np.abs(a - b).max():g}" if a.shape == b.shape else f"shapes {a.shape} / {b.shape}"
 
     for path, (h, w) in zip(paths, SIZES):
-        line = [f"{Path(path).name} {w}x{h}", f"training VL {diff(np.load(path + '.train.npy'), edit.vl_image(path))}"]
+        line = [
+            f"{Path(path).name} {w}x{h}",
+            f"training VL {diff(np.load(path + '.train.npy'), edit.vl_image(path, (w, h)))}",
+        ]
         for official in (0, 1):
             pixels, shown = edit.generation_controls([path], bool(official), None)
             line.append(f"generate(official={official}) VL {diff(np.load(path + f'.vl{official}.npy'), shown[0])} "

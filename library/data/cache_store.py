@@ -77,9 +77,9 @@ def latent_key(
     )
 
 
-def text_key(*, caption: str, encoder_id: str, controls: list[str] | None = None) -> str:
-    """Key of cached text-encoder outputs for one caption string (``controls``: the digests of the control images
-    an edit model's prompt encoder sees with it)."""
+def text_key(*, caption: str, encoder_id: str, controls: list[tuple[str, tuple[int, int]]] | None = None) -> str:
+    """Key of cached text-encoder outputs for one caption string (``controls``: (digest, (width, height) trained
+    at) of each control image an edit model's prompt encoder sees with it)."""
     if controls:
         return cache_key("text", caption=caption, encoder=encoder_id, controls=list(controls))
     return cache_key("text", caption=caption, encoder=encoder_id)

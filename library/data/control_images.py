@@ -21,8 +21,10 @@ applied, as it is to the target image, so a rotated photo and its control image 
 
 Caching: with latent caching each control image's latents are an entry of the latent store, keyed on the control
 file's bytes, the size it is trained at and the encoder (:func:`control_key`), so an edited control image is encoded
-again. Batches carry ``controls``: one (B, C, h, w) tensor per control index (latents when cached, else pixels in
-[-1, 1]); a batch whose samples disagree in control count or shape is refused with the files named.
+again. An edit model's prompt sees each control image at that size too (:func:`sized`; its text-cache entry is keyed
+on the files' bytes and these sizes). Batches carry ``controls``: one (B, C, h, w) tensor per control index (latents
+when cached, else pixels in [-1, 1]); a batch whose samples disagree in control count or shape is refused with the
+files named.
 """
 
 from __future__ import annotations
@@ -216,6 +218,18 @@ def stack(samples: list[list[torch.Tensor]], paths: list[str]) -> list[torch.Ten
         raise ValueError(f"a batch mixes control images of different counts or sizes ({', '.join(paths)}); use "
                          "batch_size = 1 for this dataset or control images of one size per bucket")  # fmt: skip
     return [torch.stack([s[i] for s in samples]) for i in range(len(samples[0]))]
+
+
+def sized(ds, i: int, k: int) -> tuple[tuple[str, tuple[int, int]], ...]:
+    """(path, (width, height) it is trained at) of each control image of record ``i`` of dataset plan ``ds`` at
+    resolution ``k``, () when it has none: what an edit model's prompt encoder is given, as musubi-tuner's text
+    caching takes the control images its dataset has resized (``qwen_image_cache_text_encoder_outputs.py``)."""
+    rec = ds.records[i]
+    settings = ds.subset(rec).control
+    if not rec.controls or settings is None:
+        return ()
+    bucket, step = ds.assignments[k][i].bucket, ds.config.bucket_reso_steps
+    return tuple((p, target_size(header_size(p), bucket, settings, step)) for p in rec.controls)
 
 
 def _todo(plan, encoder_id: str, cache) -> list[tuple]:

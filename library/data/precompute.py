@@ -52,18 +52,19 @@ class LatentCache:
 @dataclass
 class TextCache:
     """Cached text-encoder outputs; ``get(caption)`` returns the encoder's dict without the batch dimension.
-    ``with_controls``: entries are per (caption, the sample's control images), for prompt encoders that see them
-    (the Qwen-Image edit models); ``get(caption, controls)``."""
+    ``with_controls``: entries are per (caption, the sample's control images as (path, (width, height) trained at),
+    ``control_images.sized``), for prompt encoders that see them (the Qwen-Image edit models); ``get(caption,
+    controls)``."""
 
     store: CacheStore
     keys: dict[str | tuple, str] = field(default_factory=dict)
     anchors: dict[str | tuple, str] = field(default_factory=dict)
     with_controls: bool = False
 
-    def slot(self, caption: str, controls: tuple[str, ...] = ()) -> str | tuple:
+    def slot(self, caption: str, controls: tuple = ()) -> str | tuple:
         return (caption, tuple(controls)) if self.with_controls and controls else caption
 
-    def get(self, caption: str, controls: tuple[str, ...] = ()) -> Tensors:
+    def get(self, caption: str, controls: tuple = ()) -> Tensors:
         slot = self.slot(caption, controls)
         if slot not in self.keys:
             raise KeyError(
@@ -194,20 +195,22 @@ def cache_text_encoder_outputs(
 ) -> TextCache:
     """Encode every caption a sample can take (each line of a multi-line caption; "" when captions can be
     dropped) that is not cached yet. ``batch_size`` defaults to the first dataset's batch size. ``with_controls``:
-    one entry per caption and sample's control images (keyed on their bytes), ``encode_text_fn(captions,
-    controls)`` given each caption's control image paths."""
+    one entry per caption and sample's control images at each size a resolution trains them at (keyed on their
+    bytes and sizes), ``encode_text_fn(captions, controls)`` given each caption's (control image path, (width,
+    height)) pairs."""
     store = _store(plan, "text", plan.args.cache_text_encoder_outputs_to_disk)
     cache = TextCache(store, with_controls=with_controls)
     digests: dict[str, str] = {}
     for ds in plan.datasets:
-        for rec in ds.records:
-            controls = rec.controls if with_controls else ()
-            for caption in possible_captions(rec.caption, ds.subset(rec).captions):
-                slot = cache.slot(caption, controls)
-                if slot not in cache.keys:
-                    seen = [digests.setdefault(p, file_digest(p)) for p in controls]
-                    cache.keys[slot] = text_key(caption=caption, encoder_id=encoder_id, controls=seen)
-                    cache.anchors[slot] = rec.path
+        for i, rec in enumerate(ds.records):
+            resolutions = range(len(ds.config.resolutions)) if with_controls and rec.controls else ()
+            for controls in dict.fromkeys(control_images.sized(ds, i, k) for k in resolutions) or [()]:
+                for caption in possible_captions(rec.caption, ds.subset(rec).captions):
+                    slot = cache.slot(caption, controls)
+                    if slot not in cache.keys:
+                        seen = [(digests.setdefault(p, file_digest(p)), size) for p, size in controls]
+                        cache.keys[slot] = text_key(caption=caption, encoder_id=encoder_id, controls=seen)
+                        cache.anchors[slot] = rec.path
     todo = [c for c in cache.keys if not store.has(cache.keys[c], cache.anchors[c])]
     bs = batch_size or plan.datasets[0].config.batch_size
     logger.info("text-encoder cache: %d of %d captions to encode", len(todo), len(cache.keys))

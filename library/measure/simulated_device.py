@@ -275,11 +275,14 @@ def fused_attention() -> Iterator[None]:
     """Inside, attention on the simulated device is counted as the fused kernel a GPU runs (on meta, torch's SDPA
     takes its math path and would hold the whole attention matrix): the flash kernel's meta function gives the
     output and its softmax statistics only. A call with ``enable_gqa=False`` (diffusers' attention dispatch passes it
-    always) is the same call; grouped-query attention (``enable_gqa=True``) keeps torch's own path."""
+    always) is the same call; so is grouped-query attention (``enable_gqa=True``) without a mask, which CUDA's flash
+    kernel runs with the fewer key / value heads as they are (transformers passes ``enable_gqa`` only then: with a mask
+    it repeats the key / value heads itself); with a mask it keeps torch's own path, as CUDA's fused kernels refuse
+    it."""
     original = torch.nn.functional.scaled_dot_product_attention
 
     def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kwargs):  # noqa: ANN001
-        if query.device.type != DEVICE.type or kwargs.get("enable_gqa"):  # diffusers passes enable_gqa=False
+        if query.device.type != DEVICE.type or (kwargs.get("enable_gqa") and attn_mask is not None):
             return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
                             scale=scale, **kwargs)  # fmt: skip
         op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu

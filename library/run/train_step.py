@@ -110,14 +110,14 @@ def encode_captions(
     weighted: bool = False,
     *,
     pad: bool = True,
-    controls: list[tuple[str, ...]] | None = None,
+    controls: list[tuple] | None = None,
 ) -> Cond:
     """The conditioning of training captions. ``weighted`` (``--weighted_captions``): A1111 ``(tag:1.3)`` weights
     as sd-scripts applies them to captions (the prompt encoder of :mod:`library.text.prompt_weighting`, one 75-token
     chunk per 75 of ``--max_token_length``); otherwise the family's plain encoding, brackets kept as text.
     ``pad=False`` (``--no_token_padding``, plain encoding only): ids padded to the batch's longest caption.
-    ``controls``: each caption's control image paths, for a family whose prompts see them (its options'
-    ``prompt_control_images``: the Qwen-Image edit models)."""
+    ``controls``: each caption's control images as (path, (width, height) trained at), for a family whose prompts
+    see them (its options' ``prompt_control_images``: the Qwen-Image edit models)."""
     if not weighted:
         unpadded = {} if pad else {"pad": False}  # only the families train_db.py loads take it
         seen = {} if controls is None else {"controls": controls}  # prompt encoders that see the control images

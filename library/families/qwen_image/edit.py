@@ -1,7 +1,9 @@
 """The Qwen-Image edit models' prompts with their control images (``--model_version edit / edit-2509 / edit-2511``):
-each control image as musubi-tuner's ``qwen_image_cache_text_encoder_outputs.py`` gives it to Qwen2.5-VL (alpha
-dropped, resized and centre-cropped to the bucket of a 384 x 384 area nearest its aspect ratio, sides multiples of
-16: ``BucketSelector.calculate_bucket_resolution`` and ``resize_image_to_bucket``, shared with the control latents in
+each control image as musubi-tuner's ``qwen_image_cache_text_encoder_outputs.py`` gives it to Qwen2.5-VL: as its
+dataset resized it for training (to the target's bucket, ``control_resolution``'s bucket or its own size with
+``no_resize_control``: ``control_images.target_size``, alpha kept through that resize), alpha dropped, then resized
+and centre-cropped to the bucket of a 384 x 384 area nearest that image's aspect ratio (sides multiples of 16:
+``BucketSelector.calculate_bucket_resolution`` and ``resize_image_to_bucket``, shared with the control latents in
 ``library/data/control_images.py``), then ``encoders/qwen25vl_edit.encode_with_images``.
 """
 
@@ -11,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from PIL import Image
 from torch import Tensor
 
 from library.data import control_images as CI
@@ -20,18 +23,22 @@ from ..encoders import qwen25vl_edit as E
 STEP = 16  # musubi-tuner's RESOLUTION_STEPS_QWEN_IMAGE_EDIT
 
 
-def vl_image(path: str) -> np.ndarray:
-    """(H, W, 3) uint8: the control image at ``path`` as the VL model sees it (module docstring)."""
-    img = CI.open_control(path)
-    img = img.convert("RGB") if img.mode != "RGB" else img
+def vl_image(path: str, size: tuple[int, int]) -> np.ndarray:
+    """(H, W, 3) uint8: the control image at ``path``, trained at ``size`` (width, height), as the VL model sees it
+    (module docstring)."""
+    trained = np.ascontiguousarray(CI.resize_to(CI.open_control(path), size)[..., :3])
+    img = Image.fromarray(trained)
     return np.ascontiguousarray(CI.resize_to(img, CI.bucket_for_area(img.size, E.CONDITION_AREA, STEP)))
 
 
-def encode(encoder: Any, tokenizer: Any, captions: Sequence[str], controls: Sequence[Sequence[str]],
+Sized = tuple[str, tuple[int, int]]  # a control image file and the (width, height) its dataset trains it at
+
+
+def encode(encoder: Any, tokenizer: Any, captions: Sequence[str], controls: Sequence[Sequence[Sized]],
            version: str) -> tuple[Tensor, Tensor]:  # fmt: skip
-    """(states, mask) of ``captions`` seen with their control image files ``controls`` by the edit model
-    ``version``'s prompt encoder."""
-    images = [[vl_image(p) for p in paths] for paths in controls]
+    """(states, mask) of ``captions`` seen with their control images ``controls`` (per caption: (file, (width,
+    height) it is trained at) each, ``control_images.sized``) by the edit model ``version``'s prompt encoder."""
+    images = [[vl_image(p, size) for p, size in entry] for entry in controls]
     return E.encode_with_images(encoder, E.processor(tokenizer), captions, images, version)
 
 

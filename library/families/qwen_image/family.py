@@ -199,10 +199,10 @@ class QwenImageFamily:
 
     def encode_prompt(self, parts: Parts, captions: list[str], clip_skip: int | None = None,
                       max_token_length: int | None = None, negative: bool = False,
-                      controls: list[tuple[str, ...]] | None = None) -> Cond:  # fmt: skip
-        """The captions' conditioning; an edit model's with each caption's control image files ``controls``
-        (``edit.py``). Without control images the plain prompt, as musubi-tuner encodes an edit model's caption
-        that has none."""
+                      controls: list[tuple[tuple[str, tuple[int, int]], ...]] | None = None) -> Cond:  # fmt: skip
+        """The captions' conditioning; an edit model's with each caption's control images ``controls``: (file,
+        (width, height) the dataset trains it at) each (``edit.py``). Without control images the plain prompt, as
+        musubi-tuner encodes an edit model's caption that has none."""
         version = options_of(parts).model_version
         if controls and all(controls) and version in edit.E.VERSIONS:
             states, mask = edit.encode(parts.text_encoders[0], parts.tokenizers[0], captions, controls, version)
