@@ -332,6 +332,7 @@ class CachingMemoryFlag:
     phase: str  # the phase it lowers: "text caching" / "latent caching"
     step_slowdown: float | None  # the training step time it adds, a fraction (0.0: none), None: not known
     cost: str  # in words: what it costs outside the steps (the encoding slower / less exact), with its source
+    planned: bool = True  # False: the planner cannot plan it (the advice names it when the phase stays over)
 
 
 @runtime_checkable

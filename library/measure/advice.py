@@ -75,8 +75,17 @@ FAMILY_AT = 3  # the family's caching flags go after the changes without a step-
 def steps_for(plan: dict) -> tuple[Step, ...]:
     """:data:`STEPS` with the family's own caching flags of ``plan`` (``caching_memory_flags``) in their place."""
     own = tuple(Step(f["label"], f["flags"][0], tuple(f["flags"][1:]), frozenset({f["phase"]}), f["step_slowdown"],
-                     f["cost"]) for f in plan.get("caching_memory_flags", ()))  # fmt: skip
+                     f["cost"]) for f in plan.get("caching_memory_flags", ()) if f.get("planned", True))  # fmt: skip
     return STEPS[:FAMILY_AT] + own + STEPS[FAMILY_AT:]
+
+
+def unplanned(plan: dict, over: list[str], argv: list[str]) -> str:
+    """The family's caching flags the planner cannot plan for the phases ``over`` the card (not in ``argv``), in
+    words for the line that says nothing fits ("" when none)."""
+    flags = [f for f in plan.get("caching_memory_flags", ()) if not f.get("planned", True) and f["phase"] in over
+             and not _given(argv, f["flags"][0])]  # fmt: skip
+    return "".join(f"; {f['phase']}: {' '.join(f['flags'])} ({f['label']}) lowers it, not planned here: {f['cost']}"
+                   for f in flags)  # fmt: skip
 
 
 def _given(argv: list[str], flag: str) -> bool:

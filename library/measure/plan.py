@@ -112,7 +112,7 @@ def plan_command(
 def _advise(run: Callable[[], Any], state: PlanState, plan: dict, out: Callable[[str], None], script: str | None):
     import sys
 
-    from library.measure.advice import advise, card_peaks, paste_line, total_cost
+    from library.measure.advice import advise, card_peaks, paste_line, total_cost, unplanned
 
     vram_mib = plan["vram_gib"] * 1024
     out(
@@ -123,7 +123,7 @@ def _advise(run: Callable[[], Any], state: PlanState, plan: dict, out: Callable[
     if not taken or taken[-1]["card_peak_mib"] > vram_mib:
         over = taken[-1]["over"] if taken else [p for p, mib in card_peaks(plan).items() if mib > vram_mib]
         out(f"no change found makes this command fit in {plan['vram_gib']:g} GiB (over: {', '.join(over)})"
-            + "".join(_CACHE_HINTS.get(p, "") for p in over))  # fmt: skip
+            + unplanned(plan, over, state.argv) + "".join(_CACHE_HINTS.get(p, "") for p in over))  # fmt: skip
         return {"fits": False, "changes": taken, "over": over}
     line = paste_line(script or Path(sys.argv[0]).name, state.argv, taken)
     out(f"command that fits ({total_cost(taken)}):\n{line}")

@@ -130,13 +130,19 @@ class HunyuanImageFamily:
     # sd-scripts' fp8 rule (FP8_OPTIMIZATION_TARGET_KEYS): every Linear of the double / single blocks (modulations
     # and the single blocks' proj_out included), nothing outside them
     fp8_skip = ("x_embedder", "context_embedder", "time_guidance_embed", "norm_out", "proj_out$")
-    # what lowers the text-caching phase (library/measure/advice.py tries them there); sd-scripts' --text_encoder_cpu
-    # is not among them: the planner cannot plan host compute of the encoders (its device check refuses it)
+    # what lowers the text-caching phase (library/measure/advice.py tries them there); --text_encoder_cpu is named,
+    # not planned: the planner's device check refuses host compute while a device phase runs, and planning it would
+    # compute the 7 B encoder on the host's phantom weights
     caching_memory_flags = (
         CachingMemoryFlag(("--fp8_vl",), "Qwen2.5-VL in float8", "text caching", 0.0,
                           "none in step time (the captions are encoded once, while caching); Qwen2.5-VL's Linear "
                           "and norm weights in float8: slightly less exact text outputs, cached anew (sd-scripts' "
                           "docs/hunyuan_image_train_network.md)"),
+        CachingMemoryFlag(("--text_encoder_cpu",), "the text encoders on the CPU", "text caching", 0.0,
+                          "none in step time with the outputs cached; the captions are encoded on the CPU, a few "
+                          "minutes each (sd-scripts' docs/hunyuan_image_train_network.md: under 12 GB, with "
+                          "--cache_text_encoder_outputs_to_disk)",
+                          planned=False),
     )  # fmt: skip
     target_classes = TARGETS
     options = HunyuanOptions
