@@ -5,8 +5,8 @@ plan.py: the command with the change, on the simulated device) until every phase
 
 1. cache the text-encoder outputs, 2. cache the latents (both make steps faster), 3. an 8-bit optimizer (no
 step-time cost known), 4. the family's own flags for its caching phases, in the family's order (its
-``caching_memory_flags``, library/families/base.py ``CachingMemoryFlag``: Qwen-Image's and HunyuanImage's
-``--fp8_vl``, Z-Image's ``--fp8_llm``, FLUX.2's ``--fp8_text_encoder``; no step-time cost, the encoding less exact),
+``caching_memory_flags``, library/families/base.py ``CachingMemoryFlag``: e.g. a text encoder stored in float8;
+no step-time cost, the encoding less exact; one the planner cannot plan is only named when its phase stays over),
 5. gradient checkpointing, 6. float8 base weights, 7. ``--blocks_to_swap N`` with the smallest N that fits,
 8. offloaded checkpointing, 9. half the batch with twice the accumulation.
 
