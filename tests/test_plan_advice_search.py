@@ -44,3 +44,38 @@ def test_a_script_without_block_swap_gets_no_swap():
         raise SystemExit(2)  # argparse: no such flag
 
     assert _smallest_swap(refused, [], 0, {"peak": 1.0}, lambda plan: 1.0) is None
+
+
+def test_a_familys_caching_flags_come_before_the_costly_changes_skipping_the_given_and_the_refused():
+    """Made-up plans whose text-caching phase is over the card: of the family's three flags (the plan's
+    ``caching_memory_flags``, cheapest first) the one the command has is not offered, the one the script refuses is
+    skipped with its reason, and the third is taken; it fits, so nothing after it (--fp8_base, which lowers text
+    caching too at a cost) is planned. The step phase is under the card throughout."""
+    from library.measure.advice import advise, unplanned
+
+    def flag(name: str) -> dict:
+        return {"flags": [name], "label": name, "phase": "text caching", "step_slowdown": 0.0, "cost": "none"}
+
+    argv = ["--cache_latents", "--cache_text_encoder_outputs", "--optimizer_type", "AdamW8bit", "--fp8_given"]
+    planned, lines = [], []
+
+    def plan_with(changes):
+        flags = [f for f, _ in changes]
+        planned.append(flags)
+        if "--fp8_refused" in flags:
+            raise ValueError("--fp8_refused: the script refuses it here")
+        text = 100.0 - 40.0 * ("--fp8_taken" in flags) - 30.0 * ("--fp8_base" in flags)
+        return {"text caching": text, "step": 50.0, "card_peak_mib": text, "host_peak_mib": 0.0,
+                "caching_memory_flags": [flag("--fp8_refused"), flag("--fp8_given"), flag("--fp8_taken"),
+                                         {**flag("--on_host"), "planned": False}]}  # fmt: skip
+
+    def peaks(plan: dict) -> dict:
+        return {phase: plan[phase] for phase in ("text caching", "step")}
+
+    taken = advise(plan_with, argv, 80.0, lines.append, peaks=peaks)
+    assert [t["flags"] for t in taken] == [["--fp8_taken"]] and taken[0]["card_peak_mib"] == 60.0
+    assert planned == [[], ["--fp8_refused"], ["--fp8_taken"]]
+    assert any("--fp8_refused: the script refuses it here" in line for line in lines)
+    # a flag the planner cannot plan is never tried; the line saying nothing fits names it for its phase
+    assert unplanned(plan_with([]), ["text caching"], argv).startswith("; text caching: --on_host (--on_host)")
+    assert unplanned(plan_with([]), ["step"], argv) == unplanned(plan_with([]), ["text caching"], ["--on_host"]) == ""

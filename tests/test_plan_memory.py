@@ -241,6 +241,39 @@ def test_the_advice_takes_the_change_without_a_step_time_cost_before_a_costly_on
     assert paste_line("train_network.py", argv, taken).endswith("--optimizer_type AdamW8bit")
 
 
+def test_the_advice_takes_the_familys_own_flag_for_its_text_caching_phase(data, models, tmp_path):
+    """A tiny Qwen-Image command whose text-caching phase is 1 byte over the limit (its steps below it): no shared
+    change lowers that phase (the 8-bit optimizer lowers the steps; Qwen-Image's --fp8_base stores the DiT only), so
+    the advice takes the family's own ``--fp8_vl`` (its ``caching_memory_flags``, which the command's plan carries)
+    and costs no step time; the oracle is the plan of the command with ``--fp8_vl`` written by hand: its
+    text-caching bytes are the advice's and fit."""
+    from library.cli.plan_flags import changed_argv
+    from library.measure.advice import advise, paste_line, total_cost
+
+    run, argv = command("qwen_image", models, data, tmp_path / "out")
+    plans = {}
+
+    def plan_with(changes):  # the command with the changes written out by hand, planned once (plans are deterministic)
+        words = tuple(changed_argv(argv, changes))
+        if words not in plans:
+            plans[words] = plan_command(lambda: run([*words, "--plan_memory"]), out=lambda line: None)
+        return plans[words]
+
+    def exact(plan: dict) -> dict:  # MiB of device tensors per phase, to the byte
+        return {phase: row["device_bytes"] / 2**20 for phase, row in plan["phases"].items()}
+
+    base = plan_with([])
+    assert [f["flags"] for f in base["caching_memory_flags"]] == [["--fp8_vl"]]
+    limit = exact(base)["text caching"] - 1 / 2**20
+    assert max(mib for phase, mib in exact(base).items() if phase != "text caching") <= limit
+    taken = advise(plan_with, argv, limit, out=print, base=base, peaks=exact)
+    assert [t["flags"] for t in taken] == [["--fp8_vl"]] and taken[0]["slowdown"] == 0.0
+    by_hand = plans[(*argv, "--fp8_vl")]  # the command with the flag written at its end, planned as it stands
+    assert len(plans) == 2 and max(exact(by_hand).values()) <= limit
+    assert taken[0]["card_peak_mib"] == by_hand["card_peak_mib"] and total_cost(taken) == "no step-time cost known"
+    assert paste_line("qwen_image_train_network.py", argv, taken).endswith("--fp8_vl")
+
+
 def test_demo_with_a_plan_is_refused_with_the_reason(tmp_path, monkeypatch, capsys):
     """The demo trains on the CPU: --plan_memory has no device to plan there and says so (exit 2), no traceback."""
     import train_network

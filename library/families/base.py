@@ -321,6 +321,20 @@ class TargetClasses:
     text_encoder_attention: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class CachingMemoryFlag:
+    """One of a family's own flags that lowers the device peak of a caching phase (a family's optional
+    ``caching_memory_flags``: these, cheapest first; ``--plan_memory --vram``'s advice, library/measure/advice.py,
+    tries them when that phase is over the card). Nothing is read from a family without the attribute."""
+
+    flags: tuple[str, ...]  # what the command gets, e.g. ("--fp8_vl",)
+    label: str  # the change in words, e.g. "Qwen2.5-VL in float8"
+    phase: str  # the phase it lowers: "text caching" / "latent caching"
+    step_slowdown: float | None  # the training step time it adds, a fraction (0.0: none), None: not known
+    cost: str  # in words: what it costs outside the steps (the encoding slower / less exact), with its source
+    planned: bool = True  # False: the planner cannot plan it (the advice names it when the phase stays over)
+
+
 @runtime_checkable
 class FamilyOptions(Protocol):
     """What a family's options object answers (the class is ``ModelFamily.options``; its ``add_args`` and

@@ -4,8 +4,11 @@ The changes are tried in this order, each on top of the ones taken before, and e
 plan.py: the command with the change, on the simulated device) until every phase fits the card:
 
 1. cache the text-encoder outputs, 2. cache the latents (both make steps faster), 3. an 8-bit optimizer (no
-step-time cost known), 4. gradient checkpointing, 5. float8 base weights, 6. ``--blocks_to_swap N`` with the
-smallest N that fits, 7. offloaded checkpointing, 8. half the batch with twice the accumulation.
+step-time cost known), 4. the family's own flags for its caching phases, in the family's order (its
+``caching_memory_flags``, library/families/base.py ``CachingMemoryFlag``: e.g. a text encoder stored in float8;
+no step-time cost, the encoding less exact; one the planner cannot plan is only named when its phase stays over),
+5. gradient checkpointing, 6. float8 base weights, 7. ``--blocks_to_swap N`` with the smallest N that fits,
+8. offloaded checkpointing, 9. half the batch with twice the accumulation.
 
 This is the order users accept them in, except that the 8-bit optimizer, which costs no step time that we know of,
 comes before the changes that do: sd-scripts' own VRAM table for its 12 B DiT takes 8-bit AdamW before swapping more
@@ -17,7 +20,8 @@ text encoders' caching phase), and taken only when it lowers that phase's peak. 
 (its parser or its checks refuse it) or that is already in the command is skipped. Once the command fits, each
 change taken before the last is tried away again (latest first) and dropped when the command still fits without it,
 so no change is recommended that the fit does not need. Nothing here names a family: which flags a script reads is
-asked of the script itself.
+asked of the script itself, and the family's own caching flags come with the command's plan
+(``plan["caching_memory_flags"]``: library/measure/plan.py reads them from the loaded family).
 """
 
 from __future__ import annotations
@@ -65,6 +69,25 @@ STEPS = (
 )  # fmt: skip
 
 
+FAMILY_AT = 3  # the family's caching flags go after the changes without a step-time cost, before the costly ones
+
+
+def steps_for(plan: dict) -> tuple[Step, ...]:
+    """:data:`STEPS` with the family's own caching flags of ``plan`` (``caching_memory_flags``) in their place."""
+    own = tuple(Step(f["label"], f["flags"][0], tuple(f["flags"][1:]), frozenset({f["phase"]}), f["step_slowdown"],
+                     f["cost"]) for f in plan.get("caching_memory_flags", ()) if f.get("planned", True))  # fmt: skip
+    return STEPS[:FAMILY_AT] + own + STEPS[FAMILY_AT:]
+
+
+def unplanned(plan: dict, over: list[str], argv: list[str]) -> str:
+    """The family's caching flags the planner cannot plan for the phases ``over`` the card (not in ``argv``), in
+    words for the line that says nothing fits ("" when none)."""
+    flags = [f for f in plan.get("caching_memory_flags", ()) if not f.get("planned", True) and f["phase"] in over
+             and not _given(argv, f["flags"][0])]  # fmt: skip
+    return "".join(f"; {f['phase']}: {' '.join(f['flags'])} ({f['label']}) lowers it, not planned here: {f['cost']}"
+                   for f in flags)  # fmt: skip
+
+
 def _given(argv: list[str], flag: str) -> bool:
     return any(w == flag or w.startswith(flag + "=") for w in argv)
 
@@ -99,7 +122,7 @@ def advise(plan_with: Callable[[list[tuple[str, list[str]]]], dict], argv: list[
     current = base if base is not None else plan_with([])
     changes: list[tuple[str, list[str]]] = []
     taken: list[dict] = []
-    for step in STEPS:
+    for step in steps_for(current):
         over = {p for p, mib in peaks(current).items() if mib > limit_mib}
         if not over:
             break

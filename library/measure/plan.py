@@ -29,6 +29,7 @@ The flags are library/cli/plan_flags.py's (every training script takes them); th
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import logging
@@ -66,10 +67,12 @@ def plan_command(
         with planning(Path(tmp), changes) as state, device as sim, fused_attention(), header_only_reads(), \
                 header_only_writes():  # fmt: skip
             load_model = run_setup.load_model  # the simulated device's (which starts the step's count after it)
+            family_flags: list = []  # the family's own flags that lower a caching phase (families/base.py)
 
-            def loaded(*args: Any, **kwargs: Any) -> Any:
-                parts = load_model(*args, **kwargs)
+            def loaded(cfg: Any, *args: Any, **kwargs: Any) -> Any:
+                parts = load_model(cfg, *args, **kwargs)
                 sim.parts = parts
+                family_flags[:] = getattr(cfg.family, "caching_memory_flags", ())
                 return parts
 
             run_setup.load_model = loaded
@@ -89,6 +92,8 @@ def plan_command(
         if getattr(result, "failed", None):
             raise RuntimeError(f"the planned run stopped: {result.failed}")
         plan = plan_report.build(sim, state.argv_flags)
+        # the family's own flags that lower a caching phase, read by the advice (library/measure/advice.py)
+        plan["caching_memory_flags"] = [{**dataclasses.asdict(f), "flags": list(f.flags)} for f in family_flags]
         sim.parts = None  # the run's model: nothing of it outlives the plan
     for line in plan_report.lines(plan):
         out(line)
@@ -107,7 +112,7 @@ def plan_command(
 def _advise(run: Callable[[], Any], state: PlanState, plan: dict, out: Callable[[str], None], script: str | None):
     import sys
 
-    from library.measure.advice import advise, card_peaks, paste_line, total_cost
+    from library.measure.advice import advise, card_peaks, paste_line, total_cost, unplanned
 
     vram_mib = plan["vram_gib"] * 1024
     out(
@@ -118,7 +123,7 @@ def _advise(run: Callable[[], Any], state: PlanState, plan: dict, out: Callable[
     if not taken or taken[-1]["card_peak_mib"] > vram_mib:
         over = taken[-1]["over"] if taken else [p for p, mib in card_peaks(plan).items() if mib > vram_mib]
         out(f"no change found makes this command fit in {plan['vram_gib']:g} GiB (over: {', '.join(over)})"
-            + "".join(_CACHE_HINTS.get(p, "") for p in over))  # fmt: skip
+            + unplanned(plan, over, state.argv) + "".join(_CACHE_HINTS.get(p, "") for p in over))  # fmt: skip
         return {"fits": False, "changes": taken, "over": over}
     line = paste_line(script or Path(sys.argv[0]).name, state.argv, taken)
     out(f"command that fits ({total_cost(taken)}):\n{line}")

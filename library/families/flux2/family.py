@@ -33,6 +33,7 @@ from ..autoencoders import flux2 as ae
 from ..base import (
     FLOW_MATCHING,
     BlockList,
+    CachingMemoryFlag,
     Cond,
     FamilySpec,
     FlowSampling,
@@ -169,6 +170,13 @@ class Flux2Family:
     # --fp8_base: only the blocks' Linears in float8 (musubi-tuner's FP8_OPTIMIZATION_TARGET_KEYS; norms excluded)
     block_swap_split = "ratio"  # musubi-tuner's share of --blocks_to_swap by the lists' ratio (dev: up to 29)
     fp8_skip = ("x_embedder", "context_embedder", "time_guidance_embed", "modulation", "norm", "proj_out")
+    # what lowers the text-caching phase (library/measure/advice.py tries them there)
+    caching_memory_flags = (
+        CachingMemoryFlag(("--fp8_text_encoder",), "the text encoder in float8", "text caching", 0.0,
+                          "none in step time (the captions are encoded once, while caching); the text encoder's "
+                          "Linear weights in float8: slightly less exact text outputs, cached anew (musubi-tuner's "
+                          "docs/flux_2.md: with --fp8_base, klein only)"),
+    )  # fmt: skip
     target_classes = TARGETS
     options = Flux2Options
     full_training = PlainFullTraining()

@@ -31,6 +31,7 @@ from library.objectives.noising import NoiseConfig
 from ..base import (
     FLOW_MATCHING,
     BlockList,
+    CachingMemoryFlag,
     Cond,
     FamilySpec,
     FlowSampling,
@@ -129,6 +130,20 @@ class HunyuanImageFamily:
     # sd-scripts' fp8 rule (FP8_OPTIMIZATION_TARGET_KEYS): every Linear of the double / single blocks (modulations
     # and the single blocks' proj_out included), nothing outside them
     fp8_skip = ("x_embedder", "context_embedder", "time_guidance_embed", "norm_out", "proj_out$")
+    # what lowers the text-caching phase (library/measure/advice.py tries them there); --text_encoder_cpu is named,
+    # not planned: the planner's device check refuses host compute while a device phase runs, and planning it would
+    # compute the 7 B encoder on the host's phantom weights
+    caching_memory_flags = (
+        CachingMemoryFlag(("--fp8_vl",), "Qwen2.5-VL in float8", "text caching", 0.0,
+                          "none in step time (the captions are encoded once, while caching); Qwen2.5-VL's Linear "
+                          "and norm weights in float8: slightly less exact text outputs, cached anew (sd-scripts' "
+                          "docs/hunyuan_image_train_network.md)"),
+        CachingMemoryFlag(("--text_encoder_cpu",), "the text encoders on the CPU", "text caching", 0.0,
+                          "none in step time with the outputs cached; the captions are encoded on the CPU, a few "
+                          "minutes each (sd-scripts' docs/hunyuan_image_train_network.md: under 12 GB, with "
+                          "--cache_text_encoder_outputs_to_disk)",
+                          planned=False),
+    )  # fmt: skip
     target_classes = TARGETS
     options = HunyuanOptions
     full_training = PlainFullTraining()

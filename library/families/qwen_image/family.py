@@ -32,6 +32,7 @@ from ..autoencoders import qwen_image
 from ..base import (
     FLOW_MATCHING,
     BlockList,
+    CachingMemoryFlag,
     Cond,
     FamilySpec,
     FlowSampling,
@@ -133,6 +134,13 @@ class QwenImageFamily:
     # img_in / txt_in / norm_out / proj_out / time_text_embed out of fp8)
     fp8_skip = ("img_in", "txt_in", "time_text_embed", "norm", "proj_out")
     fp8_base_text_encoders = False  # musubi-tuner's --fp8_base stores the DiT only; Qwen2.5-VL has --fp8_vl
+    # what lowers the text-caching phase (library/measure/advice.py tries them there)
+    caching_memory_flags = (
+        CachingMemoryFlag(("--fp8_vl",), "Qwen2.5-VL in float8", "text caching", 0.0,
+                          "none in step time (the captions are encoded once, while caching); Qwen2.5-VL's Linear "
+                          "weights in float8: slightly less exact text outputs, cached anew (musubi-tuner's "
+                          "docs/qwen_image.md: recommended below 16 GB)"),
+    )  # fmt: skip
     target_classes = TARGETS
     options = QwenImageOptions
     full_training = PlainFullTraining()

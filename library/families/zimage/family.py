@@ -34,6 +34,7 @@ from ..autoencoders import flux_ae
 from ..base import (
     FLOW_MATCHING,
     BlockList,
+    CachingMemoryFlag,
     Cond,
     FamilySpec,
     FlowSampling,
@@ -144,6 +145,12 @@ class ZImageFamily:
     # stores only the blocks' Linears in fp8, not their _modulation / norms)
     fp8_skip = ("t_embedder", "cap_embedder", "all_x_embedder", "all_final_layer", "adaLN_modulation", "norm")
     fp8_base_text_encoders = False  # musubi-tuner's --fp8_base stores the DiT only; Qwen3 has --fp8_llm
+    # what lowers the text-caching phase (library/measure/advice.py tries them there)
+    caching_memory_flags = (
+        CachingMemoryFlag(("--fp8_llm",), "Qwen3 in float8", "text caching", 0.0,
+                          "none in step time (the captions are encoded once, while caching); Qwen3's Linear weights "
+                          "in float8: slightly less exact text outputs, cached anew (musubi-tuner's docs/zimage.md)"),
+    )  # fmt: skip
     target_classes = TARGETS
     options = ZImageOptions
     full_training = PlainFullTraining()
