@@ -28,6 +28,8 @@ sys.path.insert(0, str(HERE / "benchmarks"))
 
 import docs_memory_tables as tables  # noqa: E402
 
+from library.measure.advice import unplanned  # noqa: E402
+
 GIB = 1024.0  # MiB
 # table -> rows as their source states them, or on another card (key, label, flags added to the table's row of that
 # key[, the card in GiB])
@@ -57,8 +59,9 @@ def cells(label: str, row: tables.Row, plan: dict) -> list[str]:
     peak = f"{changes[-1]['card_peak_mib'] / GIB:.2f}" if changes else "-"
     if not advice["fits"]:
         after = f"with {flags} the other phases fit, " if changes else ""
+        named = unplanned(plan, advice["over"], row.flags)  # a family's flag the planner cannot plan
         return [label, f"{row.card_gib:g}", own, f"none fits: {after}{', '.join(advice['over'])} stays over (no flag "
-                "of the list lowers it: cache in a run of its own)", peak, "-"]  # fmt: skip
+                f"of the list lowers it: cache in a run of its own{named})", peak, "-"]  # fmt: skip
     return [label, f"{row.card_gib:g}", own, flags, peak, advice["cost"]]
 
 
