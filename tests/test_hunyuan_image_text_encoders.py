@@ -115,3 +115,23 @@ def test_fp8_scaled_stores_the_dit_blocks_as_sd_scripts():
     assert set(inside.values()) == {FP8} and "single_transformer_blocks.0.proj_out" in inside
     assert "transformer_blocks.0.norm1.linear" in inside and "single_transformer_blocks.0.norm.linear" in inside
     assert {d for n, d in linears.items() if n not in inside} == {torch.bfloat16} and "proj_out" in linears
+
+
+def test_fp8_base_beside_fp8_scaled_stores_the_dit_only_as_sd_scripts():
+    """sd-scripts' HunyuanImage trainer ignores --fp8_base beside --fp8_scaled (it sets the flag False): the run
+    layer's --fp8_base stores the DiT by --fp8_scaled's rule and leaves both text encoders in bf16 (Qwen2.5-VL's
+    float8 is --fp8_vl's)."""
+    from types import SimpleNamespace
+
+    from library.run.setup import store_frozen_in_fp8
+
+    parts = FAMILY.tiny.build(seed=0, blocks=1)
+    parts.denoiser.to(torch.bfloat16)
+    for te in parts.text_encoders:
+        te.to(torch.bfloat16)
+    run = SimpleNamespace(fp8_base=True, fp8_base_unet=False, fp8_scaled=True, train_dtype=torch.float32,
+                          weight_dtype=torch.bfloat16)  # fmt: skip
+    cfg = SimpleNamespace(run=run, trained_parts=set(), family=FAMILY)
+    assert store_frozen_in_fp8(cfg, parts) == [FAMILY.denoiser_name]
+    assert FP8 in {p.dtype for p in parts.denoiser.parameters()}
+    assert {p.dtype for te in parts.text_encoders for p in te.parameters()} == {torch.bfloat16}

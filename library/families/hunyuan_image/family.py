@@ -127,6 +127,8 @@ class HunyuanImageFamily:
     blocks = HUNYUAN_BLOCKS
     denoiser_name = "transformer"
     partial_text_cache = None  # no text-encoder adapters: --network_train_unet_only is required
+    # sd-scripts ignores --fp8_base beside --fp8_scaled (and refuses it alone): Qwen2.5-VL's float8 is --fp8_vl
+    fp8_base_text_encoders = False
     # sd-scripts' fp8 rule (FP8_OPTIMIZATION_TARGET_KEYS): every Linear of the double / single blocks (modulations
     # and the single blocks' proj_out included), nothing outside them
     fp8_skip = ("x_embedder", "context_embedder", "time_guidance_embed", "norm_out", "proj_out$")
