@@ -36,21 +36,22 @@ import musubi_control_fixture as FIX  # noqa: E402 - the fixture's own image gen
 ORACLE = json.loads((Path(__file__).parent / "data" / "musubi_control_images.json").read_text())
 
 
-@pytest.fixture(scope="module")
-def folders(tmp_path_factory):
-    root = tmp_path_factory.mktemp("controls")
+def _oracle_dataset(tmp_path_factory, name: str):
+    root = tmp_path_factory.mktemp(name)
     os.rmdir(root)
     os.makedirs(root)
     return FIX.write_dataset(str(root))
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    return _oracle_dataset(tmp_path_factory, "controls")
 
 
 @pytest.fixture(scope="module")
 def unedited(tmp_path_factory):
     """The oracle's folders, for tests that need every control image as written (one test edits one in place)."""
-    root = tmp_path_factory.mktemp("unedited")
-    os.rmdir(root)
-    os.makedirs(root)
-    return FIX.write_dataset(str(root))
+    return _oracle_dataset(tmp_path_factory, "unedited")
 
 
 def _settings(case: str, folder: str) -> CI.ControlSettings:
