@@ -61,7 +61,7 @@ def cells(label: str, row: tables.Row, plan: dict) -> list[str]:
         after = f"with {flags} the other phases fit, " if changes else ""
         named = unplanned(plan, advice["over"], row.flags)  # a family's flag the planner cannot plan
         return [label, f"{row.card_gib:g}", own, f"none fits: {after}{', '.join(advice['over'])} stays over (no flag "
-                f"of the list lowers it: cache in a run of its own{named})", peak, "-"]  # fmt: skip
+                f"the planner can plan lowers it: cache in a run of its own{named})", peak, "-"]  # fmt: skip
     return [label, f"{row.card_gib:g}", own, flags, peak, advice["cost"]]
 
 
