@@ -174,7 +174,7 @@ class _EpochDataset(Dataset):
                 rec.conditioning_path, a, flip=flip, interpolation=sub.resize_interpolation
             )
         if self.text is not None:
-            out["text"] = self.text.get(caption, control_images.sized(ds, i, k) if self.text.with_controls else ())
+            out["text"] = self.text.get(caption, self.text.controls.get((d, i, k), ()))
         return out
 
     def __getitem__(self, index: tuple[int, int]) -> Batch:

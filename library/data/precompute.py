@@ -54,12 +54,13 @@ class TextCache:
     """Cached text-encoder outputs; ``get(caption)`` returns the encoder's dict without the batch dimension.
     ``with_controls``: entries are per (caption, the sample's control images as (path, (width, height) trained at),
     ``control_images.sized``), for prompt encoders that see them (the Qwen-Image edit models); ``get(caption,
-    controls)``."""
+    controls)``, with ``controls[(dataset, record, resolution)]`` the sample's pairs (found once, while caching)."""
 
     store: CacheStore
     keys: dict[str | tuple, str] = field(default_factory=dict)
     anchors: dict[str | tuple, str] = field(default_factory=dict)
     with_controls: bool = False
+    controls: dict[tuple[int, int, int], tuple] = field(default_factory=dict)
 
     def slot(self, caption: str, controls: tuple = ()) -> str | tuple:
         return (caption, tuple(controls)) if self.with_controls and controls else caption
@@ -201,10 +202,12 @@ def cache_text_encoder_outputs(
     store = _store(plan, "text", plan.args.cache_text_encoder_outputs_to_disk)
     cache = TextCache(store, with_controls=with_controls)
     digests: dict[str, str] = {}
-    for ds in plan.datasets:
+    for d, ds in enumerate(plan.datasets):
         for i, rec in enumerate(ds.records):
             resolutions = range(len(ds.config.resolutions)) if with_controls and rec.controls else ()
-            for controls in dict.fromkeys(control_images.sized(ds, i, k) for k in resolutions) or [()]:
+            for k in resolutions:
+                cache.controls[(d, i, k)] = control_images.sized(ds, i, k)
+            for controls in dict.fromkeys(cache.controls[(d, i, k)] for k in resolutions) or [()]:
                 for caption in possible_captions(rec.caption, ds.subset(rec).captions):
                     slot = cache.slot(caption, controls)
                     if slot not in cache.keys:
