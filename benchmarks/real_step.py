@@ -8,8 +8,9 @@
     PYTHONPATH=$PWD OMP_NUM_THREADS=1 /work/main/.venv/bin/python benchmarks/real_step.py ours --family zimage
 
 The families with a reference trainer that sd3_real_step.py does not cover: Anima, Lumina 2, HunyuanImage 2.1,
-FLUX.1-dev (sd-scripts), Qwen-Image, Z-Image, FLUX.2 klein 4B (musubi-tuner). Each side builds the released denoiser's
-width, head count, MLP ratio and text width with fewer blocks (``real_step_sides.DEPTHS``: the same on both
+FLUX.1-dev, Chroma, SDXL (sd-scripts), Qwen-Image, Qwen-Image Edit, Z-Image, FLUX.2 klein 4B and dev (musubi-tuner).
+Each side builds the released denoiser's width, head count, MLP ratio and text width with fewer blocks (SDXL: the
+whole UNet) (``real_step_sides.DEPTHS``: the same on both
 sides; ``--blocks`` changes them), random float32 weights, a LoRA of dim 4 / alpha 2 on its default targets with
 its own network module (the trainers' ``--network_module networks.lora_<family> --network_train_unet_only``), and
 runs what a training step runs on the denoiser: the trainer's call on noisy latents (batch 1, ``--res`` px) and the
@@ -40,7 +41,11 @@ REFERENCES = {"anima": ("sd-scripts", "anima_train_network.py"), "lumina": ("sd-
               "flux": ("sd-scripts", "flux_train_network.py"),
               "qwen_image": ("musubi-tuner", "qwen_image_train_network.py"),
               "zimage": ("musubi-tuner", "zimage_train_network.py"),
-              "flux2": ("musubi-tuner", "flux_2_train_network.py --model_version klein-base-4b")}  # fmt: skip
+              "flux2": ("musubi-tuner", "flux_2_train_network.py --model_version klein-base-4b"),
+              "chroma": ("sd-scripts", "flux_train_network.py --model_type chroma"),
+              "sdxl": ("sd-scripts", "sdxl_train_network.py"),
+              "flux2_dev": ("musubi-tuner", "flux_2_train_network.py --model_version dev"),
+              "qwen_image_edit": ("musubi-tuner", "qwen_image_train_network.py --edit")}  # fmt: skip
 
 
 def run_side(side: str, family: str, blocks: tuple[int, ...], res: int, steps: int, profile: str | None) -> dict:

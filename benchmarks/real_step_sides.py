@@ -29,13 +29,20 @@ DEPTHS = {
     "zimage": "2 of 30 main layers (width 3840, 30 heads); 2 + 2 refiner layers as released",
     "flux": "FLUX.1-dev: 1 of 19 double + 2 of 38 single blocks (width 3072, 24 heads, MLP 4x)",
     "flux2": "FLUX.2 klein 4B: 1 of 5 double + 2 of 20 single blocks (width 3072, 24 heads, MLP 3x)",
+    "chroma": "Chroma: 1 of 19 double + 2 of 38 single blocks (width 3072, 24 heads, MLP 4x); approximator as released",
+    "flux2_dev": "FLUX.2 dev: 1 of 8 double + 1 of 48 single blocks (width 6144, 48 heads, MLP 3x)",
+    "qwen_image_edit": "Qwen-Image Edit: 2 of 60 dual-stream blocks (width 3072, 24 heads, MLP 4x), one control image",
+    "sdxl": "SDXL: the whole released UNet (2.6 B parameters; no blocks removed)",
 }
 DEFAULT_BLOCKS = {"anima": (4,), "lumina": (2,), "hunyuan_image": (1, 1), "qwen_image": (2,), "zimage": (2,), "flux": (1, 2),
-                  "flux2": (1, 2)}  # fmt: skip
+                  "flux2": (1, 2), "chroma": (1, 2), "flux2_dev": (1, 1), "qwen_image_edit": (2,), "sdxl": ()}  # fmt: skip
 # text tokens (all real, batch 1): the trainers' padded lengths where they pad (Anima: Qwen3 and T5 512; Lumina 2:
-# Gemma 256; FLUX.1-dev: T5 512; FLUX.2: 512), a 77-token caption where they cut the text to the caption (HunyuanImage 2.1: Qwen plus
-# 16 of byT5's 128 rows, Qwen-Image, Z-Image)
-TEXT = {"anima": 512, "lumina": 256, "hunyuan_image": 77, "qwen_image": 77, "zimage": 77, "flux": 512, "flux2": 512}
+# Gemma 256; FLUX.1-dev: T5 512; FLUX.2: 512; SDXL: CLIP 77), a 77-token caption where they cut the text to the caption
+# (HunyuanImage 2.1: Qwen plus 16 of byT5's 128 rows, Qwen-Image, Z-Image; Chroma: T5's 512 rows of which 77 are the
+# caption, cut to 78 by both); Qwen-Image Edit: the 196 image tokens of a 384 x 384 control image plus 77
+TEXT = {"anima": 512, "lumina": 256, "hunyuan_image": 77, "qwen_image": 77, "zimage": 77, "flux": 512, "flux2": 512,
+        "chroma": 512, "flux2_dev": 512, "qwen_image_edit": 273, "sdxl": 77}  # fmt: skip
+CHROMA_CAPTION = 77
 BYT5_ROWS, BYT5_REAL = 128, 16
 
 
@@ -75,15 +82,16 @@ def last_model_params() -> list:
 
 
 # ----------------------------------------------------------------------------------------------- the references
-def _sds_network(module_name: str, model) -> tuple[list, list[str]]:
-    """sd-scripts' ``create_network`` + ``apply_to`` as train_network.py calls them (DiT only, no text encoders)."""
+def _sds_network(module_name: str, model, encoders: int = 1) -> tuple[list, list[str]]:
+    """sd-scripts' ``create_network`` + ``apply_to`` as train_network.py calls them (the denoiser only: the text
+    encoders are empty modules)."""
     import importlib
 
     import torch
 
     sys.path.insert(0, ".")
     network_module = importlib.import_module(module_name)
-    encoders = [torch.nn.Module()]
+    encoders = [torch.nn.Module() for _ in range(encoders)]
     network = network_module.create_network(1.0, 4, 2, None, encoders, model)
     network.apply_to(encoders, model, apply_text_encoder=False, apply_unet=True)
     return [p for p in network.parameters() if p.requires_grad], [lora.lora_name for lora in network.unet_loras]
@@ -288,10 +296,104 @@ def ref_flux2(blocks, res):
     return forward, params, n
 
 
+def ref_chroma(blocks, res):
+    import torch
+
+    sys.path.insert(0, ".")
+    from library import chroma_models, flux_utils
+
+    released = chroma_models.chroma_params
+    assert released.hidden_size == 3072 and released.depth == 19 and released.depth_single_blocks == 38
+    cut = dataclasses.replace(released, depth=blocks[0], depth_single_blocks=blocks[1])
+    model = _frozen(chroma_models.Chroma(cut))
+    params, n = _sds_network("networks.lora_flux", model)
+    lat, text = res // 8, TEXT["chroma"]
+    x = flux_utils.pack_latents(_randn(1, 16, lat, lat))
+    ids, txt_ids = flux_utils.prepare_img_ids(1, lat // 2, lat // 2), torch.zeros(1, text, 3)
+    t5, pooled = _randn(1, text, 4096), torch.zeros(1, 768)  # sd-scripts' dummy CLIP-L output for Chroma
+    mask = (torch.arange(text) < CHROMA_CAPTION).long()[None]
+    t, guidance = torch.tensor([0.5]), torch.zeros(1)  # --guidance_scale 0 (sd-scripts' Chroma docs)
+
+    def forward():
+        with torch.no_grad():  # flux_train_network.py: the modulation vectors outside the graph
+            mod = model.get_mod_vectors(timesteps=t, guidance=guidance, batch_size=1)
+        out = model(img=x, img_ids=ids, txt=t5, txt_ids=txt_ids, y=pooled, timesteps=t, guidance=guidance,
+                    txt_attention_mask=mask, mod_vectors=mod)  # fmt: skip
+        return flux_utils.unpack_latents(out, lat // 2, lat // 2)
+
+    return forward, params, n
+
+
+def ref_flux2_dev(blocks, res):
+    import torch
+
+    _musubi_imports()
+    from musubi_tuner.flux_2 import flux2_models as fm
+    from musubi_tuner.flux_2 import flux2_utils as fu
+
+    released = fu.FLUX2_MODEL_INFO["dev"].params
+    assert released.hidden_size == 6144 and released.depth == 8 and released.depth_single_blocks == 48
+    cut = dataclasses.replace(released, depth=blocks[0], depth_single_blocks=blocks[1])
+    model = _frozen(fm.Flux2(cut, attn_mode="torch"))  # --sdpa
+    params, n = _musubi_network("lora_flux_2", model)
+    lat, text = res // 16, TEXT["flux2_dev"]
+    x, ids = fu.prc_img(_randn(1, 128, lat, lat))
+    ctx, ctx_ids = fu.prc_txt(_randn(1, text, 15360))
+
+    def forward():  # guidance 1.0: flux_2_train_network.py's training value
+        return model(x=x, x_ids=ids, timesteps=torch.tensor([0.5]), ctx=ctx, ctx_ids=ctx_ids, guidance=torch.ones(1))
+
+    return forward, params, n
+
+
+def ref_qwen_image_edit(blocks, res):
+    import torch
+
+    _musubi_imports()
+    from musubi_tuner.qwen_image import qwen_image_model as qm
+    from musubi_tuner.qwen_image import qwen_image_utils as qu
+
+    _no_empty_weights(qm)
+    model = _frozen(qm.create_model("torch", False, False, False, False, None, num_layers=blocks[0]))
+    params, n = _musubi_network("lora_qwen_image", model)
+    lat, text = res // 8, TEXT["qwen_image_edit"]
+    target, control = qu.pack_latents(_randn(1, 16, 1, lat, lat)), qu.pack_latents(_randn(1, 16, 1, lat, lat))
+    # call_dit: the control image's tokens after the target's
+    x, states = torch.cat([target, control], dim=1), _randn(1, text, 3584)
+    shapes = [[(1, lat // 2, lat // 2), (1, lat // 2, lat // 2)]]
+
+    def forward():
+        out = model(hidden_states=x, timestep=torch.tensor([0.5]), guidance=None, encoder_hidden_states_mask=None,
+                    encoder_hidden_states=states, img_shapes=shapes, txt_seq_lens=[text], additional_t_cond=None)  # fmt: skip
+        return out[:, : target.shape[1]]
+
+    return forward, params, n
+
+
+def ref_sdxl(blocks, res):
+    import torch
+
+    sys.path.insert(0, ".")
+    from library import sdxl_original_unet, sdxl_train_util
+
+    model = _frozen(sdxl_original_unet.SdxlUNet2DConditionModel())
+    model.set_use_sdpa(True)  # --sdpa
+    params, n = _sds_network("networks.lora", model, encoders=2)
+    lat, text = res // 8, TEXT["sdxl"]
+    x, states, pool2 = _randn(1, 4, lat, lat), _randn(1, text, 2048), _randn(1, 1280)
+    size = torch.tensor([[res, res]])
+
+    def forward():  # sdxl_train_network.py call_unet: the size embeddings every step
+        embs = sdxl_train_util.get_size_embeddings(size, torch.zeros(1, 2, dtype=torch.long), size, "cpu")
+        return model(x, torch.tensor([500]), states, torch.cat([pool2, embs], dim=1))
+
+    return forward, params, n
+
+
 # ----------------------------------------------------------------------------------------------- ours
-def _ours(name: str, script: str, denoiser, cond, x, network_module: str):
-    """Our family's predict on ``denoiser`` with our network module on the family's adapter roots (the text
-    encoders stay on the meta device: no adapters on them)."""
+def _ours(name: str, script: str, denoiser, cond, x, network_module: str, **predict_kwargs):
+    """Our family's predict on ``denoiser`` (with ``predict_kwargs``) with our network module on the family's
+    adapter roots (the text encoders stay on the meta device: no adapters on them)."""
     import importlib
 
     import torch
@@ -310,7 +412,7 @@ def _ours(name: str, script: str, denoiser, cond, x, network_module: str):
     t = torch.tensor([500.0])
 
     def forward():
-        return family.predict(parts.denoiser, x, t, cond)
+        return family.predict(parts.denoiser, x, t, cond, **predict_kwargs)
 
     return forward, [p for p in network.parameters() if p.requires_grad], list(network.adapters.keys())
 
@@ -395,6 +497,56 @@ def ours_flux2(blocks, res):
     model = M.build(dict(M.RELEASED["klein-4b"], num_layers=blocks[0], num_single_layers=blocks[1]))
     cond = Cond(_randn(1, TEXT["flux2"], 7680), None, None)
     return _ours("flux2", "flux_2_train_network", model, cond, _randn(1, 128, lat, lat), "networks.lora_flux_2")
+
+
+def ours_chroma(blocks, res):
+    import torch
+
+    from library.families.base import Cond
+    from library.families.flux.configs import released, transformer_factory
+
+    lat, n = res // 8, TEXT["chroma"]
+    config = dict(released("chroma")["transformer"], num_layers=blocks[0], num_single_layers=blocks[1])
+    cond = Cond(_randn(1, n, 4096), None, (torch.arange(n) < CHROMA_CAPTION).long()[None])
+    return _ours("chroma", "flux_train_network", transformer_factory(config)(), cond, _randn(1, 16, lat, lat),
+                 "networks.lora_flux")  # fmt: skip
+
+
+def ours_flux2_dev(blocks, res):
+    from library.families.base import Cond
+    from library.families.flux2 import model as M
+
+    lat = res // 16
+    model = M.build(dict(M.RELEASED["dev"], num_layers=blocks[0], num_single_layers=blocks[1]))
+    cond = Cond(_randn(1, TEXT["flux2_dev"], 15360), None, None)
+    return _ours("flux2", "flux_2_train_network", model, cond, _randn(1, 128, lat, lat), "networks.lora_flux_2")
+
+
+def ours_qwen_image_edit(blocks, res):
+    from library.families.base import Cond
+    from library.families.qwen_image import model as M
+
+    lat = res // 8
+    model = M.build(dict(M.RELEASED, num_layers=blocks[0]))
+    x, control = _randn(1, 16, lat, lat), _randn(1, 16, lat, lat)
+    cond = Cond(_randn(1, TEXT["qwen_image_edit"], 3584), None, None)
+    return _ours("qwen_image", "qwen_image_train_network", model, cond, x, "networks.lora_qwen_image",
+                 references=[control])  # fmt: skip
+
+
+def ours_sdxl(blocks, res):
+    from diffusers import UNet2DConditionModel
+
+    from library.families import get_family
+    from library.families.base import Cond
+
+    family = get_family("sdxl")
+    model = UNet2DConditionModel.from_config(dict(family.reference_parts().denoiser.config))
+    lat = res // 8
+    cond = Cond(_randn(1, TEXT["sdxl"], 2048), _randn(1, 1280), None)
+    time_ids = family.size_conditioning([[res, res]], [[0, 0]], [[res, res]])
+    return _ours("sdxl", "sdxl_train_network", model, cond, _randn(1, 4, lat, lat), "networks.lora",
+                 time_ids=time_ids)  # fmt: skip
 
 
 SIDES: dict[str, dict[str, Callable]] = {
