@@ -29,13 +29,15 @@ DEPTHS = {
     "zimage": "2 of 30 main layers (width 3840, 30 heads); 2 + 2 refiner layers as released",
     "flux": "FLUX.1-dev: 1 of 19 double + 2 of 38 single blocks (width 3072, 24 heads, MLP 4x)",
     "flux2": "FLUX.2 klein 4B: 1 of 5 double + 2 of 20 single blocks (width 3072, 24 heads, MLP 3x)",
+    "stable_cascade": "stage C 3.6B: 1 of 8 + 2 of 24 down, 2 of 24 + 1 of 8 up CTA blocks (width 2048, 32 heads)",
 }
 DEFAULT_BLOCKS = {"anima": (4,), "lumina": (2,), "hunyuan_image": (1, 1), "qwen_image": (2,), "zimage": (2,), "flux": (1, 2),
-                  "flux2": (1, 2)}  # fmt: skip
+                  "flux2": (1, 2), "stable_cascade": (1, 2)}  # fmt: skip
 # text tokens (all real, batch 1): the trainers' padded lengths where they pad (Anima: Qwen3 and T5 512; Lumina 2:
 # Gemma 256; FLUX.1-dev: T5 512; FLUX.2: 512), a 77-token caption where they cut the text to the caption (HunyuanImage 2.1: Qwen plus
-# 16 of byT5's 128 rows, Qwen-Image, Z-Image)
-TEXT = {"anima": 512, "lumina": 256, "hunyuan_image": 77, "qwen_image": 77, "zimage": 77, "flux": 512, "flux2": 512}
+# 16 of byT5's 128 rows, Qwen-Image, Z-Image); Stable Cascade: CLIP-bigG's 77 (+ the pooled and image tokens)
+TEXT = {"anima": 512, "lumina": 256, "hunyuan_image": 77, "qwen_image": 77, "zimage": 77, "flux": 512, "flux2": 512,
+        "stable_cascade": 77}  # fmt: skip
 BYT5_ROWS, BYT5_REAL = 128, 16
 
 
@@ -288,8 +290,35 @@ def ref_flux2(blocks, res):
     return forward, params, n
 
 
+def ref_stable_cascade(blocks, res):
+    """sd-scripts' stable-cascade branch (``--sdscripts`` that tree): its ``StageC`` (the 3.6B defaults, blocks cut),
+    ``--sdpa``, evaluation mode (its trainer's ``stage_c.eval()`` without gradient checkpointing), its
+    ``networks.lora`` (every Linear and 1x1 conv of a StageC) and the trainer's call: the noise condition ratio, the
+    text states, the pooled output as one token, a zero 768-wide image embedding."""
+    import inspect
+
+    import torch
+
+    sys.path.insert(0, ".")
+    from library import stable_cascade as sc
+
+    defaults = inspect.signature(sc.StageC.__init__).parameters
+    assert defaults["c_hidden"].default == [2048, 2048] and defaults["blocks"].default == [[8, 24], [24, 8]]
+    model = _frozen(sc.StageC(blocks=[list(blocks), list(blocks[::-1])]))
+    model.set_use_xformers_or_sdpa(False, True)
+    model.eval()
+    params, n = _sds_network("networks.lora", model)
+    lat, text = res // 32, TEXT["stable_cascade"]
+    x, states, pooled, image = _randn(1, 16, lat, lat), _randn(1, text, 1280), _randn(1, 1, 1280), torch.zeros(1, 768)
+
+    def forward():
+        return model(x, torch.tensor([0.5]), clip_text=states, clip_text_pooled=pooled, clip_img=image)
+
+    return forward, params, n
+
+
 # ----------------------------------------------------------------------------------------------- ours
-def _ours(name: str, script: str, denoiser, cond, x, network_module: str):
+def _ours(name: str, script: str, denoiser, cond, x, network_module: str, t: float = 500.0):
     """Our family's predict on ``denoiser`` with our network module on the family's adapter roots (the text
     encoders stay on the meta device: no adapters on them)."""
     import importlib
@@ -307,7 +336,7 @@ def _ours(name: str, script: str, denoiser, cond, x, network_module: str):
         ["--network_module", network_module, "--network_dim", "4", "--network_alpha", "2",
          "--network_train_unet_only"])  # fmt: skip
     network = prepare_network(NetworkConfig.from_args(args), family.adapter_roots(parts), family.target_classes)
-    t = torch.tensor([500.0])
+    t = torch.tensor([t])
 
     def forward():
         return family.predict(parts.denoiser, x, t, cond)
@@ -395,6 +424,20 @@ def ours_flux2(blocks, res):
     model = M.build(dict(M.RELEASED["klein-4b"], num_layers=blocks[0], num_single_layers=blocks[1]))
     cond = Cond(_randn(1, TEXT["flux2"], 7680), None, None)
     return _ours("flux2", "flux_2_train_network", model, cond, _randn(1, 128, lat, lat), "networks.lora_flux_2")
+
+
+def ours_stable_cascade(blocks, res):
+    """diffusers' ``StableCascadeUNet`` at the 3.6B config with the same blocks, in evaluation mode (our network
+    trainer leaves the denoiser's mode alone), ``networks.lora`` and ``family.predict`` at ratio 0.5."""
+    from library.families.base import Cond
+    from library.families.stable_cascade.model import PRIOR, prior_factory
+
+    lat = res // 32
+    config = dict(PRIOR, down_num_layers_per_block=list(blocks), up_num_layers_per_block=list(blocks[::-1]))
+    model = prior_factory(config)().eval()
+    cond = Cond(_randn(1, TEXT["stable_cascade"], 1280), _randn(1, 1280), None)
+    return _ours("stable_cascade", "stable_cascade_train_c_network", model, cond, _randn(1, 16, lat, lat),
+                 "networks.lora", t=0.5)  # fmt: skip
 
 
 SIDES: dict[str, dict[str, Callable]] = {

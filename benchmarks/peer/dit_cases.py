@@ -5,7 +5,9 @@ benchmarks/peer/tiny_families.py under ``ASSETS/models/<folder>``, with the same
 alpha 2 with the family's ``networks.lora_<family>``, AdamW, seed 1, cached latents and text-encoder outputs, the
 denoiser only. sd-scripts runs through a wrapper that patches its released configs to the tiny widths from the
 ``tiny_config.json`` beside the model file: the peer kit's helpers/run_sdscripts_tiny.py for SD3 and FLUX.1
-(``--kit``), this folder's run_reference_tiny.py for the others (Anima, Lumina 2, Chroma, HunyuanImage 2.1).
+(``--kit``), this folder's run_reference_tiny.py for the others (Anima, Lumina 2, Chroma, HunyuanImage 2.1, and Stable Cascade
+stage C on sd-scripts' ``stable-cascade`` branch: ``--sdscripts`` names that branch's tree, in an invocation of its
+own).
 """
 
 from __future__ import annotations
@@ -60,6 +62,11 @@ DIT_CASES = {
                               ("--vae", "tiny_vae.safetensors")),
                              ("--network_module", "networks.lora_hunyuan_image", "--model_prediction_type", "raw",
                               "--discrete_flow_shift", "5.0", "--attn_mode", "torch")),
+    "stable_cascade": DitCase("stable_cascade_train_c_network.py", "tiny-stable_cascade", "stable_cascade",
+                              (("--stage_c_checkpoint_path", "tiny_stage_c.safetensors"),
+                               ("--text_model_checkpoint_path", "tiny_text_model.safetensors"),
+                               ("--effnet_checkpoint_path", "tiny_effnet.safetensors")),
+                              ("--network_module", "networks.lora", "--sdpa")),
 }  # fmt: skip
 
 

@@ -25,6 +25,9 @@ code it replaces is still there:
          file holds the language model only), the hub tokenizers (Qwen2.5-VL, byT5), and the in-memory text cache's
          NumPy-scalar ocr_mask, which sd-scripts' own collate cannot convert.
 
+  stable_cascade  sd-scripts' ``stable-cascade`` branch: ``StageC``'s, the CLIP text model's and the EfficientNet
+         encoder's released sizes (reference_cascade.py).
+
 musubi-tuner (``--dit`` / ``--vae`` / ``--text_encoder`` name the folder; run from ``src`` with it on PYTHONPATH):
 
   qwen_image, zimage, flux2  the transformer / AE sizes its loaders hard-code, the Qwen2.5-VL / Qwen3 configs and
@@ -395,13 +398,21 @@ def tiny_mistral3(fu, cfg: dict) -> None:
     fu.AutoProcessor = Mistral3Processor
 
 
+def patch_stable_cascade(cfg: dict) -> None:
+    from reference_cascade import patch_stable_cascade as patch  # this folder (beside this file)
+
+    patch(cfg)
+
+
 PATCHES = {"anima": patch_anima, "lumina": patch_lumina, "chroma": patch_chroma, "hunyuan_image": patch_hunyuan_image,
-           "qwen_image": patch_qwen_image, "zimage": patch_zimage, "flux2": patch_flux2}  # fmt: skip
+           "qwen_image": patch_qwen_image, "zimage": patch_zimage, "flux2": patch_flux2,
+           "stable_cascade": patch_stable_cascade}  # fmt: skip
 MODEL_FLAGS = (
     "--pretrained_model_name_or_path",
     "--dit",
     "--vae",
     "--text_encoder",
+    "--stage_c_checkpoint_path",
 )  # the first given names the folder
 
 

@@ -327,6 +327,42 @@ QWEN3_SIZES = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_att
                "head_dim", "max_window_layers", "max_position_embeddings")  # fmt: skip
 
 
+def stable_cascade(out: Path) -> None:
+    """Stable Cascade stage C: ``stage_c`` (Stability's names, the family's single-file save), ``text_model``
+    (CLIP-bigG with projection, transformers names), ``effnet`` (``backbone.*`` / ``mapper.*``) written by the
+    family's own tiny builder, and tiny_config.json: sd-scripts' stable-cascade branch's ``StageC`` keyword
+    arguments, the CLIP text config and the EfficientNet stages and head width (run_reference_tiny.py's
+    ``patch_stable_cascade``)."""
+    import dataclasses
+
+    from library.families.stable_cascade import STABLE_CASCADE
+    from library.families.stable_cascade import effnet as E
+    from library.families.stable_cascade import tiny as tiny_mod
+
+    parts = STABLE_CASCADE.tiny.build(seed=0)
+    files = STABLE_CASCADE.tiny.write_files(parts, out, "tiny")
+    STABLE_CASCADE.save(parts, out / "tiny_stage_c.safetensors")
+    files["previewer"].unlink()
+    p = tiny_mod.part_configs()["prior"]
+    kinds = {"SDCascadeResBlock": "C", "SDCascadeTimestepBlock": "T", "SDCascadeAttnBlock": "A"}
+    stage_c = dict(c_in=p["in_channels"], c_out=p["out_channels"], c_r=p["timestep_ratio_embedding_dim"],
+                   patch_size=p["patch_size"], c_cond=p["conditioning_dim"], c_hidden=p["block_out_channels"],
+                   nhead=p["num_attention_heads"],
+                   blocks=[p["down_num_layers_per_block"], p["up_num_layers_per_block"]],
+                   block_repeat=[p["down_blocks_repeat_mappers"], p["up_blocks_repeat_mappers"]],
+                   level_config=["".join(kinds[b] for b in level) for level in p["block_types_per_layer"]],
+                   c_clip_text=p["clip_text_in_channels"], c_clip_text_pooled=p["clip_text_pooled_in_channels"],
+                   c_clip_img=p["clip_image_in_channels"], c_clip_seq=p["clip_seq"], kernel_size=p["kernel_size"],
+                   dropout=p["dropout"], self_attn=p["self_attn"], t_conds=p["timestep_conditioning_type"],
+                   switch_level=p["switch_level"])  # fmt: skip
+    text_keys = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "projection_dim",
+                 "hidden_act")  # fmt: skip
+    text = {k: getattr(parts.text_encoders[0].config, k) for k in text_keys}
+    config = {"family": "stable_cascade", "stage_c": stage_c, "text_model": text,
+              "effnet": {"stages": [dataclasses.astuple(s) for s in E.tiny_stages()], "head": tiny_mod.TINY_HEAD}}  # fmt: skip
+    (out / "tiny_config.json").write_text(json.dumps(config, indent=1))
+
+
 def _qwen3_tokenizer(folder: Path) -> None:
     """The shipped Qwen3 vocabulary and Qwen3's chat template (musubi-tuner reads Qwen/Qwen3-4B's from the hub)."""
     from library.families.encoders import qwen3
@@ -362,6 +398,7 @@ BUILDERS = {
     "flux2": flux2,
     "qwen_image_edit": qwen_image_edit,
     "flux2_dev": flux2_dev,
+    "stable_cascade": stable_cascade,
 }
 
 
