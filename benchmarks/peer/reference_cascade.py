@@ -71,3 +71,48 @@ def patch_stable_cascade(cfg: dict) -> None:
     tiny_torchvision_effnet(cfg["effnet"]["stages"], head)
     sc.EfficientNetEncoder.__init__ = _replaced(sc.EfficientNetEncoder.__init__, {
         "nn.Conv2d(1280, c_latent": f"nn.Conv2d({head}, c_latent"}, sc.__dict__, "EfficientNet")  # fmt: skip
+
+
+def patch_wuerstchen(cfg: dict) -> None:
+    """sd-scripts' ``wuerstchen`` branch (``wuerstchen/wuerstchen_train.py``, full fine-tuning): it reads the prior,
+    CLIP and tokenizer from the prior folder at their own sizes, and downloads the rest: ``hf_hub_download(
+    "dome272/wuerstchen", "model_v2_stage_b.pt")`` -> the tiny file (its ``effnet_state_dict``), the EfficientNet
+    backbone (``torchvision.models.efficientnet_v2_s``, :func:`tiny_torchvision_effnet`; its ``EfficientNetEncoder``
+    keeps the 1280-wide head, which the tiny file has)."""
+    import os
+
+    import huggingface_hub
+
+    tiny_torchvision_effnet(cfg["effnet"]["stages"], cfg["effnet"]["head"])
+    import torchvision
+
+    torchvision.models.efficientnet_v2_l = torchvision.models.efficientnet_v2_s  # imported beside it, unused
+    download = os.path.join(cfg["folder"], cfg["effnet"]["file"])
+
+    def hf_hub_download(repo_id, filename, **kwargs):
+        assert (repo_id, filename) == ("dome272/wuerstchen", "model_v2_stage_b.pt"), (repo_id, filename)
+        return download
+
+    huggingface_hub.hf_hub_download = hf_hub_download
+
+
+def wuerstchen_argv(cfg: dict, argv: list[str]) -> list[str]:
+    """The branch has no ``--effnet_checkpoint_path`` (it downloads the encoder: :func:`patch_wuerstchen`) and no
+    ``--save_model_as`` (it writes the diffusers prior folder in safetensors), so those flags of ours are dropped after
+    checking that they name the downloaded file and that format; its final save goes through the decoder pipeline
+    ``--pretrained_decoder_model_name_or_path`` names (a hub id by default): the tiny combined folder unless given."""
+    import os
+
+    argv = list(argv)
+    if "--effnet_checkpoint_path" in argv:
+        i = argv.index("--effnet_checkpoint_path")
+        given = os.path.abspath(argv[i + 1])
+        assert given == os.path.join(cfg["folder"], cfg["effnet"]["file"]), f"{given}: not the tiny EfficientNet file"
+        del argv[i : i + 2]
+    if "--save_model_as" in argv:  # the branch always writes the prior pipeline folder in safetensors
+        i = argv.index("--save_model_as")
+        assert argv[i + 1] == "diffusers_safetensors", f"--save_model_as {argv[i + 1]}: the branch writes a folder"
+        del argv[i : i + 2]
+    if "--pretrained_decoder_model_name_or_path" not in argv:
+        argv += ["--pretrained_decoder_model_name_or_path", os.path.join(cfg["folder"], cfg["decoder"])]
+    return argv

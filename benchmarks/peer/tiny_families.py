@@ -363,6 +363,66 @@ def stable_cascade(out: Path) -> None:
     (out / "tiny_config.json").write_text(json.dumps(config, indent=1))
 
 
+def wuerstchen(out: Path) -> None:
+    """Würstchen 2: ``prior/`` (the family's tiny prior pipeline folder: ``prior/``, ``text_encoder/``,
+    ``tokenizer/``, ``scheduler/``), ``model_v2_stage_b.pt`` (``effnet_state_dict``: the tiny EfficientNet stages
+    with the 1280-wide head the branch's ``EfficientNetEncoder()`` hard-codes, the affine mapper BatchNorm), a
+    ``WuerstchenCombinedPipeline`` folder ``combined/`` (the family's tiny decoder, vqgan and CLIP-L with the tiny
+    prior: what the branch's final save loads as ``--pretrained_decoder_model_name_or_path``) and tiny_config.json
+    (run_reference_tiny.py's ``patch_wuerstchen``)."""
+    import dataclasses
+    import shutil
+
+    import torch
+    from diffusers import WuerstchenCombinedPipeline
+
+    from library.families.stable_cascade import WUERSTCHEN
+    from library.families.stable_cascade import effnet as E
+    from library.families.stable_cascade.effnet import HEAD_WIDTH
+    from library.families.stable_cascade.wuerstchen_decoder import load_decoder, write_tiny_decoder
+
+    parts = WUERSTCHEN.tiny.build(seed=0)
+    WUERSTCHEN.tiny.write_folder(parts, out / "prior")
+    torch.manual_seed(1)
+    effnet = E.EfficientNetEncoder(16, E.tiny_stages(), HEAD_WIDTH, affine=True).eval()
+    with torch.no_grad():
+        for m in effnet.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.normal_(0, 0.1)
+                m.running_var.uniform_(0.5, 1.5)
+    torch.save({"effnet_state_dict": effnet.state_dict()}, out / "model_v2_stage_b.pt")
+    decoder = load_decoder(str(write_tiny_decoder(out / "decoder")))
+    prior = WUERSTCHEN.prior_pipeline(parts)
+    combined = WuerstchenCombinedPipeline(
+        tokenizer=decoder.tokenizer, text_encoder=decoder.text_encoder, decoder=decoder.decoder,
+        scheduler=decoder.scheduler, vqgan=decoder.vqgan, prior_tokenizer=prior.tokenizer,
+        prior_text_encoder=prior.text_encoder, prior_prior=prior.prior, prior_scheduler=prior.scheduler)  # fmt: skip
+    combined.save_pretrained(out / "combined")
+    shutil.rmtree(out / "decoder")
+    for folder in (out / "prior" / "text_encoder", out / "combined" / "text_encoder"):
+        _clip_release_names(folder / "model.safetensors")
+    index = json.loads((out / "combined" / "model_index.json").read_text())
+    for name, entry in index.items():  # the module the reference's diffusers (0.32) keeps them in
+        if isinstance(entry, list) and entry[1] in ("WuerstchenDiffNeXt", "PaellaVQModel", "WuerstchenPrior"):
+            index[name] = ["wuerstchen", entry[1]]
+    index["prior_tokenizer"] = ["transformers", "PreTrainedTokenizerFast"]  # the class the branch loads and passes
+    index["tokenizer"] = ["transformers", "CLIPTokenizerFast"]  # the folder has tokenizer.json alone
+    (out / "combined" / "model_index.json").write_text(json.dumps(index, indent=1))
+    config = {"family": "wuerstchen", "effnet": {"stages": [dataclasses.astuple(s) for s in E.tiny_stages()],
+              "head": HEAD_WIDTH, "file": "model_v2_stage_b.pt"}, "decoder": "combined"}  # fmt: skip
+    (out / "tiny_config.json").write_text(json.dumps(config, indent=1))
+
+
+def _clip_release_names(path: Path) -> None:
+    """A CLIP text model written by transformers 5 (``embeddings.*``, ``encoder.*``, ``final_layer_norm.*``) under the
+    released files' names (``text_model.`` + those), which transformers 4 needs: without them it loads nothing and
+    initialises the model at random."""
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(path))
+    save_file({k if k.startswith("text_model.") else f"text_model.{k}": v for k, v in state.items()}, str(path))
+
+
 def _qwen3_tokenizer(folder: Path) -> None:
     """The shipped Qwen3 vocabulary and Qwen3's chat template (musubi-tuner reads Qwen/Qwen3-4B's from the hub)."""
     from library.families.encoders import qwen3
@@ -399,6 +459,7 @@ BUILDERS = {
     "qwen_image_edit": qwen_image_edit,
     "flux2_dev": flux2_dev,
     "stable_cascade": stable_cascade,
+    "wuerstchen": wuerstchen,
 }
 
 
