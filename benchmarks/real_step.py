@@ -9,7 +9,9 @@
 
 The families with a reference trainer that sd3_real_step.py does not cover: Anima, Lumina 2, HunyuanImage 2.1,
 FLUX.1-dev (sd-scripts), Qwen-Image, Z-Image, FLUX.2 klein 4B (musubi-tuner), Stable Cascade stage C (sd-scripts'
-``stable-cascade`` branch: its tree at ``~/sdtrain-peer/sd-scripts-sc`` unless ``--sdscripts`` names another). Each
+``stable-cascade`` branch: its tree at ``~/sdtrain-peer/sd-scripts-sc`` unless ``--sdscripts`` names another) and
+Würstchen 2's prior (the ``wuerstchen`` branch, ``~/sdtrain-peer/sd-scripts-w2``; a full fine-tune: the branch has
+no network trainer, so every prior parameter is trained on both sides and ``names`` are its parameters). Each
 side builds the released denoiser's width, head count, MLP ratio and text width with fewer blocks
 (``real_step_sides.DEPTHS``: the same on both sides; ``--blocks`` changes them), random float32 weights, a LoRA of dim 4 / alpha 2 on its default targets with
 its own network module (the trainers' ``--network_module networks.lora_<family> --network_train_unet_only``), and
@@ -42,9 +44,10 @@ REFERENCES = {"anima": ("sd-scripts", "anima_train_network.py"), "lumina": ("sd-
               "qwen_image": ("musubi-tuner", "qwen_image_train_network.py"),
               "zimage": ("musubi-tuner", "zimage_train_network.py"),
               "flux2": ("musubi-tuner", "flux_2_train_network.py --model_version klein-base-4b"),
-              "stable_cascade": ("sd-scripts", "stable_cascade_train_c_network.py")}  # fmt: skip
+              "stable_cascade": ("sd-scripts", "stable_cascade_train_c_network.py"),
+              "wuerstchen": ("sd-scripts", "wuerstchen/wuerstchen_train.py")}  # fmt: skip
 # the sd-scripts tree of a family whose trainer lives on a branch of its own (default of --sdscripts)
-BRANCH_TREES = {"stable_cascade": "~/sdtrain-peer/sd-scripts-sc"}
+BRANCH_TREES = {"stable_cascade": "~/sdtrain-peer/sd-scripts-sc", "wuerstchen": "~/sdtrain-peer/sd-scripts-w2"}
 
 
 def run_side(side: str, family: str, blocks: tuple[int, ...], res: int, steps: int, profile: str | None) -> dict:
@@ -142,8 +145,8 @@ def main() -> None:
     ap.add_argument(
         "--sdscripts",
         default=None,
-        help="default ~/sdtrain-peer/sd-scripts (Stable Cascade: "
-        "~/sdtrain-peer/sd-scripts-sc, the stable-cascade branch's tree)",
+        help="default ~/sdtrain-peer/sd-scripts (Stable Cascade / Würstchen 2: their branches' trees, "
+        "~/sdtrain-peer/sd-scripts-sc / sd-scripts-w2)",
     )
     ap.add_argument("--musubi", default="~/musubi")
     ap.add_argument("--refvenv", default="~/sdtrain-peer/sdsvenv", help="the references' venv (both run in it)")

@@ -30,14 +30,17 @@ DEPTHS = {
     "flux": "FLUX.1-dev: 1 of 19 double + 2 of 38 single blocks (width 3072, 24 heads, MLP 4x)",
     "flux2": "FLUX.2 klein 4B: 1 of 5 double + 2 of 20 single blocks (width 3072, 24 heads, MLP 3x)",
     "stable_cascade": "stage C 3.6B: 1 of 8 + 2 of 24 down, 2 of 24 + 1 of 8 up CTA blocks (width 2048, 32 heads)",
+    "wuerstchen": "Würstchen 2 prior, full fine-tune: 2 of 32 blocks (width 1536, 24 heads, CLIP-bigG 1280)",
 }
 DEFAULT_BLOCKS = {"anima": (4,), "lumina": (2,), "hunyuan_image": (1, 1), "qwen_image": (2,), "zimage": (2,), "flux": (1, 2),
-                  "flux2": (1, 2), "stable_cascade": (1, 2)}  # fmt: skip
+                  "flux2": (1, 2), "stable_cascade": (1, 2), "wuerstchen": (2,)}  # fmt: skip
 # text tokens (all real, batch 1): the trainers' padded lengths where they pad (Anima: Qwen3 and T5 512; Lumina 2:
 # Gemma 256; FLUX.1-dev: T5 512; FLUX.2: 512), a 77-token caption where they cut the text to the caption (HunyuanImage 2.1: Qwen plus
 # 16 of byT5's 128 rows, Qwen-Image, Z-Image); Stable Cascade: CLIP-bigG's 77 (+ the pooled and image tokens)
 TEXT = {"anima": 512, "lumina": 256, "hunyuan_image": 77, "qwen_image": 77, "zimage": 77, "flux": 512, "flux2": 512,
-        "stable_cascade": 77}  # fmt: skip
+        "stable_cascade": 77, "wuerstchen": 77}  # fmt: skip
+# warp-ai/wuerstchen-prior's prior/config.json (the wuerstchen branch reads it from the folder; no literal of its own)
+WUERSTCHEN_PRIOR = dict(c_in=16, c=1536, c_cond=1280, c_r=64, depth=32, nhead=24, dropout=0.1)
 BYT5_ROWS, BYT5_REAL = 128, 16
 
 
@@ -72,8 +75,8 @@ def _frozen(model):
 
 
 def last_model_params() -> list:
-    """The parameters of the denoiser built last (before its adapters)."""
-    return [p for p in _MODELS[-1].parameters() if not p.requires_grad]
+    """The parameters of the denoiser built last (before its adapters; all of them in a full fine-tune)."""
+    return [p for p in _MODELS[-1].parameters() if not p.requires_grad] or list(_MODELS[-1].parameters())
 
 
 # ----------------------------------------------------------------------------------------------- the references
@@ -317,6 +320,27 @@ def ref_stable_cascade(blocks, res):
     return forward, params, n
 
 
+def _whole(model):
+    """A full fine-tune's denoiser: in train mode (both trainers), every parameter trained, named by its state-dict
+    key (``names``)."""
+    _MODELS.append(model.train().requires_grad_(True))
+    return list(model.parameters()), sorted(name for name, _ in model.named_parameters())
+
+
+def ref_wuerstchen(blocks, res):
+    """sd-scripts' wuerstchen branch (``wuerstchen/wuerstchen_train.py``): diffusers' ``WuerstchenPrior`` (the
+    reference venv's diffusers) at the released config with ``blocks`` blocks, trained whole, its call
+    ``prior(noisy_latents, timesteps, prompt_embeds)``."""
+    import torch
+    from diffusers.pipelines.wuerstchen.modeling_wuerstchen_prior import WuerstchenPrior
+
+    model = WuerstchenPrior(**dict(WUERSTCHEN_PRIOR, depth=blocks[0]))
+    params, names = _whole(model)
+    lat = res // 32
+    x, states = _randn(1, 16, lat, lat), _randn(1, TEXT["wuerstchen"], 1280)
+    return (lambda: model(x, torch.tensor([0.5]), states)), params, names
+
+
 # ----------------------------------------------------------------------------------------------- ours
 def _ours(name: str, script: str, denoiser, cond, x, network_module: str, t: float = 500.0):
     """Our family's predict on ``denoiser`` with our network module on the family's adapter roots (the text
@@ -438,6 +462,23 @@ def ours_stable_cascade(blocks, res):
     cond = Cond(_randn(1, TEXT["stable_cascade"], 1280), _randn(1, 1280), None)
     return _ours("stable_cascade", "stable_cascade_train_c_network", model, cond, _randn(1, 16, lat, lat),
                  "networks.lora", t=0.5)  # fmt: skip
+
+
+def ours_wuerstchen(blocks, res):
+    """Our family's prior (``wuerstchen.prior_class``, the released config: ``PRIOR``) trained whole, as
+    wuerstchen_train.py, through ``family.predict`` at ratio 0.5."""
+    import torch
+
+    sys.path.insert(0, str(ROOT))
+    from library.families.base import Cond
+    from library.families.stable_cascade.wuerstchen import PRIOR, WUERSTCHEN, prior_class
+
+    assert PRIOR == WUERSTCHEN_PRIOR
+    model = prior_class()(**dict(PRIOR, depth=blocks[0]))
+    params, names = _whole(model)
+    lat = res // 32
+    x, cond, t = _randn(1, 16, lat, lat), Cond(_randn(1, TEXT["wuerstchen"], 1280)), torch.tensor([0.5])
+    return (lambda: WUERSTCHEN.predict(model, x, t, cond)), params, names
 
 
 SIDES: dict[str, dict[str, Callable]] = {
