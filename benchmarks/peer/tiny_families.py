@@ -414,9 +414,9 @@ def wuerstchen(out: Path) -> None:
 
 
 def _clip_release_names(path: Path) -> None:
-    """A CLIP text model written by transformers 5 (``embeddings.*``, ``encoder.*``, ``final_layer_norm.*``) under the
-    released files' names (``text_model.`` + those), which transformers 4 needs: without them it loads nothing and
-    initialises the model at random."""
+    """A CLIP text model written by transformers 5's ``save_pretrained`` (``embeddings.*``, ``encoder.*``,
+    ``final_layer_norm.*``) under the released files' names (``text_model.`` + those), which transformers 4 needs:
+    without them it loads nothing and initialises the model at random (the family's own save writes them already)."""
     from safetensors.torch import load_file, save_file
 
     state = load_file(str(path))
