@@ -282,9 +282,13 @@ def musubi_commands(a: argparse.Namespace, side: Side, case: str, steps: int, rd
 def command(a: argparse.Namespace, side: Side, case: str, steps: int, rdir: Path) -> list[str]:
     if case in MUSUBI_CASES:
         return musubi_commands(a, side, case, steps, rdir)[1]
+    drop, save_as = (), "safetensors"
     if case in DIT_CASES:
         script, res, batch, wrapper = DIT_CASES[case].script, 64, 1, reference_wrapper(case, a.kit)
         model = dit_flags(case, a.assets / "models")
+        drop, save_as = DIT_CASES[case].drop, DIT_CASES[case].save_as
+        if side.sdscripts:
+            script = DIT_CASES[case].reference_script or script
     else:
         script, name, extra, res, batch = CASES[case]
         wrapper = PEER / "run_sdscripts_tiny.py"
@@ -297,8 +301,11 @@ def command(a: argparse.Namespace, side: Side, case: str, steps: int, rdir: Path
         "--caption_extension", ".txt", "--resolution", str(res), "--train_batch_size", str(batch),
         "--optimizer_type", "AdamW", "--learning_rate", "1e-4", "--max_train_steps", str(steps),
         "--mixed_precision", "no", "--max_data_loader_n_workers", "0",
-        "--output_dir", str(rdir / "out"), "--output_name", "lora", "--save_model_as", "safetensors",
+        "--output_dir", str(rdir / "out"), "--output_name", "lora", "--save_model_as", save_as,
     ] + a.extra.split()  # fmt: skip
+    for flag in drop:
+        i = flags.index(flag)
+        del flags[i : i + 2]
     launch = launcher(a, side)
     if side.sdscripts:
         return launch + [str(wrapper), script] + flags
@@ -368,6 +375,8 @@ def run_one(a: argparse.Namespace, side: Side, case: str, steps: int, pair: int,
             rec["rss_to_step1_mb"] = max([kb for t, kb in sampler.samples if t <= st[0][0]] or [0]) / 1024
             rec["rss_after_step1_mb"] = max([kb for t, kb in sampler.samples if t > st[0][0]] or [0]) / 1024
     f = rdir / "out" / "lora.safetensors"
+    if not f.exists():  # a full fine-tune's diffusers prior folder (Würstchen 2)
+        f = rdir / "out" / "lora" / "prior" / "diffusion_pytorch_model.safetensors"
     if f.exists():
         s = safetensors_summary(str(f))
         rec["keys"] = s.pop("shapes")

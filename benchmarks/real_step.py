@@ -8,12 +8,15 @@
     PYTHONPATH=$PWD OMP_NUM_THREADS=1 /work/main/.venv/bin/python benchmarks/real_step.py ours --family zimage
 
 The families with a reference trainer that sd3_real_step.py does not cover: Anima, Lumina 2, HunyuanImage 2.1,
-FLUX.1-dev, Chroma, SDXL (sd-scripts), Qwen-Image, Qwen-Image Edit, Z-Image, FLUX.2 klein 4B and dev (musubi-tuner).
-Each side builds the released denoiser's width, head count, MLP ratio and text width with fewer blocks (SDXL: the
-whole UNet) (``real_step_sides.DEPTHS``: the same on both
-sides; ``--blocks`` changes them), random float32 weights, a LoRA of dim 4 / alpha 2 on its default targets with
-its own network module (the trainers' ``--network_module networks.lora_<family> --network_train_unet_only``), and
-runs what a training step runs on the denoiser: the trainer's call on noisy latents (batch 1, ``--res`` px) and the
+FLUX.1-dev, Chroma, SDXL (sd-scripts), Qwen-Image, Qwen-Image Edit, Z-Image, FLUX.2 klein 4B and dev (musubi-tuner),
+Stable Cascade stage C (sd-scripts' ``stable-cascade`` branch: its tree at ``~/sdtrain-peer/sd-scripts-sc`` unless
+``--sdscripts`` names another) and Würstchen 2's prior (the ``wuerstchen`` branch, ``~/sdtrain-peer/sd-scripts-w2``;
+a full fine-tune: the branch has no network trainer, so every prior parameter is trained on both sides and ``names``
+are its parameters). Each side builds the released denoiser's width, head count, MLP ratio and text width with fewer
+blocks (SDXL: the whole UNet; ``real_step_sides.DEPTHS``: the same on both sides; ``--blocks`` changes them), random
+float32 weights, a LoRA of dim 4 / alpha 2 on its default targets with its own network module (the trainers'
+``--network_module networks.lora_<family> --network_train_unet_only``; real_step_references.py and real_step_ours.py),
+and runs what a training step runs on the denoiser: the trainer's call on noisy latents (batch 1, ``--res`` px) and the
 cached text (``real_step_sides.TEXT`` tokens), MSE against a target, backward, AdamW step, zero grad. One step
 warms up, then ``--steps`` steps are timed (median CPU seconds, i.e. process time, and wall seconds printed);
 ``--profile FILE`` writes torch.profiler's operator table of one more step. Text encoders, VAE, data loading and
@@ -42,10 +45,14 @@ REFERENCES = {"anima": ("sd-scripts", "anima_train_network.py"), "lumina": ("sd-
               "qwen_image": ("musubi-tuner", "qwen_image_train_network.py"),
               "zimage": ("musubi-tuner", "zimage_train_network.py"),
               "flux2": ("musubi-tuner", "flux_2_train_network.py --model_version klein-base-4b"),
+              "stable_cascade": ("sd-scripts", "stable_cascade_train_c_network.py"),
+              "wuerstchen": ("sd-scripts", "wuerstchen/wuerstchen_train.py"),
               "chroma": ("sd-scripts", "flux_train_network.py --model_type chroma"),
               "sdxl": ("sd-scripts", "sdxl_train_network.py"),
               "flux2_dev": ("musubi-tuner", "flux_2_train_network.py --model_version dev"),
               "qwen_image_edit": ("musubi-tuner", "qwen_image_train_network.py --edit")}  # fmt: skip
+# the sd-scripts tree of a family whose trainer lives on a branch of its own (default of --sdscripts)
+BRANCH_TREES = {"stable_cascade": "~/sdtrain-peer/sd-scripts-sc", "wuerstchen": "~/sdtrain-peer/sd-scripts-w2"}
 
 
 def run_side(side: str, family: str, blocks: tuple[int, ...], res: int, steps: int, profile: str | None) -> dict:
@@ -94,7 +101,8 @@ def side_command(a: argparse.Namespace, side: str, pair: int) -> tuple[list[str]
         return [a.python, *common], ROOT, dict(env, PYTHONPATH=str(ROOT))
     python = str(Path(a.refvenv).expanduser() / "bin" / "python")
     if REFERENCES[a.family][0] == "sd-scripts":
-        return [python, *common], Path(a.sdscripts).expanduser(), dict(env, PYTHONPATH=str(Path(a.kit) / "sds_shims"))
+        tree = a.sdscripts or BRANCH_TREES.get(a.family, "~/sdtrain-peer/sd-scripts")
+        return [python, *common], Path(tree).expanduser(), dict(env, PYTHONPATH=str(Path(a.kit) / "sds_shims"))
     musubi = Path(a.musubi).expanduser() / "src"
     return [python, *common], musubi, dict(env, PYTHONPATH=f"{musubi}:{Path(a.kit) / 'sds_shims'}")
 
@@ -139,7 +147,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="both: OMP_NUM_THREADS of each side")
     venv = ROOT / ".venv" / "bin" / "python"
     ap.add_argument("--python", default=str(venv) if venv.exists() else sys.executable, help="both: our side's python")
-    ap.add_argument("--sdscripts", default="~/sdtrain-peer/sd-scripts")
+    ap.add_argument(
+        "--sdscripts",
+        default=None,
+        help="default ~/sdtrain-peer/sd-scripts (Stable Cascade / Würstchen 2: their branches' trees, "
+        "~/sdtrain-peer/sd-scripts-sc / sd-scripts-w2)",
+    )
     ap.add_argument("--musubi", default="~/musubi")
     ap.add_argument("--refvenv", default="~/sdtrain-peer/sdsvenv", help="the references' venv (both run in it)")
     ap.add_argument("--kit", default="/work/shared/peer/helpers", help="the peer kit's helpers (torchvision stand-in)")

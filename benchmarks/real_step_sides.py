@@ -1,21 +1,21 @@
-"""The two sides of benchmarks/real_step.py: each family's denoiser at its released width with fewer blocks, random
-weights, a LoRA of dim 4 / alpha 2 on the side's default targets, and the call its trainer makes on cached text.
+"""What the two sides of benchmarks/real_step.py share: each family's blocks kept, text lengths and inputs; the sides
+themselves are real_step_references.py and real_step_ours.py. Each builds the family's denoiser at its released width
+with fewer blocks, random weights, a LoRA of dim 4 / alpha 2 on the side's default targets, and runs the call its
+trainer makes on cached text.
 
-``reference(family, blocks, res)`` runs in the reference's venv (sd-scripts: cwd = the checkout; musubi-tuner: its
-``src`` on PYTHONPATH) and builds the reference's own model class with the reference's own network module;
-``ours(family, blocks, res)`` runs in this checkout's venv and builds the model our family builds (``model.py``)
-with our network module (``networks.lora_<family>`` through ``networks.prepare_network``), calling
-``family.predict`` as our training step does. Both return ``(forward, params, names)``: ``forward()`` the prediction
-on fixed random inputs of the shapes below, ``params`` the adapter parameters to train, ``names`` the adapted modules' kohya
-names (``lora_unet_...``). Only ``blocks`` changes the released architecture (:data:`DEPTHS`); everything is float32.
+``ref_<family>(blocks, res)`` (real_step_references.py) runs in the reference's venv (sd-scripts: cwd = the checkout;
+musubi-tuner: its ``src`` on PYTHONPATH) and builds the reference's own model class with the reference's own network
+module; ``ours_<family>(blocks, res)`` (real_step_ours.py) runs in this checkout's venv and builds the model our family
+builds (``model.py``) with our network module (``networks.lora_<family>`` through ``networks.prepare_network``),
+calling ``family.predict`` as our training step does. Both return ``(forward, params, names)``: ``forward()`` the
+prediction on fixed random inputs of the shapes below, ``params`` the adapter parameters to train, ``names`` the
+adapted modules' kohya names (``lora_unet_...``). Only ``blocks`` changes the released architecture (:data:`DEPTHS`);
+everything is float32.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import sys
-from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,20 +29,26 @@ DEPTHS = {
     "zimage": "2 of 30 main layers (width 3840, 30 heads); 2 + 2 refiner layers as released",
     "flux": "FLUX.1-dev: 1 of 19 double + 2 of 38 single blocks (width 3072, 24 heads, MLP 4x)",
     "flux2": "FLUX.2 klein 4B: 1 of 5 double + 2 of 20 single blocks (width 3072, 24 heads, MLP 3x)",
+    "stable_cascade": "stage C 3.6B: 1 of 8 + 2 of 24 down, 2 of 24 + 1 of 8 up CTA blocks (width 2048, 32 heads)",
+    "wuerstchen": "Würstchen 2 prior, full fine-tune: 2 of 32 blocks (width 1536, 24 heads, CLIP-bigG 1280)",
     "chroma": "Chroma: 1 of 19 double + 2 of 38 single blocks (width 3072, 24 heads, MLP 4x); approximator as released",
     "flux2_dev": "FLUX.2 dev: 1 of 8 double + 1 of 48 single blocks (width 6144, 48 heads, MLP 3x)",
     "qwen_image_edit": "Qwen-Image Edit: 2 of 60 dual-stream blocks (width 3072, 24 heads, MLP 4x), one control image",
     "sdxl": "SDXL: the whole released UNet (2.6 B parameters; no blocks removed)",
 }
 DEFAULT_BLOCKS = {"anima": (4,), "lumina": (2,), "hunyuan_image": (1, 1), "qwen_image": (2,), "zimage": (2,), "flux": (1, 2),
-                  "flux2": (1, 2), "chroma": (1, 2), "flux2_dev": (1, 1), "qwen_image_edit": (2,), "sdxl": ()}  # fmt: skip
+                  "flux2": (1, 2), "stable_cascade": (1, 2), "wuerstchen": (2,),
+                  "chroma": (1, 2), "flux2_dev": (1, 1), "qwen_image_edit": (2,), "sdxl": ()}  # fmt: skip
 # text tokens (all real, batch 1): the trainers' padded lengths where they pad (Anima: Qwen3 and T5 512; Lumina 2:
-# Gemma 256; FLUX.1-dev: T5 512; FLUX.2: 512; SDXL: CLIP 77), a 77-token caption where they cut the text to the caption
-# (HunyuanImage 2.1: Qwen plus 16 of byT5's 128 rows, Qwen-Image, Z-Image; Chroma: T5's 512 rows of which 77 are the
-# caption, cut to 78 by both); Qwen-Image Edit: the 196 image tokens of a 384 x 384 control image plus 77
+# Gemma 256; FLUX.1-dev: T5 512; FLUX.2: 512; SDXL and Stable Cascade: CLIP's 77), a 77-token caption where they cut
+# the text to the caption (HunyuanImage 2.1: Qwen plus 16 of byT5's 128 rows, Qwen-Image, Z-Image; Chroma: T5's 512
+# rows of which 77 are the caption, cut to 78 by both); Qwen-Image Edit: the 196 image tokens of a 384 x 384 control
+# image plus 77
 TEXT = {"anima": 512, "lumina": 256, "hunyuan_image": 77, "qwen_image": 77, "zimage": 77, "flux": 512, "flux2": 512,
-        "chroma": 512, "flux2_dev": 512, "qwen_image_edit": 273, "sdxl": 77}  # fmt: skip
+        "stable_cascade": 77, "wuerstchen": 77, "chroma": 512, "flux2_dev": 512, "qwen_image_edit": 273, "sdxl": 77}  # fmt: skip
 CHROMA_CAPTION = 77
+# warp-ai/wuerstchen-prior's prior/config.json (the wuerstchen branch reads it from the folder; no literal of its own)
+WUERSTCHEN_PRIOR = dict(c_in=16, c=1536, c_cond=1280, c_r=64, depth=32, nhead=24, dropout=0.1)
 BYT5_ROWS, BYT5_REAL = 128, 16
 
 
@@ -53,6 +59,11 @@ def _randn(*shape: int):
 
 
 _GEN = None
+
+
+def _gen():
+    """The generator of this build (reset by :func:`build`)."""
+    return _GEN
 
 
 def _seed() -> None:
@@ -77,484 +88,22 @@ def _frozen(model):
 
 
 def last_model_params() -> list:
-    """The parameters of the denoiser built last (before its adapters)."""
-    return [p for p in _MODELS[-1].parameters() if not p.requires_grad]
-
-
-# ----------------------------------------------------------------------------------------------- the references
-def _sds_network(module_name: str, model, encoders: int = 1) -> tuple[list, list[str]]:
-    """sd-scripts' ``create_network`` + ``apply_to`` as train_network.py calls them (the denoiser only: the text
-    encoders are empty modules)."""
-    import importlib
-
-    import torch
-
-    sys.path.insert(0, ".")
-    network_module = importlib.import_module(module_name)
-    encoders = [torch.nn.Module() for _ in range(encoders)]
-    network = network_module.create_network(1.0, 4, 2, None, encoders, model)
-    network.apply_to(encoders, model, apply_text_encoder=False, apply_unet=True)
-    return [p for p in network.parameters() if p.requires_grad], [lora.lora_name for lora in network.unet_loras]
-
-
-def _musubi_network(module_name: str, model) -> tuple[list, list[str]]:
-    """musubi-tuner's ``create_arch_network`` + ``apply_to`` as its trainer_base calls them."""
-    import importlib
-
-    network_module = importlib.import_module(f"musubi_tuner.networks.{module_name}")
-    network = network_module.create_arch_network(1.0, 4, 2, None, None, model, neuron_dropout=None)
-    network.apply_to(None, model, apply_text_encoder=False, apply_unet=True)
-    return [p for p in network.parameters() if p.requires_grad], [lora.lora_name for lora in network.unet_loras]
-
-
-def _musubi_imports() -> None:
-    import types
-
-    import transformers  # noqa: F401  (before the PyAV stand-in, as benchmarks/peer/run_reference_tiny.py)
-
-    sys.modules.setdefault("av", types.ModuleType("av"))
-
-
-def ref_anima(blocks, res):
-    import torch
-    import torch.nn.functional as F
-    import torchvision.transforms as T  # the peer kit's stand-in: add the nearest resize Anima's forward calls
-
-    sys.path.insert(0, ".")
-    from library import anima_models, anima_utils
-
-    T.InterpolationMode = type("InterpolationMode", (), {"NEAREST": "nearest"})
-    T.functional.resize = lambda x, size, interpolation=None: F.interpolate(x, size=list(size), mode="nearest")
-
-    captured = {}
-
-    class Capture(Exception):
-        pass
-
-    def capture(**kwargs):
-        captured.update(kwargs)
-        raise Capture
-
-    original = anima_models.Anima
-    anima_models.Anima = capture
-    try:
-        anima_utils.load_anima_model("cpu", "unused", "torch", False, "cpu", None)
-    except Capture:
-        pass
-    finally:
-        anima_models.Anima = original
-    assert captured["model_channels"] == 2048 and captured["num_blocks"] == 28, "not the released Anima"
-    model = _frozen(original(**dict(captured, num_blocks=blocks[0])))
-    params, n = _sds_network("networks.lora_anima", model)
-    lat, text = res // 8, TEXT["anima"]
-    x, qwen = _randn(1, 16, 1, lat, lat), _randn(1, text, 1024)
-    ids, ones = torch.randint(0, 32128, (1, text), generator=_GEN), torch.ones(1, text, dtype=torch.long)
-    pad = torch.zeros(1, 1, lat, lat)
-
-    def forward():
-        return model(x, torch.tensor([0.5]), qwen, padding_mask=pad, target_input_ids=ids,
-                     target_attention_mask=ones, source_attention_mask=ones).squeeze(2)  # fmt: skip
-
-    return forward, params, n
-
-
-def ref_lumina(blocks, res):
-    import torch
-
-    sys.path.insert(0, ".")
-    from library import lumina_models
-
-    params = dataclasses.replace(lumina_models.LuminaParams.get_2b_config(), n_layers=blocks[0])
-    model = _frozen(lumina_models.NextDiT_2B_GQA_patch2_Adaln_Refiner(params))
-    train, n = _sds_network("networks.lora_lumina", model)
-    lat, text = res // 8, TEXT["lumina"]
-    x, cap, mask = _randn(1, 16, lat, lat), _randn(1, text, 2304), torch.ones(1, text, dtype=torch.int32)
-
-    def forward():
-        return model(x=x, t=1 - torch.tensor([500.0]) / 1000, cap_feats=cap, cap_mask=mask)
-
-    return forward, train, n
-
-
-def ref_hunyuan_image(blocks, res):
-    import torch
-
-    sys.path.insert(0, ".")
-    sys.path.insert(0, str(ROOT / "benchmarks" / "peer"))
-    from run_reference_tiny import _replaced
-
-    from library import hunyuan_image_models as hm
-
-    depths = {"mm_double_blocks_depth = 20": f"mm_double_blocks_depth = {blocks[0]}",
-              "mm_single_blocks_depth = 40": f"mm_single_blocks_depth = {blocks[1]}"}  # fmt: skip
-    hm.HYImageDiffusionTransformer.__init__ = _replaced(hm.HYImageDiffusionTransformer.__init__, depths, hm.__dict__,
-                                                        "DiT depth")  # fmt: skip
-    model = _frozen(hm.HYImageDiffusionTransformer(attn_mode="torch"))
-    params, n = _sds_network("networks.lora_hunyuan_image", model)
-    lat, text = res // 32, TEXT["hunyuan_image"]
-    x, qwen, byt5 = _randn(1, 64, lat, lat), _randn(1, text, 3584), _randn(1, BYT5_ROWS, 1472)
-    qwen_mask = torch.ones(1, text, dtype=torch.long)
-    byt5_mask = (torch.arange(BYT5_ROWS) < BYT5_REAL).long()[None]
-
-    def forward():
-        return model(x, torch.tensor([500]), qwen, qwen_mask, byt5, byt5_mask)
-
-    return forward, params, n
-
-
-def ref_flux(blocks, res):
-    import torch
-
-    sys.path.insert(0, ".")
-    from library import flux_models, flux_utils
-
-    released = flux_models.configs["dev"].params
-    assert released.hidden_size == 3072 and released.depth == 19 and released.depth_single_blocks == 38
-    model = _frozen(flux_models.Flux(dataclasses.replace(released, depth=blocks[0], depth_single_blocks=blocks[1])))
-    params, n = _sds_network("networks.lora_flux", model)
-    lat, text = res // 8, TEXT["flux"]
-    x = flux_utils.pack_latents(_randn(1, 16, lat, lat))
-    ids, txt_ids = flux_utils.prepare_img_ids(1, lat // 2, lat // 2), torch.zeros(1, text, 3)
-    t5, pooled = _randn(1, text, 4096), _randn(1, 768)
-
-    def forward():
-        out = model(img=x, img_ids=ids, txt=t5, txt_ids=txt_ids, y=pooled, timesteps=torch.tensor([0.5]),
-                    guidance=torch.full((1,), 3.5), txt_attention_mask=None, mod_vectors=None)  # fmt: skip
-        return flux_utils.unpack_latents(out, lat // 2, lat // 2)
-
-    return forward, params, n
-
-
-def ref_qwen_image(blocks, res):
-    import torch
-
-    _musubi_imports()
-    from musubi_tuner.qwen_image import qwen_image_model as qm
-    from musubi_tuner.qwen_image import qwen_image_utils as qu
-
-    _no_empty_weights(qm)
-    model = _frozen(qm.create_model("torch", False, False, False, False, None, num_layers=blocks[0]))
-    params, n = _musubi_network("lora_qwen_image", model)
-    lat, text = res // 8, TEXT["qwen_image"]
-    x, states = qu.pack_latents(_randn(1, 16, 1, lat, lat)), _randn(1, text, 3584)
-
-    def forward():
-        out = model(hidden_states=x, timestep=torch.tensor([0.5]), guidance=None, encoder_hidden_states_mask=None,
-                    encoder_hidden_states=states, img_shapes=[[(1, lat // 2, lat // 2)]], txt_seq_lens=[text],
-                    additional_t_cond=None)  # fmt: skip
-        return out
-
-    return forward, params, n
-
-
-def ref_zimage(blocks, res):
-    import torch
-
-    _musubi_imports()
-    from musubi_tuner.zimage import zimage_model as zm
-
-    _no_empty_weights(zm)
-    init = zm.ZImageTransformer2DModel.__init__
-
-    def cut(self, *args, **kwargs):
-        assert kwargs["dim"] == 3840 and kwargs["n_layers"] == 30, "not the released Z-Image"
-        init(self, *args, **dict(kwargs, n_layers=blocks[0]))
-
-    zm.ZImageTransformer2DModel.__init__ = cut
-    # fp32 attention (musubi-tuner's --use_32bit_attention; its default casts q, k, v to 16 bits for SDPA)
-    model = _frozen(zm.create_model("torch", False, None, use_16bit_for_attention=False))
-    params, n = _musubi_network("lora_zimage", model)
-    lat, text = res // 8, TEXT["zimage"]
-    x, states = _randn(1, 16, 1, lat, lat), _randn(1, text, 2560)
-
-    def forward():
-        return model(x=x, t=torch.tensor([0.5]), cap_feats=states, cap_mask=None)
-
-    return forward, params, n
-
-
-def ref_flux2(blocks, res):
-    import torch
-
-    _musubi_imports()
-    from musubi_tuner.flux_2 import flux2_models as fm
-    from musubi_tuner.flux_2 import flux2_utils as fu
-
-    released = fu.FLUX2_MODEL_INFO["klein-base-4b"].params
-    assert released.hidden_size == 3072 and released.depth == 5 and released.depth_single_blocks == 20
-    cut = dataclasses.replace(released, depth=blocks[0], depth_single_blocks=blocks[1])
-    model = _frozen(fm.Flux2(cut, attn_mode="torch"))  # --sdpa
-    params, n = _musubi_network("lora_flux_2", model)
-    lat, text = res // 16, TEXT["flux2"]
-    x, ids = fu.prc_img(_randn(1, 128, lat, lat))
-    ctx, ctx_ids = fu.prc_txt(_randn(1, text, 7680))
-
-    def forward():
-        return model(x=x, x_ids=ids, timesteps=torch.tensor([0.5]), ctx=ctx, ctx_ids=ctx_ids,
-                     guidance=torch.ones(1))  # fmt: skip
-
-    return forward, params, n
-
-
-def ref_chroma(blocks, res):
-    import torch
-
-    sys.path.insert(0, ".")
-    from library import chroma_models, flux_utils
-
-    released = chroma_models.chroma_params
-    assert released.hidden_size == 3072 and released.depth == 19 and released.depth_single_blocks == 38
-    cut = dataclasses.replace(released, depth=blocks[0], depth_single_blocks=blocks[1])
-    model = _frozen(chroma_models.Chroma(cut))
-    params, n = _sds_network("networks.lora_flux", model)
-    lat, text = res // 8, TEXT["chroma"]
-    x = flux_utils.pack_latents(_randn(1, 16, lat, lat))
-    ids, txt_ids = flux_utils.prepare_img_ids(1, lat // 2, lat // 2), torch.zeros(1, text, 3)
-    t5, pooled = _randn(1, text, 4096), torch.zeros(1, 768)  # sd-scripts' dummy CLIP-L output for Chroma
-    mask = (torch.arange(text) < CHROMA_CAPTION).long()[None]
-    t, guidance = torch.tensor([0.5]), torch.zeros(1)  # --guidance_scale 0 (sd-scripts' Chroma docs)
-
-    def forward():
-        with torch.no_grad():  # flux_train_network.py: the modulation vectors outside the graph
-            mod = model.get_mod_vectors(timesteps=t, guidance=guidance, batch_size=1)
-        out = model(img=x, img_ids=ids, txt=t5, txt_ids=txt_ids, y=pooled, timesteps=t, guidance=guidance,
-                    txt_attention_mask=mask, mod_vectors=mod)  # fmt: skip
-        return flux_utils.unpack_latents(out, lat // 2, lat // 2)
-
-    return forward, params, n
-
-
-def ref_flux2_dev(blocks, res):
-    import torch
-
-    _musubi_imports()
-    from musubi_tuner.flux_2 import flux2_models as fm
-    from musubi_tuner.flux_2 import flux2_utils as fu
-
-    released = fu.FLUX2_MODEL_INFO["dev"].params
-    assert released.hidden_size == 6144 and released.depth == 8 and released.depth_single_blocks == 48
-    cut = dataclasses.replace(released, depth=blocks[0], depth_single_blocks=blocks[1])
-    model = _frozen(fm.Flux2(cut, attn_mode="torch"))  # --sdpa
-    params, n = _musubi_network("lora_flux_2", model)
-    lat, text = res // 16, TEXT["flux2_dev"]
-    x, ids = fu.prc_img(_randn(1, 128, lat, lat))
-    ctx, ctx_ids = fu.prc_txt(_randn(1, text, 15360))
-
-    def forward():  # guidance 1.0: flux_2_train_network.py's training value
-        return model(x=x, x_ids=ids, timesteps=torch.tensor([0.5]), ctx=ctx, ctx_ids=ctx_ids, guidance=torch.ones(1))
-
-    return forward, params, n
-
-
-def ref_qwen_image_edit(blocks, res):
-    import torch
-
-    _musubi_imports()
-    from musubi_tuner.qwen_image import qwen_image_model as qm
-    from musubi_tuner.qwen_image import qwen_image_utils as qu
-
-    _no_empty_weights(qm)
-    model = _frozen(qm.create_model("torch", False, False, False, False, None, num_layers=blocks[0]))
-    params, n = _musubi_network("lora_qwen_image", model)
-    lat, text = res // 8, TEXT["qwen_image_edit"]
-    target, control = qu.pack_latents(_randn(1, 16, 1, lat, lat)), qu.pack_latents(_randn(1, 16, 1, lat, lat))
-    # call_dit: the control image's tokens after the target's
-    x, states = torch.cat([target, control], dim=1), _randn(1, text, 3584)
-    shapes = [[(1, lat // 2, lat // 2), (1, lat // 2, lat // 2)]]
-
-    def forward():
-        out = model(hidden_states=x, timestep=torch.tensor([0.5]), guidance=None, encoder_hidden_states_mask=None,
-                    encoder_hidden_states=states, img_shapes=shapes, txt_seq_lens=[text], additional_t_cond=None)  # fmt: skip
-        return out[:, : target.shape[1]]
-
-    return forward, params, n
-
-
-def ref_sdxl(blocks, res):
-    import torch
-
-    sys.path.insert(0, ".")
-    from library import sdxl_original_unet, sdxl_train_util
-
-    model = _frozen(sdxl_original_unet.SdxlUNet2DConditionModel())
-    model.set_use_sdpa(True)  # --sdpa
-    params, n = _sds_network("networks.lora", model, encoders=2)
-    lat, text = res // 8, TEXT["sdxl"]
-    x, states, pool2 = _randn(1, 4, lat, lat), _randn(1, text, 2048), _randn(1, 1280)
-    size = torch.tensor([[res, res]])
-
-    def forward():  # sdxl_train_network.py call_unet: the size embeddings every step
-        embs = sdxl_train_util.get_size_embeddings(size, torch.zeros(1, 2, dtype=torch.long), size, "cpu")
-        return model(x, torch.tensor([500]), states, torch.cat([pool2, embs], dim=1))
-
-    return forward, params, n
-
-
-# ----------------------------------------------------------------------------------------------- ours
-def _ours(name: str, script: str, denoiser, cond, x, network_module: str, **predict_kwargs):
-    """Our family's predict on ``denoiser`` (with ``predict_kwargs``) with our network module on the family's
-    adapter roots (the text encoders stay on the meta device: no adapters on them)."""
-    import importlib
-
-    import torch
-
-    sys.path.insert(0, str(ROOT))
-    from library.families import get_family
-    from networks import NetworkConfig, prepare_network
-
-    family = get_family(name)
-    parts = family.reference_parts()
-    parts.denoiser = _frozen(denoiser)
-    args = importlib.import_module(script).build_parser().parse_args(
-        ["--network_module", network_module, "--network_dim", "4", "--network_alpha", "2",
-         "--network_train_unet_only"])  # fmt: skip
-    network = prepare_network(NetworkConfig.from_args(args), family.adapter_roots(parts), family.target_classes)
-    t = torch.tensor([500.0])
-
-    def forward():
-        return family.predict(parts.denoiser, x, t, cond, **predict_kwargs)
-
-    return forward, [p for p in network.parameters() if p.requires_grad], list(network.adapters.keys())
-
-
-def ours_anima(blocks, res):
-    import torch
-
-    from library.families.anima import text
-    from library.families.anima.model import build, released_config
-    from library.families.base import Cond
-
-    lat, n = res // 8, TEXT["anima"]
-    ids, ones = torch.randint(0, 32128, (1, n), generator=_GEN), torch.ones(1, n, dtype=torch.long)
-    cond = Cond(_randn(1, n, 1024), None, text.pack(ones, ids, ones))
-    model = build(dict(released_config(), num_layers=blocks[0]))
-    return _ours("anima", "anima_train_network", model, cond, _randn(1, 16, lat, lat), "networks.lora_anima")
-
-
-def ours_lumina(blocks, res):
-    import torch
-
-    from library.families.base import Cond
-    from library.families.lumina.model import released, transformer_factory
-
-    lat, n = res // 8, TEXT["lumina"]
-    model = transformer_factory(dict(released()["transformer"], num_layers=blocks[0]))()
-    cond = Cond(_randn(1, n, 2304), None, torch.ones(1, n, dtype=torch.long))
-    return _ours("lumina2", "lumina_train_network", model, cond, _randn(1, 16, lat, lat), "networks.lora_lumina")
-
-
-def ours_hunyuan_image(blocks, res):
-    import torch
-
-    from library.families.base import Cond
-    from library.families.hunyuan_image import model as M
-
-    lat, n = res // 32, TEXT["hunyuan_image"]
-    model = M.transformer_factory(dict(M.TRANSFORMER, num_layers=blocks[0], num_single_layers=blocks[1]))()
-    byt5_mask = (torch.arange(BYT5_ROWS) < BYT5_REAL).long()[None]
-    hidden, mask = M.pack(_randn(1, n, 3584), torch.ones(1, n, dtype=torch.long), _randn(1, BYT5_ROWS, 1472), byt5_mask)
-    return _ours("hunyuan_image", "hunyuan_image_train_network", model, Cond(hidden, None, mask),
-                 _randn(1, 64, lat, lat), "networks.lora_hunyuan_image")  # fmt: skip
-
-
-def ours_qwen_image(blocks, res):
-    from library.families.base import Cond
-    from library.families.qwen_image import model as M
-
-    lat = res // 8
-    model = M.build(dict(M.RELEASED, num_layers=blocks[0]))
-    cond = Cond(_randn(1, TEXT["qwen_image"], 3584), None, None)
-    return _ours("qwen_image", "qwen_image_train_network", model, cond, _randn(1, 16, lat, lat),
-                 "networks.lora_qwen_image")  # fmt: skip
-
-
-def ours_zimage(blocks, res):
-    from library.families.base import Cond
-    from library.families.zimage import model as M
-
-    lat = res // 8
-    model = M.build(dict(M.RELEASED, n_layers=blocks[0]))
-    cond = Cond(_randn(1, TEXT["zimage"], 2560), None, None)
-    return _ours("zimage", "zimage_train_network", model, cond, _randn(1, 16, lat, lat), "networks.lora_zimage")
-
-
-def ours_flux(blocks, res):
-    from library.families.base import Cond
-    from library.families.flux.configs import released, transformer_factory
-
-    lat = res // 8
-    config = dict(released("flux-dev")["transformer"], num_layers=blocks[0], num_single_layers=blocks[1])
-    cond = Cond(_randn(1, TEXT["flux"], 4096), _randn(1, 768), None)
-    return _ours("flux-dev", "flux_train_network", transformer_factory(config)(), cond, _randn(1, 16, lat, lat),
-                 "networks.lora_flux")  # fmt: skip
-
-
-def ours_flux2(blocks, res):
-    from library.families.base import Cond
-    from library.families.flux2 import model as M
-
-    lat = res // 16
-    model = M.build(dict(M.RELEASED["klein-4b"], num_layers=blocks[0], num_single_layers=blocks[1]))
-    cond = Cond(_randn(1, TEXT["flux2"], 7680), None, None)
-    return _ours("flux2", "flux_2_train_network", model, cond, _randn(1, 128, lat, lat), "networks.lora_flux_2")
-
-
-def ours_chroma(blocks, res):
-    import torch
-
-    from library.families.base import Cond
-    from library.families.flux.configs import released, transformer_factory
-
-    lat, n = res // 8, TEXT["chroma"]
-    config = dict(released("chroma")["transformer"], num_layers=blocks[0], num_single_layers=blocks[1])
-    cond = Cond(_randn(1, n, 4096), None, (torch.arange(n) < CHROMA_CAPTION).long()[None])
-    return _ours("chroma", "flux_train_network", transformer_factory(config)(), cond, _randn(1, 16, lat, lat),
-                 "networks.lora_flux")  # fmt: skip
-
-
-def ours_flux2_dev(blocks, res):
-    from library.families.base import Cond
-    from library.families.flux2 import model as M
-
-    lat = res // 16
-    model = M.build(dict(M.RELEASED["dev"], num_layers=blocks[0], num_single_layers=blocks[1]))
-    cond = Cond(_randn(1, TEXT["flux2_dev"], 15360), None, None)
-    return _ours("flux2", "flux_2_train_network", model, cond, _randn(1, 128, lat, lat), "networks.lora_flux_2")
-
-
-def ours_qwen_image_edit(blocks, res):
-    from library.families.base import Cond
-    from library.families.qwen_image import model as M
-
-    lat = res // 8
-    model = M.build(dict(M.RELEASED, num_layers=blocks[0]))
-    x, control = _randn(1, 16, lat, lat), _randn(1, 16, lat, lat)
-    cond = Cond(_randn(1, TEXT["qwen_image_edit"], 3584), None, None)
-    return _ours("qwen_image", "qwen_image_train_network", model, cond, x, "networks.lora_qwen_image",
-                 references=[control])  # fmt: skip
-
-
-def ours_sdxl(blocks, res):
-    from diffusers import UNet2DConditionModel
-
-    from library.families import get_family
-    from library.families.base import Cond
-
-    family = get_family("sdxl")
-    model = UNet2DConditionModel.from_config(dict(family.reference_parts().denoiser.config))
-    lat = res // 8
-    cond = Cond(_randn(1, TEXT["sdxl"], 2048), _randn(1, 1280), None)
-    time_ids = family.size_conditioning([[res, res]], [[0, 0]], [[res, res]])
-    return _ours("sdxl", "sdxl_train_network", model, cond, _randn(1, 4, lat, lat), "networks.lora",
-                 time_ids=time_ids)  # fmt: skip
-
-
-SIDES: dict[str, dict[str, Callable]] = {
-    name: {"reference": globals()[f"ref_{name}"], "ours": globals()[f"ours_{name}"]} for name in DEPTHS
-}
+    """The parameters of the denoiser built last (before its adapters; all of them in a full fine-tune)."""
+    return [p for p in _MODELS[-1].parameters() if not p.requires_grad] or list(_MODELS[-1].parameters())
+
+
+def _whole(model):
+    """A full fine-tune's denoiser: in train mode (both trainers), every parameter trained, named by its state-dict
+    key (``names``)."""
+    _MODELS.append(model.train().requires_grad_(True))
+    return list(model.parameters()), sorted(name for name, _ in model.named_parameters())
 
 
 def build(family: str, side: str, blocks: tuple[int, ...], res: int):
-    """``(forward, params, names)`` of ``side`` ("reference" / "ours") for ``family``."""
+    """``(forward, params, names)`` of ``side`` ("reference" / "ours") for ``family``: ``ref_<family>`` of
+    real_step_references.py (run in the reference's venv) or ``ours_<family>`` of real_step_ours.py."""
+    import importlib
+
     _seed()
-    return SIDES[family][side](blocks, res)
+    module = importlib.import_module("real_step_references" if side == "reference" else "real_step_ours")
+    return getattr(module, f"{'ref' if side == 'reference' else 'ours'}_{family}")(blocks, res)

@@ -117,3 +117,25 @@ def test_dit_cases_give_both_sides_the_same_files_and_flags(tmp_path, case):
     assert model.parent == tmp_path / "models" / bench_vs_sdscripts.DIT_CASES[case].folder
     assert flags[flags.index("--network_module") + 1] == f"networks.lora_{'flux' if case == 'chroma' else case}"
     assert flags[flags.index("--max_train_steps") + 1] == "7" and "--network_train_unet_only" in flags
+
+
+def test_branch_cases_run_their_own_scripts_with_the_same_flags(tmp_path):
+    """Stable Cascade stage C (networks.lora, the stage C flag) and Würstchen 2 (a full fine-tune: the branch's
+    script lives in wuerstchen/, no network flags, no --tokenizer_cache_dir, the prior folder written): the flags
+    after the entry script are the same on both sides."""
+    sds = bench_vs_sdscripts.Side("sd-scripts", tmp_path, tmp_path / "venv", sdscripts=True)
+    ours = bench_vs_sdscripts.Side("sdtrain", tmp_path, tmp_path / "venv2")
+    scripts = {"stable_cascade": ("stable_cascade_train_c_network.py", "stable_cascade_train_c_network.py"),
+               "wuerstchen": ("wuerstchen/wuerstchen_train.py", "wuerstchen_train.py")}  # fmt: skip
+    for case, (theirs_script, ours_script) in scripts.items():
+        a = bench_vs_sdscripts.parse_args(["--sdscripts", str(tmp_path), "--assets", str(tmp_path), "--cases", case])
+        theirs, mine = (bench_vs_sdscripts.command(a, s, case, 7, tmp_path / "run") for s in (sds, ours))
+        flags = mine[mine.index(ours_script) + 1 :]
+        assert flags == theirs[theirs.index(theirs_script) + 1 :]
+        assert Path(theirs[theirs.index(theirs_script) - 1]) == PEER / "run_reference_tiny.py"
+        if case == "stable_cascade":
+            assert "--stage_c_checkpoint_path" in flags and "--network_train_unet_only" in flags
+            assert flags[flags.index("--network_module") + 1] == "networks.lora"
+        else:
+            assert "--network_module" not in flags and "--tokenizer_cache_dir" not in flags
+            assert flags[flags.index("--save_model_as") + 1] == "diffusers_safetensors"

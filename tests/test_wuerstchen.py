@@ -8,11 +8,13 @@ images of the samples during training and of stable_cascade_gen_img.py (``--deco
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from _train_helpers import fixed_noise_loss, write_dataset_toml
+from safetensors.torch import load_file
 
 import wuerstchen_train
 import wuerstchen_train_network
@@ -183,6 +185,12 @@ def test_full_fine_tune_loss_falls_and_diffusers_reads_it(folder, dataset, datas
     theirs = WuerstchenPrior.from_pretrained(result.output, subfolder="prior").state_dict()
     mine = trained.denoiser.state_dict()
     assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
+    # the text model under the released names (text_model.*): transformers 4 (the wuerstchen branch's) reads nothing
+    # from the unprefixed names transformers 5's CLIPTextModel.state_dict() has, and initialises it at random
+    saved = load_file(str(Path(result.output) / "text_encoder" / "model.safetensors"))
+    encoder = trained.text_encoders[0].state_dict()
+    assert saved.keys() == {f"text_model.{k}" for k in encoder} and all(torch.equal(saved[f"text_model.{k}"], v)
+                                                                        for k, v in encoder.items())  # fmt: skip
     base = FAMILY.load(folder)
     before, after = fixed_loss(base, base.denoiser, dataset), fixed_loss(trained, trained.denoiser, dataset)
     assert after < 0.9 * before, (before, after)

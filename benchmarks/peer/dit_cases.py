@@ -5,7 +5,10 @@ benchmarks/peer/tiny_families.py under ``ASSETS/models/<folder>``, with the same
 alpha 2 with the family's ``networks.lora_<family>``, AdamW, seed 1, cached latents and text-encoder outputs, the
 denoiser only. sd-scripts runs through a wrapper that patches its released configs to the tiny widths from the
 ``tiny_config.json`` beside the model file: the peer kit's helpers/run_sdscripts_tiny.py for SD3 and FLUX.1
-(``--kit``), this folder's run_reference_tiny.py for the others (Anima, Lumina 2, Chroma, HunyuanImage 2.1).
+(``--kit``), this folder's run_reference_tiny.py for the others (Anima, Lumina 2, Chroma, HunyuanImage 2.1, and Stable Cascade
+stage C on sd-scripts' ``stable-cascade`` branch: ``--sdscripts`` names that branch's tree, in an invocation of its
+own), and Würstchen 2's prior on sd-scripts' ``wuerstchen`` branch (full fine-tuning: the branch has no network
+trainer; its script is ``wuerstchen/wuerstchen_train.py``, ours ``wuerstchen_train.py``).
 """
 
 from __future__ import annotations
@@ -26,6 +29,10 @@ class DitCase:
     files: tuple[tuple[str, str], ...]  # (flag, file name in the folder)
     flags: tuple[str, ...]
     kit_wrapper: bool = False  # the peer kit's run_sdscripts_tiny.py (else run_reference_tiny.py)
+    network: bool = True  # a LoRA case (COMMON's flags); else a full fine-tune with the seed alone
+    reference_script: str | None = None  # the reference's entry script where its path differs from ours
+    save_as: str = "safetensors"  # --save_model_as
+    drop: tuple[str, ...] = ()  # shared flags (with their value) this case leaves out on both sides
 
 
 DIT_CASES = {
@@ -60,13 +67,24 @@ DIT_CASES = {
                               ("--vae", "tiny_vae.safetensors")),
                              ("--network_module", "networks.lora_hunyuan_image", "--model_prediction_type", "raw",
                               "--discrete_flow_shift", "5.0", "--attn_mode", "torch")),
+    "stable_cascade": DitCase("stable_cascade_train_c_network.py", "tiny-stable_cascade", "stable_cascade",
+                              (("--stage_c_checkpoint_path", "tiny_stage_c.safetensors"),
+                               ("--text_model_checkpoint_path", "tiny_text_model.safetensors"),
+                               ("--effnet_checkpoint_path", "tiny_effnet.safetensors")),
+                              ("--network_module", "networks.lora", "--sdpa")),
+    "wuerstchen": DitCase("wuerstchen_train.py", "tiny-wuerstchen", "wuerstchen",
+                          (("--pretrained_prior_model_name_or_path", "prior"),
+                           ("--effnet_checkpoint_path", "model_v2_stage_b.pt")), (), network=False,
+                          reference_script="wuerstchen/wuerstchen_train.py", save_as="diffusers_safetensors",
+                          drop=("--tokenizer_cache_dir",)),
 }  # fmt: skip
 
 
 def dit_flags(case: str, models: Path) -> list[str]:
     """The model files and case flags both sides get (the shared ones come from the caller)."""
     c = DIT_CASES[case]
-    return [x for flag, name in c.files for x in (flag, str(models / c.folder / name))] + list(c.flags) + COMMON
+    common = COMMON if c.network else ["--seed", "1"]
+    return [x for flag, name in c.files for x in (flag, str(models / c.folder / name))] + list(c.flags) + common
 
 
 def reference_wrapper(case: str, kit: Path) -> Path:

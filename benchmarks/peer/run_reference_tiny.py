@@ -25,6 +25,12 @@ code it replaces is still there:
          file holds the language model only), the hub tokenizers (Qwen2.5-VL, byT5), and the in-memory text cache's
          NumPy-scalar ocr_mask, which sd-scripts' own collate cannot convert.
 
+  stable_cascade  sd-scripts' ``stable-cascade`` branch: ``StageC``'s, the CLIP text model's and the EfficientNet
+         encoder's released sizes (reference_cascade.py).
+
+  wuerstchen  sd-scripts' ``wuerstchen`` branch: its hub downloads (the EfficientNet checkpoint and backbone; the
+         decoder pipeline its save goes through) and ``--effnet_checkpoint_path``, which it lacks (reference_cascade.py).
+
 musubi-tuner (``--dit`` / ``--vae`` / ``--text_encoder`` name the folder; run from ``src`` with it on PYTHONPATH):
 
   qwen_image, zimage, flux2  the transformer / AE sizes its loaders hard-code, the Qwen2.5-VL / Qwen3 configs and
@@ -395,13 +401,35 @@ def tiny_mistral3(fu, cfg: dict) -> None:
     fu.AutoProcessor = Mistral3Processor
 
 
+def patch_stable_cascade(cfg: dict) -> None:
+    from reference_cascade import patch_stable_cascade as patch  # this folder (beside this file)
+
+    patch(cfg)
+
+
+def patch_wuerstchen(cfg: dict) -> None:
+    from reference_cascade import patch_wuerstchen as patch
+
+    patch(cfg)
+
+
+def wuerstchen_argv(cfg: dict, argv: list[str]) -> list[str]:
+    from reference_cascade import wuerstchen_argv as fix
+
+    return fix(cfg, argv)
+
+
 PATCHES = {"anima": patch_anima, "lumina": patch_lumina, "chroma": patch_chroma, "hunyuan_image": patch_hunyuan_image,
-           "qwen_image": patch_qwen_image, "zimage": patch_zimage, "flux2": patch_flux2}  # fmt: skip
+           "qwen_image": patch_qwen_image, "zimage": patch_zimage, "flux2": patch_flux2,
+           "stable_cascade": patch_stable_cascade, "wuerstchen": patch_wuerstchen}  # fmt: skip
+ARGV = {"wuerstchen": wuerstchen_argv}  # a reference without a flag ours takes: its command line, changed
 MODEL_FLAGS = (
     "--pretrained_model_name_or_path",
     "--dit",
     "--vae",
     "--text_encoder",
+    "--stage_c_checkpoint_path",
+    "--pretrained_prior_model_name_or_path",
 )  # the first given names the folder
 
 
@@ -416,6 +444,7 @@ def main() -> None:
         cfg = json.load(f)
     cfg["folder"] = folder
     PATCHES[cfg["family"]](cfg)
+    argv = ARGV.get(cfg["family"], lambda cfg, argv: argv)(cfg, argv)
     print(f"[run_reference_tiny] {cfg['family']}: the reference's released configs -> tiny_config.json", flush=True)
     sys.argv = [script] + argv
     runpy.run_path(script, run_name="__main__")

@@ -327,6 +327,102 @@ QWEN3_SIZES = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_att
                "head_dim", "max_window_layers", "max_position_embeddings")  # fmt: skip
 
 
+def stable_cascade(out: Path) -> None:
+    """Stable Cascade stage C: ``stage_c`` (Stability's names, the family's single-file save), ``text_model``
+    (CLIP-bigG with projection, transformers names), ``effnet`` (``backbone.*`` / ``mapper.*``) written by the
+    family's own tiny builder, and tiny_config.json: sd-scripts' stable-cascade branch's ``StageC`` keyword
+    arguments, the CLIP text config and the EfficientNet stages and head width (run_reference_tiny.py's
+    ``patch_stable_cascade``)."""
+    import dataclasses
+
+    from library.families.stable_cascade import STABLE_CASCADE
+    from library.families.stable_cascade import effnet as E
+    from library.families.stable_cascade import tiny as tiny_mod
+
+    parts = STABLE_CASCADE.tiny.build(seed=0)
+    files = STABLE_CASCADE.tiny.write_files(parts, out, "tiny")
+    STABLE_CASCADE.save(parts, out / "tiny_stage_c.safetensors")
+    files["previewer"].unlink()
+    p = tiny_mod.part_configs()["prior"]
+    kinds = {"SDCascadeResBlock": "C", "SDCascadeTimestepBlock": "T", "SDCascadeAttnBlock": "A"}
+    stage_c = dict(c_in=p["in_channels"], c_out=p["out_channels"], c_r=p["timestep_ratio_embedding_dim"],
+                   patch_size=p["patch_size"], c_cond=p["conditioning_dim"], c_hidden=p["block_out_channels"],
+                   nhead=p["num_attention_heads"],
+                   blocks=[p["down_num_layers_per_block"], p["up_num_layers_per_block"]],
+                   block_repeat=[p["down_blocks_repeat_mappers"], p["up_blocks_repeat_mappers"]],
+                   level_config=["".join(kinds[b] for b in level) for level in p["block_types_per_layer"]],
+                   c_clip_text=p["clip_text_in_channels"], c_clip_text_pooled=p["clip_text_pooled_in_channels"],
+                   c_clip_img=p["clip_image_in_channels"], c_clip_seq=p["clip_seq"], kernel_size=p["kernel_size"],
+                   dropout=p["dropout"], self_attn=p["self_attn"], t_conds=p["timestep_conditioning_type"],
+                   switch_level=p["switch_level"])  # fmt: skip
+    text_keys = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "projection_dim",
+                 "hidden_act")  # fmt: skip
+    text = {k: getattr(parts.text_encoders[0].config, k) for k in text_keys}
+    config = {"family": "stable_cascade", "stage_c": stage_c, "text_model": text,
+              "effnet": {"stages": [dataclasses.astuple(s) for s in E.tiny_stages()], "head": tiny_mod.TINY_HEAD}}  # fmt: skip
+    (out / "tiny_config.json").write_text(json.dumps(config, indent=1))
+
+
+def wuerstchen(out: Path) -> None:
+    """Würstchen 2: ``prior/`` (the family's tiny prior pipeline folder: ``prior/``, ``text_encoder/``,
+    ``tokenizer/``, ``scheduler/``), ``model_v2_stage_b.pt`` (``effnet_state_dict``: the tiny EfficientNet stages
+    with the 1280-wide head the branch's ``EfficientNetEncoder()`` hard-codes, the affine mapper BatchNorm), a
+    ``WuerstchenCombinedPipeline`` folder ``combined/`` (the family's tiny decoder, vqgan and CLIP-L with the tiny
+    prior: what the branch's final save loads as ``--pretrained_decoder_model_name_or_path``) and tiny_config.json
+    (run_reference_tiny.py's ``patch_wuerstchen``)."""
+    import dataclasses
+    import shutil
+
+    import torch
+    from diffusers import WuerstchenCombinedPipeline
+
+    from library.families.stable_cascade import WUERSTCHEN
+    from library.families.stable_cascade import effnet as E
+    from library.families.stable_cascade.effnet import HEAD_WIDTH
+    from library.families.stable_cascade.wuerstchen_decoder import load_decoder, write_tiny_decoder
+
+    parts = WUERSTCHEN.tiny.build(seed=0)
+    WUERSTCHEN.tiny.write_folder(parts, out / "prior")
+    torch.manual_seed(1)
+    effnet = E.EfficientNetEncoder(16, E.tiny_stages(), HEAD_WIDTH, affine=True).eval()
+    with torch.no_grad():
+        for m in effnet.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.normal_(0, 0.1)
+                m.running_var.uniform_(0.5, 1.5)
+    torch.save({"effnet_state_dict": effnet.state_dict()}, out / "model_v2_stage_b.pt")
+    decoder = load_decoder(str(write_tiny_decoder(out / "decoder")))
+    prior = WUERSTCHEN.prior_pipeline(parts)
+    combined = WuerstchenCombinedPipeline(
+        tokenizer=decoder.tokenizer, text_encoder=decoder.text_encoder, decoder=decoder.decoder,
+        scheduler=decoder.scheduler, vqgan=decoder.vqgan, prior_tokenizer=prior.tokenizer,
+        prior_text_encoder=prior.text_encoder, prior_prior=prior.prior, prior_scheduler=prior.scheduler)  # fmt: skip
+    combined.save_pretrained(out / "combined")
+    shutil.rmtree(out / "decoder")
+    for folder in (out / "prior" / "text_encoder", out / "combined" / "text_encoder"):
+        _clip_release_names(folder / "model.safetensors")
+    index = json.loads((out / "combined" / "model_index.json").read_text())
+    for name, entry in index.items():  # the module the reference's diffusers (0.32) keeps them in
+        if isinstance(entry, list) and entry[1] in ("WuerstchenDiffNeXt", "PaellaVQModel", "WuerstchenPrior"):
+            index[name] = ["wuerstchen", entry[1]]
+    index["prior_tokenizer"] = ["transformers", "PreTrainedTokenizerFast"]  # the class the branch loads and passes
+    index["tokenizer"] = ["transformers", "CLIPTokenizerFast"]  # the folder has tokenizer.json alone
+    (out / "combined" / "model_index.json").write_text(json.dumps(index, indent=1))
+    config = {"family": "wuerstchen", "effnet": {"stages": [dataclasses.astuple(s) for s in E.tiny_stages()],
+              "head": HEAD_WIDTH, "file": "model_v2_stage_b.pt"}, "decoder": "combined"}  # fmt: skip
+    (out / "tiny_config.json").write_text(json.dumps(config, indent=1))
+
+
+def _clip_release_names(path: Path) -> None:
+    """A CLIP text model written by transformers 5's ``save_pretrained`` (``embeddings.*``, ``encoder.*``,
+    ``final_layer_norm.*``) under the released files' names (``text_model.`` + those), which transformers 4 needs:
+    without them it loads nothing and initialises the model at random (the family's own save writes them already)."""
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(path))
+    save_file({k if k.startswith("text_model.") else f"text_model.{k}": v for k, v in state.items()}, str(path))
+
+
 def _qwen3_tokenizer(folder: Path) -> None:
     """The shipped Qwen3 vocabulary and Qwen3's chat template (musubi-tuner reads Qwen/Qwen3-4B's from the hub)."""
     from library.families.encoders import qwen3
@@ -362,6 +458,8 @@ BUILDERS = {
     "flux2": flux2,
     "qwen_image_edit": qwen_image_edit,
     "flux2_dev": flux2_dev,
+    "stable_cascade": stable_cascade,
+    "wuerstchen": wuerstchen,
 }
 
 

@@ -37,6 +37,7 @@ from library.objectives.noising import NoiseConfig, draw_device, make_noise
 
 from ..base import EPSILON, Cond, FamilySpec, PartDtypes, Parts, Root, TargetClasses, TextEncoderSpec
 from ..blocks import BlockLayout
+from ..convert import hf_state_dict
 from ..encoders import clip
 from ..loading import META_FAMILY, _tf_dtype, instantiate
 from ..options import add_once
@@ -377,7 +378,7 @@ class WuerstchenFamily(StableCascadeFamily):
             encoder = parts.text_encoders[0]
             encoder.config.save_pretrained(tmp / "text_encoder")
             name = ("model" if safetensors else "pytorch_model") + suffix
-            _save_weights(encoder.state_dict(), tmp / "text_encoder" / name, dtype)
+            _save_weights(hf_state_dict(encoder), tmp / "text_encoder" / name, dtype)  # text_model.*: as released
             parts.tokenizers[0].save_pretrained(tmp / "tokenizer")
             self._scheduler(parts).save_pretrained(tmp / "scheduler")
             if parts.vae is not None:
