@@ -73,6 +73,7 @@ if _f:
 CASES = {
     "sd1": ("train_network.py", "tiny-sd1-real", [], 64, 2),
     "sdxl": ("sdxl_train_network.py", "tiny-sdxl-real", [], 64, 2),
+    "sd2": ("train_network.py", "tiny-sd2-real", ["--v2", "--v_parameterization"], 64, 2),  # SD2 768-v's layout
     "sd1_cache_unet": ("train_network.py", "tiny-sd1-real", ["--cache_latents", "--network_train_unet_only"], 64, 2),
     "sdxl_cache_unet": (
         "sdxl_train_network.py",
@@ -186,13 +187,14 @@ def ensure_assets(a: argparse.Namespace, sds: Side, cases: list[str]) -> None:
         python = str(venv_of(ROOT, a.sdtrain_venv, fallback=Path(sys.prefix)) / "bin" / "python")  # sdtrain's venv
         subprocess.run([python, str(PEER / "tiny_families.py"), str(models), "--only",
                         ",".join(known[c].family for c in dit)], check=True, env=env)  # fmt: skip
-    for kind in ("sd1", "sdxl"):
+    for kind in ("sd1", "sd2", "sdxl"):
         if (
             any(c in CASES and CASES[c][1] == f"tiny-{kind}-real" for c in cases)
             and not (models / f"tiny-{kind}-real").exists()
         ):
-            subprocess.run([sys.executable, str(PEER / "tiny_models.py"), str(models), "--layout", "real", "--only",
-                            kind], check=True)  # fmt: skip
+            python = str(venv_of(ROOT, a.sdtrain_venv, fallback=Path(sys.prefix)) / "bin" / "python")  # has torch
+            subprocess.run([python, str(PEER / "tiny_models.py"), str(models), "--layout", "real", "--only", kind],
+                           check=True)  # fmt: skip
     tok = a.assets / "tokcache"
     for src, dst in (("tiny-sd1-real/tokenizer", "openai_clip-vit-large-patch14"),
                      ("tiny-sdxl-real/tokenizer_2", "laion_CLIP-ViT-bigG-14-laion2B-39B-b160k"),

@@ -205,5 +205,5 @@ def ours_sdxl(blocks, res):
     lat = res // 8
     cond = Cond(_randn(1, TEXT["sdxl"], 2048), _randn(1, 1280), None)
     time_ids = family.size_conditioning([[res, res]], [[0, 0]], [[res, res]])
-    return _ours("sdxl", "sdxl_train_network", model, cond, _randn(1, 4, lat, lat), "networks.lora",
+    return _ours("sdxl", "train_network", model, cond, _randn(1, 4, lat, lat), "networks.lora",
                  time_ids=time_ids)  # fmt: skip
