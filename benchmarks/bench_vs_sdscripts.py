@@ -164,11 +164,14 @@ def make_sides(a: argparse.Namespace) -> list[Side]:
         musubi = a.musubi.expanduser().resolve()
         if not (musubi / "src" / "musubi_tuner" / "qwen_image_train_network.py").exists():
             raise SystemExit(f"error: {musubi} is not a musubi-tuner checkout (no src/musubi_tuner/)")
-        return [Side("musubi-tuner", musubi, a.sdsvenv.expanduser(), sdscripts=True), ours]
-    sds = a.sdscripts.expanduser().resolve()
-    if not (sds / "train_network.py").exists() or not (sds / "library" / "train_util.py").exists():
-        raise SystemExit(f"error: {sds} is not an sd-scripts checkout (no train_network.py / library/train_util.py)")
-    sides = [Side("sd-scripts", sds, venv_of(sds, a.sdsvenv, ("venv", ".venv")), sdscripts=True)]
+        sides = [Side("musubi-tuner", musubi, a.sdsvenv.expanduser(), sdscripts=True)]
+    else:
+        sds = a.sdscripts.expanduser().resolve()
+        if not (sds / "train_network.py").exists() or not (sds / "library" / "train_util.py").exists():
+            raise SystemExit(
+                f"error: {sds} is not an sd-scripts checkout (no train_network.py / library/train_util.py)"
+            )
+        sides = [Side("sd-scripts", sds, venv_of(sds, a.sdsvenv, ("venv", ".venv")), sdscripts=True)]
     if a.before is not None:
         before = a.before.expanduser().resolve()
         sides.append(Side("before", before, venv_of(before, a.before_venv)))
