@@ -8,15 +8,16 @@
     PYTHONPATH=$PWD OMP_NUM_THREADS=1 /work/main/.venv/bin/python benchmarks/real_step.py ours --family zimage
 
 The families with a reference trainer that sd3_real_step.py does not cover: Anima, Lumina 2, HunyuanImage 2.1,
-FLUX.1-dev, Chroma, SDXL (sd-scripts), Qwen-Image, Qwen-Image Edit, Z-Image, FLUX.2 klein 4B and dev (musubi-tuner),
-Stable Cascade stage C (sd-scripts' ``stable-cascade`` branch: its tree at ``~/sdtrain-peer/sd-scripts-sc`` unless
-``--sdscripts`` names another) and Würstchen 2's prior (the ``wuerstchen`` branch, ``~/sdtrain-peer/sd-scripts-w2``;
-a full fine-tune: the branch has no network trainer, so every prior parameter is trained on both sides and ``names``
-are its parameters). Each side builds the released denoiser's width, head count, MLP ratio and text width with fewer
-blocks (SDXL: the whole UNet; ``real_step_sides.DEPTHS``: the same on both sides; ``--blocks`` changes them), random
-float32 weights, a LoRA of dim 4 / alpha 2 on its default targets with its own network module (the trainers'
-``--network_module networks.lora_<family> --network_train_unet_only``; real_step_references.py and real_step_ours.py),
-and runs what a training step runs on the denoiser: the trainer's call on noisy latents (batch 1, ``--res`` px) and the
+FLUX.1-dev, Chroma, SD1.5, SD2, SDXL (sd-scripts), Qwen-Image, Qwen-Image Edit, Z-Image, FLUX.2 klein 4B and dev
+(musubi-tuner), Stable Cascade stage C (sd-scripts' ``stable-cascade`` branch: its tree at
+``~/sdtrain-peer/sd-scripts-sc`` unless ``--sdscripts`` names another) and Würstchen 2's prior (the ``wuerstchen``
+branch, ``~/sdtrain-peer/sd-scripts-w2``; a full fine-tune: the branch has no network trainer, so every prior
+parameter is trained on both sides and ``names`` are its parameters). Each side builds the released denoiser's width,
+head count, MLP ratio and text width with fewer blocks (SD1.5, SD2, SDXL: the whole UNet;
+``real_step_sides.DEPTHS``: the same on both sides; ``--blocks`` changes them), random float32 weights, a LoRA of
+dim 4 / alpha 2 on its default targets with its own network module (the trainers' ``--network_module
+networks.lora_<family> --network_train_unet_only``; real_step_references.py and real_step_ours.py), and runs what a
+training step runs on the denoiser: the trainer's call on noisy latents (batch 1, ``--res`` px) and the
 cached text (``real_step_sides.TEXT`` tokens), MSE against a target, backward, AdamW step, zero grad. One step
 warms up, then ``--steps`` steps are timed (median CPU seconds, i.e. process time, and wall seconds printed);
 ``--profile FILE`` writes torch.profiler's operator table of one more step. Text encoders, VAE, data loading and
@@ -49,6 +50,7 @@ REFERENCES = {"anima": ("sd-scripts", "anima_train_network.py"), "lumina": ("sd-
               "wuerstchen": ("sd-scripts", "wuerstchen/wuerstchen_train.py"),
               "chroma": ("sd-scripts", "flux_train_network.py --model_type chroma"),
               "sdxl": ("sd-scripts", "sdxl_train_network.py"),
+              "sd1": ("sd-scripts", "train_network.py"), "sd2": ("sd-scripts", "train_network.py --v2"),
               "flux2_dev": ("musubi-tuner", "flux_2_train_network.py --model_version dev"),
               "qwen_image_edit": ("musubi-tuner", "qwen_image_train_network.py --edit")}  # fmt: skip
 # the sd-scripts tree of a family whose trainer lives on a branch of its own (default of --sdscripts)

@@ -207,3 +207,23 @@ def ours_sdxl(blocks, res):
     time_ids = family.size_conditioning([[res, res]], [[0, 0]], [[res, res]])
     return _ours("sdxl", "train_network", model, cond, _randn(1, 4, lat, lat), "networks.lora",
                  time_ids=time_ids)  # fmt: skip
+
+
+def _ours_sd(name: str, res: int):
+    from diffusers import UNet2DConditionModel
+
+    from library.families import get_family
+    from library.families.base import Cond
+
+    model = UNet2DConditionModel.from_config(dict(get_family(name).reference_parts().denoiser.config))
+    cond = Cond(_randn(1, TEXT[name], 1024 if name == "sd2" else 768), None, None)
+    lat = res // 8
+    return _ours(name, "train_network", model, cond, _randn(1, 4, lat, lat), "networks.lora")
+
+
+def ours_sd1(blocks, res):
+    return _ours_sd("sd1", res)
+
+
+def ours_sd2(blocks, res):
+    return _ours_sd("sd2", res)

@@ -337,6 +337,35 @@ def ref_qwen_image_edit(blocks, res):
     return forward, params, n
 
 
+def _ref_sd(v2: bool, res: int):
+    """sd-scripts' own SD1 / SD2 UNet (library/original_unet.py) at the config its checkpoint loader makes
+    (``model_util.create_unet_diffusers_config``; SD2 with linear projections, as train_network.py loads it),
+    ``--sdpa``, ``networks.lora`` and train_network.py's ``call_unet``."""
+    import torch
+
+    sys.path.insert(0, ".")
+    from library import model_util, original_unet
+
+    model = _frozen(original_unet.UNet2DConditionModel(**model_util.create_unet_diffusers_config(v2, True)))
+    model.set_use_sdpa(True)  # --sdpa
+    params, n = _sds_network("networks.lora", model)
+    lat, states = res // 8, _randn(1, TEXT["sd2" if v2 else "sd1"], 1024 if v2 else 768)
+    x = _randn(1, 4, lat, lat)
+
+    def forward():
+        return model(x, torch.tensor([500]), states).sample
+
+    return forward, params, n
+
+
+def ref_sd1(blocks, res):
+    return _ref_sd(False, res)
+
+
+def ref_sd2(blocks, res):
+    return _ref_sd(True, res)
+
+
 def ref_sdxl(blocks, res):
     import torch
 

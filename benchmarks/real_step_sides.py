@@ -35,17 +35,21 @@ DEPTHS = {
     "flux2_dev": "FLUX.2 dev: 1 of 8 double + 1 of 48 single blocks (width 6144, 48 heads, MLP 3x)",
     "qwen_image_edit": "Qwen-Image Edit: 2 of 60 dual-stream blocks (width 3072, 24 heads, MLP 4x), one control image",
     "sdxl": "SDXL: the whole released UNet (2.6 B parameters; no blocks removed)",
+    "sd1": "SD1.5: the whole released UNet (0.86 B parameters)",
+    "sd2": "SD2.x 768-v: the whole released UNet (0.87 B parameters, linear projections)",
 }
 DEFAULT_BLOCKS = {"anima": (4,), "lumina": (2,), "hunyuan_image": (1, 1), "qwen_image": (2,), "zimage": (2,), "flux": (1, 2),
                   "flux2": (1, 2), "stable_cascade": (1, 2), "wuerstchen": (2,),
-                  "chroma": (1, 2), "flux2_dev": (1, 1), "qwen_image_edit": (2,), "sdxl": ()}  # fmt: skip
+                  "chroma": (1, 2), "flux2_dev": (1, 1), "qwen_image_edit": (2,), "sdxl": (),
+                  "sd1": (), "sd2": ()}  # fmt: skip
 # text tokens (all real, batch 1): the trainers' padded lengths where they pad (Anima: Qwen3 and T5 512; Lumina 2:
 # Gemma 256; FLUX.1-dev: T5 512; FLUX.2: 512; SDXL and Stable Cascade: CLIP's 77), a 77-token caption where they cut
 # the text to the caption (HunyuanImage 2.1: Qwen plus 16 of byT5's 128 rows, Qwen-Image, Z-Image; Chroma: T5's 512
 # rows of which 77 are the caption, cut to 78 by both); Qwen-Image Edit: the 196 image tokens of a 384 x 384 control
 # image plus 77
 TEXT = {"anima": 512, "lumina": 256, "hunyuan_image": 77, "qwen_image": 77, "zimage": 77, "flux": 512, "flux2": 512,
-        "stable_cascade": 77, "wuerstchen": 77, "chroma": 512, "flux2_dev": 512, "qwen_image_edit": 273, "sdxl": 77}  # fmt: skip
+        "stable_cascade": 77, "wuerstchen": 77, "chroma": 512, "flux2_dev": 512, "qwen_image_edit": 273, "sdxl": 77,
+        "sd1": 77, "sd2": 77}  # fmt: skip
 CHROMA_CAPTION = 77
 # warp-ai/wuerstchen-prior's prior/config.json (the wuerstchen branch reads it from the folder; no literal of its own)
 WUERSTCHEN_PRIOR = dict(c_in=16, c=1536, c_cond=1280, c_r=64, depth=32, nhead=24, dropout=0.1)
