@@ -85,7 +85,8 @@ def our_model():
 
 def timed_steps(step, steps: int, profile: str | None) -> tuple[list[float], list[float]]:
     """Wall and process-CPU seconds of ``steps + 1`` calls of ``step`` (the first is the warm-up); with ``profile``
-    one more step under torch.profiler, its operator table written to that file (also used by real_step.py)."""
+    one more step under torch.profiler, its operator table written to that file and the same per input shape to
+    FILE.shapes.txt (also used by real_step.py)."""
     times, cpu = [], []
     for _ in range(steps + 1):
         s, c = time.perf_counter(), time.process_time()
@@ -96,9 +97,11 @@ def timed_steps(step, steps: int, profile: str | None) -> tuple[list[float], lis
         from torch.profiler import ProfilerActivity
         from torch.profiler import profile as prof
 
-        with prof(activities=[ProfilerActivity.CPU]) as p:
+        with prof(activities=[ProfilerActivity.CPU], record_shapes=True) as p:
             step()
         Path(profile).write_text(p.key_averages().table(sort_by="self_cpu_time_total", row_limit=40))
+        by_shape = p.key_averages(group_by_input_shape=True).table(sort_by="self_cpu_time_total", row_limit=60)
+        Path(f"{profile}.shapes.txt").write_text(by_shape)  # the same operators per input shape
     return times, cpu
 
 
