@@ -118,14 +118,22 @@ def ours_flux(blocks, res):
                  "networks.lora_flux")  # fmt: skip
 
 
-def ours_flux2(blocks, res):
+def _ours_flux2(variant: str, blocks, res: int, text: int, text_width: int):
     from library.families.base import Cond
     from library.families.flux2 import model as M
 
     lat = res // 16
-    model = M.build(dict(M.RELEASED["klein-4b"], num_layers=blocks[0], num_single_layers=blocks[1]))
-    cond = Cond(_randn(1, TEXT["flux2"], 7680), None, None)
+    model = M.build(dict(M.RELEASED[variant], num_layers=blocks[0], num_single_layers=blocks[1]))
+    cond = Cond(_randn(1, text, text_width), None, None)
     return _ours("flux2", "flux_2_train_network", model, cond, _randn(1, 128, lat, lat), "networks.lora_flux_2")
+
+
+def ours_flux2(blocks, res):
+    return _ours_flux2("klein-4b", blocks, res, TEXT["flux2"], 7680)
+
+
+def ours_flux2_dev(blocks, res):
+    return _ours_flux2("dev", blocks, res, TEXT["flux2_dev"], 15360)
 
 
 def ours_stable_cascade(blocks, res):
@@ -170,16 +178,6 @@ def ours_chroma(blocks, res):
     cond = Cond(_randn(1, n, 4096), None, (torch.arange(n) < CHROMA_CAPTION).long()[None])
     return _ours("chroma", "flux_train_network", transformer_factory(config)(), cond, _randn(1, 16, lat, lat),
                  "networks.lora_flux")  # fmt: skip
-
-
-def ours_flux2_dev(blocks, res):
-    from library.families.base import Cond
-    from library.families.flux2 import model as M
-
-    lat = res // 16
-    model = M.build(dict(M.RELEASED["dev"], num_layers=blocks[0], num_single_layers=blocks[1]))
-    cond = Cond(_randn(1, TEXT["flux2_dev"], 15360), None, None)
-    return _ours("flux2", "flux_2_train_network", model, cond, _randn(1, 128, lat, lat), "networks.lora_flux_2")
 
 
 def ours_qwen_image_edit(blocks, res):

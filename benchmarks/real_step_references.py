@@ -213,27 +213,38 @@ def ref_zimage(blocks, res):
     return forward, params, n
 
 
-def ref_flux2(blocks, res):
+def _ref_flux2(version: str, released_sizes: tuple[int, int, int], blocks, res: int, text: int, text_width: int):
+    """musubi-tuner's ``Flux2`` of ``version`` (checked to be the released width, double and single depths) with
+    ``blocks`` kept, ``--sdpa``, its ``lora_flux_2`` and its training call (guidance 1.0, flux_2_train_network.py's
+    value) on ``text`` tokens of ``text_width``."""
     import torch
 
     _musubi_imports()
     from musubi_tuner.flux_2 import flux2_models as fm
     from musubi_tuner.flux_2 import flux2_utils as fu
 
-    released = fu.FLUX2_MODEL_INFO["klein-base-4b"].params
-    assert released.hidden_size == 3072 and released.depth == 5 and released.depth_single_blocks == 20
+    released = fu.FLUX2_MODEL_INFO[version].params
+    assert (released.hidden_size, released.depth, released.depth_single_blocks) == released_sizes
     cut = dataclasses.replace(released, depth=blocks[0], depth_single_blocks=blocks[1])
     model = _frozen(fm.Flux2(cut, attn_mode="torch"))  # --sdpa
     params, n = _musubi_network("lora_flux_2", model)
-    lat, text = res // 16, TEXT["flux2"]
+    lat = res // 16
     x, ids = fu.prc_img(_randn(1, 128, lat, lat))
-    ctx, ctx_ids = fu.prc_txt(_randn(1, text, 7680))
+    ctx, ctx_ids = fu.prc_txt(_randn(1, text, text_width))
 
     def forward():
         return model(x=x, x_ids=ids, timesteps=torch.tensor([0.5]), ctx=ctx, ctx_ids=ctx_ids,
                      guidance=torch.ones(1))  # fmt: skip
 
     return forward, params, n
+
+
+def ref_flux2(blocks, res):
+    return _ref_flux2("klein-base-4b", (3072, 5, 20), blocks, res, TEXT["flux2"], 7680)
+
+
+def ref_flux2_dev(blocks, res):
+    return _ref_flux2("dev", (6144, 8, 48), blocks, res, TEXT["flux2_dev"], 15360)
 
 
 def ref_stable_cascade(blocks, res):
@@ -287,28 +298,6 @@ def ref_chroma(blocks, res):
         out = model(img=x, img_ids=ids, txt=t5, txt_ids=txt_ids, y=pooled, timesteps=t, guidance=guidance,
                     txt_attention_mask=mask, mod_vectors=mod)  # fmt: skip
         return flux_utils.unpack_latents(out, lat // 2, lat // 2)
-
-    return forward, params, n
-
-
-def ref_flux2_dev(blocks, res):
-    import torch
-
-    _musubi_imports()
-    from musubi_tuner.flux_2 import flux2_models as fm
-    from musubi_tuner.flux_2 import flux2_utils as fu
-
-    released = fu.FLUX2_MODEL_INFO["dev"].params
-    assert released.hidden_size == 6144 and released.depth == 8 and released.depth_single_blocks == 48
-    cut = dataclasses.replace(released, depth=blocks[0], depth_single_blocks=blocks[1])
-    model = _frozen(fm.Flux2(cut, attn_mode="torch"))  # --sdpa
-    params, n = _musubi_network("lora_flux_2", model)
-    lat, text = res // 16, TEXT["flux2_dev"]
-    x, ids = fu.prc_img(_randn(1, 128, lat, lat))
-    ctx, ctx_ids = fu.prc_txt(_randn(1, text, 15360))
-
-    def forward():  # guidance 1.0: flux_2_train_network.py's training value
-        return model(x=x, x_ids=ids, timesteps=torch.tensor([0.5]), ctx=ctx, ctx_ids=ctx_ids, guidance=torch.ones(1))
 
     return forward, params, n
 
