@@ -311,3 +311,27 @@ def test_all_loss_errors_reported_at_once():
     with pytest.raises(ValueError) as info:
         LossConfig(huber_c=0.0, min_snr_gamma=-5.0, loss_type="l3")
     assert all(flag in str(info.value) for flag in ("--huber_c", "--min_snr_gamma", "--loss_type"))
+
+
+def test_debiased_weight_has_no_lower_bound_without_zero_terminal_snr():
+    """PixArt's linear schedule (β 1e-4 .. 0.02) reaches SNR 4e-5 at t = 999: the debiased weight there is sd-scripts'
+    and OneTrainer's 1 / sqrt(SNR) (about 150), not the zero-terminal schedules' bounded 1 / sqrt(1e-3)."""
+    from library.objectives.losses import snr_floor
+
+    linear = NoiseSchedule.from_config(
+        {"num_train_timesteps": 1000, "beta_start": 0.0001, "beta_end": 0.02, "beta_schedule": "linear"}
+    )
+    t = torch.tensor([500, 900, 999])
+    snr = linear.snr(t)
+    assert snr[-1].item() < 1e-4 and snr_floor(linear) == 0.0
+    pred, target = torch.zeros(3, 4, 2, 2), torch.ones(3, 4, 2, 2)
+    got = diffusion_loss_per_sample(pred, target, t, LossConfig(debiased_estimation_loss=True), linear)
+    torch.testing.assert_close(got.double(), snr.rsqrt(), rtol=1e-6, atol=0)
+    assert got[-1].item() > 100
+    ztsnr = NoiseSchedule.from_config(
+        {"num_train_timesteps": 1000, "beta_start": 0.00085, "beta_end": 0.012, "beta_schedule": "scaled_linear"},
+        zero_terminal_snr=True,
+    )
+    assert snr_floor(ztsnr) == 1e-3
+    last = diffusion_loss_per_sample(pred[:1], target[:1], t[-1:], LossConfig(debiased_estimation_loss=True), ztsnr)
+    assert last.item() == pytest.approx(1e-3**-0.5)  # SNR 0 there: the bounded weight

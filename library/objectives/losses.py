@@ -12,10 +12,11 @@ Order, as sd-scripts' ``train_network.py: NetworkTrainer.process_batch / post_pr
 
 Where this differs from sd-scripts (on purpose): sd-scripts computes its SNR table *before* the
 ``--zero_terminal_snr`` rescale, so every SNR weighting uses the original schedule while the model trains on the
-rescaled one. Here the SNR always comes from the schedule actually used (``schedule.snr``), and the clamped
-``SNR' = clamp(SNR, 1e-3, 1e3)`` (sd-scripts clamps only above, at 1000) keeps every weight finite where the
-rescaled schedule reaches SNR = 0. The released SD schedules never go below SNR 0.0047, so without zero-terminal
-SNR the weights equal sd-scripts' exactly.
+rescaled one. Here the SNR always comes from the schedule actually used (``schedule.snr``), and on a schedule that
+reaches SNR = 0 (zero-terminal SNR) the clamped ``SNR' = clamp(SNR, 1e-3, 1e3)`` keeps every weight finite. Any
+other schedule takes sd-scripts' (and OneTrainer's) ``SNR' = min(SNR, 1000)`` with no lower bound, so the weights
+equal theirs exactly: SD's scaled-linear schedules never go below SNR 0.0047, but PixArt's linear one reaches
+4e-5 at t = 999, where a lower bound at 1e-3 would cut the debiased weight five-fold (:func:`snr_floor`).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ if TYPE_CHECKING:  # type hints only: losses.py needs any object with ``alphas_c
 
 LOSS_TYPES = ("l2", "l1", "huber", "smooth_l1")
 HUBER_SCHEDULES = ("constant", "exponential", "snr")
-SNR_MIN, SNR_MAX = 1e-3, 1e3  # clamp of SNR' (sd-scripts: upper bound 1000 only)
+SNR_MIN, SNR_MAX = 1e-3, 1e3  # clamp of SNR' (sd-scripts: upper bound 1000 only; SNR_MIN: zero-terminal SNR only)
 
 
 def add_loss_args(parser: argparse.ArgumentParser) -> None:
@@ -222,10 +223,18 @@ def apply_mask(loss: Tensor, mask: Tensor, cfg: LossConfig, generator: torch.Gen
 # SNR weightings (all take the SNR (B,) of the schedule actually used)
 
 
-def clamp_snr(snr: Tensor) -> Tensor:
-    """``SNR' = clamp(SNR, 1e-3, 1e3)`` (sd-scripts: ``min(SNR, 1000)``; the lower bound keeps weights finite at
-    SNR = 0 and only acts on zero-terminal-SNR schedules)."""
-    return snr.clamp(SNR_MIN, SNR_MAX)
+def snr_floor(schedule: NoiseSchedule) -> float:
+    """The lower bound of ``SNR'``: ``SNR_MIN`` on a schedule that reaches SNR = 0 (zero-terminal SNR: it keeps the
+    weights finite there), else 0 (none: sd-scripts' and OneTrainer's ``min(SNR, 1000)``)."""
+    zero = getattr(schedule, "reaches_zero_snr", None)  # NoiseSchedule's, read once per schedule
+    if zero is None:
+        zero = bool(schedule.alphas_cumprod[-1] == 0)
+    return SNR_MIN if zero else 0.0
+
+
+def clamp_snr(snr: Tensor, floor: float = SNR_MIN) -> Tensor:
+    """``SNR' = clamp(SNR, floor, 1e3)`` (sd-scripts: ``min(SNR, 1000)``; ``floor``: :func:`snr_floor`)."""
+    return snr.clamp(floor, SNR_MAX)
 
 
 def min_snr_weight(snr: Tensor, gamma: float, v_prediction: bool) -> Tensor:
@@ -239,31 +248,32 @@ def min_snr_weight(snr: Tensor, gamma: float, v_prediction: bool) -> Tensor:
     return torch.clamp(gamma / snr, max=1.0)
 
 
-def v_pred_scale(snr: Tensor) -> Tensor:
+def v_pred_scale(snr: Tensor, floor: float = SNR_MIN) -> Tensor:
     """``SNR' / (SNR' + 1)``: converts a v-prediction loss to the scale of an epsilon loss, since
     ``|v - v^|^2 = (SNR + 1)/SNR |eps - eps^|^2`` (Salimans & Ho 2022, sec. 4). (B,) -> (B,)."""
-    s = clamp_snr(snr)
+    s = clamp_snr(snr, floor)
     return s / (s + 1.0)
 
 
-def debiased_weight(snr: Tensor, v_prediction: bool) -> Tensor:
+def debiased_weight(snr: Tensor, v_prediction: bool, floor: float = SNR_MIN) -> Tensor:
     """Debiased estimation weight (Yu et al. 2024, "Debias the Training of Diffusion Models", arXiv:2310.08442):
     eps ``1 / sqrt(SNR')``, v ``1 / (SNR' + 1)`` (sd-scripts ``apply_debiased_estimation``). (B,) -> (B,)."""
-    s = clamp_snr(snr)
+    s = clamp_snr(snr, floor)
     return 1.0 / (s + 1.0) if v_prediction else 1.0 / s.sqrt()
 
 
-def apply_snr_weightings(loss: Tensor, snr: Tensor, cfg: LossConfig) -> Tensor:
-    """Steps 5-8 on per-sample losses (B,) in sd-scripts' order; weights computed in float64, loss stays float32."""
+def apply_snr_weightings(loss: Tensor, snr: Tensor, cfg: LossConfig, *, floor: float) -> Tensor:
+    """Steps 5-8 on per-sample losses (B,) in sd-scripts' order, ``SNR'`` bounded below at ``floor``
+    (:func:`snr_floor` of the schedule); weights computed in float64, loss stays float32."""
     weight = torch.ones_like(snr)
     if cfg.min_snr_gamma is not None:
         weight = weight * min_snr_weight(snr, cfg.min_snr_gamma, cfg.v_parameterization)
     if cfg.scale_v_pred_loss_like_noise_pred:
-        weight = weight * v_pred_scale(snr)
+        weight = weight * v_pred_scale(snr, floor)
     if cfg.v_pred_like_loss:
-        weight = weight * (1.0 + cfg.v_pred_like_loss / v_pred_scale(snr))
+        weight = weight * (1.0 + cfg.v_pred_like_loss / v_pred_scale(snr, floor))
     if cfg.debiased_estimation_loss:
-        weight = weight * debiased_weight(snr, cfg.v_parameterization)
+        weight = weight * debiased_weight(snr, cfg.v_parameterization, floor)
     return loss * weight.to(device=loss.device, dtype=loss.dtype)
 
 
@@ -333,7 +343,7 @@ def diffusion_loss_per_sample(
     loss = weighted_loss_per_sample(
         pred, target, cfg, huber_c=huber_c, loss_weights=loss_weights, mask=mask, generator=generator
     )
-    return apply_snr_weightings(loss, schedule.snr(timesteps), cfg)
+    return apply_snr_weightings(loss, schedule.snr(timesteps), cfg, floor=snr_floor(schedule))
 
 
 def check_shapes(pred: Tensor, target: Tensor, timesteps: Tensor) -> None:

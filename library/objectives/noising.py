@@ -21,6 +21,7 @@ float32 whatever the latents' dtype; the noisy latents come back in the latents'
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -236,6 +237,11 @@ class NoiseSchedule:
         if self.alphas_cumprod.device == device:
             return self
         return NoiseSchedule(self.alphas_cumprod.to(device))
+
+    @functools.cached_property
+    def reaches_zero_snr(self) -> bool:
+        """Whether the table's last ᾱ is exactly 0 (a zero-terminal-SNR schedule; read once per schedule)."""
+        return bool(self.alphas_cumprod[-1] == 0)
 
     @property
     def num_train_timesteps(self) -> int:
