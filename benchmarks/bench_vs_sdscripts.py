@@ -20,6 +20,9 @@ per run with its log. ``--summarize OUT`` re-prints the tables of an earlier run
 musubi-tuner's families (``--musubi ~/musubi --sdsvenv VENV --cases qwen_image,zimage,flux2,qwen_image_edit,flux2_dev``, an invocation of
 their own; benchmarks/peer/musubi_cases.py): each side first runs its caching scripts on the run's own dataset TOML
 (untimed), then the training script is timed as above; the reference side is labelled "musubi-tuner".
+OneTrainer's families (``--onetrainer ~/sdtrain-peer/onetrainer --sdsvenv ~/sdtrain-peer/otvenv --cases
+pixart_sigma,pixart_alpha``, an invocation of their own; benchmarks/peer/onetrainer_cases.py): its ``scripts/train.py``
+on a JSON config each run writes (the same numbers as our flags), under the same launcher; the side is "OneTrainer".
 
 Assets (tiny models, 8-image dataset, sd-scripts' tokenizer cache) live in ``--assets`` (default $PEER_WORK or
 ~/.cache/sdtrain-bench): built there on first use with the sd-scripts venv's python (its diffusers/transformers
@@ -46,6 +49,7 @@ PEER = HERE / "peer"
 sys.path.insert(0, str(PEER))
 from dit_cases import DIT_CASES, dit_flags, reference_wrapper  # noqa: E402
 from musubi_cases import MUSUBI_CASES, cache_commands, control_folder, train_flags, write_dataset_toml  # noqa: E402
+from onetrainer_cases import ONETRAINER_CASES, TRAIN, our_flags, write_config  # noqa: E402
 from pairs import fmt, safetensors_summary, summarize  # noqa: E402
 
 HOOK = r"""
@@ -65,6 +69,18 @@ if _f:
                 pass
             return r
         _t.tqdm.update = _update
+        _orig_iter = _t.tqdm.__iter__
+        def _iter(self):  # a bar driven by iteration (OneTrainer's "step"): update() is never called
+            if str(getattr(self, "desc", "") or "") != "step" or getattr(self, "disable", False):
+                yield from _orig_iter(self)
+                return
+            n = self.n
+            for obj in _orig_iter(self):
+                yield obj  # the caller asks for the next batch: its step is done
+                n += 1
+                with open(_f, "a") as fh:
+                    fh.write("%.6f %d %.6f\n" % (time.time(), n, time.process_time()))
+        _t.tqdm.__iter__ = _iter
     except Exception:
         pass
 """
@@ -104,6 +120,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="musubi-tuner checkout, the reference of the musubi cases (with "
         "--sdsvenv: a venv that runs it; cases of the two references run in separate invocations)",
     )
+    ap.add_argument(
+        "--onetrainer",
+        type=Path,
+        help="OneTrainer checkout, the reference of the PixArt cases (with --sdsvenv: a venv that runs it; an "
+        "invocation of their own)",
+    )
     ap.add_argument("--sdtrain", type=Path, default=ROOT, help="the sdtrain checkout measured (default: this one)")
     ap.add_argument("--sdtrain_venv", type=Path, help="default: SDTRAIN/.venv, else the running interpreter's venv")
     ap.add_argument("--before", type=Path, help="a second sdtrain checkout (with its .venv) measured as 'before'")
@@ -111,7 +133,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument(
         "--cases",
         default="sd1,sdxl",
-        help=f"comma list of {', '.join([*CASES, *DIT_CASES])}; or of {', '.join(MUSUBI_CASES)}",
+        help=f"comma list of {', '.join([*CASES, *DIT_CASES])}; or of {', '.join(MUSUBI_CASES)}; or of "
+        f"{', '.join(ONETRAINER_CASES)}",
     )
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--steps", default="10,40", help="comma list of --max_train_steps values, each run in every pair")
@@ -132,15 +155,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     a = ap.parse_args(argv)
     a.assets = a.assets.expanduser()
     cases = a.cases.split(",")
+    known = [*CASES, *DIT_CASES, *MUSUBI_CASES, *ONETRAINER_CASES]
     for c in cases:
-        if c not in CASES and c not in DIT_CASES and c not in MUSUBI_CASES:
-            ap.error(f"unknown case {c!r}; known: {', '.join([*CASES, *DIT_CASES, *MUSUBI_CASES])}")
+        if c not in known:
+            ap.error(f"unknown case {c!r}; known: {', '.join(known)}")
     a.musubi_run = any(c in MUSUBI_CASES for c in cases)
+    a.onetrainer_run = any(c in ONETRAINER_CASES for c in cases)
     if a.musubi_run and not all(c in MUSUBI_CASES for c in cases):
         ap.error(f"the musubi-tuner cases ({', '.join(MUSUBI_CASES)}) run in an invocation of their own")
+    if a.onetrainer_run and not all(c in ONETRAINER_CASES for c in cases):
+        ap.error(f"the OneTrainer cases ({', '.join(ONETRAINER_CASES)}) run in an invocation of their own")
     if a.summarize is None and a.musubi_run and (a.musubi is None or a.sdsvenv is None):
         ap.error("--musubi PATH (a musubi-tuner checkout) and --sdsvenv VENV (a venv that runs it) are required")
-    if a.summarize is None and not a.musubi_run and a.sdscripts is None:
+    if a.summarize is None and a.onetrainer_run and (a.onetrainer is None or a.sdsvenv is None):
+        ap.error("--onetrainer PATH (a OneTrainer checkout) and --sdsvenv VENV (a venv that runs it) are required")
+    if a.summarize is None and not a.musubi_run and not a.onetrainer_run and a.sdscripts is None:
         ap.error("--sdscripts PATH (an sd-scripts checkout) is required")
     return a
 
@@ -165,6 +194,11 @@ def make_sides(a: argparse.Namespace) -> list[Side]:
         if not (musubi / "src" / "musubi_tuner" / "qwen_image_train_network.py").exists():
             raise SystemExit(f"error: {musubi} is not a musubi-tuner checkout (no src/musubi_tuner/)")
         sides = [Side("musubi-tuner", musubi, a.sdsvenv.expanduser(), sdscripts=True)]
+    elif a.onetrainer_run:
+        onetrainer = a.onetrainer.expanduser().resolve()
+        if not (onetrainer / TRAIN).exists() or not (onetrainer / "modules" / "modelSetup").exists():
+            raise SystemExit(f"error: {onetrainer} is not a OneTrainer checkout (no {TRAIN} / modules/modelSetup)")
+        sides = [Side("OneTrainer", onetrainer, a.sdsvenv.expanduser(), sdscripts=True)]
     else:
         sds = a.sdscripts.expanduser().resolve()
         if not (sds / "train_network.py").exists() or not (sds / "library" / "train_util.py").exists():
@@ -183,7 +217,7 @@ def ensure_assets(a: argparse.Namespace, sds: Side, cases: list[str]) -> None:
     sdtrain's library; the dataset with sd-scripts' python)."""
     py = str(sds.venv / "bin" / "python")
     models = a.assets / "models"
-    known = {**DIT_CASES, **MUSUBI_CASES}
+    known = {**DIT_CASES, **MUSUBI_CASES, **ONETRAINER_CASES}
     dit = [c for c in cases if c in known and not (models / known[c].folder).exists()]
     if dit:  # written with this checkout's library (its tiny builders)
         env = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -287,8 +321,14 @@ def musubi_commands(a: argparse.Namespace, side: Side, case: str, steps: int, rd
 def command(a: argparse.Namespace, side: Side, case: str, steps: int, rdir: Path) -> list[str]:
     if case in MUSUBI_CASES:
         return musubi_commands(a, side, case, steps, rdir)[1]
+    if case in ONETRAINER_CASES and side.sdscripts:  # its config file carries what our flags say
+        config = write_config(case, a.assets / "models", a.assets / "data" / "train" / "10_sks", steps, rdir)
+        return launcher(a, side) + [TRAIN, "--config-path", str(config)] + a.extra.split()
     drop, save_as = (), "safetensors"
-    if case in DIT_CASES:
+    if case in ONETRAINER_CASES:
+        script, res, batch, wrapper = ONETRAINER_CASES[case].script, 64, 1, None
+        model = our_flags(case, a.assets / "models")
+    elif case in DIT_CASES:
         script, res, batch, wrapper = DIT_CASES[case].script, 64, 1, reference_wrapper(case, a.kit)
         model = dit_flags(case, a.assets / "models")
         drop, save_as = DIT_CASES[case].drop, DIT_CASES[case].save_as
@@ -325,7 +365,8 @@ def run_one(a: argparse.Namespace, side: Side, case: str, steps: int, pair: int,
     env.pop("TQDM_DISABLE", None)
     shims = PEER / "sds_shims" if case in CASES else a.kit / "sds_shims"  # DiT paths need the kit's fuller one
     musubi_src = [str(side.checkout / "src")] if case in MUSUBI_CASES and side.sdscripts else []
-    path = [str(out / "_hook")] + ([str(shims)] if side.sdscripts else []) + musubi_src
+    stand_in = side.sdscripts and case not in ONETRAINER_CASES  # OneTrainer's venv has torchvision (README)
+    path = [str(out / "_hook")] + ([str(shims)] if stand_in else []) + musubi_src
     env["PYTHONPATH"] = os.pathsep.join(path)
     cwd = side.checkout / "src" if musubi_src else side.checkout
     cmd = command(a, side, case, steps, rdir)

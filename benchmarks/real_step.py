@@ -1,6 +1,6 @@
 """One LoRA training step per family at real width on the CPU, sdtrain's model beside its reference's (run by hand).
 
-    # both sides, one after the other (never at once), and the ratio; --pairs 2 alternates reference, ours, ...
+    # both sides, one after the other (never at once), and the ratio; --pairs 2: reference, ours, ours, reference
     python3 benchmarks/real_step.py both --family qwen_image [--python .venv/bin/python] [--res 256] [--steps 2] \\
         [--pairs 1] [--threads 1] [--blocks 1,2]
     # one side (the reference in its venv: sd-scripts with cwd = its checkout, musubi-tuner with its src on
@@ -9,7 +9,7 @@
 
 The families with a reference trainer that sd3_real_step.py does not cover: Anima, Lumina 2, HunyuanImage 2.1,
 FLUX.1-dev, Chroma, SD1.5, SD2, SDXL (sd-scripts), Qwen-Image, Qwen-Image Edit, Z-Image, FLUX.2 klein 4B and dev
-(musubi-tuner), Stable Cascade stage C (sd-scripts' ``stable-cascade`` branch: its tree at
+(musubi-tuner), PixArt-α and Σ (OneTrainer: its checkout ``--onetrainer`` and venv ``--otvenv``), Stable Cascade stage C (sd-scripts' ``stable-cascade`` branch: its tree at
 ``~/sdtrain-peer/sd-scripts-sc`` unless ``--sdscripts`` names another) and Würstchen 2's prior (the ``wuerstchen``
 branch, ``~/sdtrain-peer/sd-scripts-w2``; a full fine-tune: the branch has no network trainer, so every prior
 parameter is trained on both sides and ``names`` are its parameters). Each side builds the released denoiser's width,
@@ -52,7 +52,9 @@ REFERENCES = {"anima": ("sd-scripts", "anima_train_network.py"), "lumina": ("sd-
               "sdxl": ("sd-scripts", "sdxl_train_network.py"),
               "sd1": ("sd-scripts", "train_network.py"), "sd2": ("sd-scripts", "train_network.py --v2"),
               "flux2_dev": ("musubi-tuner", "flux_2_train_network.py --model_version dev"),
-              "qwen_image_edit": ("musubi-tuner", "qwen_image_train_network.py --edit")}  # fmt: skip
+              "qwen_image_edit": ("musubi-tuner", "qwen_image_train_network.py --edit"),
+              "pixart_sigma": ("OneTrainer", "scripts/train.py, model_type PIXART_SIGMA, LORA"),
+              "pixart_alpha": ("OneTrainer", "scripts/train.py, model_type PIXART_ALPHA, LORA")}  # fmt: skip
 # the sd-scripts tree of a family whose trainer lives on a branch of its own (default of --sdscripts)
 BRANCH_TREES = {"stable_cascade": "~/sdtrain-peer/sd-scripts-sc", "wuerstchen": "~/sdtrain-peer/sd-scripts-w2"}
 
@@ -101,6 +103,9 @@ def side_command(a: argparse.Namespace, side: str, pair: int) -> tuple[list[str]
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), MKL_NUM_THREADS=str(a.threads))
     if side == "ours":
         return [a.python, *common], ROOT, dict(env, PYTHONPATH=str(ROOT))
+    if REFERENCES[a.family][0] == "OneTrainer":  # its own venv (torchvision; benchmarks/README.md)
+        python = str(Path(a.otvenv).expanduser() / "bin" / "python")
+        return [python, *common], Path(a.onetrainer).expanduser(), env
     python = str(Path(a.refvenv).expanduser() / "bin" / "python")
     if REFERENCES[a.family][0] == "sd-scripts":
         tree = a.sdscripts or BRANCH_TREES.get(a.family, "~/sdtrain-peer/sd-scripts")
@@ -110,12 +115,13 @@ def side_command(a: argparse.Namespace, side: str, pair: int) -> tuple[list[str]
 
 
 def both(a: argparse.Namespace) -> None:
-    """The two sides one after the other (the reference first), each its own process, ``--pairs`` times; prints
-    each run's JSON line and the ratios of CPU seconds per step."""
+    """The two sides one after the other, each its own process, ``--pairs`` times (the reference first in odd pairs,
+    ours first in even ones: a side's place in the pair does not favour it); prints each run's JSON line and the
+    ratios of CPU seconds per step."""
     ratios = []
     for pair in range(a.pairs):
         results = {}
-        for side in ("reference", "ours"):
+        for side in ("reference", "ours") if pair % 2 == 0 else ("ours", "reference"):
             argv, cwd, env = side_command(a, side, pair + 1)
             out = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True)
             if out.returncode:
@@ -127,7 +133,7 @@ def both(a: argparse.Namespace) -> None:
         if (ours["names_sha1"], ours["adapter_params"]) != (ref["names_sha1"], ref["adapter_params"]):
             print("WARNING: the two sides adapt different module sets (names_sha1 / adapter_params differ)")
         ratios.append(ours["cpu_step_s"] / ref["cpu_step_s"])
-        print(f"pair {pair + 1}: ours / {REFERENCES[a.family][0]} CPU s/step {ratios[-1]:.3f}, wall s/step "
+        print(f"pair {pair + 1} ({'reference' if pair % 2 == 0 else 'ours'} first): ours / {REFERENCES[a.family][0]} CPU s/step {ratios[-1]:.3f}, wall s/step "
               f"{ours['step_s'] / ref['step_s']:.3f}; {ours['adapted_modules']} / "
               f"{ref['adapted_modules']} modules, {ours['adapter_params']:,} / {ref['adapter_params']:,} adapter parameters; peak RSS {ours['peak_rss_gb']} / {ref['peak_rss_gb']} GB", flush=True)  # fmt: skip
 
@@ -156,7 +162,9 @@ def main() -> None:
         "~/sdtrain-peer/sd-scripts-sc / sd-scripts-w2)",
     )
     ap.add_argument("--musubi", default="~/musubi")
-    ap.add_argument("--refvenv", default="~/sdtrain-peer/sdsvenv", help="the references' venv (both run in it)")
+    ap.add_argument("--refvenv", default="~/sdtrain-peer/sdsvenv", help="sd-scripts' and musubi-tuner's venv")
+    ap.add_argument("--onetrainer", default="~/sdtrain-peer/onetrainer", help="OneTrainer's checkout (PixArt)")
+    ap.add_argument("--otvenv", default="~/sdtrain-peer/otvenv", help="OneTrainer's venv")
     ap.add_argument("--kit", default="/work/shared/peer/helpers", help="the peer kit's helpers (torchvision stand-in)")
     a = ap.parse_args()
     if a.side == "both":

@@ -10,6 +10,8 @@ from real_step_sides import (
     BYT5_REAL,
     BYT5_ROWS,
     CHROMA_CAPTION,
+    PIXART,
+    PIXART_CAPTION,
     ROOT,
     TEXT,
     WUERSTCHEN_PRIOR,
@@ -225,3 +227,34 @@ def ours_sd1(blocks, res):
 
 def ours_sd2(blocks, res):
     return _ours_sd("sd2", res)
+
+
+def _ours_pixart(variant: str, blocks, res: int):
+    """Our family's transformer (``transformer_factory``) at its released 1024 config of ``variant`` (checked against
+    the hub's, :data:`PIXART`), the same blocks, in evaluation mode (our network trainer leaves the denoiser's mode
+    alone), ``networks.lora`` (every Linear of the blocks, ``attn.qkv`` / ``cross_attn.kv_linear`` fused) and
+    ``family.predict`` with the variance half (the hybrid loss reads all 8 channels; α: the micro-conditions of the
+    latents' size), the T5 states' mask of a 77-token caption in 120 rows."""
+    import torch
+
+    from library.families.base import Cond
+    from library.families.pixart.model import released, transformer_factory
+
+    lat, n = res // 8, TEXT[variant]
+    config = dict(released(variant)["transformer"], num_layers=blocks[0])
+    model = transformer_factory(config)().eval()
+    same = {k: v for k, v in PIXART[variant].items() if k not in ("num_layers", "interpolation_scale")}
+    assert {k: config[k] for k in same} == same and model.pos_embed.interpolation_scale == 2, "not the released config"
+    states = _randn(1, n, 4096)
+    mask = torch.zeros(1, n, dtype=torch.long)
+    mask[:, :PIXART_CAPTION] = 1
+    return _ours(variant, "pixart_train_network", model, Cond(states, None, mask), _randn(1, 4, lat, lat),
+                 "networks.lora", with_variance=True)  # fmt: skip
+
+
+def ours_pixart_sigma(blocks, res):
+    return _ours_pixart("pixart_sigma", blocks, res)
+
+
+def ours_pixart_alpha(blocks, res):
+    return _ours_pixart("pixart_alpha", blocks, res)

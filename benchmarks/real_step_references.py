@@ -1,6 +1,7 @@
 """The reference trainers' side of benchmarks/real_step.py (``ref_<family>``; see real_step_sides.py): run in the
-reference's venv, sd-scripts with cwd = its checkout (or a branch's tree), musubi-tuner with its ``src`` on PYTHONPATH;
-each builds the reference's own model class with the reference's own network module."""
+reference's venv, sd-scripts with cwd = its checkout (or a branch's tree), musubi-tuner with its ``src`` on PYTHONPATH,
+OneTrainer with cwd = its checkout; each builds the reference's own model class with the reference's own network
+module."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from real_step_sides import (
     BYT5_REAL,
     BYT5_ROWS,
     CHROMA_CAPTION,
+    PIXART,
+    PIXART_CAPTION,
     ROOT,
     TEXT,
     WUERSTCHEN_PRIOR,
@@ -387,3 +390,62 @@ def ref_wuerstchen(blocks, res):
     lat = res // 32
     x, states = _randn(1, 16, lat, lat), _randn(1, TEXT["wuerstchen"], 1280)
     return (lambda: model(x, torch.tensor([0.5]), states)), params, names
+
+
+def _ref_pixart(variant: str, blocks, res: int):
+    """OneTrainer (cwd = its checkout): diffusers' ``PixArtTransformer2DModel`` at the released 1024 config of
+    ``variant`` (what its loader reads from the pipeline folder), the attention backend its setup sets (``SDP``: "native"), in train
+    mode (its LoRA setup's ``transformer.train()``), its ``LoRAModuleWrapper`` as ``PixArtAlphaLoRASetup`` builds it
+    for the ``KOHYA_LORA`` output (the ``transformer_block`` filter, ``attn.qkv`` / ``cross_attn.kv_linear`` fused)
+    and the call of ``BasePixArtAlphaSetup.predict``: the float mask, the timestep, the micro-conditions (which Σ's
+    transformer ignores).
+    ``names``: the kohya names its KOHYA_LORA saver writes."""
+    import torch
+
+    sys.path.insert(0, ".")
+    from diffusers import PixArtTransformer2DModel
+    from modules.model.PixArtAlphaModel import PixArtAlphaModel
+    from modules.modelSaver.pixartAlpha.PixArtAlphaLoRASaver import PixArtAlphaLoRASaver
+    from modules.modelSetup.BaseModelSetup import BaseModelSetup
+    from modules.module.LoRAModule import LoRAModuleWrapper
+    from modules.util.config.TrainConfig import TrainConfig
+    from modules.util.enum.ModelType import ModelType
+
+    config = TrainConfig.default_values()
+    config.from_dict({"training_method": "LORA", "model_type": variant.upper(), "lora_rank": 4, "lora_alpha": 2.0,
+                      "layer_filter_preset": "blocks", "layer_filter": "transformer_block",
+                      "output_model_format": "KOHYA_LORA", "train_dtype": "FLOAT_32"}, migrate=False)  # fmt: skip
+    model = PixArtAlphaModel(ModelType[variant.upper()])
+    model.transformer = _frozen(PixArtTransformer2DModel(**dict(PIXART[variant], num_layers=blocks[0])))
+    BaseModelSetup._set_attention_backend(model.transformer, config.attention_mechanism, mask=True)
+    model.transformer_lora = LoRAModuleWrapper(
+        model.transformer, "transformer", config, config.layer_filter.split(","), fusion_spec=model.fusion_groups(),
+        fuse=config.output_model_format.needs_qkv_fusion())  # fmt: skip
+    model.transformer_lora.to(dtype=torch.float32)
+    model.transformer_lora.hook_to_module()
+    model.transformer_lora.requires_grad_(True)
+    model.transformer.train()
+    saver = PixArtAlphaLoRASaver()
+    keys = saver._convert_kohya(model, saver._get_state_dict(model))
+    names = sorted({k.split(".")[0] for k in keys})
+    params = [p for p in model.transformer_lora.parameters() if p.requires_grad]
+    lat, n = res // 8, TEXT[variant]
+    x, states = _randn(1, 4, lat, lat), _randn(1, n, 4096)
+    mask = torch.zeros(1, n)
+    mask[:, :PIXART_CAPTION] = 1
+    resolution, aspect = torch.tensor([[float(res), float(res)]]), torch.tensor([[1.0]])
+
+    def forward():
+        return model.transformer(x, encoder_hidden_states=states, encoder_attention_mask=mask,
+                                 timestep=torch.tensor([500]),
+                                 added_cond_kwargs={"resolution": resolution, "aspect_ratio": aspect}).sample  # fmt: skip
+
+    return forward, params, names
+
+
+def ref_pixart_sigma(blocks, res):
+    return _ref_pixart("pixart_sigma", blocks, res)
+
+
+def ref_pixart_alpha(blocks, res):
+    return _ref_pixart("pixart_alpha", blocks, res)

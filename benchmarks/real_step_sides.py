@@ -37,23 +37,39 @@ DEPTHS = {
     "sdxl": "SDXL: the whole released UNet (2.6 B parameters; no blocks removed)",
     "sd1": "SD1.5: the whole released UNet (0.86 B parameters)",
     "sd2": "SD2.x 768-v: the whole released UNet (0.87 B parameters, linear projections)",
+    "pixart_sigma": "PixArt-Σ XL/2 1024: 4 of 28 blocks (width 1152, 16 heads, MLP 4x, T5 width 4096)",
+    "pixart_alpha": "PixArt-α XL/2 1024: 4 of 28 blocks (as Σ, with the size and aspect-ratio micro-conditions)",
 }
 DEFAULT_BLOCKS = {"anima": (4,), "lumina": (2,), "hunyuan_image": (1, 1), "qwen_image": (2,), "zimage": (2,), "flux": (1, 2),
                   "flux2": (1, 2), "stable_cascade": (1, 2), "wuerstchen": (2,),
                   "chroma": (1, 2), "flux2_dev": (1, 1), "qwen_image_edit": (2,), "sdxl": (),
-                  "sd1": (), "sd2": ()}  # fmt: skip
+                  "sd1": (), "sd2": (), "pixart_sigma": (4,), "pixart_alpha": (4,)}  # fmt: skip
 # text tokens (all real, batch 1): the trainers' padded lengths where they pad (Anima: Qwen3 and T5 512; Lumina 2:
 # Gemma 256; FLUX.1-dev: T5 512; FLUX.2: 512; SDXL and Stable Cascade: CLIP's 77), a 77-token caption where they cut
 # the text to the caption (HunyuanImage 2.1: Qwen plus 16 of byT5's 128 rows, Qwen-Image, Z-Image; Chroma: T5's 512
 # rows of which 77 are the caption, cut to 78 by both); Qwen-Image Edit: the 196 image tokens of a 384 x 384 control
-# image plus 77
+# image plus 77; PixArt-α / Σ: OneTrainer's 120 T5 rows (its PixArt constant; ours with --t5xxl_max_token_length 120) with
+# a 77-token caption in the mask both pass
 TEXT = {"anima": 512, "lumina": 256, "hunyuan_image": 77, "qwen_image": 77, "zimage": 77, "flux": 512, "flux2": 512,
         "stable_cascade": 77, "wuerstchen": 77, "chroma": 512, "flux2_dev": 512, "qwen_image_edit": 273, "sdxl": 77,
-        "sd1": 77, "sd2": 77}  # fmt: skip
+        "sd1": 77, "sd2": 77, "pixart_sigma": 120, "pixart_alpha": 120}  # fmt: skip
 CHROMA_CAPTION = 77
 # warp-ai/wuerstchen-prior's prior/config.json (the wuerstchen branch reads it from the folder; no literal of its own)
 WUERSTCHEN_PRIOR = dict(c_in=16, c=1536, c_cond=1280, c_r=64, depth=32, nhead=24, dropout=0.1)
 BYT5_ROWS, BYT5_REAL = 128, 16
+PIXART_CAPTION = 77
+# PixArt-alpha/PixArt-Sigma-XL-2-1024-MS's and PixArt-alpha/PixArt-XL-2-1024-MS's transformer/config.json (OneTrainer
+# reads them from the folder; no literal of its own): α's has no interpolation_scale (diffusers' default: 2 at
+# sample_size 128) and takes the micro-conditions
+PIXART_SIGMA = dict(
+    num_attention_heads=16, attention_head_dim=72, in_channels=4, out_channels=8, num_layers=28, dropout=0.0,
+    norm_num_groups=32, cross_attention_dim=1152, attention_bias=True, sample_size=128, patch_size=2,
+    activation_fn="gelu-approximate", num_embeds_ada_norm=1000, upcast_attention=False, norm_type="ada_norm_single",
+    norm_elementwise_affine=False, norm_eps=1e-6, interpolation_scale=2, caption_channels=4096,
+    use_additional_conditions=False,
+)  # fmt: skip
+PIXART = {"pixart_sigma": PIXART_SIGMA,
+          "pixart_alpha": dict(PIXART_SIGMA, interpolation_scale=None, use_additional_conditions=True)}  # fmt: skip
 
 
 def _randn(*shape: int):

@@ -139,3 +139,55 @@ def test_branch_cases_run_their_own_scripts_with_the_same_flags(tmp_path):
         else:
             assert "--network_module" not in flags and "--tokenizer_cache_dir" not in flags
             assert flags[flags.index("--save_model_as") + 1] == "diffusers_safetensors"
+
+
+def test_onetrainer_cases_write_a_config_with_our_flags_numbers(tmp_path, capsys):
+    """PixArt against OneTrainer: its side runs scripts/train.py on a config the run writes, whose numbers are our
+    side's flags' (LoRA dim / alpha, learning rate, steps as one epoch of that many samples, 64 px, batch 1, the
+    same pipeline folder, fused qkv / kv in the kohya file); the cases run in an invocation of their own."""
+    with pytest.raises(SystemExit):
+        bench_vs_sdscripts.parse_args(["--cases", "pixart_sigma"])
+    assert "--onetrainer" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench_vs_sdscripts.parse_args(["--onetrainer", str(tmp_path), "--sdsvenv", str(tmp_path),
+                                       "--cases", "pixart_sigma,sd1"])  # fmt: skip
+    assert "invocation of their own" in capsys.readouterr().err
+    a = bench_vs_sdscripts.parse_args(["--onetrainer", str(tmp_path), "--sdsvenv", str(tmp_path), "--assets",
+                                       str(tmp_path), "--cases", "pixart_alpha"])  # fmt: skip
+    with pytest.raises(SystemExit, match="not a OneTrainer checkout"):
+        bench_vs_sdscripts.make_sides(a)
+    ot = bench_vs_sdscripts.Side("OneTrainer", tmp_path, tmp_path / "venv", sdscripts=True)
+    ours = bench_vs_sdscripts.Side("sdtrain", tmp_path, tmp_path / "venv2")
+    theirs, mine = (bench_vs_sdscripts.command(a, s, "pixart_alpha", 7, tmp_path / "run") for s in (ot, ours))
+    assert theirs[theirs.index("scripts/train.py") + 1] == "--config-path"
+    config = json.loads(Path(theirs[theirs.index("--config-path") + 1]).read_text())
+    flags = mine[mine.index("pixart_train_network.py") + 1 :]
+
+    def flag(name):
+        return flags[flags.index(name) + 1]
+
+    assert config["base_model_name"] == flag("--pretrained_model_name_or_path")
+    assert Path(config["base_model_name"]) == tmp_path / "models" / "tiny-pixart_alpha"
+    assert (config["lora_rank"], config["lora_alpha"]) == (int(flag("--network_dim")), float(flag("--network_alpha")))
+    assert config["learning_rate"] == float(flag("--learning_rate")) and config["model_type"] == "PIXART_ALPHA"
+    assert (config["resolution"], config["batch_size"]) == (flag("--resolution"), int(flag("--train_batch_size")))
+    assert config["output_model_format"] == "KOHYA_LORA" and flag("--t5xxl_max_token_length") == "120"
+    concepts = json.loads(Path(config["concept_file_name"]).read_text())
+    assert config["epochs"] == 1 and [c["balancing"] for c in concepts] == [7] == [int(flag("--max_train_steps"))]
+    assert Path(concepts[0]["path"]).parent == Path(flag("--train_data_dir"))
+
+
+def test_progress_stamps_come_from_updated_and_iterated_bars(tmp_path):
+    """The stamp hook: sd-scripts' and ours' "steps" bars call update(); OneTrainer iterates its "step" bar. Each
+    step of either writes one stamp; other bars write none."""
+    import subprocess
+
+    (tmp_path / "hook").mkdir()
+    (tmp_path / "hook" / "sitecustomize.py").write_text(bench_vs_sdscripts.HOOK)
+    code = ("from tqdm import tqdm\nfor _ in tqdm(range(3), desc='step'): pass\n"
+            "for _ in tqdm(range(4), desc='caching'): pass\nbar = tqdm(total=2, desc='steps')\nbar.update(1)\n"
+            "bar.update(1)\nbar.close()\n")  # fmt: skip
+    stamps = tmp_path / "stamps.txt"
+    env = {"PYTHONPATH": str(tmp_path / "hook"), "BENCH_STAMPS": str(stamps), "PATH": "/usr/bin:/bin"}
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True)
+    assert [int(line.split()[1]) for line in stamps.read_text().splitlines()] == [1, 2, 3, 1, 2]

@@ -4,7 +4,7 @@
 
 (OUT/tiny-sd3/: the peer kit's SD3.5-medium files, see :func:`sd3`; OUT/tiny-lumina/: :func:`lumina`; OUT/tiny-flux,
 tiny-chroma, tiny-hunyuan_image (sd-scripts) and tiny-qwen_image, tiny-qwen_image_edit, tiny-zimage, tiny-flux2,
-tiny-flux2_dev (musubi-tuner): the function of that name.)
+tiny-flux2_dev (musubi-tuner), tiny-pixart_sigma, tiny-pixart_alpha (OneTrainer): the function of that name.)
 OUT/tiny-anima/: ``tiny_dit.safetensors`` (the DiT with its LLM adapter under ``net.``), ``tiny_qwen3.safetensors``,
 ``tiny_vae.safetensors`` (ComfyUI names), written by the family's own tiny builder (``ANIMA.tiny``), and
 ``tiny_config.json``: the same widths in the reference's own constructor arguments (``anima_models.Anima`` /
@@ -413,6 +413,23 @@ def wuerstchen(out: Path) -> None:
     (out / "tiny_config.json").write_text(json.dumps(config, indent=1))
 
 
+def _pixart(variant: str, out: Path) -> None:
+    """PixArt-α / Σ: the family's tiny diffusers pipeline folder (``transformer/``, ``text_encoder/``, ``tokenizer/``,
+    ``vae/``, ``scheduler/``), which OneTrainer's PixArt loader and ours both read."""
+    from library.families import get_family
+
+    tiny = get_family(variant).tiny
+    tiny.write_folder(tiny.build(seed=0), out)
+
+
+def pixart_sigma(out: Path) -> None:
+    _pixart("pixart_sigma", out)
+
+
+def pixart_alpha(out: Path) -> None:
+    _pixart("pixart_alpha", out)
+
+
 def _clip_release_names(path: Path) -> None:
     """A CLIP text model written by transformers 5's ``save_pretrained`` (``embeddings.*``, ``encoder.*``,
     ``final_layer_norm.*``) under the released files' names (``text_model.`` + those), which transformers 4 needs:
@@ -460,6 +477,8 @@ BUILDERS = {
     "flux2_dev": flux2_dev,
     "stable_cascade": stable_cascade,
     "wuerstchen": wuerstchen,
+    "pixart_sigma": pixart_sigma,
+    "pixart_alpha": pixart_alpha,
 }
 
 
