@@ -226,7 +226,7 @@ def apply_mask(loss: Tensor, mask: Tensor, cfg: LossConfig, generator: torch.Gen
 def snr_floor(schedule: NoiseSchedule) -> float:
     """The lower bound of ``SNR'``: ``SNR_MIN`` on a schedule that reaches SNR = 0 (zero-terminal SNR: it keeps the
     weights finite there), else 0 (none: sd-scripts' and OneTrainer's ``min(SNR, 1000)``)."""
-    zero = getattr(schedule, "reaches_zero_snr", None)  # NoiseSchedule's, read once per schedule
+    zero = getattr(schedule, "reaches_zero_snr", None)  # NoiseSchedule's, read where the table was built
     if zero is None:
         zero = bool(schedule.alphas_cumprod[-1] == 0)
     return SNR_MIN if zero else 0.0

@@ -21,7 +21,6 @@ float32 whatever the latents' dtype; the noisy latents come back in the latents'
 from __future__ import annotations
 
 import argparse
-import functools
 import math
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -217,6 +216,13 @@ class NoiseSchedule:
     """
 
     alphas_cumprod: Tensor
+    # whether the last ᾱ is exactly 0 (a zero-terminal-SNR schedule): read from the table once, where it is built (on
+    # the host), and carried by :meth:`to`, so that no training step reads the device for it
+    reaches_zero_snr: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.reaches_zero_snr is None:
+            object.__setattr__(self, "reaches_zero_snr", bool(self.alphas_cumprod[-1] == 0))
 
     @classmethod
     def from_config(cls, scheduler_config: dict, *, zero_terminal_snr: bool = False) -> NoiseSchedule:
@@ -236,12 +242,7 @@ class NoiseSchedule:
         device = torch.device(device)
         if self.alphas_cumprod.device == device:
             return self
-        return NoiseSchedule(self.alphas_cumprod.to(device))
-
-    @functools.cached_property
-    def reaches_zero_snr(self) -> bool:
-        """Whether the table's last ᾱ is exactly 0 (a zero-terminal-SNR schedule; read once per schedule)."""
-        return bool(self.alphas_cumprod[-1] == 0)
+        return NoiseSchedule(self.alphas_cumprod.to(device), self.reaches_zero_snr)
 
     @property
     def num_train_timesteps(self) -> int:
