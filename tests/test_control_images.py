@@ -228,3 +228,19 @@ def test_prompt_cache_keyed_on_control_size(unedited, tmp_path):
         keys.setdefault(case, set(cache.keys.values()))
         assert set(cache.keys.values()) == keys[case]
     assert not keys["default"] & keys["control_resolution"]
+
+
+def test_opencv_is_needed_only_by_control_images(folders, tmp_path, monkeypatch):
+    """OpenCV is optional: the trainers import without it (README's quick start installs no extras), and a dataset
+    with control images is refused before training, naming the install."""
+    import subprocess
+
+    code = "import sys; sys.modules['cv2'] = None\nimport train_network, qwen_image_train_network\nprint('ok')"
+    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[1], capture_output=True, text=True)
+    assert out.stdout.strip() == "ok", out.stderr[-2000:]
+    images, control = folders
+    monkeypatch.setitem(sys.modules, "cv2", None)
+    with pytest.raises(
+        ConfigError, match=r"control_directory: control images are downscaled .* opencv-python-headless"
+    ):
+        _plan(_toml(tmp_path, images, control), True)

@@ -33,7 +33,6 @@ import math
 import os
 from dataclasses import dataclass, replace
 
-import cv2
 import numpy as np
 import torch
 from PIL import Image, ImageOps
@@ -124,6 +123,9 @@ def attach(records: list, settings: ControlSettings | None, where: str, problems
     naming the image and the folder."""
     if settings is None:
         return records
+    if not opencv_available():
+        problems.error(f"{where}.control_directory", OPENCV)
+        return records
     try:
         found = match([r.path for r in records], settings.directory)
     except ValueError as e:
@@ -182,6 +184,19 @@ def header_size(path: str) -> tuple[int, int]:
     return (h, w) if orientation in (5, 6, 7, 8) else (w, h)
 
 
+OPENCV = ("control images are downscaled as musubi-tuner does, with OpenCV's INTER_AREA, and OpenCV is not installed: "
+          "pip install opencv-python-headless (the extra \".[canny]\")")  # fmt: skip
+
+
+def opencv_available() -> bool:
+    """Whether ``cv2`` imports (an optional dependency: only control images and the canny tools need it)."""
+    try:
+        import cv2  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def resize_to(img: Image.Image, size: tuple[int, int]) -> np.ndarray:
     """musubi-tuner's ``resize_image_to_bucket``: (H, W, C) uint8 covering ``size`` then centre-cropped to it."""
     if tuple(size) == img.size:
@@ -191,6 +206,8 @@ def resize_to(img: Image.Image, size: tuple[int, int]) -> np.ndarray:
     if scale > 1:
         arr = np.array(img.resize((w, h), Image.LANCZOS))
     else:
+        import cv2  # checked when the dataset was read (attach)
+
         arr = cv2.resize(np.array(img), (w, h), interpolation=cv2.INTER_AREA)
     left, top = (w - size[0]) // 2, (h - size[1]) // 2
     return arr[top : top + size[1], left : left + size[0]]
