@@ -6,7 +6,8 @@
 
 Every side trains the same tiny model (real SD1/SDXL block layouts, small widths) on the same data with the same
 flags under ``accelerate launch --cpu --num_processes 1`` and ``/usr/bin/time -v``, each with its own venv's
-accelerate, alternating sd-scripts, [before,] sdtrain for every pair and step count. sd-scripts runs unmodified
+accelerate, one after the other for every pair and step count: sd-scripts, [before,] sdtrain in the first pair, the
+reverse in the second, and so on (a side's place in the pair does not favour it). sd-scripts runs unmodified
 through benchmarks/peer/run_sdscripts_tiny.py (patches its hard-coded UNet widths to the tiny model's) with the
 torchvision stand-in benchmarks/peer/sds_shims on PYTHONPATH; sd-scripts is never a dependency of sdtrain.
 
@@ -432,6 +433,11 @@ def run_one(a: argparse.Namespace, side: Side, case: str, steps: int, pair: int,
     return rec
 
 
+def side_order(sides: list, pair: int) -> list:
+    """The order the sides run in ``pair``: as given in even pairs (the reference first), reversed in odd ones."""
+    return list(sides) if pair % 2 == 0 else list(reversed(sides))
+
+
 def commit_of(checkout: Path) -> str:
     """The checkout's short commit, or the one recorded next to an exported tree (``<checkout>.commit``)."""
     out = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], text=True, capture_output=True)
@@ -467,7 +473,7 @@ def main(argv=None) -> None:
         for case in cases:
             for pair in range(a.pairs):
                 for n in steps:
-                    for side in sides:
+                    for side in side_order(sides, pair):
                         load = os.getloadavg()[0]
                         rec = run_one(a, side, case, n, pair, out)
                         rec["loadavg_1m_before"] = load

@@ -191,3 +191,9 @@ def test_progress_stamps_come_from_updated_and_iterated_bars(tmp_path):
     env = {"PYTHONPATH": str(tmp_path / "hook"), "BENCH_STAMPS": str(stamps), "PATH": "/usr/bin:/bin"}
     subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True)
     assert [int(line.split()[1]) for line in stamps.read_text().splitlines()] == [1, 2, 3, 1, 2]
+
+
+def test_sides_alternate_which_runs_first():
+    sides = ["sd-scripts", "before", "sdtrain"]
+    assert [bench_vs_sdscripts.side_order(sides, p)[0] for p in range(4)] == ["sd-scripts", "sdtrain"] * 2
+    assert bench_vs_sdscripts.side_order(sides, 1) == ["sdtrain", "before", "sd-scripts"] and sides[0] == "sd-scripts"
