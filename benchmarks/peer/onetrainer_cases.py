@@ -26,9 +26,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-OURS = ["--network_module", "networks.lora", "--network_dim", "4", "--network_alpha", "2", "--seed", "1",
-        "--cache_latents", "--cache_text_encoder_outputs", "--network_train_unet_only", "--t5xxl_max_token_length",
-        "120"]  # fmt: skip
+from dit_cases import COMMON  # beside this file: dim 4, alpha 2, seed 1, cached, the denoiser only
+
+OURS = ["--network_module", "networks.lora", *COMMON, "--t5xxl_max_token_length", "120"]
 
 
 @dataclass(frozen=True)

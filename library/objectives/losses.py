@@ -32,7 +32,7 @@ from torch import Tensor
 
 from library.cli.problems import ConfigError
 
-if TYPE_CHECKING:  # type hints only: losses.py needs any object with ``alphas_cumprod`` and ``snr(t)``
+if TYPE_CHECKING:  # type hints only: losses.py needs ``alphas_cumprod``, ``snr(t)`` and ``reaches_zero_snr``
     from library.objectives.noising import NoiseSchedule
 
 LOSS_TYPES = ("l2", "l1", "huber", "smooth_l1")
@@ -226,10 +226,7 @@ def apply_mask(loss: Tensor, mask: Tensor, cfg: LossConfig, generator: torch.Gen
 def snr_floor(schedule: NoiseSchedule) -> float:
     """The lower bound of ``SNR'``: ``SNR_MIN`` on a schedule that reaches SNR = 0 (zero-terminal SNR: it keeps the
     weights finite there), else 0 (none: sd-scripts' and OneTrainer's ``min(SNR, 1000)``)."""
-    zero = getattr(schedule, "reaches_zero_snr", None)  # NoiseSchedule's, read where the table was built
-    if zero is None:
-        zero = bool(schedule.alphas_cumprod[-1] == 0)
-    return SNR_MIN if zero else 0.0
+    return SNR_MIN if schedule.reaches_zero_snr else 0.0
 
 
 def clamp_snr(snr: Tensor, floor: float = SNR_MIN) -> Tensor:
@@ -262,9 +259,10 @@ def debiased_weight(snr: Tensor, v_prediction: bool, floor: float = SNR_MIN) -> 
     return 1.0 / (s + 1.0) if v_prediction else 1.0 / s.sqrt()
 
 
-def apply_snr_weightings(loss: Tensor, snr: Tensor, cfg: LossConfig, *, floor: float) -> Tensor:
-    """Steps 5-8 on per-sample losses (B,) in sd-scripts' order, ``SNR'`` bounded below at ``floor``
-    (:func:`snr_floor` of the schedule); weights computed in float64, loss stays float32."""
+def apply_snr_weightings(loss: Tensor, timesteps: Tensor, cfg: LossConfig, schedule: NoiseSchedule) -> Tensor:
+    """Steps 5-8 on per-sample losses (B,) in sd-scripts' order, with the schedule's SNR at ``timesteps`` bounded
+    below at its :func:`snr_floor`; weights computed in float64, loss stays float32."""
+    snr, floor = schedule.snr(timesteps), snr_floor(schedule)
     weight = torch.ones_like(snr)
     if cfg.min_snr_gamma is not None:
         weight = weight * min_snr_weight(snr, cfg.min_snr_gamma, cfg.v_parameterization)
@@ -343,7 +341,7 @@ def diffusion_loss_per_sample(
     loss = weighted_loss_per_sample(
         pred, target, cfg, huber_c=huber_c, loss_weights=loss_weights, mask=mask, generator=generator
     )
-    return apply_snr_weightings(loss, schedule.snr(timesteps), cfg, floor=snr_floor(schedule))
+    return apply_snr_weightings(loss, timesteps, cfg, schedule)
 
 
 def check_shapes(pred: Tensor, target: Tensor, timesteps: Tensor) -> None:

@@ -22,13 +22,7 @@ from torch import Tensor
 
 from library.objectives.base import Example
 from library.objectives.ddpm import DDPMObjective
-from library.objectives.losses import (
-    apply_mask,
-    apply_snr_weightings,
-    huber_c_for,
-    snr_floor,
-    weighted_loss_per_sample,
-)
+from library.objectives.losses import apply_mask, apply_snr_weightings, huber_c_for, weighted_loss_per_sample
 from library.objectives.noising import NoiseSchedule
 
 _BITS = math.log(2.0)
@@ -139,7 +133,7 @@ class PixArtObjective(DDPMObjective):
             if loss_weights is not None:
                 vb = vb * loss_weights.to(device=vb.device, dtype=vb.dtype)
             loss = loss + self.vb_strength * vb
-        return apply_snr_weightings(loss, self.schedule.snr(t), self.loss, floor=snr_floor(self.schedule))
+        return apply_snr_weightings(loss, t, self.loss, self.schedule)
 
     def to(self, device: torch.device | str) -> PixArtObjective:
         return dataclasses.replace(self, schedule=self.schedule.to(device))
